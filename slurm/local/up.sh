@@ -7,6 +7,12 @@
 # State, configs and logs: $HPC_JABAS_SLURM_DIR (default /var/tmp/hpc-jabas-slurm).
 # Afterwards: `source slurm/local/env.sh` (exports SLURM_CONF) and use sinfo/sbatch/srun/sacct.
 set -euo pipefail
+CHECK=0
+case "${1:-}" in
+  --check) CHECK=1;;   # exit 0 if the cluster is up, healthy and current; 1 otherwise; start nothing
+  "") ;;
+  *) echo "usage: $0 [--check]" >&2; exit 2;;
+esac
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh
 source "$HERE/common.sh"
@@ -14,6 +20,7 @@ T0=$(date +%s%N)
 elapsed() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
 
 # ---- 0. prerequisites ------------------------------------------------------------------------
+if ((CHECK)) && [[ ! -f "$JABAS_SLURM_DIR/etc/slurm.conf" ]]; then exit 1; fi
 [[ $(id -u) -eq 0 ]] || jdie "up.sh must run as root (it creates network namespaces and starts daemons)"
 missing=()
 for c in munged mungekey slurmctld slurmd slurmdbd sinfo scontrol sacctmgr mariadbd \
@@ -144,10 +151,12 @@ gen_configs "$NEW"
 if [[ -d "$ETC" ]] && diff -q -I '^StoragePass=' <(cat "$NEW"/*.conf) <(cat "$ETC"/{cgroup,gres,plugstack,slurm,slurmdbd}.conf 2>/dev/null) >/dev/null 2>&1; then
   rm -rf "$NEW"
   if healthy; then
-    jlog "already up (SLURM_CONF=$SLURM_CONF)"
+    ((CHECK)) || jlog "already up (SLURM_CONF=$SLURM_CONF)"
     exit 0
   fi
+  ((CHECK)) && exit 1
 else
+  ((CHECK)) && { rm -rf "$NEW"; exit 1; }
   if [[ -d "$ETC" ]]; then
     jlog "configuration changed: restarting the cluster"
     "$HERE/down.sh" >/dev/null
@@ -163,6 +172,8 @@ for n in "${JABAS_NODES[@]}"; do
   install -d -m 755 "$JABAS_SLURM_DIR/nodes/$nn" "$JABAS_SLURM_DIR/nodes/$nn/spool"
   install -d -m 1777 "$JABAS_SLURM_DIR/nodes/$nn/tmp"
 done
+# shared/: scratch that every node sees (job scripts, outputs); /tmp is private per node.
+install -d -m 1777 "$JABAS_SLURM_DIR/shared"
 for i in 0 1 2 3 4 5 6 7; do ln -sfn /dev/null "$JABAS_SLURM_DIR/dev/nvidia$i"; done
 if [[ -d "$NEW" ]]; then
   [[ -s "$ETC/dbpass" ]] || (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$ETC/dbpass")

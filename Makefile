@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`. Both do all set-up themselves.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup test demo bench slurm-up slurm-down clean
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -q -rs tests
+
+demo: setup
+	@bash scripts/demo.sh
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+slurm-up:
+	@bash slurm/local/up.sh
+
+slurm-down:
+	@bash slurm/local/down.sh
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

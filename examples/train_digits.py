@@ -1,0 +1,61 @@
+"""Digits (scikit-learn's bundled 8x8 images, no download) on a heterogeneous Horovod job.
+
+A plain single-GPU PyTorch script; the lines marked  # hpc-jabas  are all it takes
+(7 lines) to run it as weighted heterogeneous data parallelism with adaptive batching:
+
+    mpirun --oversubscribe -np 3 .venv/bin/python examples/train_digits.py \\
+        --emulate --gpu-types v100,p100,rtx2060 --batch 128 --epochs 10
+"""
+import argparse
+import json
+
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch import nn
+
+import hpc_jabas                                                    # hpc-jabas
+
+
+def make_data(seed=0):
+    X, y = load_digits(return_X_y=True)
+    X = X / 16.0
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=seed, stratify=y)
+    t = lambda a, dt: torch.tensor(a, dtype=dt)
+    return (torch.utils.data.TensorDataset(t(Xtr, torch.float32), t(ytr, torch.long)),
+            (t(Xte, torch.float32), t(yte, torch.long)))
+
+
+def make_model():
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def accuracy(model, test):
+    model.eval()
+    with torch.no_grad():
+        return float((model(test[0]).argmax(1) == test[1]).float().mean())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--summary", help="write a JSON summary here (rank 0)")
+    hpc_jabas.add_arguments(ap)                                     # hpc-jabas
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    train, test = make_data()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    cfg = hpc_jabas.config_from_args(args)                          # hpc-jabas
+    trainer = hpc_jabas.Trainer(model, opt, train, nn.CrossEntropyLoss(), config=cfg,   # hpc-jabas
+                                eval_fn=lambda m: {"test_acc": accuracy(m, test)})    # hpc-jabas
+    result = trainer.fit()                                          # hpc-jabas
+    result["test_acc"] = accuracy(model, test)
+    hpc_jabas.report_throughput(trainer, result)                    # hpc-jabas
+    if args.summary and trainer.rank == 0:
+        with open(args.summary, "w") as f:
+            json.dump(result, f)
+
+
+if __name__ == "__main__":
+    hpc_jabas.run_main(main)

@@ -1,0 +1,141 @@
+"""pytest fixtures for the real local Slurm cluster of slurm/local/up.sh.
+
+    from slurm_env import slurm_cluster  # noqa   (and slurm_tmp, submit_and_wait if wanted)
+
+``slurm_cluster`` (session scope) brings the cluster up if it is not up already, exports
+SLURM_CONF / HPC_JABAS_SLURM_DIR into os.environ for the session (so every subprocess, submitit
+included, reaches it), yields a :class:`SlurmCluster`, and takes the cluster down at session end
+only if it started it. Without root or the Debian packages it skips with the reason; under CI
+(``CI=true``) it fails instead, so a CI machine cannot silently skip the Slurm tests.
+
+Job files must live on a path every node sees: /tmp is private per node (pytest's tmp_path is
+under /tmp!). Use ``slurm_tmp`` (a fresh directory under the cluster's shared/ dir) or the repo.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = ROOT / "slurm" / "local"
+UP, DOWN = LOCAL / "up.sh", LOCAL / "down.sh"
+NEEDED = ("munged", "slurmctld", "slurmd", "slurmdbd", "sinfo", "sbatch", "sacct", "mariadbd", "ip",
+          "nsenter", "unshare")
+#: what up.sh builds (slurm/local/common.sh): partition -> (GPU type, nodes, GPUs per node, billing/GPU)
+LAYOUT = {
+    "a100": ("a100", ("gpua1",), 2, 4.0),
+    "v100": ("v100", ("gpuv1", "gpuv2"), 2, 2.0),
+    "rtx2060": ("rtx2060", ("gpur1",), 4, 1.0),
+}
+
+
+@dataclass
+class SlurmCluster:
+    state_dir: Path
+    slurm_conf: Path
+    shared: Path                    # seen by every node: put job scripts and outputs here
+    env: dict = field(default_factory=dict)
+    started_here: bool = False
+    layout: dict = field(default_factory=lambda: dict(LAYOUT))
+    python: str = str(ROOT / ".venv" / "bin" / "python")
+
+    def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=check)
+
+    def sbatch(self, *args: str) -> str:
+        r = self.run("sbatch", "--parsable", *args)
+        return r.stdout.strip().split(";")[0]
+
+    def job_state(self, job_id: str) -> str:
+        """State of a job (first line of sacct -X; for a hetjob its first component)."""
+        r = self.run("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State", check=False)
+        lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+        return lines[0].split()[0] if lines else "UNKNOWN"
+
+    def wait_state(self, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
+                                              "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"),
+                   timeout: float = 120) -> str:
+        end = time.time() + timeout
+        st = "UNKNOWN"
+        while time.time() < end:
+            st = self.job_state(job_id)
+            if st in states:
+                return st
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} still {st} after {timeout:g} s (wanted {states})")
+
+    def squeue_state(self, job_id: str) -> str:
+        r = self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False)
+        return (r.stdout.split() or [""])[0]
+
+    def wait_running(self, job_id: str, timeout: float = 60) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.squeue_state(job_id) == "RUNNING":
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"job {job_id} not RUNNING after {timeout:g} s: {self.squeue_state(job_id)!r}")
+
+    def cancel(self, *job_ids: str) -> None:
+        if job_ids:
+            self.run("scancel", *job_ids, check=False)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _unavailable(reason: str):
+    if _in_ci():
+        pytest.fail(f"local Slurm cluster unavailable under CI: {reason}", pytrace=False)
+    pytest.skip(f"local Slurm cluster unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if os.name != "posix" or os.geteuid() != 0:
+        _unavailable("needs root (network namespaces, daemons)")
+    missing = [c for c in NEEDED if shutil.which(c) is None]
+    if missing:
+        _unavailable(f"missing {', '.join(missing)}; run scripts/setup.sh "
+                     "(apt-get install munge slurmctld slurmd slurm-client slurmdbd mariadb-server)")
+    state = Path(os.environ.get("HPC_JABAS_SLURM_DIR", "/var/tmp/hpc-jabas-slurm"))
+    conf = state / "etc" / "slurm.conf"
+    env = dict(os.environ, HPC_JABAS_SLURM_DIR=str(state), SLURM_CONF=str(conf))
+    was_up = subprocess.run(["bash", str(UP), "--check"], env=env, capture_output=True).returncode == 0
+    if not was_up:
+        r = subprocess.run(["bash", str(UP)], env=env, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            pytest.fail(f"slurm/local/up.sh failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}",
+                        pytrace=False)
+    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPC_JABAS_SLURM_DIR")}
+    os.environ.update(SLURM_CONF=str(conf), HPC_JABAS_SLURM_DIR=str(state))
+    shared = state / "shared"
+    shared.mkdir(mode=0o1777, exist_ok=True)
+    try:
+        yield SlurmCluster(state, conf, shared, env, started_here=not was_up)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if not was_up:
+            subprocess.run(["bash", str(DOWN)], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def slurm_tmp(slurm_cluster):
+    """A fresh directory that every node of the local cluster sees (unlike tmp_path under /tmp)."""
+    d = slurm_cluster.shared / f"t-{uuid.uuid4().hex[:10]}"
+    d.mkdir(mode=0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,47 @@
+"""Trainer on every rank from a JSON spec; rank r writes rank<r>.json (params, per-iteration history)."""
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference import make_data, make_model, make_optimizer  # noqa: E402
+
+from hpc_jabas.config import JobConfig  # noqa: E402
+from hpc_jabas.controller import ScriptedController  # noqa: E402
+from hpc_jabas.trainer import Trainer  # noqa: E402
+
+spec = json.loads(Path(sys.argv[1]).read_text())
+ds = make_data(spec.get("n", 240))
+model = make_model()
+opt = make_optimizer(spec["optimizer"], model.parameters(), spec["lr"])
+cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=spec.get("run_dir") or spec["out_dir"] + "/run",
+                seed=spec.get("seed", 0), tail=spec.get("tail", "shrink"), epochs=spec.get("epochs", 1000),
+                emulate=spec.get("emulate", False), gpu_types=spec.get("gpu_types"),
+                metrics_period=spec.get("metrics_period", 10), checkpoint=spec.get("checkpoint", True))
+from hpc_jabas.plan import Plan  # noqa: E402
+cfg.batch = Plan.parse(spec["plan"]).B
+cfg.batch_min, cfg.batch_max = 1, 10**9
+ctrl = ScriptedController(spec.get("schedule", {})) if spec.get("schedule") else None
+if ctrl is not None and spec.get("lr_scales"):
+    # lr scale changes ride on the same decisions
+    lrs = {int(k): v for k, v in spec["lr_scales"].items()}
+    base_decide = ctrl.decide
+
+    def decide(trainer, rec, _b=base_decide):
+        d = _b(trainer, rec)
+        from hpc_jabas.decision import Decision
+        return Decision(d.at_iteration, d.B, d.plan, float(lrs.get(trainer.iteration, d.lr_scale)), d.reason)
+    ctrl.decide = decide
+tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)
+stop_at = spec.get("stop_at")
+res = tr.fit(max_iterations=stop_at or spec["steps"], resume=spec.get("resume", False))
+if stop_at:
+    tr.save_checkpoint()
+out = {"rank": tr.rank, "params": {k: v.tolist() for k, v in model.state_dict().items()},
+       "history": tr.history, "iterations": tr.iteration, "samples_local": tr.samples_local,
+       "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
+       "sampler": tr.sampler.state_dict(), "result": res}
+(Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
