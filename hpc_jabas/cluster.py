@@ -356,12 +356,17 @@ def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: 
 
 # ---- running Slurm ---------------------------------------------------------------------------
 def _require_slurm(env: Mapping[str, str] | None = None) -> None:
-    path = (env or os.environ).get("PATH")
+    env = os.environ if env is None else env
+    path = env.get("PATH")
     for cmd in ("sinfo", "scontrol"):
         if shutil.which(cmd, path=path) is None:
             raise SlurmError(f"no Slurm here: {cmd} not found on PATH; install the Slurm client commands "
                              "(apt-get install slurm-client, or `module load slurm`), or start the local "
                              "cluster: slurm/local/up.sh && source slurm/local/env.sh")
+    conf = env.get("SLURM_CONF")
+    if conf and not os.path.exists(conf):   # Slurm would retry for 60 s before saying so
+        raise SlurmError(f"Slurm controller unreachable: SLURM_CONF={conf} does not exist "
+                         "(local cluster: slurm/local/up.sh && source slurm/local/env.sh)")
 
 
 def _run(args: list[str], env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S) -> str:

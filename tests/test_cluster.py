@@ -1,0 +1,276 @@
+"""hpc_jabas.cluster against the real local Slurm cluster (slurm/local/up.sh), plus its pure parsers."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_jabas import cluster
+from hpc_jabas.errors import ConfigError, SlurmError
+from slurm_env import LAYOUT, slurm_cluster, slurm_tmp  # noqa: F401
+
+# Real records captured from the local cluster (scontrol show node/partition -o), for the pure tests.
+NODE_V1 = ("NodeName=gpuv1 Arch=x86_64 CoresPerSocket=8  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=2.10 "
+           "AvailableFeatures=(null) ActiveFeatures=(null) Gres=gpu:v100:2 NodeAddr=10.211.0.12 NodeHostName=gpuv1 "
+           "Version=22.05.8 OS=Linux 6.18.44-fc-v782 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=4096 AllocMem=0 "
+           "FreeMem=21941 Sockets=1 Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A "
+           "MCS_label=N/A Partitions=v100  BootTime=2026-11-29T22:19:07 SlurmdStartTime=2026-11-29T22:27:55 "
+           "LastBusyTime=2026-11-29T22:30:01 CfgTRES=cpu=8,mem=4G,billing=4,gres/gpu=2 AllocTRES= CapWatts=n/a "
+           "CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 ExtSensorsTemp=n/s")
+PART_V100 = ("PartitionName=v100 AllowGroups=ALL AllowAccounts=ALL AllowQos=ALL AllocNodes=ALL Default=YES QoS=N/A "
+             "DefaultTime=NONE DisableRootJobs=NO ExclusiveUser=NO GraceTime=0 Hidden=NO MaxNodes=UNLIMITED "
+             "MaxTime=UNLIMITED MinNodes=0 LLN=NO MaxCPUsPerNode=UNLIMITED Nodes=gpuv[1-2] PriorityJobFactor=1 "
+             "PriorityTier=1 RootOnly=NO ReqResv=NO OverSubscribe=NO OverTimeLimit=NONE PreemptMode=OFF State=UP "
+             "TotalCPUs=16 TotalNodes=2 SelectTypeParameters=NONE JobDefaults=(null) DefMemPerNode=UNLIMITED "
+             "MaxMemPerNode=UNLIMITED TRES=cpu=16,mem=8G,node=2,billing=8,gres/gpu=4 "
+             "TRESBillingWeights=CPU=0.0,GRES/gpu=2.0")
+
+
+def _node(name, gres, state="IDLE", parts="v100", alloc=""):
+    return (NODE_V1.replace("NodeName=gpuv1", f"NodeName={name}").replace("Gres=gpu:v100:2", f"Gres={gres}")
+            .replace("State=IDLE", f"State={state}").replace("Partitions=v100", f"Partitions={parts}")
+            .replace("AllocTRES=", f"AllocTRES={alloc}"))
+
+
+def _part(name, nodes, weights="CPU=0.0,GRES/gpu=2.0", default="NO"):
+    return (PART_V100.replace("PartitionName=v100", f"PartitionName={name}").replace("Nodes=gpuv[1-2]", f"Nodes={nodes}")
+            .replace("TRESBillingWeights=CPU=0.0,GRES/gpu=2.0", f"TRESBillingWeights={weights}")
+            .replace("Default=YES", f"Default={default}"))
+
+
+# ---- pure parsers --------------------------------------------------------------------------------
+def test_parse_oneliner_keeps_values_with_spaces():
+    d = cluster.parse_oneliner(NODE_V1)
+    assert d["NodeName"] == "gpuv1" and d["Gres"] == "gpu:v100:2" and d["State"] == "IDLE"
+    assert d["OS"].startswith("Linux 6.18") and d["AllocTRES"] == "" and d["CfgTRES"].endswith("gres/gpu=2")
+
+
+@pytest.mark.parametrize("text,want", [
+    ("gpu:a100:2", {"a100": 2}), ("gpu:2", {None: 2}), ("(null)", {}), ("", {}),
+    ("gpu:a100:2(S:0-1),mps:400", {"a100": 2}), ("gpu:v100:1(IDX:0)", {"v100": 1}),
+    ("gpu:a100:0(IDX:N/A)", {"a100": 0}), ("gpu:a100:1,gpu:v100:3(S:0,1)", {"a100": 1, "v100": 3}),
+])
+def test_parse_gres(text, want):
+    assert cluster.parse_gres(text) == want
+
+
+@pytest.mark.parametrize("weights,gtype,want", [
+    ("CPU=0.0,GRES/gpu=4.0", "a100", 4.0), ("CPU=1.0,Mem=0.25G", "a100", None), ("", None, None),
+    ("cpu=1,gres/gpu:a100=3.5,gres/gpu=1", "a100", 3.5), ("GRES/gpu:v100=2", "v100", 2.0),
+])
+def test_parse_billing(weights, gtype, want):
+    assert cluster.parse_billing(weights, gtype) == want
+
+
+def test_expand_hostlist_and_states():
+    assert cluster.expand_hostlist("gpuv[1-2,05-06],gpua1") == ["gpuv1", "gpuv2", "gpuv05", "gpuv06", "gpua1"]
+    assert cluster.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    for s in ("idle", "mixed", "allocated", "IDLE+POWERED_DOWN"):
+        assert cluster.node_usable(s), s
+    for s in ("down*", "idle+drain", "mixed+drain", "idle*", "DOWN+NOT_RESPONDING", "IDLE+MAINT", "ALLOCATED+FAIL"):
+        assert not cluster.node_usable(s), s
+
+
+def test_build_view_free_untyped_mapping_and_errors():
+    nodes = [_node("n1", "gpu:v100:2", alloc="cpu=1,gres/gpu=1", state="MIXED"), _node("n2", "gpu:v100:2", "IDLE+DRAIN"),
+             _node("c1", "(null)", parts="cpu"), _node("g1", "gpu:4", parts="gpu"), _node("x1", "gpu:tesla:2", parts="odd")]
+    parts = [_part("v100", "n[1-2]"), _part("cpu", "c1", weights="CPU=1.0"), _part("gpu", "g1"), _part("odd", "x1")]
+    v = cluster.build_view(nodes, parts)
+    assert v.partition("v100").gpus_total == 4 and v.partition("v100").gpus_free == 1   # n2 drained, n1 holds 1
+    assert v.types == {"v100": "v100"} and v.billing == {"v100": 2.0}
+    with pytest.raises(ConfigError, match=r"partition 'cpu' has no GPUs.*partitions with GPUs: gpu, odd, v100"):
+        v.gpu_partition("cpu")
+    with pytest.raises(ConfigError, match=r"partition 'odd' has GPUs of type 'tesla', which is not in the GPU catalog"):
+        v.gpu_partition("odd")
+    with pytest.raises(ConfigError, match=r"untyped GPUs.*partition_types=\{'gpu': '<type>'\}"):
+        v.gpu_partition("gpu")
+    v2 = cluster.build_view(nodes, parts, partition_types={"gpu": "RTX_2060", "odd": "a100"})
+    assert v2.types == {"gpu": "rtx2060", "odd": "a100", "v100": "v100"}
+    assert v2.gpu_partition("gpu").gpus_free == 4
+    with pytest.raises(ConfigError, match=r"unknown partition 'h100' in partition_types; partitions here: cpu, gpu, odd, v100"):
+        cluster.build_view(nodes, parts, partition_types={"h100": "h100"})
+    with pytest.raises(ConfigError, match=r"unknown GPU type 'tpu'; known types: .*v100"):
+        cluster.build_view(nodes, parts, partition_types={"gpu": "tpu"})
+    with pytest.raises(ConfigError, match=r"holds v100 GPUs \(typed GRES\) but partition_types says 'a100'"):
+        cluster.build_view(nodes, parts, partition_types={"v100": "a100"})
+
+
+# ---- rank_gpu_type from environments ---------------------------------------------------------------
+HET = {  # what ranks of `srun --het-group=0,1` saw on the local cluster (a100 x1 + v100 x2)
+    "SLURM_JOB_ID": "6", "SLURM_HET_SIZE": "2", "SLURM_JOB_PARTITION": "v100",
+    "SLURM_JOB_PARTITION_HET_GROUP_0": "a100", "SLURM_JOB_PARTITION_HET_GROUP_1": "v100",
+    "SLURM_JOB_NODELIST_HET_GROUP_0": "gpua1", "SLURM_JOB_NODELIST_HET_GROUP_1": "gpuv[1-2]",
+}
+
+
+def test_rank_gpu_type_from_env_without_slurm_commands(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")        # only the environment can answer
+    assert cluster.rank_gpu_type({}) is None
+    assert cluster.rank_gpu_type({"HOME": "/root"}) is None
+    assert cluster.rank_gpu_type({**HET, "SLURMD_NODENAME": "gpua1"}) == "a100"   # not the last component's v100
+    assert cluster.rank_gpu_type({**HET, "SLURMD_NODENAME": "gpuv2"}) == "v100"
+    assert cluster.rank_partition({**HET, "SLURMD_NODENAME": "gpua1"}) == "a100"
+    assert cluster.rank_gpu_type({"SLURM_JOB_ID": "3", "SLURM_JOB_PARTITION": "rtx"}) == "rtx2060"
+    env = {"SLURM_JOB_ID": "3", "SLURM_JOB_PARTITION": "gpu-big", "SLURMD_NODENAME": "n7"}
+    assert cluster.rank_gpu_type(env, partition_types={"gpu-big": "A100_80GB"}) == "a100-80gb"
+    with pytest.raises(ConfigError, match=r"cannot tell the GPU type.*'gpu-big'.*partition_types"):
+        cluster.rank_gpu_type(env)
+    with pytest.raises(ConfigError, match=r"unknown GPU type 'k80'"):
+        cluster.rank_gpu_type(env, partition_types={"gpu-big": "k80"})
+
+
+# ---- errors without a controller -----------------------------------------------------------------
+def test_no_sinfo_on_path():
+    with pytest.raises(SlurmError, match=r"^no Slurm here: sinfo not found") as e:
+        cluster.read_cluster(env={"PATH": "/nonexistent"})
+    assert "\n" not in str(e.value)
+
+
+def test_missing_slurm_conf(tmp_path):
+    with pytest.raises(SlurmError, match=r"controller unreachable: SLURM_CONF=.*does not exist"):
+        cluster.read_cluster(env={**os.environ, "SLURM_CONF": str(tmp_path / "nope.conf")})
+
+
+# ---- against the real cluster ----------------------------------------------------------------------
+def test_partitions_types_totals_billing(slurm_cluster):
+    v = cluster.read_cluster()
+    assert set(v.partitions) == set(LAYOUT)
+    for name, (gtype, nodes, per_node, weight) in LAYOUT.items():
+        p = v.gpu_partition(name)
+        assert p.gpu_type == gtype and p.gres_types == (gtype,)
+        assert p.nodes == nodes and p.gpus_total == per_node * len(nodes)
+        assert p.billing_per_gpu == weight
+        assert all(s == "idle" for s in p.node_states.values()), p.node_states
+    assert v.types == {p: t[0] for p, t in LAYOUT.items()}
+    assert v.billing == {"a100": 4.0, "v100": 2.0, "rtx2060": 1.0}
+    assert v.total == {"a100": 2, "v100": 4, "rtx2060": 4}
+    assert v.partition("v100").default
+    assert "a100" in v.summary()
+
+
+def test_unknown_partition_and_bad_mapping(slurm_cluster):
+    v = cluster.read_cluster()
+    with pytest.raises(ConfigError, match=r"^unknown partition 'h100'; partitions here: a100, rtx2060, v100$"):
+        v.partition("h100")
+    with pytest.raises(ConfigError, match=r"unknown partition 'gpu' in partition_types"):
+        cluster.read_cluster(partition_types={"gpu": "v100"})
+    with pytest.raises(ConfigError, match=r"unknown GPU type 'tesla-x'"):
+        cluster.read_cluster(partition_types={"v100": "tesla-x"})
+    assert cluster.read_cluster(partition_types={"v100": "Tesla-V100"}).types["v100"] == "v100"
+
+
+def test_controller_unreachable(slurm_cluster, tmp_path):
+    conf = tmp_path / "slurm.conf"
+    text = slurm_cluster.slurm_conf.read_text()
+    conf.write_text("\n".join("SlurmctldPort=1" if ln.startswith("SlurmctldPort=") else ln for ln in text.splitlines()))
+    t0 = time.time()
+    with pytest.raises(SlurmError, match=r"^Slurm controller unreachable: .*Unable to contact slurm controller"):
+        cluster.read_cluster(env={**os.environ, "SLURM_CONF": str(conf)})
+    assert time.time() - t0 < cluster.TIMEOUT_S + 5
+
+
+def _free(partition):
+    return cluster.read_cluster().partition(partition).gpus_free
+
+
+def _wait_free(partition, want, timeout=30):
+    end = time.time() + timeout
+    while time.time() < end:
+        if _free(partition) == want:
+            return
+        time.sleep(0.3)
+    assert _free(partition) == want
+
+
+def test_free_gpus_drop_while_a_job_holds_them(slurm_cluster):
+    _wait_free("v100", 4)
+    jid = slurm_cluster.sbatch("-p", "v100", "--gres=gpu:v100:2", "-n1", "--mem=100M", "-o", "/dev/null",
+                               "--wrap", "sleep 300")
+    try:
+        slurm_cluster.wait_running(jid)
+        v = cluster.read_cluster()
+        assert v.partition("v100").gpus_free == 2 and v.partition("v100").gpus_total == 4
+        assert v.free_by_type()["v100"] == 2 and v.free["a100"] == 2
+        assert "mixed" in v.partition("v100").node_states.values()
+    finally:
+        slurm_cluster.cancel(jid)
+    _wait_free("v100", 4)
+
+
+def test_drained_node_is_not_free(slurm_cluster):
+    _wait_free("v100", 4)
+    slurm_cluster.run("scontrol", "update", "nodename=gpuv2", "state=drain", "reason=test")
+    try:
+        v = cluster.read_cluster()
+        p = v.partition("v100")
+        assert p.gpus_free == 2 and p.gpus_total == 4
+        assert "drain" in p.node_states["gpuv2"] and not v.nodes["gpuv2"].usable
+    finally:
+        slurm_cluster.run("scontrol", "update", "nodename=gpuv2", "state=resume")
+    _wait_free("v100", 4)
+
+
+HELLO = r"""
+import json, os, sys
+sys.path.insert(0, {root!r})
+from mpi4py import MPI
+from hpc_jabas import cluster
+c = MPI.COMM_WORLD
+total = c.allreduce(c.rank + 1)
+row = dict(rank=c.rank, size=c.size, total=total, node=os.environ.get("SLURMD_NODENAME"),
+           part=cluster.rank_partition(os.environ), gpu_type=cluster.rank_gpu_type(os.environ))
+rows = c.gather(row, root=0)
+if c.rank == 0:
+    open({out!r}, "w").write(json.dumps(rows))
+"""
+
+
+def test_hetjob_one_mpi_world_and_rank_types(slurm_cluster, slurm_tmp):
+    """a100 x1 + v100 x2 as one heterogeneous job, one MPI world of 3 ranks over PMIx; each rank's type."""
+    root = str(Path(__file__).resolve().parents[1])
+    out = slurm_tmp / "rows.json"
+    (slurm_tmp / "hello.py").write_text(HELLO.format(root=root, out=str(out)))
+    (slurm_tmp / "job.sh").write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --partition=a100 --gres=gpu:a100:1 -n1 --mem=500M\n"
+        "#SBATCH hetjob\n"
+        "#SBATCH --partition=v100 --gres=gpu:v100:2 -n2 --mem=500M\n"
+        f"srun --het-group=0,1 --mpi=pmix {slurm_cluster.python} {slurm_tmp / 'hello.py'}\n")
+    jid = slurm_cluster.sbatch("-o", str(slurm_tmp / "job.out"), str(slurm_tmp / "job.sh"))
+    st = slurm_cluster.wait_state(jid, timeout=120)
+    log = (slurm_tmp / "job.out").read_text() if (slurm_tmp / "job.out").exists() else ""
+    assert st == "COMPLETED", f"hetjob {jid} ended {st}:\n{log}"
+    rows = json.loads(out.read_text())
+    assert [r["size"] for r in rows] == [3, 3, 3] and {r["total"] for r in rows} == {6}
+    assert [r["gpu_type"] for r in rows] == ["a100", "v100", "v100"]
+    assert [r["part"] for r in rows] == ["a100", "v100", "v100"]
+    assert rows[0]["node"] == "gpua1" and rows[1]["node"].startswith("gpuv")
+    # sacct knows both components, with their partitions and the GPU billing of each
+    acct = slurm_cluster.run("sacct", "-j", jid, "-X", "-n", "-P", "-o", "JobID,Partition,State,AllocTRES").stdout
+    comps = {ln.split("|")[0]: ln.split("|") for ln in acct.splitlines() if ln.strip()}
+    assert comps[f"{jid}+0"][1:3] == ["a100", "COMPLETED"] and "billing=4" in comps[f"{jid}+0"][3]
+    assert comps[f"{jid}+1"][1:3] == ["v100", "COMPLETED"] and "billing=4" in comps[f"{jid}+1"][3]
+
+
+def test_requeue_restarts_the_job_and_sacct_sees_it(slurm_cluster, slurm_tmp):
+    log = slurm_tmp / "starts.log"
+    jid = slurm_cluster.sbatch("-p", "rtx2060", "--gres=gpu:rtx2060:1", "--mem=100M", "--requeue", "-o", "/dev/null",
+                               "--wrap", f"echo start ${{SLURM_RESTART_COUNT:-0}} >> {log}; sleep 300")
+    try:
+        slurm_cluster.wait_running(jid)
+        end = time.time() + 20
+        while not log.exists() and time.time() < end:
+            time.sleep(0.2)
+        slurm_cluster.run("scontrol", "requeue", jid)
+        end = time.time() + 90                      # cred_expire=10 -> about 12 s
+        while time.time() < end and len(log.read_text().splitlines()) < 2:
+            time.sleep(0.5)
+        assert log.read_text().split() == ["start", "0", "start", "1"]
+        states = slurm_cluster.run("sacct", "-D", "-j", jid, "-X", "-n", "-P", "-o", "State").stdout.split()
+        assert "REQUEUED" in states and "RUNNING" in states
+    finally:
+        slurm_cluster.cancel(jid)
+    assert slurm_cluster.wait_state(jid, timeout=30).startswith("CANCELLED")

@@ -1,0 +1,76 @@
+"""The Lmod modulefile (modulefiles/hpc-jabas/0.1.0.lua) loads in a plain bash and puts hpc-jabas on PATH."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+
+
+def _bash(script: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LMOD", "MODULE", "_ModuleTable", "__LMOD"))}
+    env.pop("HPC_JABAS_ROOT", None)
+    return subprocess.run(["bash", "--noprofile", "--norc", "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def lmod():
+    if not LMOD_INIT.exists():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"Lmod missing under CI ({LMOD_INIT}); apt-get install lmod", pytrace=False)
+        pytest.skip(f"Lmod not installed ({LMOD_INIT}); apt-get install lmod")
+    return LMOD_INIT
+
+
+def test_module_loads_and_puts_hpc_jabas_on_path(lmod):
+    r = _bash(f"""set -e
+source {lmod}
+module use {ROOT}/modulefiles
+module load hpc-jabas
+module list 2>&1
+echo "ROOT=$HPC_JABAS_ROOT"
+echo "PYTHONPATH=$PYTHONPATH"
+echo "WHICH=$(which hpc-jabas)"
+hpc-jabas --help >/dev/null && echo HELP_OK || echo HELP_MISSING
+""")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "hpc-jabas/0.1.0" in out
+    assert f"ROOT={ROOT}" in out
+    assert str(ROOT) in out.split("PYTHONPATH=", 1)[1].splitlines()[0].split(":")
+    which = out.split("WHICH=", 1)[1].splitlines()[0].strip()
+    assert which == str(ROOT / ".venv" / "bin" / "hpc-jabas"), out
+    if (ROOT / "hpc_jabas" / "cli.py").exists():
+        assert "HELP_OK" in out, out
+
+
+def test_module_whatis_help_and_unload(lmod):
+    r = _bash(f"""source {lmod}
+module use {ROOT}/modulefiles
+module whatis hpc-jabas 2>&1
+module help hpc-jabas 2>&1
+echo "BEFORE=$PATH"
+module load hpc-jabas; module unload hpc-jabas
+echo "AFTER=${{HPC_JABAS_ROOT:-unset}}"; echo "PATH=$PATH"
+""")
+    out = r.stdout + r.stderr
+    assert "Description: adaptive batch size" in out and "Module Specific Help" in out
+    assert "AFTER=unset" in out
+    before = out.split("BEFORE=", 1)[1].splitlines()[0]
+    after = out.split("\nPATH=", 1)[1].splitlines()[0]
+    assert set(after.split(":")) == set(before.split(":"))   # Lmod may drop duplicate entries
+
+
+def test_module_root_follows_the_clone(lmod, tmp_path):
+    """Copied elsewhere, the modulefile points at the copy, not at this checkout."""
+    clone = tmp_path / "elsewhere"
+    shutil.copytree(ROOT / "modulefiles", clone / "modulefiles")
+    r = _bash(f"source {lmod}; module use {clone}/modulefiles; module load hpc-jabas 2>&1; "
+              "echo ROOT=$HPC_JABAS_ROOT")
+    assert f"ROOT={clone}" in r.stdout, r.stdout + r.stderr
