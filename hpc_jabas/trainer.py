@@ -127,11 +127,12 @@ class Trainer:
     def _gpu_types(self) -> list[str]:
         cfg = self.cfg
         if cfg.gpu_types:
-            if len(cfg.gpu_types) != self.world:
-                raise ConfigError(f"gpu_types lists {len(cfg.gpu_types)} types but the job has {self.world} ranks; "
-                                  "give one type per rank")
             from . import gpus
-            return [gpus.normalize(g) for g in cfg.gpu_types]
+            types = [gpus.normalize(g) for g in cfg.gpu_types]
+            if len(types) != self.world:
+                raise ConfigError(f"gpu_types lists {len(types)} types but the job has {self.world} ranks; "
+                                  "give one type per rank")
+            return types
         mine = None
         try:
             from . import cluster

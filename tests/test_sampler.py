@@ -1,0 +1,107 @@
+"""Invariants 2-3: identical micro-batches; every sample exactly once per epoch across plan
+changes, B changes, rank-count changes and a mid-epoch resume (hypothesis)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.plan import Plan, proportional_plan, split_proportional
+from hpc_jabas.sampler import HeterogeneousSampler
+
+plans = st.builds(lambda b, n: Plan(b, tuple(n)), st.integers(1, 9),
+                  st.lists(st.integers(0, 5), min_size=1, max_size=6).filter(lambda n: sum(n) > 0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(N=st.integers(1, 400), seed=st.integers(0, 2**31), first=plans,
+       changes=st.lists(st.tuples(st.integers(0, 40), plans), max_size=5),
+       resume_at=st.integers(0, 40), tail=st.sampled_from(["shrink", "drop"]))
+def test_every_sample_once_per_epoch(N, seed, first, changes, resume_at, tail):
+    s = HeterogeneousSampler(N, seed=seed, tail=tail)
+    sched = dict(changes)
+    plan, seen, it = first, [], 0
+    while not s.epoch_done(plan.B):
+        if it in sched:
+            plan = sched[it]          # plan, B and rank count may all change here
+            if s.epoch_done(plan.B):
+                break
+        if it == resume_at:           # save, rebuild from the saved state, go on
+            st_ = s.state_dict()
+            s = HeterogeneousSampler(N, seed=seed, tail=tail)
+            s.load_state_dict(st_)
+        ib = s.next(plan)
+        # invariant 2: every micro-batch has exactly b samples (but the last of a shrunk tail)
+        sizes = [len(m) for r in ib.micro for m in r]
+        assert all(x == plan.b for x in sizes[:-1])
+        assert 1 <= sizes[-1] <= plan.b
+        assert ib.plan.world_size == plan.world_size
+        assert all(ib.plan.n[i] <= plan.n[i] for i in range(plan.world_size))
+        if ib.total == plan.B:
+            assert ib.plan == plan
+            for i in range(plan.world_size):
+                assert len(ib.rank_indices(i)) == plan.b * plan.n[i]
+        seen.extend(ib.all_indices().tolist())
+        it += 1
+    assert len(seen) == len(set(seen))                       # never repeated
+    if tail == "shrink":
+        assert sorted(seen) == list(range(N))                # never skipped
+    else:
+        # drop: only the final short remainder (< the B in force) goes unused
+        assert set(seen) <= set(range(N)) and N - len(seen) < plan.B
+
+
+def test_epochs_use_different_permutations_and_are_deterministic():
+    a, b = HeterogeneousSampler(100, seed=3), HeterogeneousSampler(100, seed=3)
+    p = Plan(5, (1, 2))
+    x = a.next(p).all_indices()
+    assert np.array_equal(x, b.next(p).all_indices())
+    a.cursor = 100
+    a.new_epoch()
+    assert not np.array_equal(a.next(p).all_indices(), x)
+
+
+def test_drop_tail_skips_less_than_B():
+    s = HeterogeneousSampler(100, seed=0, tail="drop")
+    p = Plan(4, (2, 4))   # B = 24: 4 iterations, 4 samples dropped
+    n = 0
+    while not s.epoch_done(p.B):
+        assert s.next(p).total == 24
+        n += 1
+    assert n == 4 and s.remaining == 4
+
+
+def test_shrink_tail_keeps_proportions_and_caps():
+    s = HeterogeneousSampler(30, seed=0)
+    p = Plan(4, (1, 3, 4))   # B = 32 > 30: one shrunk iteration
+    ib = s.next(p)
+    assert ib.total == 30 and ib.plan.M == 8 and ib.plan.n == (1, 3, 4)
+    s2 = HeterogeneousSampler(10, seed=0)
+    ib2 = s2.next(p)
+    assert ib2.total == 10 and ib2.plan.M == 3 and all(a <= b for a, b in zip(ib2.plan.n, p.n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(total=st.integers(0, 500), w=st.lists(st.floats(0.01, 100), min_size=1, max_size=8))
+def test_split_proportional_exact_and_fair(total, w):
+    out = split_proportional(total, w)
+    assert sum(out) == total and all(x >= 0 for x in out)
+    ideal = [total * x / sum(w) for x in w]
+    assert all(abs(o - i) < 1.0 + 1e-9 for o, i in zip(out, ideal))
+
+
+def test_proportional_plan_lbbsp_rule():
+    p = proportional_plan(512, 8, [1, 0.5, 0.25])
+    assert p.B == 512 and p.n == (37, 18, 9)
+    with pytest.raises(ConfigError, match="not a positive multiple"):
+        proportional_plan(100, 8, [1, 1])
+
+
+def test_plan_parse_and_errors():
+    p = Plan.parse("b=4 n=1,3,4")
+    assert (p.b, p.n, p.M, p.B) == (4, (1, 3, 4), 8, 32)
+    assert p.weight(2) == 0.5 and p.first_microbatch(2) == 4
+    for bad in ["b=0 n=1", "n=1,2", "b=4 n=0,0", "b=4 n=-1,2"]:
+        with pytest.raises(ConfigError):
+            Plan.parse(bad)
+    with pytest.raises(ConfigError, match="tail"):
+        HeterogeneousSampler(10, tail="wrap")
