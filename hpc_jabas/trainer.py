@@ -206,6 +206,8 @@ class Trainer:
     def train_step(self) -> dict:
         t_it = time.perf_counter()
         measure = bool(self.controller is not None and self.controller.wants_stats(self.iteration))
+        if self.sampler.epoch_done(self.plan.B):   # only when driven outside fit(): no epoch-end work
+            self.sampler.new_epoch()
         ib = self.sampler.next(self.plan)
         mine = ib.micro[self.rank]
         if measure and ib.total != self.plan.B:
