@@ -71,3 +71,94 @@ class ScriptedController(BaseController):
             plan = v
         lr = self.lr_rule(plan.B) if self.lr_rule else trainer.lr_scale
         return Decision(trainer.iteration, plan.B, plan, float(lr), reason="scripted")
+
+
+class AdaptiveController(BaseController):
+    """JABAS's fine-grained loop with either statistic (design.md section 1).
+
+    Measurement: the iteration that completes each period of p iterations measures the
+    gradient statistics (one extra gradient-sized allreduce, nothing on other iterations).
+    Decision (rank 0): noise-scale EMA update -> policy -> new B (clipped, snapped to a B the
+    planner realises exactly) -> planner -> lr scale -> Decision(at_iteration = next iteration).
+
+    Odd M on a measurement iteration: the even/odd halves then hold (M+1)/2 and (M-1)/2
+    micro-batches; the cosine similarity is still computed between the two half means, with
+    the smaller half slightly noisier (a small downward bias; no error is raised).
+    """
+
+    def __init__(self, cfg, snap=None):
+        from .policy import make_lr_rule, make_policy
+        from .stats import NoiseScale
+        self.cfg = cfg
+        self.p = cfg.p
+        self._snap = snap
+        kw = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": cfg.p, "snap": self._do_snap}
+        if cfg.policy == "similarity":
+            kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
+        elif cfg.policy == "noise-scale":
+            kw.update(k=cfg.k)
+        self.policy = make_policy(cfg.policy, **kw)
+        self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch)
+        self.noise = NoiseScale()
+        self.trajectory: list[tuple[int, int]] = []
+        self.last_stats: dict = {}
+
+    def _do_snap(self, B: int) -> int:
+        return int(self._snap(B)) if self._snap is not None else int(B)
+
+    def attach(self, trainer) -> None:
+        super().attach(trainer)
+        cfg = self.cfg
+        if self._snap is None:
+            if cfg.planner == "optimal":
+                from .planner import snap_batch
+                model = trainer.perf_model()
+                cands = [cfg.micro_batch] if cfg.micro_batch else None
+                self._snap = lambda B: snap_batch(B, trainer.gpu_types, model, b_candidates=cands,
+                                                  B_min=cfg.B_min, B_max=cfg.B_max)
+            else:
+                b = cfg.micro_batch or trainer.plan.b
+                lo = -(-cfg.B_min // b) * b
+                hi = max(lo, (cfg.B_max // b) * b)
+                self._snap = lambda B: min(hi, max(lo, int(round(B / b)) * b))
+        if not self.trajectory:
+            self.trajectory.append((trainer.iteration, trainer.B))
+
+    def wants_stats(self, iteration: int) -> bool:
+        return self.cfg.policy != "fixed" and (iteration + 1) % self.p == 0
+
+    def decide(self, trainer, rec):
+        st = rec.get("stats")
+        sim = bnoise = None
+        if st:
+            sim = st["similarity"]
+            if st["S"] > st["b"]:
+                try:
+                    bnoise = self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
+                except Exception:
+                    bnoise = self.noise.b_noise
+        from .policy import PolicyState
+        B_new = self.policy.decide(PolicyState(B=trainer.B, iteration=trainer.iteration,
+                                               similarity=sim, b_noise=bnoise))
+        plan = trainer.plan if B_new == trainer.B else trainer.planner_fn(B_new, None)
+        lr = self.lr_rule.lr_scale(plan.B, self.noise.G2, self.noise.S)
+        stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S}
+        self.last_stats = stats
+        why = (f"{self.cfg.policy}: similarity={sim:.3f} vs gamma={self.cfg.gamma}" if sim is not None and
+               self.cfg.policy == "similarity" else f"{self.cfg.policy}: b_noise={bnoise}")
+        return Decision(trainer.iteration, plan.B, plan, float(lr), reason=why, stats=stats)
+
+    def on_decision(self, trainer, d) -> None:
+        super().on_decision(trainer, d)
+        if d.B != (self.trajectory[-1][1] if self.trajectory else None):
+            self.trajectory.append((d.at_iteration, d.B))
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),
+                "noise": self.noise.state_dict(), "trajectory": list(self.trajectory)}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.policy.load_state_dict(d["policy"])
+        self.lr_rule.load_state_dict(d["lr_rule"])
+        self.noise.load_state_dict(d["noise"])
+        self.trajectory = [tuple(x) for x in d["trajectory"]]

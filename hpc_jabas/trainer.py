@@ -105,6 +105,12 @@ class Trainer:
         self.planner_fn = planner_fn or self._default_planner()
         self.B = self.cfg.batch
         self.plan = self._initial_plan()
+        if controller is None and self.cfg.policy != "fixed":
+            if self.cfg.planner == "fixed":
+                raise ConfigError(f"policy={self.cfg.policy!r} changes B, which a fixed plan cannot follow; "
+                                  "use planner='optimal' or 'lbbsp'")
+            from .controller import AdaptiveController
+            controller = AdaptiveController(self.cfg)
         self.controller = controller
         if controller is not None:
             controller.attach(self)

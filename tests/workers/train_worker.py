@@ -24,6 +24,9 @@ cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=spec.get("r
 from hpc_jabas.plan import Plan  # noqa: E402
 cfg.batch = Plan.parse(spec["plan"]).B
 cfg.batch_min, cfg.batch_max = 1, 10**9
+for k, v in spec.get("config", {}).items():   # adaptive runs: policy, p, gamma, planner, ...
+    setattr(cfg, k, v)
+cfg.validate()
 ctrl = ScriptedController(spec.get("schedule", {})) if spec.get("schedule") else None
 if ctrl is not None and spec.get("lr_scales"):
     # lr scale changes ride on the same decisions
@@ -43,5 +46,6 @@ if stop_at:
 out = {"rank": tr.rank, "params": {k: v.tolist() for k, v in model.state_dict().items()},
        "history": tr.history, "iterations": tr.iteration, "samples_local": tr.samples_local,
        "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
-       "sampler": tr.sampler.state_dict(), "result": res}
+       "sampler": tr.sampler.state_dict(), "result": res,
+       "trajectory": getattr(tr.controller, "trajectory", None)}
 (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))

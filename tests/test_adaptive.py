@@ -1,0 +1,65 @@
+"""Invariant 4 (one decision, everywhere, at the same iteration) and invariant 1 across B
+changes made by the adaptive controller, on 3 real Horovod ranks."""
+import json
+from pathlib import Path
+
+import pytest
+
+from mpi_util import run_ranks
+from reference import reference_run
+from test_equivalence import assert_params_close
+
+ADAPTIVE = {"planner": "lbbsp", "micro_batch": 4, "speeds": [1.0, 0.5, 0.25], "p": 5,
+            "batch_min": 16, "batch_max": 96, "lr_rule": "sqrt"}
+
+
+@pytest.mark.parametrize("policy,extra", [("similarity", {"gamma": 0.9, "alpha": 0.25}),
+                                          ("noise-scale", {"k": 4.0})])
+def test_decisions_apply_everywhere_at_the_announced_iteration(tmp_path, policy, extra):
+    run_dir = tmp_path / "run"
+    spec = {"optimizer": "momentum", "lr": 0.05, "plan": "b=4 n=4,2,2", "steps": 30, "n": 512,
+            "checkpoint": False, "run_dir": str(run_dir), "metrics_period": 3,
+            "config": dict(ADAPTIVE, policy=policy, **extra)}
+    res = run_ranks("train_worker.py", spec, np_=3)
+    hist = [r["history"] for r in res]
+    assert len(hist[0]) == 30
+    # the same (B, plan, lr) on every rank at every iteration
+    for h in hist[1:]:
+        assert h == hist[0]
+    recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    decisions = [r for r in recs if r["type"] == "decision"]
+    assert [d["at_iteration"] for d in decisions] == [5, 10, 15, 20, 25, 30]
+    changed = [d for d in decisions if d["at_iteration"] < 30]
+    # B really changed, and exactly at the announced iterations (not earlier or later)
+    Bs = [h["B"] for h in hist[0]]
+    change_points = [i for i in range(1, 30) if Bs[i] != Bs[i - 1]]
+    assert change_points, "the policy never changed B"
+    for d in changed:
+        i = d["at_iteration"]
+        assert Bs[i] == d["B"] and hist[0][i]["lr_scale"] == pytest.approx(d["lr_scale"])
+    assert set(change_points) <= {d["at_iteration"] for d in changed}
+    for h in hist[0]:
+        assert 16 <= h["B"] <= 96 and h["B"] % 4 == 0
+    # statistics were measured on the iteration closing each period, and only there
+    # (never on a shrunk epoch-tail iteration, whose B differs from the plan's)
+    its = [r for r in recs if r["type"] == "iteration"]
+    measured = sorted(r["it"] for r in its if "stats" in r)
+    assert set(measured) <= {4, 9, 14, 19, 24, 29} and len(measured) >= 4
+    for r in its:
+        if r["it"] in {4, 9, 14, 19, 24, 29} and "stats" not in r:
+            assert r["B"] < hist[0][r["it"]]["B"]      # a shrunk tail iteration
+    if policy == "similarity":
+        assert all(-1.0 <= r["stats"]["similarity"] <= 1.0 for r in its if "stats" in r)
+
+
+def test_adaptive_run_equals_single_process_on_same_trajectory(tmp_path):
+    spec = {"optimizer": "adam", "lr": 0.01, "plan": "b=4 n=4,2,2", "steps": 25, "n": 512, "checkpoint": False,
+            "run_dir": str(tmp_path / "run"), "config": dict(ADAPTIVE, policy="similarity", gamma=0.9, alpha=0.25)}
+    res = run_ranks("train_worker.py", spec, np_=3)
+    hist = res[0]["history"]
+    sched = {str(h["it"]): h["plan"] for h in hist}
+    lrs = {str(h["it"]): h["lr_scale"] for h in hist}
+    assert len({h["B"] for h in hist}) >= 2
+    ref = reference_run(dict(spec, schedule=sched, lr_scales=lrs))
+    for r in res:
+        assert_params_close(r["params"], ref)
