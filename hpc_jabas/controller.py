@@ -73,6 +73,37 @@ class ScriptedController(BaseController):
         return Decision(trainer.iteration, plan.B, plan, float(lr), reason="scripted")
 
 
+def throughput_snap(gpu_types, model, B_min, B_max, b_candidates=None, window=0.1):
+    """Snap a target B to an exactly realisable B' near it (|B'-B| <= window*B, or the nearest
+    feasible) that the perf model runs fastest: a B that only b=1 divides would otherwise force
+    tiny micro-batches. Pure (planner + perf model)."""
+    from .errors import ConfigError
+    from .planner import plan_batch, snap_batch
+    cands = sorted(set(b_candidates or [b for g in set(gpu_types) for b in model.profiles[g].b]))
+    R = len(gpu_types)
+
+    def snap(B):
+        best = None
+        for b in cands:
+            lo, hi = -(-B_min // b) * b, (B_max // b) * b
+            if hi < max(lo, b * R):
+                continue
+            Bq = min(hi, max(lo, b * R, int(round(B / b)) * b))
+            if abs(Bq - B) > max(window * B, 0.5):
+                continue
+            try:
+                plan = plan_batch(Bq, gpu_types, model, b_candidates=[b])
+            except ConfigError:
+                continue
+            thr = Bq / model.iteration_time(plan, gpu_types)
+            if best is None or thr > best[0] * (1 + 1e-9):
+                best = (thr, Bq)
+        if best is not None:
+            return best[1]
+        return snap_batch(B, gpu_types, model, b_candidates=b_candidates, B_min=B_min, B_max=B_max)
+    return snap
+
+
 class AdaptiveController(BaseController):
     """JABAS's fine-grained loop with either statistic (design.md section 1).
 
@@ -111,11 +142,8 @@ class AdaptiveController(BaseController):
         cfg = self.cfg
         if self._snap is None:
             if cfg.planner == "optimal":
-                from .planner import snap_batch
-                model = trainer.perf_model()
-                cands = [cfg.micro_batch] if cfg.micro_batch else None
-                self._snap = lambda B: snap_batch(B, trainer.gpu_types, model, b_candidates=cands,
-                                                  B_min=cfg.B_min, B_max=cfg.B_max)
+                self._snap = throughput_snap(trainer.gpu_types, trainer.perf_model(), cfg.B_min, cfg.B_max,
+                                             [cfg.micro_batch] if cfg.micro_batch else None)
             else:
                 b = cfg.micro_batch or trainer.plan.b
                 lo = -(-cfg.B_min // b) * b

@@ -216,7 +216,7 @@ class Trainer:
             self.sampler.new_epoch()
         ib = self.sampler.next(self.plan)
         mine = ib.micro[self.rank]
-        if measure and ib.total != self.plan.B:
+        if measure and ib.total != self.B:
             measure = False  # no statistics on the shrunk epoch tail
         self.opt.begin(len(mine), ib.total, measure=measure,
                        first_global_microbatch=ib.plan.first_microbatch(self.rank), b=ib.plan.b)
@@ -238,7 +238,8 @@ class Trainer:
         self.compute_local_s += compute + emu_wait
         self.opt.step(lr_scale=self.lr_scale)
         t_end = time.perf_counter()
-        rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": ib.total, "plan": str(ib.plan),
+        rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
+               "plan": str(ib.plan),
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
                "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
                "loss_sum": loss_sum, "lr_scale": self.lr_scale,
@@ -270,10 +271,11 @@ class Trainer:
         for it in sorted(by_it):
             rs = sorted(by_it[it], key=lambda r: r["rank"])
             iter_s = max(r["iter_s"] for r in rs)
-            out = {"type": "iteration", "it": it, "epoch": rs[0]["epoch"], "B": rs[0]["B"], "plan": rs[0]["plan"],
-                   "iter_s": iter_s, "samples_per_s": rs[0]["B"] / iter_s if iter_s > 0 else None,
+            out = {"type": "iteration", "it": it, "epoch": rs[0]["epoch"], "B": rs[0]["B"],
+                   "samples": rs[0]["samples"], "plan": rs[0]["plan"],
+                   "iter_s": iter_s, "samples_per_s": rs[0]["samples"] / iter_s if iter_s > 0 else None,
                    "lr_scale": rs[0]["lr_scale"],
-                   "loss": sum(r["loss_sum"] for r in rs) / rs[0]["B"],
+                   "loss": sum(r["loss_sum"] for r in rs) / rs[0]["samples"],
                    "compute_s": [r["compute_s"] for r in rs], "wait_s": [r["wait_s"] for r in rs],
                    "n_local": [r["n_local"] for r in rs], "slowdown": [r["slowdown"] for r in rs]}
             if "stats" in rs[0]:
@@ -349,7 +351,7 @@ class Trainer:
                     break
                 continue
             rec = self.train_step()
-            samples += rec["B"]
+            samples += rec["samples"]
             if max_iterations is not None and self.iteration >= max_iterations:
                 break
             if self.stop_requested:
