@@ -168,29 +168,30 @@ def run(args, out=None) -> int:
         cands = [_int(x, "--b-candidates value") for x in args.b_candidates.split(",") if x.strip()]
         if not cands:
             raise ConfigError(f"--b-candidates {args.b_candidates!r} lists no size; e.g. 8,16,32")
-    print(f"GPUs: {_mix(gpu_list)} ({len(gpu_list)} ranks); model: {desc}", file=out)
+    header = f"GPUs: {_mix(gpu_list)} ({len(gpu_list)} ranks); model: {desc}"
     used: dict[str, set[int]] = {}
     if args.batch is not None:
         B = _int(args.batch, "--batch")
         plan = plan_batch(B, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
+        print(header, file=out)
         _print_plan(B, plan, gpu_list, model, out)
-        for g, n in zip(gpu_list, plan.n):
-            if n:
-                used.setdefault(g, set()).add(plan.b)
+        rows = [(B, plan, None)]
     else:
         lo, hi = _range(args.batch_range)
         rows = plan_range(lo, hi, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
         if not rows:
             raise ConfigError(f"no feasible global batch in {lo}:{hi} for {len(gpu_list)} GPUs; "
                               "widen the range or allow dropping ranks")
+        print(header, file=out)
         print(f"{'B':>7} {'b':>5} {'M':>6} {'iter ms':>9} {'samples/s':>11}  n per rank by type", file=out)
         for B, plan, sec in rows:
             print(f"{B:>7} {plan.b:>5} {plan.M:>6} {sec * 1e3:>9.2f} {B / sec:>11.1f}  {_summary(plan, gpu_list)}",
                   file=out)
-            for g, n in zip(gpu_list, plan.n):
-                if n:
-                    used.setdefault(g, set()).add(plan.b)
         print(f"{len(rows)} feasible global batch sizes in {lo}:{hi}", file=out)
+    for _, plan, _ in rows:
+        for g, n in zip(gpu_list, plan.n):
+            if n:
+                used.setdefault(g, set()).add(plan.b)
     _note_extrapolation(model, used, out)
     return 0
 

@@ -338,11 +338,13 @@ class PerfModel:
                               "give one GPU type per rank")
         sf = _speed_factors(speed_factors, len(gpus))
         out = []
+        profs = {g: self.profile(g) for g in set(gpus)}   # every rank's type must be known
         for g, n, f in zip(gpus, plan.n, sf):
             if n == 0:
                 out.append(0.0)
                 continue
-            out.append(n * self.t_micro(g, plan.b, f) + self.profile(g).update_s)
+            p = profs[g]
+            out.append(n * (p.time(plan.b) / f) + p.update_s)
         return out
 
     def compute_time(self, plan: Plan, gpus: Sequence[str],

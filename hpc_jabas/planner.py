@@ -39,10 +39,12 @@ C0 + tail(R) - tail(1) cannot win (C + tail(1) > C0 + tail(R) >= value at C0), s
 values in that window are scanned, in increasing order, stopping as soon as C + tail(1) reaches
 the best value found. Ranks whose memory cap is below b can only be dropped.
 
-Across b the smaller iteration time wins. Ties, deterministically: the larger b; within one b the
-excess micro-batches of the full-capacity assignment are taken from the latest-finishing rank
-first, and among equally late ranks from the highest rank index (so lower ranks get more);
-with dropping, participants are the ranks with the most capacity, lower index first.
+Across b the smaller iteration time wins. Ties, deterministically: the larger b. Within one b
+every running rank gets its first micro-batch, and the remaining ones go to the earliest extra
+slots (k >= 2) in order of finishing time, then rank index (``_fill``) - the same as removing
+the excess of the full-capacity assignment from the latest finisher first, highest index first.
+So interchangeable ranks differ by at most one micro-batch and the lower index gets more. With
+dropping, the participants are the ranks with the most capacity at C*, lower index first.
 
 Speed: ranks of the same GPU type and speed factor are interchangeable, so all searches run over
 groups (a handful) instead of ranks, and ``plan_range`` computes every makespan of one b at once
@@ -63,6 +65,8 @@ from .perfmodel import PerfModel, _speed_factors
 from .plan import Plan
 
 MAX_RANGE = 10_000_000  # widest B range plan_range accepts (one row per feasible B)
+MIN_T_S = 1e-12         # smallest micro-batch time the planner accepts (seconds)
+MIN_T_REL = 1e-9        # ... and relative to the rank's update_s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,7 +98,13 @@ class _Ctx:
         ts, us, cs = [], [], []
         for j in which:
             g = self.groups[j]
-            ts.append(self.model.t_micro(g.gpu, b, g.sf))
+            t = self.model.t_micro(g.gpu, b, g.sf)
+            if not (t >= MIN_T_S and t >= MIN_T_REL * g.update_s and math.isfinite(t)):
+                # slots k*t + u would stop increasing in floating point: no plan can be ranked
+                raise ConfigError(f"micro-batch time {t:g} s of {g.gpu} at b={b} is too small next to its "
+                                  f"update_s={g.update_s:g} s; times must be >= {MIN_T_S:g} s and >= "
+                                  f"{MIN_T_REL:g} x update_s")
+            ts.append(t)
             us.append(g.update_s)
             cs.append(len(g.ranks))
         return ts, us, cs
