@@ -105,12 +105,21 @@ def throughput_snap(gpu_types, model, B_min, B_max, b_candidates=None, window=0.
 
 
 class AdaptiveController(BaseController):
-    """JABAS's fine-grained loop with either statistic (design.md section 1).
+    """JABAS's fine-grained loop with either statistic (design.md section 1), plus LB-BSP's online
+    load balancing (issue: load balancing) on its own period p_balance.
 
     Measurement: the iteration that completes each period of p iterations measures the
     gradient statistics (one extra gradient-sized allreduce, nothing on other iterations).
     Decision (rank 0): noise-scale EMA update -> policy -> new B (clipped, snapped to a B the
     planner realises exactly) -> planner -> lr scale -> Decision(at_iteration = next iteration).
+
+    Balancing: every p_balance iterations each rank reports, in one small allgather_object, its
+    compute time per micro-batch over the window and its load signals (host CPU and memory
+    utilisation via psutil; GPU utilisation, SM clock and power via NVML when a GPU is used;
+    the injected emulated load when emulating). Rank 0 turns them into speed factors against the
+    perf model (expected / measured time per micro-batch), predicts the next window's factors
+    (last value: "reactive"; NARX-style RLS: "predictive"), and asks the Rebalancer (hysteresis,
+    oscillation damping) for a new plan at the same B, broadcast as a normal Decision.
 
     Odd M on a measurement iteration: the even/odd halves then hold (M+1)/2 and (M-1)/2
     micro-batches; the cosine similarity is still computed between the two half means, with
@@ -133,6 +142,12 @@ class AdaptiveController(BaseController):
         self.noise = NoiseScale()
         self.trajectory: list[tuple[int, int]] = []
         self.last_stats: dict = {}
+        self.balance = cfg.balance != "off"
+        self.factors: list[float] | None = None
+        self.predictors = None
+        self.rebalancer = None
+        self._window: list[dict] = []
+        self._nvml = None
 
     def _do_snap(self, B: int) -> int:
         return int(self._snap(B)) if self._snap is not None else int(B)
@@ -151,9 +166,109 @@ class AdaptiveController(BaseController):
                 self._snap = lambda B: min(hi, max(lo, int(round(B / b)) * b))
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
+        if self.balance:
+            from .balance import Rebalancer
+            from .predictor import RankPredictors
+            self.model = trainer.perf_model()
+            if self.predictors is None or self.predictors.n_ranks != trainer.world:
+                self.predictors = RankPredictors(trainer.world, kind="narx" if cfg.balance == "predictive" else "last")
+                self.rebalancer = Rebalancer(threshold=cfg.balance_threshold)
+                self.factors = None
+            try:
+                import psutil
+                psutil.cpu_percent(interval=None)      # prime the counter
+            except Exception:
+                pass
 
     def wants_stats(self, iteration: int) -> bool:
         return self.cfg.policy != "fixed" and (iteration + 1) % self.p == 0
+
+    def is_round(self, done: int) -> bool:
+        return (self.cfg.policy != "fixed" and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
+
+    # ---- balancing measurements (every rank) -------------------------------------------------
+    def _exo(self, trainer) -> dict:
+        x = {}
+        try:
+            import psutil
+            x["cpu"] = psutil.cpu_percent(interval=None) / 100.0
+            x["mem"] = psutil.virtual_memory().percent / 100.0
+        except Exception:
+            pass
+        if trainer.device.type == "cuda":
+            try:
+                if self._nvml is None:
+                    import pynvml
+                    pynvml.nvmlInit()
+                    self._nvml = pynvml.nvmlDeviceGetHandleByIndex(trainer.device.index or 0)
+                import pynvml
+                x["gpu_util"] = pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu / 100.0
+                x["sm_clock"] = pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM) / 1000.0
+                x["power"] = pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1e5
+            except Exception:
+                pass
+        if trainer.emulator is not None:
+            # what NVML would show of a co-located job on an emulated GPU: the injected extra load
+            x["emulated_load"] = trainer.emulator.factor(trainer.iteration - 1) - 1.0
+        return x
+
+    def _measure(self, trainer) -> dict:
+        gpu = trainer.gpu_types[trainer.rank]
+        meas = exp = 0.0
+        for r in self._window:
+            if r["n_local"] <= 0:
+                continue
+            b = int(r["plan"].split()[0].split("=")[1])
+            meas += r["compute_s"]
+            try:
+                exp += r["n_local"] * self.model.t_micro(gpu, b)
+            except Exception:
+                exp += r["compute_s"]
+        self._window = []
+        return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": self._exo(trainer)}
+
+    def after_step(self, trainer, rec: dict):
+        if self.balance:
+            self._window.append(rec)
+        done = trainer.iteration
+        if not self.is_round(done):
+            return None
+        from . import comm
+        bal = self.balance and done % self.cfg.p_balance == 0
+        pol = self.cfg.policy != "fixed" and done % self.p == 0
+        meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
+        d = None
+        if trainer.rank == 0:
+            d = self._decide_round(trainer, rec, pol, meas)
+        payload = comm.broadcast_object(d.to_dict() if d is not None else None, root_rank=0, name="hj.decision")
+        if payload is None:
+            return None
+        d = Decision.from_dict(payload)
+        self.on_decision(trainer, d)
+        return d
+
+    def _decide_round(self, trainer, rec, pol: bool, meas):
+        info = None
+        if meas is not None:
+            factors = [m["factor"] for m in meas]
+            self.predictors.update(factors, [m["exo"] for m in meas])
+            self.factors = self.predictors.predict(default=1.0)
+            if not pol:
+                plan, info = self.rebalancer.propose(
+                    trainer.B, trainer.plan, self.factors,
+                    plan_fn=lambda B, f: trainer.planner_fn(B, list(f)),
+                    time_fn=lambda p, f: self.model.iteration_time(p, trainer.gpu_types, speed_factors=list(f)))
+                trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
+                                       "predicted": self.factors, "exo": [m["exo"] for m in meas],
+                                       "plan": str(plan or trainer.plan), "info": {k: (v if isinstance(
+                                           v, (int, float, str, bool, type(None))) else str(v)) for k, v in info.items()},
+                                       **self.predictors.error_report()})
+                if plan is None:
+                    return None
+                return Decision(trainer.iteration, plan.B, plan, trainer.lr_scale,
+                                reason=f"rebalance ({self.cfg.balance}): {info.get('reason', '')}",
+                                stats={"factors": self.factors})
+        return self.decide(trainer, rec)
 
     def decide(self, trainer, rec):
         st = rec.get("stats")
@@ -168,7 +283,10 @@ class AdaptiveController(BaseController):
         from .policy import PolicyState
         B_new = self.policy.decide(PolicyState(B=trainer.B, iteration=trainer.iteration,
                                                similarity=sim, b_noise=bnoise))
-        plan = trainer.plan if B_new == trainer.B else trainer.planner_fn(B_new, None)
+        if B_new == trainer.B and self.factors is None:
+            plan = trainer.plan
+        else:
+            plan = trainer.planner_fn(B_new, list(self.factors) if self.factors else None)
         lr = self.lr_rule.lr_scale(plan.B, self.noise.G2, self.noise.S)
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S}
         self.last_stats = stats
@@ -183,10 +301,18 @@ class AdaptiveController(BaseController):
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),
-                "noise": self.noise.state_dict(), "trajectory": list(self.trajectory)}
+                "noise": self.noise.state_dict(), "trajectory": list(self.trajectory),
+                "factors": self.factors,
+                "predictors": self.predictors.state_dict() if self.predictors is not None else None,
+                "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None}
 
     def load_state_dict(self, d: dict) -> None:
         self.policy.load_state_dict(d["policy"])
         self.lr_rule.load_state_dict(d["lr_rule"])
         self.noise.load_state_dict(d["noise"])
         self.trajectory = [tuple(x) for x in d["trajectory"]]
+        if self.balance and d.get("predictors") and self.predictors is not None \
+                and d["predictors"].get("n_ranks") == self.predictors.n_ranks:
+            self.predictors.load_state_dict(d["predictors"])
+            self.rebalancer.load_state_dict(d["rebalancer"])
+            self.factors = d.get("factors")

@@ -105,10 +105,10 @@ class Trainer:
         self.planner_fn = planner_fn or self._default_planner()
         self.B = self.cfg.batch
         self.plan = self._initial_plan()
-        if controller is None and self.cfg.policy != "fixed":
+        if controller is None and (self.cfg.policy != "fixed" or self.cfg.balance != "off"):
             if self.cfg.planner == "fixed":
-                raise ConfigError(f"policy={self.cfg.policy!r} changes B, which a fixed plan cannot follow; "
-                                  "use planner='optimal' or 'lbbsp'")
+                raise ConfigError(f"policy={self.cfg.policy!r} / balance={self.cfg.balance!r} re-plan, which a "
+                                  "fixed plan cannot follow; use planner='optimal' or 'lbbsp'")
             from .controller import AdaptiveController
             controller = AdaptiveController(self.cfg)
         self.controller = controller

@@ -25,7 +25,7 @@ from hpc_jabas.plan import Plan  # noqa: E402
 cfg.batch = Plan.parse(spec["plan"]).B
 cfg.batch_min, cfg.batch_max = 1, 10**9
 for k, v in spec.get("config", {}).items():   # adaptive runs: policy, p, gamma, planner, ...
-    setattr(cfg, k, v)
+    setattr(cfg, k, {int(r): x for r, x in v.items()} if k == "slowdown" else v)
 cfg.validate()
 ctrl = ScriptedController(spec.get("schedule", {})) if spec.get("schedule") else None
 if ctrl is not None and spec.get("lr_scales"):
