@@ -46,12 +46,20 @@ jnetns() { echo "jabas-$1"; }           # network namespace of a node
 jveth() { echo "vj-$1"; }               # host end of its veth pair (<= 15 chars)
 slurmd_pid_file() { echo "$RUN/slurmd-$1.pid"; }
 
-# pid_alive FILE: the pid in FILE names a live process.
+# pid_alive FILE: the pid in FILE names a live process of the daemon the file belongs to
+# (its /proc/PID/comm is checked against the file's name, so a pid reused after a reboot or a
+# crash is not taken for the daemon, and down.sh never signals a stranger).
 pid_alive() {
-  local p
+  local p comm want
   [[ -s "$1" ]] || return 1
   p=$(<"$1") || return 1
-  [[ "$p" =~ ^[0-9]+$ ]] && kill -0 "$p" 2>/dev/null
+  [[ "$p" =~ ^[0-9]+$ ]] && kill -0 "$p" 2>/dev/null || return 1
+  comm=$(cat "/proc/$p/comm" 2>/dev/null) || return 1
+  case "$(basename "$1")" in
+    munged.pid) want=munged;; mysqld.pid) want="mariadbd mysqld";; slurmdbd.pid) want=slurmdbd;;
+    slurmctld.pid) want=slurmctld;; slurmd-*.pid) want=slurmd;; *) return 0;;
+  esac
+  [[ " $want " == *" $comm "* ]]
 }
 
 jlog() { echo "[slurm-local] $*" >&2; }

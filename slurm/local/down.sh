@@ -29,11 +29,13 @@ if [[ -f "$SLURM_CONF" ]] && pid_alive "$CTLD_PID"; then
   for u in $(timeout 5 squeue -h -o %u 2>/dev/null | sort -u); do timeout 5 scancel --quiet --user="$u" >/dev/null 2>&1 || true; done
 fi
 
-# 2. slurmd per node, then every process still in its namespace (slurmstepd, job tasks)
+# 2. slurmd per node and slurmctld together (each takes ~2 s to exit on SIGTERM), then every
+#    process still in a node's namespace (slurmstepd, job tasks)
 for n in "${JABAS_NODES[@]}"; do
   nn=$(jnode_name "$n")
   stop_pid "$(slurmd_pid_file "$nn")" "slurmd $nn" &
 done
+stop_pid "$CTLD_PID" slurmctld &
 wait
 for n in "${JABAS_NODES[@]}"; do
   ns=$(jnetns "$(jnode_name "$n")")
@@ -46,11 +48,11 @@ for n in "${JABAS_NODES[@]}"; do
   [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null
 done
 
-# 3. controller, accounting, database, munge (in reverse order of start)
-stop_pid "$CTLD_PID" slurmctld
+# 3. accounting, then database and munge (munge last but one: nothing needs it by then)
 stop_pid "$DBD_PID" slurmdbd
-stop_pid "$DB_PID" mariadb
-stop_pid "$MUNGE_PID" munged
+stop_pid "$DB_PID" mariadb &
+stop_pid "$MUNGE_PID" munged &
+wait
 
 # 4. network
 for n in "${JABAS_NODES[@]}"; do

@@ -228,10 +228,12 @@ if ! pid_alive "$DB_PID"; then
       || jdie "mariadb-install-db failed; see $LOG/mariadb-install.log"
   fi
   rm -f "$DB_SOCKET"
-  (cd / && setsid mariadbd --no-defaults --datadir="$DB_DIR/data" --user=mysql --socket="$DB_SOCKET" \
+  # setsid -f: forks and returns at once, so no shell stays behind holding the caller's stdout
+  # (a leftover subshell made `up.sh | tail` and subprocess.run(capture_output=True) hang).
+  (cd / && exec setsid -f mariadbd --no-defaults --datadir="$DB_DIR/data" --user=mysql --socket="$DB_SOCKET" \
      --pid-file="$DB_PID" --port="$JABAS_DB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
      --log-error="$LOG/mariadb.log" --innodb-buffer-pool-size=64M --innodb-log-file-size=32M \
-     --innodb-lock-wait-timeout=900 --max-connections=50 </dev/null >>"$LOG/mariadb.out" 2>&1 &)
+     --innodb-lock-wait-timeout=900 --max-connections=50) </dev/null >>"$LOG/mariadb.out" 2>&1
   wait_for 30 mariadb "${MYSQL[@]}" -e "select 1" || jdie "MariaDB did not start; see $LOG/mariadb.log"
   jlog "mariadb up ($(elapsed) s)"
 fi
