@@ -99,6 +99,18 @@ def _unavailable(reason: str):
     pytest.skip(f"local Slurm cluster unavailable: {reason}")
 
 
+def _other_live_leases(leases: Path) -> bool:
+    for f in leases.glob("*"):
+        try:
+            os.kill(int(f.name), 0)
+            return True
+        except (ValueError, ProcessLookupError):
+            f.unlink(missing_ok=True)
+        except PermissionError:
+            return True
+    return False
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     if os.name != "posix" or os.geteuid() != 0:
@@ -116,6 +128,12 @@ def slurm_cluster():
         if r.returncode != 0:
             pytest.fail(f"slurm/local/up.sh failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}",
                         pytrace=False)
+    # A lease per session: a session that started the cluster leaves it up while another live
+    # session (e.g. a second pytest run in parallel) still holds a lease on it.
+    leases = state / "leases"
+    leases.mkdir(parents=True, exist_ok=True)
+    mine = leases / str(os.getpid())
+    mine.write_text(str(os.getpid()))
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPC_JABAS_SLURM_DIR")}
     os.environ.update(SLURM_CONF=str(conf), HPC_JABAS_SLURM_DIR=str(state))
     shared = state / "shared"
@@ -128,7 +146,8 @@ def slurm_cluster():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if not was_up:
+        mine.unlink(missing_ok=True)
+        if not was_up and not _other_live_leases(leases):
             subprocess.run(["bash", str(DOWN)], env=env, capture_output=True, timeout=120)
 
 

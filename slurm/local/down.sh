@@ -7,6 +7,13 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh
 source "$HERE/common.sh"
+# One up.sh/down.sh at a time (two pytest sessions may start together). flock -o: the lock is
+# held by flock itself, not inherited by the daemons started here.
+if [[ -z "${JABAS_SLURM_LOCKED:-}" && $(id -u) -eq 0 ]] && [[ -d "$JABAS_SLURM_DIR" ]]; then
+  mkdir -p "$JABAS_SLURM_DIR"
+  JABAS_SLURM_LOCKED=1 exec flock -o -w 300 "$JABAS_SLURM_DIR/.lock" bash "${BASH_SOURCE[0]}" "$@"
+fi
+export JABAS_SLURM_LOCKED=1
 T0=$(date +%s%N)
 PURGE=0
 [[ "${1:-}" == "--purge" ]] && PURGE=1
