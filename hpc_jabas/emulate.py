@@ -110,6 +110,24 @@ class Emulator:
     def target(self, b: int, iteration: int = 0) -> float:
         return (self.base_s + self.per_sample_s * b) / self.speed * self.factor(iteration)
 
+    def start(self, t: float | None = None) -> None:
+        """Begin a chain of micro-batches (one iteration): deadlines accumulate from here, so a
+        late wake-up of one sleep is absorbed by the next instead of adding up."""
+        self._deadline = time.perf_counter() if t is None else t
+
+    def wait_next(self, b: int, iteration: int = 0) -> float:
+        """After the real compute of the next micro-batch of the chain: sleep until its deadline
+        (previous deadline + target(b)); returns the seconds slept."""
+        now = time.perf_counter()
+        self._deadline += self.target(b, iteration)
+        if now >= self._deadline:
+            self.overruns += 1
+            self._deadline = now
+            return 0.0
+        waited = self._deadline - now
+        time.sleep(waited)
+        return waited
+
     def wait_until(self, t_start: float, b: int, iteration: int = 0) -> float:
         """Sleep until t_start + target(b); returns the seconds waited (0 if compute overran)."""
         deadline = t_start + self.target(b, iteration)

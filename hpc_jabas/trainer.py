@@ -223,6 +223,8 @@ class Trainer:
         self.model.train()
         compute = emu_wait = 0.0
         loss_sum = 0.0
+        if self.emulator is not None:
+            self.emulator.start()
         for idx in mine:
             t0 = time.perf_counter()
             batch = tuple(t.to(self.device, non_blocking=True) for t in self.fetch(idx))
@@ -232,7 +234,7 @@ class Trainer:
             t1 = time.perf_counter()
             compute += t1 - t0
             if self.emulator is not None:
-                emu_wait += self.emulator.wait_until(t0, len(idx), self.iteration)
+                emu_wait += self.emulator.wait_next(len(idx), self.iteration)
         t_sync = time.perf_counter()
         self.samples_local += sum(len(i) for i in mine)
         self.compute_local_s += compute + emu_wait
