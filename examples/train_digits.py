@@ -36,6 +36,16 @@ def accuracy(model, test):
         return float((model(test[0]).argmax(1) == test[1]).float().mean())
 
 
+def build(lr: float = 0.05):
+    """The task for Slurm jobs (`hpc-jabas submit --task examples.train_digits:build`)."""
+    torch.manual_seed(0)
+    train, test = make_data()
+    model = make_model()
+    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
+            "dataset": train, "loss_fn": nn.CrossEntropyLoss(),
+            "eval_fn": lambda m: {"test_acc": accuracy(m, test)}}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--lr", type=float, default=0.05)

@@ -120,6 +120,8 @@ class Trainer:
         self.stop_requested = False
         self.samples_local = 0
         self.compute_local_s = 0.0
+        self.lifecycle_state: dict = {}      # epoch-end auto-scaler's state (forecasts, restart overheads)
+        self.first_step_callbacks: list = []
         comm.broadcast_parameters(self.model.state_dict(), root_rank=0)
         # Horovod's broadcast_optimizer_state initialises an empty state with a zero-gradient
         # step, which shifts Adam's step count; a fresh optimizer is identical everywhere, so
@@ -291,7 +293,7 @@ class Trainer:
                 "sampler": self.sampler.state_dict(), "iteration": self.iteration, "B": self.B,
                 "plan": self.plan.to_dict(), "lr_scale": self.lr_scale,
                 "controller": self.controller.state_dict() if self.controller is not None else None,
-                "world": self.world, "gpu_types": self.gpu_types,
+                "world": self.world, "gpu_types": self.gpu_types, "lifecycle": self.lifecycle_state,
                 "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}}
 
     def load_state_dict(self, st: dict) -> None:
@@ -310,6 +312,7 @@ class Trainer:
         self.plan = plan
         if self.controller is not None and st.get("controller") is not None:
             self.controller.load_state_dict(st["controller"])
+        self.lifecycle_state = dict(st.get("lifecycle") or {})
         torch.set_rng_state(st["rng"]["torch"])
         np.random.set_state(st["rng"]["numpy"])
         random.setstate(st["rng"]["python"])
@@ -318,6 +321,7 @@ class Trainer:
         """All ranks call; rank 0 writes (the state is identical on every rank)."""
         self.flush_metrics()
         path = None
+        self.lifecycle_state["last_checkpoint_time"] = time.time()
         if self.rank == 0 and self.cfg.checkpoint:
             path = ckpt.save_in(self.ckpt_dir, self.state_dict(), self.sampler.epoch, self.iteration,
                                 keep=self.cfg.keep_checkpoints)
@@ -354,6 +358,10 @@ class Trainer:
                 continue
             rec = self.train_step()
             samples += rec["samples"]
+            if self.first_step_callbacks:
+                cbs, self.first_step_callbacks = self.first_step_callbacks, []
+                for cb in cbs:
+                    cb(self)
             if max_iterations is not None and self.iteration >= max_iterations:
                 break
             if self.stop_requested:
@@ -373,7 +381,14 @@ class Trainer:
         ev = self.eval_fn(self.model) if self.eval_fn is not None else None
         if self.rank == 0:
             self.metrics.write({"type": "epoch_end", "epoch": epoch, "it": self.iteration, "eval": ev, "B": self.B})
+        hook = self.epoch_end_hook
+        if hook is not None and hasattr(hook, "plan"):
+            # two phases: decide (its state goes into the checkpoint), checkpoint, then act
+            # (submit the next job only once the checkpoint it resumes from is on disk)
+            d = hook.plan(self, epoch)
+            self.save_checkpoint()
+            return bool(hook.act(self, d))
         self.save_checkpoint()
-        if self.epoch_end_hook is not None:
-            return bool(self.epoch_end_hook(self, epoch))
+        if hook is not None:
+            return bool(hook(self, epoch))
         return False

@@ -1,0 +1,67 @@
+"""The resubmission chain's record: chain.jsonl in the chain directory (append-only, one event a line).
+
+Events: submit (job id, mix, by whom), start (job id, mix, world, epoch, iteration, wall time),
+move (from job, to job, new mix, epoch, checkpoint time), end (job id, epochs, wall_s, cost).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def path(chain_dir: str | Path) -> Path:
+    return Path(chain_dir) / "chain.jsonl"
+
+
+def append(chain_dir: str | Path, event: str, **kw) -> dict:
+    rec = {"event": event, "time": time.time(), **kw}
+    p = path(chain_dir)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "a") as f:
+        f.write(json.dumps(rec, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return rec
+
+
+def read(chain_dir: str | Path) -> list[dict]:
+    p = path(chain_dir)
+    if not p.exists():
+        return []
+    out = []
+    for ln in p.read_text().splitlines():
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def summarize(events: list[dict]) -> list[dict]:
+    """One row per job: id, mix, epochs, wall time, cost, state."""
+    jobs: dict[str, dict] = {}
+    order: list[str] = []
+    for e in events:
+        jid = str(e.get("job_id") or e.get("to_job") or "")
+        if e["event"] == "submit":
+            if jid not in jobs:
+                order.append(jid)
+            jobs.setdefault(jid, {"job_id": jid, "mix": e.get("mix"), "state": "submitted", "epochs": None,
+                                  "wall_s": None, "cost": None, "submitted": e["time"]})
+        elif e["event"] == "start":
+            if jid not in jobs:
+                order.append(jid)
+                jobs[jid] = {"job_id": jid, "mix": e.get("mix"), "epochs": None, "wall_s": None, "cost": None}
+            jobs[jid].update(state="running", start_epoch=e.get("epoch"), started=e["time"], world=e.get("world"))
+        elif e["event"] == "move":
+            j = jobs.get(str(e.get("from_job")))
+            if j is not None:
+                j.update(state="moved", end_epoch=e.get("epoch"), next=e.get("to_job"))
+        elif e["event"] == "end":
+            j = jobs.get(jid)
+            if j is not None:
+                j.update(epochs=e.get("epochs"), wall_s=e.get("wall_s"), cost=e.get("cost"),
+                         state=j.get("state") if j.get("state") == "moved" else e.get("state", "finished"))
+    return [jobs[j] for j in order]
