@@ -172,6 +172,15 @@ def test_controller_unreachable(slurm_cluster, tmp_path):
     assert time.time() - t0 < cluster.TIMEOUT_S + 5
 
 
+def test_one_node_job_sees_its_gpus_and_a_private_tmp(slurm_cluster, tmp_path):
+    marker = tmp_path / "host-only"
+    marker.write_text("x")
+    r = slurm_cluster.run("srun", "-p", "rtx2060", "--gres=gpu:rtx2060:3", "-n1", "--mem=100M", "bash", "-c",
+                          f'echo "$SLURMD_NODENAME|$SLURM_JOB_PARTITION|$CUDA_VISIBLE_DEVICES|'
+                          f'$(test -e {marker} && echo shared || echo private)"')
+    assert r.stdout.strip() == "gpur1|rtx2060|0,1,2|private", r.stdout + r.stderr
+
+
 def _free(partition):
     return cluster.read_cluster().partition(partition).gpus_free
 
@@ -249,8 +258,15 @@ def test_hetjob_one_mpi_world_and_rank_types(slurm_cluster, slurm_tmp):
     assert [r["part"] for r in rows] == ["a100", "v100", "v100"]
     assert rows[0]["node"] == "gpua1" and rows[1]["node"].startswith("gpuv")
     # sacct knows both components, with their partitions and the GPU billing of each
-    acct = slurm_cluster.run("sacct", "-j", jid, "-X", "-n", "-P", "-o", "JobID,Partition,State,AllocTRES").stdout
-    comps = {ln.split("|")[0]: ln.split("|") for ln in acct.splitlines() if ln.strip()}
+    # (right after the end, slurmdbd may still list the job as plain "<id>"; the "+k" records follow)
+    end = time.time() + 30
+    while True:
+        acct = slurm_cluster.run("sacct", "-j", jid, "-X", "-n", "-P", "-o", "JobID,Partition,State,AllocTRES").stdout
+        comps = {ln.split("|")[0]: ln.split("|") for ln in acct.splitlines() if ln.strip()}
+        if {f"{jid}+0", f"{jid}+1"} <= set(comps) and all(c[2] == "COMPLETED" for c in comps.values()) \
+                or time.time() > end:
+            break
+        time.sleep(0.5)
     assert comps[f"{jid}+0"][1:3] == ["a100", "COMPLETED"] and "billing=4" in comps[f"{jid}+0"][3]
     assert comps[f"{jid}+1"][1:3] == ["v100", "COMPLETED"] and "billing=4" in comps[f"{jid}+1"][3]
 

@@ -55,6 +55,8 @@ pid_alive() {
   p=$(<"$1") || return 1
   [[ "$p" =~ ^[0-9]+$ ]] && kill -0 "$p" 2>/dev/null || return 1
   comm=$(cat "/proc/$p/comm" 2>/dev/null) || return 1
+  # a killed daemon may linger as a zombie until init reaps it; kill -0 still succeeds on those
+  [[ $(cut -d' ' -f3 "/proc/$p/stat" 2>/dev/null) != [ZX] ]] || return 1
   case "$(basename "$1")" in
     munged.pid) want=munged;; mysqld.pid) want="mariadbd mysqld";; slurmdbd.pid) want=slurmdbd;;
     slurmctld.pid) want=slurmctld;; slurmd-*.pid) want=slurmd;; *) return 0;;

@@ -149,7 +149,7 @@ healthy() {  # everything running, configs current, controller answering
     [[ -e /run/netns/$(jnetns "$(jnode_name "$n")") ]] || return 1
   done
   ip link show "$JABAS_BRIDGE" >/dev/null 2>&1 || return 1
-  timeout 5 scontrol ping 2>/dev/null | grep -q UP || return 1
+  [[ $(timeout 5 scontrol ping 2>/dev/null) == *UP* ]] || return 1
 }
 
 NEW="$JABAS_SLURM_DIR/.etc.new"
@@ -260,7 +260,8 @@ if ! pid_alive "$DBD_PID"; then
     || jdie "slurmdbd does not answer; see $LOG/slurmdbd.log"
   jlog "slurmdbd up ($(elapsed) s)"
 fi
-if ! sacctmgr -n -P show cluster format=cluster 2>/dev/null | grep -qx "$JABAS_CLUSTER_NAME"; then
+# (no `cmd | grep -q` under pipefail: grep exits at the first match, cmd gets SIGPIPE, the test fails)
+if ! grep -qx "$JABAS_CLUSTER_NAME" <<<"$(sacctmgr -n -P show cluster format=cluster 2>/dev/null)"; then
   sacctmgr -i add cluster "$JABAS_CLUSTER_NAME" >/dev/null || jdie "sacctmgr add cluster failed"
 fi
 
@@ -268,7 +269,7 @@ fi
 if ! ip link show "$JABAS_BRIDGE" >/dev/null 2>&1; then
   ip link add "$JABAS_BRIDGE" type bridge
 fi
-ip addr show dev "$JABAS_BRIDGE" | grep -q "inet $JABAS_BRIDGE_ADDR/24" || ip addr add "$JABAS_BRIDGE_ADDR/24" dev "$JABAS_BRIDGE"
+grep -q "inet $JABAS_BRIDGE_ADDR/24" <<<"$(ip addr show dev "$JABAS_BRIDGE")" || ip addr add "$JABAS_BRIDGE_ADDR/24" dev "$JABAS_BRIDGE"
 ip link set "$JABAS_BRIDGE" up
 for n in "${JABAS_NODES[@]}"; do
   nn=$(jnode_name "$n"); ns=$(jnetns "$nn"); veth=$(jveth "$nn"); addr=$(jnode_addr "$n")
@@ -279,14 +280,14 @@ for n in "${JABAS_NODES[@]}"; do
   fi
   ip link set "$veth" master "$JABAS_BRIDGE" up
   ip -n "$ns" link set lo up
-  ip -n "$ns" addr show dev eth0 | grep -q "inet $addr/24" || ip -n "$ns" addr add "$addr/24" dev eth0
+  grep -q "inet $addr/24" <<<"$(ip -n "$ns" addr show dev eth0)" || ip -n "$ns" addr add "$addr/24" dev eth0
   ip -n "$ns" link set eth0 up
 done
 
 # ---- 7. slurmctld ----------------------------------------------------------------------------
 if ! pid_alive "$CTLD_PID"; then
   (cd / && slurmctld </dev/null >>"$LOG/slurmctld.out" 2>&1) || jdie "slurmctld failed to start; see $LOG/slurmctld.log"
-  ctld_ok() { timeout 5 scontrol ping | grep -q UP; }
+  ctld_ok() { [[ $(timeout 5 scontrol ping 2>/dev/null) == *UP* ]]; }
   wait_for 30 slurmctld ctld_ok \
     || jdie "slurmctld does not answer; see $LOG/slurmctld.log"
   jlog "slurmctld up ($(elapsed) s)"
