@@ -68,11 +68,13 @@ def allreduce_sum(t: torch.Tensor, name: str | None = None) -> torch.Tensor:
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+    # Horovod names an unnamed broadcast after the object's type, so the root's dict and the
+    # others' None would never match (a hang): always give every rank the same name.
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name or "hj.broadcast_object")
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list:
-    return hvd.allgather_object(obj, name=name)
+    return hvd.allgather_object(obj, name=name or "hj.allgather_object")
 
 
 def broadcast_parameters(params, root_rank: int = 0) -> None:

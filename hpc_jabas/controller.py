@@ -268,6 +268,12 @@ class AdaptiveController(BaseController):
                 return Decision(trainer.iteration, plan.B, plan, trainer.lr_scale,
                                 reason=f"rebalance ({self.cfg.balance}): {info.get('reason', '')}",
                                 stats={"factors": self.factors})
+            d = self.decide(trainer, rec)
+            trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
+                                   "predicted": self.factors, "exo": [m["exo"] for m in meas], "plan": str(d.plan),
+                                   "info": {"kept": d.plan == trainer.plan, "reason": "planned with the batch-size decision"},
+                                   **self.predictors.error_report()})
+            return d
         return self.decide(trainer, rec)
 
     def decide(self, trainer, rec):

@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
-# `make demo`: a 3-rank heterogeneous Horovod run (mpirun) on three emulated GPU types,
-# training on scikit-learn's digits, printing per-rank throughput.
+# `make demo`: (1) a 3-rank heterogeneous Horovod run (mpirun) on three emulated GPU types with
+# adaptive batching (similarity policy) and online rebalancing after an injected slowdown,
+# training on scikit-learn's digits, printing per-rank throughput and drawing the report PNG;
+# (2) the Slurm lifecycle on the local cluster (when slurm/local is available): a job submitted
+# from Python onto a partition mix, moved at an epoch end to another mix, the chain printed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 RUN="runs/demo-$(date +%Y%m%d-%H%M%S)"
-echo "== hpc-jabas demo: 3 ranks (mpirun) emulating v100, p100, rtx2060; run dir $RUN"
+echo "== 1. mpirun: 3 ranks emulating v100, p100, rtx2060; adaptive B (similarity); rank 0 slowed 3x"
+echo "      from iteration 60 (injected), rebalanced online; run dir $RUN"
 mpirun --oversubscribe -np 3 --bind-to none .venv/bin/python examples/train_digits.py \
-  --emulate --gpu-types v100,p100,rtx2060 --batch 128 --epochs 8 --run-dir "$RUN" \
-  --summary "$RUN/summary.json"
+  --emulate --gpu-types v100,p100,rtx2060 --batch 64 --batch-min 32 --batch-max 512 \
+  --policy similarity --gamma 0.5 --alpha 0.25 --p 10 --balance reactive --p-balance 5 \
+  --slowdown 0:factor=3,start=60 --epochs 8 --run-dir "$RUN" --summary "$RUN/summary.json" 2>&1 \
+  | grep -v "EMULATES" || true
+.venv/bin/python - "$RUN" <<'PY'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+its = [r for r in recs if r["type"] == "iteration"]
+print("B over the run:", " -> ".join(str(b) for i, b in enumerate(r["B"] for r in its) if i == 0 or b != its[i - 1]["B"]))
+for r in recs:
+    if r["type"] == "balance" and not r["info"].get("kept", True):
+        print(f"rebalanced at iteration {r['it']}: measured speed factors "
+              f"{[round(x, 2) if x else x for x in r['measured']]} -> plan {r['plan']}")
+PY
+.venv/bin/hpc-jabas report "$RUN"
+if [[ -x slurm/local/up.sh && -f scripts/demo_slurm.py ]]; then
+  echo "== 2. Slurm: submit onto a partition mix, auto-scale at the epoch end, resubmit, resume"
+  bash slurm/local/up.sh
+  .venv/bin/python scripts/demo_slurm.py "$RUN/slurm"
+fi
