@@ -1,0 +1,219 @@
+"""Profiler (`hpc-jabas profile`): CPU measurement, emulated profiles, JSON round trip, misuse,
+and the allreduce fit over 2 MPI ranks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_jabas import gpus, profiler
+from hpc_jabas.cli import main as cli_main
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.perfmodel import ALLREDUCE_FILE, FORMAT_VERSION, AllreduceModel, PerfModel, emulated_time
+from mpi_util import ROOT, mpi_env
+
+MODEL = "examples.models:digits_mlp"
+MLP_PARAMS = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)          # examples.models is importable from the repository root
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def cpu_meas():
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        torch.set_num_threads(1)
+        yield profiler.measure_compute(profiler.load_model(MODEL), [1, 16, 128, 512], warmup=2, repeats=7)
+    finally:
+        os.chdir(here)
+
+
+def one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert msg and "\n" not in msg
+    return msg
+
+
+# -- measurement on the CPU ---------------------------------------------------------------------
+
+def test_cpu_measurement_is_sane(cpu_meas):
+    m = cpu_meas
+    assert m.b == [1, 16, 128, 512] and m.device == "cpu"
+    assert all(t > 0 for t in m.t) and m.update_s > 0
+    assert all(len(r) == 7 for r in m.repeats)
+    # monotone-ish: a micro-batch of 512 costs more than one of 1, and no size is much cheaper
+    # than a smaller one. The machine is shared, so this looks at the fastest of the 7 repeats
+    # (least disturbed by other processes) with a 50 % margin.
+    best = [min(r) for r in m.repeats]
+    assert best[-1] > best[0], best
+    for a, b in zip(best, best[1:]):
+        assert b >= 0.5 * a, best
+    assert all(min(r) <= t <= max(r) for r, t in zip(m.repeats, m.t))     # t is the median
+    assert m.grad_bytes == MLP_PARAMS * 4
+    assert m.bytes_per_sample > 64 * 4          # at least the input row
+    assert m.max_b is None                      # CPU without memory_gb: the catalog decides later
+
+
+def test_cpu_memory_cap_from_declared_memory(cpu_meas):
+    per, fixed = cpu_meas.bytes_per_sample, cpu_meas.fixed_bytes
+    p = profiler.measured_profile("v100", cpu_meas, memory_gb=0.001)
+    assert p.max_b == int((0.001 * 2**30 - fixed) // per) and 1 <= p.max_b < 4096
+    assert p.b == [b for b in [1, 16, 128, 512] if b <= p.max_b]
+    assert "declared memory 0.001 GiB" in p.source and not p.emulated
+    cat = profiler.measured_profile("rtx2060", cpu_meas)           # catalog: 6 GiB -> the b_limit cap
+    assert cat.max_b == profiler.DEFAULT_B_LIMIT and "catalog memory 6 GiB" in cat.source
+    with pytest.raises(ConfigError) as e:
+        profiler.measured_profile("v100", cpu_meas, memory_gb=1e-7)
+    assert "holds no sample" in one_line(e)
+
+
+def test_max_b_search_doubling_then_bisection():
+    calls = []
+
+    def fits(b):
+        calls.append(b)
+        return b <= 300
+    assert profiler.search_max_b(fits, 4096) == (300, False)
+    assert calls[:10] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert profiler.search_max_b(lambda b: True, 1000) == (1000, True)
+    with pytest.raises(ConfigError):
+        profiler.search_max_b(lambda b: False, 64)
+
+
+# -- emulated profiles --------------------------------------------------------------------------
+
+def test_emulated_profile_equals_the_formula(cpu_meas):
+    base, per = 0.002, 0.0002
+    for g in ("v100", "p100", "rtx2060"):
+        p = profiler.emulated_profile(g, cpu_meas, base_s=base, per_sample_s=per)
+        speed = gpus.get(g).relative_speed
+        assert p.emulated and p.formula == {"base_s": base, "per_sample_s": per, "speed": speed}
+        for b in (1, 3, 16, 100, 512, 1000):
+            assert p.time(b) == emulated_time(b, base, per, speed)
+        assert p.t == [emulated_time(b, base, per, speed) for b in p.b]
+        assert f"emulated {g}" in p.source and "catalog FP32 speed" in p.source
+        assert p.update_s == cpu_meas.update_s
+    assert profiler.emulated_profile("rtx2060", speed=0.5).time(8) == emulated_time(8, 0.002, 0.0002, 0.5)
+
+
+def test_emulated_profile_overrun_and_overhead(cpu_meas):
+    slow = profiler.ComputeMeasurement(**{**cpu_meas.to_dict(), "t": [1.0] * len(cpu_meas.b)})
+    p = profiler.emulated_profile("v100", slow)
+    assert p.formula is None and p.t == [1.0] * len(p.b) and "overruns" in p.source
+    ov = profiler.EmulationOverhead("p100", 0.0007, {8: 0.0007}, 1)
+    q = profiler.emulated_profile("p100", cpu_meas, overhead=ov)
+    s = gpus.get("p100").relative_speed
+    assert q.time(8) == pytest.approx(emulated_time(8, 0.002, 0.0002, s) + 0.0007, rel=1e-12)
+    assert "measured emulation overhead of 0.7 ms" in q.source
+    with pytest.raises(ConfigError):
+        profiler.emulated_profile("v100", cpu_meas, overhead=ov)
+
+
+def test_emulation_overhead_is_measured():
+    ov = profiler.measure_emulation_overhead(profiler.load_model(MODEL), "v100", base_s=0.001, per_sample_s=0.0,
+                                             b_list=(1, 2), warmup=1, repeats=3)
+    assert ov.gpu == "v100" and set(ov.per_b) == {1, 2} and 0.0 <= ov.overhead_s < 0.05
+
+
+# -- the CLI, files -----------------------------------------------------------------------------
+
+def test_cli_profile_writes_versioned_json_that_loads(tmp_path, capsys):
+    out = tmp_path / "prof"
+    rc = cli_main(["profile", "--model", MODEL, "--gpu-type", "p100", "--b-list", "1,8,64", "--warmup", "1",
+                   "--repeats", "3", "--memory-gb", "0.002", "--out", str(out), "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "p100: measured" in text and "allreduce not measured" in text
+    assert sorted(os.listdir(out)) == [ALLREDUCE_FILE, "p100.json"]
+    raw = json.loads((out / "p100.json").read_text())
+    assert raw["version"] == FORMAT_VERSION and raw["emulated"] is False and raw["b"] == [1, 8, 64]
+    model = PerfModel.load(out)
+    assert model.grad_bytes == MLP_PARAMS * 4
+    p = model.profile("p100")
+    assert p.to_dict() == raw and p.max_b > 64 and "measured on cpu" in p.source
+    # emulated types join the same directory; the measured one is kept
+    rc = cli_main(["profile", "--model", MODEL, "--emulate", "--gpu-type", "v100,rtx2060", "--b-list", "1,8",
+                   "--repeats", "2", "--warmup", "0", "--out", str(out), "--quiet"])
+    assert rc == 0
+    model2 = PerfModel.load(out)
+    assert sorted(model2.profiles) == ["p100", "rtx2060", "v100"]
+    assert model2.profile("p100").to_dict() == raw
+    r = model2.profile("rtx2060")
+    assert r.emulated and r.time(8) == emulated_time(8, 0.002, 0.0002, gpus.get("rtx2060").relative_speed)
+    assert "allreduce not measured (1 rank); kept" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("digits_mlp", "must be MODULE:CALLABLE"),
+    ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
+    ("examples.models:nope", "has no attribute 'nope'"),
+    ("examples.models:digits_data", "it must return (model, loss_fn, sample_batch)"),
+    ("examples.models:torch", "not a callable"),
+    ("os:getcwd", "returned a str"),
+])
+def test_bad_model_callable_is_one_config_error(spec, msg):
+    with pytest.raises(ConfigError) as e:
+        profiler.load_model(spec)
+    assert msg in one_line(e)
+
+
+def test_cli_misuse_is_one_line_exit_2(tmp_path, capsys):
+    for argv in (["--model", "examples.models:nope", "--gpu-type", "v100"],
+                 ["--model", MODEL],                                        # CPU, no --gpu-type
+                 ["--model", MODEL, "--gpu-type", "k80"],
+                 ["--model", MODEL, "--gpu-type", "v100", "--b-list", "0,4"]):
+        assert cli_main(["profile", *argv, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("hpc-jabas: error:") and "\n" not in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_module_stays_light():
+    from hpc_jabas import cli_profile
+    assert cli_profile.DEFAULT_B_LIST == profiler.DEFAULT_B_LIST
+    assert cli_profile.DEFAULT_B_LIMIT == profiler.DEFAULT_B_LIMIT
+    assert cli_profile.OPTIMIZERS == profiler.OPTIMIZERS
+    code = "import sys, hpc_jabas.cli_profile; print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, env=mpi_env())
+    assert p.stdout.strip() == "False", p.stderr       # `hpc-jabas plan` does not pay for torch
+
+
+def test_fit_allreduce_reports_effective_bandwidth():
+    truth = AllreduceModel(1.0, 0.001, 2e9)
+    samples = [(nb, 3, truth.time(nb, 3)) for nb in (4096, 1 << 16, 1 << 20, 1 << 23)]
+    fit = profiler.fit_allreduce(samples)
+    assert fit.a == 1.0 and fit.c == pytest.approx(0.001) and fit.bandwidth == pytest.approx(2e9, rel=1e-6)
+
+
+# -- under mpirun: the allreduce fit ------------------------------------------------------------
+
+def test_profile_under_mpirun_fits_the_allreduce(tmp_path):
+    out = tmp_path / "prof"
+    exe = Path(sys.executable).parent / "hpc-jabas"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpc_jabas.cli"]
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", *cmd, "profile", "--model", MODEL,
+           "--emulate", "--gpu-type", "v100", "--b-list", "1,8", "--warmup", "1", "--repeats", "3",
+           "--allreduce-sizes", "4K,256K,2M", "--allreduce-repeats", "5", "--out", str(out)]
+    p = subprocess.run(cmd, env=mpi_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "allreduce fitted from 4 sizes over 2 ranks" in p.stdout
+    assert p.stdout.count("wrote ") == 1                      # rank 0 only
+    meta = json.loads((out / ALLREDUCE_FILE).read_text())
+    assert meta["version"] == FORMAT_VERSION
+    model = PerfModel.load(out)
+    ar = model.allreduce
+    assert ar.a == 1.0 and ar.bandwidth != 10e9 and ar.c >= 0   # a fitted model, not the default
+    assert 1e5 < ar.bandwidth < 1e12
+    t_small, t_big = ar.time(4096, 2), ar.time(2 << 20, 2)
+    assert 0 < t_small <= t_big < 5.0
+    assert model.profile("v100").emulated and model.grad_bytes == MLP_PARAMS * 4
