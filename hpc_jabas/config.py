@@ -18,6 +18,17 @@ LR_RULES = ("sqrt", "linear", "adascale", "none")
 TAILS = ("shrink", "drop")
 
 
+def read_toml(path: str | Path, what: str = "config file") -> dict:
+    """A TOML file as a dict; a missing or malformed file is one clear ConfigError."""
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not valid TOML: {e}") from None
+
+
 @dataclass
 class JobConfig:
     # data / loop
@@ -118,13 +129,7 @@ class JobConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides) -> "JobConfig":
-        p = Path(path)
-        try:
-            d = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {str(p)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+        d = read_toml(path)
         d.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(d)
 
@@ -165,13 +170,7 @@ def add_arguments(parser) -> None:
 def from_args(args) -> JobConfig:
     d: dict = {}
     if getattr(args, "config", None):
-        p = Path(args.config)
-        try:
-            d = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {str(p)!r} does not exist") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+        d = read_toml(args.config)
     flat = JobConfig.from_dict(d).to_dict() if d else {}
     for k in ("epochs", "batch", "micro_batch", "seed", "run_dir", "planner", "plan", "profile_dir", "emulate",
               "policy", "p", "alpha", "gamma", "k", "batch_min", "batch_max", "lr_rule", "balance", "p_balance"):

@@ -30,8 +30,11 @@ class BaseController:
         """Collective on decision rounds: rank 0 decides, everyone receives the same Decision."""
         if not self.is_round(trainer.iteration):
             return None
+        return self.broadcast(trainer, self.decide(trainer, rec) if trainer.rank == 0 else None)
+
+    def broadcast(self, trainer, d: Decision | None) -> Decision | None:
+        """Rank 0's decision (or None) to every rank; each rank records and returns the same one."""
         from . import comm
-        d = self.decide(trainer, rec) if trainer.rank == 0 else None
         payload = comm.broadcast_object(d.to_dict() if d is not None else None, root_rank=0, name="hj.decision")
         if payload is None:
             return None
@@ -237,15 +240,7 @@ class AdaptiveController(BaseController):
         bal = self.balance and done % self.cfg.p_balance == 0
         pol = self.cfg.policy != "fixed" and done % self.p == 0
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
-        d = None
-        if trainer.rank == 0:
-            d = self._decide_round(trainer, rec, pol, meas)
-        payload = comm.broadcast_object(d.to_dict() if d is not None else None, root_rank=0, name="hj.decision")
-        if payload is None:
-            return None
-        d = Decision.from_dict(payload)
-        self.on_decision(trainer, d)
-        return d
+        return self.broadcast(trainer, self._decide_round(trainer, rec, pol, meas) if trainer.rank == 0 else None)
 
     def _decide_round(self, trainer, rec, pol: bool, meas):
         info = None

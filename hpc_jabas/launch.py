@@ -12,7 +12,6 @@ import importlib
 import os
 import sys
 import time
-import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -34,12 +33,8 @@ def spec_from_file(path: str) -> JobSpec:
     p = Path(path)
     if p.suffix == ".json":
         return JobSpec.load(p)
-    try:
-        d = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"job file {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"job file {path!r} is not valid TOML: {e}") from None
+    from .config import read_toml
+    d = read_toml(p, "job file")
     job = d.pop("job", None)
     if not job or "task" not in job or "chain_dir" not in job:
         raise ConfigError(f"job file {path!r} needs a [job] table with task = 'module:callable' and chain_dir")
