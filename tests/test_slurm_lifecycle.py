@@ -1,0 +1,345 @@
+"""A resubmission chain on the real local Slurm cluster (slurm/local): submit, epoch-end move, resume.
+
+(a) submitit: digits on a heterogeneous job {a100:1, v100:2}, adaptive B (similarity policy), CPU
+    ranks emulating their partition's GPU type; the epoch-end auto-scaler (objective cost, limited
+    to 2 x rtx2060) moves it; the second job (2 ranks, submitted by rank 0 from inside the first)
+    finishes. Checked: chain events, the ranks' GPU types per job, submitit's job objects, and the
+    final parameters against one process replaying the same B trajectory (metrics.jsonl).
+(b) the same by hand: `sbatch slurm/jabas-hetjob.sbatch JOB.toml` after `module load hpc-jabas`,
+    moving to 3 x v100 (two nodes) through method sbatch.
+(c) `hpc-jabas status CHAIN_DIR` shows both jobs of each chain.
+Plus cheap checks: environment cleaning, job scripts, one-line errors.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_env import slurm_cluster, slurm_tmp  # noqa: F401
+
+from hpc_jabas import chain as chainlog
+from hpc_jabas.checkpoint import load_latest
+from hpc_jabas.errors import ConfigError, SlurmError
+from hpc_jabas.jobspec import JobSpec
+from hpc_jabas.plan import Plan
+from hpc_jabas.sampler import HeterogeneousSampler
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = str(ROOT / ".venv" / "bin" / "python")
+HPC_JABAS = str(ROOT / ".venv" / "bin" / "hpc-jabas")
+LMOD_INIT = Path("/usr/share/lmod/lmod/init/bash")
+CHAIN_TIMEOUT_S = 200
+
+TRAIN = {"epochs": 2, "batch": 128, "batch_min": 64, "batch_max": 256, "policy": "similarity", "p": 4,
+         "emulate": True, "seed": 0, "metrics_period": 5}
+
+
+def autoscale_to(partition: str, n: int) -> dict:
+    """Force the epoch-end choice: only n GPUs of `partition` besides the current mix, cost objective
+    (a100 bills 4/GPU-h, v100 2, rtx2060 1), no restart overhead prior and no margin."""
+    return {"objective": "cost", "allowed": [partition], "min_gpus": n, "max_gpus": n,
+            "restart_prior_s": 0.0, "margin": 0.0}
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def events(chain_dir) -> list[dict]:
+    return chainlog.read(chain_dir)
+
+
+def follow(chain_dir, first_job: str, timeout: float = CHAIN_TIMEOUT_S) -> dict:
+    from hpc_jabas.submit import wait_chain
+    res = wait_chain(chain_dir, first_job, timeout=timeout, poll_s=0.5)
+    if not res["ok"]:
+        subprocess.run(["scancel", *res["jobs"]], capture_output=True, timeout=30)
+        logs = []
+        for p in sorted((Path(chain_dir) / "jobs").rglob("*")):
+            if p.is_file() and p.suffix in (".out", ".err"):
+                logs.append(f"--- {p.name}\n{p.read_text()[-1500:]}")
+        pytest.fail(f"chain from job {first_job} stopped: {res}\nchain:\n"
+                    + "\n".join(json.dumps(e) for e in events(chain_dir)) + "\n" + "\n".join(logs[-6:]))
+    return res
+
+
+def check_chain(chain_dir, first_mix: dict, second_mix: dict, second_types: list[str], by_hand: bool) -> list[str]:
+    """submit/start/move/start/end in order; the second job on the new mix with its ranks' GPU types."""
+    ev = events(chain_dir)
+    kinds = [e["event"] for e in ev]
+    starts = [e for e in ev if e["event"] == "start"]
+    moves = [e for e in ev if e["event"] == "move"]
+    ends = [e for e in ev if e["event"] == "end"]
+    submits = [e for e in ev if e["event"] == "submit"]
+    assert len(starts) == 2 and len(moves) == 1 and len(ends) == 2, kinds
+    j1, j2 = str(starts[0]["job_id"]), str(starts[1]["job_id"])
+    assert j1 != j2
+    # order: [submit j1] start j1, submit j2, move j1->j2, end j1 (moved); move, start j2, end j2 (finished)
+    pos = {(e["event"], str(e.get("job_id") or e.get("from_job"))): i for i, e in enumerate(ev)}
+    first = [("start", j1), ("submit", j2), ("move", j1), ("end", j1)]
+    if not by_hand:
+        first.insert(0, ("submit", j1))
+    for seq in (first, [("move", j1), ("start", j2), ("restart", j2), ("end", j2)]):
+        idx = [pos.get(k) for k in seq]
+        assert None not in idx and idx == sorted(idx), (seq, kinds)
+    assert kinds.count("submit") == (1 if by_hand else 2), kinds
+    assert starts[0]["mix"] == first_mix and starts[0]["world"] == sum(first_mix.values())
+    assert str(moves[0]["to_job"]) == j2 and moves[0]["mix"] == second_mix and moves[0]["epoch"] == 1
+    assert submits[-1]["mix"] == second_mix and submits[-1]["by"] == f"job {j1}"
+    assert starts[1]["mix"] == second_mix and starts[1]["resumed"] is True and starts[1]["epoch"] == 1
+    assert starts[1]["gpu_types"] == second_types and starts[1]["world"] == len(second_types)
+    assert ends[0]["state"] == "moved" and ends[0]["epochs"] == 1
+    assert ends[1]["state"] == "finished" and ends[1]["epochs"] == 2
+    assert any(e["event"] == "restart" and str(e["job_id"]) == j2 and e["overhead_s"] > 0 for e in ev)
+    return [j1, j2]
+
+
+def replay_reference(chain_dir) -> dict:
+    """One process, plain SGD (momentum 0.9, lr 0.05 x lr_scale), over the B-sample batches that the
+    sampler gives for each recorded iteration plan (tests/reference.py's replay)."""
+    sys.path.insert(0, str(ROOT))
+    from examples.train_digits import build
+    recs = [json.loads(ln) for ln in (Path(chain_dir) / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    its = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["it"])
+    assert [r["it"] for r in its] == list(range(len(its))), "iteration records missing or repeated"
+    parts = build()
+    model, opt, ds, loss_fn = parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"]
+    base = [g["lr"] for g in opt.param_groups]
+    assert base == [0.05]
+    X, y = ds.tensors
+    sampler = HeterogeneousSampler(len(ds), seed=TRAIN["seed"], tail="shrink")
+    for r in its:
+        plan = Plan.parse(r["plan"])
+        if sampler.epoch_done(plan.B):
+            sampler.new_epoch()
+        assert sampler.epoch == r["epoch"], (r["it"], sampler.epoch, r["epoch"])
+        ib = sampler.next(plan)
+        idx = torch.as_tensor(ib.all_indices(), dtype=torch.long)
+        assert len(idx) == r["samples"]
+        opt.zero_grad()
+        loss_fn(model(X[idx]), y[idx]).backward()
+        for g, lr in zip(opt.param_groups, base):
+            g["lr"] = lr * r["lr_scale"]
+        opt.step()
+    assert sampler.epoch == TRAIN["epochs"] - 1 and sampler.epoch_done()
+    plans = {r["plan"] for r in its}
+    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "plans": plans,
+            "Bs": [r["B"] for r in its]}
+
+
+def check_parameters(chain_dir, first_world: int, second_world: int) -> None:
+    ref = replay_reference(chain_dir)
+    # the run really changed B (adaptive controller) and its plans span both worlds
+    assert len(set(ref["Bs"])) > 1, ref["Bs"]
+    worlds = {Plan.parse(p).world_size for p in ref["plans"]}
+    assert worlds == {first_world, second_world}, ref["plans"]
+    found = load_latest(Path(chain_dir) / "run" / "checkpoints")
+    assert found is not None
+    got = found[0]["model"]
+    assert set(got) == set(ref["state"])
+    for k, want in ref["state"].items():
+        err = float((got[k].float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
+        assert err <= 1e-5, f"{k}: relative difference {err:.3g} to the single-process reference"
+
+
+def status_text(cluster, chain_dir) -> str:
+    r = subprocess.run([HPC_JABAS, "status", str(chain_dir)], capture_output=True, text=True, env=cluster.env,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+# ---- (a) submitit, heterogeneous first job ------------------------------------------------------
+@pytest.fixture(scope="module")
+def submitit_chain(slurm_cluster):
+    from hpc_jabas.submit import submit
+    d = slurm_cluster.shared / f"chain-submitit-{os.getpid()}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(mode=0o777)
+    spec = JobSpec(task="examples.train_digits:build", config={**TRAIN, "autoscale": autoscale_to("rtx2060", 2)},
+                   chain_dir=str(d), mix={"v100": 2, "a100": 1}, method="submitit", pythonpath=[str(ROOT)],
+                   python=PY)
+    t0 = time.time()
+    s = submit(spec)
+    res = follow(d, s.job_id)
+    yield {"dir": d, "submission": s, "follow": res, "wall_s": time.time() - t0}
+    slurm_cluster.cancel(*res["jobs"])
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_submitit_chain_moves_and_matches_single_process(slurm_cluster, submitit_chain):
+    from hpc_jabas.submit import submitit_job
+    d, s = submitit_chain["dir"], submitit_chain["submission"]
+    assert s.method == "submitit" and s.mix == {"a100": 1, "v100": 2}
+    j1, j2 = check_chain(d, {"a100": 1, "v100": 2}, {"rtx2060": 2}, ["rtx2060", "rtx2060"], by_hand=False)
+    assert j1 == s.job_id and submitit_chain["follow"]["jobs"] == [j1, j2]
+    first = events(d)[1]
+    assert first["gpu_types"] == ["a100", "v100", "v100"]
+    # submitit's own objects: the hetjob's per-rank results and logs, and its sacct state
+    out = s.job.result()                       # global rank 0's summary
+    assert out["job_id"] == j1 and out["moved_to"]["job_id"] == j2 and out["moved_to"]["mix"] == {"rtx2060": 2}
+    assert s.job.results()[1:] == [None, None]
+    assert "Job completed successfully" in s.job.stdout()
+    s.job.get_info(mode="force")
+    assert s.job.state == "COMPLETED"
+    job2 = submitit_job(d, j2)
+    out2 = job2.result()
+    assert out2["job_id"] == j2 and out2["epoch"] == 2 and out2["mix"] == {"rtx2060": 2} and out2["moved_to"] is None
+    assert slurm_cluster.wait_state(j2, timeout=60) == "COMPLETED"    # the ranks exit after the result
+    job2.get_info(mode="force")
+    assert job2.state == "COMPLETED" and job2.done()
+    # the second job's submission ran without the first job's Slurm/MPI variables
+    text = (d / "jobs" / "submitit" / f"{j2}_submission.sh").read_text()
+    assert "--gres=gpu:rtx2060:2" in text and "hetjob" not in text
+    acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State", "-j", f"{j1},{j2}").stdout
+    assert f"{j1}+0|a100|COMPLETED" in acct and f"{j1}+1|v100|COMPLETED" in acct, acct
+    assert f"{j2}|rtx2060|COMPLETED" in acct, acct
+    check_parameters(d, 3, 2)
+
+
+# ---- (b) by hand: sbatch slurm/jabas-hetjob.sbatch JOB.toml --------------------------------------
+def _toml(chain_dir: Path, auto: dict) -> str:
+    def val(v):
+        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+    lines = [f"{k} = {val(v)}" for k, v in TRAIN.items()]
+    lines += ["[job]", 'task = "examples.train_digits:build"', f"chain_dir = {json.dumps(str(chain_dir))}",
+              'method = "sbatch"', "[autoscale]"] + [f"{k} = {val(v)}" for k, v in auto.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _module_shell(cmd: str) -> list[str]:
+    """`module load hpc-jabas` then cmd (Lmod when installed; else what the modulefile sets)."""
+    if LMOD_INIT.exists():
+        pre = f"source {LMOD_INIT} && module use {ROOT}/modulefiles && module load hpc-jabas && "
+    else:
+        pre = (f"export HPC_JABAS_ROOT={ROOT} PATH={ROOT}/.venv/bin:$PATH "
+               f"PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} && ")
+    return ["bash", "--noprofile", "--norc", "-c", pre + cmd]
+
+
+@pytest.fixture(scope="module")
+def hand_chain(slurm_cluster):
+    d = slurm_cluster.shared / f"chain-hand-{os.getpid()}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(mode=0o777)
+    (d / "job.toml").write_text(_toml(d / "chain", autoscale_to("v100", 3)))
+    env = {k: v for k, v in slurm_cluster.env.items()
+           if not k.startswith(("LMOD", "MODULE", "_ModuleTable", "__LMOD", "PYTHONPATH", "HPC_JABAS_ROOT"))}
+    r = subprocess.run(_module_shell(f"sbatch --parsable --output={d}/hand-%j.out {ROOT}/slurm/jabas-hetjob.sbatch job.toml"),
+                       cwd=d, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    jid = r.stdout.strip().split(";")[0]
+    res = follow(d / "chain", jid)
+    yield {"dir": d, "chain": d / "chain", "job_id": jid, "follow": res}
+    slurm_cluster.cancel(*res["jobs"])
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
+    c = hand_chain["chain"]
+    j1, j2 = check_chain(c, {"a100": 1, "v100": 2}, {"v100": 3}, ["v100"] * 3, by_hand=True)
+    assert j1 == hand_chain["job_id"]
+    log = (hand_chain["dir"] / f"hand-{j1}.out").read_text()
+    assert "hpc-jabas: hetjob" in log and ".venv/bin/python" in log
+    # the resubmission was a rendered job script (method sbatch), spanning two v100 nodes
+    script = (c / "jobs" / "1.sbatch").read_text()
+    assert "--partition=v100 --nodes=2 --ntasks=3" in script and "--gpus-per-task=v100:1" in script
+    assert "-m hpc_jabas.launch" in script and "--het-group" not in script
+    assert JobSpec.load(c / "jobs" / "1.json").mix == {"v100": 3}
+    assert slurm_cluster.wait_state(j2, timeout=60) == "COMPLETED"
+    acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State,NodeList", "-j", j2).stdout
+    assert acct.startswith(f"{j2}|v100|COMPLETED|gpuv[1-2]"), acct
+    check_parameters(c, 3, 3)
+
+
+# ---- (c) hpc-jabas status ---------------------------------------------------------------------
+def test_status_shows_both_jobs(slurm_cluster, submitit_chain, hand_chain):
+    for d, jobs, method in ((submitit_chain["dir"], submitit_chain["follow"]["jobs"], "submitit"),
+                            (hand_chain["chain"], hand_chain["follow"]["jobs"], "sbatch")):
+        out = status_text(slurm_cluster, d)
+        lines = out.splitlines()
+        rows = {ln.split()[0]: ln.split() for ln in lines[2:] if ln.split() and ln.split()[0].isdigit()}
+        assert list(rows) == jobs, out
+        first, second = rows[jobs[0]], rows[jobs[1]]
+        assert "moved" in first and "COMPLETED" in first and "0->1" in first, out
+        assert "finished" in second and "COMPLETED" in second and "1->2" in second and method in second, out
+        assert lines[-1].startswith(f"current: finished (job {jobs[1]}"), out
+        assert "1 restart(s)" in out
+    r = subprocess.run([HPC_JABAS, "status", str(submitit_chain["dir"]), "--json"], capture_output=True, text=True,
+                       env=slurm_cluster.env, timeout=60)
+    st = json.loads(r.stdout)
+    assert [j["job_id"] for j in st["jobs"]] == submitit_chain["follow"]["jobs"]
+    assert st["total_cost"] > 0 and st["jobs"][0]["cost"] > 0 and st["jobs"][1]["slurm"] == "COMPLETED"
+
+
+# ---- cheap checks -------------------------------------------------------------------------------
+def test_submission_env_drops_the_running_jobs_variables():
+    from hpc_jabas.submit import submission_env
+    inner = {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf", "SLURM_JOB_ID": "7", "SLURM_HET_SIZE": "2",
+             "SLURM_JOB_NODELIST_HET_GROUP_1": "gpuv1", "SLURMD_NODENAME": "gpua1", "SBATCH_PARTITION": "x",
+             "PMIX_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+             "HOROVOD_RANK": "0", "SUBMITIT_FOLDER": "/f", "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": "/r"}
+    assert submission_env(inner) == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf",
+                                     "OMPI_ALLOW_RUN_AS_ROOT": "1", "PYTHONPATH": "/r"}
+    # outside a job, the user's own MPI settings stay
+    outer = {"PATH": "/usr/bin", "OMPI_MCA_btl": "self,vader", "SLURM_CONF": "/c", "SBATCH_ACCOUNT": "a"}
+    assert submission_env(outer) == {"PATH": "/usr/bin", "OMPI_MCA_btl": "self,vader", "SLURM_CONF": "/c"}
+
+
+def test_components_span_nodes_and_keep_partition_order(slurm_cluster):
+    from hpc_jabas.cluster import read_cluster
+    from hpc_jabas.submit import components, parse_mix, render_sbatch
+    view = read_cluster()
+    comps = components({"v100": 3, "a100": 1, "rtx2060": 4}, view)
+    assert [(c.partition, c.ntasks, c.nodes) for c in comps] == [("a100", 1, 1), ("rtx2060", 4, 1), ("v100", 3, 2)]
+    spec = JobSpec(task="examples.train_digits:build", config={}, chain_dir="/x", mix={"a100": 1}, python="/py")
+    text = render_sbatch(spec, comps, "/x/jobs/1.json", "/x/jobs/1-%j.out")
+    assert text.count("#SBATCH hetjob") == 2
+    assert "srun --het-group=0,1,2 --mpi=pmix" in text
+    assert text.index("--partition=a100") < text.index("--partition=rtx2060") < text.index("--partition=v100")
+    assert parse_mix("v100:2, a100:1") == {"a100": 1, "v100": 2}
+    for bad in ("a100", "a100:0", "a100:x", "a100:1,a100:2", ""):
+        with pytest.raises(ConfigError):
+            parse_mix(bad)
+    with pytest.raises(ConfigError, match="unknown partition 'h100'"):
+        components({"h100": 1}, view)
+    with pytest.raises(ConfigError, match="has 2 in all"):
+        components({"a100": 3}, view)
+
+
+def test_sbatch_refusal_is_one_clear_slurm_error(slurm_cluster, slurm_tmp):
+    from hpc_jabas.submit import submit_job
+    spec = JobSpec(task="examples.train_digits:build", config={}, chain_dir=str(slurm_tmp), mix={"a100": 1},
+                   method="sbatch", extra={"sbatch_args": ["--constraint=no-such-feature"]})
+    with pytest.raises(SlurmError) as e:
+        submit_job(spec)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("sbatch refused") and "Invalid feature specification" in msg, msg
+    assert not any(ev["event"] == "submit" for ev in events(slurm_tmp))
+    with pytest.raises(SlurmError, match="SLURM_CONF=/nonexistent"):
+        from hpc_jabas.submit import submit
+        submit(spec, env={**os.environ, "SLURM_CONF": "/nonexistent"})
+
+
+def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
+    job = slurm_tmp / "job.toml"
+    job.write_text(_toml(slurm_tmp / "chain", {"objective": "cost"}))
+    bad_key = slurm_tmp / "bad.toml"
+    bad_key.write_text('[job]\ntask = "examples.train_digits:build"\nchain_dir = "c"\nepochs = 2\n')
+    cases = [(["submit", str(job), "--mix", "a100:x"], "PARTITION:COUNT"),
+             (["submit", str(job), "--mix", "h100:1"], "unknown partition 'h100'"),
+             (["submit", str(job)], "no mix"),
+             (["submit", str(bad_key), "--mix", "a100:1"], "unknown [job] key 'epochs'"),
+             (["status", str(slurm_tmp / "nowhere")], "does not exist"),
+             (["status", str(slurm_tmp)], "no chain")]
+    for args, want in cases:
+        r = subprocess.run([HPC_JABAS, *args], capture_output=True, text=True, env=slurm_cluster.env, timeout=60,
+                           cwd=ROOT)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and want in lines[0], (args, r.stderr)
