@@ -1,6 +1,6 @@
 """Interference benchmark (issue: LB-BSP load balancing).
 
-3 ranks (mpirun) emulating V100 / P100 / RTX 2060, fixed B = 384 (b = 4), rank 0 slowed 3x
+3 ranks (mpirun) emulating V100 / P100 / RTX 2060, fixed B = 384 (b = 8), rank 0 slowed 3x
 by an injected periodic pattern (period 20 iterations, half of it slow) during the middle third
 of the run. Side by side in one process run: static plan (profiles only), reactive rebalancing
 (last observed speed), predictive rebalancing (NARX-style RLS on past speeds + load signals).
@@ -28,8 +28,8 @@ from hpc_jabas.emulate import Slowdown  # noqa: E402
 from hpc_jabas.trainer import Trainer  # noqa: E402
 
 TYPES = ["v100", "p100", "rtx2060"]
-B, b, N = 384, 4, 240
-BASE, PER = 0.001, 0.0002
+B, b, N = 384, 8, 300
+BASE, PER = 0.001, 0.0005
 SLOW = f"factor=3,start={N // 3},end={2 * N // 3},kind=periodic,period=20,duty=0.5"
 torch.set_num_threads(1)
 comm.init()
