@@ -88,12 +88,14 @@ def _describe(e: dict) -> str:
     t = time.strftime("%H:%M:%S", time.localtime(e.get("time", time.time())))
     ev = e.get("event")
     if ev == "submit":
-        return f"{t} submit  job {e.get('job_id')} on {mix_label(e.get('mix') or {})} ({e.get('method')}, by {e.get('by')})"
+        return (f"{t} submit  job {e.get('job_id')} on {mix_label(e.get('mix') or {})} "
+                f"({e.get('method')}, by {e.get('by')})")
     if ev == "start":
         return (f"{t} start   job {e.get('job_id')}: {e.get('world')} ranks {','.join(e.get('gpu_types') or [])}, "
                 f"epoch {e.get('epoch')}, iteration {e.get('iteration')}")
     if ev == "move":
-        return f"{t} move    job {e.get('from_job')} -> {e.get('to_job')} on {mix_label(e.get('mix') or {})} at epoch {e.get('epoch')}"
+        return (f"{t} move    job {e.get('from_job')} -> {e.get('to_job')} on {mix_label(e.get('mix') or {})} "
+                f"at epoch {e.get('epoch')}")
     if ev == "restart":
         return f"{t} restart job {e.get('job_id')}: {e.get('overhead_s', 0):.1f} s from checkpoint to first iteration"
     if ev == "end":

@@ -116,7 +116,8 @@ def run_sbatch(script: str | Path, env: Mapping[str, str], extra_args: list[str]
     try:
         r = subprocess.run(args, capture_output=True, text=True, env=dict(env), timeout=SBATCH_TIMEOUT_S)
     except FileNotFoundError:
-        raise SlurmError("no Slurm here: sbatch not found on PATH; start the local cluster: slurm/local/up.sh") from None
+        raise SlurmError("no Slurm here: sbatch not found on PATH; "
+                         "start the local cluster: slurm/local/up.sh") from None
     except subprocess.TimeoutExpired:
         raise SlurmError(f"Slurm controller unreachable: sbatch gave no answer in {SBATCH_TIMEOUT_S:g} s") from None
     if r.returncode != 0:

@@ -230,7 +230,8 @@ def hand_chain(slurm_cluster):
     (d / "job.toml").write_text(_toml(d / "chain", autoscale_to("v100", 3)))
     env = {k: v for k, v in slurm_cluster.env.items()
            if not k.startswith(("LMOD", "MODULE", "_ModuleTable", "__LMOD", "PYTHONPATH", "HPC_JABAS_ROOT"))}
-    r = subprocess.run(_module_shell(f"sbatch --parsable --output={d}/hand-%j.out {ROOT}/slurm/jabas-hetjob.sbatch job.toml"),
+    cmd = f"sbatch --parsable --output={d}/hand-%j.out {ROOT}/slurm/jabas-hetjob.sbatch job.toml"
+    r = subprocess.run(_module_shell(cmd),
                        cwd=d, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     jid = r.stdout.strip().split(";")[0]

@@ -1,0 +1,191 @@
+"""Resubmission latency on the local Slurm cluster: epoch-end checkpoint -> first iteration of the next job.
+
+    .venv/bin/python bench/resubmit_latency.py [--method submitit|sbatch] [--from a100:1,v100:2]
+                                               [--to rtx2060:2] [--repeat N] [--json FILE]
+
+A digits chain (2 epochs, CPU ranks emulating their partition's GPU type) starts on --from; the
+epoch-end auto-scaler is forced (objective cost, only --to allowed, no restart prior, no margin)
+to move it to --to. From the chain record (chain.jsonl) and sacct:
+
+  checkpoint   move.checkpoint_time        (rank 0 wrote the epoch-end checkpoint)
+  submitted    submit.time of the new job  (sbatch returned)
+  slurm start  sacct Start of the new job  (whole seconds)
+  started      start.time                  (ranks up, Horovod init, task built, checkpoint loaded)
+  first it     restart.time                (the first iteration of the new job is done)
+
+  total_s      = first it - checkpoint     (= the restart event's overhead_s)
+  queue_wait_s = slurm start - submitted   (Slurm's part: scheduling, waiting for resources)
+  our_overhead_s = total_s - queue_wait_s  (submission, process start, imports, init, resume, 1st it)
+
+The cluster is brought up when it is not (slurm/local/up.sh) and taken down again only if this run
+started it and no other session holds a lease on it. The last line is
+``our_overhead_s=... queue_wait_s=... total_s=...`` (the median over --repeat runs). Goal: ours <= 15 s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+LOCAL = ROOT / "slurm" / "local"
+GOAL_S = 15.0
+
+
+class Cluster:
+    """The local cluster, up for the duration of the benchmark (a lease like tests/slurm_env.py)."""
+
+    def __init__(self):
+        self.state = Path(os.environ.get("HPC_JABAS_SLURM_DIR", "/var/tmp/hpc-jabas-slurm"))
+        self.env = dict(os.environ, HPC_JABAS_SLURM_DIR=str(self.state),
+                        SLURM_CONF=str(self.state / "etc" / "slurm.conf"))
+        self.started = False
+        self.lease = None
+
+    def __enter__(self):
+        if subprocess.run(["bash", str(LOCAL / "up.sh"), "--check"], env=self.env, capture_output=True).returncode:
+            r = subprocess.run(["bash", str(LOCAL / "up.sh")], env=self.env, capture_output=True, text=True,
+                               timeout=300)
+            if r.returncode:
+                sys.exit(f"resubmit_latency: slurm/local/up.sh failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+            self.started = True
+        leases = self.state / "leases"
+        leases.mkdir(parents=True, exist_ok=True)
+        self.lease = leases / str(os.getpid())
+        self.lease.write_text(str(os.getpid()))
+        os.environ.update(SLURM_CONF=self.env["SLURM_CONF"], HPC_JABAS_SLURM_DIR=str(self.state))
+        shared = self.state / "shared"
+        shared.mkdir(mode=0o1777, exist_ok=True)
+        self.shared = shared
+        return self
+
+    def __exit__(self, *exc):
+        if self.lease is not None:
+            self.lease.unlink(missing_ok=True)
+        if self.started and not _other_leases(self.state / "leases"):
+            subprocess.run(["bash", str(LOCAL / "down.sh")], env=self.env, capture_output=True, timeout=120)
+
+
+def _other_leases(leases: Path) -> bool:
+    for f in leases.glob("*"):
+        try:
+            os.kill(int(f.name), 0)
+            return True
+        except (ValueError, ProcessLookupError):
+            f.unlink(missing_ok=True)
+        except PermissionError:
+            return True
+    return False
+
+
+def _slurm_time(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (TypeError, ValueError):
+        return None
+
+
+def one_run(cluster: Cluster, method: str, src: dict, dst: dict, k: int) -> dict:
+    from hpc_jabas import chain as chainlog
+    from hpc_jabas.jobspec import JobSpec
+    from hpc_jabas.submit import sacct_states, submit, wait_chain
+    d = cluster.shared / f"bench-resubmit-{os.getpid()}-{k}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(mode=0o777)
+    auto = {"objective": "cost", "allowed": sorted(dst), "min_gpus": sum(dst.values()),
+            "max_gpus": sum(dst.values()), "max_partitions": len(dst), "restart_prior_s": 0.0, "margin": 0.0}
+    cfg = {"epochs": 2, "batch": 128, "emulate": True, "seed": 0, "metrics_period": 10, "autoscale": auto}
+    spec = JobSpec(task="examples.train_digits:build", config=cfg, chain_dir=str(d), mix=dict(src), method=method,
+                   pythonpath=[str(ROOT)], python=sys.executable)
+    s = submit(spec)
+    res = wait_chain(d, s.job_id, timeout=300, poll_s=0.5)
+    ev = chainlog.read(d)
+    try:
+        if not res["ok"]:
+            raise RuntimeError(f"chain stopped: {res}; events: {[e['event'] for e in ev]}")
+        move = next(e for e in ev if e["event"] == "move")
+        j2 = str(move["to_job"])
+        if move["mix"] != dict(sorted(dst.items())):
+            raise RuntimeError(f"the auto-scaler chose {move['mix']}, not {dst}")
+        sub = next(e for e in ev if e["event"] == "submit" and str(e["job_id"]) == j2)
+        start = next(e for e in ev if e["event"] == "start" and str(e["job_id"]) == j2)
+        rst = next(e for e in ev if e["event"] == "restart" and str(e["job_id"]) == j2)
+        end1 = next(e for e in ev if e["event"] == "end" and str(e["job_id"]) == str(move["from_job"]))
+        acct = {}
+        for _ in range(20):            # slurmdbd may record the start a moment later
+            acct = sacct_states([j2]).get(j2, {})
+            if _slurm_time(acct.get("Start")):
+                break
+            time.sleep(0.5)
+        t_slurm = _slurm_time(acct.get("Start"))
+        if t_slurm is None:
+            raise RuntimeError(f"sacct gives no start for job {j2}: {acct}")
+        ckpt = float(move["checkpoint_time"])
+        total = float(rst["time"]) - ckpt
+        # sacct's Start is truncated to the second: never let it fall before the submission
+        queue = max(0.0, t_slurm - float(sub["time"]))
+        out = {"method": method, "from": src, "to": dst, "jobs": res["jobs"],
+               "checkpoint_to_submitted_s": float(sub["time"]) - ckpt,
+               "queue_wait_s": queue,
+               "slurm_start_to_started_s": float(start["time"]) - max(t_slurm, float(sub["time"])),
+               "started_to_first_iteration_s": float(rst["time"]) - float(start["time"]),
+               "old_job_end_event_after_checkpoint_s": float(end1["time"]) - ckpt,
+               "total_s": total, "restart_event_overhead_s": float(rst["overhead_s"]),
+               "our_overhead_s": total - queue}
+        return out
+    finally:
+        from hpc_jabas.submit import TERMINAL
+        end = time.time() + 30                  # let the ranks exit, then cancel whatever is left
+        while time.time() < end:
+            try:
+                st = sacct_states(res["jobs"])
+            except Exception:
+                break
+            if all(st.get(j, {}).get("State") in TERMINAL for j in res["jobs"]):
+                break
+            time.sleep(1)
+        subprocess.run(["scancel", *res["jobs"]], capture_output=True, env=cluster.env, timeout=30)
+        if os.environ.get("HJ_BENCH_KEEP") != "1":
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    from hpc_jabas.submit import parse_mix
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--method", choices=("submitit", "sbatch"), default="submitit")
+    ap.add_argument("--from", dest="src", default="a100:1,v100:2", help="first mix (default a100:1,v100:2)")
+    ap.add_argument("--to", dest="dst", default="rtx2060:2", help="mix the job moves to (default rtx2060:2)")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", help="write every run's figures here")
+    a = ap.parse_args(argv)
+    src, dst = parse_mix(a.src), parse_mix(a.dst)
+    runs = []
+    with Cluster() as cluster:
+        for k in range(max(1, a.repeat)):
+            r = one_run(cluster, a.method, src, dst, k)
+            runs.append(r)
+            print(f"run {k + 1}: jobs {' -> '.join(r['jobs'])} ({a.method}, {a.src} -> {a.dst})")
+            for key in ("checkpoint_to_submitted_s", "queue_wait_s", "slurm_start_to_started_s",
+                        "started_to_first_iteration_s", "total_s", "our_overhead_s"):
+                print(f"  {key:34s} {r[key]:7.2f}")
+            print(f"  {'(old job end event after ckpt)':34s} {r['old_job_end_event_after_checkpoint_s']:7.2f}",
+                  flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(runs, indent=1))
+    med = {k: statistics.median(r[k] for r in runs) for k in ("our_overhead_s", "queue_wait_s", "total_s")}
+    verdict = "within" if med["our_overhead_s"] <= GOAL_S else "ABOVE"
+    print(f"median over {len(runs)} run(s): our part {verdict} the {GOAL_S:g} s goal")
+    print(f"our_overhead_s={med['our_overhead_s']:.2f} queue_wait_s={med['queue_wait_s']:.2f} "
+          f"total_s={med['total_s']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
