@@ -68,6 +68,45 @@ def follow(chain_dir, first_job: str, timeout: float = CHAIN_TIMEOUT_S) -> dict:
     return res
 
 
+def first_decision(chain_dir) -> dict:
+    """The auto-scaler's record at the end of epoch 0 (run/metrics.jsonl)."""
+    p = Path(chain_dir) / "run" / "metrics.jsonl"
+    recs = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
+    return next((r for r in recs if r.get("type") == "autoscale" and r.get("epoch") == 0), {})
+
+
+def run_chain(cluster, name: str, start, target: dict, attempts: int = 3) -> dict:
+    """start(workdir) -> (chain_dir, first job id); follow the chain. The cluster is shared with other
+    sessions: when the forced target's GPUs were busy at the epoch end (the target is then no
+    candidate and the job stays), run the chain again in a fresh directory."""
+    from hpc_jabas.autoscale import mix_label
+    tried = []
+    for k in range(attempts):
+        w = cluster.shared / f"{name}-{os.getpid()}-{k}"
+        shutil.rmtree(w, ignore_errors=True)
+        w.mkdir(mode=0o777)
+        chain_dir, first = start(w)
+        res = follow(chain_dir, first)
+        dec = first_decision(chain_dir)
+        labels = [r.get("label") for r in dec.get("table") or []]
+        if dec.get("move") or (mix_label(target) in labels and not dec.get("error")):
+            return {"work": w, "chain": chain_dir, "job_id": first, "follow": res, "attempts": k + 1}
+        tried.append(f"attempt {k + 1}: {dec.get('reason') or dec.get('error')} (candidates {labels})")
+        _settle(cluster, res["jobs"])
+        shutil.rmtree(w, ignore_errors=True)
+    pytest.fail(f"{name}: the target {target} never had free GPUs at the epoch end: " + "; ".join(tried))
+
+
+def _settle(cluster, jobs) -> None:
+    """Let the chain's jobs exit on their own (their ranks finish after the chain's end event), then cancel."""
+    for j in jobs:
+        try:
+            cluster.wait_state(j, timeout=30)
+        except AssertionError:
+            pass
+    cluster.cancel(*jobs)
+
+
 def check_chain(chain_dir, first_mix: dict, second_mix: dict, second_types: list[str], by_hand: bool) -> list[str]:
     """submit/start/move/start/end in order; the second job on the new mix with its ranks' GPU types."""
     ev = events(chain_dir)
@@ -158,18 +197,21 @@ def status_text(cluster, chain_dir) -> str:
 @pytest.fixture(scope="module")
 def submitit_chain(slurm_cluster):
     from hpc_jabas.submit import submit
-    d = slurm_cluster.shared / f"chain-submitit-{os.getpid()}"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(mode=0o777)
-    spec = JobSpec(task="examples.train_digits:build", config={**TRAIN, "autoscale": autoscale_to("rtx2060", 2)},
-                   chain_dir=str(d), mix={"v100": 2, "a100": 1}, method="submitit", pythonpath=[str(ROOT)],
-                   python=PY)
+    subs = {}
+
+    def start(w):
+        spec = JobSpec(task="examples.train_digits:build", config={**TRAIN, "autoscale": autoscale_to("rtx2060", 2)},
+                       chain_dir=str(w), mix={"v100": 2, "a100": 1}, method="submitit", pythonpath=[str(ROOT)],
+                       python=PY)
+        subs[w] = submit(spec)
+        return w, subs[w].job_id
+
     t0 = time.time()
-    s = submit(spec)
-    res = follow(d, s.job_id)
-    yield {"dir": d, "submission": s, "follow": res, "wall_s": time.time() - t0}
-    slurm_cluster.cancel(*res["jobs"])
-    shutil.rmtree(d, ignore_errors=True)
+    out = run_chain(slurm_cluster, "chain-submitit", start, {"rtx2060": 2})
+    out.update(dir=out["chain"], submission=subs[out["work"]], wall_s=time.time() - t0)
+    yield out
+    _settle(slurm_cluster, out["follow"]["jobs"])
+    shutil.rmtree(out["work"], ignore_errors=True)
 
 
 def test_submitit_chain_moves_and_matches_single_process(slurm_cluster, submitit_chain):
@@ -224,21 +266,21 @@ def _module_shell(cmd: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hand_chain(slurm_cluster):
-    d = slurm_cluster.shared / f"chain-hand-{os.getpid()}"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(mode=0o777)
-    (d / "job.toml").write_text(_toml(d / "chain", autoscale_to("v100", 3)))
     env = {k: v for k, v in slurm_cluster.env.items()
            if not k.startswith(("LMOD", "MODULE", "_ModuleTable", "__LMOD", "PYTHONPATH", "HPC_JABAS_ROOT"))}
-    cmd = f"sbatch --parsable --output={d}/hand-%j.out {ROOT}/slurm/jabas-hetjob.sbatch job.toml"
-    r = subprocess.run(_module_shell(cmd),
-                       cwd=d, env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    jid = r.stdout.strip().split(";")[0]
-    res = follow(d / "chain", jid)
-    yield {"dir": d, "chain": d / "chain", "job_id": jid, "follow": res}
-    slurm_cluster.cancel(*res["jobs"])
-    shutil.rmtree(d, ignore_errors=True)
+
+    def start(w):
+        (w / "job.toml").write_text(_toml(w / "chain", autoscale_to("v100", 3)))
+        cmd = f"sbatch --parsable --output={w}/hand-%j.out {ROOT}/slurm/jabas-hetjob.sbatch job.toml"
+        r = subprocess.run(_module_shell(cmd), cwd=w, env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return w / "chain", r.stdout.strip().split(";")[0]
+
+    out = run_chain(slurm_cluster, "chain-hand", start, {"v100": 3})
+    out["dir"] = out["work"]
+    yield out
+    _settle(slurm_cluster, out["follow"]["jobs"])
+    shutil.rmtree(out["work"], ignore_errors=True)
 
 
 def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
