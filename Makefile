@@ -5,6 +5,7 @@ PY    := $(VENV)/bin/python
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
+export OMPI_MCA_mpi_yield_when_idle := 1
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup test demo bench slurm-up slurm-down clean

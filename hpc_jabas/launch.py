@@ -38,6 +38,11 @@ def spec_from_file(path: str) -> JobSpec:
     job = d.pop("job", None)
     if not job or "task" not in job or "chain_dir" not in job:
         raise ConfigError(f"job file {path!r} needs a [job] table with task = 'module:callable' and chain_dir")
+    valid = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
+    bad = [k for k in job if k not in valid]
+    if bad:
+        raise ConfigError(f"job file {path!r}: unknown key {bad[0]!r} in [job] (valid: {', '.join(valid)}); "
+                          "training keys go in another table, e.g. [train]")
     return JobSpec(task=job["task"], config=d, chain_dir=str(Path(job["chain_dir"]).resolve()),
                    mix=job.get("mix") or {"unknown": 1}, method=job.get("method", "sbatch"),
                    pythonpath=job.get("pythonpath", []), python=job.get("python"))
@@ -61,13 +66,13 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     from .lifecycle import EpochEndAutoscaler
     from .trainer import Trainer
 
+    parts = load_task(spec.task)()     # before Horovod's background thread starts polling
     comm.init()
     rank = comm.rank()
     mix = current_mix(comm)
     if "local" not in mix:
         spec = spec.with_mix(mix)
     job_id = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
-    parts = load_task(spec.task)()
     cfgd = dict(spec.config)
     cfgd["run_dir"] = spec.run_dir
     cfgd.pop("job", None)
@@ -91,8 +96,9 @@ def run_job(spec: JobSpec | dict) -> dict | None:
             if moves:
                 overhead = time.time() - float(moves[-1]["checkpoint_time"])
                 trainer.lifecycle_state.setdefault("restart_overheads", []).append(overhead)
+                # since_move_s: move recorded -> this job's trainer built (Slurm queue + start-up)
                 chainlog.append(spec.chain_dir, "restart", job_id=job_id, overhead_s=overhead,
-                                queue_wait_s=(trainer_start - float(moves[-1]["time"])))
+                                since_move_s=(trainer_start - float(moves[-1]["time"])))
     trainer_start = t0
     tr.first_step_callbacks.append(first_step)
     res = tr.fit(resume=False)

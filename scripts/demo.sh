@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 OMPI_MCA_mpi_yield_when_idle=1
 RUN="runs/demo-$(date +%Y%m%d-%H%M%S)"
 echo "== 1. mpirun: 3 ranks emulating v100, p100, rtx2060; adaptive B (similarity); rank 0 slowed 3x"
 echo "      from iteration 60 (injected), rebalanced online; run dir $RUN"

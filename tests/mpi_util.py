@@ -14,7 +14,8 @@ WORKERS = ROOT / "tests" / "workers"
 def mpi_env():
     env = dict(os.environ)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
-               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1",
+               OMPI_MCA_mpi_yield_when_idle="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
