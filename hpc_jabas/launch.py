@@ -41,7 +41,7 @@ def spec_from_file(path: str) -> JobSpec:
     valid = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
     bad = [k for k in job if k not in valid]
     if bad:
-        raise ConfigError(f"job file {path!r}: unknown key {bad[0]!r} in [job] (valid: {', '.join(valid)}); "
+        raise ConfigError(f"job file {path!r}: unknown [job] key {bad[0]!r} (valid: {', '.join(valid)}); "
                           "training keys go in another table, e.g. [train]")
     return JobSpec(task=job["task"], config=d, chain_dir=str(Path(job["chain_dir"]).resolve()),
                    mix=job.get("mix") or {"unknown": 1}, method=job.get("method", "sbatch"),
