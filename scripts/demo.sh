@@ -23,7 +23,8 @@ its = [r for r in recs if r["type"] == "iteration"]
 print("B over the run:", " -> ".join(str(b) for i, b in enumerate(r["B"] for r in its) if i == 0 or b != its[i - 1]["B"]))
 for r in recs:
     if r["type"] == "balance" and not r["info"].get("kept", True):
-        print(f"rebalanced at iteration {r['it']}: measured speed factors "
+        how = "rebalanced" if r["info"].get("reason", "").find("batch-size") < 0 else "re-planned with the new B"
+        print(f"{how} at iteration {r['it']}: measured speed factors "
               f"{[round(x, 2) if x else x for x in r['measured']]} -> plan {r['plan']}")
 PY
 .venv/bin/hpc-jabas report "$RUN"
