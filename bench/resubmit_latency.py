@@ -35,54 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-LOCAL = ROOT / "slurm" / "local"
+from hpc_jabas.localcluster import LocalCluster  # noqa: E402
 GOAL_S = 15.0
-
-
-class Cluster:
-    """The local cluster, up for the duration of the benchmark (a lease like tests/slurm_env.py)."""
-
-    def __init__(self):
-        self.state = Path(os.environ.get("HPC_JABAS_SLURM_DIR", "/var/tmp/hpc-jabas-slurm"))
-        self.env = dict(os.environ, HPC_JABAS_SLURM_DIR=str(self.state),
-                        SLURM_CONF=str(self.state / "etc" / "slurm.conf"))
-        self.started = False
-        self.lease = None
-
-    def __enter__(self):
-        if subprocess.run(["bash", str(LOCAL / "up.sh"), "--check"], env=self.env, capture_output=True).returncode:
-            r = subprocess.run(["bash", str(LOCAL / "up.sh")], env=self.env, capture_output=True, text=True,
-                               timeout=300)
-            if r.returncode:
-                sys.exit(f"resubmit_latency: slurm/local/up.sh failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-            self.started = True
-        leases = self.state / "leases"
-        leases.mkdir(parents=True, exist_ok=True)
-        self.lease = leases / str(os.getpid())
-        self.lease.write_text(str(os.getpid()))
-        os.environ.update(SLURM_CONF=self.env["SLURM_CONF"], HPC_JABAS_SLURM_DIR=str(self.state))
-        shared = self.state / "shared"
-        shared.mkdir(mode=0o1777, exist_ok=True)
-        self.shared = shared
-        return self
-
-    def __exit__(self, *exc):
-        if self.lease is not None:
-            self.lease.unlink(missing_ok=True)
-        if self.started and not _other_leases(self.state / "leases"):
-            subprocess.run(["bash", str(LOCAL / "down.sh")], env=self.env, capture_output=True, timeout=120)
-
-
-def _other_leases(leases: Path) -> bool:
-    for f in leases.glob("*"):
-        try:
-            os.kill(int(f.name), 0)
-            return True
-        except (ValueError, ProcessLookupError):
-            f.unlink(missing_ok=True)
-        except PermissionError:
-            return True
-    return False
 
 
 def _slurm_time(text: str) -> float | None:
@@ -92,7 +46,7 @@ def _slurm_time(text: str) -> float | None:
         return None
 
 
-def one_run(cluster: Cluster, method: str, src: dict, dst: dict, k: int) -> dict:
+def one_run(cluster: LocalCluster, method: str, src: dict, dst: dict, k: int) -> dict:
     from hpc_jabas import chain as chainlog
     from hpc_jabas.jobspec import JobSpec
     from hpc_jabas.submit import sacct_states, submit, wait_chain
@@ -167,7 +121,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     src, dst = parse_mix(a.src), parse_mix(a.dst)
     runs = []
-    with Cluster() as cluster:
+    from hpc_jabas.errors import SlurmError
+    try:
+        cluster = LocalCluster().__enter__()
+    except SlurmError as e:
+        sys.exit(f"resubmit_latency: {e}")
+    with cluster:
         for k in range(max(1, a.repeat)):
             r = one_run(cluster, a.method, src, dst, k)
             runs.append(r)

@@ -5,8 +5,9 @@
 ``slurm_cluster`` (session scope) brings the cluster up if it is not up already, exports
 SLURM_CONF / HPC_JABAS_SLURM_DIR into os.environ for the session (so every subprocess, submitit
 included, reaches it), yields a :class:`SlurmCluster`, and takes the cluster down at session end
-only if it started it. Without root or the Debian packages it skips with the reason; under CI
-(``CI=true``) it fails instead, so a CI machine cannot silently skip the Slurm tests.
+only if it started it and no other live session holds a lease on it (hpc_jabas.localcluster).
+Without root or the Debian packages it fails with the reason (never skips): `make test` sets up
+everything these tests need, so a missing piece is a set-up failure.
 
 Job files must live on a path every node sees: /tmp is private per node (pytest's tmp_path is
 under /tmp!). Use ``slurm_tmp`` (a fresh directory under the cluster's shared/ dir) or the repo.
@@ -23,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from hpc_jabas.errors import SlurmError
+from hpc_jabas.localcluster import LocalCluster
+
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL = ROOT / "slurm" / "local"
-UP, DOWN = LOCAL / "up.sh", LOCAL / "down.sh"
 NEEDED = ("munged", "slurmctld", "slurmd", "slurmdbd", "sinfo", "sbatch", "sacct", "mariadbd", "ip",
           "nsenter", "unshare")
 #: what up.sh builds (slurm/local/common.sh): partition -> (GPU type, nodes, GPUs per node, billing/GPU)
@@ -89,26 +91,10 @@ class SlurmCluster:
             self.run("scancel", *job_ids, check=False)
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _unavailable(reason: str):
-    if _in_ci():
-        pytest.fail(f"local Slurm cluster unavailable under CI: {reason}", pytrace=False)
-    pytest.skip(f"local Slurm cluster unavailable: {reason}")
-
-
-def _other_live_leases(leases: Path) -> bool:
-    for f in leases.glob("*"):
-        try:
-            os.kill(int(f.name), 0)
-            return True
-        except (ValueError, ProcessLookupError):
-            f.unlink(missing_ok=True)
-        except PermissionError:
-            return True
-    return False
+    # `make test` installs and starts everything these tests need, so a missing piece is a
+    # set-up failure, never a skip.
+    pytest.fail(f"local Slurm cluster unavailable: {reason}", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -119,36 +105,15 @@ def slurm_cluster():
     if missing:
         _unavailable(f"missing {', '.join(missing)}; run scripts/setup.sh "
                      "(apt-get install munge slurmctld slurmd slurm-client slurmdbd mariadb-server)")
-    state = Path(os.environ.get("HPC_JABAS_SLURM_DIR", "/var/tmp/hpc-jabas-slurm"))
-    conf = state / "etc" / "slurm.conf"
-    env = dict(os.environ, HPC_JABAS_SLURM_DIR=str(state), SLURM_CONF=str(conf))
-    was_up = subprocess.run(["bash", str(UP), "--check"], env=env, capture_output=True).returncode == 0
-    if not was_up:
-        r = subprocess.run(["bash", str(UP)], env=env, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            pytest.fail(f"slurm/local/up.sh failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}",
-                        pytrace=False)
-    # A lease per session: a session that started the cluster leaves it up while another live
-    # session (e.g. a second pytest run in parallel) still holds a lease on it.
-    leases = state / "leases"
-    leases.mkdir(parents=True, exist_ok=True)
-    mine = leases / str(os.getpid())
-    mine.write_text(str(os.getpid()))
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPC_JABAS_SLURM_DIR")}
-    os.environ.update(SLURM_CONF=str(conf), HPC_JABAS_SLURM_DIR=str(state))
-    shared = state / "shared"
-    shared.mkdir(mode=0o1777, exist_ok=True)
+    lc = LocalCluster()
     try:
-        yield SlurmCluster(state, conf, shared, env, started_here=not was_up)
+        lc.__enter__()
+    except SlurmError as e:
+        _unavailable(str(e))
+    try:
+        yield SlurmCluster(lc.state, lc.conf, lc.shared, lc.env, started_here=lc.started)
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        mine.unlink(missing_ok=True)
-        if not was_up and not _other_live_leases(leases):
-            subprocess.run(["bash", str(DOWN)], env=env, capture_output=True, timeout=120)
+        lc.__exit__(None, None, None)
 
 
 @pytest.fixture
