@@ -221,10 +221,9 @@ class AdaptiveController(BaseController):
         for r in self._window:
             if r["n_local"] <= 0:
                 continue
-            b = int(r["plan"].split()[0].split("=")[1])
             meas += r["compute_s"]
             try:
-                exp += r["n_local"] * self.model.t_micro(gpu, b)
+                exp += r["n_local"] * self.model.t_micro(gpu, r["b"])
             except Exception:
                 exp += r["compute_s"]
         self._window = []

@@ -77,7 +77,7 @@ class EpochEndAutoscaler:
     # ---- rank 0 ------------------------------------------------------------------------------
     def _decide(self, trainer, epoch: int) -> dict:
         from . import autoscale, forecast
-        from .perfmodel import PerfModel
+        from .perfmodel import job_perf_model
         cfg, jc = self.cfg, trainer.cfg
         st = trainer.lifecycle_state
         traj = list(getattr(trainer.controller, "trajectory", None) or [(0, trainer.B)])
@@ -86,8 +86,8 @@ class EpochEndAutoscaler:
         # 1. forecast error of the finished epoch
         last = st.get("forecast")
         if last:
-            actual = [_B_at(traj, last["start"] + k * last["p"]) for k in range(len(last["B"]))]
-            actual = [a for a, s in zip(actual, range(len(actual))) if last["start"] + s * last["p"] < trainer.iteration]
+            starts = [last["start"] + k * last["p"] for k in range(len(last["B"]))]
+            actual = [_B_at(traj, t) for t in starts if t < trainer.iteration]   # periods that happened
             if actual:
                 rec["forecast_error"] = forecast.forecast_error(last["B"][:len(actual)], actual)
         remaining = jc.epochs - (epoch + 1)
@@ -108,12 +108,7 @@ class EpochEndAutoscaler:
             free[part] = free.get(part, 0) + n
         cands = autoscale.enumerate_mixes(free, types, max_gpus=cfg["max_gpus"], min_gpus=cfg["min_gpus"],
                                           allowed=cfg["allowed"], max_partitions=cfg["max_partitions"])
-        all_types = sorted(set(types.values()))
-        if jc.profile_dir:
-            model = PerfModel.load(jc.profile_dir)
-        else:
-            bs = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256} | ({jc.micro_batch} if jc.micro_batch else set()))
-            model = PerfModel.emulated(all_types, bs, jc.emulate_base_s, jc.emulate_per_sample_s)
+        model = job_perf_model(jc, types.values())
         fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
         overhead = autoscale.RestartOverhead(prior_s=float(cfg["restart_prior_s"]))

@@ -494,3 +494,15 @@ def _speed_factors(speed_factors: Sequence[float] | None, n: int) -> list[float]
     if len(sf) != n:
         raise ConfigError(f"{len(sf)} speed factors for {n} ranks; give one per rank")
     return [_num(x, f"speed factor of rank {i}", lo=0.0, lo_open=True) for i, x in enumerate(sf)]
+
+
+DEFAULT_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def job_perf_model(cfg, gpu_types) -> "PerfModel":
+    """The perf model a job plans with: the profiles in ``cfg.profile_dir`` when given, else the
+    emulated model of ``gpu_types`` with the job's emulation times (what its emulated ranks run)."""
+    if cfg.profile_dir:
+        return PerfModel.load(cfg.profile_dir)
+    bs = sorted(set(DEFAULT_B_LIST) | ({cfg.micro_batch} if cfg.micro_batch else set()))
+    return PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)

@@ -141,19 +141,20 @@ class Trainer:
                 raise ConfigError(f"gpu_types lists {len(types)} types but the job has {self.world} ranks; "
                                   "give one type per rank")
             return types
-        mine = None
-        try:
-            from . import cluster
-            mine = cluster.rank_gpu_type(os.environ)
-        except Exception:
-            mine = None
+        from . import cluster, gpus
+        mine = cluster.rank_gpu_type(os.environ)     # under Slurm: its partition / typed GRES
         if mine is None and torch.cuda.is_available():
-            mine = torch.cuda.get_device_name(self.device)
-        from . import gpus
-        try:
-            mine = gpus.normalize(mine) if mine else "v100"
-        except ConfigError:
-            mine = "v100"
+            name = torch.cuda.get_device_name(self.device)      # e.g. "NVIDIA A100-SXM4-40GB"
+            for cand in [name] + name.replace("-", " ").split():
+                try:
+                    mine = gpus.normalize(cand)
+                    break
+                except ConfigError:
+                    continue
+            if mine is None:
+                _log(f"hpc-jabas: rank {self.rank}: GPU {name!r} is not in the catalog; planning it as a v100 "
+                     "(set gpu_types or add it to the catalog)")
+        mine = mine or "v100"
         return list(comm.allgather_object(mine, name="hj.types"))
 
     def _emulator(self) -> Emulator | None:
@@ -166,12 +167,11 @@ class Trainer:
                         per_sample_s=self.cfg.emulate_per_sample_s, slowdown=slow, rank=self.rank)
 
     def perf_model(self):
-        from .perfmodel import PerfModel
-        cfg = self.cfg
-        if cfg.profile_dir:
-            return PerfModel.load(cfg.profile_dir)
-        bs = sorted({1, 2, 4, 8, 16, 32, 64, 128, 256} | ({cfg.micro_batch} if cfg.micro_batch else set()))
-        return PerfModel.emulated(sorted(set(self.gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
+        """The job's perf model (built once; the planner, snapping and balancing share it)."""
+        if getattr(self, "_perf_model", None) is None:
+            from .perfmodel import job_perf_model
+            self._perf_model = job_perf_model(self.cfg, self.gpu_types)
+        return self._perf_model
 
     def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
         cfg = self.cfg
@@ -243,7 +243,7 @@ class Trainer:
         self.opt.step(lr_scale=self.lr_scale)
         t_end = time.perf_counter()
         rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
-               "plan": str(ib.plan),
+               "plan": str(ib.plan), "b": ib.plan.b,
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
                "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
                "loss_sum": loss_sum, "lr_scale": self.lr_scale,
