@@ -8,12 +8,16 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OMPI_MCA_mpi_yield_when_idle := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup test demo bench slurm-up slurm-down clean
+.PHONY: setup lint test demo bench slurm-up slurm-down clean
 
 setup:
 	@bash scripts/setup.sh
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check hpc_jabas tests bench scripts examples
+	$(VENV)/bin/mypy hpc_jabas
+
+test: lint
 	$(PY) -m pytest -q -rs tests
 
 demo: setup

@@ -8,7 +8,6 @@ Emulated cost per micro-batch: (4 ms + 0.05 ms * b) / speed, the planner picks b
 Last line: tta_ratio_similarity= tta_ratio_noise_scale= acc_gap_pts= (adaptive time over
 fixed-small time, the worse of the two tasks; worst final-accuracy gap to fixed-small, points).
 """
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -18,15 +17,14 @@ from _launch import ensure_ranks  # noqa: E402
 
 ensure_ranks(3)
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from sklearn.datasets import load_digits, make_classification  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hpc_jabas import comm  # noqa: E402
-from hpc_jabas.config import JobConfig  # noqa: E402
-from hpc_jabas.trainer import Trainer  # noqa: E402
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 torch.set_num_threads(1)
 comm.init()
@@ -51,7 +49,8 @@ def run(task, name, **kw):
     ds = torch.utils.data.TensorDataset(torch.tensor(Xtr, dtype=torch.float32), torch.tensor(ytr))
     Xt, yt = torch.tensor(Xte, dtype=torch.float32), torch.tensor(yte)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(X.shape[1], 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, classes))
+    model = nn.Sequential(nn.Linear(X.shape[1], 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
+                          nn.Linear(128, classes))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     cfg = JobConfig(emulate=True, gpu_types=TYPES, checkpoint=False, run_dir=f"/tmp/hj-bench-tta/{name}",
                     epochs=max_epochs, metrics_period=50, **kw)
@@ -64,7 +63,7 @@ def run(task, name, **kw):
         model.train()
         return a
 
-    clock, t_hit, it_hit = 0.0, None, None
+    clock, t_hit = 0.0, None
     eval_every = 5
     while tr.sampler.epoch < max_epochs:
         t0 = time.perf_counter()
@@ -76,7 +75,7 @@ def run(task, name, **kw):
         if tr.iteration % eval_every == 0:
             a = comm.broadcast_object(acc() if rank == 0 else None, name=f"acc{name}")
             if a >= target and t_hit is None:
-                t_hit, it_hit = clock, tr.iteration
+                t_hit = clock
                 break
     final = comm.broadcast_object(acc() if rank == 0 else None, name=f"fin{name}")
     tr.flush_metrics()

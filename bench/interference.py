@@ -9,9 +9,7 @@ T_ideal(it) = (B / b) / sum_i 1 / t_i(b, it), with t_i the emulated micro-batch 
 ideal_fraction = sum T_ideal / sum T_measured over the run. predictor_error / lastvalue_error:
 the NARX model's and the last-value baseline's mean one-step relative error on the same windows.
 """
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -22,10 +20,11 @@ ensure_ranks(3)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hpc_jabas import comm, gpus  # noqa: E402
-from hpc_jabas.config import JobConfig  # noqa: E402
-from hpc_jabas.emulate import Slowdown  # noqa: E402
-from hpc_jabas.trainer import Trainer  # noqa: E402
+from hpc_jabas.core import gpus  # noqa: E402
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.emulate import Slowdown  # noqa: E402
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 TYPES = ["v100", "p100", "rtx2060"]
 B, b, N = 384, 8, 300
@@ -54,7 +53,7 @@ def run(mode):
                     run_dir=f"/tmp/hj-bench-interference/{mode}", epochs=10, metrics_period=1000)
     tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg)
     its = []
-    for it in range(N):
+    for _ in range(N):
         rec = tr.train_step()
         its.append(rec["iter_s"])
     tr._pending = []

@@ -18,9 +18,9 @@ ensure_ranks(3)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hpc_jabas import comm  # noqa: E402
-from hpc_jabas.config import JobConfig  # noqa: E402
-from hpc_jabas.trainer import Trainer  # noqa: E402
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 b, ITERS, RUNS, WARM = 64, 25, 6, 3
 torch.set_num_threads(1)

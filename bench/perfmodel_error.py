@@ -5,7 +5,7 @@ ratio; the PerfModel.emulated defaults; --base-s / --per-sample-s change them) a
 digits MLP (examples/models.py) with the real Trainer (planner="fixed").
 
 Fit once, then predict:
-  1. profile (hpc_jabas.profiler; saved with PerfModel.save and read back with PerfModel.load):
+  1. profile (hpc_jabas.runtime.profiler; saved with PerfModel.save and read back with PerfModel.load):
      the model's real compute on this CPU (rank 0 alone: it must stay below the emulated
      times, and gives update_s); the emulated profiles of the 3 types with the same base_s /
      per_sample_s as the run, plus the emulation overhead per micro-batch (sleep overshoot +
@@ -44,11 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hpc_jabas import comm, profiler  # noqa: E402
-from hpc_jabas.config import JobConfig  # noqa: E402
-from hpc_jabas.perfmodel import ComputeProfile, PerfModel  # noqa: E402
-from hpc_jabas.plan import Plan  # noqa: E402
-from hpc_jabas.trainer import Trainer  # noqa: E402
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
+from hpc_jabas.core.plan import Plan  # noqa: E402
+from hpc_jabas.runtime import (  # noqa: E402
+    comm,
+    profiler,  # noqa: E402
+)
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 ap = argparse.ArgumentParser(description="perf-model error: predicted vs measured iteration time")
 ap.add_argument("--base-s", type=float, default=0.010, help="emulated seconds per micro-batch on a V100")

@@ -22,10 +22,10 @@ ensure_ranks(3)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hpc_jabas import comm  # noqa: E402
-from hpc_jabas.config import JobConfig  # noqa: E402
-from hpc_jabas.emulate import Emulator  # noqa: E402
-from hpc_jabas.trainer import Trainer  # noqa: E402
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.emulate import Emulator  # noqa: E402
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 SPEEDS = [1.0, 0.5, 0.25]
 B, b = 512, 8
@@ -74,7 +74,6 @@ def run_hpc_jabas() -> float:
     cfg = JobConfig(batch=B, micro_batch=b, planner="lbbsp", speeds=SPEEDS, emulate=True,
                     gpu_types=["v100"] * 3, emulate_base_s=BASE, emulate_per_sample_s=PER,
                     checkpoint=False, run_dir="/tmp/hj-bench-straggler", metrics_period=1000, epochs=100)
-    import hpc_jabas.emulate as E
     tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg)
     tr.emulator = Emulator("v100", speed=SPEEDS[rank], base_s=BASE, per_sample_s=PER, rank=rank, log=quiet)
     if rank == 0 and not hasattr(run_hpc_jabas, "said"):

@@ -14,7 +14,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from torch import nn
 
-import hpc_jabas                                                    # hpc-jabas
+import hpc_jabas  # hpc-jabas
 
 
 def make_data(seed=0):

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import sys
 
-from .config import JobConfig, add_arguments, from_args as config_from_args
-from .errors import ConfigError, JabasError
-from .plan import Plan, proportional_plan
+from hpc_jabas.core.config import JobConfig, add_arguments
+from hpc_jabas.core.config import from_args as config_from_args
+from hpc_jabas.core.plan import Plan, proportional_plan
+from hpc_jabas.errors import ConfigError, JabasError
 
 __version__ = "0.1.0"
 __all__ = ["JobConfig", "Plan", "Trainer", "HeterogeneousOptimizer", "HeterogeneousSampler", "add_arguments",
@@ -17,20 +18,20 @@ __all__ = ["JobConfig", "Plan", "Trainer", "HeterogeneousOptimizer", "Heterogene
 
 def __getattr__(name):
     if name == "Trainer":
-        from .trainer import Trainer
+        from hpc_jabas.runtime.trainer import Trainer
         return Trainer
     if name == "HeterogeneousOptimizer":
-        from .optim import HeterogeneousOptimizer
+        from hpc_jabas.runtime.optim import HeterogeneousOptimizer
         return HeterogeneousOptimizer
     if name == "HeterogeneousSampler":
-        from .sampler import HeterogeneousSampler
+        from hpc_jabas.core.sampler import HeterogeneousSampler
         return HeterogeneousSampler
     raise AttributeError(name)
 
 
 def report_throughput(trainer, result: dict | None = None, file=None) -> list[dict]:
     """Gather every rank's samples and compute time; rank 0 prints one line per rank."""
-    from . import comm
+    from hpc_jabas.runtime import comm
     rows = comm.allgather_object({"rank": trainer.rank, "gpu": trainer.gpu_types[trainer.rank],
                                   "samples": trainer.samples_local, "compute_s": trainer.compute_local_s},
                                  name="hj.report")

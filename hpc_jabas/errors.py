@@ -15,3 +15,9 @@ class SlurmError(JabasError, RuntimeError):
 
 class CheckpointError(JabasError, RuntimeError):
     """No usable checkpoint."""
+
+
+class InfeasibleError(JabasError):
+    """A plan or a partition mix that cannot exist: a batch no micro-batch size realises on these GPUs,
+    a mix that does not fit memory. Not a user error (the input may be fine for another mix) and not a bug:
+    callers that search (the auto-scaler, B snapping) skip the candidate; everything else reports it."""

@@ -1,5 +1,13 @@
+"""Shared test set-up: tests/ on sys.path, the Slurm fixtures, and the markers (mpi, slurm)."""
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from slurm_env import slurm_cluster, slurm_tmp  # noqa: E402,F401  (fixtures shared by the Slurm tests)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "mpi: starts several Horovod ranks (mpirun or horovodrun --gloo)")
+    config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (started by the fixture)")

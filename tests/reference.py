@@ -1,10 +1,9 @@
 """Single-process reference: plain SGD/Adam over the same B-sample batches as a distributed run."""
-import numpy as np
 import torch
 from torch import nn
 
-from hpc_jabas.plan import Plan
-from hpc_jabas.sampler import HeterogeneousSampler
+from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.sampler import HeterogeneousSampler
 
 
 def make_data(n=240, d=10, classes=3, seed=0, dtype=torch.float64):

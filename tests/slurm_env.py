@@ -5,7 +5,7 @@
 ``slurm_cluster`` (session scope) brings the cluster up if it is not up already, exports
 SLURM_CONF / HPC_JABAS_SLURM_DIR into os.environ for the session (so every subprocess, submitit
 included, reaches it), yields a :class:`SlurmCluster`, and takes the cluster down at session end
-only if it started it and no other live session holds a lease on it (hpc_jabas.localcluster).
+only if it started it and no other live session holds a lease on it (localcluster).
 Without root or the Debian packages it fails with the reason (never skips): `make test` sets up
 everything these tests need, so a missing piece is a set-up failure.
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from localcluster import LocalCluster
 
 from hpc_jabas.errors import SlurmError
-from hpc_jabas.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDED = ("munged", "slurmctld", "slurmd", "slurmdbd", "sinfo", "sbatch", "sacct", "mariadbd", "ip",

@@ -1,10 +1,8 @@
 """Invariant 4 (one decision, everywhere, at the same iteration) and invariant 1 across B
 changes made by the adaptive controller, on 3 real Horovod ranks."""
 import json
-from pathlib import Path
 
 import pytest
-
 from mpi_util import run_ranks
 from reference import reference_run
 from test_equivalence import assert_params_close

@@ -2,10 +2,17 @@ import json
 
 import pytest
 
-from hpc_jabas import autoscale
-from hpc_jabas.autoscale import (Candidate, RestartOverhead, catalog_rates, choose, enumerate_mixes, mix_label,
-                                 price)
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.core import autoscale
+from hpc_jabas.core.autoscale import (
+    Candidate,
+    RestartOverhead,
+    catalog_rates,
+    choose,
+    enumerate_mixes,
+    mix_label,
+    price,
+)
+from hpc_jabas.errors import ConfigError, InfeasibleError
 
 TYPES = {"fast": "a100", "mid": "v100", "slow": "p100"}
 SPEED = {"fast": 4.0, "mid": 2.0, "slow": 1.0}       # samples/s per GPU, arbitrary units
@@ -86,7 +93,7 @@ def test_price_time_and_cost():
 
 
 def test_catalog_rates_use_gpu_catalog():
-    from hpc_jabas import gpus
+    from hpc_jabas.core import gpus
     rates = catalog_rates({"mid": "v100", "slow": "p100"})
     assert rates == {"mid": gpus.get("v100").price_per_hour, "slow": gpus.get("p100").price_per_hour}
 
@@ -128,7 +135,8 @@ def test_time_under_budget():
 
 def test_cost_under_deadline():
     # over 2 epochs: slow:4 18000 s / 20 ; mid:2 18000 s / 30 ; fast:2 9000 s / 20 ; fast1+slow2 12000 s / 20
-    def run(deadline, current={"mid": 2}):
+    def run(deadline, current=None):
+        current = current or {"mid": 2}
         return decide(current, CANDS, "cost-under-deadline", deadline_s=deadline, remaining_epochs=2)
     assert run(20000).mix == {"fast": 2}             # all cost 20 except mid; ties broken by time
     rates = {"fast": 5.0, "mid": 3.0, "slow": 1.0}   # fast:2 25 ; fast1+slow2 2*6000/3600*7 = 23.33 ; slow:4 20
@@ -212,7 +220,7 @@ def test_infeasible_candidates_listed_never_chosen():
         if "fast" in mix:
             return None
         if mix.get("slow", 0) > 2:
-            raise ConfigError("B=4096 does not fit p100 memory")
+            raise InfeasibleError("B=4096 does not fit p100 memory")
         return epoch_time(mix)
     ch = choose({"mid": 1}, [{"fast": 4}, {"slow": 8}, {"mid": 2}], fn, RATES, "time", 0.0)
     assert ch.mix == {"mid": 2}
@@ -220,6 +228,14 @@ def test_infeasible_candidates_listed_never_chosen():
     assert rows["fast:4"]["feasible"] is False and rows["fast:4"]["time_s"] is None
     assert rows["slow:8"]["feasible"] is False and "p100 memory" in rows["slow:8"]["note"]
     assert rows["mid:2"]["chosen"] and not rows["mid:1"]["chosen"]
+
+
+def test_a_bug_in_pricing_is_not_an_infeasible_mix():
+    # a ConfigError (or any other exception) from the time function is a bug, not "infeasible": it propagates
+    def fn(mix):
+        raise ConfigError("internal invariant broken")
+    with pytest.raises(ConfigError):
+        choose({"mid": 1}, [{"fast": 4}], fn, RATES, "time", 0.0)
 
 
 def test_nothing_feasible_stays():

@@ -3,11 +3,11 @@ iteration 50 loses share within 2 balance periods; B unchanged; invariants 1, 3,
 import json
 
 import pytest
-
-from hpc_jabas import gpus
 from mpi_util import run_ranks
 from reference import reference_run
 from test_equivalence import assert_params_close
+
+from hpc_jabas.core import gpus
 
 TYPES = ["v100", "p100", "rtx2060"]
 

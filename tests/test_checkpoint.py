@@ -3,12 +3,12 @@ import os
 
 import pytest
 import torch
-
-from hpc_jabas import checkpoint as ckpt
-from hpc_jabas.errors import CheckpointError
 from mpi_util import run_ranks
 from reference import reference_run
 from test_equivalence import assert_params_close
+
+from hpc_jabas.errors import CheckpointError
+from hpc_jabas.runtime import checkpoint as ckpt
 
 
 def test_atomic_save_and_checksum(tmp_path):

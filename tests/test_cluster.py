@@ -1,4 +1,4 @@
-"""hpc_jabas.cluster against the real local Slurm cluster (slurm/local/up.sh), plus its pure parsers."""
+"""hpc_jabas.slurm.cluster against the real local Slurm cluster (slurm/local/up.sh), plus its pure parsers."""
 from __future__ import annotations
 
 import json
@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from slurm_env import LAYOUT
 
-from hpc_jabas import cluster
 from hpc_jabas.errors import ConfigError, SlurmError
-from slurm_env import LAYOUT, slurm_cluster, slurm_tmp  # noqa: F401
+from hpc_jabas.slurm import cluster
 
 # Real records captured from the local cluster (scontrol show node/partition -o), for the pure tests.
 NODE_V1 = ("NodeName=gpuv1 Arch=x86_64 CoresPerSocket=8  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=2.10 "
@@ -36,7 +36,8 @@ def _node(name, gres, state="IDLE", parts="v100", alloc=""):
 
 
 def _part(name, nodes, weights="CPU=0.0,GRES/gpu=2.0", default="NO"):
-    return (PART_V100.replace("PartitionName=v100", f"PartitionName={name}").replace("Nodes=gpuv[1-2]", f"Nodes={nodes}")
+    return (PART_V100.replace("PartitionName=v100", f"PartitionName={name}")
+            .replace("Nodes=gpuv[1-2]", f"Nodes={nodes}")
             .replace("TRESBillingWeights=CPU=0.0,GRES/gpu=2.0", f"TRESBillingWeights={weights}")
             .replace("Default=YES", f"Default={default}"))
 
@@ -75,8 +76,9 @@ def test_expand_hostlist_and_states():
 
 
 def test_build_view_free_untyped_mapping_and_errors():
-    nodes = [_node("n1", "gpu:v100:2", alloc="cpu=1,gres/gpu=1", state="MIXED"), _node("n2", "gpu:v100:2", "IDLE+DRAIN"),
-             _node("c1", "(null)", parts="cpu"), _node("g1", "gpu:4", parts="gpu"), _node("x1", "gpu:tesla:2", parts="odd")]
+    nodes = [_node("n1", "gpu:v100:2", alloc="cpu=1,gres/gpu=1", state="MIXED"),
+             _node("n2", "gpu:v100:2", "IDLE+DRAIN"), _node("c1", "(null)", parts="cpu"),
+             _node("g1", "gpu:4", parts="gpu"), _node("x1", "gpu:tesla:2", parts="odd")]
     parts = [_part("v100", "n[1-2]"), _part("cpu", "c1", weights="CPU=1.0"), _part("gpu", "g1"), _part("odd", "x1")]
     v = cluster.build_view(nodes, parts)
     assert v.partition("v100").gpus_total == 4 and v.partition("v100").gpus_free == 1   # n2 drained, n1 holds 1
@@ -90,7 +92,8 @@ def test_build_view_free_untyped_mapping_and_errors():
     v2 = cluster.build_view(nodes, parts, partition_types={"gpu": "RTX_2060", "odd": "a100"})
     assert v2.types == {"gpu": "rtx2060", "odd": "a100", "v100": "v100"}
     assert v2.gpu_partition("gpu").gpus_free == 4
-    with pytest.raises(ConfigError, match=r"unknown partition 'h100' in partition_types; partitions here: cpu, gpu, odd, v100"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown partition 'h100' in partition_types; partitions here: cpu, gpu, odd, v100"):
         cluster.build_view(nodes, parts, partition_types={"h100": "h100"})
     with pytest.raises(ConfigError, match=r"unknown GPU type 'tpu'; known types: .*v100"):
         cluster.build_view(nodes, parts, partition_types={"gpu": "tpu"})
@@ -226,7 +229,7 @@ HELLO = r"""
 import json, os, sys
 sys.path.insert(0, {root!r})
 from mpi4py import MPI
-from hpc_jabas import cluster
+from hpc_jabas.slurm import cluster
 c = MPI.COMM_WORLD
 total = c.allreduce(c.rank + 1)
 row = dict(rank=c.rank, size=c.size, total=total, node=os.environ.get("SLURMD_NODENAME"),

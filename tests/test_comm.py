@@ -1,6 +1,5 @@
 """Foundation: weighted allreduce over 3 real Horovod ranks, with the MPI and the Gloo controller."""
 import pytest
-
 from mpi_util import run_ranks
 
 VALUES = [1.0, 2.0, 3.0]

@@ -2,11 +2,11 @@
 import time
 
 import pytest
-
-from hpc_jabas import gpus
-from hpc_jabas.emulate import Emulator, Slowdown
-from hpc_jabas.errors import ConfigError
 from mpi_util import run_ranks
+
+from hpc_jabas.core import gpus
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.emulate import Emulator, Slowdown
 
 
 def test_emulated_ranks_run_at_their_type_speed():

@@ -2,7 +2,6 @@
 B samples, with SGD+momentum and Adam, across plan and B changes, with gradient accumulation."""
 import pytest
 import torch
-
 from mpi_util import run_ranks
 from reference import reference_run
 

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
+from hpc_jabas.core.forecast import forecast_error, forecast_next_epoch, gp_forecast, holt_forecast
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.forecast import forecast_error, forecast_next_epoch, gp_forecast, holt_forecast
 
 P = 100
 

@@ -3,12 +3,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpc_jabas.config import JobConfig
+from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.jobspec import JobSpec
-from hpc_jabas.lifecycle import EpochEndAutoscaler, epoch_time_fn, expand_mix
-from hpc_jabas.perfmodel import PerfModel
-from hpc_jabas.sampler import HeterogeneousSampler
+from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler, epoch_time_fn, expand_mix
 
 
 class View:
@@ -48,9 +48,10 @@ def test_epoch_time_more_gpus_is_faster_and_consumes_the_epoch():
     t1, t3 = fn({"rtx2060": 1}), fn({"rtx2060": 3})
     assert t3 < t1
     # one rtx2060: 5 its of 64 + the rest at 128: exactly the model's iteration times
-    from hpc_jabas.planner import plan_batch
+    from hpc_jabas.core.planner import plan_batch
     g = ["rtx2060"]
-    expect = 5 * model.iteration_time(plan_batch(64, g, model), g) + 6 * model.iteration_time(plan_batch(128, g, model), g)
+    expect = (5 * model.iteration_time(plan_batch(64, g, model), g)
+              + 6 * model.iteration_time(plan_batch(128, g, model), g))
     assert t1 == pytest.approx(expect)
 
 

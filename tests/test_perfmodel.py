@@ -7,13 +7,13 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hpc_jabas import gpus
+from hpc_jabas.core import gpus
+from hpc_jabas.core.perfmodel import EMU_MEM_SAMPLES_PER_GB, AllreduceModel, ComputeProfile, PerfModel, emulated_time
+from hpc_jabas.core.plan import Plan
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.perfmodel import (AllreduceModel, ComputeProfile, PerfModel, emulated_time,
-                                 EMU_MEM_SAMPLES_PER_GB)
-from hpc_jabas.plan import Plan
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:
@@ -256,8 +256,8 @@ def test_load_errors(tmp_path):
 
 
 def test_perfmodel_is_pure():
-    import hpc_jabas.perfmodel as pm
-    import hpc_jabas.planner as pl
+    import hpc_jabas.core.perfmodel as pm
+    import hpc_jabas.core.planner as pl
     for mod in (pm, pl):
         src = open(mod.__file__).read()
         for bad in ("import torch", "import horovod", "subprocess", "import time", "from time"):

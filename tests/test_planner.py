@@ -6,13 +6,14 @@ import io
 import time
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hpc_jabas import cli_plan
-from hpc_jabas.errors import ConfigError
-from hpc_jabas.perfmodel import AllreduceModel, ComputeProfile, PerfModel
-from hpc_jabas.plan import Plan
-from hpc_jabas.planner import plan_batch, plan_range, snap_batch
+from hpc_jabas.cli import plan as cli_plan
+from hpc_jabas.core.perfmodel import AllreduceModel, ComputeProfile, PerfModel
+from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planner import plan_batch, plan_range, snap_batch
+from hpc_jabas.errors import ConfigError, InfeasibleError
 
 TYPES = ["v100", "p100", "rtx2060", "titan-v", "a100"]
 MEASURED = [1, 2, 3, 4, 5, 6]
@@ -100,7 +101,7 @@ def check_against_brute(B, model, gpus, sf, cands, allow_drop):
     want = brute(B, gpus, model, cands, allow_drop, sf)
     try:
         plan = plan_batch(B, gpus, model, b_candidates=cands, speed_factors=sf, allow_drop=allow_drop)
-    except ConfigError as e:
+    except InfeasibleError as e:
         assert want is None, f"planner refused a feasible B={B}: {e}"
         assert "\n" not in str(e)
         return None
@@ -145,7 +146,7 @@ def test_range_table_equals_single_plans(inst, lo, width):
     hi = lo + width
     try:
         rows = plan_range(lo, hi, gpus, model, b_candidates=cands, speed_factors=sf, allow_drop=allow_drop)
-    except ConfigError as e:          # e.g. no candidate b fits a memory cap: then no B is feasible
+    except InfeasibleError as e:      # e.g. no candidate b fits a memory cap: then no B is feasible
         assert "max_b" in str(e)
         rows = []
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
@@ -153,7 +154,7 @@ def test_range_table_equals_single_plans(inst, lo, width):
     for B in range(lo, hi + 1):
         try:
             p = plan_batch(B, gpus, model, b_candidates=cands, speed_factors=sf, allow_drop=allow_drop)
-        except ConfigError:
+        except InfeasibleError:
             assert B not in table
             continue
         assert table[B][0] == p and table[B][0] == Plan(p.b, p.n)
@@ -171,10 +172,10 @@ def test_snap_is_nearest_feasible_ties_to_smaller(inst, target, lo, width):
         try:
             plan_batch(B, gpus, model, **kw)
             feasible.append(B)
-        except ConfigError:
+        except InfeasibleError:
             pass
     if not feasible:
-        with pytest.raises(ConfigError):
+        with pytest.raises(InfeasibleError):
             snap_batch(target, gpus, model, B_min=lo, B_max=hi, **kw)
         return
     want = min(feasible, key=lambda B: (abs(B - target), B))
@@ -189,7 +190,7 @@ def test_snap_without_bounds():
     assert snap_batch(4, g, m) == 32              # the smallest feasible: b=8 on 4 GPUs
     assert snap_batch(12, g, m, b_candidates=[8, 16], allow_drop=True) == 8   # tie 8/16 -> smaller
     assert snap_batch(1000, g, m, B_max=500) == 496
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InfeasibleError) as e:
         snap_batch(100, g, m, B_min=33, B_max=39)
     assert "no feasible" in one_line(e)
     with pytest.raises(ConfigError):
@@ -276,15 +277,15 @@ def test_error_cases(mix):
     with pytest.raises(ConfigError) as e:
         plan_batch(256, g + ["a100"], m)
     assert "no compute profile" in one_line(e) and "a100" in str(e.value)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InfeasibleError) as e:
         plan_batch(4096, g, m, b_candidates=[128])
     msg = one_line(e)
     assert "rtx2060" in msg and "max_b=96" in msg and "b=128" in msg
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InfeasibleError) as e:
         plan_batch(32, g, m)
     msg = one_line(e)
     assert "too small" in msg and "8 GPUs" in msg and "64" in msg
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InfeasibleError) as e:
         plan_batch(1001, g, m, b_candidates=[8, 16])
     msg = one_line(e)
     assert "B=1001" in msg and "[8, 16]" in msg and "nearest feasible B is 1000" in msg
@@ -301,11 +302,11 @@ def test_error_cases(mix):
     assert "speed factors" in one_line(e)
     with pytest.raises(ConfigError):
         plan_batch(1000, g, m, speed_factors=[1.0] * 7 + [0.0])
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(InfeasibleError) as e:
         plan_batch(4096, ["rtx2060"], m, b_candidates=[128], allow_drop=True)
     assert "max_b=96" in one_line(e)
     tiny = PerfModel({"v100": ComputeProfile("v100", b=[1], t=[1e-20], update_s=1.0)})
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError) as e:          # a profile the user gave that no solver can use
         plan_batch(4, ["v100"], tiny)
     assert "too small" in one_line(e)
     with pytest.raises(ConfigError) as e:

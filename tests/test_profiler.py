@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hpc_jabas import gpus, profiler
-from hpc_jabas.cli import main as cli_main
-from hpc_jabas.errors import ConfigError
-from hpc_jabas.perfmodel import ALLREDUCE_FILE, FORMAT_VERSION, AllreduceModel, PerfModel, emulated_time
 from mpi_util import ROOT, mpi_env
+
+from hpc_jabas.cli.main import main as cli_main
+from hpc_jabas.core import gpus
+from hpc_jabas.core.perfmodel import ALLREDUCE_FILE, FORMAT_VERSION, AllreduceModel, PerfModel, emulated_time
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime import profiler
 
 MODEL = "examples.models:digits_mlp"
 MLP_PARAMS = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
@@ -179,11 +180,11 @@ def test_cli_misuse_is_one_line_exit_2(tmp_path, capsys):
 
 
 def test_cli_module_stays_light():
-    from hpc_jabas import cli_profile
+    from hpc_jabas.cli import profile as cli_profile
     assert cli_profile.DEFAULT_B_LIST == profiler.DEFAULT_B_LIST
     assert cli_profile.DEFAULT_B_LIMIT == profiler.DEFAULT_B_LIMIT
     assert cli_profile.OPTIMIZERS == profiler.OPTIMIZERS
-    code = "import sys, hpc_jabas.cli_profile; print('torch' in sys.modules)"
+    code = "import sys, hpc_jabas.cli.profile; print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, env=mpi_env())
     assert p.stdout.strip() == "False", p.stderr       # `hpc-jabas plan` does not pay for torch
 

@@ -2,11 +2,12 @@
 changes, B changes, rank-count changes and a mid-epoch resume (hypothesis)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from hpc_jabas.core.plan import Plan, proportional_plan, split_proportional
+from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.plan import Plan, proportional_plan, split_proportional
-from hpc_jabas.sampler import HeterogeneousSampler
 
 plans = st.builds(lambda b, n: Plan(b, tuple(n)), st.integers(1, 9),
                   st.lists(st.integers(0, 5), min_size=1, max_size=6).filter(lambda n: sum(n) > 0))

@@ -23,14 +23,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from slurm_env import slurm_cluster, slurm_tmp  # noqa: F401
-
-from hpc_jabas import chain as chainlog
-from hpc_jabas.checkpoint import load_latest
+from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError, SlurmError
-from hpc_jabas.jobspec import JobSpec
-from hpc_jabas.plan import Plan
-from hpc_jabas.sampler import HeterogeneousSampler
+from hpc_jabas.runtime.checkpoint import load_latest
+from hpc_jabas.slurm import chain as chainlog
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -55,7 +53,7 @@ def events(chain_dir) -> list[dict]:
 
 
 def follow(chain_dir, first_job: str, timeout: float = CHAIN_TIMEOUT_S) -> dict:
-    from hpc_jabas.submit import wait_chain
+    from hpc_jabas.slurm.executor import wait_chain
     res = wait_chain(chain_dir, first_job, timeout=timeout, poll_s=0.5)
     if not res["ok"]:
         subprocess.run(["scancel", *res["jobs"]], capture_output=True, timeout=30)
@@ -79,7 +77,7 @@ def run_chain(cluster, name: str, start, target: dict, attempts: int = 3) -> dic
     """start(workdir) -> (chain_dir, first job id); follow the chain. The cluster is shared with other
     sessions: when the forced target's GPUs were busy at the epoch end (the target is then no
     candidate and the job stays), run the chain again in a fresh directory."""
-    from hpc_jabas.autoscale import mix_label
+    from hpc_jabas.core.autoscale import mix_label
     tried = []
     for k in range(attempts):
         w = cluster.shared / f"{name}-{os.getpid()}-{k}"
@@ -196,7 +194,7 @@ def status_text(cluster, chain_dir) -> str:
 # ---- (a) submitit, heterogeneous first job ------------------------------------------------------
 @pytest.fixture(scope="module")
 def submitit_chain(slurm_cluster):
-    from hpc_jabas.submit import submit
+    from hpc_jabas.slurm.executor import submit
     subs = {}
 
     def start(w):
@@ -215,7 +213,7 @@ def submitit_chain(slurm_cluster):
 
 
 def test_submitit_chain_moves_and_matches_single_process(slurm_cluster, submitit_chain):
-    from hpc_jabas.submit import submitit_job
+    from hpc_jabas.slurm.executor import submitit_job
     d, s = submitit_chain["dir"], submitit_chain["submission"]
     assert s.method == "submitit" and s.mix == {"a100": 1, "v100": 2}
     j1, j2 = check_chain(d, {"a100": 1, "v100": 2}, {"rtx2060": 2}, ["rtx2060", "rtx2060"], by_hand=False)
@@ -292,7 +290,7 @@ def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
     # the resubmission was a rendered job script (method sbatch), spanning two v100 nodes
     script = (c / "jobs" / "1.sbatch").read_text()
     assert "--partition=v100 --nodes=2 --ntasks=3" in script and "--gpus-per-task=v100:1" in script
-    assert "-m hpc_jabas.launch" in script and "--het-group" not in script
+    assert "-m hpc_jabas.runtime.launch" in script and "--het-group" not in script
     assert JobSpec.load(c / "jobs" / "1.json").mix == {"v100": 3}
     assert slurm_cluster.wait_state(j2, timeout=60) == "COMPLETED"
     acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State,NodeList", "-j", j2).stdout
@@ -322,7 +320,7 @@ def test_status_shows_both_jobs(slurm_cluster, submitit_chain, hand_chain):
 
 # ---- cheap checks -------------------------------------------------------------------------------
 def test_submission_env_drops_the_running_jobs_variables():
-    from hpc_jabas.submit import submission_env
+    from hpc_jabas.slurm.executor import submission_env
     inner = {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf", "SLURM_JOB_ID": "7", "SLURM_HET_SIZE": "2",
              "SLURM_JOB_NODELIST_HET_GROUP_1": "gpuv1", "SLURMD_NODENAME": "gpua1", "SBATCH_PARTITION": "x",
              "PMIX_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -335,8 +333,8 @@ def test_submission_env_drops_the_running_jobs_variables():
 
 
 def test_components_span_nodes_and_keep_partition_order(slurm_cluster):
-    from hpc_jabas.cluster import read_cluster
-    from hpc_jabas.submit import components, parse_mix, render_sbatch
+    from hpc_jabas.slurm.cluster import read_cluster
+    from hpc_jabas.slurm.executor import components, parse_mix, render_sbatch
     view = read_cluster()
     comps = components({"v100": 3, "a100": 1, "rtx2060": 4}, view)
     assert [(c.partition, c.ntasks, c.nodes) for c in comps] == [("a100", 1, 1), ("rtx2060", 4, 1), ("v100", 3, 2)]
@@ -356,7 +354,7 @@ def test_components_span_nodes_and_keep_partition_order(slurm_cluster):
 
 
 def test_sbatch_refusal_is_one_clear_slurm_error(slurm_cluster, slurm_tmp):
-    from hpc_jabas.submit import submit_job
+    from hpc_jabas.slurm.executor import submit_job
     spec = JobSpec(task="examples.train_digits:build", config={}, chain_dir=str(slurm_tmp), mix={"a100": 1},
                    method="sbatch", extra={"sbatch_args": ["--constraint=no-such-feature"]})
     with pytest.raises(SlurmError) as e:
@@ -365,7 +363,7 @@ def test_sbatch_refusal_is_one_clear_slurm_error(slurm_cluster, slurm_tmp):
     assert "\n" not in msg and msg.startswith("sbatch refused") and "Invalid feature specification" in msg, msg
     assert not any(ev["event"] == "submit" for ev in events(slurm_tmp))
     with pytest.raises(SlurmError, match="SLURM_CONF=/nonexistent"):
-        from hpc_jabas.submit import submit
+        from hpc_jabas.slurm.executor import submit
         submit(spec, env={**os.environ, "SLURM_CONF": "/nonexistent"})
 
 

@@ -3,15 +3,14 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
-from hpc_jabas.config import JobConfig  # noqa: E402
-from hpc_jabas.controller import ScriptedController  # noqa: E402
-from hpc_jabas.trainer import Trainer  # noqa: E402
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 ds = make_data(spec.get("n", 240))
@@ -21,7 +20,8 @@ cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=spec.get("r
                 seed=spec.get("seed", 0), tail=spec.get("tail", "shrink"), epochs=spec.get("epochs", 1000),
                 emulate=spec.get("emulate", False), gpu_types=spec.get("gpu_types"),
                 metrics_period=spec.get("metrics_period", 10), checkpoint=spec.get("checkpoint", True))
-from hpc_jabas.plan import Plan  # noqa: E402
+from hpc_jabas.core.plan import Plan  # noqa: E402
+
 cfg.batch = Plan.parse(spec["plan"]).B
 cfg.batch_min, cfg.batch_max = 1, 10**9
 for k, v in spec.get("config", {}).items():   # adaptive runs: policy, p, gamma, planner, ...
@@ -35,7 +35,7 @@ if ctrl is not None and spec.get("lr_scales"):
 
     def decide(trainer, rec, _b=base_decide):
         d = _b(trainer, rec)
-        from hpc_jabas.decision import Decision
+        from hpc_jabas.core.decision import Decision
         return Decision(d.at_iteration, d.B, d.plan, float(lrs.get(trainer.iteration, d.lr_scale)), d.reason)
     ctrl.decide = decide
 tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)

@@ -1,0 +1,1 @@
+"""The `hpc-jabas` command, one module per subcommand."""

@@ -1,0 +1,213 @@
+"""`hpc-jabas plan`: print the best plan for a global batch (or a range of them) on a GPU mix.
+
+    hpc-jabas plan --batch 2048 --gpus v100:4,p100:4,rtx2060:8 [--profile DIR | --emulated]
+    hpc-jabas plan --batch-range 256:32768 --gpus v100:4,p100:4
+
+Without --profile the model is ``PerfModel.emulated`` with its defaults (perfmodel.py):
+t(b) = (0.010 s + 0.001 s * b) / speed, speed = FP32 TFLOPS relative to a V100, micro-batch sizes
+1, 2, 4, ..., 512 up to the memory cap int(memory_gb * 16), gradients of 100 MB (--grad-mb), an
+allreduce of 2 (N-1)/N * bytes / 10 GB/s, no overlap. Bad input raises ConfigError; the
+``hpc-jabas`` entry point (or :func:`main` here) prints it as one line and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from hpc_jabas.core import gpus as _gpus
+from hpc_jabas.core.perfmodel import EMU_GRAD_BYTES, PerfModel
+from hpc_jabas.core.planner import plan_batch, plan_range
+from hpc_jabas.errors import ConfigError, JabasError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "plan", help="best micro-batch plan for a global batch on a GPU mix",
+        description="Print the plan (micro-batch b, micro-batches per rank) that minimises the predicted "
+                    "iteration time, per GPU type, and the predicted throughput.")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--batch", type=str, metavar="B", help="global batch size")
+    what.add_argument("--batch-range", type=str, metavar="LO:HI",
+                      help="print the best plan for every feasible B in LO..HI, one line each")
+    p.add_argument("--gpus", required=True, metavar="SPEC",
+                   help="GPU mix, TYPE:COUNT comma-separated in rank order, e.g. v100:4,p100:4,rtx2060:8")
+    p.add_argument("--profile", metavar="DIR", help="perf-model directory (<gpu>.json + allreduce.json)")
+    p.add_argument("--emulated", action="store_true",
+                   help="use the emulated model (the default when --profile is not given)")
+    p.add_argument("--b-candidates", metavar="LIST", help="micro-batch sizes to try, e.g. 8,16,32")
+    p.add_argument("--allow-drop", action="store_true", help="ranks may get no micro-batch at all")
+    p.add_argument("--grad-mb", type=str, metavar="MB",
+                   help=f"gradient size in MB for the emulated model (default {EMU_GRAD_BYTES / 1e6:g})")
+    p.set_defaults(func=run)
+    return p
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+def parse_gpus(spec: str) -> list[str]:
+    """'v100:4,p100:2' -> ['v100'] * 4 + ['p100'] * 2 (catalog keys, rank order)."""
+    out: list[str] = []
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, count = part.partition(":")
+        key = _gpus.normalize(name)
+        if count.strip() == "":
+            k = 1
+        else:
+            try:
+                k = int(count)
+            except ValueError:
+                raise ConfigError(f"GPU count {count!r} in {part!r} is not an integer; write TYPE:COUNT, "
+                                  "e.g. v100:4") from None
+            if k < 1:
+                raise ConfigError(f"GPU count {k} in {part!r} must be >= 1")
+        out += [key] * k
+    if not out:
+        raise ConfigError(f"--gpus {spec!r} names no GPU; write TYPE:COUNT,..., e.g. v100:4,p100:4")
+    return out
+
+
+def _int(text: str, what: str) -> int:
+    try:
+        v = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{what} {text!r} is not an integer") from None
+    if v < 1:
+        raise ConfigError(f"{what} {v} must be >= 1")
+    return v
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, sep, hi = str(text).partition(":")
+    if not sep:
+        raise ConfigError(f"--batch-range {text!r} must be LO:HI, e.g. 256:32768")
+    a, b = _int(lo, "--batch-range lower bound"), _int(hi, "--batch-range upper bound")
+    if a > b:
+        raise ConfigError(f"--batch-range {text!r} is empty; LO must be <= HI")
+    return a, b
+
+
+def _model(args, gpu_list: list[str]) -> tuple[PerfModel, str]:
+    if args.profile and args.emulated:
+        raise ConfigError("--profile and --emulated exclude each other; give one")
+    if args.profile:
+        if args.grad_mb is not None:
+            raise ConfigError("--grad-mb applies to the emulated model only; the profile has its own")
+        return PerfModel.load(args.profile), f"profile {args.profile}"
+    grad = EMU_GRAD_BYTES
+    if args.grad_mb is not None:
+        try:
+            grad = float(args.grad_mb) * 1e6
+        except ValueError:
+            raise ConfigError(f"--grad-mb {args.grad_mb!r} is not a number") from None
+        if not grad >= 0:
+            raise ConfigError(f"--grad-mb {args.grad_mb!r} must be >= 0")
+    return PerfModel.emulated(sorted(set(gpu_list)), grad_bytes=grad), "emulated (PerfModel.emulated defaults)"
+
+
+# -- output -------------------------------------------------------------------------------------
+
+def _span(vals: Sequence[int]) -> str:
+    lo, hi = min(vals), max(vals)
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def _types(gpu_list: list[str]) -> list[str]:
+    seen: list[str] = []
+    for g in gpu_list:
+        if g not in seen:
+            seen.append(g)
+    return seen
+
+
+def _mix(gpu_list: list[str]) -> str:
+    return ", ".join(f"{g} x{gpu_list.count(g)}" for g in _types(gpu_list))
+
+
+def _print_plan(B: int, plan, gpu_list: list[str], model: PerfModel, out) -> None:
+    fin = model.rank_finish(plan, gpu_list)
+    comp = max(fin)
+    n_part = sum(1 for n in plan.n if n > 0)
+    tail = model.allreduce_tail(n_part)
+    it = comp + tail
+    print(f"B={B}: micro-batch b={plan.b}, M={plan.M} micro-batches on {n_part} of {len(gpu_list)} GPUs", file=out)
+    print(f"{'type':<12}{'ranks':>6}{'b':>6}{'n/rank':>9}{'samples':>9}{'compute ms':>12}{'idle':>8}", file=out)
+    for g in _types(gpu_list):
+        idx = [i for i, x in enumerate(gpu_list) if x == g]
+        ns = [plan.n[i] for i in idx]
+        f = [fin[i] for i in idx]
+        idle = sum((comp - x) / comp for x in f) / len(f) if comp > 0 else 0.0
+        print(f"{g:<12}{len(idx):>6}{plan.b:>6}{_span(ns):>9}{plan.b * sum(ns):>9}"
+              f"{max(f) * 1e3:>12.2f}{idle * 100:>7.1f}%", file=out)
+    print(f"iteration: compute {comp * 1e3:.2f} ms + allreduce tail {tail * 1e3:.2f} ms = {it * 1e3:.2f} ms "
+          "(idle: share of the compute phase a rank waits for the slowest)", file=out)
+    print(f"predicted throughput: {B / it:.1f} samples/s", file=out)
+
+
+def _summary(plan, gpu_list: list[str]) -> str:
+    return " ".join(f"{g}:{_span([plan.n[i] for i, x in enumerate(gpu_list) if x == g])}"
+                    for g in _types(gpu_list))
+
+
+def _note_extrapolation(model: PerfModel, used: dict[str, set[int]], out) -> None:
+    notes = [f"{g} b={','.join(map(str, sorted(bs)))}" for g, bs in sorted(used.items())
+             if any(model.profile(g).extrapolated(b) for b in bs)]
+    if notes:
+        print(f"note: times extrapolated beyond the measured range for {'; '.join(notes)}", file=out)
+
+
+def run(args, out=None) -> int:
+    out = out or sys.stdout
+    gpu_list = parse_gpus(args.gpus)
+    model, desc = _model(args, gpu_list)
+    cands = None
+    if args.b_candidates:
+        cands = [_int(x, "--b-candidates value") for x in args.b_candidates.split(",") if x.strip()]
+        if not cands:
+            raise ConfigError(f"--b-candidates {args.b_candidates!r} lists no size; e.g. 8,16,32")
+    header = f"GPUs: {_mix(gpu_list)} ({len(gpu_list)} ranks); model: {desc}"
+    used: dict[str, set[int]] = {}
+    if args.batch is not None:
+        B = _int(args.batch, "--batch")
+        plan = plan_batch(B, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
+        print(header, file=out)
+        _print_plan(B, plan, gpu_list, model, out)
+        rows = [(B, plan, None)]
+    else:
+        lo, hi = _range(args.batch_range)
+        rows = plan_range(lo, hi, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
+        if not rows:
+            raise ConfigError(f"no feasible global batch in {lo}:{hi} for {len(gpu_list)} GPUs; "
+                              "widen the range or allow dropping ranks")
+        print(header, file=out)
+        print(f"{'B':>7} {'b':>5} {'M':>6} {'iter ms':>9} {'samples/s':>11}  n per rank by type", file=out)
+        for B, plan, sec in rows:
+            print(f"{B:>7} {plan.b:>5} {plan.M:>6} {sec * 1e3:>9.2f} {B / sec:>11.1f}  {_summary(plan, gpu_list)}",
+                  file=out)
+        print(f"{len(rows)} feasible global batch sizes in {lo}:{hi}", file=out)
+    for _, plan, _ in rows:
+        for g, n in zip(gpu_list, plan.n):
+            if n:
+                used.setdefault(g, set()).add(plan.b)
+    _note_extrapolation(model, used, out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry (python -m hpc_jabas.cli.plan ...): errors become one line, exit 2."""
+    parser = argparse.ArgumentParser(prog="hpc-jabas")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except JabasError as e:
+        print(f"hpc-jabas: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

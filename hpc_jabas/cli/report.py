@@ -1,0 +1,81 @@
+"""`hpc-jabas report RUN_DIR`: the run's trajectory as a PNG (B, lr scale, statistics, throughput)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpc_jabas.errors import ConfigError
+
+
+def add_parser(sub):
+    p = sub.add_parser("report", help="draw B, lr, gradient statistics and throughput of a run as a PNG")
+    p.add_argument("run_dir")
+    p.add_argument("--out", help="PNG path (default RUN_DIR/report.png)")
+    p.set_defaults(func=run)
+    return p
+
+
+def load_metrics(run_dir: str | Path) -> list[dict]:
+    d = Path(run_dir)
+    f = d / "metrics.jsonl" if d.is_dir() else d
+    if not f.exists():
+        raise ConfigError(f"no metrics at {str(f)!r}; give a run directory that holds metrics.jsonl")
+    recs = []
+    for ln in f.read_text().splitlines():
+        try:
+            recs.append(json.loads(ln))
+        except json.JSONDecodeError:
+            continue          # a torn last line of a killed job: skip it, keep the rest
+    return recs
+
+
+def draw(recs: list[dict], out: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    its = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["it"])
+    if not its:
+        raise ConfigError("the run has no iteration records yet; nothing to draw")
+    x = [r["it"] for r in its]
+    fig, ax = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    ax[0].step(x, [r["B"] for r in its], where="post", color="tab:blue")
+    ax[0].set_ylabel("global batch B")
+    ax[1].plot(x, [r["lr_scale"] for r in its], color="tab:orange")
+    ax[1].set_ylabel("lr scale")
+    st = [(r["it"], r["stats"]) for r in its if r.get("stats")]
+    dec = [r for r in recs if r.get("type") == "decision"]
+    if st:
+        ax[2].plot([i for i, _ in st], [s["similarity"] for _, s in st], "o-", label="similarity (halves)")
+    bn = [(d["at_iteration"], d["stats"].get("b_noise")) for d in dec if d.get("stats", {}).get("b_noise")]
+    if bn:
+        a2 = ax[2].twinx()
+        a2.plot([i for i, _ in bn], [v for _, v in bn], "s--", color="tab:green", label="B_noise")
+        a2.set_ylabel("B_noise")
+        a2.legend(loc="upper right")
+    ax[2].set_ylabel("gradient similarity")
+    ax[2].legend(loc="upper left")
+    ax[3].plot(x, [r.get("samples_per_s") or 0 for r in its], color="tab:red", lw=0.8)
+    ax[3].set_ylabel("samples/s")
+    ax[3].set_xlabel("iteration")
+    for r in recs:
+        if r.get("type") in ("epoch_end", "resume"):
+            for a in ax:
+                a.axvline(r["it"], color="grey", lw=0.6, ls=":" if r["type"] == "epoch_end" else "-")
+    fig.suptitle("hpc-jabas run: B, lr, statistics, throughput (dotted: epoch ends, solid: resumes)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def run(args) -> int:
+    recs = load_metrics(args.run_dir)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "report.png"
+    draw(recs, out)
+    its = [r for r in recs if r.get("type") == "iteration"]
+    Bs = sorted({r["B"] for r in its})
+    print(f"wrote {out}: {len(its)} iterations, B from {Bs[0]} to {Bs[-1]}, "
+          f"{sum(1 for r in recs if r.get('type') == 'decision')} decisions")
+    return 0

@@ -1,0 +1,135 @@
+"""`hpc-jabas submit`: start a resubmission chain on a mix of Slurm partitions.
+
+    hpc-jabas submit JOB.toml --mix a100:1,v100:2 [--method submitit|sbatch] [--wait]
+
+JOB.toml: a [job] table (task = "module:callable", chain_dir, method, optional pythonpath, python,
+mix = {partition = count}) plus the training configuration (JobConfig keys) and an [autoscale]
+table (see slurm/digits.toml). The first job runs on --mix (or [job] mix); at epoch ends the job
+may move itself to another mix. --wait follows the chain (every event printed) until a job
+finishes the training (exit 0) or a job ends without finishing it (exit 1).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+from hpc_jabas.errors import ConfigError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "submit", help="submit a training job (a resubmission chain) onto a mix of Slurm partitions",
+        description="Submit JOB.toml's task onto a mix of Slurm partitions (one heterogeneous job for "
+                    "several partitions). The job auto-scales at epoch ends by resubmitting itself.")
+    p.add_argument("job", metavar="JOB.toml", help="job file: [job] task/chain_dir/method + config + [autoscale]")
+    p.add_argument("--mix", metavar="PART:N[,...]", help="partitions and GPU counts, e.g. a100:1,v100:2 "
+                   "(default: the [job] mix table of JOB.toml)")
+    p.add_argument("--method", choices=("submitit", "sbatch"),
+                   help="how this and later jobs are submitted (default: [job] method, else sbatch)")
+    p.add_argument("--wait", action="store_true", help="follow the chain until the training ends")
+    p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
+    p.set_defaults(func=run)
+    return p
+
+
+JOB_KEYS = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
+
+
+def _check_job_table(path: str) -> dict:
+    """The raw [job] table; unknown keys (e.g. config keys written after the [job] header, which
+    TOML puts inside that table) are an error here, not silently ignored."""
+    import tomllib
+    try:
+        job = tomllib.loads(Path(path).read_text()).get("job") or {}
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}      # spec_from_file has said what is wrong
+    bad = [k for k in job if k not in JOB_KEYS]
+    if bad:
+        raise ConfigError(f"unknown [job] key {bad[0]!r} in {path}; valid: {', '.join(JOB_KEYS)} (training keys go "
+                          "before the [job] header or in a [train] table: after a header TOML puts keys in that table)")
+    return job
+
+
+def _check_spec(spec) -> None:
+    """Fail early, with one line, on what the job itself would only find out on the cluster."""
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.runtime.lifecycle import DEFAULTS
+    cfg = dict(spec.config)
+    cfg.pop("job", None)
+    JobConfig.from_dict(cfg)
+    auto = cfg.get("autoscale") or {}
+    if not isinstance(auto, dict):
+        raise ConfigError("[autoscale] must be a table, e.g. [autoscale] objective = \"cost\"")
+    bad = [k for k in auto if k not in DEFAULTS]
+    if bad:
+        raise ConfigError(f"unknown autoscale key {bad[0]!r}; valid keys: {', '.join(DEFAULTS)}")
+    from hpc_jabas.slurm.executor import job_pythonpath
+    mod = spec.task.partition(":")[0]
+    added = [p for p in job_pythonpath(spec) if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        found = importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        for p in added:
+            sys.path.remove(p)
+    if not found:
+        raise ConfigError(f"task module {mod!r} of task {spec.task!r} is not importable from here; "
+                          "add its directory to [job] pythonpath or PYTHONPATH")
+
+
+def _describe(e: dict) -> str:
+    from hpc_jabas.core.autoscale import mix_label
+    t = time.strftime("%H:%M:%S", time.localtime(e.get("time", time.time())))
+    ev = e.get("event")
+    if ev == "submit":
+        return (f"{t} submit  job {e.get('job_id')} on {mix_label(e.get('mix') or {})} "
+                f"({e.get('method')}, by {e.get('by')})")
+    if ev == "start":
+        return (f"{t} start   job {e.get('job_id')}: {e.get('world')} ranks {','.join(e.get('gpu_types') or [])}, "
+                f"epoch {e.get('epoch')}, iteration {e.get('iteration')}")
+    if ev == "move":
+        return (f"{t} move    job {e.get('from_job')} -> {e.get('to_job')} on {mix_label(e.get('mix') or {})} "
+                f"at epoch {e.get('epoch')}")
+    if ev == "restart":
+        return f"{t} restart job {e.get('job_id')}: {e.get('overhead_s', 0):.1f} s from checkpoint to first iteration"
+    if ev == "end":
+        return (f"{t} end     job {e.get('job_id')}: {e.get('state')} after {e.get('wall_s', 0):.1f} s, "
+                f"epochs {e.get('epochs')}, cost {e.get('cost', 0):.4g}")
+    return f"{t} {ev} {e}"
+
+
+def run(args) -> int:
+    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.runtime.launch import spec_from_file
+    from hpc_jabas.slurm.executor import parse_mix, submit, wait_chain
+    spec = spec_from_file(args.job)
+    job = _check_job_table(args.job)
+    if args.mix:
+        mix = parse_mix(args.mix)
+    else:
+        mix = job.get("mix")
+        if not mix or not isinstance(mix, dict):
+            raise ConfigError("no mix: give --mix PART:N[,...] (e.g. a100:1,v100:2) or a [job] mix table")
+        mix = parse_mix(",".join(f"{k}:{v}" for k, v in mix.items()))
+    if args.timeout is not None and args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout:g} must be > 0 seconds")
+    spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method)
+    _check_spec(spec)
+    s = submit(spec)
+    print(f"submitted job {s.job_id} on {mix_label(s.mix)} ({s.method}); chain {spec.chain_dir}")
+    print(f"follow it: hpc-jabas status {spec.chain_dir}")
+    if not args.wait:
+        return 0
+    res = wait_chain(spec.chain_dir, s.job_id, timeout=args.timeout, on_event=lambda e: print(_describe(e), flush=True))
+    if res["ok"]:
+        print(f"chain finished: job {res['job_id']} ({len(res['jobs'])} job(s): {', '.join(res['jobs'])})")
+        return 0
+    print(f"hpc-jabas: chain stopped: job {res['job_id']} is {res['state']} without finishing the training; "
+          f"logs under {Path(spec.chain_dir) / 'jobs'}", file=sys.stderr)
+    return 1

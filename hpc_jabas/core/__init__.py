@@ -1,0 +1,1 @@
+"""Pure decisions: no torch, horovod, subprocess or clock (tests/test_layers.py enforces it)."""

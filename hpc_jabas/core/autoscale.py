@@ -1,0 +1,390 @@
+"""Epoch-end auto-scaling: which GPU allocation ("mix") to train the next epochs on. Pure.
+
+A mix maps Slurm partitions to GPU counts, e.g. {"v100": 4, "p100": 2}; every partition has
+one GPU type. At each epoch end the job (background.md section 1, design.md section 1):
+
+1. ``enumerate_mixes``: every mix the cluster can give now (free GPUs, limits);
+2. ``price``: predicted epoch time of each mix (``epoch_time_fn(mix) -> seconds``, injected:
+   the planner + performance model on the forecast B trajectory plug in here) and its cost
+   (GPUs x rate per GPU-hour x hours; the rate is a Slurm billing weight or a catalog price);
+3. ``choose``: the best mix for the objective over the remaining epochs. Moving means
+   checkpoint, resubmit and resume: it costs the restart overhead in time, and that time on the
+   new mix in money. Unlike JABAS's released code (time only, overhead ignored), the comparison
+   includes the overhead and a relative margin, so a small predicted gain never triggers a move
+   and two nearly equal mixes never ping-pong.
+
+Objectives (over the remaining epochs, moves include the overhead):
+- ``time``: least total time;
+- ``cost``: least total cost;
+- ``time-under-budget``: least time among mixes whose total cost <= budget (if none fits:
+  least cost, and the reason says the budget cannot be met);
+- ``cost-under-deadline``: least cost among mixes whose total time <= deadline_s, a duration
+  from now (if none fits: least time, and the reason says so).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpc_jabas.errors import ConfigError, InfeasibleError
+
+Mix = dict[str, int]
+EpochTimeFn = Callable[[Mix], "float | None"]
+
+OBJECTIVES = ("time", "cost", "time-under-budget", "cost-under-deadline")
+MAX_MIXES = 200_000
+
+
+def _norm_mix(mix: Mapping[str, int]) -> Mix:
+    if not isinstance(mix, Mapping):
+        raise ConfigError(f"mix {mix!r} is invalid; give a mapping partition -> GPU count")
+    out: Mix = {}
+    for part, n in mix.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"mix {dict(mix)!r} has count {n!r} for partition {part!r}; counts must be integers >= 0")
+        if n:
+            out[str(part)] = n
+    return dict(sorted(out.items()))
+
+
+def mix_key(mix: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """Hashable, order-independent identity of a mix (zero counts dropped)."""
+    return tuple(_norm_mix(mix).items())
+
+
+def mix_label(mix: Mapping[str, int]) -> str:
+    """'p100:2+v100:4' (sorted by partition); '-' for the empty mix."""
+    m = _norm_mix(mix)
+    return "+".join(f"{p}:{n}" for p, n in m.items()) or "-"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A mix plus the GPU type of each of its partitions."""
+
+    mix: dict[str, int]
+    gpu_types: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        m = _norm_mix(self.mix)
+        if not m:
+            raise ConfigError("a candidate mix has no GPU; give at least one partition with a count >= 1")
+        missing = [p for p in m if p not in self.gpu_types]
+        if self.gpu_types and missing:
+            raise ConfigError(f"no GPU type given for partition(s) {', '.join(missing)}; "
+                              f"known partitions: {', '.join(sorted(self.gpu_types)) or 'none'}")
+        object.__setattr__(self, "mix", m)
+        object.__setattr__(self, "gpu_types", {p: str(self.gpu_types[p]) for p in m if p in self.gpu_types})
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.mix.values())
+
+    @property
+    def key(self) -> tuple[tuple[str, int], ...]:
+        return tuple(self.mix.items())
+
+    def __str__(self) -> str:
+        return mix_label(self.mix)
+
+    def to_dict(self) -> dict:
+        return {"mix": dict(self.mix), "gpu_types": dict(self.gpu_types)}
+
+
+def _as_candidate(c: Candidate | Mapping[str, int], types: Mapping[str, str] | None = None) -> Candidate:
+    if isinstance(c, Candidate):
+        return c
+    m = _norm_mix(c)
+    return Candidate(m, {p: types[p] for p in m if types and p in types})
+
+
+def enumerate_mixes(free: Mapping[str, int], types: Mapping[str, str], max_gpus: int, min_gpus: int = 1,
+                    allowed: Iterable[str] | None = None, max_partitions: int | None = None) -> list[Mix]:
+    """Every mix the cluster can give now: 0..free[p] GPUs per partition, min_gpus..max_gpus in all.
+
+    ``allowed``: partition names or GPU types to consider (None: all). ``max_partitions``: at most
+    this many partitions in one mix (a hetjob with many components is fragile). Returned sorted by
+    GPU count, then by partition name and counts: deterministic.
+    """
+    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
+        raise ConfigError(f"max_gpus={max_gpus!r} is invalid; it must be an integer >= 1")
+    if isinstance(min_gpus, bool) or not isinstance(min_gpus, int) or min_gpus < 1:
+        raise ConfigError(f"min_gpus={min_gpus!r} is invalid; it must be an integer >= 1")
+    if min_gpus > max_gpus:
+        raise ConfigError(f"min_gpus={min_gpus} is larger than max_gpus={max_gpus}")
+    if max_partitions is not None and (isinstance(max_partitions, bool) or not isinstance(max_partitions, int)
+                                       or max_partitions < 1):
+        raise ConfigError(f"max_partitions={max_partitions!r} is invalid; it must be an integer >= 1 or None")
+    for part, n in free.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"free GPU count {n!r} for partition {part!r} is invalid; it must be an integer >= 0")
+    missing = [p for p in free if p not in types]
+    if missing:
+        raise ConfigError(f"no GPU type for partition(s) {', '.join(map(str, missing))}; "
+                          f"typed partitions: {', '.join(sorted(types)) or 'none'}")
+    parts = sorted(free)
+    if allowed is not None:
+        allowed = [str(a) for a in allowed]
+        valid = set(parts) | {types[p] for p in parts}
+        unknown = [a for a in allowed if a not in valid]
+        if unknown:
+            raise ConfigError(f"allowed name(s) {', '.join(unknown)} match no partition or GPU type; "
+                              f"valid: {', '.join(sorted(valid))}")
+        parts = [p for p in parts if p in allowed or types[p] in allowed]
+    parts = [p for p in parts if free[p] > 0]
+    maxp = len(parts) if max_partitions is None else max_partitions
+    out: list[Mix] = []
+
+    def rec(i: int, cur: dict[str, int], total: int, used: int) -> None:
+        if i == len(parts):
+            if min_gpus <= total:
+                if len(out) >= MAX_MIXES:
+                    raise ConfigError(f"more than {MAX_MIXES} candidate mixes; lower max_gpus, "
+                                      "set max_partitions or restrict allowed partitions")
+                out.append(dict(cur))
+            return
+        p = parts[i]
+        top = min(free[p], max_gpus - total) if used < maxp else 0
+        for n in range(0, top + 1):
+            if n:
+                cur[p] = n
+            rec(i + 1, cur, total + n, used + (1 if n else 0))
+            cur.pop(p, None)
+
+    rec(0, {}, 0, 0)
+    out.sort(key=lambda m: (sum(m.values()), tuple(m.items())))
+    return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted epoch time (s) and cost of one epoch on a mix; time/cost are None when infeasible."""
+
+    time_s: float | None
+    cost: float | None
+    feasible: bool = True
+    note: str = ""
+    rate_per_hour: float = 0.0
+
+
+def mix_rate(mix: Mapping[str, int], rates: Mapping[str, float]) -> float:
+    """Price of holding the mix for one hour: sum of count * rate[partition]."""
+    m = _norm_mix(mix)
+    missing = [p for p in m if p not in rates]
+    if missing:
+        raise ConfigError(f"no rate for partition(s) {', '.join(missing)}; "
+                          f"rated partitions: {', '.join(sorted(rates)) or 'none'}")
+    total = 0.0
+    for p, n in m.items():
+        r = rates[p]
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 or math.isinf(r):
+            raise ConfigError(f"rate {r!r} for partition {p!r} is invalid; a rate per GPU-hour must be a number >= 0")
+        total += n * float(r)
+    return total
+
+
+def catalog_rates(types: Mapping[str, str], prices: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Rates per GPU-hour from the GPU catalog (gpus.py), partition -> price of its GPU type."""
+    from hpc_jabas.core import gpus
+    return {p: gpus.get(t, prices).price_per_hour for p, t in types.items()}
+
+
+def price(candidate: Candidate | Mapping[str, int], epoch_time_fn: EpochTimeFn,
+          rates: Mapping[str, float]) -> Estimate:
+    """Predicted time and cost of one epoch on the candidate.
+
+    ``epoch_time_fn(mix)`` gets a fresh dict partition -> count and returns seconds, or None when
+    the mix cannot run the job (e.g. the forecast B does not fit its memory); a ConfigError it
+    raises also marks the mix infeasible, its message kept as the note.
+    """
+    cand = _as_candidate(candidate)
+    rate = mix_rate(cand.mix, rates)
+    try:
+        t = epoch_time_fn(dict(cand.mix))
+    except InfeasibleError as e:
+        return Estimate(None, None, False, str(e), rate)
+    if t is None:
+        return Estimate(None, None, False, "infeasible: the performance model has no time for this mix", rate)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 or math.isinf(t):
+        raise ConfigError(f"epoch_time_fn({mix_label(cand.mix)}) returned {t!r}; "
+                          "it must return seconds >= 0 or None when infeasible")
+    return Estimate(float(t), float(t) / 3600.0 * rate, True, "", rate)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The decision: the mix to run next, why, and the priced table (JSON-ready rows)."""
+
+    mix: dict[str, int]
+    reason: str
+    table: list[dict]
+    move: bool = False
+
+    def to_dict(self) -> dict:
+        return {"mix": dict(self.mix), "reason": self.reason, "move": self.move, "table": self.table}
+
+
+class RestartOverhead:
+    """Restart overhead estimate: a prior until the first measurement, then the mean of measurements."""
+
+    def __init__(self, prior_s: float = 120.0) -> None:
+        self.prior_s = self._check(prior_s, "prior_s")
+        self.measured: list[float] = []
+
+    @staticmethod
+    def _check(x: Any, name: str) -> float:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 or math.isinf(x):
+            raise ConfigError(f"{name}={x!r} is invalid; a restart overhead must be a number of seconds >= 0")
+        return float(x)
+
+    def record(self, seconds: float) -> None:
+        self.measured.append(self._check(seconds, "measured restart"))
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.measured) / len(self.measured) if self.measured else self.prior_s
+
+    def state_dict(self) -> dict:
+        return {"prior_s": self.prior_s, "measured": list(self.measured)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.prior_s = self._check(state["prior_s"], "prior_s")
+        self.measured = [self._check(x, "measured restart") for x in state.get("measured", [])]
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None else round(float(x), 6)
+
+
+def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapping[str, int]],
+           epoch_time_fn: EpochTimeFn, rates: Mapping[str, float], objective: str,
+           restart_overhead_s: float | RestartOverhead, margin: float = 0.05,
+           budget: float | None = None, deadline_s: float | None = None,
+           remaining_epochs: float = 1) -> Choice:
+    """Pick the mix for the remaining epochs; stay unless moving wins by more than ``margin``.
+
+    Totals over ``remaining_epochs``: staying costs R * epoch; moving costs R * epoch plus the
+    restart overhead (time) and overhead x rate of the new mix (cost). The best candidate replaces
+    the current mix only when its total objective value is below (1 - margin) x the current one's,
+    or when it satisfies the budget/deadline that the current mix violates, or when the current
+    mix is infeasible. Nothing feasible: stay, and the reason says so.
+    ``budget``: money left for the remaining epochs; ``deadline_s``: seconds left from now.
+    """
+    obj = str(objective).strip().lower().replace("_", "-")
+    if obj not in OBJECTIVES:
+        raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
+    overhead = restart_overhead_s.seconds if isinstance(restart_overhead_s, RestartOverhead) else \
+        RestartOverhead._check(restart_overhead_s, "restart_overhead_s")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ConfigError(f"margin={margin!r} is invalid; it must be a fraction in [0, 1), e.g. 0.05")
+    R = remaining_epochs
+    if isinstance(R, bool) or not isinstance(R, (int, float)) or not R > 0 or math.isinf(R):
+        raise ConfigError(f"remaining_epochs={R!r} is invalid; it must be a number > 0")
+    if obj == "time-under-budget":
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+            raise ConfigError(f"objective 'time-under-budget' needs budget >= 0 (money left), got {budget!r}")
+    if obj == "cost-under-deadline":
+        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not deadline_s >= 0:
+            raise ConfigError("objective 'cost-under-deadline' needs deadline_s >= 0 (seconds left), "
+                              f"got {deadline_s!r}")
+
+    cur = _norm_mix(current_mix)
+    cur_key = tuple(cur.items())
+    cands: list[Candidate] = []
+    seen: set = set()
+    if cur:
+        cands.append(Candidate(cur))
+        seen.add(cur_key)
+    for c in candidates:
+        cc = _as_candidate(c)
+        if cc.key not in seen:
+            seen.add(cc.key)
+            cands.append(cc)
+
+    rows: list[dict] = []
+    for c in cands:
+        est = price(c, epoch_time_fn, rates)
+        stay = c.key == cur_key
+        row = {"mix": dict(c.mix), "label": str(c), "gpus": c.gpus, "current": stay,
+               "time_s": _num(est.time_s), "cost": _num(est.cost), "rate_per_hour": _num(est.rate_per_hour),
+               "feasible": est.feasible, "total_time_s": None, "total_cost": None,
+               "within_limit": None, "chosen": False, "note": est.note}
+        if est.feasible:
+            move_t = 0.0 if stay else overhead
+            total_t = R * est.time_s + move_t
+            total_c = R * est.cost + move_t / 3600.0 * est.rate_per_hour
+            row["total_time_s"], row["total_cost"] = _num(total_t), _num(total_c)
+            row["_t"], row["_c"] = total_t, total_c
+            if obj == "time-under-budget":
+                row["within_limit"] = total_c <= budget + 1e-12
+            elif obj == "cost-under-deadline":
+                row["within_limit"] = total_t <= deadline_s + 1e-9
+            if not stay and overhead:
+                row["note"] = f"includes restart overhead {overhead:.0f} s"
+        rows.append(row)
+
+    def finish(mix: Mix, reason: str) -> Choice:
+        key = mix_key(mix)
+        for r in rows:
+            r.pop("_t", None)
+            r.pop("_c", None)
+            r["chosen"] = tuple(sorted(r["mix"].items())) == key
+        return Choice(dict(mix), reason, rows, move=key != cur_key)
+
+    feasible = [r for r in rows if r["feasible"]]
+    if not feasible:
+        return finish(cur, "no feasible candidate; staying on the current mix " + mix_label(cur))
+
+    def metric(r: dict, which: str) -> float:
+        return r["_t"] if which == "time" else r["_c"]
+
+    def best_of(rs: list[dict], primary: str) -> dict:
+        secondary = "cost" if primary == "time" else "time"
+        return min(rs, key=lambda r: (metric(r, primary), metric(r, secondary), r["gpus"],
+                                      tuple(sorted(r["mix"].items()))))
+
+    # the pool the objective ranks, and what it minimises
+    if obj in ("time", "cost"):
+        pool, primary, limit_note = feasible, obj, ""
+    else:
+        fits = [r for r in feasible if r["within_limit"]]
+        if obj == "time-under-budget":
+            if fits:
+                pool, primary, limit_note = fits, "time", ""
+            else:
+                pool, primary = feasible, "cost"
+                limit_note = f"no mix stays under the budget {budget:g}; minimising cost instead"
+        else:
+            if fits:
+                pool, primary, limit_note = fits, "cost", ""
+            else:
+                pool, primary = feasible, "time"
+                limit_note = f"no mix meets the deadline {deadline_s:g} s; minimising time instead"
+
+    best = best_of(pool, primary)
+    unit = "s" if primary == "time" else ""
+    prefix = (limit_note + "; ") if limit_note else ""
+    stay_row = next((r for r in rows if r["current"]), None)
+    if best["current"]:
+        return finish(cur, f"{prefix}current mix {mix_label(cur)} is best for {obj} "
+                           f"({primary} {metric(best, primary):.6g}{unit} over {R:g} epochs)")
+    if stay_row is None or not stay_row["feasible"]:
+        why = "no current mix" if stay_row is None else "current mix is infeasible"
+        return finish(best["mix"], f"{prefix}{why}; moving to {best['label']} "
+                                   f"({primary} {metric(best, primary):.6g}{unit} over {R:g} epochs)")
+    if obj in ("time-under-budget", "cost-under-deadline") and best["within_limit"] and not stay_row["within_limit"]:
+        limit = "budget" if obj == "time-under-budget" else "deadline"
+        return finish(best["mix"], f"current mix {mix_label(cur)} breaks the {limit}; moving to {best['label']} "
+                                   f"({primary} {metric(best, primary):.6g}{unit} over {R:g} epochs)")
+    # here the current mix is in the ranked pool too: apply the margin (hysteresis)
+    new_v, old_v = metric(best, primary), metric(stay_row, primary)
+    gain = (old_v - new_v) / old_v if old_v > 0 else 0.0
+    if new_v < old_v and new_v <= old_v * (1.0 - margin):
+        return finish(best["mix"], f"{prefix}moving {mix_label(cur)} -> {best['label']}: {primary} "
+                                   f"{old_v:.6g}{unit} -> {new_v:.6g}{unit} over {R:g} epochs incl. restart "
+                                   f"overhead {overhead:.0f} s ({gain:.1%} better, margin {margin:.0%})")
+    return finish(cur, f"{prefix}staying on {mix_label(cur)}: best other {best['label']} gains "
+                       f"{gain:.1%} in {primary} incl. restart overhead {overhead:.0f} s, "
+                       f"below the margin {margin:.0%}")

@@ -1,0 +1,228 @@
+"""Forecast of the next epoch's global-batch-size trajectory. Pure: numpy + scikit-learn.
+
+JABAS's epoch-end auto-scaler prices every candidate allocation on the B trajectory it expects
+for the next epoch (background.md section 1). Like JABAS, the forecast blends two models 50/50:
+
+- a Gaussian-process regression of B on the iteration (RBF + white-noise kernel, normalised
+  targets, fixed random_state): follows smooth curves, reverts to the mean far from the data;
+- damped Holt exponential smoothing (level + trend) on the sequence of decisions, its three
+  parameters picked from a small grid by one-step-ahead squared error: follows trends and
+  plateaus.
+
+With fewer than 3 decisions the forecast is the last value. Only the most recent MAX_HISTORY
+decisions are used. Everything is clipped to
+[B_min, B_max] and rounded to integers. Deterministic: same input, same output.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hpc_jabas.errors import ConfigError
+
+MIN_POINTS = 3
+MAX_POINTS = 100_000
+MAX_HISTORY = 256          # the models see the most recent decisions only (GP cost grows as n^3)
+_HOLT_GRID = [(a, b, phi) for a in (0.2, 0.4, 0.6, 0.8, 1.0)
+              for b in (0.05, 0.2, 0.5, 0.8) for phi in (0.9, 0.98, 1.0)]
+
+
+def _clean_history(history: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    pts: dict[float, float] = {}
+    last = -math.inf
+    for item in history:
+        try:
+            it, B = item
+            it, B = float(it), float(B)
+        except (TypeError, ValueError):
+            raise ConfigError(f"history entry {item!r} is invalid; give (iteration, B) pairs") from None
+        if not (math.isfinite(it) and math.isfinite(B) and B > 0):
+            raise ConfigError(f"history entry {item!r} is invalid; need a finite iteration and B > 0")
+        if it < last:
+            raise ConfigError(f"history iteration {it:g} comes after {last:g}; give entries in iteration order")
+        last = it
+        pts[it] = B                       # a repeated iteration keeps its latest decision
+    ts = np.array(sorted(pts), dtype=float)
+    return ts, np.array([pts[t] for t in ts], dtype=float)
+
+
+def _holt(y: np.ndarray, alpha: float, beta: float, phi: float) -> tuple[float, float, float]:
+    """Damped Holt: returns (level, trend, sum of squared one-step errors)."""
+    level, trend = y[0], y[1] - y[0]
+    sse = 0.0
+    for v in y[1:]:
+        pred = level + phi * trend
+        sse += (v - pred) ** 2
+        new_level = alpha * v + (1 - alpha) * pred
+        trend = beta * (new_level - level) + (1 - beta) * phi * trend
+        level = new_level
+    return level, trend, sse
+
+
+def holt_forecast(y: Sequence[float], steps: np.ndarray) -> np.ndarray:
+    """Damped-trend Holt smoothing of an equally spaced series, forecast ``steps`` ahead (>= 0, may be fractional)."""
+    y = np.asarray(y, dtype=float)
+    if len(y) < 2:
+        return np.full(len(steps), float(y[-1]))
+    best = min(_HOLT_GRID, key=lambda g: (_holt(y, *g)[2], -g[0], g[1], -g[2]))
+    level, trend, _ = _holt(y, *best)
+    phi = best[2]
+    h = np.asarray(steps, dtype=float)
+    damp = h if phi == 1.0 else phi * (1 - phi ** h) / (1 - phi)
+    return level + damp * trend
+
+
+def _one_thread():
+    """The matrices are tiny: keep BLAS to one thread (no oversubscription inside a trainer)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
+
+
+def _fit_gp(ts: np.ndarray, ys: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Fit a GP (RBF + WhiteKernel, normalize_y, random_state=0) of B on the iteration; return its mean."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    t0 = ts[0]
+    span = max(ts[-1] - ts[0], 1.0)
+
+    def scale(t: np.ndarray) -> np.ndarray:
+        return ((np.asarray(t, dtype=float) - t0) / span)[:, None]
+
+    if np.ptp(ys) == 0.0:
+        const = float(ys[0])
+        return lambda tq: np.full(len(tq), const)
+    kernel = (ConstantKernel(1.0, (1e-3, 1e3)) * RBF(1.0, (1e-2, 1e3))
+              + WhiteKernel(1e-2, (1e-6, 1e1)))
+    gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, random_state=0, n_restarts_optimizer=1)
+    with warnings.catch_warnings(), _one_thread():
+        warnings.simplefilter("ignore")   # ConvergenceWarning at kernel bounds is expected and harmless
+        gp.fit(scale(ts), ys)
+
+    def predict(tq: np.ndarray) -> np.ndarray:
+        with _one_thread():
+            return gp.predict(scale(tq))
+    return predict
+
+
+def gp_forecast(ts: Sequence[float], ys: Sequence[float], tq: Sequence[float]) -> np.ndarray:
+    """Gaussian-process mean of B at iterations ``tq``, fitted on (ts, ys)."""
+    return _fit_gp(np.asarray(ts, dtype=float), np.asarray(ys, dtype=float))(np.asarray(tq, dtype=float))
+
+
+class _Model:
+    """The fitted 50/50 blend, evaluated at any future iteration."""
+
+    def __init__(self, ts: np.ndarray, ys: np.ndarray) -> None:
+        self.ts, self.ys = ts, ys
+        self.short = len(ys) < MIN_POINTS
+        gaps = np.diff(ts)
+        step = float(np.median(gaps)) if len(gaps) else 1.0
+        self.step = step if step > 0 else 1.0
+        self.gp = None if self.short else _fit_gp(ts, ys)
+
+    def __call__(self, tq: np.ndarray) -> np.ndarray:
+        tq = np.asarray(tq, dtype=float)
+        if self.gp is None:
+            return np.full(len(tq), float(self.ys[-1]))
+        steps = np.maximum(tq - self.ts[-1], 0.0) / self.step
+        return 0.5 * self.gp(tq) + 0.5 * holt_forecast(self.ys, steps)
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(f"{name}={value!r} is invalid; it must be an integer >= {low}")
+    return int(value)
+
+
+def forecast_next_epoch(history: Sequence[tuple[int, float]],
+                        iters_per_epoch: int | Callable[[int], int],
+                        horizon_iters: int | None = None,
+                        period_p: int = 100,
+                        B_min: int = 1,
+                        B_max: int | None = None,
+                        *, start_iter: int | None = None) -> list[int]:
+    """One forecast B per decision period of the next epoch, clipped to [B_min, B_max].
+
+    ``history``: the (iteration, B) decisions so far, in iteration order (global iteration
+    numbers; the initial B counts as a decision at its start iteration).
+    ``iters_per_epoch``: the epoch length in iterations, or a callable ``f(B) -> iterations``
+    giving an epoch's length at a constant B (e.g. ``lambda B: ceil(N / B)``); with a callable the
+    epoch ends once the forecast periods have consumed one epoch of data (sum of p / f(B_k) >= 1).
+    ``horizon_iters``: optional cap on the iterations forecast (None: the whole epoch).
+    ``period_p``: iterations between decisions. ``start_iter``: the first iteration of the next
+    epoch (default: last decision + period_p). Returns ``[B_0, B_1, ...]`` for the periods starting
+    at start_iter, start_iter + p, ...
+    """
+    p = _check_int("period_p", period_p, 1)
+    lo = _check_int("B_min", B_min, 1)
+    hi = None if B_max is None else _check_int("B_max", B_max, 1)
+    if hi is not None and lo > hi:
+        raise ConfigError(f"B_min={B_min} is larger than B_max={B_max}; need 1 <= B_min <= B_max")
+    if horizon_iters is not None:
+        _check_int("horizon_iters", horizon_iters, 1)
+    if not history:
+        raise ConfigError("history is empty; give at least the initial (iteration, B) decision")
+    ts, ys = _clean_history(history)
+    ts, ys = ts[-MAX_HISTORY:], ys[-MAX_HISTORY:]
+    start = float(ts[-1] + p) if start_iter is None else float(start_iter)
+    model = _Model(ts, ys)
+
+    def finish(v: np.ndarray) -> list[int]:
+        v = np.maximum(v, lo)
+        if hi is not None:
+            v = np.minimum(v, hi)
+        return [int(round(float(x))) for x in v]
+
+    if callable(iters_per_epoch):
+        cap = MAX_POINTS if horizon_iters is None else math.ceil(horizon_iters / p)
+        # the blend is evaluated in chunks; the epoch length depends on the forecast itself
+        out: list[int] = []
+        done = 0.0
+        chunk = 64
+        while done < 1.0 and len(out) < cap:
+            tq = start + p * np.arange(len(out), len(out) + chunk)
+            for B in finish(model(tq)):
+                n = iters_per_epoch(B)
+                if isinstance(n, bool) or not isinstance(n, (int, float, np.integer, np.floating)) or not n > 0:
+                    raise ConfigError(f"iters_per_epoch({B}) returned {n!r}; it must return a number > 0")
+                out.append(B)
+                done += p / float(n)
+                if done >= 1.0 - 1e-12 or len(out) >= cap:
+                    break
+            chunk = min(chunk * 2, 4096)
+        if done < 1.0 and horizon_iters is None:
+            raise ConfigError(f"the next epoch needs more than {MAX_POINTS} decision periods; "
+                              "check iters_per_epoch and period_p")
+        return out
+    n_iter = _check_int("iters_per_epoch", iters_per_epoch, 1)
+    if horizon_iters is not None:
+        n_iter = min(n_iter, horizon_iters)
+    n = math.ceil(n_iter / p)
+    if n > MAX_POINTS:
+        raise ConfigError(f"iters_per_epoch={iters_per_epoch} / period_p={p} gives {n} periods; "
+                          f"at most {MAX_POINTS} are supported")
+    return finish(model(start + p * np.arange(n)))
+
+
+def forecast_error(predicted: Sequence[float], actual: Sequence[float]) -> float:
+    """Mean absolute percentage error, as a fraction (0.158 = 15.8%), over the common prefix.
+
+    Lengths may differ (the real epoch may take more or fewer periods than forecast); the
+    shorter length is compared. Actual values must be > 0.
+    """
+    n = min(len(predicted), len(actual))
+    if n == 0:
+        raise ConfigError("forecast_error needs at least one predicted and one actual value")
+    p = np.asarray(predicted[:n], dtype=float)
+    a = np.asarray(actual[:n], dtype=float)
+    if np.any(a <= 0) or not np.all(np.isfinite(a)) or not np.all(np.isfinite(p)):
+        raise ConfigError("forecast_error needs finite values and actual batch sizes > 0")
+    return float(np.mean(np.abs(p - a) / a))

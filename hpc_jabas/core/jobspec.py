@@ -1,0 +1,56 @@
+"""What a job in a resubmission chain runs: picklable (submitit) and JSON-able (sbatch)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpc_jabas.errors import ConfigError
+
+
+@dataclass
+class JobSpec:
+    task: str                          # "module:callable" -> dict(model, optimizer, dataset, loss_fn[, ...])
+    config: dict                       # JobConfig as a dict (its autoscale table drives the epoch-end choice)
+    chain_dir: str                     # shared directory: run/ (metrics, checkpoints), chain.jsonl, jobs/
+    mix: dict[str, int]                # partition -> GPUs this job runs on
+    method: str = "submitit"           # how the next job is submitted: submitit | sbatch
+    pythonpath: list[str] = field(default_factory=list)
+    python: str | None = None          # interpreter for sbatch jobs (default: the submitting one)
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if ":" not in self.task:
+            raise ConfigError(f"task {self.task!r} must be 'module:callable', e.g. examples.train_digits:build")
+        if self.method not in ("submitit", "sbatch"):
+            raise ConfigError(f"method {self.method!r} is unknown; valid: submitit, sbatch")
+        if not self.mix or any((not isinstance(v, int)) or v < 1 for v in self.mix.values()):
+            raise ConfigError(f"mix {self.mix!r} is invalid; give partition -> GPU count >= 1, e.g. {{'v100': 2}}")
+
+    @property
+    def run_dir(self) -> str:
+        return str(Path(self.chain_dir) / "run")
+
+    def with_mix(self, mix: dict[str, int]) -> JobSpec:
+        return dataclasses.replace(self, mix=dict(mix))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> JobSpec:
+        return cls(**d)
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=1))
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> JobSpec:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            raise ConfigError(f"job spec {str(path)!r} does not exist") from None

@@ -1,0 +1,509 @@
+"""Performance model: micro-batch compute time per GPU type, allreduce time, iteration time of a plan.
+
+Pure (plain Python + numpy): no torch, no horovod, no clock. The planner, the auto-scaler and the
+simulator all price plans with this one model (design.md section 2).
+
+The model follows IIDP/JABAS (background.md section 2):
+
+* **Compute.** One :class:`ComputeProfile` per GPU type: measured seconds per micro-batch
+  (forward + backward + gradient accumulation) at a few micro-batch sizes ``b``, interpolated
+  piecewise-linearly in between; the optimizer step time ``update_s``; the memory cap ``max_b``
+  (largest micro-batch that fits). Outside the measured range the time is extrapolated linearly
+  from the two nearest points and the profile records that it did (``extrapolated(b)``,
+  ``extrapolations()``), so a caller can say so instead of trusting it silently.
+* **Allreduce.** :class:`AllreduceModel`: ``a * ideal + c`` with the ring-allreduce ideal
+  ``2 (N-1)/N * bytes / bandwidth`` (0 when N == 1), fitted by least squares from measurements.
+* **Iteration.** For a plan (b, n) on ranks with GPU types ``gpus``::
+
+      T_iter = max_{i: n_i > 0} (n_i * t_micro(gpu_i, b) + update_s(gpu_i))
+               + (1 - overlap) * allreduce(grad_bytes, N)
+
+  with N the number of ranks that run at least one micro-batch. ``overlap`` (0..1, default 0)
+  is the share of the allreduce that Horovod hides behind the backward pass of the last
+  micro-batch (gradients of late layers are reduced while early layers still compute). It is a
+  flat fraction, not capped by the length of that backward pass: a fitted parameter, kept
+  simple so that the allreduce tail depends on N only, which keeps the planner exact.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hpc_jabas.core import gpus as _gpus
+from hpc_jabas.core.plan import Plan
+from hpc_jabas.errors import ConfigError
+
+FORMAT_VERSION = 1
+ALLREDUCE_FILE = "allreduce.json"
+
+#: Defaults of :meth:`PerfModel.emulated` (also what ``hpc-jabas plan`` uses without --profile).
+EMU_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+EMU_BASE_S = 0.010            # fixed cost of one micro-batch on a V100 (kernel launches, ...)
+EMU_PER_SAMPLE_S = 0.001      # seconds per sample on a V100
+EMU_GRAD_BYTES = 100e6        # ~ ResNet-50 fp32 gradients
+EMU_BANDWIDTH = 10e9          # bytes/s of the allreduce links
+EMU_MEM_SAMPLES_PER_GB = 16.0  # max_b = int(memory_gb * this): RTX 2060 (6 GB) 96, V100 (32 GB) 512
+
+
+def emulated_time(b: int, base_s: float, per_sample_s: float, speed: float) -> float:
+    """Seconds of one emulated micro-batch of b samples: (base_s + per_sample_s * b) / speed.
+
+    The one formula shared by :meth:`PerfModel.emulated` and the emulator that sleeps to it.
+    """
+    return (base_s + per_sample_s * b) / speed
+
+
+def _num(x: Any, what: str, *, lo: float | None = None, lo_open: bool = False,
+         hi: float | None = None) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise ConfigError(f"{what}={x!r} is not a number")
+    v = float(x)
+    if not math.isfinite(v):
+        raise ConfigError(f"{what}={x!r} must be a finite number")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ConfigError(f"{what}={x!r} must be {'>' if lo_open else '>='} {lo:g}")
+    if hi is not None and v > hi:
+        raise ConfigError(f"{what}={x!r} must be <= {hi:g}")
+    return v
+
+
+def _int(x: Any, what: str, lo: int = 1) -> int:
+    if isinstance(x, bool):
+        raise ConfigError(f"{what}={x!r} must be an integer >= {lo}")
+    if isinstance(x, (float, np.floating)) and float(x).is_integer():
+        x = int(x)
+    if not isinstance(x, (int, np.integer)) or int(x) < lo:
+        raise ConfigError(f"{what}={x!r} must be an integer >= {lo}")
+    return int(x)
+
+
+def _check_version(d: Mapping, where: str) -> None:
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    v = d.get("version")
+    if v != FORMAT_VERSION:
+        raise ConfigError(f"{where}: unsupported perf-model format version {v!r}; "
+                          f"this hpc-jabas reads version {FORMAT_VERSION}")
+
+
+# ---------------------------------------------------------------------------------------------
+# compute profile
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class ComputeProfile:
+    """Measured micro-batch time of one GPU type.
+
+    ``b``/``t``: micro-batch sizes and seconds per micro-batch (forward + backward + accumulate).
+    ``update_s``: optimizer step. ``max_b``: memory cap (default: the largest measured b).
+    ``formula``: for emulated types only, ``{"base_s", "per_sample_s", "speed"}``; then
+    :meth:`time` is exactly :func:`emulated_time` for every b (the emulator's ground truth) and
+    nothing counts as extrapolated.
+    """
+
+    gpu: str
+    b: list[int]
+    t: list[float]
+    update_s: float = 0.0
+    max_b: int | None = None
+    emulated: bool = False
+    source: str = ""
+    formula: dict | None = None
+    _used_extrapolated: set = field(default_factory=set, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.gpu = _gpus.normalize(self.gpu)
+        if isinstance(self.b, (str, bytes)) or not isinstance(self.b, Iterable):
+            raise ConfigError(f"profile {self.gpu}: b={self.b!r} must be a list of micro-batch sizes")
+        bs = [_int(x, f"profile {self.gpu}: measured micro-batch b") for x in self.b]
+        ts = [_num(x, f"profile {self.gpu}: measured time t", lo=0.0, lo_open=True) for x in self.t]
+        if not bs:
+            raise ConfigError(f"profile {self.gpu}: no measured point; give at least one (b, t) pair")
+        if len(bs) != len(ts):
+            raise ConfigError(f"profile {self.gpu}: {len(bs)} micro-batch sizes but {len(ts)} times; "
+                              "give one time per size")
+        pairs = sorted(zip(bs, ts))
+        for (b0, _), (b1, _) in zip(pairs, pairs[1:]):
+            if b0 == b1:
+                raise ConfigError(f"profile {self.gpu}: micro-batch b={b0} is measured twice; "
+                                  "give each size once")
+        self.b = [p[0] for p in pairs]
+        self.t = [p[1] for p in pairs]
+        self.update_s = _num(self.update_s, f"profile {self.gpu}: update_s", lo=0.0)
+        self.max_b = self.b[-1] if self.max_b is None else _int(self.max_b, f"profile {self.gpu}: max_b")
+        self.emulated = bool(self.emulated)
+        self.source = str(self.source)
+        if self.formula is not None:
+            f = dict(self.formula)
+            try:
+                self.formula = {"base_s": _num(f["base_s"], "formula base_s", lo=0.0),
+                                "per_sample_s": _num(f["per_sample_s"], "formula per_sample_s", lo=0.0),
+                                "speed": _num(f["speed"], "formula speed", lo=0.0, lo_open=True)}
+            except KeyError as e:
+                raise ConfigError(f"profile {self.gpu}: formula lacks {e.args[0]!r}; "
+                                  "it needs base_s, per_sample_s and speed") from None
+            if self.formula["base_s"] + self.formula["per_sample_s"] <= 0:
+                raise ConfigError(f"profile {self.gpu}: formula gives zero time; "
+                                  "base_s or per_sample_s must be > 0")
+
+    # -- queries ---------------------------------------------------------------------------
+    def extrapolated(self, b: int) -> bool:
+        """True when time(b) lies outside the measured range (never for an exact formula)."""
+        return self.formula is None and (b < self.b[0] or b > self.b[-1])
+
+    def extrapolations(self) -> list[int]:
+        """Every b that :meth:`time` has been asked for outside the measured range so far."""
+        return sorted(self._used_extrapolated)
+
+    def check_fits(self, b: int) -> None:
+        if b > self.max_b:
+            raise ConfigError(f"micro-batch b={b} exceeds the memory cap max_b={self.max_b} of {self.gpu}; "
+                              f"use b <= {self.max_b} on {self.gpu}")
+
+    def time(self, b: int) -> float:
+        """Seconds per micro-batch of b samples.
+
+        Inside the measured range: piecewise-linear interpolation. Outside: linear extrapolation
+        from the two nearest points, recorded in :meth:`extrapolations`, and bounded so that it
+        stays positive: below the range never under ``t0 * b / b0`` (per-sample time no better
+        than at the smallest measured size), above it never under the last measured time.
+        A single measured point is scaled proportionally (t0 * b / b0).
+        """
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+            raise ConfigError(f"micro-batch b={b!r} must be an integer >= 1")
+        self.check_fits(b)
+        if self.formula is not None:
+            f = self.formula
+            return emulated_time(b, f["base_s"], f["per_sample_s"], f["speed"])
+        bs, ts = self.b, self.t
+        i = bisect.bisect_left(bs, b)
+        if i < len(bs) and bs[i] == b:
+            return ts[i]
+        if 0 < i < len(bs):
+            b0, b1, t0, t1 = bs[i - 1], bs[i], ts[i - 1], ts[i]
+            return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
+        self._used_extrapolated.add(int(b))
+        if len(bs) == 1:
+            return ts[0] * b / bs[0]
+        if i == 0:
+            b0, b1, t0, t1 = bs[0], bs[1], ts[0], ts[1]
+            return max(t0 + (t1 - t0) * (b - b0) / (b1 - b0), t0 * b / b0)
+        b0, b1, t0, t1 = bs[-2], bs[-1], ts[-2], ts[-1]
+        return max(t1 + (t1 - t0) * (b - b1) / (b1 - b0), t1)
+
+    # -- serialisation ---------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = {"version": FORMAT_VERSION, "gpu": self.gpu, "b": list(self.b), "t": list(self.t),
+             "update_s": self.update_s, "max_b": self.max_b, "emulated": self.emulated,
+             "source": self.source}
+        if self.formula is not None:
+            d["formula"] = dict(self.formula)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "compute profile") -> ComputeProfile:
+        _check_version(d, where)
+        try:
+            return cls(gpu=d["gpu"], b=list(d["b"]), t=list(d["t"]), update_s=d.get("update_s", 0.0),
+                       max_b=d.get("max_b"), emulated=d.get("emulated", False),
+                       source=d.get("source", ""), formula=d.get("formula"))
+        except KeyError as e:
+            raise ConfigError(f"{where}: missing field {e.args[0]!r}; a profile needs gpu, b and t") from None
+        except TypeError as e:
+            raise ConfigError(f"{where}: malformed profile ({e})") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# allreduce
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class AllreduceModel:
+    """Allreduce seconds = a * ideal + c, ideal = 2 (N-1)/N * nbytes / bandwidth (0 for N == 1).
+
+    ``a >= 0`` and ``c >= 0`` (enforced; :meth:`fit` solves a non-negative least squares), so the
+    time never decreases with N, which the planner relies on when it may drop ranks.
+    """
+
+    a: float = 1.0
+    c: float = 0.0
+    bandwidth: float = EMU_BANDWIDTH
+
+    def __post_init__(self) -> None:
+        self.a = _num(self.a, "allreduce a", lo=0.0)
+        self.c = _num(self.c, "allreduce c", lo=0.0)
+        self.bandwidth = _num(self.bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
+
+    def ideal(self, nbytes: float, n: int) -> float:
+        if n <= 1:
+            return 0.0
+        return 2.0 * (n - 1) / n * nbytes / self.bandwidth
+
+    def time(self, nbytes: float, n: int) -> float:
+        return self.a * self.ideal(nbytes, n) + self.c
+
+    @classmethod
+    def fit(cls, samples: Iterable[Sequence[float]], bandwidth: float = EMU_BANDWIDTH) -> AllreduceModel:
+        """Least-squares fit of a, c >= 0 from (nbytes, N, seconds) measurements."""
+        rows = [tuple(s) for s in samples]
+        if any(len(r) != 3 for r in rows):
+            raise ConfigError("allreduce samples must be (nbytes, N, seconds) triples")
+        bw = _num(bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
+        probe = cls(1.0, 0.0, bw)
+        x = np.array([probe.ideal(_num(nb, "allreduce sample nbytes", lo=0.0),
+                                  _int(n, "allreduce sample N")) for nb, n, _ in rows], dtype=float)
+        y = np.array([_num(s, "allreduce sample seconds", lo=0.0) for _, _, s in rows], dtype=float)
+        if len(np.unique(x)) < 2:
+            raise ConfigError(f"allreduce fit needs samples at >= 2 different sizes or rank counts; "
+                              f"got {len(rows)} sample(s) with {len(np.unique(x))} distinct ideal time(s)")
+        # Non-negative least squares in two unknowns: the optimum is the unconstrained one if it is
+        # feasible, otherwise it lies on a boundary (a = 0 or c = 0); compare all feasible ones.
+        cands = []
+        A = np.stack([x, np.ones_like(x)], axis=1)
+        sol, *_ = np.linalg.lstsq(A, y, rcond=None)
+        if sol[0] >= 0 and sol[1] >= 0:
+            cands.append((float(sol[0]), float(sol[1])))
+        cands.append((max(0.0, float(x @ y / (x @ x))), 0.0))
+        cands.append((0.0, max(0.0, float(y.mean()))))
+        best = min(cands, key=lambda ac: float(np.sum((ac[0] * x + ac[1] - y) ** 2)))
+        return cls(best[0], best[1], bw)
+
+    def to_dict(self) -> dict:
+        return {"a": self.a, "c": self.c, "bandwidth": self.bandwidth}
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole model
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class PerfModel:
+    """Compute profiles per GPU type + allreduce model + gradient size (see module docstring)."""
+
+    profiles: dict[str, ComputeProfile]
+    allreduce: AllreduceModel = field(default_factory=AllreduceModel)
+    grad_bytes: float = EMU_GRAD_BYTES
+    overlap: float = 0.0
+
+    def __post_init__(self) -> None:
+        profs: dict[str, ComputeProfile] = {}
+        for k, p in dict(self.profiles).items():
+            if not isinstance(p, ComputeProfile):
+                raise ConfigError(f"profile for {k!r} is a {type(p).__name__}, not a ComputeProfile")
+            key = _gpus.normalize(k)
+            if key != p.gpu:
+                raise ConfigError(f"profile stored under {k!r} is for GPU type {p.gpu!r}; store it under {p.gpu!r}")
+            profs[key] = p
+        if not profs:
+            raise ConfigError("performance model has no compute profile; give at least one GPU type")
+        self.profiles = profs
+        if not isinstance(self.allreduce, AllreduceModel):
+            raise ConfigError(f"allreduce is a {type(self.allreduce).__name__}, not an AllreduceModel")
+        self.grad_bytes = _num(self.grad_bytes, "grad_bytes", lo=0.0)
+        self.overlap = _num(self.overlap, "overlap", lo=0.0, hi=1.0)
+
+    # -- lookups ---------------------------------------------------------------------------
+    def profile(self, gpu: str) -> ComputeProfile:
+        key = _gpus.normalize(gpu)
+        p = self.profiles.get(key)
+        if p is None:
+            raise ConfigError(f"no compute profile for GPU type {key!r}; the model has: "
+                              f"{', '.join(sorted(self.profiles))}")
+        return p
+
+    def t_micro(self, gpu: str, b: int, speed_factor: float = 1.0) -> float:
+        """Seconds per micro-batch of b on gpu, divided by speed_factor (> 1: faster than profiled)."""
+        return self.profile(gpu).time(b) / speed_factor
+
+    def allreduce_tail(self, n_ranks: int) -> float:
+        """The part of the allreduce not hidden behind compute, for n_ranks participating ranks."""
+        return (1.0 - self.overlap) * self.allreduce.time(self.grad_bytes, n_ranks)
+
+    def extrapolations(self) -> dict[str, list[int]]:
+        """GPU type -> micro-batch sizes whose time was extrapolated so far (empty types left out)."""
+        return {g: p.extrapolations() for g, p in sorted(self.profiles.items()) if p.extrapolations()}
+
+    # -- plan pricing ----------------------------------------------------------------------
+    def rank_finish(self, plan: Plan, gpus: Sequence[str],
+                    speed_factors: Sequence[float] | None = None) -> list[float]:
+        """Per rank: n_i * t_micro + update_s (0.0 for a rank with n_i == 0)."""
+        if len(gpus) != plan.world_size:
+            raise ConfigError(f"plan has {plan.world_size} ranks but {len(gpus)} GPU types were given; "
+                              "give one GPU type per rank")
+        sf = _speed_factors(speed_factors, len(gpus))
+        out = []
+        profs = {g: self.profile(g) for g in set(gpus)}   # every rank's type must be known
+        for g, n, f in zip(gpus, plan.n, sf):
+            if n == 0:
+                out.append(0.0)
+                continue
+            p = profs[g]
+            out.append(n * (p.time(plan.b) / f) + p.update_s)
+        return out
+
+    def compute_time(self, plan: Plan, gpus: Sequence[str],
+                     speed_factors: Sequence[float] | None = None) -> float:
+        return max(self.rank_finish(plan, gpus, speed_factors))
+
+    def iteration_time(self, plan: Plan, gpus: Sequence[str],
+                       speed_factors: Sequence[float] | None = None) -> float:
+        """max over ranks with n_i > 0 of (n_i t_micro + update_s) + the non-hidden allreduce tail."""
+        fin = self.rank_finish(plan, gpus, speed_factors)
+        n_part = sum(1 for n in plan.n if n > 0)
+        return max(fin) + self.allreduce_tail(n_part)
+
+    def throughput(self, plan: Plan, gpus: Sequence[str],
+                   speed_factors: Sequence[float] | None = None) -> float:
+        """Samples per second: B / iteration_time."""
+        return plan.B / self.iteration_time(plan, gpus, speed_factors)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def emulated(cls, gpus: Iterable[str], b_list: Sequence[int] = EMU_B_LIST,
+                 base_s: float = EMU_BASE_S, per_sample_s: float = EMU_PER_SAMPLE_S,
+                 speeds: Mapping[str, float] | None = None, grad_bytes: float = EMU_GRAD_BYTES,
+                 allreduce: AllreduceModel | None = None, *, update_s: float = 0.0,
+                 mem_samples_per_gb: float = EMU_MEM_SAMPLES_PER_GB, overlap: float = 0.0) -> PerfModel:
+        """Model for emulated GPU types: t(b) = (base_s + per_sample_s * b) / speed.
+
+        speed = ``gpus.get(g).relative_speed`` (FP32 TFLOPS vs a V100) unless ``speeds`` gives it;
+        update_s per type = update_s / speed; max_b = int(memory_gb * mem_samples_per_gb).
+        """
+        base_s = _num(base_s, "base_s", lo=0.0)
+        per_sample_s = _num(per_sample_s, "per_sample_s", lo=0.0)
+        msg = _num(mem_samples_per_gb, "mem_samples_per_gb", lo=0.0, lo_open=True)
+        upd = _num(update_s, "update_s", lo=0.0)
+        bl = sorted({_int(b, "emulated micro-batch b") for b in b_list})
+        if not bl:
+            raise ConfigError("b_list is empty; give the micro-batch sizes to profile, e.g. 8,16,32")
+        sp = {_gpus.normalize(k): _num(v, f"speed of {k}", lo=0.0, lo_open=True)
+              for k, v in (speeds or {}).items()}
+        profiles: dict[str, ComputeProfile] = {}
+        for g in gpus:
+            info = _gpus.get(g)
+            if info.key in profiles:
+                continue
+            speed = sp.get(info.key, info.relative_speed)
+            max_b = int(info.memory_gb * msg)
+            if max_b < 1:
+                raise ConfigError(f"{info.key}: memory {info.memory_gb:g} GB x mem_samples_per_gb={msg:g} "
+                                  "fits no sample; raise mem_samples_per_gb")
+            pts = [b for b in bl if b <= max_b] or [bl[0]]
+            profiles[info.key] = ComputeProfile(
+                gpu=info.key, b=pts, t=[emulated_time(b, base_s, per_sample_s, speed) for b in pts],
+                update_s=upd / speed, max_b=max_b, emulated=True,
+                source=f"emulated: ({base_s:g} + {per_sample_s:g} * b) / {speed:.4g}",
+                formula={"base_s": base_s, "per_sample_s": per_sample_s, "speed": speed})
+        if not profiles:
+            raise ConfigError("no GPU type given to emulate")
+        return cls(profiles, allreduce if allreduce is not None else AllreduceModel(),
+                   grad_bytes, overlap)
+
+    # -- serialisation ---------------------------------------------------------------------
+    def _meta(self) -> dict:
+        return {"version": FORMAT_VERSION, **self.allreduce.to_dict(),
+                "grad_bytes": self.grad_bytes, "overlap": self.overlap}
+
+    def to_dict(self) -> dict:
+        return {"version": FORMAT_VERSION, "grad_bytes": self.grad_bytes, "overlap": self.overlap,
+                "allreduce": self.allreduce.to_dict(),
+                "profiles": {g: p.to_dict() for g, p in sorted(self.profiles.items())}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping, where: str = "perf model") -> PerfModel:
+        _check_version(d, where)
+        try:
+            ar = d["allreduce"]
+            profs = {g: ComputeProfile.from_dict(p, f"{where}, profile {g!r}") for g, p in d["profiles"].items()}
+            return cls(profs, AllreduceModel(ar["a"], ar["c"], ar["bandwidth"]),
+                       d.get("grad_bytes", EMU_GRAD_BYTES), d.get("overlap", 0.0))
+        except KeyError as e:
+            raise ConfigError(f"{where}: missing field {e.args[0]!r}") from None
+        except (TypeError, AttributeError) as e:
+            raise ConfigError(f"{where}: malformed perf model ({e})") from None
+
+    def save(self, directory: str | os.PathLike) -> list[str]:
+        """Write ``<gpu>.json`` per GPU type and ``allreduce.json``; return the paths written."""
+        d = os.fspath(directory)
+        os.makedirs(d, exist_ok=True)
+        written = []
+        items = [(f"{g}.json", p.to_dict()) for g, p in sorted(self.profiles.items())]
+        items.append((ALLREDUCE_FILE, self._meta()))
+        for name, obj in items:
+            path = os.path.join(d, name)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(obj, f, indent=2, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, path)
+            written.append(path)
+        return written
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> PerfModel:
+        """Read a directory written by :meth:`save`; any problem is one ConfigError line."""
+        d = os.fspath(directory)
+        if not os.path.isdir(d):
+            raise ConfigError(f"profile directory {d!r} does not exist; "
+                              f"it should hold <gpu>.json files and {ALLREDUCE_FILE}")
+        meta_path = os.path.join(d, ALLREDUCE_FILE)
+        if not os.path.isfile(meta_path):
+            raise ConfigError(f"profile directory {d!r} has no {ALLREDUCE_FILE}; "
+                              "write the model with PerfModel.save or run the profiler")
+        meta = _read_json(meta_path)
+        _check_version(meta, meta_path)
+        profiles: dict[str, ComputeProfile] = {}
+        for name in sorted(os.listdir(d)):
+            if not name.endswith(".json") or name == ALLREDUCE_FILE:
+                continue
+            path = os.path.join(d, name)
+            p = ComputeProfile.from_dict(_read_json(path), path)
+            if _gpus.normalize(name[:-5]) != p.gpu:
+                raise ConfigError(f"{path}: file name says {name[:-5]!r} but the profile is for {p.gpu!r}; "
+                                  f"rename it to {p.gpu}.json")
+            profiles[p.gpu] = p
+        if not profiles:
+            raise ConfigError(f"profile directory {d!r} has no <gpu>.json compute profile")
+        try:
+            ar = AllreduceModel(meta["a"], meta["c"], meta["bandwidth"])
+        except KeyError as e:
+            raise ConfigError(f"{meta_path}: missing field {e.args[0]!r}; it needs a, c and bandwidth") from None
+        return cls(profiles, ar, meta.get("grad_bytes", EMU_GRAD_BYTES), meta.get("overlap", 0.0))
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _speed_factors(speed_factors: Sequence[float] | None, n: int) -> list[float]:
+    if speed_factors is None:
+        return [1.0] * n
+    sf = list(speed_factors)
+    if len(sf) != n:
+        raise ConfigError(f"{len(sf)} speed factors for {n} ranks; give one per rank")
+    return [_num(x, f"speed factor of rank {i}", lo=0.0, lo_open=True) for i, x in enumerate(sf)]
+
+
+DEFAULT_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def job_perf_model(cfg, gpu_types) -> PerfModel:
+    """The perf model a job plans with: the profiles in ``cfg.profile_dir`` when given, else the
+    emulated model of ``gpu_types`` with the job's emulation times (what its emulated ranks run)."""
+    if cfg.profile_dir:
+        return PerfModel.load(cfg.profile_dir)
+    bs = sorted(set(DEFAULT_B_LIST) | ({cfg.micro_batch} if cfg.micro_batch else set()))
+    return PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)

@@ -1,0 +1,153 @@
+"""Pure gradient-statistics estimators: noise scale terms, EMA, cosine similarity.
+
+No torch here: a torch module (gradstats.py) computes squared norms and dot products of
+gradients and feeds the numbers in. Background: background.md section 5 (McCandlish et al.
+2018, used by Pollux) and section 1 (SimiGrad's half-batch cosine similarity, used by JABAS).
+
+Noise scale. With g_b the mean gradient over b samples, E|g_b|^2 = |G|^2 + tr(Sigma)/b, where
+G is the true gradient and Sigma the per-sample gradient covariance. Two batch sizes
+b_small < b_big give the unbiased estimators of ``noise_scale_terms``; the simple noise scale is
+B_noise = tr(Sigma) / |G|^2 = S / G2. Single estimates are very noisy (G2 can be negative), so
+``NoiseScale`` smooths G2 and S separately with a bias-corrected EMA and takes the ratio of the
+averages, as McCandlish et al. recommend.
+"""
+from __future__ import annotations
+
+import math
+
+from hpc_jabas.errors import ConfigError
+
+
+def _positive(name: str, value: float) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number; it must be a number > 0") from None
+    if not v > 0 or math.isinf(v):
+        raise ConfigError(f"{name}={value!r} is invalid; it must be a finite number > 0")
+    return v
+
+
+def noise_scale_terms(b_small: float, sq_small: float, b_big: float, sq_big: float) -> tuple[float, float]:
+    """Unbiased estimates (G2, S) of |G|^2 and tr(Sigma) from two batch sizes.
+
+    ``sq_small``: the mean over micro-batches of |g_micro|^2, each micro-batch of ``b_small``
+    samples. ``sq_big``: |g_global|^2 of the mean gradient over ``b_big`` samples.
+
+        G2 = (b_big*sq_big - b_small*sq_small) / (b_big - b_small)
+        S  = (sq_small - sq_big) / (1/b_small - 1/b_big)
+
+    Either value may come out negative for one sample; smooth before taking a ratio.
+    Raises ConfigError unless 0 < b_small < b_big.
+    """
+    bs = _positive("b_small", b_small)
+    bb = _positive("b_big", b_big)
+    if not bb > bs:
+        raise ConfigError(f"noise scale needs b_small < b_big, got b_small={b_small!r}, b_big={b_big!r}")
+    ss, sb = float(sq_small), float(sq_big)
+    g2 = (bb * sb - bs * ss) / (bb - bs)
+    s = (ss - sb) / (1.0 / bs - 1.0 / bb)
+    return g2, s
+
+
+def cosine_similarity(dot: float, sq_a: float, sq_b: float) -> float:
+    """cos(a, b) = dot / sqrt(|a|^2 |b|^2), clipped to [-1, 1] against rounding.
+
+    Returns 0.0 when either vector has zero norm (no direction, so no evidence either way).
+    """
+    sa, sb = float(sq_a), float(sq_b)
+    if sa < 0 or sb < 0:
+        raise ConfigError(f"squared norms must be >= 0, got sq_a={sq_a!r}, sq_b={sq_b!r}")
+    den = math.sqrt(sa) * math.sqrt(sb)
+    if den == 0.0:
+        return 0.0
+    return max(-1.0, min(1.0, float(dot) / den))
+
+
+class EMA:
+    """Bias-corrected exponential moving average (Adam-style).
+
+    m_t = beta*m_{t-1} + (1-beta)*x_t, value = m_t / (1 - beta^t); the first value equals the
+    first observation. ``value`` is None before any update.
+    """
+
+    def __init__(self, beta: float = 0.9) -> None:
+        try:
+            b = float(beta)
+        except (TypeError, ValueError):
+            b = float("nan")
+        if not 0.0 <= b < 1.0:
+            raise ConfigError(f"EMA beta={beta!r} is invalid; it must be in [0, 1)")
+        self.beta = b
+        self._m = 0.0
+        self._t = 0
+
+    def update(self, x: float) -> float:
+        x = float(x)
+        if not math.isfinite(x):
+            raise ConfigError(f"EMA got a non-finite observation {x!r}")
+        self._m = self.beta * self._m + (1.0 - self.beta) * x
+        self._t += 1
+        return self.value  # type: ignore[return-value]
+
+    @property
+    def count(self) -> int:
+        return self._t
+
+    @property
+    def value(self) -> float | None:
+        if self._t == 0:
+            return None
+        return self._m / (1.0 - self.beta ** self._t)
+
+    def state_dict(self) -> dict:
+        return {"beta": self.beta, "m": self._m, "t": self._t}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.beta = float(state["beta"])
+        self._m = float(state["m"])
+        self._t = int(state["t"])
+
+
+class NoiseScale:
+    """Tracks the gradient noise scale B_noise = S_ema / G2_ema.
+
+    ``update(b_small, sq_small, b_big, sq_big)`` adds one pair of measurements.
+    ``b_noise``: None before any update; ``math.inf`` when G2_ema <= 0 (the gradient signal is
+    not distinguishable from noise yet, i.e. any batch is "small"); 0.0 when S_ema <= 0 < G2_ema
+    (no measurable noise). A policy clips whatever comes out to its [B_min, B_max].
+    """
+
+    def __init__(self, beta: float = 0.9) -> None:
+        self.g2 = EMA(beta)
+        self.s = EMA(beta)
+
+    def update(self, b_small: float, sq_small: float, b_big: float, sq_big: float) -> float | None:
+        g2, s = noise_scale_terms(b_small, sq_small, b_big, sq_big)
+        self.g2.update(g2)
+        self.s.update(s)
+        return self.b_noise
+
+    @property
+    def G2(self) -> float | None:
+        return self.g2.value
+
+    @property
+    def S(self) -> float | None:
+        return self.s.value
+
+    @property
+    def b_noise(self) -> float | None:
+        g2, s = self.g2.value, self.s.value
+        if g2 is None or s is None:
+            return None
+        if g2 <= 0.0:
+            return math.inf
+        return max(0.0, s) / g2
+
+    def state_dict(self) -> dict:
+        return {"g2": self.g2.state_dict(), "s": self.s.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.g2.load_state_dict(state["g2"])
+        self.s.load_state_dict(state["s"])

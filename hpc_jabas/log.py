@@ -1,0 +1,75 @@
+"""Logging for hpc-jabas: one logger tree under "hpc_jabas", one line per record, rank-tagged.
+
+Every rank logs to stderr; by default only rank 0's INFO and below are shown and every rank's
+WARNING and above (a rank-0 filter), so a 16-rank job does not print each line 16 times.
+``--quiet`` shows warnings and errors only, ``--verbose`` shows DEBUG from every rank.
+HPC_JABAS_LOG=debug|info|warning overrides the level from the environment (batch scripts).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+ROOT = "hpc_jabas"
+_state = {"rank": 0, "configured": False}
+
+
+class RankFilter(logging.Filter):
+    """Passes every record from rank 0, and only WARNING and above from the other ranks."""
+
+    def __init__(self, all_ranks: bool = False) -> None:
+        super().__init__()
+        self.all_ranks = all_ranks
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.rank = _state["rank"]
+        return self.all_ranks or _state["rank"] == 0 or record.levelno >= logging.WARNING
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The module's logger (``get_logger(__name__)``); configures the tree on first use."""
+    if not _state["configured"]:
+        configure()
+    return logging.getLogger(name if name.startswith(ROOT) else f"{ROOT}.{name}")
+
+
+def set_rank(rank: int) -> None:
+    """Called once Horovod knows this process's rank."""
+    _state["rank"] = int(rank)
+
+
+def configure(level: str | int | None = None, all_ranks: bool | None = None) -> None:
+    """(Re)configure: level 'debug' | 'info' | 'warning' (or a logging constant)."""
+    env = os.environ.get("HPC_JABAS_LOG", "").strip().lower()
+    if level is None:
+        level = env or "info"
+    if isinstance(level, str):
+        level = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+                 "quiet": logging.WARNING, "error": logging.ERROR}.get(level.lower(), logging.INFO)
+    if all_ranks is None:
+        all_ranks = level <= logging.DEBUG
+    root = logging.getLogger(ROOT)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("hpc-jabas[%(rank)s] %(levelname)s: %(message)s"))
+    h.addFilter(RankFilter(all_ranks=all_ranks))
+    root.addHandler(h)
+    root.setLevel(level)
+    root.propagate = False
+    _state["configured"] = True
+
+
+def add_verbosity_flags(parser) -> None:
+    """--quiet / --verbose on a CLI parser; apply with ``configure_from_args``."""
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+    g.add_argument("-v", "--verbose", action="store_true", help="debug output from every rank")
+
+
+def configure_from_args(args) -> None:
+    if getattr(args, "quiet", False):
+        configure("warning")
+    elif getattr(args, "verbose", False):
+        configure("debug", all_ranks=True)

@@ -1,0 +1,1 @@
+"""What every rank runs: torch + Horovod (comm.py is the only Horovod import)."""

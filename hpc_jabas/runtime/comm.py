@@ -1,0 +1,113 @@
+"""The only module that imports horovod: init, ranks, weighted allreduce, object collectives.
+
+Weighted allreduce (background.md section 4): Horovod refuses pre/postscale factors that differ
+between ranks, so each rank scales its own local gradient (by its sample count, or its weight),
+then one ``op=Sum`` allreduce runs with a postscale factor that is the same on every rank.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import horovod
+import horovod.torch as hvd
+import torch
+
+_initialized = False
+
+
+def init() -> None:
+    global _initialized
+    if not _initialized:
+        hvd.init()
+        _initialized = True
+
+
+def rank() -> int:
+    return hvd.rank()
+
+
+def size() -> int:
+    return hvd.size()
+
+
+def local_rank() -> int:
+    return hvd.local_rank()
+
+
+def local_size() -> int:
+    return hvd.local_size()
+
+
+def device() -> torch.device:
+    """One CUDA device per local rank when CUDA is present, else the CPU."""
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        idx = local_rank() % torch.cuda.device_count()
+        torch.cuda.set_device(idx)
+        return torch.device("cuda", idx)
+    return torch.device("cpu")
+
+
+def weighted_mean(t: torch.Tensor, weight: float, total: float, name: str | None = None) -> torch.Tensor:
+    """sum_i weight_i * t_i / total over ranks; ``total`` must be equal on every rank."""
+    return hvd.allreduce(t * weight, op=hvd.Sum, postscale_factor=1.0 / float(total), name=name)
+
+
+def allreduce_sum_async_(t: torch.Tensor, name: str, postscale: float = 1.0):
+    """In-place asynchronous sum with one postscale factor shared by all ranks; returns a handle."""
+    return hvd.allreduce_async_(t, name=name, op=hvd.Sum, postscale_factor=float(postscale))
+
+
+def synchronize(handle):
+    return hvd.synchronize(handle)
+
+
+def allreduce_sum(t: torch.Tensor, name: str | None = None) -> torch.Tensor:
+    return hvd.allreduce(t, op=hvd.Sum, name=name)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    # Horovod names an unnamed broadcast after the object's type, so the root's dict and the
+    # others' None would never match (a hang): always give every rank the same name.
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name or "hj.broadcast_object")
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list:
+    return hvd.allgather_object(obj, name=name or "hj.allgather_object")
+
+
+def broadcast_parameters(params, root_rank: int = 0) -> None:
+    hvd.broadcast_parameters(params, root_rank=root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
+    hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)
+
+
+def barrier() -> None:
+    hvd.join()
+
+
+def distributed_optimizer(optimizer, named_parameters, **kw):
+    """Horovod's own wrapper (used by the equal-split baselines in bench/)."""
+    return hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, **kw)
+
+
+def horovod_version() -> str:
+    return horovod.__version__
+
+
+def build_info() -> dict:
+    """What this Horovod build supports (the same facts as `horovodrun --check-build`)."""
+    return {
+        "version": horovod.__version__,
+        "pytorch": True,
+        "mpi_built": bool(hvd.mpi_built()),
+        "gloo_built": bool(hvd.gloo_built()),
+        "nccl_built": bool(hvd.nccl_built()),
+        "cuda_built": bool(hvd.cuda_built()),
+    }
+
+
+def controller() -> str:
+    """Which controller this world runs on ('mpi' or 'gloo')."""
+    return "mpi" if hvd.mpi_enabled() else "gloo"

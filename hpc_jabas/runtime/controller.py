@@ -1,0 +1,322 @@
+"""Rank-0 decisions, broadcast so that every rank switches at the same iteration (invariant 4).
+
+A controller is called by the trainer on every rank after every iteration. On a decision
+round (every p iterations) rank 0 decides from the gradient statistics of that iteration
+(policy -> new B -> planner -> lr rule) and ``comm.broadcast_object`` carries the Decision;
+every rank applies it at ``at_iteration`` (the next iteration), not earlier or later.
+"""
+from __future__ import annotations
+
+from hpc_jabas.core.decision import Decision
+from hpc_jabas.core.plan import Plan
+
+
+class BaseController:
+    p: int = 1
+
+    def attach(self, trainer) -> None:
+        self.trainer = trainer
+
+    def wants_stats(self, iteration: int) -> bool:
+        return False
+
+    def is_round(self, done_iterations: int) -> bool:
+        return done_iterations % self.p == 0
+
+    def decide(self, trainer, rec: dict) -> Decision | None:  # rank 0 only
+        return None
+
+    def after_step(self, trainer, rec: dict) -> Decision | None:
+        """Collective on decision rounds: rank 0 decides, everyone receives the same Decision."""
+        if not self.is_round(trainer.iteration):
+            return None
+        return self.broadcast(trainer, self.decide(trainer, rec) if trainer.rank == 0 else None)
+
+    def broadcast(self, trainer, d: Decision | None) -> Decision | None:
+        """Rank 0's decision (or None) to every rank; each rank records and returns the same one."""
+        from hpc_jabas.runtime import comm
+        payload = comm.broadcast_object(d.to_dict() if d is not None else None, root_rank=0, name="hj.decision")
+        if payload is None:
+            return None
+        d = Decision.from_dict(payload)
+        self.on_decision(trainer, d)
+        return d
+
+    def on_decision(self, trainer, d: Decision) -> None:
+        if trainer.rank == 0:
+            trainer.metrics.write({"type": "decision", **d.to_dict()})
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, d: dict) -> None:
+        pass
+
+
+class ScriptedController(BaseController):
+    """Applies a given schedule {iteration: plan or B}: a known B trajectory (tests, replays)."""
+
+    def __init__(self, schedule: dict[int, Plan | str | int], lr_rule=None):
+        self.schedule = {int(k): v for k, v in schedule.items()}
+        self.lr_rule = lr_rule
+        self.p = 1
+
+    def is_round(self, done_iterations: int) -> bool:
+        return done_iterations in self.schedule
+
+    def decide(self, trainer, rec):
+        v = self.schedule[trainer.iteration]
+        if isinstance(v, int):
+            plan = trainer.planner_fn(v, None)
+        elif isinstance(v, str):
+            plan = Plan.parse(v)
+        else:
+            plan = v
+        lr = self.lr_rule(plan.B) if self.lr_rule else trainer.lr_scale
+        return Decision(trainer.iteration, plan.B, plan, float(lr), reason="scripted")
+
+
+def throughput_snap(gpu_types, model, B_min, B_max, b_candidates=None, window=0.1):
+    """Snap a target B to an exactly realisable B' near it (|B'-B| <= window*B, or the nearest
+    feasible) that the perf model runs fastest: a B that only b=1 divides would otherwise force
+    tiny micro-batches. Pure (planner + perf model)."""
+    from hpc_jabas.core.planner import plan_batch, snap_batch
+    from hpc_jabas.errors import InfeasibleError
+    cands = sorted(set(b_candidates or [b for g in set(gpu_types) for b in model.profiles[g].b]))
+    R = len(gpu_types)
+
+    def snap(B):
+        best = None
+        for b in cands:
+            lo, hi = -(-B_min // b) * b, (B_max // b) * b
+            if hi < max(lo, b * R):
+                continue
+            Bq = min(hi, max(lo, b * R, int(round(B / b)) * b))
+            if abs(Bq - B) > max(window * B, 0.5):
+                continue
+            try:
+                plan = plan_batch(Bq, gpu_types, model, b_candidates=[b])
+            except InfeasibleError:
+                continue
+            thr = Bq / model.iteration_time(plan, gpu_types)
+            if best is None or thr > best[0] * (1 + 1e-9):
+                best = (thr, Bq)
+        if best is not None:
+            return best[1]
+        return snap_batch(B, gpu_types, model, b_candidates=b_candidates, B_min=B_min, B_max=B_max)
+    return snap
+
+
+class AdaptiveController(BaseController):
+    """JABAS's fine-grained loop with either statistic (design.md section 1), plus LB-BSP's online
+    load balancing (issue: load balancing) on its own period p_balance.
+
+    Measurement: the iteration that completes each period of p iterations measures the
+    gradient statistics (one extra gradient-sized allreduce, nothing on other iterations).
+    Decision (rank 0): noise-scale EMA update -> policy -> new B (clipped, snapped to a B the
+    planner realises exactly) -> planner -> lr scale -> Decision(at_iteration = next iteration).
+
+    Balancing: every p_balance iterations each rank reports, in one small allgather_object, its
+    compute time per micro-batch over the window and its load signals (host CPU and memory
+    utilisation via psutil; GPU utilisation, SM clock and power via NVML when a GPU is used;
+    the injected emulated load when emulating). Rank 0 turns them into speed factors against the
+    perf model (expected / measured time per micro-batch), predicts the next window's factors
+    (last value: "reactive"; NARX-style RLS: "predictive"), and asks the Rebalancer (hysteresis,
+    oscillation damping) for a new plan at the same B, broadcast as a normal Decision.
+
+    Odd M on a measurement iteration: the even/odd halves then hold (M+1)/2 and (M-1)/2
+    micro-batches; the cosine similarity is still computed between the two half means, with
+    the smaller half slightly noisier (a small downward bias; no error is raised).
+    """
+
+    def __init__(self, cfg, snap=None):
+        from hpc_jabas.core.policy import make_lr_rule, make_policy
+        from hpc_jabas.core.stats import NoiseScale
+        self.cfg = cfg
+        self.p = cfg.p
+        self._snap = snap
+        kw = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": cfg.p, "snap": self._do_snap}
+        if cfg.policy == "similarity":
+            kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
+        elif cfg.policy == "noise-scale":
+            kw.update(k=cfg.k)
+        self.policy = make_policy(cfg.policy, **kw)
+        self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch)
+        self.noise = NoiseScale()
+        self.trajectory: list[tuple[int, int]] = []
+        self.last_stats: dict = {}
+        self.balance = cfg.balance != "off"
+        self.factors: list[float] | None = None
+        self.predictors = None
+        self.rebalancer = None
+        self._window: list[dict] = []
+        self._nvml = None
+
+    def _do_snap(self, B: int) -> int:
+        return int(self._snap(B)) if self._snap is not None else int(B)
+
+    def attach(self, trainer) -> None:
+        super().attach(trainer)
+        cfg = self.cfg
+        if self._snap is None:
+            if cfg.planner == "optimal":
+                self._snap = throughput_snap(trainer.gpu_types, trainer.perf_model(), cfg.B_min, cfg.B_max,
+                                             [cfg.micro_batch] if cfg.micro_batch else None)
+            else:
+                b = cfg.micro_batch or trainer.plan.b
+                lo = -(-cfg.B_min // b) * b
+                hi = max(lo, (cfg.B_max // b) * b)
+                self._snap = lambda B: min(hi, max(lo, int(round(B / b)) * b))
+        if not self.trajectory:
+            self.trajectory.append((trainer.iteration, trainer.B))
+        if self.balance:
+            from hpc_jabas.core.balance import Rebalancer
+            from hpc_jabas.core.predictor import RankPredictors
+            self.model = trainer.perf_model()
+            if self.predictors is None or self.predictors.n_ranks != trainer.world:
+                self.predictors = RankPredictors(trainer.world, kind="narx" if cfg.balance == "predictive" else "last")
+                self.rebalancer = Rebalancer(threshold=cfg.balance_threshold)
+                self.factors = None
+            try:
+                import psutil
+                psutil.cpu_percent(interval=None)      # prime the counter
+            except Exception:
+                pass
+
+    def wants_stats(self, iteration: int) -> bool:
+        return self.cfg.policy != "fixed" and (iteration + 1) % self.p == 0
+
+    def is_round(self, done: int) -> bool:
+        return (self.cfg.policy != "fixed" and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
+
+    # ---- balancing measurements (every rank) -------------------------------------------------
+    def _exo(self, trainer) -> dict:
+        x = {}
+        try:
+            import psutil
+            x["cpu"] = psutil.cpu_percent(interval=None) / 100.0
+            x["mem"] = psutil.virtual_memory().percent / 100.0
+        except Exception:
+            pass
+        if trainer.device.type == "cuda":
+            try:
+                if self._nvml is None:
+                    import pynvml
+                    pynvml.nvmlInit()
+                    self._nvml = pynvml.nvmlDeviceGetHandleByIndex(trainer.device.index or 0)
+                import pynvml
+                x["gpu_util"] = pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu / 100.0
+                x["sm_clock"] = pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM) / 1000.0
+                x["power"] = pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1e5
+            except Exception:
+                pass
+        if trainer.emulator is not None:
+            # what NVML would show of a co-located job on an emulated GPU: the injected extra load
+            x["emulated_load"] = trainer.emulator.factor(trainer.iteration - 1) - 1.0
+        return x
+
+    def _measure(self, trainer) -> dict:
+        gpu = trainer.gpu_types[trainer.rank]
+        meas = exp = 0.0
+        for r in self._window:
+            if r["n_local"] <= 0:
+                continue
+            meas += r["compute_s"]
+            try:
+                exp += r["n_local"] * self.model.t_micro(gpu, r["b"])
+            except Exception:
+                exp += r["compute_s"]
+        self._window = []
+        return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": self._exo(trainer)}
+
+    def after_step(self, trainer, rec: dict):
+        if self.balance:
+            self._window.append(rec)
+        done = trainer.iteration
+        if not self.is_round(done):
+            return None
+        from hpc_jabas.runtime import comm
+        bal = self.balance and done % self.cfg.p_balance == 0
+        pol = self.cfg.policy != "fixed" and done % self.p == 0
+        meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
+        return self.broadcast(trainer, self._decide_round(trainer, rec, pol, meas) if trainer.rank == 0 else None)
+
+    def _decide_round(self, trainer, rec, pol: bool, meas):
+        info = None
+        if meas is not None:
+            factors = [m["factor"] for m in meas]
+            self.predictors.update(factors, [m["exo"] for m in meas])
+            self.factors = self.predictors.predict(default=1.0)
+            if not pol:
+                plan, info = self.rebalancer.propose(
+                    trainer.B, trainer.plan, self.factors,
+                    plan_fn=lambda B, f: trainer.planner_fn(B, list(f)),
+                    time_fn=lambda p, f: self.model.iteration_time(p, trainer.gpu_types, speed_factors=list(f)))
+                trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
+                                       "predicted": self.factors, "exo": [m["exo"] for m in meas],
+                                       "plan": str(plan or trainer.plan), "info": _jsonable(info),
+                                       **self.predictors.error_report()})
+                if plan is None:
+                    return None
+                return Decision(trainer.iteration, plan.B, plan, trainer.lr_scale,
+                                reason=f"rebalance ({self.cfg.balance}): {info.get('reason', '')}",
+                                stats={"factors": self.factors})
+            d = self.decide(trainer, rec)
+            trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
+                                   "predicted": self.factors, "exo": [m["exo"] for m in meas], "plan": str(d.plan),
+                                   "info": {"kept": d.plan == trainer.plan,
+                                            "reason": "planned with the batch-size decision"},
+                                   **self.predictors.error_report()})
+            return d
+        return self.decide(trainer, rec)
+
+    def decide(self, trainer, rec):
+        st = rec.get("stats")
+        sim = bnoise = None
+        if st:
+            sim = st["similarity"]
+            if st["S"] > st["b"]:
+                try:
+                    bnoise = self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
+                except Exception:
+                    bnoise = self.noise.b_noise
+        from hpc_jabas.core.policy import PolicyState
+        B_new = self.policy.decide(PolicyState(B=trainer.B, iteration=trainer.iteration,
+                                               similarity=sim, b_noise=bnoise))
+        if B_new == trainer.B and self.factors is None:
+            plan = trainer.plan
+        else:
+            plan = trainer.planner_fn(B_new, list(self.factors) if self.factors else None)
+        lr = self.lr_rule.lr_scale(plan.B, self.noise.G2, self.noise.S)
+        stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S}
+        self.last_stats = stats
+        why = (f"{self.cfg.policy}: similarity={sim:.3f} vs gamma={self.cfg.gamma}" if sim is not None and
+               self.cfg.policy == "similarity" else f"{self.cfg.policy}: b_noise={bnoise}")
+        return Decision(trainer.iteration, plan.B, plan, float(lr), reason=why, stats=stats)
+
+    def on_decision(self, trainer, d) -> None:
+        super().on_decision(trainer, d)
+        if d.B != (self.trajectory[-1][1] if self.trajectory else None):
+            self.trajectory.append((d.at_iteration, d.B))
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),
+                "noise": self.noise.state_dict(), "trajectory": list(self.trajectory),
+                "factors": self.factors,
+                "predictors": self.predictors.state_dict() if self.predictors is not None else None,
+                "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.policy.load_state_dict(d["policy"])
+        self.lr_rule.load_state_dict(d["lr_rule"])
+        self.noise.load_state_dict(d["noise"])
+        self.trajectory = [tuple(x) for x in d["trajectory"]]
+        if self.balance and d.get("predictors") and self.predictors is not None \
+                and d["predictors"].get("n_ranks") == self.predictors.n_ranks:
+            self.predictors.load_state_dict(d["predictors"])
+            self.rebalancer.load_state_dict(d["rebalancer"])
+            self.factors = d.get("factors")
+
+
+def _jsonable(info: dict) -> dict:
+    return {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v)) for k, v in info.items()}

@@ -1,0 +1,140 @@
+"""GPU-type emulation on CPU ranks (design.md section 4).
+
+A rank that stands for GPU type T runs the real forward/backward of each micro-batch, then
+waits until the time T's profile implies:  t(b) = (base_s + per_sample_s * b) / speed,
+speed = T's FP32 throughput relative to a V100 (catalog) unless given explicitly. This is the
+same formula as ``PerfModel.emulated`` so that the planner's model and the emulated cluster
+agree. An interference schedule (issue: load balancing) can slow a rank further from a given
+iteration: a step, a ramp or periodic bursts; it is logged as injected.
+
+Emulation is explicit (``--emulate``), logged once per rank, and refused when CUDA is in use.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from hpc_jabas.core import gpus
+from hpc_jabas.errors import ConfigError
+
+DEFAULT_BASE_S = 0.002
+DEFAULT_PER_SAMPLE_S = 0.0002
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """Extra slowdown factor (>= 1 means slower) as a function of the iteration.
+
+    kind: "step" (factor from ``start`` to ``end``), "ramp" (1 -> factor linearly over
+    [start, end)), "periodic" (factor during the first ``duty`` share of every ``period``
+    iterations inside [start, end)).
+    """
+    factor: float
+    start: int = 0
+    end: int | None = None
+    kind: str = "step"
+    period: int = 10
+    duty: float = 0.5
+
+    def __post_init__(self):
+        if self.kind not in ("step", "ramp", "periodic"):
+            raise ConfigError(f"slowdown kind {self.kind!r} is unknown; valid: step, ramp, periodic")
+        if not self.factor > 0:
+            raise ConfigError(f"slowdown factor {self.factor!r} must be > 0")
+
+    def at(self, it: int) -> float:
+        if it < self.start or (self.end is not None and it >= self.end):
+            return 1.0
+        if self.kind == "step":
+            return self.factor
+        if self.kind == "ramp":
+            span = max(1, (self.end or self.start + 100) - self.start)
+            return 1.0 + (self.factor - 1.0) * min(1.0, (it - self.start) / span)
+        phase = (it - self.start) % max(1, self.period)
+        return self.factor if phase < self.duty * self.period else 1.0
+
+    @classmethod
+    def parse(cls, text: str) -> Slowdown:
+        """'factor=3,start=50[,end=100][,kind=periodic,period=10,duty=0.5]'."""
+        kw = {}
+        for part in text.split(","):
+            if not part.strip():
+                continue
+            if "=" not in part:
+                raise ConfigError(f"slowdown {text!r}: {part!r} is not key=value; e.g. factor=3,start=50")
+            k, v = (s.strip() for s in part.split("=", 1))
+            if k in ("factor", "duty"):
+                kw[k] = float(v)
+            elif k in ("start", "end", "period"):
+                kw[k] = int(v)
+            elif k == "kind":
+                kw[k] = v
+            else:
+                raise ConfigError(f"slowdown key {k!r} is unknown; valid: factor, start, end, kind, period, duty")
+        if "factor" not in kw:
+            raise ConfigError(f"slowdown {text!r} has no factor; e.g. factor=3,start=50")
+        return cls(**kw)
+
+
+class Emulator:
+    def __init__(self, gpu_type: str, speed: float | None = None, base_s: float = DEFAULT_BASE_S,
+                 per_sample_s: float = DEFAULT_PER_SAMPLE_S, slowdown: Slowdown | None = None,
+                 rank: int = 0, allow_cuda: bool = False, log=None):
+        try:
+            import torch
+            if torch.cuda.is_available() and not allow_cuda:
+                raise ConfigError("--emulate refused: a real GPU is in use here; emulation is for CPU ranks only")
+        except ImportError:  # pragma: no cover
+            pass
+        self.gpu_type = gpus.normalize(gpu_type)
+        self.speed = float(speed) if speed is not None else gpus.get(self.gpu_type).relative_speed
+        if not self.speed > 0:
+            raise ConfigError(f"emulated speed {speed!r} must be > 0")
+        if base_s < 0 or per_sample_s < 0:
+            raise ConfigError(f"emulation times base_s={base_s}, per_sample_s={per_sample_s} must be >= 0")
+        self.base_s, self.per_sample_s = float(base_s), float(per_sample_s)
+        self.slowdown = slowdown
+        self.overruns = 0
+        log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        msg = (f"hpc-jabas: rank {rank} EMULATES GPU type {self.gpu_type} (speed {self.speed:.3f} x V100): "
+               f"t(b) = ({self.base_s:g} + {self.per_sample_s:g}*b) / {self.speed:.3f} s per micro-batch")
+        if slowdown is not None:
+            msg += f"; INJECTED slowdown {slowdown}"
+        log(msg)
+
+    def factor(self, iteration: int) -> float:
+        return self.slowdown.at(iteration) if self.slowdown is not None else 1.0
+
+    def target(self, b: int, iteration: int = 0) -> float:
+        return (self.base_s + self.per_sample_s * b) / self.speed * self.factor(iteration)
+
+    def start(self, t: float | None = None) -> None:
+        """Begin a chain of micro-batches (one iteration): deadlines accumulate from here, so a
+        late wake-up of one sleep is absorbed by the next instead of adding up."""
+        self._deadline = time.perf_counter() if t is None else t
+
+    def wait_next(self, b: int, iteration: int = 0) -> float:
+        """After the real compute of the next micro-batch of the chain: sleep until its deadline
+        (previous deadline + target(b)); returns the seconds slept."""
+        now = time.perf_counter()
+        self._deadline += self.target(b, iteration)
+        if now >= self._deadline:
+            self.overruns += 1
+            self._deadline = now
+            return 0.0
+        waited = self._deadline - now
+        time.sleep(waited)
+        return waited
+
+    def wait_until(self, t_start: float, b: int, iteration: int = 0) -> float:
+        """Sleep until t_start + target(b); returns the seconds waited (0 if compute overran)."""
+        deadline = t_start + self.target(b, iteration)
+        now = time.perf_counter()
+        if now >= deadline:
+            self.overruns += 1
+            return 0.0
+        waited = deadline - now
+        # plain sleep: spinning would steal the CPU that other emulated ranks need
+        time.sleep(waited)
+        return waited

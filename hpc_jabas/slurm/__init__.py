@@ -1,0 +1,1 @@
+"""Slurm: sbatch/sacct/scontrol text, het-job components, the submitit executor, chains."""

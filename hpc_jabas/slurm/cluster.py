@@ -1,0 +1,477 @@
+"""Slurm view: partitions, their GPU type, total and free GPUs, node states, GPU billing weights.
+
+A thin adapter over Slurm's client commands (``scontrol show node -o``, ``scontrol show
+partition -o``, ``sinfo -O ...GresUsed``), run with ``subprocess``; nothing else in the package
+talks to Slurm for reading. Parsing is split from running, so the parsers are pure and tested on
+text as well as against the real local cluster (slurm/local/up.sh).
+
+GPU type of a partition: the typed GRES of its nodes (``Gres=gpu:a100:2``) when that names a GPU
+type of the catalog (:mod:`hpc_jabas.core.gpus`); else the user's ``partition_types`` mapping; else the
+partition's own name if it is a catalog type. Free GPUs count only nodes that can take a job now:
+down, drained/draining, failing, not responding, in maintenance or reserved nodes give none.
+
+``rank_gpu_type`` tells a training rank which GPU type it stands for, from its Slurm environment.
+In a heterogeneous job step (``srun --het-group=0,1``) every rank sees the *last* component's
+``SLURM_JOB_PARTITION`` (verified on Slurm 22.05), so the rank's own component is found by its
+node: ``SLURMD_NODENAME`` in ``SLURM_JOB_NODELIST_HET_GROUP_<k>``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from hpc_jabas.core import gpus
+from hpc_jabas.errors import ConfigError, SlurmError
+
+#: node flags/states that keep a node from taking a new job (lower case, '*' = not responding)
+UNUSABLE = frozenset({"down", "drain", "drained", "draining", "fail", "failing", "maint", "reserved",
+                      "not_responding", "invalid_reg", "inval", "future", "unknown", "error",
+                      "reboot_requested", "reboot_issued", "powering_down", "power_down", "no_respond",
+                      "perfctrs", "blocked"})
+TIMEOUT_S = 20.0
+
+
+# ---- data ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    state: str                      # lower case as scontrol prints it, e.g. "idle", "mixed+drain", "down*"
+    partitions: tuple[str, ...]
+    gres: dict[str | None, int]     # GRES gpu type (None: untyped) -> configured count
+    gpus_used: int
+
+    @property
+    def gpus_total(self) -> int:
+        return sum(self.gres.values())
+
+    @property
+    def usable(self) -> bool:
+        """The node can take a new job now (not down, drained, draining, failing, ...)."""
+        return node_usable(self.state)
+
+    @property
+    def gpus_free(self) -> int:
+        return max(0, self.gpus_total - self.gpus_used) if self.usable else 0
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    name: str
+    gpu_type: str | None            # catalog key, None when no GPUs or the type is not known
+    gres_types: tuple[str, ...]     # raw typed-GRES names on its nodes ("a100"); empty if untyped
+    nodes: tuple[str, ...]
+    node_states: dict[str, str]
+    gpus_total: int                 # configured GPUs on all its nodes (down ones included)
+    gpus_free: int                  # GPUs a new job could get now
+    billing_per_gpu: float | None   # TRESBillingWeights GRES/gpu[:type]=w; None when not set
+    default: bool = False
+    state: str = "up"
+    raw_billing: str = ""
+
+    @property
+    def has_gpus(self) -> bool:
+        return self.gpus_total > 0
+
+    @property
+    def gpus_used(self) -> int:
+        return self.gpus_total - self.gpus_free
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    partitions: dict[str, PartitionView]
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+
+    # -- look-ups that fail with one clear line --
+    def partition(self, name: str) -> PartitionView:
+        if name not in self.partitions:
+            here = ", ".join(sorted(self.partitions)) or "none"
+            raise ConfigError(f"unknown partition {name!r}; partitions here: {here}")
+        return self.partitions[name]
+
+    def gpu_partition(self, name: str) -> PartitionView:
+        """The partition, checked to hold GPUs of one catalog type (what a training mix needs)."""
+        p = self.partition(name)
+        if not p.has_gpus:
+            with_gpus = sorted(q.name for q in self.partitions.values() if q.has_gpus)
+            raise ConfigError(f"partition {name!r} has no GPUs (no gres/gpu on its nodes); "
+                              f"partitions with GPUs: {', '.join(with_gpus) or 'none'}")
+        if p.gpu_type is None:
+            if len(p.gres_types) > 1:
+                what = f"mixes GPU types {', '.join(p.gres_types)}"
+            elif p.gres_types:
+                what = f"has GPUs of type {p.gres_types[0]!r}, which is not in the GPU catalog"
+            else:
+                what = "has untyped GPUs (gres gpu without a type) and its name is no GPU type"
+            raise ConfigError(f"partition {name!r} {what}; name its type with partition_types="
+                              f"{{{name!r}: '<type>'}}; known types: {', '.join(gpus.known())}")
+        return p
+
+    # -- the shapes the auto-scaler takes --
+    @property
+    def types(self) -> dict[str, str]:
+        """partition -> GPU type, for GPU partitions of a known type."""
+        return {n: p.gpu_type for n, p in sorted(self.partitions.items()) if p.has_gpus and p.gpu_type}
+
+    @property
+    def free(self) -> dict[str, int]:
+        """partition -> free GPUs, for GPU partitions of a known type."""
+        return {n: self.partitions[n].gpus_free for n in self.types}
+
+    @property
+    def total(self) -> dict[str, int]:
+        return {n: self.partitions[n].gpus_total for n in self.types}
+
+    @property
+    def billing(self) -> dict[str, float]:
+        """partition -> billing weight of one GPU, where the partition sets one."""
+        return {n: self.partitions[n].billing_per_gpu for n in self.types
+                if self.partitions[n].billing_per_gpu is not None}
+
+    def free_by_type(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for n, t in self.types.items():
+            out[t] = out.get(t, 0) + self.partitions[n].gpus_free
+        return out
+
+    def summary(self) -> str:
+        lines = []
+        for n, p in sorted(self.partitions.items()):
+            w = "-" if p.billing_per_gpu is None else f"{p.billing_per_gpu:g}"
+            lines.append(f"{n:<14} type={p.gpu_type or '-':<10} gpus={p.gpus_free}/{p.gpus_total} free "
+                         f"billing/gpu={w} nodes=" + ",".join(f"{k}:{v}" for k, v in p.node_states.items()))
+        return "\n".join(lines)
+
+
+# ---- pure parsers ----------------------------------------------------------------------------
+_KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/:.]*=|\s*$)")
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """``scontrol -o`` record 'Key=value Key2=value with spaces ...' -> dict."""
+    return {m.group(1): m.group(2) for m in _KV.finditer(line.strip())}
+
+
+_GRES_ITEM = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>\d+[KMG]?))?(?:\(.*\))?$")
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on sep outside parentheses/brackets."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth = max(0, depth - 1)
+        if ch == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return [s.strip() for s in out if s.strip()]
+
+
+def _count(text: str | None) -> int:
+    if not text:
+        return 1
+    mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def parse_gres(text: str | None) -> dict[str | None, int]:
+    """'gpu:a100:2(S:0-1),mps:400' -> {'a100': 2}; 'gpu:2' -> {None: 2}; '(null)' -> {}.
+
+    Only ``gpu`` GRES are counted; used-GRES strings ('gpu:a100:1(IDX:0)') parse the same way.
+    """
+    out: dict[str | None, int] = {}
+    if not text or text in ("(null)", "N/A", "none"):
+        return out
+    for item in _split_top(text):
+        m = _GRES_ITEM.match(item)
+        if not m or m.group("name") != "gpu":
+            continue
+        t, c = m.group("type"), m.group("count")
+        if t is not None and c is None and t.isdigit():   # 'gpu:2': the count sits in the type slot
+            t, c = None, t
+        out[t] = out.get(t, 0) + _count(c)
+    return out
+
+
+def parse_alloc_gpus(alloc_tres: str | None) -> int | None:
+    """'cpu=1,mem=512M,gres/gpu=1' -> 1; None when AllocTRES does not track gres/gpu."""
+    if alloc_tres is None:
+        return None
+    total = None
+    for item in _split_top(alloc_tres):
+        k, _, v = item.partition("=")
+        if k.strip().lower() == "gres/gpu":
+            total = int(float(v))
+    return total if total is not None else (0 if alloc_tres.strip() == "" else None)
+
+
+def parse_billing(weights: str | None, gpu_type: str | None = None) -> float | None:
+    """TRESBillingWeights 'CPU=1.0,GRES/gpu=4.0' (or 'GRES/gpu:a100=4') -> 4.0; None if no GPU weight."""
+    if not weights or weights in ("(null)", "N/A"):
+        return None
+    generic, typed = None, {}
+    for item in _split_top(weights):
+        k, _, v = item.partition("=")
+        k = k.strip().lower()
+        if not k.startswith("gres/gpu"):
+            continue
+        try:
+            w = float(re.sub(r"[KMGTP]$", "", v.strip(), flags=re.I))
+        except ValueError:
+            continue
+        if k == "gres/gpu":
+            generic = w
+        elif k.startswith("gres/gpu:"):
+            typed[k.split(":", 1)[1]] = w
+    if gpu_type is not None:
+        for t, w in typed.items():
+            try:
+                if gpus.normalize(t) == gpu_type:
+                    return w
+            except ConfigError:
+                if t == gpu_type:
+                    return w
+    if generic is not None:
+        return generic
+    if len(typed) == 1:
+        return next(iter(typed.values()))
+    return None
+
+
+def node_usable(state: str) -> bool:
+    s = state.strip().lower()
+    if not s or s.endswith("*") or "*" in s:
+        return False
+    parts = {p.strip("*~#!%$@^-") for p in s.split("+")}
+    return not (parts & UNUSABLE)
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm hostlist 'gpuv[1-2,05-06],gpua1' -> ['gpuv1', 'gpuv2', 'gpuv05', 'gpuv06', 'gpua1']."""
+    out: list[str] = []
+    for item in _split_top(text or ""):
+        out.extend(_expand_one(item))
+    return out
+
+
+def _expand_one(item: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", item)
+    if not m:
+        return [item]
+    head, tail = item[:m.start()], item[m.end():]
+    names = []
+    for rng in m.group(1).split(","):
+        lo, _, hi = rng.partition("-")
+        if hi:
+            width = len(lo)
+            names += [f"{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
+        else:
+            names.append(lo)
+    return [head + n + rest for n in names for rest in _expand_one(tail)]
+
+
+def _type_of(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return gpus.normalize(raw)
+    except ConfigError:
+        return None
+
+
+def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: Mapping[str, str] | None = None,
+               partition_types: Mapping[str, str] | None = None) -> ClusterView:
+    """Pure: ``scontrol show node -o`` and ``scontrol show partition -o`` lines (+ sinfo GresUsed per node)
+    -> ClusterView. ``partition_types`` maps partition -> GPU type where GRES are untyped or unknown."""
+    gres_used = dict(gres_used or {})
+    nodes: dict[str, NodeView] = {}
+    for line in node_lines:
+        if not line.strip():
+            continue
+        d = parse_oneliner(line)
+        name = d.get("NodeName")
+        if not name:
+            continue
+        gres = parse_gres(d.get("Gres"))
+        if name in gres_used:
+            used = sum(parse_gres(gres_used[name]).values())
+        else:
+            used = parse_alloc_gpus(d.get("AllocTRES")) or 0
+        parts = tuple(p for p in (d.get("Partitions") or "").split(",") if p and p != "(null)")
+        nodes[name] = NodeView(name, (d.get("State") or "unknown").lower(), parts, gres, used)
+
+    pdefs: dict[str, dict[str, str]] = {}
+    for line in part_lines:
+        if not line.strip():
+            continue
+        d = parse_oneliner(line)
+        if d.get("PartitionName"):
+            pdefs[d["PartitionName"]] = d
+
+    mapping: dict[str, str] = {}
+    for p, t in (partition_types or {}).items():
+        if p not in pdefs:
+            raise ConfigError(f"unknown partition {p!r} in partition_types; partitions here: "
+                              f"{', '.join(sorted(pdefs)) or 'none'}")
+        mapping[p] = gpus.normalize(t)
+
+    partitions: dict[str, PartitionView] = {}
+    for pname, d in pdefs.items():
+        members = [n for n in nodes.values() if pname in n.partitions]
+        if not members and d.get("Nodes") not in (None, "", "(null)"):
+            members = [nodes[n] for n in expand_hostlist(d["Nodes"]) if n in nodes]
+        raw_types = sorted({t for n in members for t, c in n.gres.items() if t is not None and c > 0})
+        total = sum(n.gpus_total for n in members)
+        gtype: str | None = None
+        if total:
+            known = sorted({_type_of(t) for t in raw_types} - {None})
+            untyped = any(None in n.gres for n in members)
+            if len(known) == 1 and len(known) == len(raw_types) and not untyped:
+                gtype = known[0]
+                if pname in mapping and mapping[pname] != gtype:
+                    raise ConfigError(f"partition {pname!r} holds {gtype} GPUs (typed GRES) but partition_types "
+                                      f"says {mapping[pname]!r}; drop it from partition_types or fix it")
+            elif pname in mapping:
+                gtype = mapping[pname]
+            elif not raw_types:
+                gtype = _type_of(pname)
+        weights = d.get("TRESBillingWeights", "")
+        pstate = (d.get("State") or "UP").lower()
+        free = sum(n.gpus_free for n in members) if pstate == "up" else 0
+        partitions[pname] = PartitionView(
+            name=pname, gpu_type=gtype, gres_types=tuple(raw_types), nodes=tuple(n.name for n in members),
+            node_states={n.name: n.state for n in members}, gpus_total=total, gpus_free=free,
+            billing_per_gpu=parse_billing(weights, gtype) if total else None,
+            default=(d.get("Default", "NO").upper() == "YES"), state=pstate, raw_billing=weights)
+    return ClusterView(partitions, nodes)
+
+
+# ---- running Slurm ---------------------------------------------------------------------------
+def _require_slurm(env: Mapping[str, str] | None = None) -> None:
+    env = os.environ if env is None else env
+    path = env.get("PATH")
+    for cmd in ("sinfo", "scontrol"):
+        if shutil.which(cmd, path=path) is None:
+            raise SlurmError(f"no Slurm here: {cmd} not found on PATH; install the Slurm client commands "
+                             "(apt-get install slurm-client, or `module load slurm`), or start the local "
+                             "cluster: slurm/local/up.sh && source slurm/local/env.sh")
+    conf = env.get("SLURM_CONF")
+    if conf and not os.path.exists(conf):   # Slurm would retry for 60 s before saying so
+        raise SlurmError(f"Slurm controller unreachable: SLURM_CONF={conf} does not exist "
+                         "(local cluster: slurm/local/up.sh && source slurm/local/env.sh)")
+
+
+def _run(args: list[str], env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S) -> str:
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                           env=dict(env) if env is not None else None)
+    except FileNotFoundError:
+        raise SlurmError(f"no Slurm here: {args[0]} not found on PATH; install the Slurm client commands "
+                         "or start the local cluster: slurm/local/up.sh") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"Slurm controller unreachable: `{' '.join(args)}` gave no answer in {timeout:g} s") from None
+    if r.returncode != 0:
+        msg = next((ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip()), f"exit {r.returncode}")
+        conf = (env or os.environ).get("SLURM_CONF", "/etc/slurm/slurm.conf")
+        if re.search(r"contact slurm controller|connect failure|Connection refused|timed out|"
+                     r"Could not establish a configuration source|Unable to establish", msg, re.I):
+            raise SlurmError(f"Slurm controller unreachable: `{' '.join(args)}` said: {msg} "
+                             f"(SLURM_CONF={conf}; local cluster: slurm/local/up.sh)")
+        raise SlurmError(f"`{' '.join(args)}` failed: {msg}")
+    return r.stdout
+
+
+def read_cluster(partition_types: Mapping[str, str] | None = None,
+                 env: Mapping[str, str] | None = None) -> ClusterView:
+    """Read partitions, GPU types, totals, free GPUs, node states and GPU billing weights from Slurm.
+
+    ``partition_types``: partition -> GPU type, for partitions whose GRES are untyped or carry a type
+    name outside the catalog. ``env``: environment for the Slurm commands (default os.environ).
+    Raises SlurmError (no Slurm, controller unreachable) or ConfigError (bad partition_types).
+    """
+    _require_slurm(env)
+    node_text = _run(["scontrol", "show", "node", "-o"], env)
+    part_text = _run(["scontrol", "show", "partition", "-o"], env)
+    used: dict[str, str] = {}
+    try:
+        for line in _run(["sinfo", "-N", "-h", "-O", "NodeList:|,GresUsed:|"], env).splitlines():
+            cols = line.split("|")
+            if len(cols) >= 2 and cols[0].strip():
+                used[cols[0].strip()] = cols[1].strip()
+    except SlurmError:
+        used = {}   # AllocTRES in scontrol's node records is the fallback
+    return build_view(node_text.splitlines(), part_text.splitlines(), used, partition_types)
+
+
+# ---- the GPU type of one rank ----------------------------------------------------------------
+def rank_partition(env: Mapping[str, str]) -> str | None:
+    """The partition of this rank's own job component (heterogeneous jobs: found by the node)."""
+    node = env.get("SLURMD_NODENAME")
+    size = env.get("SLURM_HET_SIZE") or env.get("SLURM_PACK_SIZE")
+    if size and size.isdigit() and node:
+        for k in range(int(size)):
+            nl = env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{k}") or env.get(f"SLURM_JOB_NODELIST_PACK_GROUP_{k}")
+            part = env.get(f"SLURM_JOB_PARTITION_HET_GROUP_{k}") or env.get(f"SLURM_JOB_PARTITION_PACK_GROUP_{k}")
+            if nl and part and node in expand_hostlist(nl):
+                return part
+    part = env.get("SLURM_JOB_PARTITION")
+    if part and "," in part:   # submitted to several partitions: the one it runs in is not named here
+        part = None
+    return part or None
+
+
+def _node_gres_type(node: str, env: Mapping[str, str]) -> str | None:
+    """Catalog type of the node's GPUs from `scontrol show node` (None when unknown or mixed)."""
+    run_env = dict(os.environ)
+    if env.get("SLURM_CONF"):
+        run_env["SLURM_CONF"] = env["SLURM_CONF"]
+    try:
+        _require_slurm(run_env)
+        text = _run(["scontrol", "show", "node", "-o", node], run_env, timeout=10)
+    except SlurmError:
+        return None
+    for line in text.splitlines():
+        d = parse_oneliner(line)
+        if d.get("NodeName") == node:
+            types = {t for t, c in parse_gres(d.get("Gres")).items() if c > 0}
+            known = {_type_of(t) for t in types}
+            if len(types) == 1 and None not in known:
+                return known.pop()
+    return None
+
+
+def rank_gpu_type(env: Mapping[str, str] | None = None,
+                  partition_types: Mapping[str, str] | None = None) -> str | None:
+    """GPU type (catalog key) this rank stands for, from its Slurm environment; None outside Slurm.
+
+    Order: ``partition_types[<the rank's partition>]``; the typed GRES of the rank's node
+    (``SLURMD_NODENAME``, asked of scontrol) when it holds GPUs of one catalog type; the partition's
+    own name if it is a catalog type. ConfigError when inside Slurm none of these gives a type.
+    """
+    env = os.environ if env is None else env
+    if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or env.get("SLURMD_NODENAME")):
+        return None
+    part = rank_partition(env)
+    if partition_types and part in partition_types:
+        return gpus.normalize(partition_types[part])
+    node = env.get("SLURMD_NODENAME")
+    if node:
+        t = _node_gres_type(node, env)
+        if t:
+            return t
+    if part:
+        t = _type_of(part)
+        if t:
+            return t
+    raise ConfigError(f"cannot tell the GPU type of this rank: partition {part!r} on node {node!r} is no GPU type "
+                      f"and the node shows no typed GPU of the catalog; pass partition_types="
+                      f"{{{part or '<partition>'!r}: '<type>'}}; known types: {', '.join(gpus.known())}")

@@ -1,0 +1,75 @@
+"""The local one-machine Slurm cluster of slurm/local (tests, demo, benchmarks), held by a lease.
+
+``with LocalCluster() as c:`` brings the cluster up unless it is up already, writes a lease
+(its pid) and points SLURM_CONF / HPC_JABAS_SLURM_DIR at it for the holder's lifetime; on exit
+it removes the lease and takes the cluster down only if it started it and no other live holder
+(another pytest session, a benchmark) has a lease. Job files must live where every node sees
+them: /tmp is private per node; ``c.shared`` is a scratch directory all nodes share.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from hpc_jabas.errors import SlurmError
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL = ROOT / "slurm" / "local"
+
+
+def _other_live_leases(leases: Path) -> bool:
+    for f in leases.glob("*"):
+        try:
+            os.kill(int(f.name), 0)
+            return True
+        except (ValueError, ProcessLookupError):
+            f.unlink(missing_ok=True)
+        except PermissionError:
+            return True
+    return False
+
+
+class LocalCluster:
+    def __init__(self, state_dir: str | os.PathLike | None = None):
+        if not (LOCAL / "up.sh").exists():
+            raise SlurmError(f"no local cluster scripts at {LOCAL}; use a source checkout of hpc-jabas")
+        self.state = Path(state_dir or os.environ.get("HPC_JABAS_SLURM_DIR", "/var/tmp/hpc-jabas-slurm"))
+        self.conf = self.state / "etc" / "slurm.conf"
+        self.env = dict(os.environ, HPC_JABAS_SLURM_DIR=str(self.state), SLURM_CONF=str(self.conf))
+        self.shared = self.state / "shared"
+        self.started = False
+        self._lease: Path | None = None
+        self._saved: dict[str, str | None] = {}
+
+    def _script(self, name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(LOCAL / name), *args], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def __enter__(self) -> LocalCluster:
+        if self._script("up.sh", "--check").returncode != 0:
+            r = self._script("up.sh")
+            if r.returncode != 0:
+                tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"exit {r.returncode}"]
+                raise SlurmError(f"slurm/local/up.sh failed: {tail[0]} (logs in {self.state}/log)")
+            self.started = True
+        leases = self.state / "leases"
+        leases.mkdir(parents=True, exist_ok=True)
+        self._lease = leases / str(os.getpid())
+        self._lease.write_text(str(os.getpid()))
+        self._saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPC_JABAS_SLURM_DIR")}
+        os.environ.update(SLURM_CONF=str(self.conf), HPC_JABAS_SLURM_DIR=str(self.state))
+        self.shared.mkdir(mode=0o1777, exist_ok=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if self._lease is not None:
+            self._lease.unlink(missing_ok=True)
+            self._lease = None
+        if self.started and not _other_live_leases(self.state / "leases"):
+            self._script("down.sh", timeout=120)

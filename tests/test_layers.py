@@ -1,0 +1,119 @@
+"""The layers of hpc_jabas (cli -> runtime -> slurm -> core), checked on the source text.
+
+Every import counts, lazy ones inside functions included:
+- core/ is pure: no torch, horovod, mpi4py, submitit, subprocess or clock, and only core + errors
+  from the package;
+- slurm/ never imports runtime/ or cli/; runtime/ never imports cli/;
+- exactly one module imports horovod (runtime/comm.py);
+- no import cycle between the package's modules;
+- no module over 500 lines.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "hpc_jabas"
+FORBIDDEN_IN_CORE = {"torch", "horovod", "mpi4py", "submitit", "subprocess", "time", "datetime", "psutil",
+                     "pynvml", "socket", "threading", "multiprocessing"}
+RANK = {"core": 0, "slurm": 1, "runtime": 2, "cli": 3}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Absolute names of every module imported anywhere in the file (relative ones resolved)."""
+    tree = ast.parse(path.read_text())
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}   # `from pkg import module`
+    return found
+
+
+MODS = _modules()
+
+
+def _internal(name: str) -> set[str]:
+    return {m for m in _imports(name, MODS[name]) if m in MODS and m != name and m != "hpc_jabas"}
+
+
+@pytest.mark.parametrize("name", [m for m in MODS if m.startswith("hpc_jabas.core")])
+def test_core_is_pure(name):
+    bad = {m for m in _imports(name, MODS[name]) if m.split(".")[0] in FORBIDDEN_IN_CORE}
+    assert not bad, f"{name} imports {sorted(bad)}"
+    up = {m for m in _internal(name) if not (m.startswith("hpc_jabas.core") or m == "hpc_jabas.errors")}
+    assert not up, f"{name} imports {sorted(up)} from outside core/"
+
+
+def test_layers_point_down():
+    wrong = []
+    for name in MODS:
+        layer = name.split(".")[1] if name.count(".") >= 1 else None
+        if layer not in RANK:
+            continue
+        for m in _internal(name):
+            other = m.split(".")[1] if m.count(".") >= 1 else None
+            if other in RANK and RANK[other] > RANK[layer]:
+                wrong.append(f"{name} -> {m}")
+    assert not wrong, wrong
+
+
+def test_one_module_imports_horovod():
+    users = sorted(n for n in MODS if any(m.split(".")[0] == "horovod" for m in _imports(n, MODS[n])))
+    assert users == ["hpc_jabas.runtime.comm"], users
+
+
+def test_no_import_cycle():
+    graph = {n: _internal(n) for n in MODS}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(m):] + [m]))
+            if m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    assert len(state) == len(MODS)
+
+
+def test_no_module_over_500_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in MODS.items()}
+    over = {n: k for n, k in long.items() if k > 500}
+    assert not over, over
+
+
+def test_the_check_sees_a_violation(tmp_path):
+    # the checker itself can fail: a lazy torch import inside a function is found
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    import torch\n    from time import monotonic\n")
+    assert {"torch", "time"} <= _imports("x.m", f)
