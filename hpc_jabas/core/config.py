@@ -10,12 +10,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpc_jabas.core.policy import LR_RULES, POLICIES
+from hpc_jabas.core.sampler import TAILS
 from hpc_jabas.errors import ConfigError
 
 PLANNERS = ("optimal", "lbbsp", "fixed")
-POLICIES = ("fixed", "similarity", "noise-scale")
-LR_RULES = ("sqrt", "linear", "adascale", "none")
-TAILS = ("shrink", "drop")
 
 
 def read_toml(path: str | Path, what: str = "config file") -> dict:
