@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from typing import Any
 
 from hpc_jabas.errors import ConfigError
 
@@ -28,11 +29,11 @@ class GpuType:
     @property
     def relative_speed(self) -> float:
         """FP32 throughput relative to a V100 (the catalog's reference)."""
-        return self.fp32_tflops / _raw()[REFERENCE]["fp32_tflops"]
+        return self.fp32_tflops / float(_raw()[REFERENCE]["fp32_tflops"])
 
 
 @lru_cache(maxsize=1)
-def _raw() -> dict:
+def _raw() -> dict[str, Any]:
     text = resources.files("hpc_jabas").joinpath("data/gpus.toml").read_text()
     return tomllib.loads(text)
 

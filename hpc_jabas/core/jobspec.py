@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpc_jabas.errors import ConfigError
 
@@ -12,15 +14,15 @@ from hpc_jabas.errors import ConfigError
 @dataclass
 class JobSpec:
     task: str                          # "module:callable" -> dict(model, optimizer, dataset, loss_fn[, ...])
-    config: dict                       # JobConfig as a dict (its autoscale table drives the epoch-end choice)
+    config: dict[str, Any]                     # JobConfig as a dict (its autoscale table drives the epoch-end choice)
     chain_dir: str                     # shared directory: run/ (metrics, checkpoints), chain.jsonl, jobs/
     mix: dict[str, int]                # partition -> GPUs this job runs on
     method: str = "submitit"           # how the next job is submitted: submitit | sbatch
     pythonpath: list[str] = field(default_factory=list)
     python: str | None = None          # interpreter for sbatch jobs (default: the submitting one)
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if ":" not in self.task:
             raise ConfigError(f"task {self.task!r} must be 'module:callable', e.g. examples.train_digits:build")
         if self.method not in ("submitit", "sbatch"):
@@ -35,11 +37,11 @@ class JobSpec:
     def with_mix(self, mix: dict[str, int]) -> JobSpec:
         return dataclasses.replace(self, mix=dict(mix))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> JobSpec:
+    def from_dict(cls, d: Mapping[str, Any]) -> JobSpec:
         return cls(**d)
 
     def save(self, path: str | Path) -> Path:

@@ -7,8 +7,9 @@ Pure: no torch, no horovod.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpc_jabas.errors import ConfigError
 
@@ -51,11 +52,11 @@ class Plan:
         """Global index of rank's first micro-batch within the iteration (ranks in order)."""
         return sum(self.n[:rank])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"b": self.b, "n": list(self.n)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> Plan:
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
         return cls(int(d["b"]), tuple(d["n"]))
 
     def __str__(self) -> str:
