@@ -168,7 +168,7 @@ class Rebalancer:
         """Forget the direction memory and history (e.g. after the set of ranks changed)."""
         self.world_size: int | None = None
         self.last_dir: list[int] = []
-        self.history: deque[dict] = deque(maxlen=self.max_history)
+        self.history: deque[dict[str, Any]] = deque(maxlen=self.max_history)
         self.n_proposals = 0
         self.n_replans = 0
 
@@ -181,12 +181,12 @@ class Rebalancer:
         r = sum(1 for h in self.history if h["reversal"])
         return max(self.min_step, 0.5 ** r)
 
-    def _record(self, entry: dict) -> None:
+    def _record(self, entry: dict[str, Any]) -> None:
         self.history.append(entry)
         self.n_proposals += 1
 
     def propose(self, B: int, current_plan: Plan, predicted_speed_factors: Sequence[float],
-                plan_fn: PlanFn, time_fn: TimeFn) -> tuple[Plan | None, dict]:
+                plan_fn: PlanFn, time_fn: TimeFn) -> tuple[Plan | None, dict[str, Any]]:
         """A new plan for the predicted speed factors, or None to keep the current one.
 
         info: gain (predicted, of the candidate), gain_applied (of the returned plan, 0 if kept),
@@ -265,7 +265,7 @@ class Rebalancer:
         return new, info
 
     # -- checkpointing ---------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": "rebalancer", "version": STATE_VERSION,
                 "config": {"threshold": self.threshold, "damping": self.damping,
                            "max_history": self.max_history, "min_step": self.min_step},
@@ -273,7 +273,7 @@ class Rebalancer:
                 "history": [dict(h) for h in self.history],
                 "n_proposals": self.n_proposals, "n_replans": self.n_replans}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping) or state.get("kind") != "rebalancer" \
                 or state.get("version") != STATE_VERSION:
             raise ConfigError("rebalancer state is not a state_dict() of this version of Rebalancer")

@@ -18,14 +18,19 @@ Pure: numpy only.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hpc_jabas.core.plan import Plan, split_proportional
 from hpc_jabas.errors import ConfigError
 
 TAILS = ("shrink", "drop")
+
+IndexArray = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -33,17 +38,17 @@ class IterationBatch:
     epoch: int
     start: int                      # cursor before this iteration
     plan: Plan                      # the plan actually used (shrunk on the epoch tail)
-    micro: tuple                    # micro[rank] = tuple of index arrays (one per micro-batch)
+    micro: tuple[tuple[IndexArray, ...], ...]  # micro[rank] = tuple of index arrays (one per micro-batch)
 
     @property
     def total(self) -> int:
         return sum(len(m) for r in self.micro for m in r)
 
-    def rank_indices(self, rank: int) -> np.ndarray:
+    def rank_indices(self, rank: int) -> IndexArray:
         parts = self.micro[rank]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
-    def all_indices(self) -> np.ndarray:
+    def all_indices(self) -> IndexArray:
         return np.concatenate([m for r in self.micro for m in r])
 
 
@@ -59,14 +64,15 @@ class HeterogeneousSampler:
         self.epoch = 0
         self.cursor = 0
         self._perm_epoch = -1
-        self._perm = None
+        self._perm: IndexArray | None = None
 
     # ---- permutation -------------------------------------------------------------------
-    def permutation(self, epoch: int | None = None) -> np.ndarray:
+    def permutation(self, epoch: int | None = None) -> IndexArray:
         e = self.epoch if epoch is None else epoch
         if e != self._perm_epoch:
             self._perm = np.random.default_rng([self.seed, e]).permutation(self.num_samples)
             self._perm_epoch = e
+        assert self._perm is not None
         return self._perm
 
     @property
@@ -103,11 +109,11 @@ class HeterogeneousSampler:
             m = -(-r // b)
             used = Plan(b, tuple(split_proportional(m, [max(x, 0) for x in plan.n], caps=list(plan.n))))
             total = r
-        micro = []
+        micro: list[tuple[IndexArray, ...]] = []
         pos = start
         end = start + total
         for i in range(used.world_size):
-            mine = []
+            mine: list[IndexArray] = []
             for _ in range(used.n[i]):
                 stop = min(pos + b, end)
                 mine.append(perm[pos:stop])
@@ -117,11 +123,11 @@ class HeterogeneousSampler:
         return IterationBatch(self.epoch, start, used, tuple(micro))
 
     # ---- state -------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"num_samples": self.num_samples, "seed": self.seed, "tail": self.tail,
                 "epoch": self.epoch, "cursor": self.cursor}
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: Mapping[str, Any]) -> None:
         if int(d["num_samples"]) != self.num_samples:
             raise ConfigError(f"checkpoint sampler covers {d['num_samples']} samples but the dataset has "
                               f"{self.num_samples}; resume with the same dataset")
