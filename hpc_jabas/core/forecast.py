@@ -19,8 +19,11 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from hpc_jabas.errors import ConfigError
 
@@ -30,14 +33,16 @@ MAX_HISTORY = 256          # the models see the most recent decisions only (GP c
 _HOLT_GRID = [(a, b, phi) for a in (0.2, 0.4, 0.6, 0.8, 1.0)
               for b in (0.05, 0.2, 0.5, 0.8) for phi in (0.9, 0.98, 1.0)]
 
+FloatArray = npt.NDArray[np.float64]
 
-def _clean_history(history: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+
+def _clean_history(history: Sequence[tuple[int, float]]) -> tuple[FloatArray, FloatArray]:
     pts: dict[float, float] = {}
     last = -math.inf
     for item in history:
         try:
-            it, B = item
-            it, B = float(it), float(B)
+            it_raw, b_raw = item
+            it, B = float(it_raw), float(b_raw)
         except (TypeError, ValueError):
             raise ConfigError(f"history entry {item!r} is invalid; give (iteration, B) pairs") from None
         if not (math.isfinite(it) and math.isfinite(B) and B > 0):
@@ -50,51 +55,52 @@ def _clean_history(history: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np
     return ts, np.array([pts[t] for t in ts], dtype=float)
 
 
-def _holt(y: np.ndarray, alpha: float, beta: float, phi: float) -> tuple[float, float, float]:
+def _holt(y: FloatArray, alpha: float, beta: float, phi: float) -> tuple[float, float, float]:
     """Damped Holt: returns (level, trend, sum of squared one-step errors)."""
-    level, trend = y[0], y[1] - y[0]
+    level, trend = float(y[0]), float(y[1] - y[0])
     sse = 0.0
     for v in y[1:]:
         pred = level + phi * trend
-        sse += (v - pred) ** 2
+        sse += float(v - pred) ** 2
         new_level = alpha * v + (1 - alpha) * pred
         trend = beta * (new_level - level) + (1 - beta) * phi * trend
         level = new_level
     return level, trend, sse
 
 
-def holt_forecast(y: Sequence[float], steps: np.ndarray) -> np.ndarray:
+def holt_forecast(y: npt.ArrayLike, steps: npt.ArrayLike) -> FloatArray:
     """Damped-trend Holt smoothing of an equally spaced series, forecast ``steps`` ahead (>= 0, may be fractional)."""
-    y = np.asarray(y, dtype=float)
-    if len(y) < 2:
-        return np.full(len(steps), float(y[-1]))
-    best = min(_HOLT_GRID, key=lambda g: (_holt(y, *g)[2], -g[0], g[1], -g[2]))
-    level, trend, _ = _holt(y, *best)
+    ya = np.asarray(y, dtype=np.float64)
+    h = np.asarray(steps, dtype=np.float64)
+    if len(ya) < 2:
+        return np.full(len(h), float(ya[-1]))
+    best = min(_HOLT_GRID, key=lambda g: (_holt(ya, *g)[2], -g[0], g[1], -g[2]))
+    level, trend, _ = _holt(ya, *best)
     phi = best[2]
-    h = np.asarray(steps, dtype=float)
-    damp = h if phi == 1.0 else phi * (1 - phi ** h) / (1 - phi)
+    damp: FloatArray = h if phi == 1.0 else phi * (1 - phi ** h) / (1 - phi)
     return level + damp * trend
 
 
-def _one_thread():
+def _one_thread() -> AbstractContextManager[Any]:
     """The matrices are tiny: keep BLAS to one thread (no oversubscription inside a trainer)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl comes with scikit-learn
         return contextlib.nullcontext()
-    return threadpool_limits(1)
+    limits: AbstractContextManager[Any] = threadpool_limits(1)
+    return limits
 
 
-def _fit_gp(ts: np.ndarray, ys: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+def _fit_gp(ts: FloatArray, ys: FloatArray) -> Callable[[FloatArray], FloatArray]:
     """Fit a GP (RBF + WhiteKernel, normalize_y, random_state=0) of B on the iteration; return its mean."""
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
-    t0 = ts[0]
-    span = max(ts[-1] - ts[0], 1.0)
+    t0 = float(ts[0])
+    span = max(float(ts[-1] - ts[0]), 1.0)
 
-    def scale(t: np.ndarray) -> np.ndarray:
-        return ((np.asarray(t, dtype=float) - t0) / span)[:, None]
+    def scale(t: FloatArray) -> FloatArray:
+        return ((np.asarray(t, dtype=np.float64) - t0) / span)[:, None]
 
     if np.ptp(ys) == 0.0:
         const = float(ys[0])
@@ -106,13 +112,14 @@ def _fit_gp(ts: np.ndarray, ys: np.ndarray) -> Callable[[np.ndarray], np.ndarray
         warnings.simplefilter("ignore")   # ConvergenceWarning at kernel bounds is expected and harmless
         gp.fit(scale(ts), ys)
 
-    def predict(tq: np.ndarray) -> np.ndarray:
+    def predict(tq: FloatArray) -> FloatArray:
         with _one_thread():
-            return gp.predict(scale(tq))
+            mean: FloatArray = gp.predict(scale(tq))
+        return mean
     return predict
 
 
-def gp_forecast(ts: Sequence[float], ys: Sequence[float], tq: Sequence[float]) -> np.ndarray:
+def gp_forecast(ts: Sequence[float], ys: Sequence[float], tq: Sequence[float]) -> FloatArray:
     """Gaussian-process mean of B at iterations ``tq``, fitted on (ts, ys)."""
     return _fit_gp(np.asarray(ts, dtype=float), np.asarray(ys, dtype=float))(np.asarray(tq, dtype=float))
 
@@ -120,23 +127,23 @@ def gp_forecast(ts: Sequence[float], ys: Sequence[float], tq: Sequence[float]) -
 class _Model:
     """The fitted 50/50 blend, evaluated at any future iteration."""
 
-    def __init__(self, ts: np.ndarray, ys: np.ndarray) -> None:
+    def __init__(self, ts: FloatArray, ys: FloatArray) -> None:
         self.ts, self.ys = ts, ys
         self.short = len(ys) < MIN_POINTS
         gaps = np.diff(ts)
         step = float(np.median(gaps)) if len(gaps) else 1.0
         self.step = step if step > 0 else 1.0
-        self.gp = None if self.short else _fit_gp(ts, ys)
+        self.gp: Callable[[FloatArray], FloatArray] | None = None if self.short else _fit_gp(ts, ys)
 
-    def __call__(self, tq: np.ndarray) -> np.ndarray:
-        tq = np.asarray(tq, dtype=float)
+    def __call__(self, tq: npt.ArrayLike) -> FloatArray:
+        tqa = np.asarray(tq, dtype=np.float64)
         if self.gp is None:
-            return np.full(len(tq), float(self.ys[-1]))
-        steps = np.maximum(tq - self.ts[-1], 0.0) / self.step
-        return 0.5 * self.gp(tq) + 0.5 * holt_forecast(self.ys, steps)
+            return np.full(len(tqa), float(self.ys[-1]))
+        steps = np.maximum(tqa - self.ts[-1], 0.0) / self.step
+        return 0.5 * self.gp(tqa) + 0.5 * holt_forecast(self.ys, steps)
 
 
-def _check_int(name: str, value, low: int) -> int:
+def _check_int(name: str, value: object, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise ConfigError(f"{name}={value!r} is invalid; it must be an integer >= {low}")
     return int(value)
@@ -175,7 +182,7 @@ def forecast_next_epoch(history: Sequence[tuple[int, float]],
     start = float(ts[-1] + p) if start_iter is None else float(start_iter)
     model = _Model(ts, ys)
 
-    def finish(v: np.ndarray) -> list[int]:
+    def finish(v: FloatArray) -> list[int]:
         v = np.maximum(v, lo)
         if hi is not None:
             v = np.minimum(v, hi)
