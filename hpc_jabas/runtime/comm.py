@@ -12,6 +12,8 @@ import horovod
 import horovod.torch as hvd
 import torch
 
+from hpc_jabas.log import set_rank
+
 _initialized = False
 
 
@@ -20,6 +22,7 @@ def init() -> None:
     if not _initialized:
         hvd.init()
         _initialized = True
+        set_rank(hvd.rank())          # log lines carry the rank; INFO from rank 0 only
 
 
 def rank() -> int:
@@ -32,10 +35,6 @@ def size() -> int:
 
 def local_rank() -> int:
     return hvd.local_rank()
-
-
-def local_size() -> int:
-    return hvd.local_size()
 
 
 def device() -> torch.device:
@@ -75,25 +74,18 @@ def allgather_object(obj: Any, name: str | None = None) -> list:
     return hvd.allgather_object(obj, name=name or "hj.allgather_object")
 
 
+def allgather_tensor(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Every rank's ``t`` concatenated along dim 0, in rank order (first dims may differ)."""
+    return hvd.allgather(t, name=name)
+
+
 def broadcast_parameters(params, root_rank: int = 0) -> None:
     hvd.broadcast_parameters(params, root_rank=root_rank)
-
-
-def broadcast_optimizer_state(optimizer, root_rank: int = 0) -> None:
-    hvd.broadcast_optimizer_state(optimizer, root_rank=root_rank)
-
-
-def barrier() -> None:
-    hvd.join()
 
 
 def distributed_optimizer(optimizer, named_parameters, **kw):
     """Horovod's own wrapper (used by the equal-split baselines in bench/)."""
     return hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, **kw)
-
-
-def horovod_version() -> str:
-    return horovod.__version__
 
 
 def build_info() -> dict:
