@@ -24,9 +24,9 @@ values, and the makespan of any plan is a slot value, so the optimum is
 
     C* = max(T_lo, the smallest slot s with count(s) >= M),
 
-found by bisection on C plus a walk over the slot values (``_first_slot``), which returns exactly
+found by bisection on C plus a walk over the slot values (``first_slot``), which returns exactly
 that slot. Slots are computed with the same floating-point expression (n * t + u) as
-``PerfModel.iteration_time``, and count(T) is made consistent with it (``_k_at``), so C* equals
+``PerfModel.iteration_time``, and count(T) is made consistent with it (``k_at``), so C* equals
 what the model reports for the returned plan, bit for bit.
 
 *Ranks may be dropped (allow_drop).* Now N varies. For a makespan C let N_min(C) be the fewest
@@ -41,7 +41,7 @@ the best value found. Ranks whose memory cap is below b can only be dropped.
 
 Across b the smaller iteration time wins. Ties, deterministically: the larger b. Within one b
 every running rank gets its first micro-batch, and the remaining ones go to the earliest extra
-slots (k >= 2) in order of finishing time, then rank index (``_fill``) - the same as removing
+slots (k >= 2) in order of finishing time, then rank index (``fill_counts``) - the same as removing
 the excess of the full-capacity assignment from the latest finisher first, highest index first.
 So interchangeable ranks differ by at most one micro-batch and the lower index gets more. With
 dropping, the participants are the ranks with the most capacity at C*, lower index first.
@@ -49,10 +49,12 @@ dropping, the participants are the ranks with the most capacity at C*, lower ind
 Speed: ranks of the same GPU type and speed factor are interchangeable, so all searches run over
 groups (a handful) instead of ranks, and ``plan_range`` computes every makespan of one b at once
 as order statistics of the merged slot sequences (numpy), then builds all plans in bulk.
+
+Layout: this module checks the input, groups the ranks and chooses b; the slot arithmetic on the
+groups (``k_at``, ``first_slot``, ``fill_counts``, ...) is in planner_solve.py.
 """
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -63,6 +65,16 @@ import numpy as np
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import PerfModel, _speed_factors
 from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planner_solve import (
+    FloatArray,
+    IntArray,
+    best_with_drop,
+    extra_slots_range,
+    fill_counts,
+    k_at,
+    k_at_vec,
+    makespan_all,
+)
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 MAX_RANGE = 10_000_000  # widest B range plan_range accepts (one row per feasible B)
@@ -88,7 +100,7 @@ class _Ctx:
     model: PerfModel
     R: int
     groups: list[_Group]
-    gor: np.ndarray       # group index of every rank
+    gor: IntArray         # group index of every rank
     cands: list[int]      # usable candidate b, ascending
     allow_drop: bool
 
@@ -145,6 +157,7 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
         j = index.get(k)
         if j is None:
             p = model.profile(k[0])
+            assert p.max_b is not None   # ComputeProfile.__post_init__ sets it
             j = index[k] = len(groups)
             groups.append(_Group(k[0], f, [], p.max_b, p.update_s))
         groups[j].ranks.append(i)
@@ -181,172 +194,21 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
     return _Ctx(model, len(names), groups, gor, usable, bool(allow_drop))
 
 
-# ---------------------------------------------------------------------------------------------
-# exact slot arithmetic
-# ---------------------------------------------------------------------------------------------
-
-def _k_at(T: float, t: float, u: float) -> int:
-    """Number of k >= 1 with k*t + u <= T in floating point (may be <= 0: then none)."""
-    k = math.floor((T - u) / t)
-    while (k + 1) * t + u <= T:
-        k += 1
-    while k * t + u > T:
-        k -= 1
-    return k
-
-
-def _count(T: float, ts: Sequence[float], us: Sequence[float], cs: Sequence[int]) -> int:
-    tot = 0
-    for t, u, c in zip(ts, us, cs):
-        k = _k_at(T, t, u)
-        if k > 0:
-            tot += c * k
-    return tot
-
-
-def _first_slot(M: int, lo: float, hi: float, ts, us, cs, kmin: int = 1) -> float:
-    """Smallest slot value s (slots k*t + u with k >= kmin) with count(s) >= M.
-
-    Requires count(lo) < M <= count(hi), count(T) = sum c * max(0, k_at(T) - kmin + 1).
-    Bisection on T, plus a step to the next slot value above lo, which ends on the exact slot.
-    """
-    def count(T: float) -> int:
-        tot = 0
-        for t, u, c in zip(ts, us, cs):
-            k = _k_at(T, t, u) - kmin + 1
-            if k > 0:
-                tot += c * k
-        return tot
-
-    while True:
-        nxt = min(max(_k_at(lo, t, u) + 1, kmin) * t + u for t, u in zip(ts, us))  # first slot > lo
-        if count(nxt) >= M:
-            return nxt
-        lo = nxt
-        mid = lo + (hi - lo) * 0.5
-        if lo < mid < hi:
-            if count(mid) >= M:
-                hi = mid
-            else:
-                lo = mid
-
-
-def _upper(M: int, ts, us, cs, floor_: float) -> float:
-    """A makespan with count >= M (continuous bound plus one micro-batch of the slowest)."""
-    tmax = max(ts)
-    hi = max((M + sum(c * u / t for t, u, c in zip(ts, us, cs))) / sum(c / t for t, c in zip(ts, cs)),
-             floor_) + tmax
-    while _count(hi, ts, us, cs) < M:
-        hi += tmax
-    return hi
-
-
-def _makespan_all(M: int, ts, us, cs) -> float | None:
-    """Optimal compute makespan when every rank runs >= 1 micro-batch (None: M < #ranks)."""
-    if M < sum(cs):
-        return None
-    t_lo = max(t + u for t, u in zip(ts, us))
-    if _count(t_lo, ts, us, cs) >= M:
-        return t_lo
-    lo = t_lo
-    cont = (M + sum(c * u / t for t, u, c in zip(ts, us, cs))) / sum(c / t for t, c in zip(ts, cs))
-    cand = cont - 1e-9 * abs(cont)
-    if cand > lo and _count(cand, ts, us, cs) < M:
-        lo = cand
-    return _first_slot(M, lo, _upper(M, ts, us, cs, lo), ts, us, cs)
-
-
-def _n_min(T: float, M: int, ts, us, cs) -> int | None:
-    """Fewest ranks holding M micro-batches within makespan T (None: impossible)."""
-    ks = sorted(((_k_at(T, t, u), c) for t, u, c in zip(ts, us, cs)), reverse=True)
-    acc = n = 0
-    for k, c in ks:
-        if k <= 0:
-            break
-        if acc + c * k >= M:
-            return n + -(-(M - acc) // k)
-        acc += c * k
-        n += c
-    return None
-
-
-def _best_with_drop(M: int, ts, us, cs, tail) -> tuple[float, float, int]:
-    """(iteration time, makespan, participants) minimising makespan + tail(participants)."""
-    c0 = _first_slot(M, 0.0, _upper(M, ts, us, cs, 0.0), ts, us, cs)
-    t1 = tail(1)
-    end = c0 + (tail(sum(cs)) - t1)
-    heap = []
-    for g, (t, u) in enumerate(zip(ts, us)):
-        k = max(_k_at(c0, t, u), 1)
-        if k * t + u < c0:
-            k += 1
-        heapq.heappush(heap, (k * t + u, g, k))
-    best: tuple[float, float, int] | None = None
-    last = None
-    while heap:
-        T, g, k = heapq.heappop(heap)
-        if T > end or (best is not None and T + t1 >= best[0]):
-            break
-        heapq.heappush(heap, ((k + 1) * ts[g] + us[g], g, k + 1))
-        if T == last:
-            continue
-        last = T
-        n = _n_min(T, M, ts, us, cs)
-        val = T + tail(n)
-        if best is None or val < best[0]:
-            best = (val, T, n)
-    assert best is not None
-    return best
-
-
-def _fill(b: int, R: int, subs: list[tuple[float, float, list[int]]], Q: int, hi: float) -> Plan:
-    """Counts for running ranks: 1 each, plus the Q earliest extra slots (k >= 2).
-
-    subs: (t, u, members ascending) of the running ranks; hi: a makespan holding them all.
-    Extra slots are taken in order of finishing time, then rank index; equivalently the excess of
-    the full-capacity assignment is removed from the latest finisher first, highest index first.
-    """
-    n = [0] * R
-    for _, _, mem in subs:
-        for i in mem:
-            n[i] = 1
-    if Q <= 0:
-        return Plan(b, n)
-    ts = [s[0] for s in subs]
-    us = [s[1] for s in subs]
-    cs = [len(s[2]) for s in subs]
-    V = _first_slot(Q, 0.0, hi, ts, us, cs, kmin=2)   # value of the Q-th extra slot
-    at_members = []
-    for t, u, mem in subs:
-        K = _k_at(V, t, u)
-        at = K >= 2 and K * t + u == V
-        below = max(K - 1 - at, 0)
-        for i in mem:
-            n[i] += below
-            Q -= below
-        if at:
-            at_members += mem
-    at_members.sort()
-    for i in at_members[:Q]:
-        n[i] += 1
-    return Plan(b, n)
-
-
 def _build_all(ctx: _Ctx, b: int, M: int, T: float) -> Plan:
     ts, us, _ = ctx.params(b, range(len(ctx.groups)))
-    return _fill(b, ctx.R, [(t, u, g.ranks) for t, u, g in zip(ts, us, ctx.groups)], M - ctx.R, T)
+    return fill_counts(b, ctx.R, [(t, u, g.ranks) for t, u, g in zip(ts, us, ctx.groups)], M - ctx.R, T)
 
 
 def _build_drop(ctx: _Ctx, b: int, M: int, T: float, n_part: int) -> Plan:
     elig = ctx.eligible(b)
     ts, us, _ = ctx.params(b, elig)
-    ks = [_k_at(T, t, u) for t, u in zip(ts, us)]
+    ks = [k_at(T, t, u) for t, u in zip(ts, us)]
     order = sorted((-ks[j], i, j) for j, gj in enumerate(elig) for i in ctx.groups[gj].ranks if ks[j] > 0)
     chosen: dict[int, list[int]] = {}
     for _, i, j in order[:n_part]:
         chosen.setdefault(j, []).append(i)
     subs = [(ts[j], us[j], sorted(m)) for j, m in sorted(chosen.items())]
-    return _fill(b, ctx.R, subs, M - n_part, T)
+    return fill_counts(b, ctx.R, subs, M - n_part, T)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,12 +228,13 @@ def _solve(ctx: _Ctx, B: int) -> tuple[Plan, float] | None:
             if not elig:
                 continue
             ts, us, cs = ctx.params(b, elig)
-            val, T, n_part = _best_with_drop(M, ts, us, cs, tail)
+            val, T, n_part = best_with_drop(M, ts, us, cs, tail)
         else:
             ts, us, cs = ctx.params(b, range(len(ctx.groups)))
-            T = _makespan_all(M, ts, us, cs)
-            if T is None:
+            T_all = makespan_all(M, ts, us, cs)
+            if T_all is None:
                 continue
+            T = T_all
             n_part = ctx.R
             val = T + tail(n_part)
         if best is None or val < best[0]:
@@ -473,7 +336,7 @@ def plan_range(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
         if m_lo > m_hi:
             continue
         ts, us, cs = ctx.params(b, range(len(ctx.groups)))
-        V = _extra_slots_range(m_lo - R, m_hi - R, ts, us, cs)
+        V = extra_slots_range(m_lo - R, m_hi - R, ts, us, cs)
         T = np.maximum(V, max(t + u for t, u in zip(ts, us)))
         per_b[b] = (ts, us, m_lo, V, T)
         pos = b * np.arange(m_lo, m_hi + 1) - B_min
@@ -491,44 +354,9 @@ def plan_range(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
     return rows
 
 
-def _extra_slots_range(q_lo: int, q_hi: int, ts, us, cs) -> np.ndarray:
-    """For Q = q_lo..q_hi: value of the Q-th smallest extra slot (k >= 2; 0.0 for Q = 0).
-
-    The optimal makespan with every rank running M = R + Q micro-batches is max(T_lo, that value)
-    (see the module docstring); one sort of the merged slot sequences serves every Q.
-    """
-    Qs = np.arange(q_lo, q_hi + 1)
-    if q_hi <= 0:
-        return np.zeros(len(Qs))
-    t_lo = max(t + u for t, u in zip(ts, us))
-    hi = _upper(q_hi + sum(cs), ts, us, cs, t_lo)
-    while True:
-        vals, wts = [], []
-        for tj, uj, cj in zip(ts, us, cs):
-            K = max(_k_at(hi, tj, uj), 1)
-            vals.append(np.arange(2, K + 2, dtype=float) * tj + uj)
-            wts.append(np.full(K, cj, dtype=np.int64))
-        v = np.concatenate(vals)
-        order = np.argsort(v, kind="stable")
-        v = v[order]
-        cw = np.cumsum(np.concatenate(wts)[order])
-        if cw[-1] >= q_hi:
-            break
-        hi += max(ts)
-    idx = np.searchsorted(cw, np.maximum(Qs, 1), side="left")
-    return np.where(Qs > 0, v[idx], 0.0)
-
-
-def _k_at_vec(T: np.ndarray, t: np.ndarray, u: np.ndarray) -> np.ndarray:
-    K = np.floor((T - u) / t).astype(np.int64)
-    K -= (K * t + u > T)
-    K += ((K + 1) * t + u <= T)
-    return K
-
-
-def _bulk_plans(ctx: _Ctx, b: int, ts, us, Msel: np.ndarray, Vsel: np.ndarray, Tsel: np.ndarray,
-                tail: float, chunk: int = 256) -> list[tuple[int, Plan, float]]:
-    """Rows (B, plan, seconds) for many M of one b at once: ``_fill``'s rule in numpy."""
+def _bulk_plans(ctx: _Ctx, b: int, ts: Sequence[float], us: Sequence[float], Msel: IntArray, Vsel: FloatArray,
+                Tsel: FloatArray, tail: float, chunk: int = 256) -> list[tuple[int, Plan, float]]:
+    """Rows (B, plan, seconds) for many M of one b at once: ``fill_counts``'s rule in numpy."""
     t = np.asarray(ts, dtype=float)[None, :]
     u = np.asarray(us, dtype=float)[None, :]
     c = np.array([len(g.ranks) for g in ctx.groups], dtype=np.int64)
@@ -537,7 +365,7 @@ def _bulk_plans(ctx: _Ctx, b: int, ts, us, Msel: np.ndarray, Vsel: np.ndarray, T
     for s0 in range(0, len(Msel), chunk):
         M = Msel[s0:s0 + chunk]
         V = Vsel[s0:s0 + chunk, None]
-        K = _k_at_vec(V, t, u)
+        K = k_at_vec(V, t, u)
         at = (K >= 2) & (K * t + u == V)
         below = np.maximum(K - 1 - at, 0)
         rem = (M - ctx.R) - below @ c
