@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 from hpc_jabas.core.speed_models import MAX_LAGS as MAX_LAGS
 from hpc_jabas.core.speed_models import STATE_VERSION as STATE_VERSION
 from hpc_jabas.core.speed_models import LastValuePredictor as LastValuePredictor
 from hpc_jabas.core.speed_models import NarxPredictor as NarxPredictor
+from hpc_jabas.core.speed_models import SpeedModel as SpeedModel
 from hpc_jabas.core.speed_models import check_speed, check_state, exo_dict, int_param
 from hpc_jabas.errors import ConfigError
 
@@ -48,7 +49,10 @@ from hpc_jabas.errors import ConfigError
 # one per rank
 # ---------------------------------------------------------------------------------------------
 
-_KINDS = {"narx": NarxPredictor, "last": LastValuePredictor}
+_KINDS: dict[str, type[NarxPredictor] | type[LastValuePredictor]] = {"narx": NarxPredictor, "last": LastValuePredictor}
+
+#: Signals for every rank: one dict for all ranks, one dict (or None) per rank, or None.
+ExoArg: TypeAlias = Sequence[Mapping[str, float] | None] | Mapping[str, float] | None
 
 
 class RankPredictors:
@@ -70,7 +74,7 @@ class RankPredictors:
             raise ConfigError(f"the 'last' predictor takes no options (got {', '.join(sorted(kwargs))})")
         self.kind = kind
         self.kwargs = dict(kwargs)
-        self.ranks = [_KINDS[kind](**kwargs) for _ in range(self.n_ranks)]
+        self.ranks: list[SpeedModel] = [_KINDS[kind](**kwargs) for _ in range(self.n_ranks)]
         self._pending: list[float | None] | None = None
         self._pending_last: list[float | None] | None = None
         self.n_scored = 0
@@ -80,10 +84,10 @@ class RankPredictors:
     def __len__(self) -> int:
         return self.n_ranks
 
-    def __getitem__(self, rank: int):
+    def __getitem__(self, rank: int) -> SpeedModel:
         return self.ranks[rank]
 
-    def _per_rank(self, exo: Any, what: str) -> list:
+    def _per_rank(self, exo: Any, what: str) -> list[Mapping[str, float] | None]:
         if exo is None:
             return [None] * self.n_ranks
         if isinstance(exo, Mapping):                       # the same signals for every rank
@@ -93,7 +97,7 @@ class RankPredictors:
                               f"dicts (one per rank); got {exo!r}")
         return list(exo)
 
-    def update(self, speeds: Sequence[float | None], exo: Sequence[Mapping | None] | Mapping | None = None) -> None:
+    def update(self, speeds: Sequence[float | None], exo: ExoArg = None) -> None:
         """Measured speed of every rank for the window that just ended (None: not measured)."""
         if isinstance(speeds, (str, bytes)) or not isinstance(speeds, Sequence) or len(speeds) != self.n_ranks:
             raise ConfigError(f"speeds={speeds!r} is invalid; give a list of {self.n_ranks} speeds (one per rank)")
@@ -101,9 +105,10 @@ class RankPredictors:
         xs = self._per_rank(exo, "exo")
         for i, x in enumerate(xs):
             exo_dict(x, f"exo of rank {i}")
-        if self._pending is not None:
+        pending, pending_last = self._pending, self._pending_last
+        if pending is not None and pending_last is not None:
             for i, v in enumerate(vs):
-                p, last = self._pending[i], self._pending_last[i]
+                p, last = pending[i], pending_last[i]
                 if v is None or p is None or last is None:
                     continue
                 self._err_sum += abs(p - v) / v
@@ -114,7 +119,7 @@ class RankPredictors:
             if v is not None:
                 r.update(v, x)
 
-    def predict(self, exo_next: Sequence[Mapping | None] | Mapping | None = None,
+    def predict(self, exo_next: ExoArg = None,
                 default: float | None = None) -> list[float]:
         """Predicted speed of every rank for the next window.
 
@@ -149,16 +154,16 @@ class RankPredictors:
         """The same for the last-value baseline over the same (step, rank) pairs."""
         return self._base_sum / self.n_scored if self.n_scored else math.nan
 
-    def error_report(self) -> dict:
+    def error_report(self) -> dict[str, Any]:
         return {"predictor_error": self.mean_abs_rel_error, "lastvalue_error": self.lastvalue_error,
                 "scored": self.n_scored, "kind": self.kind}
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": "ranks", "version": STATE_VERSION, "predictor": self.kind, "kwargs": dict(self.kwargs),
                 "n_ranks": self.n_ranks, "ranks": [r.state_dict() for r in self.ranks],
                 "n_scored": self.n_scored, "err_sum": self._err_sum, "base_sum": self._base_sum}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         st = check_state(state, "ranks")
         try:
             kind, kwargs, n = st["predictor"], dict(st["kwargs"]), st["n_ranks"]

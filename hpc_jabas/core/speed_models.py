@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -101,7 +101,7 @@ def exo_dict(exo: Any, what: str = "exo") -> dict[str, float]:
     return out
 
 
-def check_state(state: Any, kind: str) -> Mapping:
+def check_state(state: Any, kind: str) -> Mapping[str, Any]:
     if not isinstance(state, Mapping) or state.get("kind") != kind:
         got = state.get("kind") if isinstance(state, Mapping) else type(state).__name__
         raise ConfigError(f"predictor state of kind {got!r} cannot be loaded into a {kind!r} predictor")
@@ -136,10 +136,10 @@ class LastValuePredictor:
             raise ConfigError("no speed observed yet; call update(speed) at least once before predict()")
         return self.last
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "version": STATE_VERSION, "last": self.last, "n_obs": self.n_obs}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         st = check_state(state, self.kind)
         last = st.get("last")
         self.last = None if last is None else check_speed(last, "state last")
@@ -344,7 +344,7 @@ class NarxPredictor:
         lo, hi = self.clip
         return min(max(raw, lo * last), hi * last)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """JSON-friendly snapshot (configuration and learned state)."""
         return {
             "kind": self.kind, "version": STATE_VERSION,
@@ -359,7 +359,7 @@ class NarxPredictor:
             "n_obs": self.n_obs, "n_train": self.n_train, "n_resets": self.n_resets,
         }
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state_dict (configuration included). Invalid state -> ConfigError, self unchanged."""
         st = check_state(state, self.kind)
         try:
@@ -391,3 +391,7 @@ class NarxPredictor:
                               f"features, theta has shape {theta.shape}); give a dict made by state_dict()")
         new.theta, new.P = theta, P
         self.__dict__.update(new.__dict__)
+
+
+#: Either per-rank model (what ``RankPredictors`` holds).
+SpeedModel: TypeAlias = LastValuePredictor | NarxPredictor
