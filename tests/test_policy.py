@@ -1,19 +1,27 @@
+"""Batch-size policies (similarity, goodput on the noise scale, fixed) and lr rules."""
 import math
 
 import pytest
 
+from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.policy import (
-    AdaScale,
+    DEFAULT_ALPHA,
+    DEFAULT_GAMMA,
+    DEFAULT_P,
     FixedPolicy,
+    GoodputPolicy,
     LinearScaling,
-    NoiseScalePolicy,
     NoScaling,
     PolicyState,
     SimilarityPolicy,
     SqrtScaling,
+    canonical_policy,
+    goodput,
     make_lr_rule,
     make_policy,
+    statistical_efficiency,
 )
+from hpc_jabas.core.snapping import BatchSpace, optimal_space
 from hpc_jabas.errors import ConfigError
 
 
@@ -23,84 +31,150 @@ def one_line(excinfo):
     return msg
 
 
+def linear_space(B_min, B_max, a, c, step=1):
+    """Every multiple of step in range, t_iter(B) = a + c * B."""
+    return BatchSpace(B_min, B_max, lambda lo, hi: [(B, a + c * B) for B in range(lo, hi + 1) if B % step == 0])
+
+
 # ---------------------------------------------------------------- similarity policy
+
+def test_similarity_defaults_are_jabas():
+    pol = SimilarityPolicy(B_max=512)
+    assert (pol.gamma, pol.alpha, pol.p) == (0.1, 0.1, 100) == (DEFAULT_GAMMA, DEFAULT_ALPHA, DEFAULT_P)
+    pol = make_policy("similarity", B_max=512)
+    assert pol.config() == {"name": "similarity", "B_min": 1, "B_max": 512, "p": 100, "gamma": 0.1, "alpha": 0.1}
+
 
 def test_similarity_grows_below_gamma_and_shrinks_above():
     pol = SimilarityPolicy(gamma=0.1, alpha=0.1, B_min=16, B_max=4096)
-    assert pol.decide(PolicyState(B=1000, similarity=0.05)) == 1100
-    assert pol.decide(PolicyState(B=1000, similarity=0.5)) == 900
-    assert pol.decide(PolicyState(B=1000, similarity=0.1)) == 1000      # equal: keep
-    assert pol.decide(PolicyState(B=1000, similarity=None)) == 1000     # no statistic: keep
+    d = pol.decide(PolicyState(B=1000, similarity=0.05))
+    assert (d.B, d.direction, d.moved) == (1100, "grow", True) and "1000 -> 1100" in d.reason
+    d = pol.decide(PolicyState(B=1000, similarity=0.5))
+    assert (d.B, d.direction, d.moved) == (900, "shrink", True)
+    d = pol.decide(PolicyState(B=1000, similarity=0.1))                  # equal: keep
+    assert (d.B, d.direction, d.moved) == (1000, "stay", False)
+    for sim in (None, float("nan")):                                      # no statistic: keep
+        d = pol.decide(PolicyState(B=1000, similarity=sim))
+        assert (d.B, d.direction) == (1000, "stay") and "not measured" in d.reason
 
 
-def test_similarity_steps_at_least_one_sample():
+def test_similarity_small_B_still_moves():
     pol = SimilarityPolicy(gamma=0.1, alpha=0.1, B_min=1, B_max=100)
-    assert pol.decide(PolicyState(B=4, similarity=-0.2)) == 5          # 4.4 would round back to 4
-    assert pol.decide(PolicyState(B=4, similarity=0.9)) == 3
+    assert pol.decide(PolicyState(B=4, similarity=-0.2)).B == 5          # target 4.4: nearest B' > 4
+    assert pol.decide(PolicyState(B=4, similarity=0.9)).B == 3
 
 
-def test_similarity_repeated_growth_is_geometric_and_clipped():
+def test_similarity_repeated_growth_is_geometric_and_says_when_it_cannot_move():
     pol = SimilarityPolicy(gamma=0.3, alpha=0.1, B_min=64, B_max=200)
     B, seen = 64, []
     for it in range(1, 20):
-        B = pol.decide({"B": B, "iteration": it * 100, "similarity": 0.0})
+        d = pol.decide({"B": B, "iteration": it * 100, "similarity": 0.0})
+        B = d.B
         seen.append(B)
-    assert seen[:3] == [70, 77, 85]
-    assert seen[-1] == 200 and max(seen) == 200
-    assert all(b2 >= b1 for b1, b2 in zip(seen, seen[1:]))
-    B = 64
-    assert pol.decide(PolicyState(B=B, similarity=0.9)) == 64          # shrink clipped at B_min
+    assert seen[:3] == [70, 77, 85]                                       # round(64 * 1.1^k) steps
+    assert seen[-1] == 200 and all(b2 > b1 for b1, b2 in zip(seen, seen[1:]) if b1 < 200)
+    assert not d.moved and "could not grow" in d.reason and "B=200" in d.reason
+    d = pol.decide(PolicyState(B=64, similarity=0.9))
+    assert d.B == 64 and not d.moved and "could not shrink" in d.reason
 
 
-def test_clip_pulls_out_of_range_current_B_back():
+def test_similarity_moves_on_the_optimal_planner_at_alpha_0_1():
+    # the issue's example: v100 + p100 + rtx2060, B = 128, JABAS's +-10%. The old snap picked the
+    # fastest B within +-10% of the target, which still held 128: grow never moved.
+    gpus = ["v100", "p100", "rtx2060"]
+    model = PerfModel.emulated(gpus, [1, 2, 4, 8, 16, 32, 64, 128, 256], 0.002, 0.0002)
+    space = optimal_space(gpus, model, 16, 1024)
+    pol = SimilarityPolicy(B_min=16, B_max=1024)
+    B, path = 128, [128]
+    for _ in range(25):                     # 128 * 1.1^22 > 1024
+        B = pol.decide(PolicyState(B=B, similarity=0.0), space).B
+        path.append(B)
+    assert all(b2 > b1 for b1, b2 in zip(path, path[1:]) if b1 < 1024)
+    assert path[-1] == 1024 and path[1] > 128
+    # each step is within a few percent of the +10% target (near-ties broken by throughput)
+    for b1, b2 in zip(path, path[1:]):
+        if b2 < 1024:
+            assert abs(b2 - 1.1 * b1) <= 0.05 * 1.1 * b1 + 1
+
+
+def test_decide_rejects_a_space_with_other_bounds():
+    with pytest.raises(ValueError, match="differs"):
+        SimilarityPolicy(B_min=16, B_max=64).decide(PolicyState(B=32, similarity=0.0), BatchSpace.integers(8, 64))
+
+
+def test_fixed_keeps_B_and_pulls_out_of_range_B_in():
     pol = FixedPolicy(B_min=32, B_max=256)
-    assert pol.decide(PolicyState(B=8)) == 32
-    assert pol.decide(PolicyState(B=1000)) == 256
-    assert pol.decide(PolicyState(B=100)) == 100
+    assert pol.decide(PolicyState(B=100)).B == 100
+    assert pol.decide(PolicyState(B=8)).B == 32
+    assert pol.decide(PolicyState(B=1000)).B == 256
 
 
-def test_snap_is_applied_after_clip():
-    calls = []
+# ---------------------------------------------------------------- goodput (noise-scale) policy
 
-    def snap(B):
-        calls.append(B)
-        return 8 * math.ceil(B / 8)           # round up to a multiple of b = 8
-
-    pol = SimilarityPolicy(gamma=0.1, B_min=10, B_max=100, snap=snap)
-    assert pol.decide(PolicyState(B=60, similarity=0.0)) == 72           # 66 -> 72
-    assert pol.decide(PolicyState(B=100, similarity=0.0)) == 104         # clip to 100, snap to 104
-    assert calls == [66, 100]
-
-
-def test_snap_must_return_positive_integer():
-    pol = FixedPolicy(B_min=1, B_max=10, snap=lambda B: 0)
-    with pytest.raises(ConfigError) as e:
-        pol.decide(PolicyState(B=5))
-    assert "snap" in one_line(e)
-    with pytest.raises(ConfigError):
-        FixedPolicy(snap=5)
+def test_statistical_efficiency_is_pollux_form():
+    assert statistical_efficiency(128, 500.0, 128) == 1.0
+    assert statistical_efficiency(512, 500.0, 128) == pytest.approx((500 + 128) / (500 + 512))
+    assert statistical_efficiency(512, math.inf, 128) == 1.0
+    assert statistical_efficiency(512, 0.0, 128) == pytest.approx(128 / 512)
+    # AdaptDL computes it as gain / scale with the AdaScale gain r = (var + sqr) / (var/s + sqr)
+    G2, S, B0, B = 2.0, 900.0, 64, 256
+    var, s = S / B0, B / B0
+    r = (var + G2) / (var / s + G2)
+    assert statistical_efficiency(B, S / G2, B0) == pytest.approx(r / s)
+    assert goodput(256, 0.5, 100.0, 64) == pytest.approx(256 / 0.5 * (100 + 64) / (100 + 256))
 
 
-def test_noise_scale_policy():
-    pol = NoiseScalePolicy(k=2.0, B_min=32, B_max=1024)
-    assert pol.decide(PolicyState(B=100, b_noise=150.0)) == 300
-    assert pol.decide(PolicyState(B=100, b_noise=5.0)) == 32
-    assert pol.decide(PolicyState(B=100, b_noise=1e9)) == 1024
-    assert pol.decide(PolicyState(B=100, b_noise=math.inf)) == 1024
-    assert pol.decide(PolicyState(B=100, b_noise=None)) == 100
-    assert pol.decide(PolicyState(B=100, b_noise=float("nan"))) == 100
+def test_goodput_picks_the_argmax_which_has_a_closed_form():
+    # t(B) = a + c B: goodput ~ B / ((a + c B)(Bn + B)), maximal at B* = sqrt(a Bn / c)
+    a, c, bn = 0.1, 0.001, 1000.0
+    space = linear_space(1, 2048, a, c)
+    pol = GoodputPolicy(B0=32, B_min=1, B_max=2048)
+    d = pol.decide(PolicyState(B=32, b_noise=bn), space)
+    brute = max(range(1, 2049), key=lambda B: goodput(B, a + c * B, bn, 32))
+    assert d.B == brute and abs(d.B - math.sqrt(a * bn / c)) <= 1
+    assert (d.direction, d.moved) == ("set", True) and "goodput argmax" in d.reason
+    # only realisable B count (multiples of 24 here) and B_0 never changes the choice
+    space24 = linear_space(24, 2040, a, c, step=24)
+    d24 = GoodputPolicy(B0=512, B_min=24, B_max=2040).decide(PolicyState(B=48, b_noise=bn), space24)
+    assert d24.B == max(range(24, 2041, 24), key=lambda B: goodput(B, a + c * B, bn, 512))
+    assert d24.B % 24 == 0 and d24.B == 24 * round(d.B / 24)
 
 
-def test_due_every_p():
-    pol = make_policy("fixed", p=50)
-    assert [i for i in range(0, 201) if pol.due(i)] == [50, 100, 150, 200]
+def test_goodput_limits():
+    space = linear_space(16, 1024, 0.1, 0.001)
+    pol = GoodputPolicy(B0=64, B_min=16, B_max=1024)
+    assert pol.decide(PolicyState(B=64, b_noise=math.inf), space).B == 1024   # no noise limit: fastest
+    assert pol.decide(PolicyState(B=64, b_noise=0.0), space).B == 16          # no noise: smallest t_iter
+    d = pol.decide(PolicyState(B=64, b_noise=None), space)
+    assert (d.B, d.direction) == (64, "stay") and "no noise scale" in d.reason
+    with pytest.raises(ValueError, match="iteration times"):
+        pol.decide(PolicyState(B=64, b_noise=10.0), BatchSpace.integers(16, 1024))
 
+
+def test_goodput_on_a_heterogeneous_mix_uses_the_planner_times():
+    gpus = ["a100", "v100", "v100"]
+    model = PerfModel.emulated(gpus, [4, 8, 16, 32, 64], 0.002, 0.0002)
+    space = optimal_space(gpus, model, 24, 768, [8])
+    pol = GoodputPolicy(B0=96, B_min=24, B_max=768)
+    for bn in (50.0, 400.0, 5000.0):
+        d = pol.decide(PolicyState(B=96, b_noise=bn), space)
+        best = max(space.table(), key=lambda r: goodput(r[0], r[1], bn, 96))
+        assert d.B == best[0] and d.B % 8 == 0
+    Bs = [pol.decide(PolicyState(B=96, b_noise=bn), space).B for bn in (50.0, 400.0, 5000.0)]
+    assert Bs == sorted(Bs) and Bs[0] < Bs[-1]          # more noise -> larger batch
+
+
+# ---------------------------------------------------------------- construction
 
 def test_make_policy_names_and_config():
     assert isinstance(make_policy("similarity", gamma=0.1, B_max=512), SimilarityPolicy)
     assert isinstance(make_policy("SimiGrad", gamma=0.3, alpha=0.2, B_min=2, B_max=8), SimilarityPolicy)
-    assert isinstance(make_policy("noise-scale", k=1.0, B_max=512), NoiseScalePolicy)
-    assert isinstance(make_policy("noise_scale", B_max=512), NoiseScalePolicy)
+    for name in ("noise-scale", "noise_scale", "goodput", "Pollux"):
+        pol = make_policy(name, B_max=512)
+        assert isinstance(pol, GoodputPolicy) and pol.name == "noise-scale" and pol.p == 100
+        assert canonical_policy(name) == "noise-scale"
+    assert make_policy("noise-scale", B0=64, B_min=16, B_max=512).config() == {
+        "name": "noise-scale", "B_min": 16, "B_max": 512, "p": 100, "B0": 64}
     assert isinstance(make_policy("fixed"), FixedPolicy)
     pol = make_policy("similarity", gamma=0.1, B_max=512, p=20)
     assert pol.config() == {"name": "similarity", "B_min": 1, "B_max": 512, "p": 20, "gamma": 0.1, "alpha": 0.1}
@@ -121,10 +195,9 @@ def test_make_policy_names_and_config():
     ("similarity", {"gamma": "high", "B_max": 64}, "gamma='high'"),
     ("similarity", {"gamma": 0.1, "alpha": 0.0, "B_max": 64}, "alpha=0.0"),
     ("similarity", {"gamma": 0.1, "alpha": 1.0, "B_max": 64}, "alpha=1.0"),
-    ("similarity", {"B_max": 64}, "gamma"),
     ("similarity", {"gamma": 0.1}, "B_max"),
-    ("noise-scale", {"k": 0, "B_max": 64}, "k=0"),
-    ("noise-scale", {"k": -1.0, "B_max": 64}, "k=-1.0"),
+    ("noise-scale", {"B0": 0, "B_max": 64}, "B0=0"),
+    ("noise-scale", {"k": 2.0, "B_max": 64}, "unknown option(s) k"),
     ("noise-scale", {"gamma": 0.1, "B_max": 64}, "unknown option(s) gamma"),
     ("fixed", {"B_min": True}, "B_min=True"),
 ])
@@ -154,35 +227,7 @@ def test_lr_rule_values():
     assert make_lr_rule("sqrt", 256).lr_scale(256) == pytest.approx(1.0)
 
 
-def test_adascale_gain():
-    rule = AdaScale(B_ref=1)
-    # textbook r = (S + G2) / (S/s + G2) when B_ref = 1
-    assert rule.lr_scale(4, G2=1.0, S=3.0) == pytest.approx((3 + 1) / (3 / 4 + 1))
-    rule = AdaScale(B_ref=100)
-    s = 8.0
-    # pure noise (G2 = 0): gain = scale (linear scaling); pure signal (S = 0): gain = 1
-    assert rule.lr_scale(800, G2=0.0, S=50.0) == pytest.approx(s)
-    assert rule.lr_scale(800, G2=2.0, S=0.0) == pytest.approx(1.0)
-    # S per sample -> var of a B_ref batch is S/B_ref
-    G2, S = 1.0, 300.0
-    var = S / 100
-    assert rule.lr_scale(800, G2=G2, S=S) == pytest.approx((var + G2) / (var / s + G2))
-    r = rule.lr_scale(800, G2=G2, S=S)
-    assert 1.0 < r < s
-    # below B_ref the gain lies in (s, 1)
-    assert 0.5 < rule.lr_scale(50, G2=G2, S=S) < 1.0
-    # missing stats: 1
-    assert rule.lr_scale(800) == 1.0 and rule.lr_scale(800, G2=None, S=3.0) == 1.0
-    assert rule.lr_scale(800, G2=0.0, S=0.0) == 1.0
-
-
 def test_lr_rules_state_round_trip():
-    rule = make_lr_rule("adascale", 128)
-    rule.advance(512, G2=1.0, S=128.0)
-    rule.advance(512, G2=1.0, S=128.0)
-    other = make_lr_rule("adascale", 1)
-    other.load_state_dict(rule.state_dict())
-    assert other.B_ref == 128 and other.progress == pytest.approx(rule.progress) and rule.progress > 2.0
     sq = make_lr_rule("sqrt", 32)
     sq2 = make_lr_rule("sqrt", 1)
     sq2.load_state_dict(sq.state_dict())
@@ -192,7 +237,8 @@ def test_lr_rules_state_round_trip():
 
 
 @pytest.mark.parametrize("name,B_ref,needle", [
-    ("cosine", 256, "valid rules: sqrt, linear, adascale, none"),
+    ("cosine", 256, "valid rules: sqrt, linear, none"),
+    ("adascale", 256, "unknown lr rule 'adascale'"),
     ("sqrt", 0, "B_ref=0"),
     ("linear", -4, "B_ref=-4"),
     ("sqrt", "big", "B_ref='big'"),

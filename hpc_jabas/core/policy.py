@@ -1,47 +1,73 @@
 """Adaptive global-batch-size policies and learning-rate rules. Pure: plain Python.
 
-Batch policies (background.md sections 1 and 5). Every ``p`` iterations the rank-0 controller
-hands a policy a ``PolicyState`` (current B, iteration, latest statistics) and gets the new B:
+Every ``p`` iterations the rank-0 controller hands a policy a ``PolicyState`` (current B,
+iteration, latest statistics) and the job's ``BatchSpace`` (snapping.py: the B the planner
+realises on this mix, with predicted iteration times) and gets a ``BatchDecision``:
 
-- ``FixedPolicy``: keep B.
-- ``SimilarityPolicy`` (JABAS / SimiGrad): cosine similarity of the two half-batch gradients
-  below the target gamma -> B grows by a factor (1 + alpha); above -> B shrinks by (1 - alpha);
-  equal -> keep. Every step moves B by at least one sample so small batches do not get stuck.
-- ``NoiseScalePolicy`` (McCandlish et al. / Pollux): B = k * B_noise.
+- ``FixedPolicy`` ("fixed"): stay.
+- ``SimilarityPolicy`` ("similarity"; JABAS / SimiGrad, background.md sections 1 and 7): the
+  cosine similarity of the two half-batch mean gradients below gamma -> grow towards
+  B * (1 + alpha); above -> shrink towards B * (1 - alpha); equal or unmeasured -> stay.
+  Defaults as in JABAS: gamma = 0.1, alpha = 0.1, p = 100.
+- ``GoodputPolicy`` ("noise-scale"; Pollux's goodput on the gradient noise scale, background.md
+  sections 5 and 7): the realisable B in [B_min, B_max] that maximises
+  (B / t_iter(B)) * E(B), E(B) = (B_noise + B_0) / (B_noise + B), with t_iter from the perf model
+  and planner for this mix and B_noise the smoothed noise scale; B_0 the initial batch (it scales
+  E by a constant, so it never changes the choice). Re-evaluated every p iterations (default 100).
 
-Every policy clips to [B_min, B_max] and then applies an injected ``snap(B) -> int`` (default:
-identity), so a planner can return the nearest B it can realise exactly (B = b * M). The snapped
-value is returned as is: the planner owns realisability.
+The policy's wish (a direction and a target, or a chosen B) becomes a realisable B' through
+``snapping.snap_toward``: grow gives B' > B unless B is the largest realisable B <= B_max,
+shrink gives B' < B unless B is the smallest >= B_min, stay gives B' == B. The decision's
+``reason`` says what the policy asked, and when B could not move, why.
 
-Learning-rate rules return a multiplicative ``lr_scale`` that the trainer applies on top of the
-user's own scheduler (lr = scheduler_lr * lr_scale): ``SqrtScaling`` (JABAS default),
-``LinearScaling``, ``AdaScale`` (Johnson et al. 2020, as in Pollux) and ``NoScaling``.
+Learning-rate rules return ``lr_scale``, a factor the trainer multiplies into the lr of the
+user's own optimizer and scheduler for every step (lr = scheduler_lr * lr_scale). The scheduler
+keeps stepping as the user set it up (per epoch, or per iteration), unaware of B; the factor is
+recomputed at every batch-size decision from the new B:
+
+- ``SqrtScaling`` ("sqrt", JABAS's rule): sqrt(B / B_ref);
+- ``LinearScaling`` ("linear", Goyal et al.): B / B_ref;
+- ``NoScaling`` ("none"): 1.
+
+B_ref is the batch the user's lr was tuned for (``batch_ref``, default the initial batch).
+AdaScale is not offered: its scale-invariant progress must advance on every rank at every
+iteration and drive the user's scheduler, which the trainer does not do.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.snapping import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
 from hpc_jabas.errors import ConfigError
-
-Snap = Callable[[int], int]
 
 POLICIES = ("fixed", "similarity", "noise-scale")
 _POLICY_ALIASES = {
     "fixed": "fixed", "none": "fixed", "constant": "fixed",
     "similarity": "similarity", "simigrad": "similarity", "jabas": "similarity",
     "noise-scale": "noise-scale", "noise_scale": "noise-scale", "noisescale": "noise-scale",
-    "gns": "noise-scale", "pollux": "noise-scale",
+    "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
 }
-LR_RULES = ("sqrt", "linear", "adascale", "none")
+LR_RULES = ("sqrt", "linear", "none")
 _LR_ALIASES = {
     "sqrt": "sqrt", "square-root": "sqrt", "sqrtscaling": "sqrt",
     "linear": "linear", "linearscaling": "linear",
-    "adascale": "adascale",
     "none": "none", "noscaling": "none", "constant": "none",
 }
+
+DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
+DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
+DEFAULT_P = 100         # JABAS: iterations between decisions
+
+
+def canonical_policy(name: str) -> str:
+    """'fixed', 'similarity' or 'noise-scale' for a policy name or alias (e.g. 'goodput', 'noise_scale')."""
+    key = _POLICY_ALIASES.get(str(name).strip().lower())
+    if key is None:
+        raise ConfigError(f"unknown batch policy {name!r}; valid policies: {', '.join(POLICIES)}")
+    return key
 
 
 @dataclass(frozen=True)
@@ -70,6 +96,30 @@ class PolicyState:
         raise ConfigError(f"policy state {state!r} is invalid; give a PolicyState or a dict with key B")
 
 
+@dataclass(frozen=True)
+class Wish:
+    """What a policy asks before snapping: a direction (grow, shrink, stay, or set = this B) and a target."""
+
+    direction: str
+    target: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """The realised decision: new B, what was asked (direction, target), whether B moved, why."""
+
+    B: int
+    direction: str
+    target: float
+    moved: bool
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"B": self.B, "direction": self.direction, "target": self.target, "moved": self.moved,
+                "reason": self.reason}
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
@@ -83,73 +133,68 @@ def _int_at_least(name: str, value: Any, low: int) -> int:
 
 
 class BatchPolicy:
-    """Base: holds the bounds, the decision period p and the snap callable.
-
-    Subclasses implement ``_target(state) -> float | None`` (None: keep the current B);
-    ``decide`` clips the target to [B_min, B_max], rounds and snaps it.
-    """
+    """Base: bounds [B_min, B_max] and the decision period p. Subclasses implement ``wish``."""
 
     name = "base"
 
-    def __init__(self, B_min: int = 1, B_max: int | None = None, p: int = 100, snap: Snap | None = None) -> None:
+    def __init__(self, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P) -> None:
         self.B_min = _int_at_least("B_min", B_min, 1)
         self.B_max = None if B_max is None else _int_at_least("B_max", B_max, 1)
         if self.B_max is not None and self.B_min > self.B_max:
             raise ConfigError(f"B_min={B_min} is larger than B_max={B_max}; need 1 <= B_min <= B_max")
         self.p = _int_at_least("p", p, 1)
-        if snap is not None and not callable(snap):
-            raise ConfigError(f"snap={snap!r} is not callable; give a function B -> int or None")
-        self.snap: Snap = snap if snap is not None else (lambda B: B)
 
-    def due(self, iteration: int) -> bool:
-        """True at the iterations where a decision is taken (every p, not at iteration 0)."""
-        return iteration > 0 and iteration % self.p == 0
+    def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
+        return Wish(STAY, float(state.B), "keep B")
 
-    def clip(self, B: float) -> int:
-        B = max(float(self.B_min), float(B))
-        if self.B_max is not None:
-            B = min(float(self.B_max), B)
-        return int(round(B))
+    def _space(self, state: PolicyState, space: BatchSpace | None) -> BatchSpace:
+        hi = self.B_max if self.B_max is not None else max(self.B_min, int(state.B))
+        if space is None:
+            return BatchSpace.integers(self.B_min, hi)
+        if (space.B_min, space.B_max) != (self.B_min, hi):
+            raise ValueError(f"batch space range [{space.B_min}, {space.B_max}] differs from the policy's "
+                             f"[{self.B_min}, {hi}]")
+        return space
 
-    def decide(self, state: PolicyState | Mapping[str, Any]) -> int:
+    def decide(self, state: PolicyState | Mapping[str, Any], space: BatchSpace | None = None) -> BatchDecision:
+        """The policy's wish, realised with ``snap_toward`` on ``space`` (default: every integer in range)."""
         st = PolicyState.coerce(state)
-        current = _int_at_least("B", st.B, 1)
-        target = self._target(st)
-        B = self.clip(current if target is None else target)
-        out = self.snap(B)
-        if isinstance(out, bool) or not isinstance(out, (int, float)) or out < 1 or int(out) != out:
-            raise ConfigError(f"snap({B}) returned {out!r}; it must return an integer >= 1")
-        return int(out)
+        _int_at_least("B", st.B, 1)
+        sp = self._space(st, space)
+        w = self.wish(st, sp)
+        tgt = min(max(w.target, float(sp.B_min)), float(sp.B_max))
+        s = snap_toward(sp, int(st.B), w.direction, tgt)
+        reason = w.reason + (f"; {s.note}" if s.note else "")
+        if w.direction in (GROW, SHRINK) and s.moved:
+            reason += f"; {w.direction} {st.B} -> {s.B}"
+        return BatchDecision(s.B, w.direction, tgt, s.moved, reason)
 
-    def _target(self, state: PolicyState) -> float | None:  # pragma: no cover - overridden
-        return None
-
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return {"name": self.name, "B_min": self.B_min, "B_max": self.B_max, "p": self.p}
 
     # policies carry no learned state; the dicts exist so a checkpoint can record the config
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return self.config()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
             raise ConfigError(f"policy state is for {state.get('name')!r}, not {self.name!r}")
 
 
 class FixedPolicy(BatchPolicy):
-    """Keep the current B (still clipped and snapped)."""
+    """Keep the current B."""
 
     name = "fixed"
 
 
 class SimilarityPolicy(BatchPolicy):
-    """JABAS/SimiGrad: grow B by (1+alpha) when similarity < gamma, shrink by (1-alpha) when above."""
+    """JABAS/SimiGrad: similarity < gamma -> grow towards B(1+alpha); > gamma -> shrink towards B(1-alpha)."""
 
     name = "similarity"
 
-    def __init__(self, gamma: float, alpha: float = 0.1, B_min: int = 1, B_max: int | None = None,
-                 p: int = 100, snap: Snap | None = None) -> None:
-        super().__init__(B_min, B_max, p, snap)
+    def __init__(self, gamma: float = DEFAULT_GAMMA, alpha: float = DEFAULT_ALPHA, B_min: int = 1,
+                 B_max: int | None = None, p: int = DEFAULT_P) -> None:
+        super().__init__(B_min, B_max, p)
         if not _is_number(gamma) or not -1.0 < gamma < 1.0:
             raise ConfigError(f"gamma={gamma!r} is invalid; the similarity target must be in (-1, 1), e.g. 0.1")
         if not _is_number(alpha) or not 0.0 < alpha < 1.0:
@@ -157,69 +202,88 @@ class SimilarityPolicy(BatchPolicy):
         self.gamma = float(gamma)
         self.alpha = float(alpha)
 
-    def _target(self, state: PolicyState) -> float | None:
-        sim = state.similarity
+    def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
+        sim, B = state.similarity, int(state.B)
         if sim is None or not _is_number(sim):
-            return None
-        B = int(state.B)
+            return Wish(STAY, float(B), "similarity not measured; keep B")
         if sim < self.gamma:
-            return max(B + 1, round(B * (1.0 + self.alpha)))
+            return Wish(GROW, B * (1.0 + self.alpha), f"similarity={sim:.3f} < gamma={self.gamma:g}: grow")
         if sim > self.gamma:
-            return min(B - 1, round(B * (1.0 - self.alpha)))
-        return None
+            return Wish(SHRINK, B * (1.0 - self.alpha), f"similarity={sim:.3f} > gamma={self.gamma:g}: shrink")
+        return Wish(STAY, float(B), f"similarity={sim:.3f} == gamma: keep B")
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         return {**super().config(), "gamma": self.gamma, "alpha": self.alpha}
 
 
-class NoiseScalePolicy(BatchPolicy):
-    """B = clip(k * B_noise). Unknown noise scale keeps B; an infinite one goes to B_max."""
+def statistical_efficiency(B: float, b_noise: float, B0: float) -> float:
+    """Pollux's E(B) = (B_noise + B_0) / (B_noise + B): progress per sample at B relative to B_0.
+
+    b_noise = inf -> 1 (no noise limit); b_noise = 0 -> B_0 / B.
+    """
+    if math.isinf(b_noise):
+        return 1.0
+    bn = max(0.0, float(b_noise))
+    return (bn + float(B0)) / (bn + float(B))
+
+
+def goodput(B: float, t_iter: float, b_noise: float, B0: float) -> float:
+    """(B / t_iter) * E(B): samples per second times statistical efficiency."""
+    return B / t_iter * statistical_efficiency(B, b_noise, B0)
+
+
+class GoodputPolicy(BatchPolicy):
+    """Pollux's goodput on our planner: B = argmax over realisable B of (B / t_iter(B)) * E(B)."""
 
     name = "noise-scale"
 
-    def __init__(self, k: float = 1.0, B_min: int = 1, B_max: int | None = None, p: int = 100,
-                 snap: Snap | None = None) -> None:
-        super().__init__(B_min, B_max, p, snap)
-        if not _is_number(k) or not k > 0 or math.isinf(k):
-            raise ConfigError(f"k={k!r} is invalid; the noise-scale multiplier must be a finite number > 0")
-        self.k = float(k)
+    def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P) -> None:
+        super().__init__(B_min, B_max, p)
+        self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
 
-    def _target(self, state: PolicyState) -> float | None:
+    def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         bn = state.b_noise
-        if bn is None or not _is_number(bn):
-            return None
-        if math.isinf(bn):
-            return math.inf if self.B_max is not None else None
-        return self.k * bn
+        if bn is None or not _is_number(bn) or bn < 0:
+            return Wish(STAY, float(state.B), "no noise scale yet; keep B")
+        rows: list[tuple[int, float]] = []
+        for B, t in space.table():
+            if t is None:
+                raise ValueError("the goodput policy needs a batch space with iteration times (a perf model)")
+            rows.append((B, t))
+        if not rows:
+            return Wish(STAY, float(state.B), "no realisable batch in range; keep B")
+        cur = int(state.B)
+        Bs, ts = min(rows, key=lambda r: (-goodput(r[0], r[1], bn, self.B0), abs(r[0] - cur), r[0]))
+        E = statistical_efficiency(Bs, bn, self.B0)
+        return Wish(SET, float(Bs), f"B_noise={bn:.4g}, goodput argmax B={Bs} "
+                                    f"({Bs / ts:.4g} samples/s x E={E:.3f})")
 
-    def config(self) -> dict:
-        return {**super().config(), "k": self.k}
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "B0": self.B0}
 
 
 _POLICY_KEYS = {
-    "fixed": {"B_min", "B_max", "p", "snap"},
-    "similarity": {"gamma", "alpha", "B_min", "B_max", "p", "snap"},
-    "noise-scale": {"k", "B_min", "B_max", "p", "snap"},
+    "fixed": {"B_min", "B_max", "p"},
+    "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
+    "noise-scale": {"B0", "B_min", "B_max", "p"},
 }
 
 
 def make_policy(name: str, **cfg: Any) -> BatchPolicy:
-    """Build a policy by name: 'fixed', 'similarity' (needs gamma, B_max) or 'noise-scale' (needs B_max).
+    """Build a policy by name or alias: 'fixed', 'similarity' or 'noise-scale' (the goodput policy).
 
-    Unknown names or keys and impossible values raise ConfigError with one line.
+    'similarity' and 'noise-scale' need B_max. Unknown names or keys and impossible values raise
+    ConfigError with one line.
     """
-    key = _POLICY_ALIASES.get(str(name).strip().lower())
-    if key is None:
-        raise ConfigError(f"unknown batch policy {name!r}; valid policies: {', '.join(POLICIES)}")
+    key = canonical_policy(name)
     bad = sorted(set(cfg) - _POLICY_KEYS[key])
     if bad:
         raise ConfigError(f"unknown option(s) {', '.join(bad)} for policy {key!r}; "
                           f"valid options: {', '.join(sorted(_POLICY_KEYS[key]))}")
     if key != "fixed" and cfg.get("B_max") is None:
         raise ConfigError(f"policy {key!r} needs B_max (the largest global batch size allowed)")
-    if key == "similarity" and "gamma" not in cfg:
-        raise ConfigError("policy 'similarity' needs gamma, the similarity target in (-1, 1), e.g. 0.1")
-    cls = {"fixed": FixedPolicy, "similarity": SimilarityPolicy, "noise-scale": NoiseScalePolicy}[key]
+    cls: type[BatchPolicy] = {"fixed": FixedPolicy, "similarity": SimilarityPolicy,
+                              "noise-scale": GoodputPolicy}[key]
     return cls(**cfg)
 
 
@@ -227,7 +291,7 @@ def make_policy(name: str, **cfg: Any) -> BatchPolicy:
 
 
 class LRRule:
-    """Base lr rule: ``lr_scale(B, G2=None, S=None) -> float`` multiplies the scheduler's lr."""
+    """Base lr rule: ``lr_scale(B) -> float`` multiplies the user's scheduler's lr (module docstring)."""
 
     name = "base"
 
@@ -241,22 +305,24 @@ class LRRule:
             raise ConfigError(f"B={B!r} is invalid; the global batch size must be a number > 0")
         return float(B) / self.B_ref
 
-    def lr_scale(self, B: float, G2: float | None = None, S: float | None = None) -> float:
+    def lr_scale(self, B: float) -> float:
         raise NotImplementedError
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "B_ref": self.B_ref}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
             raise ConfigError(f"lr rule state is for {state.get('name')!r}, not {self.name!r}")
         self.B_ref = float(state["B_ref"])
 
 
 class NoScaling(LRRule):
+    """The scheduler's lr as is."""
+
     name = "none"
 
-    def lr_scale(self, B, G2=None, S=None) -> float:
+    def lr_scale(self, B: float) -> float:
         self._scale(B)
         return 1.0
 
@@ -266,7 +332,7 @@ class SqrtScaling(LRRule):
 
     name = "sqrt"
 
-    def lr_scale(self, B, G2=None, S=None) -> float:
+    def lr_scale(self, B: float) -> float:
         return math.sqrt(self._scale(B))
 
 
@@ -275,64 +341,14 @@ class LinearScaling(LRRule):
 
     name = "linear"
 
-    def lr_scale(self, B, G2=None, S=None) -> float:
+    def lr_scale(self, B: float) -> float:
         return self._scale(B)
 
 
-class AdaScale(LRRule):
-    """AdaScale gain (Johnson et al. 2020), as Pollux uses it.
-
-    With scale s = B / B_ref, |G|^2 = G2 and per-sample gradient variance tr(Sigma) = S (the
-    units of ``stats.noise_scale_terms``), the variance of a B_ref-sample gradient is
-    var = S / B_ref and the gain is
-
-        r = (var + G2) / (var / s + G2)
-
-    which lies between 1 and s (between s and 1 when B < B_ref). This is the textbook
-    r = (sigma^2 + mu^2) / (sigma^2/s + mu^2) with sigma^2 the B_ref-batch variance; with B_ref = 1
-    it reads r = (S + G2) / (S/s + G2). Missing or unusable statistics give 1.0.
-
-    ``advance`` also accumulates the scale-invariant progress sum(r) that AdaScale uses to stretch
-    the schedule; a trainer may evaluate its scheduler at ``progress`` instead of the raw step.
-    """
-
-    name = "adascale"
-
-    def __init__(self, B_ref: int) -> None:
-        super().__init__(B_ref)
-        self.progress = 0.0
-
-    def lr_scale(self, B, G2=None, S=None) -> float:
-        s = self._scale(B)
-        if G2 is None or S is None or not _is_number(G2) or not _is_number(S):
-            return 1.0
-        if math.isinf(G2) or math.isinf(S):
-            return 1.0
-        var = max(0.0, float(S)) / self.B_ref
-        g2 = max(0.0, float(G2))
-        den = var / s + g2
-        if den <= 0.0:
-            return 1.0
-        return (var + g2) / den
-
-    def advance(self, B, G2=None, S=None) -> float:
-        """One optimizer step at batch B: add the gain to ``progress`` and return it."""
-        r = self.lr_scale(B, G2, S)
-        self.progress += r
-        return r
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "progress": self.progress}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.progress = float(state.get("progress", 0.0))
-
-
 def make_lr_rule(name: str, B_ref: int) -> LRRule:
-    """'sqrt' (default in JABAS), 'linear', 'adascale' or 'none'."""
+    """'sqrt' (JABAS's default), 'linear' or 'none'."""
     key = _LR_ALIASES.get(str(name).strip().lower())
     if key is None:
         raise ConfigError(f"unknown lr rule {name!r}; valid rules: {', '.join(LR_RULES)}")
-    cls = {"sqrt": SqrtScaling, "linear": LinearScaling, "adascale": AdaScale, "none": NoScaling}[key]
+    cls: type[LRRule] = {"sqrt": SqrtScaling, "linear": LinearScaling, "none": NoScaling}[key]
     return cls(B_ref)

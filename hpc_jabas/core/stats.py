@@ -1,8 +1,9 @@
-"""Pure gradient-statistics estimators: noise scale terms, EMA, cosine similarity.
+"""Pure gradient-statistics estimators: noise scale terms and their EMA.
 
-No torch here: a torch module (gradstats.py) computes squared norms and dot products of
-gradients and feeds the numbers in. Background: background.md section 5 (McCandlish et al.
-2018, used by Pollux) and section 1 (SimiGrad's half-batch cosine similarity, used by JABAS).
+No torch here: the optimizer wrapper (runtime/optim.py) computes, on measurement iterations,
+the squared norms of the micro-batch and global mean gradients and feeds the numbers in; it also
+computes SimiGrad's half-batch cosine similarity itself (background.md section 1). Background for
+the noise scale: background.md section 5 (McCandlish et al. 2018, used by Pollux).
 
 Noise scale. With g_b the mean gradient over b samples, E|g_b|^2 = |G|^2 + tr(Sigma)/b, where
 G is the true gradient and Sigma the per-sample gradient covariance. Two batch sizes
@@ -48,20 +49,6 @@ def noise_scale_terms(b_small: float, sq_small: float, b_big: float, sq_big: flo
     g2 = (bb * sb - bs * ss) / (bb - bs)
     s = (ss - sb) / (1.0 / bs - 1.0 / bb)
     return g2, s
-
-
-def cosine_similarity(dot: float, sq_a: float, sq_b: float) -> float:
-    """cos(a, b) = dot / sqrt(|a|^2 |b|^2), clipped to [-1, 1] against rounding.
-
-    Returns 0.0 when either vector has zero norm (no direction, so no evidence either way).
-    """
-    sa, sb = float(sq_a), float(sq_b)
-    if sa < 0 or sb < 0:
-        raise ConfigError(f"squared norms must be >= 0, got sq_a={sq_a!r}, sq_b={sq_b!r}")
-    den = math.sqrt(sa) * math.sqrt(sb)
-    if den == 0.0:
-        return 0.0
-    return max(-1.0, min(1.0, float(dot) / den))
 
 
 class EMA:

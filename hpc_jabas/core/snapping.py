@@ -1,0 +1,294 @@
+"""Which global batch sizes a job can run, and the rule that turns a policy's wish into one. Pure.
+
+A planner realises only some global batch sizes exactly (B = b * sum(n_i), b from a candidate
+list, every rank running at least one micro-batch with the ``optimal`` planner; B a multiple of
+the micro-batch size with ``lbbsp``). ``BatchSpace`` is that set within [B_min, B_max] for one
+GPU mix, each B with the perf model's predicted iteration time of the plan the planner returns.
+Build one with ``job_batch_space`` (what the controller and the auto-scaler use), ``optimal_space``
+or ``planner_space``.
+
+The direction-preserving rule (``snap_toward``), used for every planner:
+
+- ``grow``: B' is the realisable B' > B nearest the target; B' == B only when no realisable B'
+  exists in (B, B_max] (B is already the largest one);
+- ``shrink``: the same below B, in [B_min, B);
+- ``stay``: B' == B;
+- near-ties: among the realisable B' on the right side of B whose distance to the target is
+  within ``tie_tol * target`` (default 2.5%) of the nearest one, the one the perf model runs
+  fastest (samples per second) wins; then the nearer, then the smaller. A B that only b = 1
+  divides would otherwise force tiny micro-batches.
+
+A policy that picks a B directly (the goodput policy, direction ``set``) gets its B when it is
+realisable, else the realisable B nearest it; the auto-scaler's forecast values use
+``snap_nearest``: the realisable B nearest the target, with the same near-tie rule. A current B
+that is outside [B_min, B_max] or not realisable (e.g. after a move to another mix) is pulled to
+the nearest realisable B; the note says so. Every ``Snapped`` carries a note that says when a
+decision could not move.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.plan import Plan
+from hpc_jabas.errors import ConfigError, InfeasibleError
+
+GROW, SHRINK, STAY, SET = "grow", "shrink", "stay", "set"
+DIRECTIONS = (GROW, SHRINK, STAY, SET)
+TIE_TOL = 0.025          # near-tie band, relative to the target
+FULL_TABLE = 1 << 16     # ranges up to this wide are tabulated once, wider ones per window
+
+Row = tuple[int, "float | None"]
+RowsFn = Callable[[int, int], Sequence[Row]]
+
+
+class BatchSpace:
+    """The realisable global batch sizes in [B_min, B_max] and their predicted iteration times.
+
+    ``rows_fn(lo, hi)`` returns (B, seconds or None) for every realisable B in [lo, hi], ascending
+    (seconds None: no perf model, every B runs equally fast per sample... i.e. unknown).
+    """
+
+    def __init__(self, B_min: int, B_max: int, rows_fn: RowsFn, label: str = "") -> None:
+        if isinstance(B_min, bool) or isinstance(B_max, bool) or not isinstance(B_min, int) \
+                or not isinstance(B_max, int) or not 1 <= B_min <= B_max:
+            raise ConfigError(f"batch range B_min={B_min!r}, B_max={B_max!r} is invalid; need 1 <= B_min <= B_max")
+        self.B_min, self.B_max = B_min, B_max
+        self._rows_fn = rows_fn
+        self.label = label
+        self._full: list[Row] | None = None
+        self._index: dict[int, float | None] = {}
+        self._windows: list[tuple[int, int, list[Row]]] = []
+
+    @classmethod
+    def integers(cls, B_min: int, B_max: int) -> BatchSpace:
+        """Every integer in range, no perf model (what a policy uses when no planner is given)."""
+        return cls(B_min, B_max, lambda lo, hi: [(B, None) for B in range(lo, hi + 1)], "every integer")
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def rows(self, lo: int, hi: int) -> list[Row]:
+        """(B, seconds) for the realisable B in [lo, hi] within the range, ascending."""
+        lo, hi = max(int(lo), self.B_min), min(int(hi), self.B_max)
+        if lo > hi:
+            return []
+        if self.B_max - self.B_min <= FULL_TABLE:
+            if self._full is None:
+                self._full = self._fetch(self.B_min, self.B_max)
+                self._index = dict(self._full)
+            return [r for r in self._full if lo <= r[0] <= hi]
+        for a, b, rs in self._windows:
+            if a <= lo and hi <= b:
+                return [r for r in rs if lo <= r[0] <= hi]
+        rs = self._fetch(lo, hi)
+        self._windows = (self._windows + [(lo, hi, rs)])[-32:]
+        self._index.update(rs)
+        return rs
+
+    def _fetch(self, lo: int, hi: int) -> list[Row]:
+        out = sorted((int(B), None if t is None else float(t)) for B, t in self._rows_fn(lo, hi))
+        for B, t in out:
+            if not lo <= B <= hi or (t is not None and not (t > 0 and math.isfinite(t))):
+                raise RuntimeError(f"batch space {self.label!r}: bad row ({B}, {t}) for window [{lo}, {hi}]")
+        return out
+
+    def table(self) -> list[Row]:
+        """Every realisable B in range with its time (the whole range is evaluated)."""
+        return self.rows(self.B_min, self.B_max)
+
+    def is_realisable(self, B: int) -> bool:
+        return bool(self.rows(B, B))
+
+    def iter_time(self, B: int) -> float | None:
+        r = self.rows(B, B)
+        if not r:
+            raise InfeasibleError(f"global batch B={B} is not realisable here ({self.label})")
+        return r[0][1]
+
+    def throughput(self, B: int) -> float | None:
+        """Samples per second at B (None when there is no perf model)."""
+        t = self.iter_time(B)
+        return None if t is None else B / t
+
+    def above(self, B: int) -> int | None:
+        """The smallest realisable B' > B in range (None: none)."""
+        return self._first(B + 1, self.B_max, up=True)
+
+    def below(self, B: int) -> int | None:
+        """The largest realisable B' < B in range (None: none)."""
+        return self._first(self.B_min, B - 1, up=False)
+
+    def _first(self, lo: int, hi: int, up: bool) -> int | None:
+        lo, hi = max(lo, self.B_min), min(hi, self.B_max)
+        w = 64
+        while lo <= hi:
+            a, b = (lo, min(hi, lo + w)) if up else (max(lo, hi - w), hi)
+            rs = self.rows(a, b)
+            if rs:
+                return rs[0][0] if up else rs[-1][0]
+            if up:
+                lo = b + 1
+            else:
+                hi = a - 1
+            w *= 2
+        return None
+
+
+@dataclass(frozen=True)
+class Snapped:
+    """The realised B' for a wish: its direction, the target, whether B moved, and why not."""
+
+    B: int
+    direction: str
+    target: float
+    moved: bool
+    note: str = ""
+
+
+def _pick(space: BatchSpace, lo: int, hi: int, target: float, tie_tol: float) -> int | None:
+    """Realisable B in [lo, hi] nearest target; near-ties (within tie_tol * target) by throughput."""
+    lo, hi = max(lo, space.B_min), min(hi, space.B_max)
+    if lo > hi:
+        return None
+    tc = min(max(float(target), float(lo)), float(hi))    # distances to target order like those to tc
+    w = 8.0
+    while True:
+        a, b = max(lo, math.floor(tc - w)), min(hi, math.ceil(tc + w))
+        rs = space.rows(a, b)
+        if rs:
+            break
+        if a == lo and b == hi:
+            return None
+        w *= 2.0
+    d_min = min(abs(B - tc) for B, _ in rs)
+    band = d_min + max(0.0, tie_tol) * max(float(target), 1.0) + 1e-9
+    a2, b2 = max(lo, math.ceil(tc - band)), min(hi, math.floor(tc + band))
+    near = [r for r in (rs if a <= a2 and b2 <= b else space.rows(a2, b2)) if abs(r[0] - tc) <= band]
+
+    def key(r: Row) -> tuple[float, float, int]:
+        B, t = r
+        return (-(B / t) if t is not None else 0.0, abs(B - tc), B)
+    return min(near, key=key)[0]
+
+
+def snap_nearest(space: BatchSpace, target: float, tie_tol: float = TIE_TOL, exact_wins: bool = False) -> int:
+    """The realisable B in [B_min, B_max] nearest the target, near-ties by throughput.
+
+    ``exact_wins``: a target that is itself realisable is returned as is (a policy that chose it).
+    """
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or math.isnan(target):
+        raise ConfigError(f"target batch size {target!r} must be a number")
+    if exact_wins and float(target).is_integer() and space.B_min <= target <= space.B_max \
+            and space.is_realisable(int(target)):
+        return int(target)
+    B = _pick(space, space.B_min, space.B_max, target, tie_tol)
+    if B is None:
+        raise InfeasibleError(f"no realisable global batch in [{space.B_min}, {space.B_max}] ({space.label})")
+    return B
+
+
+def snap_toward(space: BatchSpace, B: int, direction: str, target: float | None = None,
+                tie_tol: float = TIE_TOL) -> Snapped:
+    """The direction-preserving rule (module docstring). ``target`` defaults to B (stay) or the
+    first realisable B on the asked side; ``direction`` 'set' snaps the target itself."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction {direction!r} is not one of {DIRECTIONS}")
+    B = int(B)
+    tgt = float(B if target is None else target)
+    if direction == SET:
+        nb = snap_nearest(space, tgt, tie_tol, exact_wins=True)
+        note = "" if abs(nb - tgt) < 0.5 else f"target {tgt:g} realised as {nb}"
+        return Snapped(nb, SET, tgt, nb != B, note)
+    inside = space.B_min <= B <= space.B_max and space.is_realisable(B)
+    if direction == STAY:
+        if inside:
+            return Snapped(B, STAY, tgt, False, "")
+        nb = snap_nearest(space, B, tie_tol)
+        return Snapped(nb, STAY, tgt, nb != B, f"current B={B} is not realisable in range; pulled to {nb}")
+    up = direction == GROW
+    lo, hi = (B + 1, space.B_max) if up else (space.B_min, B - 1)
+    if target is None:
+        tgt = float(lo if up else hi)
+    picked = _pick(space, lo, hi, tgt, tie_tol)
+    if picked is not None:
+        return Snapped(picked, direction, tgt, True,
+                       "" if abs(picked - tgt) < 0.5 else f"target {tgt:.4g} realised as {picked}")
+    edge = "largest" if up else "smallest"
+    if inside:
+        return Snapped(B, direction, tgt, False,
+                       f"could not {direction}: B={B} is already the {edge} realisable batch in "
+                       f"[{space.B_min}, {space.B_max}]")
+    nb = snap_nearest(space, B, tie_tol)
+    return Snapped(nb, direction, tgt, nb != B,
+                   f"could not {direction}: no realisable batch on that side of B={B}; pulled to {nb}")
+
+
+# ---------------------------------------------------------------- builders
+
+
+def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
+                  b_candidates: Sequence[int] | None = None) -> BatchSpace:
+    """What ``planner.plan_batch`` realises on these ranks (every rank runs), with its times."""
+    from hpc_jabas.core.planner import plan_range
+    gl = list(gpus)
+    cands = list(b_candidates) if b_candidates else None
+
+    def rows(lo: int, hi: int) -> list[Row]:
+        try:
+            return [(B, t) for B, _, t in plan_range(lo, hi, gl, model, b_candidates=cands)]
+        except InfeasibleError:
+            return []
+    return BatchSpace(B_min, B_max, rows, f"optimal planner on {','.join(gl)}"
+                      + (f", b in {cands}" if cands else ""))
+
+
+def planner_space(B_min: int, B_max: int, step: int, plan_fn: Callable[[int], Plan],
+                  time_fn: Callable[[Plan], float] | None, label: str = "") -> BatchSpace:
+    """Multiples of ``step`` that ``plan_fn`` realises exactly (plan.B == B), timed by ``time_fn``."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ConfigError(f"micro-batch size b={step!r} must be an integer >= 1")
+
+    def rows(lo: int, hi: int) -> list[Row]:
+        out: list[Row] = []
+        for B in range(max(step, -(-lo // step) * step), hi + 1, step):
+            try:
+                plan = plan_fn(B)
+            except (InfeasibleError, ConfigError):
+                continue
+            if plan.B == B:
+                out.append((B, time_fn(plan) if time_fn is not None else None))
+        return out
+    return BatchSpace(B_min, B_max, rows, label or f"multiples of {step}")
+
+
+def lbbsp_speeds(gpus: Sequence[str], speeds: Sequence[float] | None = None) -> list[float]:
+    """The speeds the lbbsp planner splits B by: the declared ones when they fit, else the catalog's."""
+    from hpc_jabas.core import gpus as catalog
+    if speeds and len(speeds) == len(gpus):
+        return [float(s) for s in speeds]
+    return [catalog.get(g).relative_speed for g in gpus]
+
+
+def job_batch_space(cfg: Any, gpus: Sequence[str], model: PerfModel,
+                    plan_fn: Callable[[int], Plan] | None = None) -> BatchSpace:
+    """The batch space of a job (``cfg``: planner, micro_batch, B_min, B_max, speeds) on ranks ``gpus``.
+
+    ``optimal``: ``optimal_space`` (b from ``micro_batch`` when set). ``lbbsp``: multiples of
+    ``micro_batch`` (1 when unset) planned by ``plan_fn`` (default: LB-BSP's proportional split by
+    ``lbbsp_speeds``). Times are ``model.iteration_time`` of the plan on ``gpus``.
+    """
+    gl = list(gpus)
+    planner = getattr(cfg, "planner", "optimal")
+    mb = getattr(cfg, "micro_batch", None)
+    if planner == "optimal":
+        return optimal_space(gl, model, cfg.B_min, cfg.B_max, [mb] if mb else None)
+    if planner == "lbbsp":
+        from hpc_jabas.core.plan import proportional_plan
+        b = mb or 1
+        sp = lbbsp_speeds(gl, getattr(cfg, "speeds", None))
+        fn = plan_fn or (lambda B: proportional_plan(B, b, sp))
+        return planner_space(cfg.B_min, cfg.B_max, b, fn, lambda plan: model.iteration_time(plan, gl),
+                             f"lbbsp on {','.join(gl)}, b={b}")
+    raise ConfigError(f"planner={planner!r} cannot change the batch size; use 'optimal' or 'lbbsp'")
