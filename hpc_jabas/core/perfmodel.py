@@ -23,12 +23,12 @@ The model follows IIDP/JABAS (background.md section 2):
   micro-batch (gradients of late layers are reduced while early layers still compute). It is a
   flat fraction, not capped by the length of that backward pass: a fitted parameter, kept
   simple so that the allreduce tail depends on N only, which keeps the planner exact.
+
+:class:`ComputeProfile` and :func:`emulated_time` live in compute_profile.py (re-exported here).
 """
 from __future__ import annotations
 
-import bisect
 import json
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,187 +37,24 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import gpus as _gpus
+from hpc_jabas.core.compute_profile import FORMAT_VERSION as FORMAT_VERSION
+from hpc_jabas.core.compute_profile import ComputeProfile as ComputeProfile
+from hpc_jabas.core.compute_profile import check_int, check_num, check_version
+from hpc_jabas.core.compute_profile import emulated_time as emulated_time
 from hpc_jabas.core.plan import Plan
 from hpc_jabas.errors import ConfigError
 
-FORMAT_VERSION = 1
 ALLREDUCE_FILE = "allreduce.json"
 
-#: Defaults of :meth:`PerfModel.emulated` (also what ``hpc-jabas plan`` uses without --profile).
+#: Defaults of :meth:`PerfModel.emulated` (also what ``hpc-jabas plan`` uses without --profile). EMU_BASE_S
+#: and EMU_PER_SAMPLE_S are also the emulator's defaults (job keys emulate_base_s, emulate_per_sample_s,
+#: ``hpc-jabas profile --emulate``): the one definition of the emulated GPU times.
 EMU_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-EMU_BASE_S = 0.010            # fixed cost of one micro-batch on a V100 (kernel launches, ...)
-EMU_PER_SAMPLE_S = 0.001      # seconds per sample on a V100
+EMU_BASE_S = 0.002            # fixed cost of one micro-batch on a V100 (kernel launches, ...)
+EMU_PER_SAMPLE_S = 0.0002     # seconds per sample on a V100
 EMU_GRAD_BYTES = 100e6        # ~ ResNet-50 fp32 gradients
 EMU_BANDWIDTH = 10e9          # bytes/s of the allreduce links
 EMU_MEM_SAMPLES_PER_GB = 16.0  # max_b = int(memory_gb * this): RTX 2060 (6 GB) 96, V100 (32 GB) 512
-
-
-def emulated_time(b: int, base_s: float, per_sample_s: float, speed: float) -> float:
-    """Seconds of one emulated micro-batch of b samples: (base_s + per_sample_s * b) / speed.
-
-    The one formula shared by :meth:`PerfModel.emulated` and the emulator that sleeps to it.
-    """
-    return (base_s + per_sample_s * b) / speed
-
-
-def _num(x: Any, what: str, *, lo: float | None = None, lo_open: bool = False,
-         hi: float | None = None) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise ConfigError(f"{what}={x!r} is not a number")
-    v = float(x)
-    if not math.isfinite(v):
-        raise ConfigError(f"{what}={x!r} must be a finite number")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ConfigError(f"{what}={x!r} must be {'>' if lo_open else '>='} {lo:g}")
-    if hi is not None and v > hi:
-        raise ConfigError(f"{what}={x!r} must be <= {hi:g}")
-    return v
-
-
-def _int(x: Any, what: str, lo: int = 1) -> int:
-    if isinstance(x, bool):
-        raise ConfigError(f"{what}={x!r} must be an integer >= {lo}")
-    if isinstance(x, (float, np.floating)) and float(x).is_integer():
-        x = int(x)
-    if not isinstance(x, (int, np.integer)) or int(x) < lo:
-        raise ConfigError(f"{what}={x!r} must be an integer >= {lo}")
-    return int(x)
-
-
-def _check_version(d: Mapping, where: str) -> None:
-    if not isinstance(d, Mapping):
-        raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
-    v = d.get("version")
-    if v != FORMAT_VERSION:
-        raise ConfigError(f"{where}: unsupported perf-model format version {v!r}; "
-                          f"this hpc-jabas reads version {FORMAT_VERSION}")
-
-
-# ---------------------------------------------------------------------------------------------
-# compute profile
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class ComputeProfile:
-    """Measured micro-batch time of one GPU type.
-
-    ``b``/``t``: micro-batch sizes and seconds per micro-batch (forward + backward + accumulate).
-    ``update_s``: optimizer step. ``max_b``: memory cap (default: the largest measured b).
-    ``formula``: for emulated types only, ``{"base_s", "per_sample_s", "speed"}``; then
-    :meth:`time` is exactly :func:`emulated_time` for every b (the emulator's ground truth) and
-    nothing counts as extrapolated.
-    """
-
-    gpu: str
-    b: list[int]
-    t: list[float]
-    update_s: float = 0.0
-    max_b: int | None = None
-    emulated: bool = False
-    source: str = ""
-    formula: dict | None = None
-    _used_extrapolated: set = field(default_factory=set, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        self.gpu = _gpus.normalize(self.gpu)
-        if isinstance(self.b, (str, bytes)) or not isinstance(self.b, Iterable):
-            raise ConfigError(f"profile {self.gpu}: b={self.b!r} must be a list of micro-batch sizes")
-        bs = [_int(x, f"profile {self.gpu}: measured micro-batch b") for x in self.b]
-        ts = [_num(x, f"profile {self.gpu}: measured time t", lo=0.0, lo_open=True) for x in self.t]
-        if not bs:
-            raise ConfigError(f"profile {self.gpu}: no measured point; give at least one (b, t) pair")
-        if len(bs) != len(ts):
-            raise ConfigError(f"profile {self.gpu}: {len(bs)} micro-batch sizes but {len(ts)} times; "
-                              "give one time per size")
-        pairs = sorted(zip(bs, ts))
-        for (b0, _), (b1, _) in zip(pairs, pairs[1:]):
-            if b0 == b1:
-                raise ConfigError(f"profile {self.gpu}: micro-batch b={b0} is measured twice; "
-                                  "give each size once")
-        self.b = [p[0] for p in pairs]
-        self.t = [p[1] for p in pairs]
-        self.update_s = _num(self.update_s, f"profile {self.gpu}: update_s", lo=0.0)
-        self.max_b = self.b[-1] if self.max_b is None else _int(self.max_b, f"profile {self.gpu}: max_b")
-        self.emulated = bool(self.emulated)
-        self.source = str(self.source)
-        if self.formula is not None:
-            f = dict(self.formula)
-            try:
-                self.formula = {"base_s": _num(f["base_s"], "formula base_s", lo=0.0),
-                                "per_sample_s": _num(f["per_sample_s"], "formula per_sample_s", lo=0.0),
-                                "speed": _num(f["speed"], "formula speed", lo=0.0, lo_open=True)}
-            except KeyError as e:
-                raise ConfigError(f"profile {self.gpu}: formula lacks {e.args[0]!r}; "
-                                  "it needs base_s, per_sample_s and speed") from None
-            if self.formula["base_s"] + self.formula["per_sample_s"] <= 0:
-                raise ConfigError(f"profile {self.gpu}: formula gives zero time; "
-                                  "base_s or per_sample_s must be > 0")
-
-    # -- queries ---------------------------------------------------------------------------
-    def extrapolated(self, b: int) -> bool:
-        """True when time(b) lies outside the measured range (never for an exact formula)."""
-        return self.formula is None and (b < self.b[0] or b > self.b[-1])
-
-    def extrapolations(self) -> list[int]:
-        """Every b that :meth:`time` has been asked for outside the measured range so far."""
-        return sorted(self._used_extrapolated)
-
-    def check_fits(self, b: int) -> None:
-        if b > self.max_b:
-            raise ConfigError(f"micro-batch b={b} exceeds the memory cap max_b={self.max_b} of {self.gpu}; "
-                              f"use b <= {self.max_b} on {self.gpu}")
-
-    def time(self, b: int) -> float:
-        """Seconds per micro-batch of b samples.
-
-        Inside the measured range: piecewise-linear interpolation. Outside: linear extrapolation
-        from the two nearest points, recorded in :meth:`extrapolations`, and bounded so that it
-        stays positive: below the range never under ``t0 * b / b0`` (per-sample time no better
-        than at the smallest measured size), above it never under the last measured time.
-        A single measured point is scaled proportionally (t0 * b / b0).
-        """
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-            raise ConfigError(f"micro-batch b={b!r} must be an integer >= 1")
-        self.check_fits(b)
-        if self.formula is not None:
-            f = self.formula
-            return emulated_time(b, f["base_s"], f["per_sample_s"], f["speed"])
-        bs, ts = self.b, self.t
-        i = bisect.bisect_left(bs, b)
-        if i < len(bs) and bs[i] == b:
-            return ts[i]
-        if 0 < i < len(bs):
-            b0, b1, t0, t1 = bs[i - 1], bs[i], ts[i - 1], ts[i]
-            return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
-        self._used_extrapolated.add(int(b))
-        if len(bs) == 1:
-            return ts[0] * b / bs[0]
-        if i == 0:
-            b0, b1, t0, t1 = bs[0], bs[1], ts[0], ts[1]
-            return max(t0 + (t1 - t0) * (b - b0) / (b1 - b0), t0 * b / b0)
-        b0, b1, t0, t1 = bs[-2], bs[-1], ts[-2], ts[-1]
-        return max(t1 + (t1 - t0) * (b - b1) / (b1 - b0), t1)
-
-    # -- serialisation ---------------------------------------------------------------------
-    def to_dict(self) -> dict:
-        d = {"version": FORMAT_VERSION, "gpu": self.gpu, "b": list(self.b), "t": list(self.t),
-             "update_s": self.update_s, "max_b": self.max_b, "emulated": self.emulated,
-             "source": self.source}
-        if self.formula is not None:
-            d["formula"] = dict(self.formula)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping, where: str = "compute profile") -> ComputeProfile:
-        _check_version(d, where)
-        try:
-            return cls(gpu=d["gpu"], b=list(d["b"]), t=list(d["t"]), update_s=d.get("update_s", 0.0),
-                       max_b=d.get("max_b"), emulated=d.get("emulated", False),
-                       source=d.get("source", ""), formula=d.get("formula"))
-        except KeyError as e:
-            raise ConfigError(f"{where}: missing field {e.args[0]!r}; a profile needs gpu, b and t") from None
-        except TypeError as e:
-            raise ConfigError(f"{where}: malformed profile ({e})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,9 +74,9 @@ class AllreduceModel:
     bandwidth: float = EMU_BANDWIDTH
 
     def __post_init__(self) -> None:
-        self.a = _num(self.a, "allreduce a", lo=0.0)
-        self.c = _num(self.c, "allreduce c", lo=0.0)
-        self.bandwidth = _num(self.bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
+        self.a = check_num(self.a, "allreduce a", lo=0.0)
+        self.c = check_num(self.c, "allreduce c", lo=0.0)
+        self.bandwidth = check_num(self.bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
 
     def ideal(self, nbytes: float, n: int) -> float:
         if n <= 1:
@@ -255,11 +92,11 @@ class AllreduceModel:
         rows = [tuple(s) for s in samples]
         if any(len(r) != 3 for r in rows):
             raise ConfigError("allreduce samples must be (nbytes, N, seconds) triples")
-        bw = _num(bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
+        bw = check_num(bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
         probe = cls(1.0, 0.0, bw)
-        x = np.array([probe.ideal(_num(nb, "allreduce sample nbytes", lo=0.0),
-                                  _int(n, "allreduce sample N")) for nb, n, _ in rows], dtype=float)
-        y = np.array([_num(s, "allreduce sample seconds", lo=0.0) for _, _, s in rows], dtype=float)
+        x = np.array([probe.ideal(check_num(nb, "allreduce sample nbytes", lo=0.0),
+                                  check_int(n, "allreduce sample N")) for nb, n, _ in rows], dtype=float)
+        y = np.array([check_num(s, "allreduce sample seconds", lo=0.0) for _, _, s in rows], dtype=float)
         if len(np.unique(x)) < 2:
             raise ConfigError(f"allreduce fit needs samples at >= 2 different sizes or rank counts; "
                               f"got {len(rows)} sample(s) with {len(np.unique(x))} distinct ideal time(s)")
@@ -306,8 +143,8 @@ class PerfModel:
         self.profiles = profs
         if not isinstance(self.allreduce, AllreduceModel):
             raise ConfigError(f"allreduce is a {type(self.allreduce).__name__}, not an AllreduceModel")
-        self.grad_bytes = _num(self.grad_bytes, "grad_bytes", lo=0.0)
-        self.overlap = _num(self.overlap, "overlap", lo=0.0, hi=1.0)
+        self.grad_bytes = check_num(self.grad_bytes, "grad_bytes", lo=0.0)
+        self.overlap = check_num(self.overlap, "overlap", lo=0.0, hi=1.0)
 
     # -- lookups ---------------------------------------------------------------------------
     def profile(self, gpu: str) -> ComputeProfile:
@@ -337,7 +174,7 @@ class PerfModel:
         if len(gpus) != plan.world_size:
             raise ConfigError(f"plan has {plan.world_size} ranks but {len(gpus)} GPU types were given; "
                               "give one GPU type per rank")
-        sf = _speed_factors(speed_factors, len(gpus))
+        sf = check_speed_factors(speed_factors, len(gpus))
         out = []
         profs = {g: self.profile(g) for g in set(gpus)}   # every rank's type must be known
         for g, n, f in zip(gpus, plan.n, sf):
@@ -376,14 +213,14 @@ class PerfModel:
         speed = ``gpus.get(g).relative_speed`` (FP32 TFLOPS vs a V100) unless ``speeds`` gives it;
         update_s per type = update_s / speed; max_b = int(memory_gb * mem_samples_per_gb).
         """
-        base_s = _num(base_s, "base_s", lo=0.0)
-        per_sample_s = _num(per_sample_s, "per_sample_s", lo=0.0)
-        msg = _num(mem_samples_per_gb, "mem_samples_per_gb", lo=0.0, lo_open=True)
-        upd = _num(update_s, "update_s", lo=0.0)
-        bl = sorted({_int(b, "emulated micro-batch b") for b in b_list})
+        base_s = check_num(base_s, "base_s", lo=0.0)
+        per_sample_s = check_num(per_sample_s, "per_sample_s", lo=0.0)
+        msg = check_num(mem_samples_per_gb, "mem_samples_per_gb", lo=0.0, lo_open=True)
+        upd = check_num(update_s, "update_s", lo=0.0)
+        bl = sorted({check_int(b, "emulated micro-batch b") for b in b_list})
         if not bl:
             raise ConfigError("b_list is empty; give the micro-batch sizes to profile, e.g. 8,16,32")
-        sp = {_gpus.normalize(k): _num(v, f"speed of {k}", lo=0.0, lo_open=True)
+        sp = {_gpus.normalize(k): check_num(v, f"speed of {k}", lo=0.0, lo_open=True)
               for k, v in (speeds or {}).items()}
         profiles: dict[str, ComputeProfile] = {}
         for g in gpus:
@@ -418,7 +255,7 @@ class PerfModel:
 
     @classmethod
     def from_dict(cls, d: Mapping, where: str = "perf model") -> PerfModel:
-        _check_version(d, where)
+        check_version(d, where)
         try:
             ar = d["allreduce"]
             profs = {g: ComputeProfile.from_dict(p, f"{where}, profile {g!r}") for g, p in d["profiles"].items()}
@@ -458,7 +295,7 @@ class PerfModel:
             raise ConfigError(f"profile directory {d!r} has no {ALLREDUCE_FILE}; "
                               "write the model with PerfModel.save or run the profiler")
         meta = _read_json(meta_path)
-        _check_version(meta, meta_path)
+        check_version(meta, meta_path)
         profiles: dict[str, ComputeProfile] = {}
         for name in sorted(os.listdir(d)):
             if not name.endswith(".json") or name == ALLREDUCE_FILE:
@@ -488,13 +325,13 @@ def _read_json(path: str) -> Any:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
 
 
-def _speed_factors(speed_factors: Sequence[float] | None, n: int) -> list[float]:
+def check_speed_factors(speed_factors: Sequence[float] | None, n: int) -> list[float]:
     if speed_factors is None:
         return [1.0] * n
     sf = list(speed_factors)
     if len(sf) != n:
         raise ConfigError(f"{len(sf)} speed factors for {n} ranks; give one per rank")
-    return [_num(x, f"speed factor of rank {i}", lo=0.0, lo_open=True) for i, x in enumerate(sf)]
+    return [check_num(x, f"speed factor of rank {i}", lo=0.0, lo_open=True) for i, x in enumerate(sf)]
 
 
 DEFAULT_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256)

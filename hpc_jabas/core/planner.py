@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import gpus as _gpus
-from hpc_jabas.core.perfmodel import PerfModel, _speed_factors
+from hpc_jabas.core.perfmodel import PerfModel, check_speed_factors
 from hpc_jabas.core.plan import Plan
 from hpc_jabas.core.planner_solve import (
     FloatArray,
@@ -148,7 +148,7 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
             key = _gpus.normalize(nm)
             model.profile(key)  # a type the model has no profile for is an error here
             key_of[nm] = key
-    sf = _speed_factors(speed_factors, len(names))
+    sf = check_speed_factors(speed_factors, len(names))
     index: dict[tuple[str, float], int] = {}
     groups: list[_Group] = []
     gor = np.empty(len(names), dtype=np.int64)
