@@ -52,7 +52,7 @@ def check_int(x: Any, what: str, lo: int = 1) -> int:
     return int(x)
 
 
-def check_version(d: Mapping, where: str) -> None:
+def check_version(d: Mapping[str, Any], where: str) -> None:
     if not isinstance(d, Mapping):
         raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
     v = d.get("version")
@@ -83,8 +83,8 @@ class ComputeProfile:
     max_b: int | None = None
     emulated: bool = False
     source: str = ""
-    formula: dict | None = None
-    _used_extrapolated: set = field(default_factory=set, init=False, repr=False, compare=False)
+    formula: dict[str, float] | None = None
+    _used_extrapolated: set[int] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.gpu = _gpus.normalize(self.gpu)
@@ -131,6 +131,7 @@ class ComputeProfile:
         return sorted(self._used_extrapolated)
 
     def check_fits(self, b: int) -> None:
+        assert self.max_b is not None   # set by __post_init__
         if b > self.max_b:
             raise ConfigError(f"micro-batch b={b} exceeds the memory cap max_b={self.max_b} of {self.gpu}; "
                               f"use b <= {self.max_b} on {self.gpu}")
@@ -167,16 +168,16 @@ class ComputeProfile:
         return max(t1 + (t1 - t0) * (b - b1) / (b1 - b0), t1)
 
     # -- serialisation ---------------------------------------------------------------------
-    def to_dict(self) -> dict:
-        d = {"version": FORMAT_VERSION, "gpu": self.gpu, "b": list(self.b), "t": list(self.t),
-             "update_s": self.update_s, "max_b": self.max_b, "emulated": self.emulated,
-             "source": self.source}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"version": FORMAT_VERSION, "gpu": self.gpu, "b": list(self.b), "t": list(self.t),
+                             "update_s": self.update_s, "max_b": self.max_b, "emulated": self.emulated,
+                             "source": self.source}
         if self.formula is not None:
             d["formula"] = dict(self.formula)
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping, where: str = "compute profile") -> ComputeProfile:
+    def from_dict(cls, d: Mapping[str, Any], where: str = "compute profile") -> ComputeProfile:
         check_version(d, where)
         try:
             return cls(gpu=d["gpu"], b=list(d["b"]), t=list(d["t"]), update_s=d.get("update_s", 0.0),

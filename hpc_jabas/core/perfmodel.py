@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -112,7 +112,7 @@ class AllreduceModel:
         best = min(cands, key=lambda ac: float(np.sum((ac[0] * x + ac[1] - y) ** 2)))
         return cls(best[0], best[1], bw)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"a": self.a, "c": self.c, "bandwidth": self.bandwidth}
 
 
@@ -244,17 +244,17 @@ class PerfModel:
                    grad_bytes, overlap)
 
     # -- serialisation ---------------------------------------------------------------------
-    def _meta(self) -> dict:
+    def _meta(self) -> dict[str, Any]:
         return {"version": FORMAT_VERSION, **self.allreduce.to_dict(),
                 "grad_bytes": self.grad_bytes, "overlap": self.overlap}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"version": FORMAT_VERSION, "grad_bytes": self.grad_bytes, "overlap": self.overlap,
                 "allreduce": self.allreduce.to_dict(),
                 "profiles": {g: p.to_dict() for g, p in sorted(self.profiles.items())}}
 
     @classmethod
-    def from_dict(cls, d: Mapping, where: str = "perf model") -> PerfModel:
+    def from_dict(cls, d: Mapping[str, Any], where: str = "perf model") -> PerfModel:
         check_version(d, where)
         try:
             ar = d["allreduce"]
@@ -266,7 +266,7 @@ class PerfModel:
         except (TypeError, AttributeError) as e:
             raise ConfigError(f"{where}: malformed perf model ({e})") from None
 
-    def save(self, directory: str | os.PathLike) -> list[str]:
+    def save(self, directory: str | os.PathLike[str]) -> list[str]:
         """Write ``<gpu>.json`` per GPU type and ``allreduce.json``; return the paths written."""
         d = os.fspath(directory)
         os.makedirs(d, exist_ok=True)
@@ -284,7 +284,7 @@ class PerfModel:
         return written
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> PerfModel:
+    def load(cls, directory: str | os.PathLike[str]) -> PerfModel:
         """Read a directory written by :meth:`save`; any problem is one ConfigError line."""
         d = os.fspath(directory)
         if not os.path.isdir(d):
@@ -337,7 +337,21 @@ def check_speed_factors(speed_factors: Sequence[float] | None, n: int) -> list[f
 DEFAULT_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def job_perf_model(cfg, gpu_types) -> PerfModel:
+class JobModelConfig(Protocol):
+    """What :func:`job_perf_model` reads of a job's configuration (a ``JobConfig``; config.py
+    imports this module, so the type is spelled structurally here)."""
+
+    @property
+    def profile_dir(self) -> str | None: ...
+    @property
+    def micro_batch(self) -> int | None: ...
+    @property
+    def emulate_base_s(self) -> float: ...
+    @property
+    def emulate_per_sample_s(self) -> float: ...
+
+
+def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str]) -> PerfModel:
     """The perf model a job plans with: the profiles in ``cfg.profile_dir`` when given, else the
     emulated model of ``gpu_types`` with the job's emulation times (what its emulated ranks run)."""
     if cfg.profile_dir:
