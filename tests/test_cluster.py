@@ -1,4 +1,5 @@
-"""hpc_jabas.slurm.cluster against the real local Slurm cluster (slurm/local/up.sh), plus its pure parsers."""
+"""hpc_jabas.slurm.cluster against the real local Slurm cluster (slurm/local/up.sh), plus the pure parsers
+(hpc_jabas.slurm.text) and view it builds from scontrol's records."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from slurm_env import LAYOUT
 
 from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.slurm import cluster
+from hpc_jabas.slurm import text as stext
 
 # Real records captured from the local cluster (scontrol show node/partition -o), for the pure tests.
 NODE_V1 = ("NodeName=gpuv1 Arch=x86_64 CoresPerSocket=8  CPUAlloc=0 CPUEfctv=8 CPUTot=8 CPULoad=2.10 "
@@ -44,7 +46,7 @@ def _part(name, nodes, weights="CPU=0.0,GRES/gpu=2.0", default="NO"):
 
 # ---- pure parsers --------------------------------------------------------------------------------
 def test_parse_oneliner_keeps_values_with_spaces():
-    d = cluster.parse_oneliner(NODE_V1)
+    d = stext.parse_oneliner(NODE_V1)
     assert d["NodeName"] == "gpuv1" and d["Gres"] == "gpu:v100:2" and d["State"] == "IDLE"
     assert d["OS"].startswith("Linux 6.18") and d["AllocTRES"] == "" and d["CfgTRES"].endswith("gres/gpu=2")
 
@@ -55,7 +57,7 @@ def test_parse_oneliner_keeps_values_with_spaces():
     ("gpu:a100:0(IDX:N/A)", {"a100": 0}), ("gpu:a100:1,gpu:v100:3(S:0,1)", {"a100": 1, "v100": 3}),
 ])
 def test_parse_gres(text, want):
-    assert cluster.parse_gres(text) == want
+    assert stext.parse_gres(text) == want
 
 
 @pytest.mark.parametrize("weights,gtype,want", [
@@ -63,16 +65,16 @@ def test_parse_gres(text, want):
     ("cpu=1,gres/gpu:a100=3.5,gres/gpu=1", "a100", 3.5), ("GRES/gpu:v100=2", "v100", 2.0),
 ])
 def test_parse_billing(weights, gtype, want):
-    assert cluster.parse_billing(weights, gtype) == want
+    assert stext.parse_billing(weights, gtype) == want
 
 
 def test_expand_hostlist_and_states():
-    assert cluster.expand_hostlist("gpuv[1-2,05-06],gpua1") == ["gpuv1", "gpuv2", "gpuv05", "gpuv06", "gpua1"]
-    assert cluster.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    assert stext.expand_hostlist("gpuv[1-2,05-06],gpua1") == ["gpuv1", "gpuv2", "gpuv05", "gpuv06", "gpua1"]
+    assert stext.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
     for s in ("idle", "mixed", "allocated", "IDLE+POWERED_DOWN"):
-        assert cluster.node_usable(s), s
+        assert stext.node_usable(s), s
     for s in ("down*", "idle+drain", "mixed+drain", "idle*", "DOWN+NOT_RESPONDING", "IDLE+MAINT", "ALLOCATED+FAIL"):
-        assert not cluster.node_usable(s), s
+        assert not stext.node_usable(s), s
 
 
 def test_build_view_free_untyped_mapping_and_errors():

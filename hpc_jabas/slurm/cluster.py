@@ -1,9 +1,9 @@
 """Slurm view: partitions, their GPU type, total and free GPUs, node states, GPU billing weights.
 
 A thin adapter over Slurm's client commands (``scontrol show node -o``, ``scontrol show
-partition -o``, ``sinfo -O ...GresUsed``), run with ``subprocess``; nothing else in the package
-talks to Slurm for reading. Parsing is split from running, so the parsers are pure and tested on
-text as well as against the real local cluster (slurm/local/up.sh).
+partition -o``, ``sinfo -O ...GresUsed``), run through :mod:`hpc_jabas.slurm.proc`. Parsing is split
+from running: the record parsers live in :mod:`hpc_jabas.slurm.text` and :func:`build_view` is pure,
+so both are tested on text as well as against the real local cluster (slurm/local/up.sh).
 
 GPU type of a partition: the typed GRES of its nodes (``Gres=gpu:a100:2``) when that names a GPU
 type of the catalog (:mod:`hpc_jabas.core.gpus`); else the user's ``partition_types`` mapping; else the
@@ -18,21 +18,23 @@ node: ``SLURMD_NODENAME`` in ``SLURM_JOB_NODELIST_HET_GROUP_<k>``.
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hpc_jabas.core import gpus
 from hpc_jabas.errors import ConfigError, SlurmError
+from hpc_jabas.slurm import proc
+from hpc_jabas.slurm.text import (
+    expand_hostlist,
+    gpu_type_of,
+    node_usable,
+    parse_alloc_gpus,
+    parse_billing,
+    parse_gres,
+    parse_oneliner,
+)
 
-#: node flags/states that keep a node from taking a new job (lower case, '*' = not responding)
-UNUSABLE = frozenset({"down", "drain", "drained", "draining", "fail", "failing", "maint", "reserved",
-                      "not_responding", "invalid_reg", "inval", "future", "unknown", "error",
-                      "reboot_requested", "reboot_issued", "powering_down", "power_down", "no_respond",
-                      "perfctrs", "blocked"})
-TIMEOUT_S = 20.0
+TIMEOUT_S = proc.TIMEOUT_S
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -147,147 +149,7 @@ class ClusterView:
         return "\n".join(lines)
 
 
-# ---- pure parsers ----------------------------------------------------------------------------
-_KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_/:.]*=|\s*$)")
-
-
-def parse_oneliner(line: str) -> dict[str, str]:
-    """``scontrol -o`` record 'Key=value Key2=value with spaces ...' -> dict."""
-    return {m.group(1): m.group(2) for m in _KV.finditer(line.strip())}
-
-
-_GRES_ITEM = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>\d+[KMG]?))?(?:\(.*\))?$")
-
-
-def _split_top(text: str, sep: str = ",") -> list[str]:
-    """Split on sep outside parentheses/brackets."""
-    out, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth = max(0, depth - 1)
-        if ch == sep and depth == 0:
-            out.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    out.append("".join(cur))
-    return [s.strip() for s in out if s.strip()]
-
-
-def _count(text: str | None) -> int:
-    if not text:
-        return 1
-    mult = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1], 1)
-    return int(text.rstrip("KMG")) * mult
-
-
-def parse_gres(text: str | None) -> dict[str | None, int]:
-    """'gpu:a100:2(S:0-1),mps:400' -> {'a100': 2}; 'gpu:2' -> {None: 2}; '(null)' -> {}.
-
-    Only ``gpu`` GRES are counted; used-GRES strings ('gpu:a100:1(IDX:0)') parse the same way.
-    """
-    out: dict[str | None, int] = {}
-    if not text or text in ("(null)", "N/A", "none"):
-        return out
-    for item in _split_top(text):
-        m = _GRES_ITEM.match(item)
-        if not m or m.group("name") != "gpu":
-            continue
-        t, c = m.group("type"), m.group("count")
-        if t is not None and c is None and t.isdigit():   # 'gpu:2': the count sits in the type slot
-            t, c = None, t
-        out[t] = out.get(t, 0) + _count(c)
-    return out
-
-
-def parse_alloc_gpus(alloc_tres: str | None) -> int | None:
-    """'cpu=1,mem=512M,gres/gpu=1' -> 1; None when AllocTRES does not track gres/gpu."""
-    if alloc_tres is None:
-        return None
-    total = None
-    for item in _split_top(alloc_tres):
-        k, _, v = item.partition("=")
-        if k.strip().lower() == "gres/gpu":
-            total = int(float(v))
-    return total if total is not None else (0 if alloc_tres.strip() == "" else None)
-
-
-def parse_billing(weights: str | None, gpu_type: str | None = None) -> float | None:
-    """TRESBillingWeights 'CPU=1.0,GRES/gpu=4.0' (or 'GRES/gpu:a100=4') -> 4.0; None if no GPU weight."""
-    if not weights or weights in ("(null)", "N/A"):
-        return None
-    generic, typed = None, {}
-    for item in _split_top(weights):
-        k, _, v = item.partition("=")
-        k = k.strip().lower()
-        if not k.startswith("gres/gpu"):
-            continue
-        try:
-            w = float(re.sub(r"[KMGTP]$", "", v.strip(), flags=re.I))
-        except ValueError:
-            continue
-        if k == "gres/gpu":
-            generic = w
-        elif k.startswith("gres/gpu:"):
-            typed[k.split(":", 1)[1]] = w
-    if gpu_type is not None:
-        for t, w in typed.items():
-            try:
-                if gpus.normalize(t) == gpu_type:
-                    return w
-            except ConfigError:
-                if t == gpu_type:
-                    return w
-    if generic is not None:
-        return generic
-    if len(typed) == 1:
-        return next(iter(typed.values()))
-    return None
-
-
-def node_usable(state: str) -> bool:
-    s = state.strip().lower()
-    if not s or s.endswith("*") or "*" in s:
-        return False
-    parts = {p.strip("*~#!%$@^-") for p in s.split("+")}
-    return not (parts & UNUSABLE)
-
-
-def expand_hostlist(text: str) -> list[str]:
-    """Slurm hostlist 'gpuv[1-2,05-06],gpua1' -> ['gpuv1', 'gpuv2', 'gpuv05', 'gpuv06', 'gpua1']."""
-    out: list[str] = []
-    for item in _split_top(text or ""):
-        out.extend(_expand_one(item))
-    return out
-
-
-def _expand_one(item: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", item)
-    if not m:
-        return [item]
-    head, tail = item[:m.start()], item[m.end():]
-    names = []
-    for rng in m.group(1).split(","):
-        lo, _, hi = rng.partition("-")
-        if hi:
-            width = len(lo)
-            names += [f"{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
-        else:
-            names.append(lo)
-    return [head + n + rest for n in names for rest in _expand_one(tail)]
-
-
-def _type_of(raw: str | None) -> str | None:
-    if raw is None:
-        return None
-    try:
-        return gpus.normalize(raw)
-    except ConfigError:
-        return None
-
-
+# ---- the view from scontrol's records (pure) -------------------------------------------------
 def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: Mapping[str, str] | None = None,
                partition_types: Mapping[str, str] | None = None) -> ClusterView:
     """Pure: ``scontrol show node -o`` and ``scontrol show partition -o`` lines (+ sinfo GresUsed per node)
@@ -333,7 +195,7 @@ def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: 
         total = sum(n.gpus_total for n in members)
         gtype: str | None = None
         if total:
-            known = sorted({_type_of(t) for t in raw_types} - {None})
+            known = sorted({gpu_type_of(t) for t in raw_types} - {None})
             untyped = any(None in n.gres for n in members)
             if len(known) == 1 and len(known) == len(raw_types) and not untyped:
                 gtype = known[0]
@@ -343,7 +205,7 @@ def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: 
             elif pname in mapping:
                 gtype = mapping[pname]
             elif not raw_types:
-                gtype = _type_of(pname)
+                gtype = gpu_type_of(pname)
         weights = d.get("TRESBillingWeights", "")
         pstate = (d.get("State") or "UP").lower()
         free = sum(n.gpus_free for n in members) if pstate == "up" else 0
@@ -356,40 +218,6 @@ def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: 
 
 
 # ---- running Slurm ---------------------------------------------------------------------------
-def _require_slurm(env: Mapping[str, str] | None = None) -> None:
-    env = os.environ if env is None else env
-    path = env.get("PATH")
-    for cmd in ("sinfo", "scontrol"):
-        if shutil.which(cmd, path=path) is None:
-            raise SlurmError(f"no Slurm here: {cmd} not found on PATH; install the Slurm client commands "
-                             "(apt-get install slurm-client, or `module load slurm`), or start the local "
-                             "cluster: slurm/local/up.sh && source slurm/local/env.sh")
-    conf = env.get("SLURM_CONF")
-    if conf and not os.path.exists(conf):   # Slurm would retry for 60 s before saying so
-        raise SlurmError(f"Slurm controller unreachable: SLURM_CONF={conf} does not exist "
-                         "(local cluster: slurm/local/up.sh && source slurm/local/env.sh)")
-
-
-def _run(args: list[str], env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S) -> str:
-    try:
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                           env=dict(env) if env is not None else None)
-    except FileNotFoundError:
-        raise SlurmError(f"no Slurm here: {args[0]} not found on PATH; install the Slurm client commands "
-                         "or start the local cluster: slurm/local/up.sh") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"Slurm controller unreachable: `{' '.join(args)}` gave no answer in {timeout:g} s") from None
-    if r.returncode != 0:
-        msg = next((ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip()), f"exit {r.returncode}")
-        conf = (env or os.environ).get("SLURM_CONF", "/etc/slurm/slurm.conf")
-        if re.search(r"contact slurm controller|connect failure|Connection refused|timed out|"
-                     r"Could not establish a configuration source|Unable to establish", msg, re.I):
-            raise SlurmError(f"Slurm controller unreachable: `{' '.join(args)}` said: {msg} "
-                             f"(SLURM_CONF={conf}; local cluster: slurm/local/up.sh)")
-        raise SlurmError(f"`{' '.join(args)}` failed: {msg}")
-    return r.stdout
-
-
 def read_cluster(partition_types: Mapping[str, str] | None = None,
                  env: Mapping[str, str] | None = None) -> ClusterView:
     """Read partitions, GPU types, totals, free GPUs, node states and GPU billing weights from Slurm.
@@ -398,12 +226,12 @@ def read_cluster(partition_types: Mapping[str, str] | None = None,
     name outside the catalog. ``env``: environment for the Slurm commands (default os.environ).
     Raises SlurmError (no Slurm, controller unreachable) or ConfigError (bad partition_types).
     """
-    _require_slurm(env)
-    node_text = _run(["scontrol", "show", "node", "-o"], env)
-    part_text = _run(["scontrol", "show", "partition", "-o"], env)
+    proc.require(("sinfo", "scontrol"), env)
+    node_text = proc.run(["scontrol", "show", "node", "-o"], env)
+    part_text = proc.run(["scontrol", "show", "partition", "-o"], env)
     used: dict[str, str] = {}
     try:
-        for line in _run(["sinfo", "-N", "-h", "-O", "NodeList:|,GresUsed:|"], env).splitlines():
+        for line in proc.run(["sinfo", "-N", "-h", "-O", "NodeList:|,GresUsed:|"], env).splitlines():
             cols = line.split("|")
             if len(cols) >= 2 and cols[0].strip():
                 used[cols[0].strip()] = cols[1].strip()
@@ -435,15 +263,15 @@ def _node_gres_type(node: str, env: Mapping[str, str]) -> str | None:
     if env.get("SLURM_CONF"):
         run_env["SLURM_CONF"] = env["SLURM_CONF"]
     try:
-        _require_slurm(run_env)
-        text = _run(["scontrol", "show", "node", "-o", node], run_env, timeout=10)
+        proc.require(("scontrol",), run_env)
+        text = proc.run(["scontrol", "show", "node", "-o", node], run_env, timeout=10)
     except SlurmError:
         return None
     for line in text.splitlines():
         d = parse_oneliner(line)
         if d.get("NodeName") == node:
             types = {t for t, c in parse_gres(d.get("Gres")).items() if c > 0}
-            known = {_type_of(t) for t in types}
+            known = {gpu_type_of(t) for t in types}
             if len(types) == 1 and None not in known:
                 return known.pop()
     return None
@@ -469,7 +297,7 @@ def rank_gpu_type(env: Mapping[str, str] | None = None,
         if t:
             return t
     if part:
-        t = _type_of(part)
+        t = gpu_type_of(part)
         if t:
             return t
     raise ConfigError(f"cannot tell the GPU type of this rank: partition {part!r} on node {node!r} is no GPU type "
