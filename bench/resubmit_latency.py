@@ -51,7 +51,8 @@ def _slurm_time(text: str) -> float | None:
 def one_run(cluster: LocalCluster, method: str, src: dict, dst: dict, k: int) -> dict:
     from hpc_jabas.core.jobspec import JobSpec
     from hpc_jabas.slurm import chain as chainlog
-    from hpc_jabas.slurm.executor import sacct_states, submit, wait_chain
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import sacct_states, wait_chain
     d = cluster.shared / f"bench-resubmit-{os.getpid()}-{k}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(mode=0o777)
@@ -97,7 +98,7 @@ def one_run(cluster: LocalCluster, method: str, src: dict, dst: dict, k: int) ->
                "our_overhead_s": total - queue}
         return out
     finally:
-        from hpc_jabas.slurm.executor import TERMINAL
+        from hpc_jabas.slurm.watch import TERMINAL
         end = time.time() + 30                  # let the ranks exit, then cancel whatever is left
         while time.time() < end:
             try:
@@ -113,7 +114,7 @@ def one_run(cluster: LocalCluster, method: str, src: dict, dst: dict, k: int) ->
 
 
 def main(argv=None) -> int:
-    from hpc_jabas.slurm.executor import parse_mix
+    from hpc_jabas.slurm.components import parse_mix
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", choices=("submitit", "sbatch"), default="submitit")
     ap.add_argument("--from", dest="src", default="a100:1,v100:2", help="first mix (default a100:1,v100:2)")

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hpc_jabas.core.jobspec import JobSpec  # noqa: E402
-from hpc_jabas.slurm.executor import submit, wait_chain  # noqa: E402
+from hpc_jabas.slurm.executor import submit  # noqa: E402
+from hpc_jabas.slurm.watch import wait_chain  # noqa: E402
 
 
 def main(out: str) -> int:

@@ -53,7 +53,7 @@ def events(chain_dir) -> list[dict]:
 
 
 def follow(chain_dir, first_job: str, timeout: float = CHAIN_TIMEOUT_S) -> dict:
-    from hpc_jabas.slurm.executor import wait_chain
+    from hpc_jabas.slurm.watch import wait_chain
     res = wait_chain(chain_dir, first_job, timeout=timeout, poll_s=0.5)
     if not res["ok"]:
         subprocess.run(["scancel", *res["jobs"]], capture_output=True, timeout=30)
@@ -320,7 +320,7 @@ def test_status_shows_both_jobs(slurm_cluster, submitit_chain, hand_chain):
 
 # ---- cheap checks -------------------------------------------------------------------------------
 def test_submission_env_drops_the_running_jobs_variables():
-    from hpc_jabas.slurm.executor import submission_env
+    from hpc_jabas.slurm.sbatch import submission_env
     inner = {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf", "SLURM_JOB_ID": "7", "SLURM_HET_SIZE": "2",
              "SLURM_JOB_NODELIST_HET_GROUP_1": "gpuv1", "SLURMD_NODENAME": "gpua1", "SBATCH_PARTITION": "x",
              "PMIX_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_ALLOW_RUN_AS_ROOT": "1",
@@ -334,7 +334,8 @@ def test_submission_env_drops_the_running_jobs_variables():
 
 def test_components_span_nodes_and_keep_partition_order(slurm_cluster):
     from hpc_jabas.slurm.cluster import read_cluster
-    from hpc_jabas.slurm.executor import components, parse_mix, render_sbatch
+    from hpc_jabas.slurm.components import components, parse_mix
+    from hpc_jabas.slurm.sbatch import render_sbatch
     view = read_cluster()
     comps = components({"v100": 3, "a100": 1, "rtx2060": 4}, view)
     assert [(c.partition, c.ntasks, c.nodes) for c in comps] == [("a100", 1, 1), ("rtx2060", 4, 1), ("v100", 3, 2)]

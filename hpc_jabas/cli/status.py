@@ -25,6 +25,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
     from hpc_jabas.slurm import chain as chainlog
+    from hpc_jabas.slurm.watch import is_terminal
     d = Path(chain_dir)
     if not d.is_dir():
         raise ConfigError(f"chain directory {str(chain_dir)!r} does not exist")
@@ -42,7 +43,7 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
             r["restart_overhead_s"] = rs.get("overhead_s")
     slurm, slurm_error = {}, None
     if use_sacct:
-        from hpc_jabas.slurm.executor import sacct_states
+        from hpc_jabas.slurm.watch import sacct_states
         try:
             slurm = sacct_states([r["job_id"] for r in rows if r["job_id"].isdigit()])
         except JabasError as e:
@@ -57,8 +58,7 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
         st, sl = last.get("state"), last.get("slurm")
         if st == "finished":
             current = f"finished (job {last['job_id']}, epoch {last.get('epochs')})"
-        elif sl and sl not in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED") \
-                and st in ("submitted", "running"):
+        elif sl and is_terminal(sl) and st in ("submitted", "running"):
             current = f"stopped: job {last['job_id']} is {sl} in Slurm without finishing the training"
         elif st == "submitted":
             current = f"waiting: job {last['job_id']} submitted" + (f", {sl} in Slurm" if sl else "")

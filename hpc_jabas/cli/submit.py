@@ -67,7 +67,7 @@ def _check_spec(spec) -> None:
     bad = [k for k in auto if k not in DEFAULTS]
     if bad:
         raise ConfigError(f"unknown autoscale key {bad[0]!r}; valid keys: {', '.join(DEFAULTS)}")
-    from hpc_jabas.slurm.executor import job_pythonpath
+    from hpc_jabas.slurm.sbatch import job_pythonpath
     mod = spec.task.partition(":")[0]
     added = [p for p in job_pythonpath(spec) if p not in sys.path]
     sys.path[:0] = added
@@ -107,7 +107,9 @@ def _describe(e: dict) -> str:
 def run(args) -> int:
     from hpc_jabas.core.autoscale import mix_label
     from hpc_jabas.runtime.launch import spec_from_file
-    from hpc_jabas.slurm.executor import parse_mix, submit, wait_chain
+    from hpc_jabas.slurm.components import parse_mix
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import wait_chain
     spec = spec_from_file(args.job)
     job = _check_job_table(args.job)
     if args.mix:

@@ -1,0 +1,147 @@
+"""The components of a job on a mix of partitions: one per partition, in sorted partition order.
+
+A mix of one partition is a plain Slurm job; a mix of several is ONE heterogeneous job, component
+k holding the k-th partition in sorted order (the rank order ``hpc_jabas.runtime.lifecycle.expand_mix``
+assumes), started with ``srun --het-group=0,..,k`` so that one MPI/Horovod world spans them.
+
+Per component: ``--partition``, ``--ntasks`` = GPUs (one rank per GPU), the partition's typed GPUs
+(``--gres=gpu:<type>:<n>`` on one node; ``--nodes=N --gpus-per-task=<type>:1`` when the count needs
+more GPUs than one node of the partition holds), ``--mem`` (so that jobs share nodes). Options of
+``spec.extra`` read here: ``mem_per_task_mb``, ``time_min``, ``account``, ``qos``, ``sbatch_args``.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.slurm.cluster import ClusterView, read_cluster
+
+DEFAULT_MEM_PER_TASK_MB = 512
+DEFAULT_TIME_MIN = 60
+
+
+@dataclass(frozen=True)
+class Component:
+    """One partition of a mix: ntasks ranks, one GPU each, on `nodes` nodes."""
+    partition: str
+    ntasks: int
+    nodes: int = 1
+    gres_type: str | None = None      # the typed-GRES name on the partition's nodes ("a100"); None: untyped
+    mem_mb: int = DEFAULT_MEM_PER_TASK_MB
+
+    @property
+    def gpu_spec(self) -> str:
+        return f"{self.gres_type}:" if self.gres_type else ""
+
+    def sbatch_options(self) -> dict[str, str]:
+        """sbatch long options (name -> value) for this component."""
+        o = {"partition": self.partition, "nodes": str(self.nodes), "ntasks": str(self.ntasks),
+             "mem": f"{self.mem_mb}M"}
+        if self.nodes == 1:
+            o["gres"] = f"gpu:{self.gpu_spec}{self.ntasks}"
+        else:
+            o["gpus-per-task"] = f"{self.gpu_spec}1"
+        return o
+
+    def sbatch_line(self, more: Mapping[str, str] | None = None) -> str:
+        """One ``#SBATCH`` line; ``more``: options every component repeats (time, account, qos)."""
+        o = {**self.sbatch_options(), **dict(more or {})}
+        return "#SBATCH " + " ".join(f"--{k}={shlex.quote(v)}" for k, v in o.items())
+
+
+def partition_view(partition_types: Mapping[str, str] | None = None) -> ClusterView:
+    """The cluster as Slurm shows it now (the partitions a mix may name)."""
+    return read_cluster(partition_types)
+
+
+def components(mix: Mapping[str, int], view: ClusterView | None = None, *,
+               partition_types: Mapping[str, str] | None = None,
+               mem_per_task_mb: int = DEFAULT_MEM_PER_TASK_MB) -> list[Component]:
+    """One component per partition of the mix, sorted by partition name.
+
+    ``view``: a :class:`hpc_jabas.slurm.cluster.ClusterView` (read from Slurm when None). Each component
+    gets the partition's typed GPUs and the fewest nodes that hold its GPUs (largest node first).
+    Unknown partitions, partitions without GPUs or counts above the partition's GPUs: ConfigError.
+    """
+    if not mix:
+        raise ConfigError("empty mix; give partition -> GPU count, e.g. {'v100': 2}")
+    if view is None:
+        view = partition_view(partition_types)
+    out = []
+    for part in sorted(mix):
+        n = mix[part]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"mix {dict(mix)!r}: count {n!r} for {part!r} must be an integer >= 1")
+        pv = view.partitions.get(part)
+        if pv is None:
+            raise ConfigError(f"unknown partition {part!r} in mix {dict(mix)!r}; partitions here: "
+                              f"{', '.join(sorted(view.partitions)) or 'none'}")
+        if not pv.gpus_total:
+            raise ConfigError(f"partition {part!r} has no GPUs; GPU partitions here: "
+                              f"{', '.join(sorted(p for p, v in view.partitions.items() if v.gpus_total)) or 'none'}")
+        if n > pv.gpus_total:
+            raise ConfigError(f"mix asks {n} GPUs of partition {part!r}, which has {pv.gpus_total} in all")
+        per_node = sorted((view.nodes[nd].gpus_total for nd in pv.nodes if nd in view.nodes), reverse=True)
+        nodes, held = 0, 0
+        for g in per_node:
+            if held >= n:
+                break
+            nodes += 1
+            held += g
+        nodes = max(1, nodes)
+        gtype = pv.gres_types[0] if len(pv.gres_types) == 1 else None
+        tasks_per_node = math.ceil(n / nodes)
+        out.append(Component(part, n, nodes, gtype, int(mem_per_task_mb) * tasks_per_node))
+    return out
+
+
+def het_groups(comps: list[Component]) -> str:
+    """srun's --het-group value for every component: '0,1,..,k'."""
+    return ",".join(str(k) for k in range(len(comps)))
+
+
+# ---- options of spec.extra --------------------------------------------------------------------
+def extra(spec: JobSpec, key: str, default: Any = None) -> Any:
+    return (spec.extra or {}).get(key, default)
+
+
+def per_component_options(spec: JobSpec) -> dict[str, str]:
+    """Options each component of a heterogeneous job needs for itself (time, account, qos)."""
+    o = {"time": str(int(extra(spec, "time_min", DEFAULT_TIME_MIN)))}
+    for k in ("account", "qos"):
+        if extra(spec, k):
+            o[k] = str(extra(spec, k))
+    return o
+
+
+def extra_args(spec: JobSpec) -> list[str]:
+    """``spec.extra["sbatch_args"]`` (a list, or one shell-quoted string) as a list of strings."""
+    a = extra(spec, "sbatch_args", []) or []
+    if isinstance(a, str):
+        a = shlex.split(a)
+    return [str(x) for x in a]
+
+
+def parse_mix(text: str) -> dict[str, int]:
+    """'a100:1,v100:2' -> {'a100': 1, 'v100': 2}."""
+    out: dict[str, int] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        part, sep, n = item.partition(":")
+        part = part.strip()
+        if not sep or not part or not n.strip().isdigit() or int(n) < 1:
+            raise ConfigError(f"mix {text!r} is invalid: {item!r} must be PARTITION:COUNT with COUNT >= 1, "
+                              "e.g. a100:1,v100:2")
+        if part in out:
+            raise ConfigError(f"mix {text!r} names partition {part!r} twice")
+        out[part] = int(n)
+    if not out:
+        raise ConfigError(f"mix {text!r} is empty; give PARTITION:COUNT[,...], e.g. a100:1,v100:2")
+    return dict(sorted(out.items()))

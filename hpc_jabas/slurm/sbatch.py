@@ -1,0 +1,181 @@
+"""The job scripts hpc-jabas writes, pure text: nothing here runs a command.
+
+* :func:`render_sbatch`: the job script of method "sbatch": ``#SBATCH`` blocks (``#SBATCH hetjob``
+  between components), the set-up lines, and ``srun [--het-group=0,..,k] --mpi=pmix <python> -u -m
+  hpc_jabas.runtime.launch SPEC.json``.
+* :func:`het_block` and :func:`het_srun_python`: what method "submitit" adds to submitit's own script
+  for a heterogeneous job (components 1..k, and the srun line of the het step).
+* :func:`submission_env`: the environment sbatch runs in: the current one without the variables of
+  the current job, so nothing of an old allocation (``SLURM_JOB_NODELIST_HET_GROUP_1``...) leaks into
+  the next one when rank 0 resubmits from inside a job.
+
+The job's entry point is named by a string, :data:`JOB_ENTRY`, and imported only inside the job:
+the Slurm layer imports nothing of ``hpc_jabas.runtime``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.slurm.components import Component, extra, extra_args, het_groups, per_component_options
+
+METHODS = ("submitit", "sbatch")
+ROOT = Path(__file__).resolve().parents[2]        # the directory holding the hpc_jabas package
+#: what every rank of a job runs, "module:callable" (the module also runs as ``python -m module SPEC``)
+JOB_ENTRY = "hpc_jabas.runtime.launch:run_job"
+ROOT_VARS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+SRUN_ARGS = ("--mpi=pmix", "--kill-on-bad-exit=1")
+
+
+# ---- the environment of a submission ----------------------------------------------------------
+_SLURM_PREFIXES = ("SLURM_", "SLURMD_", "SBATCH_", "SALLOC_", "SRUN_", "SPANK_")
+_JOB_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "HOROVOD_", "SUBMITIT_", "OPAL_", "ORTE_", "PRTE_")
+_JOB_VARS = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
+
+def inside_job(env: Mapping[str, str]) -> bool:
+    """The environment is a Slurm job's or an MPI rank's."""
+    return any(k in env for k in ("SLURM_JOB_ID", "SLURM_JOBID", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+                                  "HOROVOD_RANK", "SUBMITIT_FOLDER"))
+
+
+def submission_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for sbatch: the current one without the variables of the current job.
+
+    Always dropped: SLURM_* (except SLURM_CONF), SLURMD_*, SBATCH_*, SALLOC_*, SRUN_*. Inside a job
+    (or an MPI rank) also: OMPI_* (except OMPI_ALLOW_RUN_AS_ROOT*), PMIX_*, PMI_*, HOROVOD_*,
+    SUBMITIT_* and the GPU visibility variables that Slurm set for this allocation.
+    """
+    env = dict(os.environ if env is None else env)
+    inside = inside_job(env)
+    out = {}
+    for k, v in env.items():
+        if k == "SLURM_CONF":
+            out[k] = v
+            continue
+        if k.startswith(_SLURM_PREFIXES):
+            continue
+        if inside and (k.startswith(_JOB_PREFIXES) or k in _JOB_VARS) and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT"):
+            continue
+        out[k] = v
+    return out
+
+
+# ---- where and how the job runs ---------------------------------------------------------------
+def workdir(spec: JobSpec) -> Path:
+    """Where the job runs: the submitter's directory, unless that is node-private (/tmp)."""
+    cwd = Path.cwd().resolve()
+    if str(cwd) == "/tmp" or str(cwd).startswith("/tmp/"):
+        return Path(spec.chain_dir)
+    return cwd
+
+
+def job_pythonpath(spec: JobSpec) -> list[str]:
+    """What the job puts first on PYTHONPATH: spec.pythonpath, the hpc_jabas root, its workdir."""
+    paths = [str(Path(p).resolve()) for p in spec.pythonpath]
+    for p in (str(ROOT), str(workdir(spec))):
+        if p not in paths:
+            paths.append(p)
+    return paths
+
+
+def normalize(spec: JobSpec, method: str | None) -> JobSpec:
+    """The spec with its method checked and its paths and interpreter made absolute."""
+    method = method or spec.method
+    if method not in METHODS:
+        raise ConfigError(f"method {method!r} is unknown; valid: {', '.join(METHODS)}")
+    return dataclasses.replace(spec, method=method, chain_dir=str(Path(spec.chain_dir).resolve()),
+                               pythonpath=[str(Path(p).resolve()) for p in spec.pythonpath],
+                               python=spec.python or sys.executable)
+
+
+#: Slurm 22.05: srun of a heterogeneous step can hang for ever in the PMIx plugin's abort agent
+#: (pmixp_abort_agent_stop joining its thread) after every task has exited and slurmctld has
+#: recorded the step COMPLETED; seen here about one run in eight. hj_srun runs srun in the
+#: background and, once slurmctld lists no running step of this job for HJ_SRUN_GRACE_S, stops
+#: it and returns the steps' own outcome (0 when every step of the job COMPLETED).
+HJ_SRUN = r"""hj_srun() {
+  "$@" &
+  local pid=$! seen=0 gone=0 grace=${HJ_SRUN_GRACE_S:-6}
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -vqE '\.(batch|extern|interactive)$'; then
+      seen=1; gone=0
+    elif ((seen)); then
+      gone=$((gone + 1))
+      if ((gone >= grace)); then
+        echo "hpc-jabas: srun still running ${grace} s after its step ended (Slurm het-step PMIx hang); stopping it" >&2
+        kill "$pid" 2>/dev/null || true; sleep 1; kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+        sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State | grep -E '\.[0-9]+\|' | grep -vq '|COMPLETED$' && return 1
+        return 0
+      fi
+    fi
+  done
+  wait "$pid"
+}"""
+
+
+def setup_lines(spec: JobSpec) -> list[str]:
+    """Shell lines every job script runs before its srun (environment, the hj_srun function)."""
+    pp = ":".join(shlex.quote(p) for p in job_pythonpath(spec))
+    return [f"export {k}={v}" for k, v in ROOT_VARS.items()] + [
+        f'export PYTHONPATH={pp}"${{PYTHONPATH:+:$PYTHONPATH}}"',
+        'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"',
+        # Horovod's background thread polls MPI every cycle; on nodes with fewer cores than ranks
+        # (the local emulated cluster) a busy-polling rank halves everyone's startup speed.
+        'export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"',
+        "export PYTHONUNBUFFERED=1",
+        HJ_SRUN,
+    ]
+
+
+# ---- #SBATCH blocks ---------------------------------------------------------------------------
+def component_lines(spec: JobSpec, comp: Component) -> list[str]:
+    """The ``#SBATCH`` lines of one component: its own options, then ``sbatch_args`` (if any)."""
+    lines = [comp.sbatch_line(per_component_options(spec))]
+    if extra_args(spec):
+        lines.append("#SBATCH " + " ".join(shlex.quote(a) for a in extra_args(spec)))
+    return lines
+
+
+def het_block(spec: JobSpec, comps: Sequence[Component]) -> list[str]:
+    """``#SBATCH hetjob`` + the lines of each of ``comps`` (the components after the first)."""
+    out: list[str] = []
+    for c in comps:
+        out += ["#SBATCH hetjob", *component_lines(spec, c)]
+    return out
+
+
+def render_sbatch(spec: JobSpec, comps: list[Component], spec_path: str | Path, output: str | Path) -> str:
+    """Job script text (method "sbatch"): #SBATCH blocks, set-up lines, srun of the job entry module."""
+    lines = ["#!/bin/bash", f"# hpc-jabas chain {spec.chain_dir}: mix "
+             + ", ".join(f"{c.partition}:{c.ntasks}" for c in comps)]
+    lines.append(f"#SBATCH --job-name={shlex.quote(str(extra(spec, 'job_name', 'hpc-jabas')))}")
+    lines.append(f"#SBATCH --output={shlex.quote(str(output))}")
+    lines.append(f"#SBATCH --chdir={shlex.quote(str(workdir(spec)))}")
+    lines += component_lines(spec, comps[0]) + het_block(spec, comps[1:])
+    lines += setup_lines(spec)
+    het = [f"--het-group={het_groups(comps)}"] if len(comps) > 1 else []
+    srun = ["srun", *het, *SRUN_ARGS, spec.python or sys.executable, "-u", "-m",
+            JOB_ENTRY.partition(":")[0], str(spec_path)]
+    lines.append(("hj_srun " if het else "") + shlex.join(srun))
+    return "\n".join(lines) + "\n"
+
+
+def het_srun_python(comps: Sequence[Component], python: str, folder: str | Path,
+                    srun_args: Sequence[str] = SRUN_ARGS) -> str:
+    """The "python" command that submitit runs for a heterogeneous job (``use_srun=False``):
+    ``hj_srun srun --unbuffered --het-group=0,..,k <srun_args> bash -c '<exec, logs per rank>' <python>``;
+    submitit appends ``-u -m submitit.core._submit <folder>``. Each rank writes its own
+    ``<folder>/<job id>_<global rank>_log.{out,err}``, the names submitit reads (srun's ``%t`` in a
+    het step is the rank inside the component, not the global one). ``python``: one shell word."""
+    log = shlex.quote(str(folder)) + '/"$SLURM_JOB_ID"_"$SLURM_PROCID"_log'
+    inner = f'exec "$0" "$@" >>{log}.out 2>>{log}.err'
+    srun = ["srun", "--unbuffered", f"--het-group={het_groups(list(comps))}", *srun_args]
+    return f"hj_srun {shlex.join(srun)} bash -c {shlex.quote(inner)} {python}"

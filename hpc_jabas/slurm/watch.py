@@ -1,0 +1,122 @@
+"""Following jobs and chains: sacct's states, one state per (heterogeneous) job, wait_chain.
+
+A heterogeneous job is listed by sacct as ``<id>+0``, ``<id>+1``...; :func:`fold_state` turns its
+components' states into one job state, and every place that needs a job's state (``sacct_states``,
+the submitit watcher of :mod:`hpc_jabas.slurm.executor`, ``hpc-jabas status``) uses it:
+the first component still active (any state not in :data:`TERMINAL`) gives the state; else the
+first component that did not complete; else COMPLETED.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc_jabas.errors import SlurmError
+from hpc_jabas.slurm import chain as chainlog
+from hpc_jabas.slurm import proc
+from hpc_jabas.slurm.text import SacctRow, base_state, parse_sacct
+
+#: states after which a job (or component) never runs again
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                      "BOOT_FAIL", "DEADLINE", "REVOKED"})
+SACCT_TIMEOUT_S = 30.0
+_UNSET = ("Unknown", "None", "")
+
+
+def is_terminal(state: str) -> bool:
+    return base_state(state) in TERMINAL
+
+
+def fold_state(states: Iterable[str]) -> str:
+    """One state for the components' states, in component order ('CANCELLED by 0' counts as CANCELLED):
+    the first not terminal; else the first not COMPLETED; else COMPLETED. No states: UNKNOWN."""
+    s = [base_state(x) for x in states]
+    s = [x for x in s if x]
+    if not s:
+        return "UNKNOWN"
+    active = [x for x in s if x not in TERMINAL]
+    if active:
+        return active[0]
+    return next((x for x in s if x != "COMPLETED"), "COMPLETED")
+
+
+def fold_rows(rows: Iterable[SacctRow]) -> dict[str, dict[str, Any]]:
+    """sacct rows -> job id -> {State, Start, End, Partition, NodeList, components}, steps ignored.
+
+    A heterogeneous job's ``<id>+<k>`` rows fold into ``<id>``: State by :func:`fold_state`, Start the
+    earliest, End the latest (Unknown while a component is active), Partition and NodeList joined
+    with ',' in component order. Right after a het job ends slurmdbd may still list it as plain
+    ``<id>``; once component rows are there, they win.
+    """
+    jobs: dict[str, list[SacctRow]] = {}
+    for r in rows:
+        if r.step is None:
+            jobs.setdefault(r.job, []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for jid, items in jobs.items():
+        comps = [r for r in items if r.component is not None]
+        items = sorted(comps, key=lambda r: r.component or 0) if comps else items[:1]
+        state = fold_state(r.state for r in items)
+        starts = [r.fields.get("Start", "") for r in items if r.fields.get("Start", "") not in _UNSET]
+        ends = [r.fields.get("End", "") for r in items if r.fields.get("End", "") not in _UNSET]
+        out[jid] = {"State": state,
+                    "Start": min(starts) if starts else "Unknown",
+                    "End": max(ends) if ends and state in TERMINAL else "Unknown",
+                    "Partition": ",".join(r.fields.get("Partition", "") for r in items),
+                    "NodeList": ",".join(r.fields.get("NodeList", "") for r in items),
+                    "components": len(items)}
+    return out
+
+
+def sacct_states(job_ids: Iterable[str | int], env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """sacct's view of jobs: id -> {State, Start, End, Partition, NodeList, components} (see
+    :func:`fold_rows`); jobs sacct does not list are missing. SlurmError when sacct fails."""
+    ids = sorted({str(j).strip() for j in job_ids if str(j).strip()})
+    if not ids:
+        return {}
+    env = dict(os.environ if env is None else env)
+    proc.require(("sacct",), env)
+    fields = ("JobID", "State", "Start", "End", "Partition", "NodeList")
+    text = proc.run(["sacct", "-X", "-n", "-P", "-o", ",".join(fields), "-j", ",".join(ids)], env,
+                    timeout=SACCT_TIMEOUT_S)
+    return fold_rows(parse_sacct(text, fields))
+
+
+def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None, poll_s: float = 1.0,
+               on_event: Callable[[dict], None] | None = None, grace_s: float = 10.0) -> dict[str, Any]:
+    """Follow a chain from ``job_id`` through its moves until a job finishes the training or fails.
+
+    Returns {"ok": bool, "job_id": last job, "state": "finished" | Slurm state | "timeout",
+    "jobs": [ids followed]}. ``on_event(e)`` sees every new chain event.
+    """
+    t0 = time.time()
+    cur, jobs, seen = str(job_id), [str(job_id)], 0
+    terminal_since: float | None = None
+    while True:
+        ev = chainlog.read(chain_dir)
+        if on_event:
+            for e in ev[seen:]:
+                on_event(e)
+        seen = len(ev)
+        end = next((e for e in ev if e["event"] == "end" and str(e.get("job_id")) == cur), None)
+        mv = next((e for e in ev if e["event"] == "move" and str(e.get("from_job")) == cur), None)
+        if end is not None and end.get("state") == "finished":
+            return {"ok": True, "job_id": cur, "state": "finished", "jobs": jobs}
+        if mv is not None and end is not None:
+            cur, terminal_since = str(mv["to_job"]), None
+            jobs.append(cur)
+            continue
+        try:
+            st = sacct_states([cur]).get(cur, {}).get("State", "")
+        except SlurmError:
+            st = ""
+        if st in TERMINAL:
+            terminal_since = terminal_since or time.time()
+            if time.time() - terminal_since > grace_s:   # the end event would be there by now
+                return {"ok": False, "job_id": cur, "state": st, "jobs": jobs}
+        if timeout is not None and time.time() - t0 > timeout:
+            return {"ok": False, "job_id": cur, "state": "timeout", "jobs": jobs}
+        time.sleep(poll_s)
