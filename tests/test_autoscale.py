@@ -290,3 +290,69 @@ def test_restart_overhead_tracker():
         ro.record(-1.0)
     with pytest.raises(ConfigError):
         RestartOverhead(prior_s="slow")
+
+
+# ---------------------------------------------------------------- pricing what the trainer would run
+
+PTYPES = {"a100": "a100", "v100": "v100", "rtx2060": "rtx2060"}
+
+
+def _model():
+    from hpc_jabas.core.perfmodel import PerfModel
+    return PerfModel.emulated(sorted(set(PTYPES.values())), [1, 2, 4, 8, 16, 32, 64, 128, 256], 0.002, 0.0002)
+
+
+def test_forecast_is_snapped_so_mixes_are_feasible_with_micro_batch_set():
+    from hpc_jabas.core.planner import plan_batch
+    from hpc_jabas.core.snapping import job_batch_space, snap_nearest
+    model = _model()
+    fc = [70.4, 77.4, 85.2, 93.7]                      # a forecast: no multiple of b = 8 among them
+    free = {"a100": 1, "v100": 2, "rtx2060": 3}
+    cands = enumerate_mixes(free, PTYPES, max_gpus=4)
+    # what the old pricing did: plan the raw forecast -> no mix can realise it
+    for m in cands:
+        with pytest.raises(InfeasibleError):
+            plan_batch(round(fc[1]), autoscale.expand_mix(m, PTYPES), model, b_candidates=[8])
+    fn = autoscale.epoch_time_fn(model, PTYPES, fc, 5, 2000, [8], B_min=32, B_max=256)
+    ch = choose({"v100": 2}, cands, fn, catalog_rates(PTYPES), "time", 0.0)
+    priced = [r for r in ch.table if r["feasible"]]
+    assert len(priced) >= len(cands) // 2 and all(r["time_s"] > 0 for r in priced)
+    # one mix by hand: each period at the snapped B, plan of that B, until 2000 samples are used
+    mix = {"a100": 1, "v100": 2}
+    gl = autoscale.expand_mix(mix, PTYPES)
+
+    class Cfg:
+        planner, micro_batch, B_min, B_max, speeds = "optimal", 8, 32, 256, None
+    space = job_batch_space(Cfg, gl, model)
+    Bs = [snap_nearest(space, x) for x in fc]
+    assert all(B % 8 == 0 and 32 <= B <= 256 for B in Bs) and Bs == sorted(Bs)
+    assert all(abs(B - x) <= 0.025 * x + 4 for B, x in zip(Bs, fc))
+    want, left, k = 0.0, 2000, 0
+    while left > 0:
+        B = Bs[min(k, 3)]
+        its = min(5, -(-left // B))
+        want += its * model.iteration_time(plan_batch(B, gl, model, b_candidates=[8]), gl)
+        left -= its * B
+        k += 1
+    assert fn(mix) == pytest.approx(want)
+
+
+def test_forecast_snapping_avoids_pricing_odd_B_at_tiny_micro_batches():
+    from hpc_jabas.core.planner import plan_batch
+    model = _model()
+    gl = ["v100", "v100", "rtx2060"]
+    raw = plan_batch(131, gl, model)                    # 131 is prime: only b = 1 realises it
+    assert raw.b == 1
+    fn = autoscale.epoch_time_fn(model, PTYPES, [131], 10, 1310, None, B_min=16, B_max=512)
+    t_raw = 10 * model.iteration_time(raw, gl)
+    assert fn({"v100": 2, "rtx2060": 1}) < 0.5 * t_raw
+
+
+def test_no_realisable_batch_on_a_mix_is_infeasible_not_an_error():
+    model = _model()
+    # b = 64 on 5 GPUs needs B >= 320 > B_max
+    fn = autoscale.epoch_time_fn(model, PTYPES, [128], 5, 1000, [64], B_min=64, B_max=256)
+    est = price({"v100": 2, "rtx2060": 3}, fn, catalog_rates(PTYPES))
+    assert not est.feasible and "no realisable global batch" in est.note
+    assert price({"v100": 2}, fn, catalog_rates(PTYPES)).feasible
+

@@ -4,8 +4,9 @@ A mix maps Slurm partitions to GPU counts, e.g. {"v100": 4, "p100": 2}; every pa
 one GPU type. At each epoch end the job (background.md section 1, design.md section 1):
 
 1. ``enumerate_mixes``: every mix the cluster can give now (free GPUs, limits);
-2. ``price``: predicted epoch time of each mix (``epoch_time_fn(mix) -> seconds``, injected:
-   the planner + performance model on the forecast B trajectory plug in here) and its cost
+2. ``price``: predicted epoch time of each mix (``epoch_time_fn(mix) -> seconds``, injected;
+   ``epoch_time_fn(...)`` here builds the real one: the forecast B trajectory snapped to what the
+   job's planner realises on the mix, each B's plan priced by the perf model) and its cost
    (GPUs x rate per GPU-hour x hours; the rate is a Slurm billing weight or a catalog price);
 3. ``choose``: the best mix for the objective over the remaining epochs. Moving means
    checkpoint, resubmit and resume: it costs the restart overhead in time, and that time on the
@@ -24,7 +25,7 @@ Objectives (over the remaining epochs, moves include the overhead):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,7 @@ class Candidate:
     def __str__(self) -> str:
         return mix_label(self.mix)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"mix": dict(self.mix), "gpu_types": dict(self.gpu_types)}
 
 
@@ -188,7 +189,7 @@ def mix_rate(mix: Mapping[str, int], rates: Mapping[str, float]) -> float:
 def catalog_rates(types: Mapping[str, str], prices: Mapping[str, float] | None = None) -> dict[str, float]:
     """Rates per GPU-hour from the GPU catalog (gpus.py), partition -> price of its GPU type."""
     from hpc_jabas.core import gpus
-    return {p: gpus.get(t, prices).price_per_hour for p, t in types.items()}
+    return {p: gpus.get(t, dict(prices) if prices is not None else None).price_per_hour for p, t in types.items()}
 
 
 def price(candidate: Candidate | Mapping[str, int], epoch_time_fn: EpochTimeFn,
@@ -213,16 +214,68 @@ def price(candidate: Candidate | Mapping[str, int], epoch_time_fn: EpochTimeFn,
     return Estimate(float(t), float(t) / 3600.0 * rate, True, "", rate)
 
 
+def expand_mix(mix: Mapping[str, int], types: Mapping[str, str]) -> list[str]:
+    """Per-rank GPU types of a mix, partitions in sorted order (the order ranks get in a hetjob)."""
+    return [types[p] for p in sorted(mix) for _ in range(mix[p])]
+
+
+def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float], period: int, num_samples: int,
+                  cands: Sequence[int] | None = None, *, planner: str = "optimal", B_min: int | None = None,
+                  B_max: int | None = None, speeds: Sequence[float] | None = None) -> EpochTimeFn:
+    """Predicted time of one epoch on a mix, pricing what the trainer would run there.
+
+    The forecast B of each period of ``period`` iterations is first snapped to a B the job's planner
+    realises on that mix (``snapping.snap_nearest``: the nearest realisable B in [B_min, B_max],
+    near-ties to the faster; default bounds: the forecast's own range), then that B's plan is
+    priced by the perf model, period after period until the epoch's samples are used. ``cands``:
+    the job's micro-batch size as a one-element list, or None (the planner chooses);
+    ``planner``: 'optimal' or 'lbbsp' (``speeds``: declared per-rank speeds, used when they fit).
+    A mix with no realisable B in range is infeasible (InfeasibleError, which ``price`` records).
+    """
+    from hpc_jabas.core.snapping import job_batch_space, snap_nearest
+    if not forecast:
+        raise ConfigError("the forecast B trajectory is empty; give at least one batch size")
+    lo = int(B_min) if B_min is not None else max(1, math.floor(min(forecast)))
+    hi = int(B_max) if B_max is not None else max(lo, math.ceil(max(forecast)))
+    cfg = _SpaceCfg(planner, cands[0] if cands else None, lo, hi, speeds)
+
+    def fn(mix: Mix) -> float | None:
+        gl = expand_mix(mix, types)
+        if not gl:
+            return None
+        space = job_batch_space(cfg, gl, model)
+        total, left, k = 0.0, num_samples, 0
+        while left > 0:
+            B = snap_nearest(space, float(forecast[min(k, len(forecast) - 1)]))
+            T = space.iter_time(B)
+            assert T is not None
+            its = min(period, math.ceil(left / B))
+            total += its * T
+            left -= its * B
+            k += 1
+        return total
+    return fn
+
+
+@dataclass(frozen=True)
+class _SpaceCfg:
+    planner: str
+    micro_batch: int | None
+    B_min: int
+    B_max: int
+    speeds: Sequence[float] | None
+
+
 @dataclass(frozen=True)
 class Choice:
     """The decision: the mix to run next, why, and the priced table (JSON-ready rows)."""
 
     mix: dict[str, int]
     reason: str
-    table: list[dict]
+    table: list[dict[str, Any]]
     move: bool = False
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"mix": dict(self.mix), "reason": self.reason, "move": self.move, "table": self.table}
 
 
@@ -246,10 +299,10 @@ class RestartOverhead:
     def seconds(self) -> float:
         return sum(self.measured) / len(self.measured) if self.measured else self.prior_s
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"prior_s": self.prior_s, "measured": list(self.measured)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.prior_s = self._check(state["prior_s"], "prior_s")
         self.measured = [self._check(x, "measured restart") for x in state.get("measured", [])]
 
@@ -293,7 +346,7 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
     cur = _norm_mix(current_mix)
     cur_key = tuple(cur.items())
     cands: list[Candidate] = []
-    seen: set = set()
+    seen: set[tuple[tuple[str, int], ...]] = set()
     if cur:
         cands.append(Candidate(cur))
         seen.add(cur_key)
@@ -303,7 +356,7 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
             seen.add(cc.key)
             cands.append(cc)
 
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     for c in cands:
         est = price(c, epoch_time_fn, rates)
         stay = c.key == cur_key
@@ -311,16 +364,16 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
                "time_s": _num(est.time_s), "cost": _num(est.cost), "rate_per_hour": _num(est.rate_per_hour),
                "feasible": est.feasible, "total_time_s": None, "total_cost": None,
                "within_limit": None, "chosen": False, "note": est.note}
-        if est.feasible:
+        if est.feasible and est.time_s is not None and est.cost is not None:
             move_t = 0.0 if stay else overhead
             total_t = R * est.time_s + move_t
             total_c = R * est.cost + move_t / 3600.0 * est.rate_per_hour
             row["total_time_s"], row["total_cost"] = _num(total_t), _num(total_c)
             row["_t"], row["_c"] = total_t, total_c
             if obj == "time-under-budget":
-                row["within_limit"] = total_c <= budget + 1e-12
+                row["within_limit"] = total_c <= float(budget or 0.0) + 1e-12
             elif obj == "cost-under-deadline":
-                row["within_limit"] = total_t <= deadline_s + 1e-9
+                row["within_limit"] = total_t <= float(deadline_s or 0.0) + 1e-9
             if not stay and overhead:
                 row["note"] = f"includes restart overhead {overhead:.0f} s"
         rows.append(row)
@@ -337,10 +390,10 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
     if not feasible:
         return finish(cur, "no feasible candidate; staying on the current mix " + mix_label(cur))
 
-    def metric(r: dict, which: str) -> float:
-        return r["_t"] if which == "time" else r["_c"]
+    def metric(r: dict[str, Any], which: str) -> float:
+        return float(r["_t"] if which == "time" else r["_c"])
 
-    def best_of(rs: list[dict], primary: str) -> dict:
+    def best_of(rs: list[dict[str, Any]], primary: str) -> dict[str, Any]:
         secondary = "cost" if primary == "time" else "time"
         return min(rs, key=lambda r: (metric(r, primary), metric(r, secondary), r["gpus"],
                                       tuple(sorted(r["mix"].items()))))

@@ -1,23 +1,52 @@
-"""Job configuration: one dataclass, loaded from TOML (tomllib) and/or flags; validated.
+"""Job configuration: typed sections of dataclasses, loaded from TOML (tomllib) and/or flags; validated.
 
-Unknown keys and impossible values raise ConfigError with one line naming the value and what
-is valid (design.md invariant 7).
+Every key is a field of one section dataclass, with its type, default and help text (field
+metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
+(:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key) and the
+configuration reference in the README (:func:`config_reference`). Unknown keys and impossible values
+raise ConfigError with one line naming the key, the value and what is valid (design.md invariant 7).
+
+A TOML file may put the job keys at top level or in any table (``[train]``, ``[adaptive]``, ...: the
+table name only groups them; every key name is unique); the ``[autoscale]`` table holds the
+:class:`AutoscaleConfig` keys and ``[slowdown]`` the per-rank interference. ``JobConfig`` exposes every
+job key as a flat attribute (``cfg.batch``, ``cfg.policy``) besides its sections (``cfg.adaptive``).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import tomllib
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Generic, TypeVar, overload
 
+from hpc_jabas.core import gpus
+from hpc_jabas.core.autoscale import OBJECTIVES
+from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
 from hpc_jabas.core.policy import LR_RULES, POLICIES
 from hpc_jabas.core.sampler import TAILS
+from hpc_jabas.core.schema import (
+    check_fields,
+    default_text,
+    field_types,
+    key,
+    reject_unknown,
+    split_optional,
+    type_name,
+)
 from hpc_jabas.errors import ConfigError
 
 PLANNERS = ("optimal", "lbbsp", "fixed")
+BALANCE_MODES = ("off", "reactive", "predictive")
+#: Restart overhead assumed by the epoch-end auto-scaler until this chain has measured one (s).
+RESTART_PRIOR_S = 30.0
+README_START = "<!-- config-reference:start (generated: hpc_jabas.core.config.update_readme) -->"
+README_END = "<!-- config-reference:end -->"
 
 
-def read_toml(path: str | Path, what: str = "config file") -> dict:
+def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is one clear ConfigError."""
     p = Path(path)
     try:
@@ -28,75 +57,236 @@ def read_toml(path: str | Path, what: str = "config file") -> dict:
         raise ConfigError(f"{what} {str(p)!r} is not valid TOML: {e}") from None
 
 
+# ---- the sections -----------------------------------------------------------------------------
+
 @dataclass
+class TrainConfig:
+    """[train] the data and the loop."""
+    epochs: int = key(1, "epochs to train", lo=1)
+    batch: int = key(256, "initial global batch size B", lo=1)
+    micro_batch: int | None = key(None, "micro-batch size b", lo=1, shown="the planner's choice")
+    seed: int = key(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
+    tail: str = key("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
+                    choices=TAILS)
+
+
+@dataclass
+class PlanningConfig:
+    """[plan] how B is split into micro-batches per rank."""
+    planner: str = key("optimal", "optimal (perf model + exact planner), lbbsp (B split in proportion to speeds) "
+                                  "or fixed (the plan key)", choices=PLANNERS)
+    plan: str | None = key(None, "explicit plan, e.g. 'b=4 n=1,3,4' (its flag implies --planner fixed)",
+                           shown="–", metavar="PLAN")
+    gpu_types: list[str] | None = key(None, "GPU type per rank, catalog names, e.g. v100,p100,rtx2060",
+                                      shown="from Slurm or CUDA, else v100", metavar="T1,T2,...")
+    speeds: list[float] | None = key(None, "declared per-rank speeds for lbbsp and emulation, e.g. 1,0.5,0.25",
+                                     lo=0.0, lo_open=True, shown="catalog", metavar="S1,S2,...")
+    profile_dir: str | None = key(None, "perf-model directory written by hpc-jabas profile",
+                                  shown="the emulated model", metavar="DIR")
+
+
+@dataclass
+class EmulationConfig:
+    """[emulation] CPU ranks that stand for GPU types."""
+    emulate: bool = key(False, "emulate the GPU types on CPU ranks: t(b) = (emulate_base_s + "
+                               "emulate_per_sample_s * b) / speed per micro-batch")
+    emulate_base_s: float = key(EMU_BASE_S, "emulation: seconds per micro-batch on a V100", lo=0.0)
+    emulate_per_sample_s: float = key(EMU_PER_SAMPLE_S, "emulation: seconds per sample on a V100", lo=0.0)
+    slowdown: dict[int, str] = key({}, "emulation: injected interference per rank, e.g. {0 = \"factor=3,start=50\"} "
+                                       "(flag RANK:SPEC, repeatable; kind=step|ramp|periodic, end, period, duty)",
+                                   metavar="RANK:SPEC")
+
+
+@dataclass
+class AdaptiveConfig:
+    """[adaptive] the batch-size policy and the lr rule."""
+    policy: str = key("fixed", "batch-size policy (similarity: JABAS; noise-scale: Pollux)", choices=POLICIES)
+    p: int = key(100, "iterations between batch-size decisions", lo=1)
+    alpha: float = key(0.1, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    gamma: float = key(0.1, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
+                       lo_open=True, hi_open=True)
+    k: float = key(1.0, "factor on the noise scale of the noise-scale policy", lo=0.0, lo_open=True)
+    batch_min: int | None = key(None, "smallest global batch B", lo=1, shown="batch")
+    batch_max: int | None = key(None, "largest global batch B", lo=1, shown="batch")
+    lr_rule: str = key("sqrt", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr",
+                       choices=LR_RULES)
+    batch_ref: int | None = key(None, "reference batch of the lr rule", lo=1, shown="batch")
+
+
+@dataclass
+class BalancingConfig:
+    """[balance] online load balancing."""
+    balance: str = key("off", "online load balancing: reactive (last measured speed) or predictive (NARX-style "
+                              "RLS on past speeds and load signals)", choices=BALANCE_MODES)
+    p_balance: int = key(10, "iterations between rebalancing decisions", lo=1)
+    balance_threshold: float = key(0.05, "re-plan only above this predicted gain (fraction)", lo=0.0)
+
+
+@dataclass
+class OutputConfig:
+    """[run] metrics and checkpoints."""
+    run_dir: str = key("runs/latest", "directory of metrics.jsonl and checkpoints", metavar="DIR")
+    metrics_period: int = key(10, "iterations between metric flushes", lo=1)
+    checkpoint: bool = key(True, "write a checkpoint at every epoch end")
+    keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
+
+
+@dataclass
+class AutoscaleConfig:
+    """[autoscale] epoch-end choice of the partition mix (Slurm jobs)."""
+    objective: str = key("time", "what the mix minimises", choices=OBJECTIVES)
+    max_gpus: int = key(8, "most GPUs in a mix", lo=1)
+    min_gpus: int = key(1, "fewest GPUs in a mix", lo=1)
+    allowed: list[str] | None = key(None, "partition names or GPU types to consider", shown="all",
+                                    metavar="P1,P2,...")
+    max_partitions: int = key(2, "most partitions in a mix", lo=1)
+    margin: float = key(0.05, "move only when the objective improves by more than this fraction", lo=0.0, hi=1.0,
+                        hi_open=True)
+    restart_prior_s: float = key(RESTART_PRIOR_S, "restart overhead (s) assumed until one is measured", lo=0.0)
+    budget: float | None = key(None, "money left for the remaining epochs (objective time-under-budget)", lo=0.0,
+                               shown="–")
+    deadline_s: float | None = key(None, "seconds left (objective cost-under-deadline)", lo=0.0, shown="–")
+    enabled: bool = key(True, "choose a mix at every epoch end")
+    partition_types: dict[str, str] | None = key(None, "GPU type per partition where Slurm cannot tell it, "
+                                                       "e.g. {gpu = \"v100\"} (flag PART:TYPE, repeatable)",
+                                                 shown="from Slurm", metavar="PART:TYPE")
+
+    def validate(self) -> AutoscaleConfig:
+        check_fields(self, "autoscale.")
+        if self.min_gpus > self.max_gpus:
+            raise ConfigError(f"autoscale.min_gpus={self.min_gpus} > autoscale.max_gpus={self.max_gpus}; "
+                              "need min_gpus <= max_gpus")
+        if self.objective == "time-under-budget" and self.budget is None:
+            raise ConfigError("autoscale.objective='time-under-budget' needs autoscale.budget (money left)")
+        if self.objective == "cost-under-deadline" and self.deadline_s is None:
+            raise ConfigError("autoscale.objective='cost-under-deadline' needs autoscale.deadline_s (seconds left)")
+        return self
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> AutoscaleConfig:
+        """The ``[autoscale]`` table, validated; None or {} gives the defaults."""
+        if d is None:
+            d = {}
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"autoscale={d!r} must be a table, e.g. [autoscale] objective = \"cost\"")
+        norm = {str(k).replace("-", "_"): v for k, v in d.items()}
+        reject_unknown(norm, cls.keys(), "autoscale key")
+        return cls(**norm).validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups).
+SECTIONS: dict[str, type] = {"train": TrainConfig, "planning": PlanningConfig, "emulation": EmulationConfig,
+                             "adaptive": AdaptiveConfig, "balancing": BalancingConfig, "output": OutputConfig}
+_SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
+#: tables whose value is the key's own value, not a group of keys
+_TABLE_KEYS = ("slowdown", "autoscale")
+
+T = TypeVar("T")
+
+
+class _Flat(Generic[T]):
+    """``cfg.batch`` reads and writes ``cfg.train.batch``: the flat name of a section's key."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.section = name, _SECTION_OF[name]
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _Flat[T]: ...
+    @overload
+    def __get__(self, obj: JobConfig, owner: type) -> T: ...
+
+    def __get__(self, obj: JobConfig | None, owner: type) -> T | _Flat[T]:
+        if obj is None:
+            return self
+        return typing.cast(T, getattr(getattr(obj, self.section), self.name))
+
+    def __set__(self, obj: JobConfig, value: T) -> None:
+        setattr(getattr(obj, self.section), self.name, value)
+
+
+@dataclass(init=False)
 class JobConfig:
-    # data / loop
-    epochs: int = 1
-    batch: int = 256                  # initial global batch B
-    micro_batch: int | None = None    # b; None: the planner chooses
-    seed: int = 0
-    tail: str = "shrink"
-    run_dir: str = "runs/latest"
-    # plan
-    planner: str = "optimal"          # optimal (perf model) | lbbsp (speed-proportional) | fixed
-    plan: str | None = None           # explicit "b=4 n=1,3,4" (planner=fixed)
-    gpu_types: list[str] | None = None  # one per rank; None: from Slurm or 'v100'
-    speeds: list[float] | None = None   # declared per-rank speeds (lbbsp)
-    profile_dir: str | None = None
-    # emulation
-    emulate: bool = False
-    emulate_base_s: float = 0.002
-    emulate_per_sample_s: float = 0.0002
-    slowdown: dict[int, str] = field(default_factory=dict)  # rank -> "factor=3,start=50"
-    # adaptive batch size
-    policy: str = "fixed"
-    p: int = 100
-    alpha: float = 0.1
-    gamma: float = 0.1
-    k: float = 1.0
-    batch_min: int | None = None
-    batch_max: int | None = None
-    lr_rule: str = "sqrt"
-    batch_ref: int | None = None
-    # load balancing
-    balance: str = "off"              # off | reactive | predictive
-    p_balance: int = 10
-    balance_threshold: float = 0.05
-    # metrics / checkpoints
-    metrics_period: int = 10
-    checkpoint: bool = True
-    keep_checkpoints: int = 3
-    # auto-scaling (epoch end; Slurm)
-    autoscale: dict = field(default_factory=dict)
+    """One job's configuration: the sections, plus every key as a flat attribute.
+
+    ``JobConfig(batch=512, policy="similarity")`` takes flat keys (or whole sections); it does not
+    validate: :meth:`validate` (called by :meth:`from_dict`, ``from_args`` and the Trainer) does.
+    """
+    train: TrainConfig
+    planning: PlanningConfig
+    emulation: EmulationConfig
+    adaptive: AdaptiveConfig
+    balancing: BalancingConfig
+    output: OutputConfig
+    autoscale: AutoscaleConfig
+
+    epochs = _Flat[int]()
+    batch = _Flat[int]()
+    micro_batch = _Flat[int | None]()
+    seed = _Flat[int]()
+    tail = _Flat[str]()
+    planner = _Flat[str]()
+    plan = _Flat[str | None]()
+    gpu_types = _Flat[list[str] | None]()
+    speeds = _Flat[list[float] | None]()
+    profile_dir = _Flat[str | None]()
+    emulate = _Flat[bool]()
+    emulate_base_s = _Flat[float]()
+    emulate_per_sample_s = _Flat[float]()
+    slowdown = _Flat[dict[int, str]]()
+    policy = _Flat[str]()
+    p = _Flat[int]()
+    alpha = _Flat[float]()
+    gamma = _Flat[float]()
+    k = _Flat[float]()
+    batch_min = _Flat[int | None]()
+    batch_max = _Flat[int | None]()
+    lr_rule = _Flat[str]()
+    batch_ref = _Flat[int | None]()
+    balance = _Flat[str]()
+    p_balance = _Flat[int]()
+    balance_threshold = _Flat[float]()
+    run_dir = _Flat[str]()
+    metrics_period = _Flat[int]()
+    checkpoint = _Flat[bool]()
+    keep_checkpoints = _Flat[int]()
+
+    def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:
+        sections = {s: kw.pop(s) for s in list(kw) if s in SECTIONS}
+        reject_unknown(kw, JobConfig.keys(), "config key")
+        for s, cls in SECTIONS.items():
+            sec = sections.get(s) or cls()
+            if not isinstance(sec, cls):
+                raise TypeError(f"JobConfig({s}=...) must be a {cls.__name__}, not {type(sec).__name__}")
+            object.__setattr__(self, s, sec)
+        for name, value in kw.items():
+            setattr(getattr(self, _SECTION_OF[name]), name, value)
+        if isinstance(autoscale, AutoscaleConfig):
+            self.autoscale = autoscale
+        else:
+            norm = {str(k).replace("-", "_"): v for k, v in (autoscale or {}).items()}
+            reject_unknown(norm, AutoscaleConfig.keys(), "autoscale key")
+            self.autoscale = AutoscaleConfig(**norm)
 
     def validate(self) -> JobConfig:
-        def need(cond, msg):
-            if not cond:
-                raise ConfigError(msg)
-        need(isinstance(self.epochs, int) and self.epochs >= 1, f"epochs={self.epochs!r} must be an integer >= 1")
-        need(isinstance(self.batch, int) and self.batch >= 1, f"batch={self.batch!r} must be an integer >= 1")
-        need(self.micro_batch is None or (isinstance(self.micro_batch, int) and self.micro_batch >= 1),
-             f"micro_batch={self.micro_batch!r} must be an integer >= 1")
-        need(self.tail in TAILS, f"tail={self.tail!r} is unknown; valid: {', '.join(TAILS)}")
-        need(self.planner in PLANNERS, f"planner={self.planner!r} is unknown; valid: {', '.join(PLANNERS)}")
-        need(self.planner != "fixed" or self.plan, "planner='fixed' needs plan='b=... n=...'")
-        need(self.policy in POLICIES, f"policy={self.policy!r} is unknown; valid: {', '.join(POLICIES)}")
-        need(self.lr_rule in LR_RULES, f"lr_rule={self.lr_rule!r} is unknown; valid: {', '.join(LR_RULES)}")
-        need(isinstance(self.p, int) and self.p >= 1,
-             f"p={self.p!r} must be an integer >= 1 (iterations between decisions)")
-        need(self.alpha > 0 and self.alpha < 1, f"alpha={self.alpha!r} must be in (0, 1)")
-        need(-1 < self.gamma < 1, f"gamma={self.gamma!r} must be in (-1, 1)")
-        need(self.k > 0, f"k={self.k!r} must be > 0")
-        bmin = self.batch_min if self.batch_min is not None else self.batch
-        bmax = self.batch_max if self.batch_max is not None else self.batch
-        need(bmin >= 1, f"batch_min={bmin!r} must be >= 1")
-        need(bmin <= bmax, f"batch_min={bmin} > batch_max={bmax}; need batch_min <= batch_max")
-        need(bmin <= self.batch <= bmax, f"batch={self.batch} is outside [batch_min={bmin}, batch_max={bmax}]")
-        need(self.balance in ("off", "reactive", "predictive"),
-             f"balance={self.balance!r} is unknown; valid: off, reactive, predictive")
-        need(isinstance(self.p_balance, int) and self.p_balance >= 1, f"p_balance={self.p_balance!r} must be >= 1")
-        need(isinstance(self.metrics_period, int) and self.metrics_period >= 1,
-             f"metrics_period={self.metrics_period!r} must be >= 1")
+        for s in SECTIONS:
+            check_fields(getattr(self, s))
+        self.autoscale.validate()
+        for g in self.gpu_types or []:
+            gpus.normalize(g)                 # unknown type: one line naming it and the known ones
+        if self.planner == "fixed" and not self.plan:
+            raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
+        bmin, bmax = self.B_min, self.B_max
+        if bmin > bmax:
+            raise ConfigError(f"batch_min={bmin} > batch_max={bmax}; need batch_min <= batch_max")
+        if not bmin <= self.batch <= bmax:
+            raise ConfigError(f"batch={self.batch} is outside [batch_min={bmin}, batch_max={bmax}]")
         return self
 
     @property
@@ -109,92 +299,133 @@ class JobConfig:
 
     @classmethod
     def keys(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        """Every top-level key: the job keys of all sections, then ``autoscale`` (a table)."""
+        return list(_SECTION_OF) + ["autoscale"]
 
     @classmethod
-    def from_dict(cls, d: dict) -> JobConfig:
-        flat = {}
-        for k, v in d.items():
-            if isinstance(v, dict) and k not in ("slowdown", "autoscale"):
-                flat.update(v)   # allow [train], [adaptive], ... tables
-            else:
-                flat[k] = v
-        flat = {k.replace("-", "_"): v for k, v in flat.items()}
-        bad = [k for k in flat if k not in cls.keys()]
-        if bad:
-            raise ConfigError(f"unknown config key {bad[0]!r}; valid keys: {', '.join(cls.keys())}")
-        if "slowdown" in flat:
-            flat["slowdown"] = {int(k): v for k, v in flat["slowdown"].items()}
-        return cls(**flat).validate()
+    def from_dict(cls, d: Mapping[str, Any]) -> JobConfig:
+        """Flat keys and/or tables of keys (any table name), ``[autoscale]``; validated."""
+        flat, auto = flatten(d)
+        return cls(**flat, autoscale=AutoscaleConfig.from_dict(auto)).validate()
 
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides) -> JobConfig:
-        d = read_toml(path)
-        d.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_dict(d)
+    def from_toml(cls, path: str | Path, **overrides: Any) -> JobConfig:
+        flat, auto = flatten(read_toml(path))
+        flat.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict({**flat, "autoscale": auto})
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def add_arguments(parser) -> None:
-    """Flags for every JobConfig key (flags override the TOML file given by --config)."""
-    g = parser.add_argument_group("hpc-jabas")
-    g.add_argument("--config", help="TOML job configuration")
-    g.add_argument("--epochs", type=int)
-    g.add_argument("--batch", type=int, help="initial global batch size B")
-    g.add_argument("--micro-batch", type=int, help="micro-batch size b (default: planner's choice)")
-    g.add_argument("--seed", type=int)
-    g.add_argument("--run-dir")
-    g.add_argument("--planner", choices=PLANNERS)
-    g.add_argument("--plan", help="explicit plan, e.g. 'b=4 n=1,3,4' (implies --planner fixed)")
-    g.add_argument("--gpu-types", help="GPU type per rank, e.g. v100,p100,rtx2060")
-    g.add_argument("--speeds", help="declared per-rank speeds for --planner lbbsp, e.g. 1,0.5,0.25")
-    g.add_argument("--profile-dir")
-    g.add_argument("--emulate", action="store_true", default=None, help="emulate the GPU types on CPU ranks")
-    g.add_argument("--policy", choices=POLICIES)
-    g.add_argument("--p", type=int, help="iterations between batch-size decisions")
-    g.add_argument("--alpha", type=float)
-    g.add_argument("--gamma", type=float)
-    g.add_argument("--k", type=float)
-    g.add_argument("--batch-min", type=int)
-    g.add_argument("--batch-max", type=int)
-    g.add_argument("--lr-rule", choices=LR_RULES)
-    g.add_argument("--balance", choices=("off", "reactive", "predictive"))
-    g.add_argument("--p-balance", type=int)
-    g.add_argument("--slowdown", action="append",
-                   help="RANK:factor=3,start=50[,end=..,kind=step|ramp|periodic] (repeatable)")
-    g.add_argument("--no-checkpoint", action="store_true", default=None)
+    def to_dict(self) -> dict[str, Any]:
+        """Flat job keys plus ``autoscale`` (a dict): what :meth:`from_dict` reads back."""
+        out = {name: getattr(self, name) for name in _SECTION_OF}
+        out = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v) for k, v in out.items()}
+        out["autoscale"] = self.autoscale.to_dict()
+        return out
 
 
-def from_args(args) -> JobConfig:
-    d: dict = {}
-    if getattr(args, "config", None):
-        d = read_toml(args.config)
-    flat = JobConfig.from_dict(d).to_dict() if d else {}
-    for k in ("epochs", "batch", "micro_batch", "seed", "run_dir", "planner", "plan", "profile_dir", "emulate",
-              "policy", "p", "alpha", "gamma", "k", "batch_min", "batch_max", "lr_rule", "balance", "p_balance"):
-        v = getattr(args, k, None)
-        if v is not None:
+def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(job keys, autoscale table) of a TOML-like dict: tables other than slowdown/autoscale are groups
+    of job keys (their names do not matter); dashes in key names become underscores."""
+    flat: dict[str, Any] = {}
+    auto: dict[str, Any] = {}
+    for k, v in d.items():
+        k = str(k).replace("-", "_")
+        if k == "autoscale":
+            if v is not None and not isinstance(v, Mapping):
+                raise ConfigError(f"autoscale={v!r} must be a table, e.g. [autoscale] objective = \"cost\"")
+            auto.update(v or {})
+        elif isinstance(v, Mapping) and k not in _TABLE_KEYS:
+            inner, more = flatten(v)
+            flat.update(inner)
+            auto.update(more)
+        else:
             flat[k] = v
-    if getattr(args, "gpu_types", None):
-        flat["gpu_types"] = [s for s in args.gpu_types.split(",") if s]
-    if getattr(args, "speeds", None):
-        try:
-            flat["speeds"] = [float(s) for s in args.speeds.split(",") if s]
-        except ValueError:
-            raise ConfigError(f"--speeds {args.speeds!r} must be numbers separated by commas, "
-                              "e.g. 1,0.5,0.25") from None
+    return flat, auto
+
+
+# ---- flags and the reference, generated from the fields ----------------------------------------
+
+def _all_fields() -> list[tuple[str, dataclasses.Field[Any], Any]]:
+    """(section, field, type) of every key: the job sections, then autoscale."""
+    out = []
+    for s, cls in [*SECTIONS.items(), ("autoscale", AutoscaleConfig)]:
+        tps = field_types(cls)
+        out += [(s, f, tps[f.name]) for f in dataclasses.fields(cls)]
+    return out
+
+
+def flag_of(section: str, name: str) -> str:
+    return "--" + ("autoscale-" if section == "autoscale" else "") + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--config`` plus one flag per key, with its help, in a group per section. Flags default to
+    None (unset): they override the TOML file given by --config, which overrides the defaults."""
+    parser.add_argument_group("hpc-jabas").add_argument("--config", metavar="TOML", help="TOML job configuration")
+    groups: dict[str, Any] = {}
+    for s, f, tp in _all_fields():
+        g = groups.get(s) or groups.setdefault(s, parser.add_argument_group(f"hpc-jabas [{s}]"))
+        m = f.metadata
+        base, _ = split_optional(tp)
+        shown = default_text(f)
+        helptext = f"{m['help']} (default: {shown[1:-1] if isinstance(f.default, str) else shown})"
+        kw: dict[str, Any] = {"dest": _dest(s, f.name), "default": None, "help": helptext}
+        if base is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(base) is dict:
+            kw.update(action="append", metavar=m["metavar"])
+        elif typing.get_origin(base) is list:
+            kw["metavar"] = m["metavar"]
+        else:
+            kw["type"] = base
+            if m["choices"]:
+                kw["choices"] = m["choices"]
+            else:
+                kw["metavar"] = m["metavar"] or f.name.upper()
+        g.add_argument(flag_of(s, f.name), **kw)
+
+
+def _dest(section: str, name: str) -> str:
+    return f"autoscale_{name}" if section == "autoscale" else name
+
+
+def from_args(args: argparse.Namespace) -> JobConfig:
+    """The config of --config (if any) with the flags that were given on top; validated."""
+    flat: dict[str, Any] = {}
+    auto: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        flat, auto = flatten(read_toml(args.config))
+    for s, f, _ in _all_fields():
+        v = getattr(args, _dest(s, f.name), None)
+        if v is not None:
+            (auto if s == "autoscale" else flat)[f.name] = v
     if getattr(args, "plan", None) and not getattr(args, "planner", None):
         flat["planner"] = "fixed"
-    if getattr(args, "slowdown", None):
-        sd = {}
-        for s in args.slowdown:
-            r, _, spec = s.partition(":")
-            if not r.isdigit() or not spec:
-                raise ConfigError(f"--slowdown {s!r} must be RANK:factor=...,start=..., e.g. 2:factor=3,start=50")
-            sd[int(r)] = spec
-        flat["slowdown"] = sd
-    if getattr(args, "no_checkpoint", None):
-        flat["checkpoint"] = False
-    return JobConfig.from_dict(flat)
+    return JobConfig.from_dict({**flat, "autoscale": auto})
+
+
+def config_reference() -> str:
+    """Markdown table of every key: section, key, type, default, help (README's configuration section)."""
+    rows = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
+    for s, f, tp in _all_fields():
+        m = f.metadata
+        kind = type_name(tp) if not m["choices"] else " / ".join(f"`{c}`" for c in m["choices"])
+        shown = m["shown"] if f.default is None else None
+        default = shown or f"`{default_text(f)}`"
+        rows.append(f"| `[{s}]` | `{f.name}` | {kind.replace('|', '&#124;')} | {default} | "
+                    f"{m['help'].replace('|', '&#124;')} |")
+    return "\n".join(rows) + "\n"
+
+
+def replace_reference(text: str) -> str:
+    """``text`` (the README) with the table between the reference markers regenerated."""
+    head, sep, rest = text.partition(README_START)
+    _, sep2, tail = rest.partition(README_END)
+    if not sep or not sep2:
+        raise ConfigError(f"README has no {README_START!r} ... {README_END!r} markers")
+    return f"{head}{README_START}\n{config_reference()}{README_END}{tail}"
+
+
+def update_readme(path: str | Path = "README.md") -> None:
+    """Rewrite the configuration reference in the README at ``path``."""
+    p = Path(path)
+    p.write_text(replace_reference(p.read_text()))
