@@ -4,6 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.decision import MoveDecision
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.sampler import HeterogeneousSampler
@@ -29,8 +30,9 @@ def stub_trainer(epochs=3, policy="similarity"):
     cfg = JobConfig(epochs=epochs, batch=64, batch_min=32, batch_max=256, policy=policy, p=5, planner="optimal",
                     emulate=True).validate()
     s = HeterogeneousSampler(1000)
-    return SimpleNamespace(cfg=cfg, sampler=s, iteration=16, B=64, metrics=Metrics(), lifecycle_state={},
-                           controller=SimpleNamespace(trajectory=[(0, 64), (5, 80), (10, 96), (15, 112)]))
+    traj = [(0, 64), (5, 80), (10, 96), (15, 112)]
+    return SimpleNamespace(cfg=cfg, sampler=s, iteration=16, B=64, metrics=Metrics(), traj=traj,
+                           b_trajectory=lambda: list(traj), last_checkpoint_time=None)
 
 
 def spec(objective, **kw):
@@ -58,26 +60,66 @@ def test_epoch_time_more_gpus_is_faster_and_consumes_the_epoch():
 def test_cost_objective_moves_to_cheap_mix_and_time_objective_stays_or_grows():
     tr = stub_trainer()
     a = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View())
-    d = a._decide(tr, epoch=0)
+    d = a.decide(tr, epoch=0)
     rec = tr.metrics.recs[-1]
-    assert d["move"] and set(d["mix"]) == {"rtx2060"}
+    assert d.move and set(d.mix) == {"rtx2060"} and d.reason == rec["reason"]
     assert rec["forecast"] and all(32 <= B <= 256 for B in rec["forecast"])
     assert any(r["feasible"] for r in rec["table"]) and rec["rates"] == View.billing
     tr2 = stub_trainer()
-    d2 = EpochEndAutoscaler(spec("time", restart_prior_s=1e6), read_cluster=lambda pt: View())._decide(tr2, 0)
-    assert d2 == {"move": False}      # a huge restart overhead never pays off
+    d2 = EpochEndAutoscaler(spec("time", restart_prior_s=1e6), read_cluster=lambda pt: View()).decide(tr2, 0)
+    assert not d2.move and d2.mix is None     # a huge restart overhead never pays off
 
 
 def test_last_epoch_does_not_move_and_forecast_error_is_scored():
     tr = stub_trainer(epochs=2)
     a = EpochEndAutoscaler(spec("cost"), read_cluster=lambda pt: View())
-    a._decide(tr, epoch=0)
-    fc = tr.lifecycle_state["forecast"]
+    a.decide(tr, epoch=0)
+    fc = a.state.forecast
     tr.iteration = fc["start"] + 3 * fc["p"]
-    tr.controller.trajectory.append((fc["start"], 128))
-    d = a._decide(tr, epoch=1)
-    assert d == {"move": False} and tr.metrics.recs[-1]["reason"] == "last epoch"
+    tr.traj.append((fc["start"], 128))
+    d = a.decide(tr, epoch=1)
+    assert d == MoveDecision.stay("last epoch") and tr.metrics.recs[-1]["reason"] == "last epoch"
     assert tr.metrics.recs[-1]["forecast_error"] >= 0.0
+
+
+def test_state_round_trips_and_restart_overheads_price_the_move():
+    a = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View())
+    a.decide(stub_trainer(), epoch=0)
+    a.record_restart(12.5)
+    b = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View())
+    b.load_state_dict(a.state_dict())
+    assert b.state == a.state and b.state.restart_overheads == [12.5] and b.state.forecast["B"]
+    tr = stub_trainer()
+    b.decide(tr, epoch=0)
+    assert tr.metrics.recs[-1]["restart_overhead_s"] == pytest.approx(12.5)   # the measured one, not the prior
+
+
+def test_expected_failures_stay_and_act_without_submitter_stays():
+    from hpc_jabas.errors import SlurmError
+
+    def no_slurm(pt):
+        raise SlurmError("sinfo not found")
+    tr = stub_trainer()
+    d = EpochEndAutoscaler(spec("cost"), read_cluster=no_slurm).decide(tr, epoch=0)
+    assert not d.move and "sinfo not found" in d.reason and tr.metrics.recs[-1]["error"] == "sinfo not found"
+    a = EpochEndAutoscaler(spec("cost"), read_cluster=lambda pt: View())
+    res = a.act(tr, MoveDecision(True, {"rtx2060": 2}, "cheaper"))
+    assert not res.move and tr.metrics.recs[-1]["type"] == "autoscale_note"
+
+
+def test_act_submits_and_names_the_next_job(tmp_path):
+    sub = []
+    s = JobSpec(task="m:f", config={"autoscale": {"objective": "cost"}}, chain_dir=str(tmp_path),
+                mix={"a100": 1, "v100": 2})
+    a = EpochEndAutoscaler(s, submit_fn=lambda sp: sub.append(sp) or 4242, job_id="41")
+    tr = stub_trainer()
+    tr.last_checkpoint_time = 1000.0
+    res = a.act(tr, MoveDecision(True, {"rtx2060": 2}, "cheaper"))
+    assert res == MoveDecision(True, {"rtx2060": 2}, "cheaper", job_id="4242")
+    assert sub[0].mix == {"rtx2060": 2}
+    from hpc_jabas.slurm import chain as chainlog
+    moves = [e for e in chainlog.read(str(tmp_path)) if e["event"] == "move"]
+    assert moves[-1]["to_job"] == 4242 and moves[-1]["checkpoint_time"] == 1000.0
 
 
 def test_unknown_autoscale_key_is_one_clear_line():

@@ -1,17 +1,23 @@
-"""Rank-0 decisions, broadcast so that every rank switches at the same iteration (invariant 4).
+"""Rank-0 decisions, applied by every rank at the same iteration (invariants 4 and 8).
 
-A controller is called by the trainer on every rank after every iteration. On a decision
-round (every p iterations) rank 0 decides from the gradient statistics of that iteration
-(policy -> new B -> planner -> lr rule) and ``comm.broadcast_object`` carries the Decision;
-every rank applies it at ``at_iteration`` (the next iteration), not earlier or later.
+A controller (hooks.Controller) is called by the trainer on every rank after every iteration.
+On a decision round (every p iterations) rank 0 decides from the gradient statistics of that
+iteration (policy -> new B -> planner -> lr rule); the decision protocol (protocol.py, reached
+as ``trainer.decisions``) broadcasts it, or a no-op when rank 0's decide step raised; every rank
+applies it at ``at_iteration`` (the next iteration), not earlier or later.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.plan import Plan
+from hpc_jabas.runtime.hooks import Controller
 
 
-class BaseController:
+class BaseController(Controller):
+    """Subclass and override ``is_round`` and ``decide`` (rank 0); the round itself is done here."""
+
     p: int = 1
 
     def attach(self, trainer) -> None:
@@ -30,21 +36,23 @@ class BaseController:
         """Collective on decision rounds: rank 0 decides, everyone receives the same Decision."""
         if not self.is_round(trainer.iteration):
             return None
-        return self.broadcast(trainer, self.decide(trainer, rec) if trainer.rank == 0 else None)
+        return self.decision_round(trainer, lambda: self.decide(trainer, rec))
 
-    def broadcast(self, trainer, d: Decision | None) -> Decision | None:
-        """Rank 0's decision (or None) to every rank; each rank records and returns the same one."""
-        from hpc_jabas.runtime import comm
-        payload = comm.broadcast_object(d.to_dict() if d is not None else None, root_rank=0, name="hj.decision")
-        if payload is None:
-            return None
-        d = Decision.from_dict(payload)
-        self.on_decision(trainer, d)
+    def decision_round(self, trainer, decide: Callable[[], Decision | None]) -> Decision | None:
+        """The protocol: ``decide`` on rank 0 (contained), broadcast, the same Decision on every rank."""
+        d = trainer.decisions.run("decision", trainer.iteration, decide, Decision.from_dict,
+                                  noop=lambda: trainer.noop_decision("contained error in the decision step"),
+                                  validate=trainer.check_decision)
+        if d is not None and d.kind != "noop":
+            self.on_decision(trainer, d)
         return d
 
     def on_decision(self, trainer, d: Decision) -> None:
         if trainer.rank == 0:
             trainer.metrics.write({"type": "decision", **d.to_dict()})
+
+    def b_trajectory(self) -> list[tuple[int, int]]:
+        return []
 
     def state_dict(self) -> dict:
         return {}
@@ -239,7 +247,7 @@ class AdaptiveController(BaseController):
         bal = self.balance and done % self.cfg.p_balance == 0
         pol = self.cfg.policy != "fixed" and done % self.p == 0
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
-        return self.broadcast(trainer, self._decide_round(trainer, rec, pol, meas) if trainer.rank == 0 else None)
+        return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
     def _decide_round(self, trainer, rec, pol: bool, meas):
         info = None
@@ -260,7 +268,7 @@ class AdaptiveController(BaseController):
                     return None
                 return Decision(trainer.iteration, plan.B, plan, trainer.lr_scale,
                                 reason=f"rebalance ({self.cfg.balance}): {info.get('reason', '')}",
-                                stats={"factors": self.factors})
+                                stats={"factors": self.factors}, kind="rebalance")
             d = self.decide(trainer, rec)
             trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
                                    "predicted": self.factors, "exo": [m["exo"] for m in meas], "plan": str(d.plan),
@@ -298,6 +306,9 @@ class AdaptiveController(BaseController):
         super().on_decision(trainer, d)
         if d.B != (self.trajectory[-1][1] if self.trajectory else None):
             self.trajectory.append((d.at_iteration, d.B))
+
+    def b_trajectory(self) -> list[tuple[int, int]]:
+        return list(self.trajectory)
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),

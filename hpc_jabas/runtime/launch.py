@@ -17,6 +17,11 @@ from pathlib import Path
 
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError, JabasError
+from hpc_jabas.log import get_logger
+from hpc_jabas.runtime.hooks import Callback
+from hpc_jabas.slurm import chain as chainlog
+
+log = get_logger(__name__)
 
 
 def load_task(task: str):
@@ -64,7 +69,6 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     from hpc_jabas.runtime import comm
     from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.slurm import chain as chainlog
 
     parts = load_task(spec.task)()     # before Horovod's background thread starts polling
     comm.init()
@@ -82,26 +86,15 @@ def run_job(spec: JobSpec | dict) -> dict | None:
         from hpc_jabas.slurm.executor import submit_job
         submit_fn = submit_job
     hook = EpochEndAutoscaler(spec, submit_fn=submit_fn, job_id=job_id)
-    tr = Trainer(parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"], config=cfg,
-                 scheduler=parts.get("scheduler"), eval_fn=parts.get("eval_fn"), epoch_end_hook=hook)
     t0 = time.time()
-    resumed = tr.maybe_resume()
+    restart = RestartOverheadCallback(spec.chain_dir, job_id, hook, trainer_start=t0)
+    tr = Trainer(parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"], config=cfg,
+                 scheduler=parts.get("scheduler"), eval_fn=parts.get("eval_fn"), epoch_end_hook=hook,
+                 scheduler_step=parts.get("scheduler_step", "epoch"), callbacks=[restart])
+    resumed = restart.resumed = tr.maybe_resume()
     if rank == 0:
         chainlog.append(spec.chain_dir, "start", job_id=job_id, mix=mix, world=tr.world, epoch=tr.sampler.epoch,
                         iteration=tr.iteration, resumed=resumed, gpu_types=tr.gpu_types)
-
-    def first_step(trainer):
-        if rank == 0 and resumed:
-            moves = [e for e in chainlog.read(spec.chain_dir)
-                     if e["event"] == "move" and str(e.get("to_job")) == str(job_id)]
-            if moves:
-                overhead = time.time() - float(moves[-1]["checkpoint_time"])
-                trainer.lifecycle_state.setdefault("restart_overheads", []).append(overhead)
-                # since_move_s: move recorded -> this job's trainer built (Slurm queue + start-up)
-                chainlog.append(spec.chain_dir, "restart", job_id=job_id, overhead_s=overhead,
-                                since_move_s=(trainer_start - float(moves[-1]["time"])))
-    trainer_start = t0
-    tr.first_step_callbacks.append(first_step)
     res = tr.fit(resume=False)
     wall = time.time() - t0
     rates = {}
@@ -112,13 +105,34 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     except JabasError:
         rates = {}
     cost = sum(n * rates.get(p, 0.0) for p, n in mix.items()) * wall / 3600.0
-    moved = getattr(tr, "moved_to", None)
+    moved = tr.moved_to.to_dict() if tr.moved_to is not None else None
     if rank == 0:
         chainlog.append(spec.chain_dir, "end", job_id=job_id, epochs=tr.sampler.epoch, wall_s=wall, cost=cost,
                         state="moved" if moved else "finished", iteration=tr.iteration)
     summary = {"job_id": job_id, "mix": mix, "epoch": tr.sampler.epoch, "iteration": tr.iteration,
                "moved_to": moved, "params_sha": _params_digest(tr.model), "B": tr.B, **res}
     return summary if rank == 0 else None
+
+
+class RestartOverheadCallback(Callback):
+    """Rank 0, after the first iteration of a job that resumed after a move: the restart overhead
+    (move's checkpoint -> now) goes to the auto-scaler's state and the chain log."""
+
+    def __init__(self, chain_dir: str, job_id: str, hook, trainer_start: float):
+        self.chain_dir, self.job_id, self.hook, self.trainer_start = chain_dir, job_id, hook, trainer_start
+        self.resumed = False
+
+    def on_first_step(self, trainer) -> None:
+        if trainer.rank != 0 or not self.resumed:
+            return
+        moves = [e for e in chainlog.read(self.chain_dir)
+                 if e["event"] == "move" and str(e.get("to_job")) == str(self.job_id)]
+        if moves:
+            overhead = time.time() - float(moves[-1]["checkpoint_time"])
+            self.hook.record_restart(overhead)
+            # since_move_s: move recorded -> this job's trainer built (Slurm queue + start-up)
+            chainlog.append(self.chain_dir, "restart", job_id=self.job_id, overhead_s=overhead,
+                            since_move_s=(self.trainer_start - float(moves[-1]["time"])))
 
 
 def _params_digest(model) -> str:
@@ -138,7 +152,7 @@ def main(argv=None) -> int:
     try:
         run_job(spec_from_file(argv[0]))
     except JabasError as e:
-        print(f"hpc-jabas: error: {e}", file=sys.stderr)
+        log.error("%s", e)
         return 2
     return 0
 

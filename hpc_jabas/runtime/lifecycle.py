@@ -1,6 +1,9 @@
 """Epoch-end auto-scaling on Slurm: the adapter between the pure auto-scaler and the cluster.
 
-At every epoch end (after the checkpoint) all ranks call ``EpochEndAutoscaler``; rank 0:
+At every epoch end, once the epoch's checkpoint is on disk, the trainer runs this hook
+(hooks.EpochEndHook) through the decision protocol: ``decide`` and ``act`` run on rank 0 only,
+contained (an exception there is logged and counted, and the job stays), and every rank gets
+the same MoveDecision. Rank 0:
   1. scores the forecast it made at the previous epoch end against the B trajectory that
      happened (forecast error, into the metrics);
   2. forecasts the next epoch's B trajectory (forecast.py) from the controller's decisions;
@@ -8,26 +11,47 @@ At every epoch end (after the checkpoint) all ranks call ``EpochEndAutoscaler``;
      this job holds), billing weights;
   4. prices every candidate mix (autoscale.py) with the planner + perf model over the forecast
      trajectory, with the restart overhead measured on this chain (prior before the first);
-  5. records candidates, choice and reason; on a move submits the next job onto the new mix
-     (submit.py) and tells every rank to exit cleanly. The next job resumes from the checkpoint.
+  5. records candidates, choice and reason; on a move (``act``) submits the next job onto the new
+     mix and the trainer ends this one cleanly. The next job resumes from the checkpoint.
+
+Its state (the last forecast, the restart overheads measured on this chain) is the hook's own
+(``AutoscalerState``); the trainer checkpoints it and, after ``decide``, saves it next to the
+checkpoint so that the next job scores the forecast made here.
 """
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
+from hpc_jabas.core.decision import MoveDecision
 from hpc_jabas.errors import ConfigError, JabasError
+from hpc_jabas.log import get_logger
+from hpc_jabas.runtime.hooks import EpochEndHook
 from hpc_jabas.slurm import chain as chainlog
 
 DEFAULTS = {"objective": "time", "max_gpus": 8, "min_gpus": 1, "allowed": None, "max_partitions": 2,
             "margin": 0.05, "restart_prior_s": 30.0, "budget": None, "deadline_s": None, "enabled": True,
             "partition_types": None}
 
+log = get_logger(__name__)
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+
+@dataclass
+class AutoscalerState:
+    """What the auto-scaler carries from one epoch end (and one job) to the next."""
+
+    forecast: dict[str, Any] | None = None           # {"start": it, "p": period, "B": [B per period]}
+    restart_overheads: list[float] = field(default_factory=list)   # seconds, checkpoint -> first iteration
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"forecast": self.forecast, "restart_overheads": list(self.restart_overheads)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AutoscalerState:
+        return cls(forecast=d.get("forecast"), restart_overheads=[float(s) for s in d.get("restart_overheads", [])])
 
 
 def expand_mix(mix: dict[str, int], types: dict[str, str]) -> list[str]:
@@ -58,7 +82,7 @@ def epoch_time_fn(model, types: dict[str, str], forecast: list[int], period: int
     return fn
 
 
-class EpochEndAutoscaler:
+class EpochEndAutoscaler(EpochEndHook):
     def __init__(self, spec, submit_fn: Callable | None = None, read_cluster: Callable | None = None,
                  job_id: str | None = None):
         self.spec = spec
@@ -73,18 +97,51 @@ class EpochEndAutoscaler:
         self.read_cluster = read_cluster
         self.job_id = job_id
         self.mix = dict(spec.mix)
+        self.state = AutoscalerState()
+
+    # ---- state (checkpointed by the trainer) ---------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.to_dict()
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.state = AutoscalerState.from_dict(d)
+
+    def record_restart(self, overhead_s: float) -> None:
+        """Rank 0: a measured restart overhead of this chain (checkpoint -> first iteration of the next job)."""
+        self.state.restart_overheads.append(float(overhead_s))
 
     # ---- rank 0 ------------------------------------------------------------------------------
-    def _decide(self, trainer, epoch: int) -> dict:
+    def decide(self, trainer, epoch: int) -> MoveDecision:
+        """Rank 0. Expected failures (no Slurm, an infeasible mix...) are recorded and mean "stay";
+        anything else propagates to the decision protocol, which contains it."""
+        try:
+            return self._decide(trainer, epoch)
+        except JabasError as e:
+            trainer.metrics.write({"type": "autoscale", "epoch": epoch, "it": trainer.iteration,
+                                   "move": False, "error": str(e)})
+            log.warning("epoch-end auto-scaling skipped: %s", e)
+            return MoveDecision.stay(f"skipped: {e}")
+
+    def act(self, trainer, d: MoveDecision) -> MoveDecision:
+        """Rank 0, after the checkpoint is written: submit the next job onto the chosen mix."""
+        try:
+            return self._act(trainer, d)
+        except JabasError as e:
+            trainer.metrics.write({"type": "autoscale", "it": trainer.iteration, "move": False,
+                                   "error": f"resubmission failed: {e}"})
+            log.warning("resubmission failed, staying on this allocation: %s", e)
+            return MoveDecision.stay(f"resubmission failed: {e}")
+
+    def _decide(self, trainer, epoch: int) -> MoveDecision:
         from hpc_jabas.core import autoscale, forecast
         from hpc_jabas.core.perfmodel import job_perf_model
         cfg, jc = self.cfg, trainer.cfg
-        st = trainer.lifecycle_state
-        traj = list(getattr(trainer.controller, "trajectory", None) or [(0, trainer.B)])
+        st = self.state
+        traj = trainer.b_trajectory()
         p = jc.p if jc.policy != "fixed" else max(1, trainer.sampler.iterations_left(trainer.B) or 1)
         rec = {"type": "autoscale", "epoch": epoch, "it": trainer.iteration, "mix": self.mix}
         # 1. forecast error of the finished epoch
-        last = st.get("forecast")
+        last = st.forecast
         if last:
             starts = [last["start"] + k * last["p"] for k in range(len(last["B"]))]
             actual = [_B_at(traj, t) for t in starts if t < trainer.iteration]   # periods that happened
@@ -94,11 +151,11 @@ class EpochEndAutoscaler:
         if remaining <= 0 or not cfg["enabled"]:
             rec.update(move=False, reason="last epoch" if remaining <= 0 else "autoscaling disabled")
             trainer.metrics.write(rec)
-            return {"move": False}
+            return MoveDecision.stay(rec["reason"])
         N = trainer.sampler.num_samples
         fc = forecast.forecast_next_epoch(traj, lambda B: math.ceil(N / B), period_p=p, B_min=jc.B_min,
                                           B_max=jc.B_max, start_iter=trainer.iteration)
-        st["forecast"] = {"start": trainer.iteration, "p": p, "B": fc}
+        st.forecast = {"start": trainer.iteration, "p": p, "B": list(fc)}
         rec["forecast"] = fc
         # 2. the cluster now
         view = (self.read_cluster or _read_cluster)(cfg.get("partition_types"))
@@ -112,7 +169,7 @@ class EpochEndAutoscaler:
         fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
         overhead = autoscale.RestartOverhead(prior_s=float(cfg["restart_prior_s"]))
-        for s in st.get("restart_overheads", []):
+        for s in st.restart_overheads:
             overhead.record(s)
         choice = autoscale.choose(self.mix, cands, fn, rates, cfg["objective"], overhead, margin=cfg["margin"],
                                   budget=cfg["budget"], deadline_s=cfg["deadline_s"], remaining_epochs=remaining)
@@ -120,58 +177,22 @@ class EpochEndAutoscaler:
                    restart_overhead_s=overhead.seconds, rates=rates)
         trainer.metrics.write(rec)
         where = f"MOVE to {choice.mix}" if choice.move else f"stay on {self.mix}"
-        _log(f"hpc-jabas: epoch {epoch} end: {where}"
-             f" ({choice.reason})")
+        log.info("epoch %d end: %s (%s)", epoch, where, choice.reason)
         if not choice.move:
-            return {"move": False}
-        return {"move": True, "mix": choice.mix}
+            return MoveDecision.stay(choice.reason)
+        return MoveDecision(True, dict(choice.mix), choice.reason)
 
-    def _act(self, trainer, d: dict) -> dict:
-        """Rank 0, after the checkpoint is written: submit the next job onto the chosen mix."""
+    def _act(self, trainer, d: MoveDecision) -> MoveDecision:
         if self.submit_fn is None:
             trainer.metrics.write({"type": "autoscale_note", "it": trainer.iteration,
                                    "note": "move chosen but no submitter here (not under Slurm): staying"})
-            return {"move": False}
-        t_ckpt = trainer.lifecycle_state.get("last_checkpoint_time", time.time())
-        new_id = self.submit_fn(self.spec.with_mix(d["mix"]))
-        chainlog.append(self.spec.chain_dir, "move", from_job=self.job_id, to_job=new_id, mix=d["mix"],
+            return MoveDecision.stay("no submitter here (not under Slurm)")
+        assert d.mix is not None
+        t_ckpt = trainer.last_checkpoint_time if trainer.last_checkpoint_time is not None else time.time()
+        new_id = self.submit_fn(self.spec.with_mix(d.mix))
+        chainlog.append(self.spec.chain_dir, "move", from_job=self.job_id, to_job=new_id, mix=d.mix,
                         epoch=trainer.sampler.epoch, iteration=trainer.iteration, checkpoint_time=t_ckpt)
-        return {"move": True, "mix": d["mix"], "job_id": new_id}
-
-    # ---- every rank --------------------------------------------------------------------------
-    def plan(self, trainer, epoch: int) -> dict:
-        from hpc_jabas.runtime import comm
-        d = None
-        if trainer.rank == 0:
-            try:
-                d = self._decide(trainer, epoch)
-            except JabasError as e:
-                trainer.metrics.write({"type": "autoscale", "epoch": epoch, "it": trainer.iteration,
-                                       "move": False, "error": str(e)})
-                _log(f"hpc-jabas: epoch-end auto-scaling skipped: {e}")
-                d = {"move": False}
-        return comm.broadcast_object(d, root_rank=0, name="hj.autoscale")
-
-    def act(self, trainer, d: dict) -> bool:
-        from hpc_jabas.runtime import comm
-        if not d["move"]:
-            return False
-        res = None
-        if trainer.rank == 0:
-            try:
-                res = self._act(trainer, d)
-            except JabasError as e:
-                trainer.metrics.write({"type": "autoscale", "it": trainer.iteration, "move": False,
-                                       "error": f"resubmission failed: {e}"})
-                _log(f"hpc-jabas: resubmission failed, staying on this allocation: {e}")
-                res = {"move": False}
-        res = comm.broadcast_object(res, root_rank=0, name="hj.autoscale.act")
-        if res["move"]:
-            trainer.moved_to = res
-        return bool(res["move"])
-
-    def __call__(self, trainer, epoch: int) -> bool:
-        return self.act(trainer, self.plan(trainer, epoch))
+        return MoveDecision(True, dict(d.mix), d.reason, job_id=str(new_id))
 
 
 def _B_at(traj, it: int) -> int:

@@ -5,17 +5,18 @@ forward/backward (weighted by its sample count) and, when emulating, waits for i
 time; the HeterogeneousOptimizer's allreduce leaves the mean gradient of the B samples; the
 optimizer steps with the current lr scale. Every p iterations the controller (rank 0 decides,
 every rank applies at the announced iteration) may change B and the plan; at every epoch end
-the full state is checkpointed and the epoch-end hook (auto-scaler) may end the job for a
-resubmission onto another mix.
+the full state is checkpointed first, then the epoch-end hook (auto-scaler) may end the job for a
+resubmission onto another mix. Every decision goes through one protocol (runtime/protocol.py):
+rank 0 decides (contained: an exception there becomes a logged, counted no-op), the decision is
+broadcast, every rank applies it at the iteration it names.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
-import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,38 +24,21 @@ import numpy as np
 import torch
 
 from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.decision import Decision
+from hpc_jabas.core.decision import Decision, MoveDecision
 from hpc_jabas.core.plan import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import CheckpointError, ConfigError
+from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
+from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
+from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+from hpc_jabas.runtime.protocol import DecisionChannel
 
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-class MetricsWriter:
-    """JSONL in the run directory, written by rank 0 only."""
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self._f = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(path, "a", buffering=1)
-
-    def write(self, rec: dict) -> None:
-        if self._f is not None:
-            self._f.write(json.dumps(rec, default=float) + "\n")
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+log = get_logger(__name__)
+HOOK_STATE = "hook-state.pt"     # the epoch-end hook's state after its decide step (next to the checkpoints)
 
 
 def tensor_fetch(dataset) -> Callable[[np.ndarray], Any]:
@@ -76,13 +60,29 @@ class Trainer:
 
         trainer = Trainer(model, optimizer, dataset, nn.CrossEntropyLoss(), config=cfg)
         trainer.fit()
+
+    ``scheduler_step``: the user's lr scheduler steps once per "epoch" (default) or per "iteration".
+    ``controller`` (hooks.Controller), ``epoch_end_hook`` (hooks.EpochEndHook) and ``callbacks``
+    (hooks.Callback) are the extension points; ``history`` keeps the last ``history_len``
+    iterations' (it, B, plan, lr_scale) of this rank.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, loss_fn,
                  config: JobConfig | None = None, scheduler=None, eval_fn=None,
-                 forward_fn: Callable | None = None, controller=None, epoch_end_hook=None,
-                 planner_fn: Callable | None = None, gpu_types: list[str] | None = None):
+                 forward_fn: Callable | None = None, controller: Controller | None = None,
+                 epoch_end_hook: EpochEndHook | None = None,
+                 planner_fn: Callable | None = None, gpu_types: list[str] | None = None,
+                 callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
+                 history_len: int = 100_000):
         self.cfg = (config or JobConfig()).validate()
+        if scheduler_step not in SCHEDULER_STEPS:
+            raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
+        if controller is not None and not isinstance(controller, Controller):
+            raise TypeError(f"controller {controller!r} does not implement hpc_jabas.runtime.hooks.Controller")
+        if epoch_end_hook is not None and not isinstance(epoch_end_hook, EpochEndHook):
+            raise TypeError(f"epoch_end_hook {epoch_end_hook!r} is not an hpc_jabas.runtime.hooks.EpochEndHook")
+        if not all(isinstance(cb, Callback) for cb in callbacks):
+            raise TypeError("callbacks must be hpc_jabas.runtime.hooks.Callback instances")
         comm.init()
         self.rank, self.world = comm.rank(), comm.size()
         self.device = comm.device()
@@ -90,8 +90,10 @@ class Trainer:
         self.loss_fn = loss_fn
         self.forward_fn = forward_fn or (lambda m, batch: loss_fn(m(batch[0]), batch[1]))
         self.scheduler = scheduler
+        self.scheduler_step: SchedulerStep = scheduler_step
         self.eval_fn = eval_fn
         self.epoch_end_hook = epoch_end_hook
+        self.callbacks: list[Callback] = list(callbacks)
         self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters())
         self.dataset = dataset
         self.fetch = tensor_fetch(dataset)
@@ -99,6 +101,8 @@ class Trainer:
         self.run_dir = Path(self.cfg.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
+        self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
+        self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
         self.iteration = 0
         self.lr_scale = 1.0
         self.gpu_types = gpu_types or self._gpu_types()
@@ -112,17 +116,16 @@ class Trainer:
                                   "fixed plan cannot follow; use planner='optimal' or 'lbbsp'")
             from hpc_jabas.runtime.controller import AdaptiveController
             controller = AdaptiveController(self.cfg)
-        self.controller = controller
+        self.controller: Controller | None = controller
         if controller is not None:
             controller.attach(self)
-        self._pending: list[dict] = []
-        self.history: list[dict] = []        # (iteration, B, plan, lr) per iteration, this rank
+        self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self.resumed_from: str | None = None
         self.stop_requested = False
         self.samples_local = 0
         self.compute_local_s = 0.0
-        self.lifecycle_state: dict = {}      # epoch-end auto-scaler's state (forecasts, restart overheads)
-        self.first_step_callbacks: list = []
+        self.last_checkpoint_time: float | None = None   # wall clock of the last checkpoint (every rank)
+        self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
         comm.broadcast_parameters(self.model.state_dict(), root_rank=0)
         # Horovod's broadcast_optimizer_state initialises an empty state with a zero-gradient
         # step, which shifts Adam's step count; a fresh optimizer is identical everywhere, so
@@ -154,8 +157,8 @@ class Trainer:
                 except ConfigError:
                     continue
             if mine is None:
-                _log(f"hpc-jabas: rank {self.rank}: GPU {name!r} is not in the catalog; planning it as a v100 "
-                     "(set gpu_types or add it to the catalog)")
+                log.warning("rank %d: GPU %r is not in the catalog; planning it as a v100 "
+                            "(set gpu_types or add it to the catalog)", self.rank, name)
         mine = mine or "v100"
         return list(comm.allgather_object(mine, name="hj.types"))
 
@@ -178,8 +181,12 @@ class Trainer:
     def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
         cfg = self.cfg
         if cfg.planner == "fixed":
+            assert cfg.plan, "JobConfig.validate() requires a plan for planner='fixed'"
             fixed = Plan.parse(cfg.plan)
-            return lambda B, factors=None: fixed
+
+            def fixed_plan(B: int, factors: list[float] | None = None) -> Plan:
+                return fixed
+            return fixed_plan
         if cfg.planner == "lbbsp":
             from hpc_jabas.core import gpus
             from hpc_jabas.core.plan import proportional_plan
@@ -194,7 +201,10 @@ class Trainer:
         model = self.perf_model()
         cands = [cfg.micro_batch] if cfg.micro_batch else None
         types = self.gpu_types
-        return lambda B, factors=None: plan_batch(B, types, model, b_candidates=cands, speed_factors=factors)
+
+        def optimal(B: int, factors: list[float] | None = None) -> Plan:
+            return plan_batch(B, types, model, b_candidates=cands, speed_factors=factors)
+        return optimal
 
     def _initial_plan(self) -> Plan:
         plan = self.planner_fn(self.B, None)
@@ -205,12 +215,28 @@ class Trainer:
         return plan
 
     # ---- decisions -------------------------------------------------------------------------
-    def apply(self, d: Decision) -> None:
+    def check_decision(self, d: Decision) -> None:
+        """Raises when ``d`` cannot be applied now (rank 0 checks before broadcasting; see protocol.py)."""
         if d.at_iteration != self.iteration:
             raise RuntimeError(f"rank {self.rank}: decision for iteration {d.at_iteration} applied at {self.iteration}")
         if d.plan.world_size != self.world:
-            raise ConfigError(f"decision plan {d.plan} does not fit {self.world} ranks")
+            raise RuntimeError(f"decision plan {d.plan} does not fit {self.world} ranks")
+        if d.B != d.plan.B:
+            raise RuntimeError(f"decision B={d.B} differs from its plan's B={d.plan.B} ({d.plan})")
+
+    def noop_decision(self, reason: str = "") -> Decision:
+        """Keep everything as it is (what a contained error on rank 0 broadcasts)."""
+        return Decision.noop(self.iteration, self.B, self.plan, self.lr_scale, reason=reason)
+
+    def apply(self, d: Decision) -> None:
+        """Every rank, at ``d.at_iteration``."""
+        self.check_decision(d)
         self.B, self.plan, self.lr_scale = d.B, d.plan, d.lr_scale
+
+    def b_trajectory(self) -> list[tuple[int, int]]:
+        """(iteration, B) at every change of B (the controller's record; the start B without one)."""
+        traj = self.controller.b_trajectory() if self.controller is not None else []
+        return list(traj) or [(0, self.B)]
 
     # ---- one iteration ----------------------------------------------------------------------
     def train_step(self) -> dict:
@@ -252,41 +278,25 @@ class Trainer:
                "slowdown": self.emulator.factor(self.iteration) if self.emulator else 1.0}
         if measure and self.opt.last_stats is not None:
             rec["stats"] = self.opt.last_stats.to_dict()
+        rec["contained_errors"] = self.decisions.contained_errors
         self.history.append({"it": self.iteration, "B": self.B, "plan": str(self.plan), "lr_scale": self.lr_scale})
-        self._pending.append(rec)
+        self._iter_metrics.add(rec)
         self.iteration += 1
-        if self.scheduler is not None and getattr(self.scheduler, "_hj_per_iteration", False):
+        if self.scheduler is not None and self.scheduler_step == "iteration":
             self.scheduler.step()
         if self.controller is not None:
             d = self.controller.after_step(self, rec)
             if d is not None:
                 self.apply(d)
-        if len(self._pending) >= self.cfg.metrics_period:
+        for cb in self.callbacks:
+            cb.on_step_end(self, rec)
+        if len(self._iter_metrics) >= self.cfg.metrics_period:
             self.flush_metrics()
         return rec
 
     def flush_metrics(self) -> None:
-        recs = comm.allgather_object(self._pending, name="hj.metrics")
-        self._pending = []
-        if self.rank != 0:
-            return
-        by_it: dict[int, list] = {}
-        for rank_recs in recs:
-            for r in rank_recs:
-                by_it.setdefault(r["it"], []).append(r)
-        for it in sorted(by_it):
-            rs = sorted(by_it[it], key=lambda r: r["rank"])
-            iter_s = max(r["iter_s"] for r in rs)
-            out = {"type": "iteration", "it": it, "epoch": rs[0]["epoch"], "B": rs[0]["B"],
-                   "samples": rs[0]["samples"], "plan": rs[0]["plan"],
-                   "iter_s": iter_s, "samples_per_s": rs[0]["samples"] / iter_s if iter_s > 0 else None,
-                   "lr_scale": rs[0]["lr_scale"],
-                   "loss": sum(r["loss_sum"] for r in rs) / rs[0]["samples"],
-                   "compute_s": [r["compute_s"] for r in rs], "wait_s": [r["wait_s"] for r in rs],
-                   "n_local": [r["n_local"] for r in rs], "slowdown": [r["slowdown"] for r in rs]}
-            if "stats" in rs[0]:
-                out["stats"] = rs[0]["stats"]
-            self.metrics.write(out)
+        """Collective: every rank's pending iteration numbers to rank 0, which writes them."""
+        self._iter_metrics.flush()
 
     # ---- epochs, checkpoints --------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -295,7 +305,8 @@ class Trainer:
                 "sampler": self.sampler.state_dict(), "iteration": self.iteration, "B": self.B,
                 "plan": self.plan.to_dict(), "lr_scale": self.lr_scale,
                 "controller": self.controller.state_dict() if self.controller is not None else None,
-                "world": self.world, "gpu_types": self.gpu_types, "lifecycle": self.lifecycle_state,
+                "world": self.world, "gpu_types": self.gpu_types, "decisions": self.decisions.state_dict(),
+                "lifecycle": self.epoch_end_hook.state_dict() if self.epoch_end_hook is not None else None,
                 "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}}
 
     def load_state_dict(self, st: dict) -> None:
@@ -314,31 +325,54 @@ class Trainer:
         self.plan = plan
         if self.controller is not None and st.get("controller") is not None:
             self.controller.load_state_dict(st["controller"])
-        self.lifecycle_state = dict(st.get("lifecycle") or {})
+        if self.epoch_end_hook is not None and st.get("lifecycle"):
+            self.epoch_end_hook.load_state_dict(dict(st["lifecycle"]))
+        self.decisions.load_state_dict(st.get("decisions") or {})
         torch.set_rng_state(st["rng"]["torch"])
         np.random.set_state(st["rng"]["numpy"])
         random.setstate(st["rng"]["python"])
 
-    def save_checkpoint(self) -> Path | None:
+    def save_checkpoint(self) -> str | None:
         """All ranks call; rank 0 writes (the state is identical on every rank)."""
         self.flush_metrics()
         path = None
-        self.lifecycle_state["last_checkpoint_time"] = time.time()
+        self.last_checkpoint_time = time.time()
         if self.rank == 0 and self.cfg.checkpoint:
             path = ckpt.save_in(self.ckpt_dir, self.state_dict(), self.sampler.epoch, self.iteration,
                                 keep=self.cfg.keep_checkpoints)
         return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
 
+    def _save_hook_state(self, checkpoint: str | None) -> None:
+        """Rank 0, after the epoch-end hook decided: its state, tied to the checkpoint it follows."""
+        if self.epoch_end_hook is not None and checkpoint is not None:
+            ckpt.save(self.ckpt_dir / HOOK_STATE, {"checkpoint": Path(checkpoint).name,
+                                                   "state": self.epoch_end_hook.state_dict()})
+
+    def _load_hook_state(self, st: dict, path: Path) -> None:
+        """Rank 0, on resume: the hook's post-decide state replaces the checkpoint's when it follows it."""
+        side = self.ckpt_dir / HOOK_STATE
+        if not side.exists():
+            return
+        try:
+            hs = ckpt.load(side)
+        except CheckpointError as e:
+            log.warning("ignoring the epoch-end hook's state: %s", e)
+            return
+        if hs.get("checkpoint") == path.name:
+            st["lifecycle"] = hs["state"]
+
     def maybe_resume(self) -> bool:
-        found = ckpt.load_latest(self.ckpt_dir, log=_log) if self.rank == 0 else None
+        found = ckpt.load_latest(self.ckpt_dir, log=log.warning) if self.rank == 0 else None
+        if found:
+            self._load_hook_state(found[0], found[1])
         st = comm.broadcast_object(found[0] if found else None, name="hj.resume")
         if st is None:
             return False
         self.load_state_dict(st)
         self.resumed_from = str(found[1]) if found else "broadcast"
         if self.rank == 0:
-            _log(f"hpc-jabas: resumed from {self.resumed_from} at epoch {self.sampler.epoch}, "
-                 f"cursor {self.sampler.cursor}, iteration {self.iteration}, B={self.B}")
+            log.info("resumed from %s at epoch %d, cursor %d, iteration %d, B=%d", self.resumed_from,
+                     self.sampler.epoch, self.sampler.cursor, self.iteration, self.B)
             self.metrics.write({"type": "resume", "it": self.iteration, "epoch": self.sampler.epoch,
                                 "cursor": self.sampler.cursor, "world": self.world, "B": self.B,
                                 "plan": str(self.plan), "from": self.resumed_from})
@@ -353,6 +387,7 @@ class Trainer:
                                 "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration})
         t0 = time.perf_counter()
         samples = 0
+        first_step = True
         while self.sampler.epoch < epochs:
             if self.sampler.epoch_done(self.plan.B):
                 if self._end_epoch():
@@ -360,10 +395,10 @@ class Trainer:
                 continue
             rec = self.train_step()
             samples += rec["samples"]
-            if self.first_step_callbacks:
-                cbs, self.first_step_callbacks = self.first_step_callbacks, []
-                for cb in cbs:
-                    cb(self)
+            if first_step:
+                first_step = False
+                for cb in self.callbacks:
+                    cb.on_first_step(self)
             if max_iterations is not None and self.iteration >= max_iterations:
                 break
             if self.stop_requested:
@@ -378,19 +413,31 @@ class Trainer:
         """Returns True when the job should stop (moved to another allocation)."""
         epoch = self.sampler.epoch
         self.sampler.new_epoch()
-        if self.scheduler is not None and not getattr(self.scheduler, "_hj_per_iteration", False):
+        if self.scheduler is not None and self.scheduler_step == "epoch":
             self.scheduler.step()
         ev = self.eval_fn(self.model) if self.eval_fn is not None else None
         if self.rank == 0:
             self.metrics.write({"type": "epoch_end", "epoch": epoch, "it": self.iteration, "eval": ev, "B": self.B})
+        # the epoch's checkpoint first: nothing that can fail below (the hook's decide) can lose it
+        path = self.save_checkpoint()
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, epoch)
         hook = self.epoch_end_hook
-        if hook is not None and hasattr(hook, "plan"):
-            # two phases: decide (its state goes into the checkpoint), checkpoint, then act
-            # (submit the next job only once the checkpoint it resumes from is on disk)
-            d = hook.plan(self, epoch)
-            self.save_checkpoint()
-            return bool(hook.act(self, d))
-        self.save_checkpoint()
-        if hook is not None:
-            return bool(hook(self, epoch))
-        return False
+        if hook is None:
+            return False
+
+        def decide() -> MoveDecision:
+            d = hook.decide(self, epoch)
+            self._save_hook_state(path)      # its state (forecast, ...) for the job that resumes from `path`
+            return d
+        d = self.decisions.run("epoch_end.decide", self.iteration, decide, MoveDecision.from_dict,
+                               noop=lambda: MoveDecision.stay("contained error in the epoch-end decision"))
+        if d is None or not d.move:
+            return False
+        # act (submit the next job) only now that the checkpoint it resumes from is on disk
+        res = self.decisions.run("epoch_end.act", self.iteration, lambda: hook.act(self, d), MoveDecision.from_dict,
+                                 noop=lambda: MoveDecision.stay("contained error while acting on the move"))
+        if res is None or not res.move:
+            return False
+        self.moved_to = res
+        return True

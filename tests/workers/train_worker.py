@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.decision import Decision  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
@@ -27,24 +28,31 @@ cfg.batch_min, cfg.batch_max = 1, 10**9
 for k, v in spec.get("config", {}).items():   # adaptive runs: policy, p, gamma, planner, ...
     setattr(cfg, k, {int(r): x for r, x in v.items()} if k == "slowdown" else v)
 cfg.validate()
-ctrl = ScriptedController(spec.get("schedule", {})) if spec.get("schedule") else None
-if ctrl is not None and spec.get("lr_scales"):
-    # lr scale changes ride on the same decisions
-    lrs = {int(k): v for k, v in spec["lr_scales"].items()}
-    base_decide = ctrl.decide
 
-    def decide(trainer, rec, _b=base_decide):
-        d = _b(trainer, rec)
-        from hpc_jabas.core.decision import Decision
-        return Decision(d.at_iteration, d.B, d.plan, float(lrs.get(trainer.iteration, d.lr_scale)), d.reason)
-    ctrl.decide = decide
+
+class LrScripted(ScriptedController):
+    """lr scale changes ride on the same decisions."""
+
+    def __init__(self, schedule, lrs):
+        super().__init__(schedule)
+        self.lrs = lrs
+
+    def decide(self, trainer, rec):
+        d = super().decide(trainer, rec)
+        return Decision(d.at_iteration, d.B, d.plan, float(self.lrs.get(trainer.iteration, d.lr_scale)), d.reason)
+
+
+ctrl = None
+if spec.get("schedule"):
+    lrs = {int(k): v for k, v in (spec.get("lr_scales") or {}).items()}
+    ctrl = LrScripted(spec["schedule"], lrs) if lrs else ScriptedController(spec["schedule"])
 tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)
 stop_at = spec.get("stop_at")
 res = tr.fit(max_iterations=stop_at or spec["steps"], resume=spec.get("resume", False))
 if stop_at:
     tr.save_checkpoint()
 out = {"rank": tr.rank, "params": {k: v.tolist() for k, v in model.state_dict().items()},
-       "history": tr.history, "iterations": tr.iteration, "samples_local": tr.samples_local,
+       "history": list(tr.history), "iterations": tr.iteration, "samples_local": tr.samples_local,
        "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
        "sampler": tr.sampler.state_dict(), "result": res,
        "trajectory": getattr(tr.controller, "trajectory", None)}
