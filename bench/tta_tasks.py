@@ -1,0 +1,138 @@
+"""Tasks of bench/adaptive_tta.py: a generated image-like dataset whose gradient noise scale grows
+as training proceeds, and scikit-learn's bundled digits. Plain torch + numpy (no hpc_jabas).
+
+Main task ("shapes"): 10 classes of 12x12 single-channel images. Each class has 3 smooth random
+prototypes (a smoothed random field); a sample is one of its class's prototypes with a random
+contrast, shifted by up to 2 pixels, blended with a random other class's prototype (weight up to
+0.45) and pixel noise. 15% of the TRAINING labels are replaced by a random class (test labels
+are clean), and the model augments its input while training (a random shift of up to 1 pixel and
+pixel noise). Early on every sample pulls the same way; later the mean gradient shrinks while the
+per-sample gradients (noisy labels, augmentation) do not: B_noise = tr(Sigma) / |G|^2 grows, the
+regime adaptive batching is for. The dataset is the same for every run (data seed 0); a run's seed
+changes the initial weights, the sampler's order and the augmentation.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+SIDE = 12
+CLASSES = 10
+
+
+def _smooth_field(rng: np.random.Generator, side: int, sigma: float) -> np.ndarray:
+    from scipy.ndimage import gaussian_filter
+    f = gaussian_filter(rng.standard_normal((side, side)), sigma, mode="wrap")
+    f = f - f.mean()
+    return f / (np.abs(f).max() + 1e-9)
+
+
+def shapes_data(n_train: int = 6000, n_test: int = 2000, label_noise: float = 0.1, pixel_noise: float = 0.3,
+                shift: int = 1, fine: float = 0.3, seed: int = 0):
+    """(x_train [N, 144] float32, y_train (with label noise), x_test, y_test (clean labels)).
+
+    Classes come in pairs that share a coarse pattern (amplitude 1); a class differs from its
+    twin by a fine pattern (amplitude ``fine``, one of 3 per class). A sample: its class's pattern
+    with a random contrast in [0.7, 1.3], shifted by up to ``shift`` pixels, plus pixel noise.
+    """
+    rng = np.random.default_rng(seed)
+    sub = np.stack([np.stack([_smooth_field(rng, SIDE, 1.6) for _ in range(3)]) for _ in range(CLASSES)])
+    coarse = np.stack([_smooth_field(rng, SIDE, 1.6) for _ in range(CLASSES // 2)])
+    protos = coarse[np.arange(CLASSES) // 2][:, None] + fine * sub
+    n = n_train + n_test
+    y = rng.integers(0, CLASSES, n)
+    k = rng.integers(0, 3, n)
+    a = rng.uniform(0.7, 1.3, n)[:, None, None]
+    img = a * protos[y, k]
+    dx, dy = rng.integers(-shift, shift + 1, n), rng.integers(-shift, shift + 1, n)
+    for i in range(n):
+        img[i] = np.roll(img[i], (dx[i], dy[i]), axis=(0, 1))
+    img = img + rng.normal(0.0, pixel_noise, img.shape)
+    x = img.reshape(n, -1).astype(np.float32)
+    y_tr = y[:n_train].copy()
+    flip = rng.random(n_train) < label_noise
+    y_tr[flip] = rng.integers(0, CLASSES, int(flip.sum()))
+    return x[:n_train], y_tr, x[n_train:], y[n_train:]
+
+
+class Augment(nn.Module):
+    """Training-time augmentation inside the model: pixel noise and, optionally, a random shift per sample."""
+
+    def __init__(self, side: int = SIDE, shift: int = 0, noise: float = 0.15):
+        super().__init__()
+        self.side, self.shift, self.noise = side, shift, noise
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or x.shape[0] == 0:
+            return x
+        n = x.shape[0]
+        img = x.view(n, self.side, self.side)
+        if self.shift:
+            s = 2 * self.shift + 1
+            pick = torch.randint(0, s * s, (n,))
+            out = torch.empty_like(img)
+            for j in range(s * s):
+                m = pick == j
+                if bool(m.any()):
+                    out[m] = torch.roll(img[m], (j // s - self.shift, j % s - self.shift), dims=(1, 2))
+            img = out
+        return img.reshape(n, -1) + self.noise * torch.randn_like(x)
+
+
+def shapes_model(shift: int = 0, noise: float = 0.15) -> nn.Module:
+    """MLP 144 -> 128 -> 64 -> 10 behind the augmentation (27k parameters)."""
+    return nn.Sequential(Augment(shift=shift, noise=noise), nn.Linear(SIDE * SIDE, 128), nn.ReLU(),
+                         nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, CLASSES))
+
+
+def digits_data(seed: int = 0):
+    """scikit-learn's 8x8 digits scaled to [0, 1], stratified 75/25 split (as examples/train_digits.py)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    X, y = load_digits(return_X_y=True)
+    Xtr, Xte, ytr, yte = train_test_split(X / 16.0, y, test_size=0.25, random_state=seed, stratify=y)
+    return Xtr.astype(np.float32), ytr, Xte.astype(np.float32), yte
+
+
+def digits_model() -> nn.Module:
+    """The MLP of examples/train_digits.py: 64 -> 128 -> 64 -> 10."""
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        a = float((model(x).argmax(1) == y).float().mean())
+    model.train(was)
+    return a
+
+
+def noise_scale(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, b_small: int = 32,
+                n_small: int = 64, gen: torch.Generator | None = None) -> tuple[float, float, float]:
+    """Gradient noise scale of the model on the training data, as the optimizer would see it
+    (train mode, augmentation on): n_small disjoint batches of b_small samples drawn at random,
+    |g_small|^2 averaged over them, |g_big|^2 of their mean (b_big = n_small * b_small; n_small is capped at N // b_small), then
+    McCandlish et al.'s unbiased estimators. Returns (B_noise, |G|^2, tr(Sigma)). The model's
+    parameters are left untouched (its .grad is cleared)."""
+    n_small = max(2, min(n_small, x.shape[0] // b_small))
+    idx = torch.randperm(x.shape[0], generator=gen)[: b_small * n_small]
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = [torch.zeros_like(p) for p in params]
+    sq_small = 0.0
+    was = model.training
+    model.train()
+    for j in range(n_small):
+        sel = idx[j * b_small:(j + 1) * b_small]
+        grads = torch.autograd.grad(loss_fn(model(x[sel]), y[sel]), params)
+        sq_small += float(sum(g.double().pow(2).sum() for g in grads))
+        for t, g in zip(total, grads):
+            t.add_(g)
+    model.train(was)
+    sq_small /= n_small
+    sq_big = float(sum((t / n_small).double().pow(2).sum() for t in total))
+    bs, bb = float(b_small), float(b_small * n_small)
+    g2 = (bb * sq_big - bs * sq_small) / (bb - bs)
+    s = (sq_small - sq_big) / (1.0 / bs - 1.0 / bb)
+    return (s / g2 if g2 > 0 else float("inf")), g2, s
