@@ -56,17 +56,11 @@ def _check_job_table(path: str) -> dict:
 
 def _check_spec(spec) -> None:
     """Fail early, with one line, on what the job itself would only find out on the cluster."""
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.runtime.lifecycle import DEFAULTS
+    from hpc_jabas.core.config import AutoscaleConfig, JobConfig
     cfg = dict(spec.config)
     cfg.pop("job", None)
     JobConfig.from_dict(cfg)
-    auto = cfg.get("autoscale") or {}
-    if not isinstance(auto, dict):
-        raise ConfigError("[autoscale] must be a table, e.g. [autoscale] objective = \"cost\"")
-    bad = [k for k in auto if k not in DEFAULTS]
-    if bad:
-        raise ConfigError(f"unknown autoscale key {bad[0]!r}; valid keys: {', '.join(DEFAULTS)}")
+    AutoscaleConfig.from_dict(cfg.get("autoscale"))      # one clear line on a bad [autoscale] table
     from hpc_jabas.slurm.sbatch import job_pythonpath
     mod = spec.task.partition(":")[0]
     added = [p for p in job_pythonpath(spec) if p not in sys.path]

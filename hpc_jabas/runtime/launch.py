@@ -101,7 +101,7 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     try:
         from hpc_jabas.slurm.cluster import read_cluster
         if "local" not in mix:
-            rates = read_cluster(hook.cfg.get("partition_types")).billing
+            rates = read_cluster(hook.cfg.partition_types).billing
     except JabasError:
         rates = {}
     cost = sum(n * rates.get(p, 0.0) for p, n in mix.items()) * wall / 3600.0

@@ -26,15 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_jabas.core.config import AutoscaleConfig
 from hpc_jabas.core.decision import MoveDecision
-from hpc_jabas.errors import ConfigError, JabasError
+from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.hooks import EpochEndHook
 from hpc_jabas.slurm import chain as chainlog
-
-DEFAULTS = {"objective": "time", "max_gpus": 8, "min_gpus": 1, "allowed": None, "max_partitions": 2,
-            "margin": 0.05, "restart_prior_s": 30.0, "budget": None, "deadline_s": None, "enabled": True,
-            "partition_types": None}
 
 log = get_logger(__name__)
 
@@ -86,13 +83,7 @@ class EpochEndAutoscaler(EpochEndHook):
     def __init__(self, spec, submit_fn: Callable | None = None, read_cluster: Callable | None = None,
                  job_id: str | None = None):
         self.spec = spec
-        cfg = dict(DEFAULTS)
-        user = dict(spec.config.get("autoscale") or {})
-        bad = [k for k in user if k not in DEFAULTS]
-        if bad:
-            raise ConfigError(f"unknown autoscale key {bad[0]!r}; valid keys: {', '.join(DEFAULTS)}")
-        cfg.update(user)
-        self.cfg = cfg
+        self.cfg = AutoscaleConfig.from_dict(spec.config.get("autoscale"))    # ConfigError on a bad table
         self.submit_fn = submit_fn
         self.read_cluster = read_cluster
         self.job_id = job_id
@@ -148,7 +139,7 @@ class EpochEndAutoscaler(EpochEndHook):
             if actual:
                 rec["forecast_error"] = forecast.forecast_error(last["B"][:len(actual)], actual)
         remaining = jc.epochs - (epoch + 1)
-        if remaining <= 0 or not cfg["enabled"]:
+        if remaining <= 0 or not cfg.enabled:
             rec.update(move=False, reason="last epoch" if remaining <= 0 else "autoscaling disabled")
             trainer.metrics.write(rec)
             return MoveDecision.stay(rec["reason"])
@@ -158,21 +149,21 @@ class EpochEndAutoscaler(EpochEndHook):
         st.forecast = {"start": trainer.iteration, "p": p, "B": list(fc)}
         rec["forecast"] = fc
         # 2. the cluster now
-        view = (self.read_cluster or _read_cluster)(cfg.get("partition_types"))
+        view = (self.read_cluster or _read_cluster)(cfg.partition_types)
         types = view.types
         free = dict(view.free)
         for part, n in self.mix.items():          # what this job holds comes back when it moves
             free[part] = free.get(part, 0) + n
-        cands = autoscale.enumerate_mixes(free, types, max_gpus=cfg["max_gpus"], min_gpus=cfg["min_gpus"],
-                                          allowed=cfg["allowed"], max_partitions=cfg["max_partitions"])
+        cands = autoscale.enumerate_mixes(free, types, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
+                                          allowed=cfg.allowed, max_partitions=cfg.max_partitions)
         model = job_perf_model(jc, types.values())
         fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
-        overhead = autoscale.RestartOverhead(prior_s=float(cfg["restart_prior_s"]))
+        overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
         for s in st.restart_overheads:
             overhead.record(s)
-        choice = autoscale.choose(self.mix, cands, fn, rates, cfg["objective"], overhead, margin=cfg["margin"],
-                                  budget=cfg["budget"], deadline_s=cfg["deadline_s"], remaining_epochs=remaining)
+        choice = autoscale.choose(self.mix, cands, fn, rates, cfg.objective, overhead, margin=cfg.margin,
+                                  budget=cfg.budget, deadline_s=cfg.deadline_s, remaining_epochs=remaining)
         rec.update(move=bool(choice.move), choice=choice.mix, reason=choice.reason, table=choice.table,
                    restart_overhead_s=overhead.seconds, rates=rates)
         trainer.metrics.write(rec)
