@@ -84,37 +84,6 @@ class ScriptedController(BaseController):
         return Decision(trainer.iteration, plan.B, plan, float(lr), reason="scripted")
 
 
-def throughput_snap(gpu_types, model, B_min, B_max, b_candidates=None, window=0.1):
-    """Snap a target B to an exactly realisable B' near it (|B'-B| <= window*B, or the nearest
-    feasible) that the perf model runs fastest: a B that only b=1 divides would otherwise force
-    tiny micro-batches. Pure (planner + perf model)."""
-    from hpc_jabas.core.planner import plan_batch, snap_batch
-    from hpc_jabas.errors import InfeasibleError
-    cands = sorted(set(b_candidates or [b for g in set(gpu_types) for b in model.profiles[g].b]))
-    R = len(gpu_types)
-
-    def snap(B):
-        best = None
-        for b in cands:
-            lo, hi = -(-B_min // b) * b, (B_max // b) * b
-            if hi < max(lo, b * R):
-                continue
-            Bq = min(hi, max(lo, b * R, int(round(B / b)) * b))
-            if abs(Bq - B) > max(window * B, 0.5):
-                continue
-            try:
-                plan = plan_batch(Bq, gpu_types, model, b_candidates=[b])
-            except InfeasibleError:
-                continue
-            thr = Bq / model.iteration_time(plan, gpu_types)
-            if best is None or thr > best[0] * (1 + 1e-9):
-                best = (thr, Bq)
-        if best is not None:
-            return best[1]
-        return snap_batch(B, gpu_types, model, b_candidates=b_candidates, B_min=B_min, B_max=B_max)
-    return snap
-
-
 class AdaptiveController(BaseController):
     """JABAS's fine-grained loop with either statistic (design.md section 1), plus LB-BSP's online
     load balancing (issue: load balancing) on its own period p_balance.
@@ -137,18 +106,20 @@ class AdaptiveController(BaseController):
     the smaller half slightly noisier (a small downward bias; no error is raised).
     """
 
-    def __init__(self, cfg, snap=None):
-        from hpc_jabas.core.policy import make_lr_rule, make_policy
+    def __init__(self, cfg, space=None):
+        """``space``: the BatchSpace to snap into (tests); default: built from the trainer at attach."""
+        from hpc_jabas.core.policy import canonical_policy, make_lr_rule, make_policy
         from hpc_jabas.core.stats import NoiseScale
         self.cfg = cfg
         self.p = cfg.p
-        self._snap = snap
-        kw = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": cfg.p, "snap": self._do_snap}
-        if cfg.policy == "similarity":
+        self.space = space
+        self.policy_name = canonical_policy(cfg.policy)
+        kw = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": cfg.p}
+        if self.policy_name == "similarity":
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
-        elif cfg.policy == "noise-scale":
-            kw.update(k=cfg.k)
-        self.policy = make_policy(cfg.policy, **kw)
+        elif self.policy_name == "noise-scale":
+            kw.update(B0=cfg.batch)
+        self.policy = make_policy(self.policy_name, **kw)
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch)
         self.noise = NoiseScale()
         self.trajectory: list[tuple[int, int]] = []
@@ -160,21 +131,14 @@ class AdaptiveController(BaseController):
         self._window: list[dict] = []
         self._nvml = None
 
-    def _do_snap(self, B: int) -> int:
-        return int(self._snap(B)) if self._snap is not None else int(B)
-
     def attach(self, trainer) -> None:
         super().attach(trainer)
         cfg = self.cfg
-        if self._snap is None:
-            if cfg.planner == "optimal":
-                self._snap = throughput_snap(trainer.gpu_types, trainer.perf_model(), cfg.B_min, cfg.B_max,
-                                             [cfg.micro_batch] if cfg.micro_batch else None)
-            else:
-                b = cfg.micro_batch or trainer.plan.b
-                lo = -(-cfg.B_min // b) * b
-                hi = max(lo, (cfg.B_max // b) * b)
-                self._snap = lambda B: min(hi, max(lo, int(round(B / b)) * b))
+        if self.space is None and self.policy_name != "fixed":
+            # the B the trainer's planner realises on this mix, timed by the job's perf model
+            from hpc_jabas.core.snapping import job_batch_space
+            self.space = job_batch_space(cfg, trainer.gpu_types, trainer.perf_model(),
+                                         plan_fn=lambda B: trainer.planner_fn(B, None))
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.balance:
@@ -279,28 +243,33 @@ class AdaptiveController(BaseController):
         return self.decide(trainer, rec)
 
     def decide(self, trainer, rec):
+        """Rank 0: statistics -> policy wish -> direction-preserving snap (core/snapping.py) -> plan -> lr."""
+        from hpc_jabas.core.policy import PolicyState
+        from hpc_jabas.errors import ConfigError
         st = rec.get("stats")
-        sim = bnoise = None
+        sim = None
         if st:
             sim = st["similarity"]
             if st["S"] > st["b"]:
                 try:
-                    bnoise = self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
-                except Exception:
-                    bnoise = self.noise.b_noise
-        from hpc_jabas.core.policy import PolicyState
-        B_new = self.policy.decide(PolicyState(B=trainer.B, iteration=trainer.iteration,
-                                               similarity=sim, b_noise=bnoise))
-        if B_new == trainer.B and self.factors is None:
+                    self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
+                except ConfigError:
+                    pass                   # a non-finite measurement: keep the smoothed value
+        bnoise = self.noise.b_noise
+        bd = self.policy.decide(PolicyState(B=trainer.B, iteration=trainer.iteration, similarity=sim,
+                                            b_noise=bnoise), self.space)
+        if bd.B == trainer.B and self.factors is None:
             plan = trainer.plan
         else:
-            plan = trainer.planner_fn(B_new, list(self.factors) if self.factors else None)
-        lr = self.lr_rule.lr_scale(plan.B, self.noise.G2, self.noise.S)
-        stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S}
+            plan = trainer.planner_fn(bd.B, list(self.factors) if self.factors else None)
+        if plan.B != bd.B:
+            raise RuntimeError(f"planner realised B={plan.B} for the decided B={bd.B} (batch space out of step)")
+        lr = self.lr_rule.lr_scale(plan.B)
+        stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
+                 "direction": bd.direction, "target": bd.target, "moved": bd.moved, "B_before": trainer.B}
         self.last_stats = stats
-        why = (f"{self.cfg.policy}: similarity={sim:.3f} vs gamma={self.cfg.gamma}" if sim is not None and
-               self.cfg.policy == "similarity" else f"{self.cfg.policy}: b_noise={bnoise}")
-        return Decision(trainer.iteration, plan.B, plan, float(lr), reason=why, stats=stats)
+        return Decision(trainer.iteration, plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
+                        stats=stats)
 
     def on_decision(self, trainer, d) -> None:
         super().on_decision(trainer, d)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_jabas.core.autoscale import epoch_time_fn, expand_mix  # noqa: F401 (pure; re-exported)
 from hpc_jabas.core.config import AutoscaleConfig
 from hpc_jabas.core.decision import MoveDecision
 from hpc_jabas.errors import JabasError
@@ -49,34 +50,6 @@ class AutoscalerState:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AutoscalerState:
         return cls(forecast=d.get("forecast"), restart_overheads=[float(s) for s in d.get("restart_overheads", [])])
-
-
-def expand_mix(mix: dict[str, int], types: dict[str, str]) -> list[str]:
-    """Per-rank GPU types of a mix, partitions in sorted order (the order ranks get in a hetjob)."""
-    return [types[p] for p in sorted(mix) for _ in range(mix[p])]
-
-
-def epoch_time_fn(model, types: dict[str, str], forecast: list[int], period: int, num_samples: int,
-                  cands: list[int] | None = None) -> Callable[[dict], float | None]:
-    """Predicted time of one epoch on a mix: the forecast B per period of p iterations, each period's
-    iterations priced by the planner's plan for that B on the mix, until the epoch's samples are used."""
-    from hpc_jabas.core.planner import plan_batch
-
-    def fn(mix):
-        gl = expand_mix(mix, types)
-        if not gl:
-            return None
-        total, left, k = 0.0, num_samples, 0
-        while left > 0:
-            B = forecast[min(k, len(forecast) - 1)]
-            plan = plan_batch(B, gl, model, b_candidates=cands)
-            T = model.iteration_time(plan, gl)
-            its = min(period, math.ceil(left / plan.B))
-            total += its * T
-            left -= its * plan.B
-            k += 1
-        return total
-    return fn
 
 
 class EpochEndAutoscaler(EpochEndHook):
@@ -157,7 +130,8 @@ class EpochEndAutoscaler(EpochEndHook):
         cands = autoscale.enumerate_mixes(free, types, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
                                           allowed=cfg.allowed, max_partitions=cfg.max_partitions)
         model = job_perf_model(jc, types.values())
-        fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None)
+        fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None,
+                           planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
         overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
         for s in st.restart_overheads:
