@@ -39,6 +39,8 @@ def test_slowdown_schedules():
     assert Slowdown.parse("factor=3,start=50,kind=periodic,period=10").period == 10
     with pytest.raises(ConfigError, match="unknown"):
         Slowdown.parse("factor=3,bogus=1")
+    with pytest.raises(ConfigError, match=r"start='x' must be an integer"):
+        Slowdown.parse("factor=3,start=x")
 
 
 def test_emulation_bad_input():

@@ -14,7 +14,15 @@ from mpi_util import ROOT, mpi_env
 
 from hpc_jabas.cli.main import main as cli_main
 from hpc_jabas.core import gpus
-from hpc_jabas.core.perfmodel import ALLREDUCE_FILE, FORMAT_VERSION, AllreduceModel, PerfModel, emulated_time
+from hpc_jabas.core.perfmodel import (
+    ALLREDUCE_FILE,
+    EMU_BASE_S,
+    EMU_PER_SAMPLE_S,
+    FORMAT_VERSION,
+    AllreduceModel,
+    PerfModel,
+    emulated_time,
+)
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import profiler
 
@@ -104,7 +112,8 @@ def test_emulated_profile_equals_the_formula(cpu_meas):
         assert p.t == [emulated_time(b, base, per, speed) for b in p.b]
         assert f"emulated {g}" in p.source and "catalog FP32 speed" in p.source
         assert p.update_s == cpu_meas.update_s
-    assert profiler.emulated_profile("rtx2060", speed=0.5).time(8) == emulated_time(8, 0.002, 0.0002, 0.5)
+    dflt = profiler.emulated_profile("rtx2060", speed=0.5)          # the emulator's defaults
+    assert dflt.time(8) == emulated_time(8, EMU_BASE_S, EMU_PER_SAMPLE_S, 0.5)
 
 
 def test_emulated_profile_overrun_and_overhead(cpu_meas):
@@ -114,7 +123,7 @@ def test_emulated_profile_overrun_and_overhead(cpu_meas):
     ov = profiler.EmulationOverhead("p100", 0.0007, {8: 0.0007}, 1)
     q = profiler.emulated_profile("p100", cpu_meas, overhead=ov)
     s = gpus.get("p100").relative_speed
-    assert q.time(8) == pytest.approx(emulated_time(8, 0.002, 0.0002, s) + 0.0007, rel=1e-12)
+    assert q.time(8) == pytest.approx(emulated_time(8, EMU_BASE_S, EMU_PER_SAMPLE_S, s) + 0.0007, rel=1e-12)
     assert "measured emulation overhead of 0.7 ms" in q.source
     with pytest.raises(ConfigError):
         profiler.emulated_profile("v100", cpu_meas, overhead=ov)
@@ -150,7 +159,8 @@ def test_cli_profile_writes_versioned_json_that_loads(tmp_path, capsys):
     assert sorted(model2.profiles) == ["p100", "rtx2060", "v100"]
     assert model2.profile("p100").to_dict() == raw
     r = model2.profile("rtx2060")
-    assert r.emulated and r.time(8) == emulated_time(8, 0.002, 0.0002, gpus.get("rtx2060").relative_speed)
+    speed = gpus.get("rtx2060").relative_speed
+    assert r.emulated and r.time(8) == emulated_time(8, EMU_BASE_S, EMU_PER_SAMPLE_S, speed)
     assert "allreduce not measured (1 rank); kept" in capsys.readouterr().out
 
 
@@ -181,9 +191,9 @@ def test_cli_misuse_is_one_line_exit_2(tmp_path, capsys):
 
 def test_cli_module_stays_light():
     from hpc_jabas.cli import profile as cli_profile
-    assert cli_profile.DEFAULT_B_LIST == profiler.DEFAULT_B_LIST
-    assert cli_profile.DEFAULT_B_LIMIT == profiler.DEFAULT_B_LIMIT
-    assert cli_profile.OPTIMIZERS == profiler.OPTIMIZERS
+    from hpc_jabas.runtime.profiling import defaults
+    assert cli_profile.DEFAULT_B_LIST is defaults.DEFAULT_B_LIST is profiler.DEFAULT_B_LIST
+    assert cli_profile.OPTIMIZERS is defaults.OPTIMIZERS
     code = "import sys, hpc_jabas.cli.profile; print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, env=mpi_env())
     assert p.stdout.strip() == "False", p.stderr       # `hpc-jabas plan` does not pay for torch
@@ -218,3 +228,86 @@ def test_profile_under_mpirun_fits_the_allreduce(tmp_path):
     t_small, t_big = ar.time(4096, 2), ar.time(2 << 20, 2)
     assert 0 < t_small <= t_big < 5.0
     assert model.profile("v100").emulated and model.grad_bytes == MLP_PARAMS * 4
+
+
+# -- the shared micro-batch step and the one loader ----------------------------------------------
+
+class _Recorder:
+    """Stands for the HeterogeneousOptimizer: the weighted backward only."""
+
+    def __init__(self):
+        self.counts = []
+
+    def backward(self, loss, count):
+        self.counts.append(count)
+        (loss * float(count)).backward()
+
+
+def test_micro_step_accumulates_a_detached_device_loss_and_weighted_grads():
+    from hpc_jabas.runtime.step import default_forward, micro_step
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    fwd = default_forward(torch.nn.functional.cross_entropy)
+    x, y = torch.randn(10, 4), torch.randint(0, 3, (10,))
+    opt = _Recorder()
+    acc = None
+    for lo, hi in ((0, 4), (4, 10)):
+        acc = micro_step(model, fwd, opt, (x[lo:hi], y[lo:hi]), hi - lo, "cpu", acc)
+    assert isinstance(acc, torch.Tensor) and not acc.requires_grad and acc.device.type == "cpu"
+    assert opt.counts == [4, 6]
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full = torch.nn.functional.cross_entropy(model(x), y, reduction="sum")
+    full.backward()                                   # the sum of per-sample losses, one batch
+    assert float(acc) == pytest.approx(float(full.detach()), rel=1e-6)
+    for g, p in zip(grads, model.parameters()):
+        assert torch.allclose(g, p.grad, atol=1e-6)
+
+
+def test_to_device_handles_containers_and_objects():
+    from collections import namedtuple
+
+    from hpc_jabas.runtime.step import to_device
+
+    class Moved:
+        def __init__(self):
+            self.where = None
+
+        def to(self, device):
+            self.where = str(device)
+            return self
+
+    Pair = namedtuple("Pair", "x y")
+    t = torch.ones(2)
+    out = to_device({"a": (t, [t, 3]), "b": Pair(t, "label"), "c": Moved()}, torch.device("cpu"))
+    assert isinstance(out["a"], tuple) and isinstance(out["a"][1], list) and out["a"][1][1] == 3
+    assert isinstance(out["b"], Pair) and out["b"].y == "label" and torch.equal(out["b"].x, t)
+    assert out["c"].where == "cpu"
+
+
+def test_profiler_runner_runs_the_trainer_step():
+    from hpc_jabas.runtime.profiling.timing import Runner
+    bundle = profiler.load_model(MODEL)
+    runner = Runner(bundle, torch.device("cpu"), "sgd")
+    batch = runner.batch(8)
+    loss = runner.micro(batch)
+    assert not loss.requires_grad
+    grads = [p.grad.clone() for p in runner.model.parameters()]
+    runner.opt.zero_grad()
+    (bundle.loss_fn(runner.model(batch[0]), batch[1]) * 8).backward()
+    assert all(torch.allclose(g, p.grad) for g, p in zip(grads, runner.model.parameters()))
+    assert float(loss) == pytest.approx(8 * float(bundle.loss_fn(runner.model(batch[0]), batch[1])), rel=1e-6)
+    runner.close()
+    assert runner.opt._hooks == []
+
+
+def test_one_loader_for_tasks_and_models():
+    fn = profiler.load_callable("examples.train_digits:build", "task")
+    from examples.train_digits import build
+    assert fn is build
+    with pytest.raises(ConfigError) as e:
+        profiler.load_callable("examples.train_digits", "task")
+    assert one_line(e).startswith("task 'examples.train_digits' must be MODULE:CALLABLE")
+    with pytest.raises(ConfigError) as e:
+        profiler.load_callable("examples.train_digits:nope", "task")
+    assert "task 'examples.train_digits:nope': module 'examples.train_digits' has no attribute 'nope'" == one_line(e)

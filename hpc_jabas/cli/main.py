@@ -6,6 +6,7 @@ import importlib
 import sys
 
 from hpc_jabas.errors import JabasError
+from hpc_jabas.log import add_verbosity_flags, configure_from_args
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("doctor", help="check torch, Horovod, MPI, submitit, Slurm, Lmod")
     for name in SUBCOMMANDS:
         importlib.import_module(f"hpc_jabas.cli.{name}").add_parser(sub)
+    for p in sub.choices.values():          # every command: -q/--quiet, -v/--verbose (the log level)
+        if not any(o in p._option_string_actions for o in ("--quiet", "--verbose")):
+            add_verbosity_flags(p)
     return ap
 
 
@@ -32,6 +36,7 @@ def main(argv=None) -> int:
     if not args.cmd:
         ap.print_help()
         return 2
+    configure_from_args(args)
     try:
         if args.cmd == "doctor":
             from hpc_jabas.cli.doctor import check

@@ -3,10 +3,10 @@
     hpc-jabas plan --batch 2048 --gpus v100:4,p100:4,rtx2060:8 [--profile DIR | --emulated]
     hpc-jabas plan --batch-range 256:32768 --gpus v100:4,p100:4
 
-Without --profile the model is ``PerfModel.emulated`` with its defaults (perfmodel.py):
-t(b) = (0.010 s + 0.001 s * b) / speed, speed = FP32 TFLOPS relative to a V100, micro-batch sizes
-1, 2, 4, ..., 512 up to the memory cap int(memory_gb * 16), gradients of 100 MB (--grad-mb), an
-allreduce of 2 (N-1)/N * bytes / 10 GB/s, no overlap. Bad input raises ConfigError; the
+Without --profile the model is ``PerfModel.emulated`` with its defaults (perfmodel.py, the
+emulator's too): t(b) = (EMU_BASE_S + EMU_PER_SAMPLE_S * b) / speed, speed = FP32 TFLOPS relative
+to a V100, micro-batch sizes 1, 2, 4, ..., 512 up to the memory cap int(memory_gb * 16), gradients
+of 100 MB (--grad-mb), an allreduce of 2 (N-1)/N * bytes / 10 GB/s, no overlap. Bad input raises ConfigError; the
 ``hpc-jabas`` entry point (or :func:`main` here) prints it as one line and exits 2.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import EMU_GRAD_BYTES, PerfModel
+from hpc_jabas.core.plan import Plan
 from hpc_jabas.core.planner import plan_batch, plan_range
 from hpc_jabas.errors import ConfigError, JabasError
 
@@ -175,19 +176,20 @@ def run(args, out=None) -> int:
         plan = plan_batch(B, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
         print(header, file=out)
         _print_plan(B, plan, gpu_list, model, out)
-        rows = [(B, plan, None)]
+        rows: list[tuple[int, Plan, float | None]] = [(B, plan, None)]
     else:
         lo, hi = _range(args.batch_range)
-        rows = plan_range(lo, hi, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
-        if not rows:
+        table = plan_range(lo, hi, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
+        if not table:
             raise ConfigError(f"no feasible global batch in {lo}:{hi} for {len(gpu_list)} GPUs; "
                               "widen the range or allow dropping ranks")
         print(header, file=out)
         print(f"{'B':>7} {'b':>5} {'M':>6} {'iter ms':>9} {'samples/s':>11}  n per rank by type", file=out)
-        for B, plan, sec in rows:
+        for B, plan, sec in table:
             print(f"{B:>7} {plan.b:>5} {plan.M:>6} {sec * 1e3:>9.2f} {B / sec:>11.1f}  {_summary(plan, gpu_list)}",
                   file=out)
-        print(f"{len(rows)} feasible global batch sizes in {lo}:{hi}", file=out)
+        print(f"{len(table)} feasible global batch sizes in {lo}:{hi}", file=out)
+        rows = [(B, plan, sec) for B, plan, sec in table]
     for _, plan, _ in rows:
         for g, n in zip(gpu_list, plan.n):
             if n:

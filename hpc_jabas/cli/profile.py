@@ -7,21 +7,17 @@
 
 Writes ``<gpu>.json`` (one per GPU type) and ``allreduce.json`` via ``PerfModel.save``; the
 directory is what ``hpc-jabas plan --profile DIR`` and ``profile_dir`` in a job config read.
-See hpc_jabas/runtime/profiler.py for what is measured and how.
+See hpc_jabas/runtime/profiling/ for what is measured and how; progress lines go to the log
+(``--quiet``: none).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
+from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.emulate import DEFAULT_BASE_S, DEFAULT_PER_SAMPLE_S
-
-# The same as hpc_jabas.runtime.profiler's (a test checks): not imported from there, because the main CLI
-# loads this module for every command and profiler imports torch.
-DEFAULT_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-DEFAULT_B_LIMIT = 4096
-OPTIMIZERS = ("sgd", "adam")
+from hpc_jabas.runtime.profiling.defaults import DEFAULT_B_LIMIT, DEFAULT_B_LIST, OPTIMIZERS  # no torch
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -50,9 +46,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--b-limit", type=int, default=DEFAULT_B_LIMIT,
                    help="largest max_b reported / probed (default %(default)s)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
-    p.add_argument("--base-s", type=float, default=DEFAULT_BASE_S,
+    p.add_argument("--base-s", type=float, default=EMU_BASE_S,
                    help="emulation: seconds per micro-batch on a V100 (default %(default)s)")
-    p.add_argument("--per-sample-s", type=float, default=DEFAULT_PER_SAMPLE_S,
+    p.add_argument("--per-sample-s", type=float, default=EMU_PER_SAMPLE_S,
                    help="emulation: seconds per sample on a V100 (default %(default)s)")
     p.add_argument("--emulation-overhead", action="store_true",
                    help="emulation: also run the emulator here and add its measured per-micro-batch excess "
@@ -62,7 +58,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="message sizes, e.g. 4K,64K,1M,8M (default those; the gradient size is always added)")
     p.add_argument("--allreduce-repeats", type=int, default=10, help="timed allreduces per size")
     p.add_argument("--overlap", type=float, help="share of the allreduce hidden behind backward (0..1)")
-    p.add_argument("--quiet", action="store_true", help="no per-size progress lines")
     p.set_defaults(func=run)
     return p
 
@@ -100,9 +95,8 @@ def parse_size(text: str) -> int:
 
 
 def run(args, out=None) -> int:
-    from hpc_jabas.runtime.profiler import run_profile
+    from hpc_jabas.runtime.profiling.run import run_profile
     out = out or sys.stdout
-    log = (lambda m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     sizes = [parse_size(s) for s in args.allreduce_sizes.split(",") if s.strip()] if args.allreduce_sizes else None
     if args.warmup < 0 or args.repeats < 1 or args.allreduce_repeats < 1:
         raise ConfigError("--warmup must be >= 0, --repeats and --allreduce-repeats >= 1")
@@ -111,7 +105,7 @@ def run(args, out=None) -> int:
                       optimizer=args.optimizer, memory_gb=args.memory_gb, b_limit=args.b_limit,
                       device=args.device, base_s=args.base_s, per_sample_s=args.per_sample_s, speed=args.speed,
                       allreduce_sizes=sizes, allreduce_repeats=args.allreduce_repeats, overlap=args.overlap,
-                      emulation_overhead=args.emulation_overhead, log=log)
+                      emulation_overhead=args.emulation_overhead)
     if res.rank != 0:
         return 0
     m = res.model
@@ -125,7 +119,7 @@ def run(args, out=None) -> int:
     a = m.allreduce
     print(f"allreduce model: a={a.a:.4g} c={a.c * 1e3:.4g} ms bandwidth={a.bandwidth / 1e9:.4g} GB/s; "
           f"grad_bytes={m.grad_bytes:.0f}", file=out)
-    for n in res.notes:
-        print(f"note: {n}", file=out)
+    for note in res.notes:
+        print(f"note: {note}", file=out)
     print(f"wrote {', '.join(res.written)}", file=out)
     return 0

@@ -11,15 +11,15 @@ Emulation is explicit (``--emulate``), logged once per rank, and refused when CU
 """
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hpc_jabas.core import gpus
+from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S, emulated_time
 from hpc_jabas.errors import ConfigError
-
-DEFAULT_BASE_S = 0.002
-DEFAULT_PER_SAMPLE_S = 0.0002
+from hpc_jabas.log import get_logger
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,20 @@ class Slowdown:
     @classmethod
     def parse(cls, text: str) -> Slowdown:
         """'factor=3,start=50[,end=100][,kind=periodic,period=10,duty=0.5]'."""
-        kw = {}
+        kw: dict[str, Any] = {}
         for part in text.split(","):
             if not part.strip():
                 continue
             if "=" not in part:
                 raise ConfigError(f"slowdown {text!r}: {part!r} is not key=value; e.g. factor=3,start=50")
             k, v = (s.strip() for s in part.split("=", 1))
-            if k in ("factor", "duty"):
-                kw[k] = float(v)
-            elif k in ("start", "end", "period"):
-                kw[k] = int(v)
+            if k in ("factor", "duty", "start", "end", "period"):
+                conv = float if k in ("factor", "duty") else int
+                try:
+                    kw[k] = conv(v)
+                except ValueError:
+                    kind = "a number" if conv is float else "an integer"
+                    raise ConfigError(f"slowdown {text!r}: {k}={v!r} must be {kind}") from None
             elif k == "kind":
                 kw[k] = v
             else:
@@ -78,9 +81,12 @@ class Slowdown:
 
 
 class Emulator:
-    def __init__(self, gpu_type: str, speed: float | None = None, base_s: float = DEFAULT_BASE_S,
-                 per_sample_s: float = DEFAULT_PER_SAMPLE_S, slowdown: Slowdown | None = None,
-                 rank: int = 0, allow_cuda: bool = False, log=None):
+    """Sleeps each micro-batch up to its emulated GPU type's time (defaults: perfmodel.EMU_BASE_S,
+    EMU_PER_SAMPLE_S, the same as the job keys emulate_base_s, emulate_per_sample_s)."""
+
+    def __init__(self, gpu_type: str, speed: float | None = None, base_s: float = EMU_BASE_S,
+                 per_sample_s: float = EMU_PER_SAMPLE_S, slowdown: Slowdown | None = None,
+                 rank: int = 0, allow_cuda: bool = False, log: Callable[[str], None] | None = None):
         try:
             import torch
             if torch.cuda.is_available() and not allow_cuda:
@@ -96,7 +102,7 @@ class Emulator:
         self.base_s, self.per_sample_s = float(base_s), float(per_sample_s)
         self.slowdown = slowdown
         self.overruns = 0
-        log = log or (lambda m: print(m, file=sys.stderr, flush=True))
+        log = log or get_logger(__name__).warning      # every rank says that it emulates
         msg = (f"hpc-jabas: rank {rank} EMULATES GPU type {self.gpu_type} (speed {self.speed:.3f} x V100): "
                f"t(b) = ({self.base_s:g} + {self.per_sample_s:g}*b) / {self.speed:.3f} s per micro-batch")
         if slowdown is not None:
@@ -107,7 +113,7 @@ class Emulator:
         return self.slowdown.at(iteration) if self.slowdown is not None else 1.0
 
     def target(self, b: int, iteration: int = 0) -> float:
-        return (self.base_s + self.per_sample_s * b) / self.speed * self.factor(iteration)
+        return emulated_time(b, self.base_s, self.per_sample_s, self.speed) * self.factor(iteration)
 
     def start(self, t: float | None = None) -> None:
         """Begin a chain of micro-batches (one iteration): deadlines accumulate from here, so a

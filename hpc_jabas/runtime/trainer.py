@@ -36,6 +36,7 @@ from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, Epoch
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.protocol import DecisionChannel
+from hpc_jabas.runtime.step import micro_step
 
 log = get_logger(__name__)
 HOOK_STATE = "hook-state.pt"     # the epoch-end hook's state after its decide step (next to the checkpoints)
@@ -252,19 +253,19 @@ class Trainer:
                        first_global_microbatch=ib.plan.first_microbatch(self.rank), b=ib.plan.b)
         self.model.train()
         compute = emu_wait = 0.0
-        loss_sum = 0.0
+        loss_acc: torch.Tensor | None = None
         if self.emulator is not None:
             self.emulator.start()
         for idx in mine:
             t0 = time.perf_counter()
-            batch = tuple(t.to(self.device, non_blocking=True) for t in self.fetch(idx))
-            loss = self.forward_fn(self.model, batch)
-            self.opt.backward(loss, len(idx))
-            loss_sum += float(loss.detach()) * len(idx)
-            t1 = time.perf_counter()
-            compute += t1 - t0
+            loss_acc = micro_step(self.model, self.forward_fn, self.opt, self.fetch(idx), len(idx), self.device,
+                                  loss_acc)              # runtime/step.py: the loss stays on the device
+            compute += time.perf_counter() - t0
             if self.emulator is not None:
                 emu_wait += self.emulator.wait_next(len(idx), self.iteration)
+        t0 = time.perf_counter()
+        loss_sum = float(loss_acc) if loss_acc is not None else 0.0      # the iteration's one read of the loss
+        compute += time.perf_counter() - t0                               # (on a GPU: waits for the backward)
         t_sync = time.perf_counter()
         self.samples_local += sum(len(i) for i in mine)
         self.compute_local_s += compute + emu_wait
