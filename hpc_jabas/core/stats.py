@@ -15,6 +15,7 @@ averages, as McCandlish et al. recommend.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from hpc_jabas.errors import ConfigError
 
@@ -87,10 +88,10 @@ class EMA:
             return None
         return self._m / (1.0 - self.beta ** self._t)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"beta": self.beta, "m": self._m, "t": self._t}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.beta = float(state["beta"])
         self._m = float(state["m"])
         self._t = int(state["t"])
@@ -132,9 +133,9 @@ class NoiseScale:
             return math.inf
         return max(0.0, s) / g2
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"g2": self.g2.state_dict(), "s": self.s.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.g2.load_state_dict(state["g2"])
         self.s.load_state_dict(state["s"])
