@@ -109,10 +109,10 @@ def run(args) -> int:
     if args.mix:
         mix = parse_mix(args.mix)
     else:
-        mix = job.get("mix")
-        if not mix or not isinstance(mix, dict):
+        table = job.get("mix")
+        if not table or not isinstance(table, dict):
             raise ConfigError("no mix: give --mix PART:N[,...] (e.g. a100:1,v100:2) or a [job] mix table")
-        mix = parse_mix(",".join(f"{k}:{v}" for k, v in mix.items()))
+        mix = parse_mix(",".join(f"{k}:{v}" for k, v in table.items()))
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError(f"--timeout {args.timeout:g} must be > 0 seconds")
     spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method)

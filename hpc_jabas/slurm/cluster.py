@@ -131,8 +131,12 @@ class ClusterView:
     @property
     def billing(self) -> dict[str, float]:
         """partition -> billing weight of one GPU, where the partition sets one."""
-        return {n: self.partitions[n].billing_per_gpu for n in self.types
-                if self.partitions[n].billing_per_gpu is not None}
+        out: dict[str, float] = {}
+        for n in self.types:
+            w = self.partitions[n].billing_per_gpu
+            if w is not None:
+                out[n] = w
+        return out
 
     def free_by_type(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -195,7 +199,7 @@ def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: 
         total = sum(n.gpus_total for n in members)
         gtype: str | None = None
         if total:
-            known = sorted({gpu_type_of(t) for t in raw_types} - {None})
+            known = sorted({k for k in (gpu_type_of(t) for t in raw_types) if k is not None})
             untyped = any(None in n.gres for n in members)
             if len(known) == 1 and len(known) == len(raw_types) and not untyped:
                 gtype = known[0]
@@ -289,7 +293,7 @@ def rank_gpu_type(env: Mapping[str, str] | None = None,
     if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or env.get("SLURMD_NODENAME")):
         return None
     part = rank_partition(env)
-    if partition_types and part in partition_types:
+    if partition_types and part is not None and part in partition_types:
         return gpus.normalize(partition_types[part])
     node = env.get("SLURMD_NODENAME")
     if node:

@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import submitit
 from submitit.core.utils import JobPaths
@@ -243,10 +243,11 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     mem = int(extra(spec, "mem_per_task_mb", DEFAULT_MEM_PER_TASK_MB))
     comps = components(spec.mix, view, mem_per_task_mb=mem)
     spec = dataclasses.replace(spec, mix={c.partition: c.ntasks for c in comps})
-    job, script = None, None
+    job: JabasSlurmJob | None = None
+    script: Path | None = None
     if spec.method == "submitit":
         try:
-            job = make_executor(spec, comps, sub_env).submit(EntryPoint(), spec)
+            job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env).submit(EntryPoint(), spec))
         except JabasError:
             raise
         except Exception as e:   # submitit's own errors (bad parameters, submission failures)

@@ -40,7 +40,9 @@ _GRES_ITEM = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>\
 
 def split_top(text: str, sep: str = ",") -> list[str]:
     """Split on sep outside parentheses/brackets."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch in "([":
             depth += 1
