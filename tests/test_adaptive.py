@@ -12,7 +12,7 @@ ADAPTIVE = {"planner": "lbbsp", "micro_batch": 4, "speeds": [1.0, 0.5, 0.25], "p
 
 
 @pytest.mark.parametrize("policy,extra", [("similarity", {"gamma": 0.9, "alpha": 0.25}),
-                                          ("noise-scale", {"k": 4.0})])
+                                          ("noise-scale", {})])
 def test_decisions_apply_everywhere_at_the_announced_iteration(tmp_path, policy, extra):
     run_dir = tmp_path / "run"
     spec = {"optimizer": "momentum", "lr": 0.05, "plan": "b=4 n=4,2,2", "steps": 30, "n": 512,
@@ -48,6 +48,30 @@ def test_decisions_apply_everywhere_at_the_announced_iteration(tmp_path, policy,
             assert r["samples"] < r["B"]      # a shrunk tail iteration
     if policy == "similarity":
         assert all(-1.0 <= r["stats"]["similarity"] <= 1.0 for r in its if "stats" in r)
+        for d in decisions:
+            sim, before = d["stats"]["similarity"], d["stats"]["B_before"]
+            if sim is not None:
+                assert (d["B"] > before or before == 96) if sim < 0.9 else (d["B"] < before or before == 16)
+    else:
+        # the goodput policy chose the argmax of (B / t_iter(B)) * E(B) over what lbbsp realises here
+        from hpc_jabas.core.config import JobConfig
+        from hpc_jabas.core.perfmodel import job_perf_model
+        from hpc_jabas.core.policy import goodput
+        from hpc_jabas.core.snapping import job_batch_space
+        cfg = JobConfig(batch=32, batch_min=16, batch_max=96, **{k: v for k, v in ADAPTIVE.items()
+                                                                  if k not in ("batch_min", "batch_max")})
+        gpus = ["v100"] * 3
+        space = job_batch_space(cfg, gpus, job_perf_model(cfg, gpus))
+        checked = 0
+        for d in decisions:
+            bn = d["stats"]["b_noise"]
+            if bn is None:
+                assert d["B"] == d["stats"]["B_before"]
+                continue
+            best = max(space.table(), key=lambda r: (goodput(r[0], r[1], bn, 32), -abs(r[0] - d["stats"]["B_before"])))
+            assert d["B"] == best[0] and d["stats"]["direction"] == "set"
+            checked += 1
+        assert checked >= 3
 
 
 def test_adaptive_run_equals_single_process_on_same_trajectory(tmp_path):
