@@ -26,6 +26,8 @@ import pytest
 from localcluster import LocalCluster
 
 from hpc_jabas.errors import SlurmError
+from hpc_jabas.slurm.text import parse_sacct
+from hpc_jabas.slurm.watch import TERMINAL, fold_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 NEEDED = ("munged", "slurmctld", "slurmd", "slurmdbd", "sinfo", "sbatch", "sacct", "mariadbd", "ip",
@@ -57,14 +59,12 @@ class SlurmCluster:
         return r.stdout.strip().split(";")[0]
 
     def job_state(self, job_id: str) -> str:
-        """State of a job (first line of sacct -X; for a hetjob its first component)."""
-        r = self.run("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State", check=False)
-        lines = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
-        return lines[0].split()[0] if lines else "UNKNOWN"
+        """State of a job from sacct -X (a hetjob's components folded into one, as everywhere:
+        hpc_jabas.slurm.watch.fold_rows); UNKNOWN while sacct does not list it."""
+        r = self.run("sacct", "-j", job_id, "-X", "-n", "-P", "-o", "JobID,State", check=False)
+        return fold_rows(parse_sacct(r.stdout, ("JobID", "State"))).get(job_id, {}).get("State", "UNKNOWN")
 
-    def wait_state(self, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
-                                              "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"),
-                   timeout: float = 120) -> str:
+    def wait_state(self, job_id: str, states=TERMINAL, timeout: float = 120) -> str:
         end = time.time() + timeout
         st = "UNKNOWN"
         while time.time() < end:

@@ -183,24 +183,40 @@ def test_submitit_watcher_folds_like_sacct_states():
 
 
 # ---- scontrol, sbatch ---------------------------------------------------------------------------
-JOB = ("JobId=4711 HetJobId=4711 HetJobOffset=0 JobName=hpc-jabas UserId=root(0) GroupId=root(0) MCS_label=N/A "
-       "Priority=4294901757 Nice=0 Account=root QOS=normal JobState=RUNNING Reason=None Dependency=(null) "
-       "Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:07 TimeLimit=01:00:00 TimeMin=N/A "
-       "SubmitTime=2026-11-30T19:00:00 StartTime=2026-11-30T19:00:01 EndTime=2026-11-30T20:00:01 "
-       "Partition=a100 AllocNode:Sid=host:4242 ReqNodeList=(null) NodeList=gpua1 BatchHost=gpua1 NumNodes=1 "
-       "NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=1,mem=512M,node=1,billing=4,gres/gpu=1 "
-       "Comment=moved by hpc-jabas Command=/shared/c/jobs/1.sbatch WorkDir=/shared/c Power= "
-       "TresPerNode=gres:gpu:a100:1")
+# `scontrol show job -o 32` of a two-component hetjob on the local cluster (Slurm 22.05), as captured
+_JOB0 = ("JobId=32 HetJobId=32 HetJobOffset=0 JobName=j.sh HetJobIdSet=32-33 UserId=root(0) GroupId=root(0) "
+         "MCS_label=N/A Priority=4294901730 Nice=0 Account=root QOS=normal JobState=RUNNING Reason=None "
+         "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:01 "
+         "TimeLimit=UNLIMITED TimeMin=N/A SubmitTime=2026-11-30T19:05:47 EligibleTime=2026-11-30T19:05:47 "
+         "AccrueTime=2026-11-30T19:05:47 StartTime=2026-11-30T19:05:48 EndTime=Unknown Deadline=N/A "
+         "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-30T19:05:48 Scheduler=Backfill Partition=a100 "
+         "AllocNode:Sid=localhost:9458 ReqNodeList=(null) ExcNodeList=(null) NodeList=gpua1 BatchHost=gpua1 "
+         "NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=1,mem=100M,node=1,billing=4,"
+         "gres/gpu=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* MinCPUsNode=1 MinMemoryNode=100M "
+         "MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) "
+         "Network=(null) Command=/var/tmp/hpc-jabas-slurm/shared/h5cap/j.sh WorkDir=/work/main "
+         "Comment=moved by hpc-jabas  StdErr=/dev/null StdIn=/dev/null StdOut=/dev/null Power= "
+         "TresPerNode=gres:gpu:a100:1 ")
+_JOB1 = (_JOB0.replace("JobId=32 HetJobId=32 HetJobOffset=0", "JobId=33 HetJobId=32 HetJobOffset=1")
+         .replace("Priority=4294901730", "Priority=4294901729").replace("Partition=a100", "Partition=v100")
+         .replace("NodeList=gpua1 BatchHost=gpua1", "NodeList=gpuv1 BatchHost=gpuv1")
+         .replace("NumCPUs=1 NumTasks=1", "NumCPUs=2 NumTasks=2").replace("cpu=1,mem=100M", "cpu=2,mem=100M")
+         .replace("gres/gpu=1 ", "gres/gpu=2 ").replace("gres:gpu:a100:1", "gres:gpu:v100:2"))
+SCONTROL_JOB = _JOB0 + "\n" + _JOB1 + "\n\n"
 
 
-def test_parse_scontrol_show_job_oneliner():
-    d = text.parse_oneliner(JOB)
-    assert d["JobId"] == "4711" and d["HetJobOffset"] == "0" and d["JobState"] == "RUNNING"
-    assert d["AllocNode:Sid"] == "host:4242" and d["CPUs/Task"] == "1" and d["ReqB:S:C:T"] == "0:0:*:*"
-    assert d["Comment"] == "moved by hpc-jabas" and d["Power"] == "" and d["TresPerNode"] == "gres:gpu:a100:1"
-    assert text.parse_alloc_gpus(d["TRES"]) == 1 and text.parse_gres(d["TresPerNode"].removeprefix("gres:")) == \
-        {"a100": 1}
-    assert len(d) == 41
+def test_parse_scontrol_show_job_of_a_hetjob():
+    recs = text.parse_scontrol(SCONTROL_JOB)
+    assert [(d["JobId"], d["HetJobId"], d["HetJobOffset"], d["Partition"], d["JobState"], d["NumTasks"],
+             d["NodeList"]) for d in recs] == [("32", "32", "0", "a100", "RUNNING", "1", "gpua1"),
+                                               ("33", "32", "1", "v100", "RUNNING", "2", "gpuv1")]
+    d = recs[0]
+    assert d["AllocNode:Sid"] == "localhost:9458" and d["CPUs/Task"] == "1" and d["ReqB:S:C:T"] == "0:0:*:*"
+    assert d["Comment"] == "moved by hpc-jabas" and d["Power"] == "" and d["EndTime"] == "Unknown"
+    assert d["TresPerNode"] == "gres:gpu:a100:1" and d["HetJobIdSet"] == "32-33"
+    assert [text.parse_alloc_gpus(r["TRES"]) for r in recs] == [1, 2]
+    assert [text.parse_gres(r["TresPerNode"].removeprefix("gres:")) for r in recs] == [{"a100": 1}, {"v100": 2}]
+    assert len(d) == 65 and all(len(r) == 65 for r in recs)    # 67 words, 2 of them inside Comment
 
 
 def test_parse_sbatch_id():

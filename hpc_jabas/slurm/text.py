@@ -1,6 +1,7 @@
 """Slurm's text, pure: parsing what scontrol, sinfo, sacct and sbatch print (no subprocess here).
 
-* ``scontrol show node|partition|job -o``: one ``Key=value`` record a line -> :func:`parse_oneliner`.
+* ``scontrol show node|partition|job -o``: one ``Key=value`` record a line -> :func:`parse_oneliner`,
+  :func:`parse_scontrol`.
 * GRES and TRES strings (``gpu:a100:2(S:0-1)``, ``cpu=1,gres/gpu=1``, ``GRES/gpu=4.0``): :func:`parse_gres`,
   :func:`parse_alloc_gpus`, :func:`parse_billing`; node states: :func:`node_usable`; host lists
   (``gpuv[1-2]``): :func:`expand_hostlist`.
@@ -33,6 +34,11 @@ _KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=(.*?)(?=\s+[A-Za-z][A-Za-z
 def parse_oneliner(line: str) -> dict[str, str]:
     """``scontrol -o`` record 'Key=value Key2=value with spaces ...' -> dict."""
     return {m.group(1): m.group(2) for m in _KV.finditer(line.strip())}
+
+
+def parse_scontrol(text: str) -> list[dict[str, str]]:
+    """``scontrol show node|partition|job -o`` output -> one dict a record (a hetjob: one per component)."""
+    return [parse_oneliner(ln) for ln in text.splitlines() if ln.strip()]
 
 
 _GRES_ITEM = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>\d+[KMG]?))?(?:\(.*\))?$")
