@@ -39,7 +39,7 @@ from hpc_jabas.errors import ConfigError, InfeasibleError
 GROW, SHRINK, STAY, SET = "grow", "shrink", "stay", "set"
 DIRECTIONS = (GROW, SHRINK, STAY, SET)
 TIE_TOL = 0.025          # near-tie band, relative to the target
-FULL_TABLE = 1 << 16     # ranges up to this wide are tabulated once, wider ones per window
+FULL_TABLE = 1 << 13     # ranges up to this wide are tabulated once, wider ones per window
 
 Row = tuple[int, "float | None"]
 RowsFn = Callable[[int, int], Sequence[Row]]
