@@ -5,6 +5,7 @@ and how): loading, timing, memory probing, allreduce fitting, profiles, the whol
 """
 from __future__ import annotations
 
+from hpc_jabas.core.loader import load_callable
 from hpc_jabas.runtime.profiling.allreduce import fit_allreduce, measure_allreduce
 from hpc_jabas.runtime.profiling.compute import ComputeMeasurement, measure_compute, measured_profile
 from hpc_jabas.runtime.profiling.defaults import DEFAULT_ALLREDUCE_SIZES, DEFAULT_B_LIMIT, DEFAULT_B_LIST, OPTIMIZERS
@@ -13,7 +14,6 @@ from hpc_jabas.runtime.profiling.load import (
     ModelBundle,
     check_bundle,
     grad_bytes,
-    load_callable,
     load_model,
     make_optimizer,
 )

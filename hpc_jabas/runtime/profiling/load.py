@@ -1,47 +1,15 @@
-"""Loading: the one ``module:callable`` loader (tasks and profiled models), the model bundle, devices."""
+"""Loading: the profiled model (through core/loader.py, the one ``module:callable`` loader), its checks, devices."""
 from __future__ import annotations
 
-import importlib
-import os
-import sys
-import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from hpc_jabas.core.loader import load_callable, one_line
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.profiling.defaults import OPTIMIZERS
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(f"{type(e).__name__}: {e}".split())
-
-
-def load_callable(spec: str, what: str = "task", example: str = "examples.train_digits:build") -> Callable[..., Any]:
-    """The callable named by ``module:callable`` (``callable`` may be dotted), importing the module
-    with the current directory importable (as with ``python -m``). Every problem is one ConfigError
-    line starting with ``{what} {spec!r}``."""
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ConfigError(f"{what} {spec!r} must be MODULE:CALLABLE, e.g. {example}")
-    mod_name, attr = spec.split(":")
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        mod = importlib.import_module(mod_name)
-    except Exception as e:
-        raise ConfigError(f"{what} {spec!r}: cannot import module {mod_name!r} ({_one_line(e)}); "
-                          f"give an importable MODULE:CALLABLE, e.g. {example}") from None
-    obj: Any = mod
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{what} {spec!r}: module {mod_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ConfigError(f"{what} {spec!r}: {attr!r} is a {type(obj).__name__}, not a callable")
-    return typing.cast(Callable[..., Any], obj)
 
 
 @dataclass
@@ -64,7 +32,7 @@ def load_model(spec: str) -> ModelBundle:
     try:
         out = fn()
     except Exception as e:
-        raise ConfigError(f"model {spec!r}: calling {spec.split(':')[1]}() failed ({_one_line(e)})") from None
+        raise ConfigError(f"model {spec!r}: calling {spec.split(':')[1]}() failed ({one_line(e)})") from None
     return check_bundle(out, spec)
 
 
