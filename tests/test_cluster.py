@@ -140,6 +140,7 @@ def test_missing_slurm_conf(tmp_path):
 
 
 # ---- against the real cluster ----------------------------------------------------------------------
+@pytest.mark.slurm
 def test_partitions_types_totals_billing(slurm_cluster):
     v = cluster.read_cluster()
     assert set(v.partitions) == set(LAYOUT)
@@ -156,6 +157,7 @@ def test_partitions_types_totals_billing(slurm_cluster):
     assert "a100" in v.summary()
 
 
+@pytest.mark.slurm
 def test_unknown_partition_and_bad_mapping(slurm_cluster):
     v = cluster.read_cluster()
     with pytest.raises(ConfigError, match=r"^unknown partition 'h100'; partitions here: a100, rtx2060, v100$"):
@@ -167,6 +169,7 @@ def test_unknown_partition_and_bad_mapping(slurm_cluster):
     assert cluster.read_cluster(partition_types={"v100": "Tesla-V100"}).types["v100"] == "v100"
 
 
+@pytest.mark.slurm
 def test_controller_unreachable(slurm_cluster, tmp_path):
     conf = tmp_path / "slurm.conf"
     text = slurm_cluster.slurm_conf.read_text()
@@ -177,6 +180,7 @@ def test_controller_unreachable(slurm_cluster, tmp_path):
     assert time.time() - t0 < cluster.TIMEOUT_S + 5
 
 
+@pytest.mark.slurm
 def test_one_node_job_sees_its_gpus_and_a_private_tmp(slurm_cluster, tmp_path):
     marker = tmp_path / "host-only"
     marker.write_text("x")
@@ -199,6 +203,7 @@ def _wait_free(partition, want, timeout=30):
     assert _free(partition) == want
 
 
+@pytest.mark.slurm
 def test_free_gpus_drop_while_a_job_holds_them(slurm_cluster):
     _wait_free("v100", 4)
     jid = slurm_cluster.sbatch("-p", "v100", "--gres=gpu:v100:2", "-n1", "--mem=100M", "-o", "/dev/null",
@@ -214,6 +219,7 @@ def test_free_gpus_drop_while_a_job_holds_them(slurm_cluster):
     _wait_free("v100", 4)
 
 
+@pytest.mark.slurm
 def test_drained_node_is_not_free(slurm_cluster):
     _wait_free("v100", 4)
     slurm_cluster.run("scontrol", "update", "nodename=gpuv2", "state=drain", "reason=test")
@@ -242,6 +248,7 @@ if c.rank == 0:
 """
 
 
+@pytest.mark.slurm
 def test_hetjob_one_mpi_world_and_rank_types(slurm_cluster, slurm_tmp):
     """a100 x1 + v100 x2 as one heterogeneous job, one MPI world of 3 ranks over PMIx; each rank's type."""
     root = str(Path(__file__).resolve().parents[1])
@@ -276,6 +283,7 @@ def test_hetjob_one_mpi_world_and_rank_types(slurm_cluster, slurm_tmp):
     assert comps[f"{jid}+1"][1:3] == ["v100", "COMPLETED"] and "billing=4" in comps[f"{jid}+1"][3]
 
 
+@pytest.mark.slurm
 def test_requeue_restarts_the_job_and_sacct_sees_it(slurm_cluster, slurm_tmp):
     log = slurm_tmp / "starts.log"
     jid = slurm_cluster.sbatch("-p", "rtx2060", "--gres=gpu:rtx2060:1", "--mem=100M", "--requeue", "-o", "/dev/null",

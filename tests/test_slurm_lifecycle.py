@@ -8,7 +8,8 @@
 (b) the same by hand: `sbatch slurm/jabas-hetjob.sbatch JOB.toml` after `module load hpc-jabas`,
     moving to 3 x v100 (two nodes) through method sbatch.
 (c) `hpc-jabas status CHAIN_DIR` shows both jobs of each chain.
-Plus cheap checks: environment cleaning, job scripts, one-line errors.
+Plus cheap checks: job scripts against the real cluster's view, one-line errors (the environment
+cleaning and the rest of the script text: tests/test_slurm_text.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.runtime.checkpoint import load_latest
 from hpc_jabas.slurm import chain as chainlog
+
+pytestmark = pytest.mark.slurm
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -319,19 +322,6 @@ def test_status_shows_both_jobs(slurm_cluster, submitit_chain, hand_chain):
 
 
 # ---- cheap checks -------------------------------------------------------------------------------
-def test_submission_env_drops_the_running_jobs_variables():
-    from hpc_jabas.slurm.sbatch import submission_env
-    inner = {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf", "SLURM_JOB_ID": "7", "SLURM_HET_SIZE": "2",
-             "SLURM_JOB_NODELIST_HET_GROUP_1": "gpuv1", "SLURMD_NODENAME": "gpua1", "SBATCH_PARTITION": "x",
-             "PMIX_RANK": "0", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_ALLOW_RUN_AS_ROOT": "1",
-             "HOROVOD_RANK": "0", "SUBMITIT_FOLDER": "/f", "CUDA_VISIBLE_DEVICES": "0", "PYTHONPATH": "/r"}
-    assert submission_env(inner) == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf",
-                                     "OMPI_ALLOW_RUN_AS_ROOT": "1", "PYTHONPATH": "/r"}
-    # outside a job, the user's own MPI settings stay
-    outer = {"PATH": "/usr/bin", "OMPI_MCA_btl": "self,vader", "SLURM_CONF": "/c", "SBATCH_ACCOUNT": "a"}
-    assert submission_env(outer) == {"PATH": "/usr/bin", "OMPI_MCA_btl": "self,vader", "SLURM_CONF": "/c"}
-
-
 def test_components_span_nodes_and_keep_partition_order(slurm_cluster):
     from hpc_jabas.slurm.cluster import read_cluster
     from hpc_jabas.slurm.components import components, parse_mix
