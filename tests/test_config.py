@@ -145,6 +145,8 @@ def test_choices_and_defaults_have_one_definition():
     ({"speeds": "1,x"}, "speeds='1,x' must be numbers separated by commas"),
     ({"gpu_types": ["v100", "k80"]}, "unknown GPU type 'k80'"),
     ({"slowdown": {"a": "factor=2"}}, "slowdown key 'a' must be a rank number"),
+    ({"slowdown": {"1": "factor=2,start=x"}}, "slowdown 'factor=2,start=x': start='x' must be an integer"),
+    ({"slowdown": {"1": "start=5"}}, "slowdown 'start=5' has no factor"),
     ({"planner": "fixed"}, "planner='fixed' needs plan="),
     ({"batch": 64, "batch_min": 128}, "batch_min=128 > batch_max=64"),
     ({"autoscale": {"margin": 1.0}}, "autoscale.margin=1.0 must be in [0, 1)"),

@@ -36,6 +36,7 @@ from hpc_jabas.core.schema import (
     split_optional,
     type_name,
 )
+from hpc_jabas.core.slowdown import Slowdown
 from hpc_jabas.errors import ConfigError
 
 PLANNERS = ("optimal", "lbbsp", "fixed")
@@ -280,6 +281,8 @@ class JobConfig:
         self.autoscale.validate()
         for g in self.gpu_types or []:
             gpus.normalize(g)                 # unknown type: one line naming it and the known ones
+        for spec in self.slowdown.values():
+            Slowdown.parse(spec)              # one line naming the spec and its bad part
         if self.planner == "fixed" and not self.plan:
             raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
         bmin, bmax = self.B_min, self.B_max
