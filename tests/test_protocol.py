@@ -11,6 +11,7 @@ from mpi_util import run_ranks
 
 from hpc_jabas.core.decision import Decision, MoveDecision
 from hpc_jabas.core.plan import Plan
+from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime.metrics import PER_RANK, IterationMetrics
 from hpc_jabas.runtime.protocol import DecisionChannel
@@ -256,3 +257,31 @@ def test_autoscaler_failure_at_an_epoch_end_keeps_the_checkpoint_and_the_job(tmp
     auto = [r for r in recs if r["type"] == "autoscale"]
     assert [a["epoch"] for a in auto] == [1, 2] and auto[0]["move"] is False
     assert auto[1]["reason"] == "last epoch" and auto[1]["forecast_error"] >= 0.0   # the resumed job scored it
+
+
+def test_extension_points_are_typed():
+    """Checked before Horovod starts: the wrong kind of object is one clear error."""
+    from hpc_jabas.runtime.trainer import Trainer
+    m = torch.nn.Linear(2, 2)
+    args = (m, torch.optim.SGD(m.parameters(), lr=0.1), [], torch.nn.MSELoss())
+    with pytest.raises(TypeError, match="hooks.Controller"):
+        Trainer(*args, controller=object())
+    with pytest.raises(TypeError, match="hooks.EpochEndHook"):
+        Trainer(*args, epoch_end_hook=lambda tr, epoch: False)       # the old callable style
+    with pytest.raises(TypeError, match="hooks.Callback"):
+        Trainer(*args, callbacks=[print])
+    with pytest.raises(ConfigError, match="scheduler_step='step' is invalid; use one of epoch, iteration"):
+        Trainer(*args, scheduler_step="step")
+
+
+def test_scheduler_steps_per_epoch_or_per_iteration_and_callbacks_fire(tmp_path):
+    cfg = {"epochs": 2, "batch": 24, "planner": "fixed", "plan": "b=4 n=3,3"}
+    (res0, res1) = run_ranks("protocol_worker.py", {"mode": "hooks", "run_dir": "", "n": 96, "config": cfg}, np_=2)
+    k = 96 // 24
+    for r in (res0, res1):
+        ep, it = r["epoch"], r["iteration"]
+        assert ep["iterations"] == it["iterations"] == 2 * k
+        assert ep["last_epoch"] == 2 and ep["lr"] == pytest.approx(0.1 * 0.5 ** 2)
+        assert it["last_epoch"] == 2 * k and it["lr"] == pytest.approx(0.1 * 0.5 ** (2 * k))
+        for c in (ep, it):
+            assert c["first"] == 1 and c["steps"] == list(range(2 * k)) and c["epochs"] == [0, 1]

@@ -2,6 +2,7 @@
 
 mode "decide": an AdaptiveController whose decide step raises (or returns a plan that does not
 fit the job) on rank 0 at the iterations in spec["fail_at"].
+mode "hooks": the user's scheduler stepped per epoch and per iteration; callbacks counted.
 mode "epoch_end": the epoch-end auto-scaler whose cluster view raises at the first epoch end;
 the job stops after a later epoch end and a fresh trainer and hook resume and finish the run.
 """
@@ -9,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -19,6 +21,7 @@ from hpc_jabas.core.decision import Decision  # noqa: E402
 from hpc_jabas.core.jobspec import JobSpec  # noqa: E402
 from hpc_jabas.core.plan import Plan  # noqa: E402
 from hpc_jabas.runtime.controller import AdaptiveController  # noqa: E402
+from hpc_jabas.runtime.hooks import Callback  # noqa: E402
 from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
@@ -72,10 +75,38 @@ def result(tr, **extra):
             "params": {k: v.tolist() for k, v in tr.model.state_dict().items()}, **extra}
 
 
+class Counter(Callback):
+    def __init__(self):
+        self.first, self.steps, self.epochs = 0, [], []
+
+    def on_first_step(self, trainer):
+        self.first += 1
+
+    def on_step_end(self, trainer, rec):
+        self.steps.append(rec["it"])
+
+    def on_epoch_end(self, trainer, epoch):
+        self.epochs.append(epoch)
+
+
 ds = make_data(spec.get("n", 240))
 model = make_model()
 opt = make_optimizer("momentum", model.parameters(), 0.05)
-if spec["mode"] == "decide":
+if spec["mode"] == "hooks":
+    out = {"rank": 0}
+    for step in ("epoch", "iteration"):
+        m = make_model()
+        o = make_optimizer("sgd", m.parameters(), 0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(o, lambda k: 0.5 ** k)
+        cb = Counter()
+        spec["run_dir"] = f"{spec['out_dir']}/run-{step}"
+        tr = Trainer(m, o, ds, nn.CrossEntropyLoss(), config=config(), scheduler=sched, scheduler_step=step,
+                     callbacks=[cb])
+        tr.fit(resume=False)
+        out[step] = {"last_epoch": sched.last_epoch, "lr": o.param_groups[0]["lr"], "first": cb.first,
+                     "steps": cb.steps, "epochs": cb.epochs, "iterations": tr.iteration}
+        out["rank"] = tr.rank
+elif spec["mode"] == "decide":
     cfg = config()
     ctrl = FailingController(cfg, {int(k): v for k, v in spec["fail_at"].items()})
     tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)
