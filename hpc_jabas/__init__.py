@@ -13,13 +13,20 @@ from hpc_jabas.errors import ConfigError, JabasError
 
 __version__ = "0.1.0"
 __all__ = ["JobConfig", "Plan", "Trainer", "HeterogeneousOptimizer", "HeterogeneousSampler", "add_arguments",
-           "config_from_args", "proportional_plan", "report_throughput", "run_main", "ConfigError", "JabasError"]
+           "config_from_args", "proportional_plan", "report_throughput", "run_main", "ConfigError", "JabasError",
+           "Decision", "MoveDecision", "Callback", "Controller", "EpochEndHook"]
 
 
 def __getattr__(name):
     if name == "Trainer":
         from hpc_jabas.runtime.trainer import Trainer
         return Trainer
+    if name in ("Callback", "Controller", "EpochEndHook"):     # the trainer's extension points (no Horovod)
+        from hpc_jabas.runtime import hooks
+        return getattr(hooks, name)
+    if name in ("Decision", "MoveDecision"):
+        from hpc_jabas.core import decision
+        return getattr(decision, name)
     if name == "HeterogeneousOptimizer":
         from hpc_jabas.runtime.optim import HeterogeneousOptimizer
         return HeterogeneousOptimizer
