@@ -279,10 +279,14 @@ class Choice:
         return {"mix": dict(self.mix), "reason": self.reason, "move": self.move, "table": self.table}
 
 
+#: restart overhead (s) assumed until one is measured on the chain (the one definition)
+RESTART_PRIOR_S = 30.0
+
+
 class RestartOverhead:
     """Restart overhead estimate: a prior until the first measurement, then the mean of measurements."""
 
-    def __init__(self, prior_s: float = 120.0) -> None:
+    def __init__(self, prior_s: float = RESTART_PRIOR_S) -> None:
         self.prior_s = self._check(prior_s, "prior_s")
         self.measured: list[float] = []
 

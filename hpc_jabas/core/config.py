@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from hpc_jabas.core import gpus
-from hpc_jabas.core.autoscale import OBJECTIVES
+from hpc_jabas.core.autoscale import OBJECTIVES, RESTART_PRIOR_S
 from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.policy import LR_RULES, POLICIES
+from hpc_jabas.core.policy import LR_RULES, POLICIES, canonical_policy
 from hpc_jabas.core.sampler import TAILS
 from hpc_jabas.core.schema import (
     check_fields,
@@ -42,7 +42,6 @@ from hpc_jabas.errors import ConfigError
 PLANNERS = ("optimal", "lbbsp", "fixed")
 BALANCE_MODES = ("off", "reactive", "predictive")
 #: Restart overhead assumed by the epoch-end auto-scaler until this chain has measured one (s).
-RESTART_PRIOR_S = 30.0
 README_START = "<!-- config-reference:start (generated: hpc_jabas.core.config.update_readme) -->"
 README_END = "<!-- config-reference:end -->"
 
@@ -101,12 +100,12 @@ class EmulationConfig:
 @dataclass
 class AdaptiveConfig:
     """[adaptive] the batch-size policy and the lr rule."""
-    policy: str = key("fixed", "batch-size policy (similarity: JABAS; noise-scale: Pollux)", choices=POLICIES)
+    policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput)",
+                      choices=POLICIES)
     p: int = key(100, "iterations between batch-size decisions", lo=1)
     alpha: float = key(0.1, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     gamma: float = key(0.1, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)
-    k: float = key(1.0, "factor on the noise scale of the noise-scale policy", lo=0.0, lo_open=True)
     batch_min: int | None = key(None, "smallest global batch B", lo=1, shown="batch")
     batch_max: int | None = key(None, "largest global batch B", lo=1, shown="batch")
     lr_rule: str = key("sqrt", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr",
@@ -245,7 +244,6 @@ class JobConfig:
     p = _Flat[int]()
     alpha = _Flat[float]()
     gamma = _Flat[float]()
-    k = _Flat[float]()
     batch_min = _Flat[int | None]()
     batch_max = _Flat[int | None]()
     lr_rule = _Flat[str]()
@@ -276,6 +274,11 @@ class JobConfig:
             self.autoscale = AutoscaleConfig(**norm)
 
     def validate(self) -> JobConfig:
+        if isinstance(self.adaptive.policy, str):
+            try:                              # aliases (goodput, noise_scale, simigrad, ...) -> one name
+                self.adaptive.policy = canonical_policy(self.adaptive.policy)
+            except ConfigError:
+                pass                          # the choices check below names the valid ones
         for s in SECTIONS:
             check_fields(getattr(self, s))
         self.autoscale.validate()

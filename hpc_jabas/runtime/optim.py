@@ -90,6 +90,8 @@ class HeterogeneousOptimizer:
 
         def hook(p: torch.Tensor):
             if self._hooks_on and i not in self._handles:
+                if p.grad is None:      # post-accumulate-grad hooks run after .grad is set
+                    raise RuntimeError(f"gradient hook of {name!r} ran before its gradient was accumulated")
                 self._handles[i] = comm.allreduce_sum_async_(p.grad, name=f"hj.g.{name}",
                                                              postscale=1.0 / self._total)
         return hook

@@ -31,7 +31,6 @@ Optional ``spec.extra`` keys: ``mem_per_task_mb`` (512), ``time_min`` (60), ``jo
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 import shlex
@@ -47,6 +46,7 @@ from submitit.core.utils import JobPaths
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.loader import load_callable
 from hpc_jabas.errors import ConfigError, JabasError, SlurmError
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
@@ -83,8 +83,7 @@ class EntryPoint:
     target: str = JOB_ENTRY
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        mod, _, fn = self.target.partition(":")
-        return getattr(importlib.import_module(mod), fn)(*args, **kwargs)
+        return load_callable(self.target, "job entry", JOB_ENTRY)(*args, **kwargs)
 
 
 def run_sbatch(script: str | Path, env: Mapping[str, str], extra_args: list[str] | None = None) -> str:
