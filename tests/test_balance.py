@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from hpc_jabas.core.balance import Rebalancer, interpolate_plan, speed_factors_from_measurements
+from hpc_jabas.core.balance import Rebalancer, interpolate_plan
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.plan import Plan, proportional_plan
 from hpc_jabas.core.planner import plan_batch
@@ -175,17 +175,6 @@ def test_interpolation_across_a_change_of_b_uses_the_candidate_ranks_only():
     assert same.M == 16 and same.n[0] >= 1 and same.n == (4, 3, 3, 6)   # 3.25 x 3, 6.25: one extra, lowest rank
     with pytest.raises(ConfigError):
         interpolate_plan(cur, Plan(4, (16,)), 0.5)
-
-
-def test_speed_factors_from_measurements():
-    assert speed_factors_from_measurements([0.3, 0.1, None], [0.1, 0.1, 0.2]) == \
-        pytest.approx([1 / 3, 1.0, 1.0])
-    with pytest.raises(ConfigError) as e:
-        speed_factors_from_measurements([0.1], [0.1, 0.1])
-    assert "per rank" in one_line(e)
-    with pytest.raises(ConfigError) as e:
-        speed_factors_from_measurements([0.0, 0.1], [0.1, 0.1])
-    assert "rank 0" in one_line(e)
 
 
 def test_state_round_trip():

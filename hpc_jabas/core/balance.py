@@ -68,23 +68,6 @@ def _pos(x: Any, what: str) -> float:
     return v
 
 
-def speed_factors_from_measurements(compute_s_per_microbatch: Sequence[float | None],
-                                    expected_s_per_microbatch: Sequence[float]) -> list[float]:
-    """Per rank: factor = expected / measured seconds per micro-batch (< 1: slower than the profile).
-
-    A rank with no measurement (None, e.g. it ran no micro-batch) gets 1.0 (the profile).
-    """
-    meas, exp = list(compute_s_per_microbatch), list(expected_s_per_microbatch)
-    if len(meas) != len(exp) or not meas:
-        raise ConfigError(f"{len(meas)} measured and {len(exp)} expected micro-batch times; "
-                          "give one of each per rank")
-    out = []
-    for i, (m, e) in enumerate(zip(meas, exp)):
-        e = _pos(e, f"expected seconds per micro-batch of rank {i}")
-        out.append(1.0 if m is None else e / _pos(m, f"measured seconds per micro-batch of rank {i}"))
-    return out
-
-
 def _round_to_sum(targets: Sequence[float], total: int, mins: Sequence[int]) -> list[int]:
     """Integers close to targets (largest remainder), each >= its min, summing to total exactly.
 

@@ -7,8 +7,8 @@ of the worker's past speeds and its host's load. This module keeps one small onl
 What is predicted
 -----------------
 A **speed**: any positive rate where larger means faster, e.g. samples/s or micro-batches/s of a
-rank's compute, or its *speed factor* (profiled time / measured time, see
-``balance.speed_factors_from_measurements``), which is what the planner consumes. Rates rather
+rank's compute, or its *speed factor* (profiled time / measured time, as the controller measures
+it over a balancing window), which is what the planner consumes. Rates rather
 than times, because LB-BSP's share rule is linear in speed (x_i = B v_i / sum v). The models are
 scale-free: feeding samples/s or speed factors gives the same relative predictions.
 
