@@ -147,7 +147,7 @@ def _params_digest(model) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m hpc_jabas.runtime.launch SPEC.json|JOB.toml", file=sys.stderr)
+        log.error("usage: python -m hpc_jabas.runtime.launch SPEC.json|JOB.toml")
         return 2
     try:
         run_job(spec_from_file(argv[0]))
