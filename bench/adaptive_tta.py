@@ -38,17 +38,50 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _launch import ROOT as REPO  # noqa: E402
 from _launch import ensure_ranks  # noqa: E402
 
 RANKS = 3
+TYPES = ["v100", "p100", "rtx2060"]
+EMU = dict(emulate_base_s=0.004, emulate_per_sample_s=0.00005)
+PROFILES = Path("/tmp/hj-bench-tta-profiles")
+BUNDLES = {"shapes": "tta_tasks:shapes_bundle", "digits": "tta_tasks:digits_bundle"}
+
+
+def profile_cluster() -> None:
+    """Before the MPI world starts: `hpc-jabas profile --emulate` of each task's model on the 3 emulated
+    ranks (as a user profiles once per model and cluster): the emulated compute formula, the optimizer
+    step and the allreduce measured over Horovod here. Outside the benchmark clock. On failure the
+    runs plan with the built-in emulated model (a 100 MB, ResNet-50-sized allreduce), and say so."""
+    shutil.rmtree(PROFILES, ignore_errors=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+               OMPI_MCA_mpi_yield_when_idle="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    for name, bundle in BUNDLES.items():
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(RANKS), sys.executable, "-m",
+               "hpc_jabas.cli", "profile", "--quiet", "--model", bundle, "--emulate", "--gpu-type", ",".join(TYPES),
+               "--base-s", str(EMU["emulate_base_s"]), "--per-sample-s", str(EMU["emulate_per_sample_s"]),
+               "--out", str(PROFILES / name)]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            shutil.rmtree(PROFILES / name, ignore_errors=True)
+            print(f"adaptive_tta: profiling {bundle} FAILED (rc={r.returncode}); its runs plan with the built-in "
+                  f"emulated model. {r.stderr.strip().splitlines()[-1:] }", flush=True)
+
+
+if "OMPI_COMM_WORLD_SIZE" not in os.environ and "HOROVOD_RANK" not in os.environ:
+    profile_cluster()
 ensure_ranks(RANKS)
 
 import torch  # noqa: E402
@@ -59,8 +92,6 @@ from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
-TYPES = ["v100", "p100", "rtx2060"]
-EMU = dict(emulate_base_s=0.004, emulate_per_sample_s=0.00005)
 SMALL, LARGE = 32, 512
 WARMUP_EPOCHS = 2
 LR_FLOOR = 0.05
@@ -137,6 +168,8 @@ def run_one(task: Task, kind: str, seed: int, rank: int) -> dict:
     loss_fn = nn.CrossEntropyLoss()
     cfg = dict(emulate=True, gpu_types=TYPES, planner="optimal", checkpoint=False, epochs=task.epochs, seed=seed,
                run_dir=str(ROOT / f"{task.name}-{kind}-s{seed}"), **EMU)
+    if (PROFILES / task.name / "allreduce.json").exists():
+        cfg["profile_dir"] = str(PROFILES / task.name)
     if kind in ADAPTIVE:
         B = SMALL
         cfg.update(policy=kind, batch=SMALL, batch_min=SMALL, batch_max=LARGE, p=task.p)

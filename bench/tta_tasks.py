@@ -113,9 +113,9 @@ def noise_scale(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, b_s
                 n_small: int = 64, gen: torch.Generator | None = None) -> tuple[float, float, float]:
     """Gradient noise scale of the model on the training data, as the optimizer would see it
     (train mode, augmentation on): n_small disjoint batches of b_small samples drawn at random,
-    |g_small|^2 averaged over them, |g_big|^2 of their mean (b_big = n_small * b_small; n_small is capped at N // b_small), then
-    McCandlish et al.'s unbiased estimators. Returns (B_noise, |G|^2, tr(Sigma)). The model's
-    parameters are left untouched (its .grad is cleared)."""
+    |g_small|^2 averaged over them, |g_big|^2 of their mean (b_big = n_small * b_small; n_small is
+    capped at N // b_small), then McCandlish et al.'s unbiased estimators. Returns
+    (B_noise, |G|^2, tr(Sigma)). The model's parameters and .grad are left untouched."""
     n_small = max(2, min(n_small, x.shape[0] // b_small))
     idx = torch.randperm(x.shape[0], generator=gen)[: b_small * n_small]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -136,3 +136,15 @@ def noise_scale(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, b_s
     g2 = (bb * sq_big - bs * sq_small) / (bb - bs)
     s = (sq_small - sq_big) / (1.0 / bs - 1.0 / bb)
     return (s / g2 if g2 > 0 else float("inf")), g2, s
+
+
+def shapes_bundle():
+    """For `hpc-jabas profile --model bench.tta_tasks:shapes_bundle`: (model, loss, 256 samples)."""
+    x, y, _, _ = shapes_data(n_train=256, n_test=1)
+    return shapes_model(), nn.CrossEntropyLoss(), (torch.tensor(x), torch.tensor(y, dtype=torch.long))
+
+
+def digits_bundle():
+    """For `hpc-jabas profile --model bench.tta_tasks:digits_bundle`: (model, loss, 256 samples)."""
+    x, y, _, _ = digits_data()
+    return digits_model(), nn.CrossEntropyLoss(), (torch.tensor(x[:256]), torch.tensor(y[:256], dtype=torch.long))
