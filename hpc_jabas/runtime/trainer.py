@@ -107,6 +107,7 @@ class Trainer:
         self.iteration = 0
         self.lr_scale = 1.0
         self.gpu_types = gpu_types or self._gpu_types()
+        self._perf_model: Any = None          # built on first use (perf_model())
         self.emulator = self._emulator()
         self.planner_fn = planner_fn or self._default_planner()
         self.B = self.cfg.batch
@@ -174,7 +175,7 @@ class Trainer:
 
     def perf_model(self):
         """The job's perf model (built once; the planner, snapping and balancing share it)."""
-        if getattr(self, "_perf_model", None) is None:
+        if self._perf_model is None:
             from hpc_jabas.core.perfmodel import job_perf_model
             self._perf_model = job_perf_model(self.cfg, self.gpu_types)
         return self._perf_model

@@ -55,5 +55,5 @@ out = {"rank": tr.rank, "params": {k: v.tolist() for k, v in model.state_dict().
        "history": list(tr.history), "iterations": tr.iteration, "samples_local": tr.samples_local,
        "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
        "sampler": tr.sampler.state_dict(), "result": res,
-       "trajectory": getattr(tr.controller, "trajectory", None)}
+       "trajectory": tr.controller.b_trajectory() if tr.controller is not None else None}
 (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
