@@ -1,6 +1,6 @@
 """The job entry point inside Slurm (or mpirun): build the user's task, resume, train, auto-scale.
 
-    python -m hpc_jabas.runtime.launch SPEC.json        # a JobSpec written by submit.py
+    python -m hpc_jabas.runtime.launch SPEC.json        # a JobSpec written by hpc_jabas.slurm.executor
     python -m hpc_jabas.runtime.launch JOB.toml         # by hand: [job] task/chain_dir/method + config keys
 
 Every rank runs this. The current mix is read from the ranks' Slurm partitions (allgather).
@@ -8,7 +8,6 @@ Returns (rank 0) a summary dict; submitit hands it back through its usual job ob
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
@@ -16,22 +15,13 @@ from collections import Counter
 from pathlib import Path
 
 from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.loader import load_callable
 from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.hooks import Callback
 from hpc_jabas.slurm import chain as chainlog
 
 log = get_logger(__name__)
-
-
-def load_task(task: str):
-    mod, _, fn = task.partition(":")
-    try:
-        m = importlib.import_module(mod)
-        f = getattr(m, fn)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"task {task!r} cannot be loaded ({e}); give 'module:callable' importable here") from None
-    return f
 
 
 def spec_from_file(path: str) -> JobSpec:
@@ -70,7 +60,7 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
     from hpc_jabas.runtime.trainer import Trainer
 
-    parts = load_task(spec.task)()     # before Horovod's background thread starts polling
+    parts = load_callable(spec.task, "task")()     # before Horovod's background thread starts polling
     comm.init()
     rank = comm.rank()
     mix = current_mix(comm)
