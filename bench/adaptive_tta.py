@@ -97,6 +97,9 @@ WARMUP_EPOCHS = 2
 LR_FLOOR = 0.05
 ROOT = Path("/tmp/hj-bench-tta")
 ADAPTIVE = ("similarity", "noise-scale")
+# Diagnostic, NOT in the last line or the goals: the goodput policy with the linear lr rule instead of
+# the default (sqrt), to tell a bad choice of B from an lr that does not follow B.
+DIAGNOSTIC = {"ns-linear-lr": dict(policy="noise-scale", lr_rule="linear")}
 
 
 @dataclass
@@ -123,7 +126,8 @@ class Task:
         return len(self.tensors[0])
 
     def runs(self) -> list[str]:
-        return [f"fixed-{SMALL}", *(f"fixed-{b}" for b in self.grid), f"fixed-{LARGE}", *ADAPTIVE]
+        return [f"fixed-{SMALL}", *(f"fixed-{b}" for b in self.grid), f"fixed-{LARGE}", *ADAPTIVE,
+                *DIAGNOSTIC]
 
 
 def make_tasks(quick: bool) -> list[Task]:
@@ -170,15 +174,17 @@ def run_one(task: Task, kind: str, seed: int, rank: int) -> dict:
                run_dir=str(ROOT / f"{task.name}-{kind}-s{seed}"), **EMU)
     if (PROFILES / task.name / "allreduce.json").exists():
         cfg["profile_dir"] = str(PROFILES / task.name)
-    if kind in ADAPTIVE:
+    adaptive = kind in ADAPTIVE or kind in DIAGNOSTIC
+    if adaptive:
         B = SMALL
         cfg.update(policy=kind, batch=SMALL, batch_min=SMALL, batch_max=LARGE, p=task.p)
+        cfg.update(DIAGNOSTIC.get(kind, {}))
     else:
         B = int(kind.split("-")[1])
         cfg.update(batch=B)
-    lr = task.lr0 * (B / SMALL if kind not in ADAPTIVE else 1.0)
+    lr = task.lr0 * (B / SMALL if not adaptive else 1.0)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    if kind not in ADAPTIVE and B != SMALL:
+    if not adaptive and B != SMALL:
         goyal_warmup(opt, B, WARMUP_EPOCHS * math.ceil(task.n_train / B))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine(task.epochs))
     evals: list[dict] = []
@@ -219,7 +225,9 @@ def run_one(task: Task, kind: str, seed: int, rank: int) -> dict:
         if closer is not None:
             closer()
     iters = tr.iteration
+    costs = plan_costs(Path(cfg["run_dir"])) if rank == 0 and adaptive else {}
     res = {"task": task.name, "kind": kind, "seed": seed, "evals": evals, "probes": probes, "iterations": iters,
+           "costs": costs,
            "mean_B": task.epochs * task.n_train / max(iters, 1), "final": evals[-1]["acc"],
            "train_s": evals[-1]["clock"]}
     if rank == 0:
@@ -227,6 +235,34 @@ def run_one(task: Task, kind: str, seed: int, rank: int) -> dict:
         print(f"  [{task.name} seed {seed}] {kind:<12} final={100 * res['final']:.2f}% train={res['train_s']:.1f}s "
               f"iters={iters} mean_B={res['mean_B']:.0f} B@epoch_end={_traj(Bs)}", flush=True)
     return res
+
+
+def plan_costs(run_dir: Path) -> dict:
+    """From the run's metrics.jsonl: iterations and seconds per (B, micro-batch b), full iterations
+    only (not the shrunk epoch tail). Empty when the file is missing or in another format."""
+    import json
+    rows: dict[tuple[int, int], list[float]] = {}
+    try:
+        with open(run_dir / "metrics.jsonl") as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("type") != "iteration" or r.get("samples") != r.get("B"):
+                    continue
+                b = int(str(r["plan"]).split()[0].split("=")[1])
+                rows.setdefault((int(r["B"]), b), []).append(float(r["iter_s"]))
+    except (OSError, ValueError, KeyError, IndexError):
+        return {}
+    return {k: (len(v), sum(v)) for k, v in rows.items()}
+
+
+def _costs_text(costs: dict) -> str:
+    if not costs:
+        return "(no iteration metrics)"
+    total = sum(t for _, t in costs.values())
+    small_b = sum(t for (_, b), (_, t) in costs.items() if b <= 4)
+    top = sorted(costs.items(), key=lambda kv: -kv[1][1])[:6]
+    return (f"{100 * small_b / total:.0f}% of iteration time in plans with b<=4; top: "
+            + ", ".join(f"B={B}/b={b} {n}it x {1e3 * t / n:.1f}ms" for (B, b), (n, t) in top))
 
 
 def _traj(Bs) -> str:
@@ -290,7 +326,7 @@ def report(task: Task, res: list[dict]) -> dict:
           f"{math.ceil(task.n_train / SMALL) * task.epochs} iterations at B={SMALL}, p={task.p} for the adaptive runs, "
           f"lr0={task.lr0}, {n} seed(s); target = {100 * target:.2f}% (fixed-{SMALL} mean final "
           f"{100 * base_final:.2f}% - 0.5)")
-    hdr = (f"{'run':<12} {'time to target s: med [min,max]':<34} {'ratio':>6} {'train s: med [min,max]':<24} "
+    hdr = (f"{'run':<13} {'time to target s: med [min,max]':<34} {'ratio':>6} {'train s: med [min,max]':<24} "
            f"{'final acc %: mean [min,max]':<28} {'gap pts':>7} {'iters':>6} {'mean B':>7}  B at epoch ends (seed 0)")
     print(hdr)
     print("-" * len(hdr))
@@ -298,13 +334,17 @@ def report(task: Task, res: list[dict]) -> dict:
         accs = [100 * r["final"] for r in v]
         fa = f"{statistics.mean(accs):.2f} [{min(accs):.2f},{max(accs):.2f}]"
         r0 = min(v, key=lambda r: r["seed"])
-        print(f"{k:<12} {fmt_range(tt[k]):<34} {ratio[k]:>6.3f} {fmt_range([r['train_s'] for r in v]):<24} "
+        label = f"{k}*" if k in DIAGNOSTIC else k
+        print(f"{label:<13} {fmt_range(tt[k]):<34} {ratio[k]:>6.3f} {fmt_range([r['train_s'] for r in v]):<24} "
               f"{fa:<28} {gap[k]:>7.2f} {med([r['iterations'] for r in v]):>6.0f} "
               f"{med([r['mean_B'] for r in v]):>7.0f}  {_traj([e['B'] for e in r0['evals']])}")
-    for k in ADAPTIVE:
+    for k in (*ADAPTIVE, *DIAGNOSTIC):
         for r in sorted(by[k], key=lambda r: r["seed"]):
             accs = ",".join(f"{100 * e['acc']:.1f}" for e in r["evals"])
             print(f"  {k} seed {r['seed']}: B at epoch ends {_traj([e['B'] for e in r['evals']])}; acc % {accs}")
+            print(f"      {_costs_text(r['costs'])}")
+    if DIAGNOSTIC:
+        print("  * diagnostic, not in the last line: " + "; ".join(f"{k} = {v}" for k, v in DIAGNOSTIC.items()))
     fixed = [k for k in by if k.startswith("fixed-")]
     best = min(fixed, key=lambda k: (ratio[k], k))
     print(f"best fixed B: {best} (time-to-target ratio {ratio[best]:.3f})")
