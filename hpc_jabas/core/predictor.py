@@ -14,15 +14,17 @@ scale-free: feeding samples/s or speed factors gives the same relative predictio
 
 Protocol, per window t (one window = one or more iterations with one measurement)::
 
-    v_hat = p.predict(exo_next)     # exo_next: the signals expected during window t (or None)
+    v_hat = p.predict()             # from windows t-1, t-2, ... only: no signal of window t
     ...window t runs...
-    p.update(v_t, exo_t)            # v_t: measured speed of window t; exo_t: its signals
+    p.update(v_t, exo_t)            # v_t: measured speed of window t; exo_t: signals measured during it
 
 ``exo`` is a dict of named floats (host CPU / memory utilisation, GPU utilisation, clock, power,
 ...). The set of names is discovered on the fly (or fixed with ``exo_names``); a name missing
 from one window's dict, or given as NaN/inf (telemetry that failed), holds its last observed value
-(0.0 if never seen); names first seen later start with zero weight. ``exo_next=None`` means
-"the same as the last window" (persistence).
+(0.0 if never seen); names first seen later start with zero weight. There is deliberately no way
+to hand the predictor signals of the window it predicts: on the real path nobody has them (the
+controller measures a window's signals when the window has ended), and a benchmark or test that
+passes them scores an oracle, not the predictor.
 
 The models (speed_models.py): ``LastValuePredictor`` (the baseline) and ``NarxPredictor`` (linear
 NARX in increments fitted by recursive least squares with forgetting; the docstring of
@@ -119,17 +121,15 @@ class RankPredictors:
             if v is not None:
                 r.update(v, x)
 
-    def predict(self, exo_next: ExoArg = None,
-                default: float | None = None) -> list[float]:
-        """Predicted speed of every rank for the next window.
+    def predict(self, default: float | None = None) -> list[float]:
+        """Predicted speed of every rank for the next window, from past windows only.
 
         A rank with no observation yet gets ``default``; without a default that is a ConfigError.
         """
-        xs = self._per_rank(exo_next, "exo_next")
         out: list[float] = []
         pend: list[float | None] = []
         lasts: list[float | None] = []
-        for i, (r, x) in enumerate(zip(self.ranks, xs)):
+        for i, r in enumerate(self.ranks):
             if r.last is None:
                 if default is None:
                     raise ConfigError(f"rank {i} has no observed speed yet; update() it first or pass default=")
@@ -137,7 +137,7 @@ class RankPredictors:
                 pend.append(None)
                 lasts.append(None)
                 continue
-            p = r.predict(x)
+            p = r.predict()
             out.append(p)
             pend.append(p)
             lasts.append(r.last)

@@ -11,9 +11,15 @@ Linear NARX in *increments*, fitted by recursive least squares (RLS) with expone
 
     phi_t = [1,                                             bias
              v_{t-1}/S, (v_{t-1}-v_{t-2})/S, ..., (v_{t-d+1}-v_{t-d})/S,      d speed lags
-             for each signal x:  x_t/E_x, (x_t-x_{t-1})/E_x, ..., (x_{t-d'+1}-x_{t-d'})/E_x]
+             for each signal x:  x_{t-1}/E_x, (x_{t-1}-x_{t-2})/E_x, ..., (x_{t-d'}-x_{t-d'-1})/E_x]
 
-This is the same model family as regressing v_t on v_{t-1..t-d} and x_{t..t-d'} (a linear
+No oracle: every feature of the window t being predicted comes from windows t-1 and before
+(speeds measured, and signals measured during those windows); ``predict()`` takes no signals at
+all, so nothing about window t itself can reach the model. A signal helps only where it *leads*
+speed (it moves a window before the speed does, or its level carries information the past speeds
+do not).
+
+This is the same model family as regressing v_t on v_{t-1..t-d} and x_{t-1..t-d'-1} (a linear
 re-parametrisation), but written so that theta = 0 *is* the last-value predictor: RLS starts at
 theta = 0 with P = delta * I, i.e. ridge-regularised toward "no change", so an unexcited model
 predicts the last value exactly (a constant series is predicted exactly) and a signal is only
@@ -49,7 +55,7 @@ import numpy as np
 
 from hpc_jabas.errors import ConfigError
 
-STATE_VERSION = 1
+STATE_VERSION = 2          # 2: signals lag one window (predict() takes none)
 MAX_LAGS = 64
 
 
@@ -130,8 +136,7 @@ class LastValuePredictor:
         self.last = v
         self.n_obs += 1
 
-    def predict(self, exo_next: Mapping[str, float] | None = None) -> float:
-        exo_dict(exo_next, "exo_next")
+    def predict(self) -> float:
         if self.last is None:
             raise ConfigError("no speed observed yet; call update(speed) at least once before predict()")
         return self.last
@@ -153,8 +158,8 @@ class LastValuePredictor:
 class NarxPredictor:
     """NARX speed predictor trained online by RLS with forgetting (see the module docstring).
 
-    d: speed lags (>= 1). d_exo: lags of each exogenous signal besides its value for the
-    predicted window (>= 0). forgetting: RLS lambda in [0.5, 1] (0.95..0.99 advised). delta:
+    d: speed lags (>= 1). d_exo: differences of each exogenous signal besides its value in the
+    last measured window (>= 0). forgetting: RLS lambda in [0.5, 1] (0.95..0.99 advised). delta:
     initial P = delta * I (prior variance of theta; larger learns faster from few samples).
     min_train: fitted samples before the model is used (default 2 x number of features).
     clip: (lo, hi) multiples of the last speed the prediction is clipped to. exo_names: use only
@@ -228,7 +233,8 @@ class NarxPredictor:
     # -- features --------------------------------------------------------------------------
     def _add_name(self, name: str, value: float) -> None:
         self.names.append(name)
-        self.xhist[name] = [value] * self.d_exo      # unknown past: no change
+        self.xhist[name] = [value] * self.d_exo      # unknown past: no change (and the window
+                                                      # before a first sighting reads the same)
         self.xlast[name] = value
         self.xscale[name] = 0.0
         k = 1 + self.d_exo
@@ -260,7 +266,7 @@ class NarxPredictor:
         f += [(ylags[j] - ylags[j + 1]) / S for j in range(self.d - 1)]
         for k in self.names:
             E = self.xscale[k] or 1.0
-            seq = [xnow[k]] + self.xhist[k]
+            seq = [xnow[k]] + self.xhist[k]           # x_{t-1}, x_{t-2}, ...: the past only
             f.append(seq[0] / E)
             f += [(seq[j] - seq[j + 1]) / E for j in range(self.d_exo)]
         return np.asarray(f, dtype=float)
@@ -285,18 +291,21 @@ class NarxPredictor:
     def update(self, speed: float, exo: Mapping[str, float] | None = None) -> None:
         """Record the measured speed of the window that just ended and the signals during it."""
         v = check_speed(speed)
+        known = set(self.names)
         xnow = self._resolve(exo_dict(exo), learn=True)
         S_new = max(self.yscale, v)
         E_new = {k: max(self.xscale[k], abs(xnow[k])) for k in self.names}
         self._rescale(S_new, E_new)
         if len(self.y) >= self.d:
-            phi = self._features(self.y, xnow)
+            # the sample: what was known before this window (speeds and signals of earlier windows)
+            # (a signal first seen in this window has no earlier value: it reads 0 here, never x_t)
+            phi = self._features(self.y, {k: (self.xlast[k] if k in known else 0.0) for k in self.names})
             target = (v - self.y[0]) / self.yscale
             self._rls(phi, target)
         self.y = ([v] + self.y)[: self.d]
         for k in self.names:
             if self.d_exo:
-                self.xhist[k] = ([xnow[k]] + self.xhist[k])[: self.d_exo]
+                self.xhist[k] = ([self.xlast[k]] + self.xhist[k])[: self.d_exo]
             self.xlast[k] = xnow[k]
         self.n_obs += 1
 
@@ -323,22 +332,24 @@ class NarxPredictor:
         self.theta, self.P = theta, P
         self.n_train += 1
 
-    def predict_raw(self, exo_next: Mapping[str, float] | None = None) -> float:
+    def features(self) -> np.ndarray:
+        """The feature vector predict() uses for the next window: built only from stored past windows."""
+        return self._features(self.y, self.xlast)
+
+    def predict_raw(self) -> float:
         """The model's output without warm-up fallback or clipping (nan before d speeds)."""
         if len(self.y) < self.d:
             return math.nan
-        xnow = self._resolve(exo_dict(exo_next, "exo_next"), learn=False)
-        phi = self._features(self.y, xnow)
+        phi = self.features()
         with np.errstate(all="ignore"):
             return float(self.y[0] + self.yscale * float(self.theta @ phi))
 
-    def predict(self, exo_next: Mapping[str, float] | None = None) -> float:
-        """Predicted speed of the next window (see the module docstring for the fallbacks)."""
+    def predict(self) -> float:
+        """Predicted speed of the next window from past windows only (module docstring: fallbacks)."""
         if not self.y:
-            exo_dict(exo_next, "exo_next")
             raise ConfigError("no speed observed yet; call update(speed) at least once before predict()")
         last = self.y[0]
-        raw = self.predict_raw(exo_next)
+        raw = self.predict_raw()
         if not self.ready or not math.isfinite(raw):
             return last
         lo, hi = self.clip

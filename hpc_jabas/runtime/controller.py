@@ -163,6 +163,9 @@ class AdaptiveController(BaseController):
 
     # ---- balancing measurements (every rank) -------------------------------------------------
     def _exo(self, trainer) -> dict:
+        """Signals measured on this rank's host over the window that just ended (no injected factor)."""
+        import os
+        import time
         x = {}
         try:
             import psutil
@@ -170,6 +173,16 @@ class AdaptiveController(BaseController):
             x["mem"] = psutil.virtual_memory().percent / 100.0
         except Exception:
             pass
+        try:
+            x["load1"] = os.getloadavg()[0] / (os.cpu_count() or 1)
+        except (OSError, AttributeError):
+            pass
+        # this process's CPU share since the last window: a co-located hog takes it away
+        now, cpu = time.monotonic(), time.process_time()
+        prev = getattr(self, "_exo_clock", None)
+        if prev is not None and now > prev[0]:
+            x["proc_cpu"] = (cpu - prev[1]) / (now - prev[0])
+        self._exo_clock = (now, cpu)
         if trainer.device.type == "cuda":
             try:
                 if self._nvml is None:
@@ -182,9 +195,6 @@ class AdaptiveController(BaseController):
                 x["power"] = pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1e5
             except Exception:
                 pass
-        if trainer.emulator is not None:
-            # what NVML would show of a co-located job on an emulated GPU: the injected extra load
-            x["emulated_load"] = trainer.emulator.factor(trainer.iteration - 1) - 1.0
         return x
 
     def _measure(self, trainer) -> dict:
