@@ -361,6 +361,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 1 seed")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per run (default 3; 1 with --quick)")
+    ap.add_argument("--task", choices=("shapes", "digits"), help="run one task only (development; no last line)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     comm.init()
@@ -371,11 +372,12 @@ def main() -> None:
         shutil.rmtree(ROOT, ignore_errors=True)
     comm.broadcast_object(None, name="tta.rm")
     seeds = args.seeds or (1 if args.quick else 3)
-    ts = make_tasks(args.quick)
+    ts = [t for t in make_tasks(args.quick) if args.task in (None, t.name)]
     t_start = time.perf_counter()
     if rank == 0:
         print(f"adaptive_tta: {RANKS} emulated ranks {TYPES}, t(b) = ({EMU['emulate_base_s'] * 1e3:g} ms + "
-              f"{EMU['emulate_per_sample_s'] * 1e3:g} ms * b) / speed; {seeds} seed(s)", flush=True)
+              f"{EMU['emulate_per_sample_s'] * 1e3:g} ms * b) / speed; {seeds} seed(s); "
+              f"load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     allres: dict[str, list[dict]] = {t.name: [] for t in ts}
     for s in range(seeds):
         for t in ts:
@@ -386,12 +388,15 @@ def main() -> None:
     if rank != 0:
         return
     reps = {t.name: report(t, allres[t.name]) for t in ts}
+    if args.task:
+        return
     main_t = ts[0].name
     rm = reps[main_t]
     gaps = {k: max(reps[t]["gap"][k] for t in reps) for k in ADAPTIVE}
     rs, rn = rm["ratio"]["similarity"], rm["ratio"]["noise-scale"]
     best = rm["ratio"][rm["best"]]
-    print(f"\ntotal benchmark wall time {time.perf_counter() - t_start:.0f} s")
+    print(f"\ntotal benchmark wall time {time.perf_counter() - t_start:.0f} s; load average at the end "
+          f"{os.getloadavg()[0]:.1f} (1 min), {os.getloadavg()[2]:.1f} (15 min) on {os.cpu_count()} CPUs")
     goals = [("tta_ratio_similarity <= 0.75", rs <= 0.75), ("tta_ratio_noise_scale <= 0.75", rn <= 0.75),
              ("acc_gap_similarity_pts <= 0.5", gaps["similarity"] <= 0.5),
              ("acc_gap_noise_scale_pts <= 0.5", gaps["noise-scale"] <= 0.5),
