@@ -1,178 +1,155 @@
-"""Perf-model error benchmark (issue 4): predicted vs measured iteration time of fixed plans.
+"""Perf-model error on real compute (issues 4, 15): predicted vs measured iteration time, no emulation.
 
-3 ranks emulate v100, p100 and rtx2060 (t(b) = (10 ms + 1 ms * b) / speed, speed = catalog FP32
-ratio; the PerfModel.emulated defaults; --base-s / --per-sample-s change them) and train the
-digits MLP (examples/models.py) with the real Trainer (planner="fixed").
+For each world size R in 1, 2, 3 (one `mpirun -np R` each), CPU ranks run a real MLP
+(bench/_realmodel.py, ~8 MFLOP per sample, 1 thread per rank) through the real Trainer:
+  1. profile, as `hpc-jabas profile` does on the job's own allocation: every rank times the real
+     forward+backward at b in PROFILED (all ranks at once, so the measurement carries the same CPU
+     sharing as the run), the profiles are pooled (median per b over the ranks), the update is
+     timed, the allreduce is measured over the R ranks and fitted. -> PerfModel (overlap 0).
+  2. predict: plans whose b is NOT among the profiled sizes (piecewise-linear interpolation or
+     extrapolation of the profile) and whose counts n were never run, 4-5 per R, >= 12 in all;
+     each plan is run for real; measured = wall time of the whole loop of ITERS iterations (after
+     warm-up, between barriers) / ITERS; error = |predicted - measured| / measured.
+  3. repeats: the plans of each R run REPEATS times, the order rotated every repeat.
+The labelled emulated variant (circular: its profiles are the formula the emulator sleeps to) is
+bench/perfmodel_error_emulated.py, a sanity check only. This machine has 2 cores shared with other
+work: 3 ranks oversubscribe it, and the figures carry that noise.
 
-Fit once, then predict:
-  1. profile (hpc_jabas.runtime.profiler; saved with PerfModel.save and read back with PerfModel.load):
-     the model's real compute on this CPU (rank 0 alone: it must stay below the emulated
-     times, and gives update_s); the emulated profiles of the 3 types with the same base_s /
-     per_sample_s as the run, plus the emulation overhead per micro-batch (sleep overshoot +
-     loop work) measured by each rank for its own type, all 3 at once as in the run, pooled
-     over the ranks (median); the allreduce measured over the 3 ranks and fitted; the
-     gradient size. -> PerfModel "profile only" (overlap 0).
-  2. a check of whether a fixed per-iteration overhead is needed: one calibration plan (not
-     among the evaluated ones) gives the residual r = measured - predicted compute makespan
-     (incl. update). If r is below the fitted allreduce time A, the rest of A is hidden (in
-     emulation the allreduce, started by the hooks during the last backward, runs while the
-     slowest rank sleeps): overlap = 1 - r/A; otherwise overlap = 0 and r - A is added to every
-     type's update_s. -> "with calibration" model, printed for comparison only. The reported
-     model does without it: r (0.3-2 ms of 60-280 ms iterations here) is within the noise of
-     one plan, and a burst of load during that one plan would skew every prediction. Without
-     it the model over-predicts a little: the emulator hides most of the allreduce behind the
-     slowest rank's last sleep, while the profile-only model counts all of it (overlap 0).
-  3. >= 10 plans run for real; each plan's measured iteration time (per iteration the slowest
-     rank's, median over iterations) is compared with PerfModel.iteration_time.
-One line per plan; last line (the profile-only model):
-    mean_abs_error=<mean |pred-meas|/meas> max_abs_error=<max>
+Last line: mean_abs_error=<median over repeats of the mean over all plans> max_abs_error=<median of
+the max>; the line before: min/max over repeats.
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks  # noqa: E402
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
 
-ensure_ranks(3)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+PROFILED = [8, 32, 128]
+PLANS = {1: ["b=16 n=5", "b=48 n=3", "b=96 n=2", "b=24 n=7"],
+         2: ["b=12 n=6,4", "b=64 n=2,3", "b=48 n=3,3", "b=96 n=1,2"],
+         3: ["b=16 n=4,3,2", "b=24 n=3,3,3", "b=64 n=2,1,1", "b=48 n=1,2,3", "b=96 n=2,2,1"]}
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
-from hpc_jabas.core.plan import Plan  # noqa: E402
-from hpc_jabas.runtime import (  # noqa: E402
-    comm,
-    profiler,  # noqa: E402
-)
-from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
-
-ap = argparse.ArgumentParser(description="perf-model error: predicted vs measured iteration time")
-ap.add_argument("--base-s", type=float, default=0.010, help="emulated seconds per micro-batch on a V100")
-ap.add_argument("--per-sample-s", type=float, default=0.001, help="emulated seconds per sample on a V100")
-ap.add_argument("--iters", type=int, default=15, help="timed iterations per plan (after 3 warm-up ones)")
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--repeats", type=int, default=3)
+ap.add_argument("--iters", type=int, default=10)
+ap.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)
 args = ap.parse_args()
 
-MODEL = "examples.models:digits_mlp"
-TYPES = ["v100", "p100", "rtx2060"]
-BASE, PER = args.base_s, args.per_sample_s
-CAL_PLAN = "b=6 n=4,3,2"
-PLANS = ["b=1 n=8,5,4", "b=2 n=6,4,3", "b=4 n=10,7,5", "b=8 n=4,3,2", "b=8 n=2,2,2", "b=12 n=5,3,2",
-         "b=16 n=1,1,1", "b=16 n=3,2,1", "b=24 n=3,2,2", "b=32 n=4,3,2", "b=32 n=1,2,3", "b=48 n=1,1,1",
-         "b=64 n=2,1,1"]
-WARM, ITERS = 3, args.iters
-AR_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 
-torch.set_num_threads(1)
-comm.init()
-rank = comm.rank()
-assert comm.size() == 3, "run with 3 ranks"
-t_start = time.perf_counter()
-
-
-def say(msg):
-    if rank == 0:
-        print(msg, flush=True)
-
-
-# -- 1. profile --------------------------------------------------------------------------------
-bundle = profiler.load_model(MODEL)
-grad = profiler.grad_bytes(bundle.model)
-meas = None
-for turn in range(3):                       # rank 0 measures the real compute alone
-    if turn == rank == 0:
-        meas = profiler.measure_compute(profiler.load_model(MODEL), sorted({Plan.parse(p).b for p in PLANS}),
-                                        warmup=2, repeats=7)
-    comm.allgather_object(None, name=f"bench.turn{turn}")
-ov = profiler.measure_emulation_overhead(profiler.load_model(MODEL), TYPES[rank], base_s=BASE, per_sample_s=PER,
-                                         b_list=(2, 8, 32), warmup=2, repeats=15)
-ovs = comm.allgather_object(ov, name="bench.ov")
-# The overshoot is a property of this machine's scheduler, not of the type: pool the 3 ranks'
-# micro-batches (a burst of load that hits one rank's measurement window moves it little).
-pooled = max(statistics.median(x for o in ovs for x in o.excess), 0.0)
-ovs_used = [profiler.EmulationOverhead(o.gpu, pooled, o.per_b, o.threads) for o in ovs]
-samples = profiler.measure_allreduce(AR_SIZES + [grad], repeats=10)
-ar = profiler.fit_allreduce(samples)
-run_dir = tempfile.mkdtemp(prefix="hj-bench-perfmodel-") if rank == 0 else None
-run_dir = comm.broadcast_object(run_dir, name="bench.rundir")
-prof_dir = os.path.join(run_dir, "profile")
-if rank == 0:   # written as `hpc-jabas profile` does, read back by every rank
-    profs = {o.gpu: profiler.emulated_profile(o.gpu, meas, base_s=BASE, per_sample_s=PER, overhead=o)
-             for o in ovs_used}
-    PerfModel(profs, ar, grad, 0.0).save(prof_dir)
-comm.allgather_object(None, name="bench.saved")
-base_model = PerfModel.load(prof_dir)
-if rank == 0:
-    say(f"profile: cpu compute b={meas.b} t_ms={[round(t * 1e3, 3) for t in meas.t]} "
-        f"update_ms={meas.update_s * 1e3:.3f}")
-say("profile: emulation overhead per micro-batch (ms), median per rank: "
-    + " ".join(f"{o.gpu}={o.overhead_s * 1e3:.3f}" for o in ovs) + f"; pooled (used): {pooled * 1e3:.3f}")
-say("profile: allreduce over 3 ranks (bytes:ms): " + " ".join(f"{nb}:{s * 1e3:.3f}" for nb, s in
-                                                          [(x[0], x[2]) for x in samples])
-    + f" -> c={ar.c * 1e3:.3f} ms, {ar.bandwidth / 1e9:.3f} GB/s; grad {grad} B -> "
-      f"A={ar.time(grad, 3) * 1e3:.3f} ms")
-
-# -- trainer runs -------------------------------------------------------------------------------
-from examples.models import digits_data, digits_mlp_module  # noqa: E402
-
-x, y = digits_data()
-ds = torch.utils.data.TensorDataset(x.repeat(30, 1), y.repeat(30))
+def driver() -> None:
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1", OMPI_MCA_mpi_yield_when_idle="1")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    errs: dict[int, list[float]] = {k: [] for k in range(args.repeats)}
+    t0 = time.perf_counter()
+    for R in (1, 2, 3):
+        out = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(R), sys.executable,
+                              sys.argv[0], "--child", str(R), "--repeats", str(args.repeats), "--iters",
+                              str(args.iters)], env=env, capture_output=True, text=True)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        if out.returncode or not lines:
+            sys.exit(f"world {R} failed (rc {out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        for ln in out.stdout.splitlines():
+            if ln.startswith("  "):
+                print(ln, flush=True)
+        res = json.loads(lines[-1][len("RESULT "):])
+        for rep, e in res["err"].items():
+            errs[int(rep)] += e
+    means = [statistics.mean(e) for e in errs.values()]
+    maxes = [max(e) for e in errs.values()]
+    n = len(errs[0])
+    print(f"repeats={args.repeats} plans={n} (real compute, 1-3 CPU ranks on a shared 2-core machine) "
+          f"mean_abs_error_min={min(means):.4f} mean_abs_error_max={max(means):.4f} "
+          f"max_abs_error_min={min(maxes):.4f} max_abs_error_max={max(maxes):.4f} "
+          f"wall_s={time.perf_counter() - t0:.0f}")
+    print(f"mean_abs_error={statistics.median(means):.4f} max_abs_error={statistics.median(maxes):.4f}")
 
 
-def measure(plan_text: str) -> float:
-    plan = Plan.parse(plan_text)
-    m = digits_mlp_module()
-    cfg = JobConfig(batch=plan.B, planner="fixed", plan=plan_text, emulate=True, gpu_types=TYPES,
-                    emulate_base_s=BASE, emulate_per_sample_s=PER, checkpoint=False, run_dir=run_dir,
-                    metrics_period=10 ** 6, epochs=10 ** 6, tail="drop")
-    tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg)
-    its = [tr.train_step()["iter_s"] for _ in range(WARM + ITERS)][WARM:]
-    tr._pending = []
-    tr.opt.remove_hooks()
-    every = comm.allgather_object(its, name="bench.its")
-    return statistics.median(max(col) for col in zip(*every))
+def child(R: int) -> None:
+    import torch
+    from _realmodel import dataset, make_model, profile_bundle
+    from torch import nn
+
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel
+    from hpc_jabas.core.plan import Plan
+    from hpc_jabas.runtime import comm, profiler
+    from hpc_jabas.runtime.profiling.load import check_bundle
+    from hpc_jabas.runtime.trainer import Trainer
+
+    torch.set_num_threads(1)
+    comm.init()
+    rank = comm.rank()
+    assert comm.size() == R
+    types = ["v100"] * R          # a label only: the profile below is this CPU's real compute
+
+    def say(msg: str) -> None:
+        if rank == 0:
+            print(msg, flush=True)
+
+    # 1. profile: every rank at once, pooled
+    meas = profiler.measure_compute(check_bundle(profile_bundle()), PROFILED, warmup=2, repeats=7)
+    every = comm.allgather_object((meas.t, meas.update_s), name="pm.prof")
+    t_pool = [statistics.median(e[0][k] for e in every) for k in range(len(PROFILED))]
+    upd = statistics.median(e[1] for e in every)
+    grad = profiler.grad_bytes(make_model())
+    if R > 1:
+        ar = profiler.fit_allreduce(profiler.measure_allreduce([64 << 10, 1 << 20, 4 << 20, grad], repeats=10))
+    else:
+        from hpc_jabas.core.perfmodel import AllreduceModel
+        ar = AllreduceModel()
+    prof = ComputeProfile(gpu="v100", b=PROFILED, t=t_pool, update_s=upd, max_b=1024, emulated=False,
+                          source="measured: real CPU compute, pooled over the ranks")
+    model = PerfModel({"v100": prof}, ar, grad, 0.0)
+    say(f"  world {R}: profile b={PROFILED} t_ms={[round(t * 1e3, 2) for t in t_pool]} update_ms={upd * 1e3:.2f} "
+        f"allreduce(grad)={model.allreduce_tail(R) * 1e3:.2f} ms")
+
+    ds = dataset()
+    run_dir = tempfile.mkdtemp(prefix=f"hj-bench-pm-{rank}-")
+
+    def measure(text: str) -> float:
+        plan = Plan.parse(text)
+        m = make_model()
+        cfg = JobConfig(batch=plan.B, planner="fixed", plan=text, gpu_types=types, checkpoint=False,
+                        run_dir=run_dir, metrics_period=10 ** 6, epochs=10 ** 6, tail="drop")
+        tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg,
+                     gpu_types=types)
+        for _ in range(3):
+            tr.train_step()
+        comm.allgather_object(None, name="pm.t0")
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            tr.train_step()
+        comm.allgather_object(None, name="pm.t1")
+        dt = (time.perf_counter() - t0) / args.iters
+        tr._pending = []
+        tr.opt.remove_hooks()
+        return comm.broadcast_object(dt, name="pm.dt")
+
+    plans = PLANS[R]
+    err: dict[int, list[float]] = {}
+    for rep in range(args.repeats):
+        order = plans[rep % len(plans):] + plans[:rep % len(plans)]
+        err[rep] = []
+        for text in order:
+            t = measure(text)
+            p = model.iteration_time(Plan.parse(text), types)
+            err[rep].append(abs(p - t) / t)
+            say(f"  world {R} repeat {rep} plan {text:<14} measured={t * 1e3:7.2f} ms predicted={p * 1e3:7.2f} ms "
+                f"err={(p - t) / t:+.3f}")
+    say("RESULT " + json.dumps({"err": err}))
 
 
-# -- 2. calibration -----------------------------------------------------------------------------
-cal = Plan.parse(CAL_PLAN)
-t_cal = measure(CAL_PLAN)
-comp = base_model.compute_time(cal, TYPES)
-A = base_model.allreduce.time(base_model.grad_bytes, 3)
-r = t_cal - comp
-if r <= A:
-    overlap, extra = min(1.0, max(0.0, 1.0 - r / A)) if A > 0 else 1.0, 0.0
+if args.child:
+    child(args.child)
 else:
-    overlap, extra = 0.0, r - A
-cal_model = PerfModel({g: ComputeProfile(g, p.b, p.t, p.update_s + extra, p.max_b, p.emulated,
-                                         p.source + (f"; + {extra * 1e3:.3f} ms per-iteration overhead "
-                                                     "(calibration)" if extra else ""), p.formula)
-                       for g, p in base_model.profiles.items()},
-                      base_model.allreduce, base_model.grad_bytes, overlap)
-say(f"calibration {CAL_PLAN}: measured {t_cal * 1e3:.2f} ms, compute makespan {comp * 1e3:.2f} ms, "
-    f"residual {r * 1e3:.3f} ms vs allreduce {A * 1e3:.3f} ms -> overlap={overlap:.3f}, "
-    f"extra per-iteration overhead {extra * 1e3:.3f} ms")
-
-# -- 3. evaluation ------------------------------------------------------------------------------
-err_cal, err_raw = [], []
-for text in PLANS:
-    plan = Plan.parse(text)
-    t = measure(text)
-    p_raw = base_model.iteration_time(plan, TYPES)
-    p_cal = cal_model.iteration_time(plan, TYPES)
-    err_raw.append(abs(p_raw - t) / t)
-    err_cal.append(abs(p_cal - t) / t)
-    say(f"plan {text:<14} B={plan.B:<4} measured={t * 1e3:7.2f} ms predicted={p_raw * 1e3:7.2f} ms "
-        f"err={(p_raw - t) / t:+.3f}  (with calibration: {p_cal * 1e3:7.2f} ms, {(p_cal - t) / t:+.3f})")
-say(f"with_calibration_mean_abs_error={statistics.mean(err_cal):.4f} "
-    f"with_calibration_max_abs_error={max(err_cal):.4f} wall_s={time.perf_counter() - t_start:.1f}")
-comm.allgather_object(None, name="bench.done")
-if rank == 0:
-    import shutil
-    shutil.rmtree(run_dir, ignore_errors=True)
-say(f"mean_abs_error={statistics.mean(err_raw):.4f} max_abs_error={max(err_raw):.4f}")
+    driver()

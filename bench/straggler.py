@@ -1,14 +1,31 @@
-"""Straggler benchmark (issue 3): 3 ranks emulating speeds 1 : 0.5 : 0.25, B = 512 fixed.
+"""Straggler benchmark (issues 3, 15): 3 ranks emulating speeds 1 : 0.5 : 0.25, fixed B, one process run.
 
-Side by side in one run, alternating rounds:
-  (a) plain Horovod, what a user does today: hvd.DistributedOptimizer, equal local batches
-      B/3 (171, 171, 170), each local batch one forward/backward, emulated at the rank's speed;
-  (b) hpc-jabas with the speed-proportional (LB-BSP) plan: micro-batches of b = 8, n_i in
-      proportion to the speeds (37, 18, 9), the weighted allreduce.
-The fluid ideal is the sum of the three ranks' solo samples/s (each rank alone, micro-batches of
-b, no communication), measured here too.  Emulation: t(x) = (0.2 ms + 0.5 ms * x) / speed.
-Last line: speedup_vs_equal_split=<b over a> ideal_fraction=<b over ideal> (medians over rounds).
+What a user could do instead, side by side (order rotated every round):
+  equal      plain Horovod, equal local batches B/3, one forward/backward per rank;
+  lbbsp      plain Horovod, LB-BSP: local batch in proportion to the (declared) speeds, one
+             forward/backward per rank, the loss scaled by R * x_i / B so Horovod's average is the
+             exact big-batch mean (about three lines of user code);
+  fastest    the fastest GPU alone: rank 0 runs all of B (micro-batches of its memory cap if B does
+             not fit), the others idle;
+  hpc_jabas  the Trainer with the exact planner (plan_batch, speeds declared as speed factors) on
+             the job's emulated perf model: whatever plan form the planner returns.
+The ideal is the fluid optimum: B / T*, T* the smallest makespan at which the ranks, each at its
+best allowed micro-batch size (at most its memory cap; fractional micro-batch counts allowed) and
+with no communication, hold B. No run can beat it: in time T a rank processes at most one call of
+(T s - c) / p samples, or calls of at most cap samples at the rate cap / t(cap) (b / t(b) grows with
+b), and integer counts and an allreduce only cost more.
+
+Cases: main (t = (0.2 ms + 0.5 ms x) / speed, B = 512, no memory cap that binds), per_call
+(t = (5 ms + 0.1 ms x) / speed: a per-call cost makes the speed-proportional split uneven, the
+exact planner should be ahead), mem_cap (every rank's cap is 64 samples: plain LB-BSP and plain
+equal split cannot run at all; fastest runs with accumulation). Throughput = B * iterations / wall
+time of the whole loop (data slicing, step, synchronisation), after a barrier, on rank 0.
+Emulated GPUs on a shared 2-core machine: the figures carry that machine's noise.
+
+Last line (medians over rounds, main case): speedup_vs_equal_split= speedup_vs_lbbsp_plain=
+speedup_vs_fastest= ideal_fraction= (+ per_call_* and mem_cap_*); the line before: min/max.
 """
+import argparse
 import statistics
 import sys
 import time
@@ -23,23 +40,34 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
+from hpc_jabas.core.plan import split_proportional  # noqa: E402
+from hpc_jabas.core.planner import plan_batch  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.emulate import Emulator  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
+ap = argparse.ArgumentParser()
+ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--iters", type=int, default=8)
+args = ap.parse_args()
+
 SPEEDS = [1.0, 0.5, 0.25]
-B, b = 512, 8
-BASE, PER = 0.0002, 0.0005
-ITERS, ROUNDS, WARM = 8, 3, 2
+R = 3
+WARM = 3
+# case -> (B, base_s, per_sample_s, cap)
+CASES = {"main": (512, 0.0002, 0.0005, 512), "per_call": (512, 0.005, 0.0001, 512),
+         "mem_cap": (512, 0.0002, 0.0005, 64)}
 
 torch.set_num_threads(1)
 comm.init()
 rank = comm.rank()
 torch.manual_seed(0)
-X = torch.randn(4096, 32)
+X = torch.randn(8192, 32)
 y = (X[:, :4].sum(1) > 0).long()
 ds = torch.utils.data.TensorDataset(X, y)
-quiet = lambda m: None
+quiet = lambda m: None  # noqa: E731
+loss_fn = nn.CrossEntropyLoss()
 
 
 def model():
@@ -47,80 +75,154 @@ def model():
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
 
 
-def run_equal_split() -> float:
+def t_of(b, base, per, s):
+    return (base + per * b) / s
+
+
+def perf_model(base, per, cap):
+    # one type, the three ranks differ by declared speed (the planner's speed factors)
+    return PerfModel.emulated(["v100"], base_s=base, per_sample_s=per, mem_samples_per_gb=cap / 32.0,
+                              b_list=[b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= cap])
+
+
+def timed_loop(step, B):
+    """B * iterations / wall time of the whole loop on rank 0, after warm-up and a barrier."""
+    for it in range(WARM):
+        step(it)
+    comm.allgather_object(None, name="t0")
+    t0 = time.perf_counter()
+    for it in range(WARM, WARM + args.iters):
+        step(it)
+    comm.allgather_object(None, name="t1")
+    return B * args.iters / (time.perf_counter() - t0)
+
+
+def plain(case, local):
+    """Plain Horovod, one forward/backward per rank of local[rank] samples, loss scaled to the big-batch mean."""
+    B, base, per, cap = CASES[case]
+    if max(local) > cap:
+        return None                                  # it does not fit in memory: it cannot run at all
     m = model()
     opt = comm.distributed_optimizer(torch.optim.SGD(m.parameters(), lr=0.01), m.named_parameters())
     comm.broadcast_parameters(m.state_dict())
-    emu = Emulator("v100", speed=SPEEDS[rank], base_s=BASE, per_sample_s=PER, rank=rank, log=quiet)
-    local = [B // 3 + (1 if i < B % 3 else 0) for i in range(3)]
-    off = sum(local[:rank])
-    loss_fn = nn.CrossEntropyLoss()
-    times = []
-    for it in range(WARM + ITERS):
+    emu = Emulator("v100", speed=SPEEDS[rank], base_s=base, per_sample_s=per, rank=rank, log=quiet)
+    off, x = sum(local[:rank]), local[rank]
+
+    def step(it):
         start = (it * B) % (len(ds) - B)
-        xb, yb = X[start + off:start + off + local[rank]], y[start + off:start + off + local[rank]]
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss_fn(m(xb), yb).backward()
-        emu.wait_until(t0, local[rank], it)
+        if x > 0:
+            (loss_fn(m(X[start + off:start + off + x]), y[start + off:start + off + x]) * (R * x / B)).backward()
+            emu.wait_until(t0, x)
         opt.step()
-        if it >= WARM:
-            times.append(time.perf_counter() - t0)
-    return B / statistics.median(times)
+    return timed_loop(step, B)
 
 
-def run_hpc_jabas() -> float:
+def fastest(case):
+    """Rank 0 alone runs all of B in micro-batches of min(cap, B) (accumulated); the others idle."""
+    B, base, per, cap = CASES[case]
     m = model()
-    cfg = JobConfig(batch=B, micro_batch=b, planner="lbbsp", speeds=SPEEDS, emulate=True,
-                    gpu_types=["v100"] * 3, emulate_base_s=BASE, emulate_per_sample_s=PER,
-                    checkpoint=False, run_dir="/tmp/hj-bench-straggler", metrics_period=1000, epochs=100)
-    tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg)
-    tr.emulator = Emulator("v100", speed=SPEEDS[rank], base_s=BASE, per_sample_s=PER, rank=rank, log=quiet)
-    if rank == 0 and not hasattr(run_hpc_jabas, "said"):
-        print(f"hpc-jabas plan: {tr.plan}", flush=True)
-        run_hpc_jabas.said = True
-    times = []
-    for it in range(WARM + ITERS):
-        rec = tr.train_step()
-        if it >= WARM:
-            times.append(rec["iter_s"])
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    emu = Emulator("v100", speed=SPEEDS[0], base_s=base, per_sample_s=per, rank=rank, log=quiet)
+    bs = [min(cap, B - k) for k in range(0, B, cap)]
+
+    def step(it):
+        if rank != 0:
+            return
+        start = (it * B) % (len(ds) - B)
+        opt.zero_grad()
+        emu.start()
+        o = start
+        for b in bs:
+            (loss_fn(m(X[o:o + b]), y[o:o + b]) * (b / B)).backward()
+            emu.wait_next(b)
+            o += b
+        opt.step()
+    return timed_loop(step, B)
+
+
+PLANS = {}
+
+
+def hpc_jabas(case):
+    B, base, per, cap = CASES[case]
+    pm = perf_model(base, per, cap)
+    types = ["v100"] * R
+
+    def planner(Bq, factors=None):
+        f = [s * (factors[i] if factors else 1.0) for i, s in enumerate(SPEEDS)]
+        return plan_batch(Bq, types, pm, speed_factors=f)
+    m = model()
+    cfg = JobConfig(batch=B, planner="optimal", emulate=True, gpu_types=types, emulate_base_s=base,
+                    emulate_per_sample_s=per, checkpoint=False, run_dir=f"/tmp/hj-bench-straggler-{rank}",
+                    metrics_period=100000, epochs=1000)
+    tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg,
+                 planner_fn=planner, gpu_types=types)
+    tr.emulator = Emulator("v100", speed=SPEEDS[rank], base_s=base, per_sample_s=per, rank=rank, log=quiet)
+    PLANS[case] = str(tr.plan)
+    rate = timed_loop(lambda it: tr.train_step(), B)
     tr._pending = []
-    times = comm.allgather_object(statistics.median(times))
-    return B / max(times)
+    tr.opt.remove_hooks()
+    return rate
 
 
-def solo_rates() -> float:
-    """Each rank alone (others idle at a barrier): samples/s over micro-batches of b."""
-    m = model()
-    emu = Emulator("v100", speed=SPEEDS[rank], base_s=BASE, per_sample_s=PER, rank=rank, log=quiet)
-    loss_fn = nn.CrossEntropyLoss()
-    rates = []
-    for r in range(3):
-        comm.broadcast_object(None, name=f"solo{r}")
-        if r == rank:
-            t0 = time.perf_counter()
-            for k in range(16):
-                t1 = time.perf_counter()
-                loss_fn(m(X[k * b:(k + 1) * b]), y[k * b:(k + 1) * b]).backward()
-                emu.wait_until(t1, b)
-            rates.append(16 * b / (time.perf_counter() - t0))
-    return sum(comm.allgather_object(rates[0] if rates else 0.0))
+def fluid_capacity(T, base, per, s, cap):
+    """Most samples a rank can process within T at its best allowed micro-batch size, fractional calls allowed."""
+    if T <= t_of(0, base, per, s):
+        return 0.0
+    one = (T * s - base) / per                      # one call of the size that ends exactly at T
+    return one if one <= cap else cap * T / t_of(cap, base, per, s)
 
 
-# The fluid ideal: the sum of the ranks' solo rates. Measured solo rates carry this machine's noise
-# (a rank alone still shares 2 cores with the others' Horovod threads), and the emulation defines
-# each rank's solo rate exactly: b / t(b). The larger of the two is used, so the fraction is never
-# flattered by a slow solo measurement.
-formula = sum(b / ((BASE + PER * b) / s) for s in SPEEDS)
-ideal = max(solo_rates(), formula)
-eq, ours = [], []
-for rnd in range(ROUNDS):
-    eq.append(run_equal_split())
-    ours.append(run_hpc_jabas())
-    if rank == 0:
-        print(f"round {rnd}: equal_split={eq[-1]:.0f} samples/s  hpc_jabas={ours[-1]:.0f} samples/s  "
-              f"ideal={ideal:.0f}", flush=True)
+def ideal(case):
+    """B / T*, T* the smallest makespan at which the ranks' fluid capacities hold B (bisection)."""
+    B, base, per, cap = CASES[case]
+    lo, hi = 0.0, t_of(B, base, per, min(SPEEDS)) * B
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if sum(fluid_capacity(mid, base, per, s, cap) for s in SPEEDS) >= B else (mid, hi)
+    return B / hi
+
+
+SIDES = {"equal": lambda c: plain(c, [CASES[c][0] // R + (1 if i < CASES[c][0] % R else 0) for i in range(R)]),
+         "lbbsp": lambda c: plain(c, split_proportional(CASES[c][0], SPEEDS)),
+         "fastest": fastest, "hpc_jabas": hpc_jabas}
+res = {c: {s: [] for s in SIDES} for c in CASES}
+for rnd in range(args.rounds):
+    names = list(SIDES)
+    order = names[rnd % len(names):] + names[:rnd % len(names)]
+    for case in CASES:
+        for side in order:
+            res[case][side].append(SIDES[side](case))
+        if rank == 0:
+            r = res[case]
+            print(f"round {rnd} {case:<8} order={','.join(order)} " + " ".join(
+                f"{s}={r[s][-1]:.0f}" if r[s][-1] is not None else f"{s}=cannot_run" for s in SIDES)
+                + f" ideal={ideal(case):.0f} samples/s  plan={PLANS.get(case)}", flush=True)
+
+
+def ratios(case, den):
+    ours = res[case]["hpc_jabas"]
+    if den == "ideal":
+        return [o / ideal(case) for o in ours]
+    d = res[case][den]
+    if any(x is None for x in d):
+        return None
+    return [o / x for o, x in zip(ours, d)]       # per round: both sides of the same round
+
+
 if rank == 0:
-    e, o = statistics.median(eq), statistics.median(ours)
-    print(f"equal_split_samples_per_s={e:.0f} hpc_jabas_samples_per_s={o:.0f} ideal_samples_per_s={ideal:.0f}")
-    print(f"speedup_vs_equal_split={o / e:.2f} ideal_fraction={o / ideal:.2f}")
+    keys = {"main": "", "per_call": "per_call_", "mem_cap": "mem_cap_"}
+    last, spread = [], []
+    for case, pre in keys.items():
+        for den, name in (("equal", "speedup_vs_equal_split"), ("lbbsp", "speedup_vs_lbbsp_plain"),
+                          ("fastest", "speedup_vs_fastest"), ("ideal", "ideal_fraction")):
+            r = ratios(case, den)
+            if r is None:
+                last.append(f"{pre}{name}=cannot_run")
+                continue
+            last.append(f"{pre}{name}={statistics.median(r):.3f}")
+            spread.append(f"{pre}{name}_min={min(r):.3f} {pre}{name}_max={max(r):.3f}")
+    print(f"rounds={args.rounds} iters={args.iters} (emulated GPUs, shared 2-core machine) " + " ".join(spread))
+    print(" ".join(last))
