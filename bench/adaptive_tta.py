@@ -225,7 +225,10 @@ def run_one(task: Task, kind: str, seed: int, rank: int) -> dict:
         if closer is not None:
             closer()
     iters = tr.iteration
-    costs = plan_costs(Path(cfg["run_dir"])) if rank == 0 and adaptive else {}
+    costs, modelled = read_iterations(Path(cfg["run_dir"]), PROFILES / task.name) if rank == 0 else ({}, [])
+    if modelled:
+        for e in evals:
+            e["model_clock"] = sum(modelled[:e["it"]])
     res = {"task": task.name, "kind": kind, "seed": seed, "evals": evals, "probes": probes, "iterations": iters,
            "costs": costs,
            "mean_B": task.epochs * task.n_train / max(iters, 1), "final": evals[-1]["acc"],
@@ -237,22 +240,38 @@ def run_one(task: Task, kind: str, seed: int, rank: int) -> dict:
     return res
 
 
-def plan_costs(run_dir: Path) -> dict:
-    """From the run's metrics.jsonl: iterations and seconds per (B, micro-batch b), full iterations
-    only (not the shrunk epoch tail). Empty when the file is missing or in another format."""
+def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]]:
+    """From the run's metrics.jsonl (rank 0): (costs, modelled) where costs maps (B, micro-batch b) of
+    the full iterations (not the shrunk epoch tail) to (iterations, measured seconds), and modelled[i]
+    is iteration i's time predicted by the profiled perf model for the plan it ran (empty when the
+    file, the profile or the format is missing)."""
     import json
+
+    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.plan import Plan
     rows: dict[tuple[int, int], list[float]] = {}
+    modelled: dict[int, float] = {}
     try:
+        model = PerfModel.load(profile_dir) if (profile_dir / "allreduce.json").exists() else None
+        memo: dict[str, float] = {}
         with open(run_dir / "metrics.jsonl") as f:
             for line in f:
                 r = json.loads(line)
-                if r.get("type") != "iteration" or r.get("samples") != r.get("B"):
+                if r.get("type") != "iteration":
                     continue
-                b = int(str(r["plan"]).split()[0].split("=")[1])
-                rows.setdefault((int(r["B"]), b), []).append(float(r["iter_s"]))
-    except (OSError, ValueError, KeyError, IndexError):
-        return {}
-    return {k: (len(v), sum(v)) for k, v in rows.items()}
+                plan = str(r["plan"])
+                if model is not None:
+                    if plan not in memo:
+                        memo[plan] = model.iteration_time(Plan.parse(plan), TYPES)
+                    modelled[int(r["it"])] = memo[plan]
+                if r.get("samples") == r.get("B"):
+                    b = int(plan.split()[0].split("=")[1].split(",")[0])
+                    rows.setdefault((int(r["B"]), b), []).append(float(r["iter_s"]))
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return {}, []
+    n = len(modelled)
+    times = [modelled[i] for i in range(n)] if set(modelled) == set(range(n)) else []
+    return {k: (len(v), sum(v)) for k, v in rows.items()}, times
 
 
 def _costs_text(costs: dict) -> str:
@@ -277,10 +296,10 @@ def _traj(Bs) -> str:
     return ",".join(out)
 
 
-def tta(res: dict, target: float) -> float:
+def tta(res: dict, target: float, clock: str = "clock") -> float:
     for e in res["evals"]:
         if e["acc"] >= target - 1e-12:
-            return e["clock"]
+            return e.get(clock, math.nan)
     return math.inf
 
 
@@ -320,6 +339,8 @@ def report(task: Task, res: list[dict]) -> dict:
     base_tta = med(tt[f"fixed-{SMALL}"])
     base_final = statistics.mean(r["final"] for r in base)
     ratio = {k: med(v) / base_tta for k, v in tt.items()}
+    ttm = {k: [tta(r, target, "model_clock") for r in v] for k, v in by.items()}
+    ratio_m = {k: med(v) / med(ttm[f"fixed-{SMALL}"]) for k, v in ttm.items()}
     gap = {k: 100 * (base_final - statistics.mean(r["final"] for r in v)) for k, v in by.items()}
     n = len(base)
     print(f"\n== task {task.name}: {task.n_train} training samples, {task.epochs} epochs, "
@@ -327,7 +348,8 @@ def report(task: Task, res: list[dict]) -> dict:
           f"lr0={task.lr0}, {n} seed(s); target = {100 * target:.2f}% (fixed-{SMALL} mean final "
           f"{100 * base_final:.2f}% - 0.5)")
     hdr = (f"{'run':<13} {'time to target s: med [min,max]':<34} {'ratio':>6} {'train s: med [min,max]':<24} "
-           f"{'final acc %: mean [min,max]':<28} {'gap pts':>7} {'iters':>6} {'mean B':>7}  B at epoch ends (seed 0)")
+           f"{'final acc %: mean [min,max]':<28} {'gap pts':>7} {'iters':>6} {'mean B':>7} {'model':>6}  "
+           "B at epoch ends (seed 0)")
     print(hdr)
     print("-" * len(hdr))
     for k, v in by.items():
@@ -337,7 +359,7 @@ def report(task: Task, res: list[dict]) -> dict:
         label = f"{k}*" if k in DIAGNOSTIC else k
         print(f"{label:<13} {fmt_range(tt[k]):<34} {ratio[k]:>6.3f} {fmt_range([r['train_s'] for r in v]):<24} "
               f"{fa:<28} {gap[k]:>7.2f} {med([r['iterations'] for r in v]):>6.0f} "
-              f"{med([r['mean_B'] for r in v]):>7.0f}  {_traj([e['B'] for e in r0['evals']])}")
+              f"{med([r['mean_B'] for r in v]):>7.0f} {ratio_m[k]:>6.3f}  {_traj([e['B'] for e in r0['evals']])}")
     for k in (*ADAPTIVE, *DIAGNOSTIC):
         for r in sorted(by[k], key=lambda r: r["seed"]):
             accs = ",".join(f"{100 * e['acc']:.1f}" for e in r["evals"])
@@ -348,7 +370,9 @@ def report(task: Task, res: list[dict]) -> dict:
     fixed = [k for k in by if k.startswith("fixed-")]
     best = min(fixed, key=lambda k: (ratio[k], k))
     print(f"best fixed B: {best} (time-to-target ratio {ratio[best]:.3f})")
-    out = {"ratio": ratio, "gap": gap, "best": best, "target": target}
+    print("  ratio: median time to target over fixed-32's, wall clock; model: the same with the modelled clock "
+          "(the profiled perf model's time of each iteration's plan; no decision or measurement cost)")
+    out = {"ratio": ratio, "ratio_model": ratio_m, "gap": gap, "best": best, "target": target}
     if task.probe_noise:
         traj = noise_trajectory(base, task.epochs)
         out["noise_growth"] = traj[-1] / traj[0]
@@ -402,6 +426,10 @@ def main() -> None:
              ("acc_gap_noise_scale_pts <= 0.5", gaps["noise-scale"] <= 0.5),
              (f"tta_ratio_noise_scale <= best_fixed_tta_ratio ({rm['best']})", rn <= best),
              ("noise_growth >= 3", rm["noise_growth"] >= 3)]
+    rmm = rm["ratio_model"]
+    best_m = min(rmm[k] for k in rmm if k.startswith("fixed-"))
+    print(f"cross-check, modelled clock: tta_ratio_similarity={rmm['similarity']:.3f} "
+          f"tta_ratio_noise_scale={rmm['noise-scale']:.3f} best_fixed_tta_ratio={best_m:.3f}")
     print("goals: " + "; ".join(f"{g}: {'MET' if ok else 'MISSED'}" for g, ok in goals))
     print(f"tta_ratio_similarity={rs:.3f} tta_ratio_noise_scale={rn:.3f} best_fixed_tta_ratio={best:.3f} "
           f"acc_gap_similarity_pts={gaps['similarity']:.2f} acc_gap_noise_scale_pts={gaps['noise-scale']:.2f} "
