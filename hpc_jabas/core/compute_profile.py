@@ -148,6 +148,24 @@ class ComputeProfile:
         if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
             raise ConfigError(f"micro-batch b={b!r} must be an integer >= 1")
         self.check_fits(b)
+        if self.extrapolated(b):
+            self._used_extrapolated.add(int(b))
+        return self._time(b)
+
+    def time_table(self, b_max: int) -> list[float]:
+        """[time(1), ..., time(b_max)] (the same numbers as :meth:`time`), cached; b_max <= max_b.
+
+        Not recorded as extrapolations: the planner tabulates every size it might use; the perf
+        model records the ones a plan really uses when it prices it.
+        """
+        assert self.max_b is not None and 1 <= b_max <= self.max_b
+        tab = self.__dict__.get("_table")
+        if tab is None or len(tab) < b_max:
+            tab = [self._time(b) for b in range(1, max(b_max, len(tab or ())) + 1)]
+            self.__dict__["_table"] = tab
+        return tab[:b_max]
+
+    def _time(self, b: int) -> float:
         if self.formula is not None:
             f = self.formula
             return emulated_time(b, f["base_s"], f["per_sample_s"], f["speed"])
@@ -158,7 +176,6 @@ class ComputeProfile:
         if 0 < i < len(bs):
             b0, b1, t0, t1 = bs[i - 1], bs[i], ts[i - 1], ts[i]
             return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
-        self._used_extrapolated.add(int(b))
         if len(bs) == 1:
             return ts[0] * b / bs[0]
         if i == 0:

@@ -18,6 +18,10 @@ The model follows IIDP/JABAS (background.md section 2):
       T_iter = max_{i: n_i > 0} (n_i * t_micro(gpu_i, b) + update_s(gpu_i))
                + (1 - overlap) * allreduce(grad_bytes, N)
 
+  A per-rank plan (b_i, n_i, x_i; plan.py) prices rank i's n_i - 1 full micro-batches at
+  t_micro(gpu_i, b_i) each and its last one at t_micro(gpu_i, r_i), r_i = x_i - (n_i - 1) b_i
+  (``rank_time``).
+
   with N the number of ranks that run at least one micro-batch. ``overlap`` (0..1, default 0)
   is the share of the allreduce that Horovod hides behind the backward pass of the last
   micro-batch (gradients of late layers are reduced while early layers still compute). It is a
@@ -177,12 +181,8 @@ class PerfModel:
         sf = check_speed_factors(speed_factors, len(gpus))
         out = []
         profs = {g: self.profile(g) for g in set(gpus)}   # every rank's type must be known
-        for g, n, f in zip(gpus, plan.n, sf):
-            if n == 0:
-                out.append(0.0)
-                continue
-            p = profs[g]
-            out.append(n * (p.time(plan.b) / f) + p.update_s)
+        for g, n, b, x, f in zip(gpus, plan.n, plan.bs, plan.xs, sf):
+            out.append(rank_time(profs[g], b, n, x, f))
         return out
 
     def compute_time(self, plan: Plan, gpus: Sequence[str],
@@ -323,6 +323,21 @@ def _read_json(path: str) -> Any:
         raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def rank_time(p: ComputeProfile, b: int, n: int, x: int, f: float = 1.0) -> float:
+    """Finishing time of one rank: n micro-batches of b, x samples in all, speed factor f.
+
+    Every micro-batch full (x == n b): ``n * (t(b) / f) + update_s``; else the n - 1 full ones and
+    a last one of r = x - (n-1) b samples: ``(n-1) * (t(b) / f) + t(r) / f + update_s``. 0.0 when n == 0.
+    The planner evaluates exactly these expressions (planner_rank.py).
+    """
+    if n == 0:
+        return 0.0
+    r = x - (n - 1) * b
+    if r == b:
+        return n * (p.time(b) / f) + p.update_s
+    return (n - 1) * (p.time(b) / f) + p.time(r) / f + p.update_s
 
 
 def check_speed_factors(speed_factors: Sequence[float] | None, n: int) -> list[float]:

@@ -65,6 +65,7 @@ import numpy as np
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import PerfModel, check_speed_factors
 from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planner_rank import RankGroup, plan_per_rank
 from hpc_jabas.core.planner_solve import (
     FloatArray,
     IntArray,
@@ -101,8 +102,9 @@ class _Ctx:
     R: int
     groups: list[_Group]
     gor: IntArray         # group index of every rank
-    cands: list[int]      # usable candidate b, ascending
+    cands: list[int]      # usable candidate b, ascending (per-rank mode: every candidate)
     allow_drop: bool
+    default_cands: bool = True   # no b_candidates given: the profiles' measured sizes
 
     def eligible(self, b: int) -> list[int]:
         return [j for j, g in enumerate(self.groups) if g.cap >= b]
@@ -134,7 +136,7 @@ def _check_B(B: Any, what: str = "global batch B") -> int:
 
 
 def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] | None,
-             speed_factors: Sequence[float] | None, allow_drop: bool) -> _Ctx:
+             speed_factors: Sequence[float] | None, allow_drop: bool, per_rank: bool = False) -> _Ctx:
     if not isinstance(model, PerfModel):
         raise ConfigError(f"model is a {type(model).__name__}, not a PerfModel")
     if isinstance(gpus, str):
@@ -178,6 +180,8 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
         origin = "candidate micro-batch sizes"
         if not cands:
             raise ConfigError("b_candidates is empty; give at least one micro-batch size, e.g. [8, 16, 32]")
+    if per_rank:
+        return _Ctx(model, len(names), groups, gor, cands, bool(allow_drop), b_candidates is None)
     if allow_drop:
         top = max(groups, key=lambda g: g.cap)
         usable = [b for b in cands if b <= top.cap]
@@ -191,7 +195,7 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
             raise InfeasibleError(f"memory cap of {low.gpu} (max_b={low.cap}) is below the smallest {origin[:-1]} "
                                   f"b={cands[0]} (tried {cands}); use b <= {low.cap}, "
                                   "leave that GPU out, or allow dropping it")
-    return _Ctx(model, len(names), groups, gor, usable, bool(allow_drop))
+    return _Ctx(model, len(names), groups, gor, usable, bool(allow_drop), b_candidates is None)
 
 
 def _build_all(ctx: _Ctx, b: int, M: int, T: float) -> Plan:
@@ -274,16 +278,50 @@ def _nearest(ctx: _Ctx, B: float, lo: int, hi: int | None) -> int | None:
     return None if best is None else best[1]
 
 
+def _rank_groups(ctx: _Ctx) -> list[RankGroup]:
+    """Per-rank mode: each group's allowed sizes A_g and its tabulated times (planner_rank.py).
+
+    A_g: the candidates within the group's memory cap, plus the cap itself when the candidates are
+    the default (the profiles' measured sizes), so every identical-b plan is also a per-rank one.
+    """
+    out = []
+    for g in ctx.groups:
+        A = sorted({b for b in ctx.cands if b <= g.cap} | ({g.cap} if ctx.default_cands else set()))
+        if not A:
+            raise InfeasibleError(f"memory cap of {g.gpu} (max_b={g.cap}) is below the smallest candidate "
+                                  f"micro-batch b={ctx.cands[0]}; use b <= {g.cap} or leave that GPU out")
+        tt = np.asarray(ctx.model.profile(g.gpu).time_table(A[-1]), dtype=float) / g.sf
+        t0 = float(tt[0])
+        if not (t0 >= MIN_T_S and t0 >= MIN_T_REL * g.update_s and math.isfinite(float(tt[-1]))):
+            raise ConfigError(f"micro-batch time {t0:g} s of {g.gpu} at b=1 is too small next to its "
+                              f"update_s={g.update_s:g} s; times must be >= {MIN_T_S:g} s and >= "
+                              f"{MIN_T_REL:g} x update_s")
+        out.append(RankGroup(tt, np.asarray(A, dtype=np.int64), g.update_s, list(g.ranks)))
+    return out
+
+
 def plan_batch(B: int, gpus: Sequence[str], model: PerfModel, *, b_candidates: Iterable[int] | None = None,
-               speed_factors: Sequence[float] | None = None, allow_drop: bool = False) -> Plan:
+               speed_factors: Sequence[float] | None = None, allow_drop: bool = False,
+               per_rank: bool = False) -> Plan:
     """The plan with b * sum(n) == B that minimises ``model.iteration_time`` (see module docstring).
 
     gpus: one GPU type (catalog name or alias) per rank. b_candidates: micro-batch sizes to try
     (default: the measured b values of the used types' profiles that fit every rank's memory cap;
     with allow_drop, that fit some rank's cap). allow_drop: a rank may get n_i = 0 (and then its
     memory cap does not matter). speed_factors: per rank, divides its micro-batch time.
+    per_rank: each rank its own micro-batch size (planner_rank.py; every rank runs, allow_drop is
+    refused): the exact optimum over per-rank plans, never slower than the identical-b optimum.
     """
     B = _check_B(B)
+    if per_rank:
+        if allow_drop:
+            raise ConfigError("allow_drop is not supported with per-rank micro-batch sizes; "
+                              "plan with identical b to drop ranks")
+        ctx = _prepare(gpus, model, b_candidates, speed_factors, False, per_rank=True)
+        if B < ctx.R:
+            raise InfeasibleError(f"global batch B={B} is too small for {ctx.R} GPUs: each needs at least one "
+                                  f"sample, so B >= {ctx.R}; raise B or use fewer GPUs")
+        return plan_per_rank(_rank_groups(ctx), ctx.R, B)
     ctx = _prepare(gpus, model, b_candidates, speed_factors, allow_drop)
     b_min = ctx.cands[0]
     if not allow_drop and B < b_min * ctx.R:
@@ -381,13 +419,14 @@ def _bulk_plans(ctx: _Ctx, b: int, ts: Sequence[float], us: Sequence[float], Mse
 
 
 def _trusted_plan(b: int, n: tuple[int, ...]) -> Plan:
-    """A Plan from counts already checked in bulk (ints >= 1, exact sum), skipping the per-item
-    validation of Plan.__post_init__, which costs ~0.1 ms per 1024-rank plan and would dominate
-    a range table. Kept in step with plan.Plan's fields (b, n); tests compare against Plan(b, n).
+    """An identical-b Plan from counts already checked in bulk (ints >= 1, exact sum), skipping the
+    per-item validation of Plan.__init__, which costs ~0.1 ms per 1024-rank plan and would dominate
+    a range table. Kept in step with plan.Plan's fields (bs, n, xs); tests compare against Plan(b, n).
     """
     p = object.__new__(Plan)
-    object.__setattr__(p, "b", b)
+    object.__setattr__(p, "bs", (b,) * len(n))
     object.__setattr__(p, "n", n)
+    object.__setattr__(p, "xs", tuple(b * k for k in n))
     return p
 
 

@@ -1,0 +1,105 @@
+"""Per-rank micro-batch sizes: the exact planner vs brute force, never slower than identical b."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_planner import instances
+
+from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, rank_time
+from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planner import plan_batch
+from hpc_jabas.errors import ConfigError, InfeasibleError
+
+
+def allowed(model, gpus, cands):
+    """A_i as planner._rank_groups defines it."""
+    out = []
+    for g in gpus:
+        cap = model.profile(g).max_b
+        if cands is None:
+            raw = {b for h in set(gpus) for b in model.profile(h).b}
+            out.append(sorted({b for b in raw if b <= cap} | {cap}))
+        else:
+            out.append(sorted(b for b in cands if b <= cap))
+    return out
+
+
+def brute_per_rank(B, gpus, model, cands, sf):
+    """Least iteration time over every split x (x_i >= 1) and every allowed b per rank."""
+    sf = sf or [1.0] * len(gpus)
+    A = allowed(model, gpus, cands)
+    if any(not a for a in A) or B < len(gpus):
+        return None
+    best = None
+    for cut in itertools.combinations(range(1, B), len(gpus) - 1):
+        xs = [e - s for s, e in zip((0,) + cut, cut + (B,))]
+        fin = max(min(rank_time(model.profile(g), b, -(-x // b), x, f) for b in a)
+                  for g, a, x, f in zip(gpus, A, xs, sf))
+        if best is None or fin < best:
+            best = fin
+    return best + model.allreduce_tail(len(gpus))
+
+
+def check(B, model, gpus, sf, cands):
+    want = brute_per_rank(B, gpus, model, cands, sf)
+    try:
+        plan = plan_batch(B, gpus, model, b_candidates=cands, speed_factors=sf, per_rank=True)
+    except InfeasibleError as e:
+        assert want is None, f"per-rank planner refused a feasible B={B}: {e}"
+        return
+    assert want is not None
+    assert plan.B == B and plan.world_size == len(gpus) and min(plan.n) >= 1
+    A = allowed(model, gpus, cands)
+    for i, g in enumerate(gpus):
+        assert plan.xs[i] <= model.profile(g).max_b * plan.n[i]
+        assert max(plan.micro_sizes(i)) <= model.profile(g).max_b
+        assert plan.n[i] == 1 or plan.bs[i] in A[i]
+    got = model.iteration_time(plan, gpus, sf)
+    assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12), (plan, got, want)
+    # never slower than the identical-b optimum (same candidates), when that exists
+    try:
+        same = plan_batch(B, gpus, model, b_candidates=cands, speed_factors=sf)
+    except InfeasibleError:
+        return
+    assert got <= model.iteration_time(same, gpus, sf) * (1 + 1e-12)
+
+
+@settings(deadline=None, max_examples=150)
+@given(instances(max_gpus=3, drop=False), st.integers(1, 13), st.booleans())
+def test_per_rank_like_brute_force(inst, B, default):
+    model, gpus, sf, cands, _ = inst
+    check(B, model, gpus, sf, None if default else cands)
+
+
+def test_per_rank_beats_identical_b_with_a_per_call_cost():
+    """LB-BSP's point (background.md section 7): one big micro-batch pays the fixed cost once."""
+    gpus = ["v100", "p100", "rtx2060"]
+    m = PerfModel.emulated(gpus)
+    per = plan_batch(480, gpus, m, per_rank=True)
+    same = plan_batch(480, gpus, m)
+    assert per.n == (1, 1, 1) and per.B == 480 and not per.identical_b
+    assert m.iteration_time(per, gpus) < 0.9 * m.iteration_time(same, gpus)
+    # memory caps force accumulation on the small GPU: more than one micro-batch, each within its cap
+    big = plan_batch(2000, gpus, m, per_rank=True)
+    cap = m.profile("rtx2060").max_b
+    assert big.n[2] >= 2 and max(big.micro_sizes(2)) <= cap and big.B == 2000
+
+
+def test_per_rank_non_monotone_profile_gives_a_valid_plan():
+    prof = ComputeProfile("v100", b=[1, 2, 4], t=[1.0, 0.9, 2.0], max_b=4)
+    m = PerfModel({"v100": prof})
+    p = plan_batch(9, ["v100", "v100"], m, per_rank=True)
+    assert p.B == 9 and max(max(p.micro_sizes(i)) for i in range(2)) <= 4
+
+
+def test_per_rank_errors_are_one_line():
+    m = PerfModel.emulated(["v100"])
+    with pytest.raises(InfeasibleError, match="B >= 2"):
+        plan_batch(1, ["v100", "v100"], m, per_rank=True)
+    with pytest.raises(ConfigError, match="allow_drop"):
+        plan_batch(8, ["v100", "v100"], m, per_rank=True, allow_drop=True)
+    assert Plan.parse(str(plan_batch(77, ["v100", "v100"], m, per_rank=True))).B == 77
