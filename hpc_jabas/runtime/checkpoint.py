@@ -78,7 +78,13 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 
 def save_in(directory: str | os.PathLike, state: Any, epoch: int, iteration: int, keep: int = 3) -> Path:
-    """Save as ckpt-<epoch>-<iteration>.pt in directory; keep the newest ``keep`` good ones."""
+    """Save as ckpt-<epoch>-<iteration>.pt in directory; keep the newest ``keep`` good ones.
+    Temporary files a killed writer left behind are removed first (one writer: the run directory's lock)."""
+    for stale in Path(directory).glob(".ckpt-*.pt.tmp*") if Path(directory).is_dir() else []:
+        try:
+            stale.unlink()
+        except OSError:
+            pass
     p = save(Path(directory) / name_for(epoch, iteration), state)
     for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         try:

@@ -1,0 +1,157 @@
+"""Safe points (design.md invariant 5): a signal only sets a flag; the ranks agree at an iteration boundary.
+
+Slurm asks a job to stop with a signal: ``USR1`` (``sbatch --signal=B:USR1@<lead>`` of hpc-jabas's job
+scripts, forwarded to the ranks by the batch shell), ``USR2`` (submitit's ``--signal=USR2@<lead>``) or
+``TERM`` (preemption, ``scancel``). :class:`StopSignals` installs one handler for the three that records
+the first signal and returns: no collective, no file write, no logging inside a handler (Lightning's
+checkpoint-in-the-handler hangs and corrupts checkpoints).
+
+At every iteration boundary the trainer calls :func:`agree`: ONE allreduce of a small vector (the stop
+signals each rank saw, and whether rank 0's clock says a periodic checkpoint is due) gives every rank
+the same answer, so all ranks checkpoint (and stop) at the same iteration, even when only one rank got
+the signal. Its cost is one tiny allreduce per iteration (or per ``every`` iterations).
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hpc_jabas.log import get_logger
+from hpc_jabas.runtime import comm
+
+log = get_logger(__name__)
+
+#: the signals that ask a job to stop at the next safe point, in the order of the agreement vector
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+class StopSignals:
+    """One per process (:func:`stop_signals`): handlers that only record the first stop signal."""
+
+    def __init__(self) -> None:
+        self.signum: int = 0                  # the first stop signal received (0: none)
+        self.received_at: float | None = None
+        self.count = 0
+        self.installed = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any = None) -> None:     # a flag, nothing else
+        self.count += 1
+        if not self.signum:
+            self.signum = signum
+            self.received_at = time.time()
+
+    def install(self) -> bool:
+        """Install the handlers (main thread only; idempotent). Keeps the handlers they replace
+        (:meth:`previous`: submitit's USR2 handler requeues the job)."""
+        if self.installed:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for s in STOP_SIGNALS:
+            self._previous[int(s)] = signal.getsignal(s)
+            signal.signal(s, self._handle)
+        self.installed = True
+        return True
+
+    def uninstall(self) -> None:
+        if not self.installed:
+            return
+        for s in STOP_SIGNALS:
+            prev = self._previous.get(int(s))
+            signal.signal(s, prev if prev is not None else signal.SIG_DFL)
+        self.installed = False
+
+    def previous(self, signum: int) -> Any:
+        """The handler that was installed for ``signum`` before ours (None when unknown)."""
+        return self._previous.get(int(signum))
+
+    def clear(self) -> None:
+        self.signum, self.received_at, self.count = 0, None, 0
+
+    def vector(self) -> list[float]:
+        """One entry per stop signal: 1 for the one received, else 0."""
+        return [1.0 if self.signum == int(s) else 0.0 for s in STOP_SIGNALS]
+
+
+_STOP = StopSignals()
+
+
+def stop_signals() -> StopSignals:
+    """The process's stop-signal flag."""
+    return _STOP
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name.removeprefix("SIG")
+    except ValueError:
+        return str(signum)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank agreed at one safe point."""
+    stop: bool                  # some rank got a stop signal (or asked to stop)
+    signal: str | None          # which one ("USR1", "USR2", "TERM", "request"), the first in STOP_SIGNALS order
+    checkpoint_due: bool        # rank 0's clock says a periodic checkpoint is due
+
+
+def agree(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
+          allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> Agreement:
+    """Collective (every rank, same iteration): one allreduce-sum of
+    [USR1, USR2, TERM, request, due] flags (``due`` counts only rank 0's)."""
+    v = [1.0 if local_signal == int(s) else 0.0 for s in STOP_SIGNALS]
+    v += [1.0 if local_request else 0.0, 1.0 if (due_on_rank0 and rank == 0) else 0.0]
+    red = (allreduce or comm.allreduce_sum)(torch.tensor(v, dtype=torch.float64), "hj.safepoint")
+    got = [float(x) > 0 for x in red.tolist()]
+    sig = next((signal_name(int(s)) for s, on in zip(STOP_SIGNALS, got[:3]) if on), None)
+    if sig is None and got[3]:
+        sig = "request"
+    return Agreement(stop=sig is not None, signal=sig, checkpoint_due=got[4])
+
+
+class PeriodicCheckpoint:
+    """Every ``every`` iterations and/or every ``minutes`` of rank 0's wall clock since the last checkpoint."""
+
+    def __init__(self, every: int | None, minutes: float | None, clock: Callable[[], float] = time.time):
+        self.every, self.minutes, self.clock = every, minutes, clock
+        self.last_iteration = 0
+        self.last_time = clock()
+
+    def mark(self, iteration: int) -> None:
+        self.last_iteration, self.last_time = iteration, self.clock()
+
+    def due_by_iterations(self, iteration: int) -> bool:
+        return bool(self.every) and iteration - self.last_iteration >= int(self.every or 0)
+
+    def due_by_clock(self) -> bool:
+        return self.minutes is not None and self.clock() - self.last_time >= 60.0 * float(self.minutes)
+
+
+def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
+    """Every rank of ``trainer``, at an iteration boundary: one allreduce agrees on stop signals (USR1, USR2,
+    TERM, ``trainer.stop_requested``) and rank 0's periodic-checkpoint clock. On a stop every rank
+    checkpoints, ``trainer.stop_reason`` is set, and True is returned; a due periodic checkpoint is written
+    (not at an epoch's last iteration: the epoch end checkpoints anyway)."""
+    a = agree(stop_signals().signum, trainer.stop_requested, periodic.due_by_clock(), trainer.rank)
+    if a.stop:
+        path = trainer.save_checkpoint()
+        trainer.stop_reason = {"signal": a.signal, "iteration": trainer.iteration, "epoch": trainer.sampler.epoch,
+                               "checkpoint": path, "time": time.time()}
+        if trainer.rank == 0:
+            log.info("stopping at the safe point after iteration %d (%s): checkpoint %s", trainer.iteration,
+                     a.signal, path)
+            trainer.metrics.write({"type": "safe_point_stop", "it": trainer.iteration, "signal": a.signal,
+                                   "checkpoint": path})
+        return True
+    if (a.checkpoint_due or periodic.due_by_iterations(trainer.iteration)) \
+            and not trainer.sampler.epoch_done(trainer.plan.B):
+        trainer.save_checkpoint()
+    return False

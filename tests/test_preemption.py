@@ -1,0 +1,151 @@
+"""Issue 12: safe points (a signal only sets a flag; all ranks agree at an iteration boundary and checkpoint),
+periodic checkpoints inside an epoch, kill -9 during a checkpoint write, drained nodes not counted as free."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mpi_util import PY, ROOT, WORKERS, mpi_env, run_ranks
+from reference import reference_run
+from test_equivalence import assert_params_close
+
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.dirlock import DirLock
+from hpc_jabas.runtime.safepoint import Agreement, PeriodicCheckpoint, agree
+
+BASE = {"optimizer": "adam", "lr": 0.01, "plan": "b=4 n=1,3,4", "steps": 24, "n": 256}   # B=32: 8 iterations/epoch
+
+
+# ---- pure units ---------------------------------------------------------------------------------
+def test_agreement_one_allreduce_any_rank_stops_all():
+    sent = []
+
+    def fake_allreduce(t, name):     # three ranks: rank 2 got TERM, rank 0's clock says a checkpoint is due
+        sent.append((name, t.tolist()))
+        return t + torch.tensor([0, 0, 1, 0, 0], dtype=t.dtype)
+    a = agree(0, False, True, rank=0, allreduce=fake_allreduce)
+    assert a == Agreement(stop=True, signal="TERM", checkpoint_due=True)
+    assert sent == [("hj.safepoint", [0.0, 0.0, 0.0, 0.0, 1.0])]
+    b = agree(int(signal.SIGUSR1), False, True, rank=1, allreduce=lambda t, n: t)   # due counts rank 0's only
+    assert b == Agreement(stop=True, signal="USR1", checkpoint_due=False)
+    assert agree(0, True, False, 0, allreduce=lambda t, n: t).signal == "request"
+    clock = [100.0]
+    p = PeriodicCheckpoint(every=5, minutes=0.5, clock=lambda: clock[0])
+    assert not p.due_by_iterations(4) and p.due_by_iterations(5) and not p.due_by_clock()
+    clock[0] += 30.0
+    assert p.due_by_clock()
+    p.mark(5)
+    assert not p.due_by_clock() and not p.due_by_iterations(9) and p.due_by_iterations(10)
+
+
+def test_second_writer_refused_naming_the_holder(tmp_path):
+    code = ("import sys,time; from hpc_jabas.runtime.dirlock import DirLock; "
+            f"DirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError) as e:
+            DirLock(tmp_path).acquire()
+        msg = str(e.value)
+        assert "\n" not in msg and f"pid {holder.pid}" in msg and "in use by" in msg, msg
+        assert DirLock(tmp_path).locked_by_other()["pid"] == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    with DirLock(tmp_path) as lk:                 # the kernel dropped the killed holder's lock
+        assert lk.held and DirLock(tmp_path).acquire() is lk     # same process: the same lock
+    assert DirLock(tmp_path).locked_by_other() is None
+
+
+# ---- kill -9 during checkpoint writes ---------------------------------------------------------------
+WRITER = """
+import sys, torch
+from hpc_jabas.runtime import checkpoint as ckpt
+d = sys.argv[1]
+n = 4_000_000                        # 16 MB: a write takes a while
+i = int(sys.argv[2])
+print("ready", flush=True)
+while True:
+    i += 1
+    ckpt.save_in(d, {"i": i, "x": torch.full((n,), float(i))}, epoch=0, iteration=i, keep=2)
+"""
+
+
+def test_kill9_during_checkpoint_write_leaves_previous_loadable(tmp_path):
+    d = tmp_path / "ckpt"
+    ckpt.save_in(d, {"i": 0, "x": torch.zeros(4_000_000)}, epoch=0, iteration=0)
+    rng = random.Random(12)
+    last = 0
+    for _ in range(3):
+        w = subprocess.Popen([PY, "-c", WRITER, str(d), str(last)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        assert w.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.2, 1.0))
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+        st, path = ckpt.load_latest(d, log=lambda m: None)
+        assert path.name == ckpt.name_for(0, st["i"]) and st["i"] >= last
+        assert bool((st["x"] == st["i"]).all()) and len(st["x"]) == 4_000_000
+        last = st["i"]
+    assert last > 0     # the writer got through some saves
+
+
+# ---- safe points and periodic checkpoints on 3 ranks (mpirun) -----------------------------------------
+def _run_expect_kill(spec: dict, np_: int = 3) -> None:
+    """Like mpi_util.run_ranks, for a run that a SIGKILLed rank takes down (non-zero exit expected)."""
+    with tempfile.TemporaryDirectory() as td:
+        sp = Path(td) / "spec.json"
+        sp.write_text(json.dumps(dict(spec, out_dir=td)))
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), PY,
+               str(WORKERS / "preempt_worker.py"), str(sp)]
+        p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+        assert p.returncode != 0 and not (Path(td) / "rank0.json").exists(), p.stderr[-3000:]
+
+
+@pytest.mark.mpi
+def test_signal_on_one_rank_stops_all_at_a_safe_point_and_resume_is_exact(tmp_path):
+    """USR1 to rank 1 only, at a random iteration: all ranks agree and checkpoint at that iteration
+    (no work lost); the resumed run (2 ranks, another plan of the same B) equals the uninterrupted run."""
+    k = random.Random(os.getpid()).randint(3, 20)
+    spec = dict(BASE, run_dir=str(tmp_path / "run"), signal_at={"it": k, "rank": 1, "signal": "USR1"})
+    first = run_ranks("preempt_worker.py", spec, np_=3)
+    assert [r["stopped"]["signal"] for r in first] == ["USR1"] * 3
+    assert [r["iterations"] for r in first] == [k] * 3
+    assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name.endswith(f"-{k:09d}.pt")
+    second = run_ranks("preempt_worker.py", dict(spec, plan="b=4 n=3,5", resume=True), np_=2)
+    ref = reference_run(BASE)
+    assert second[0]["resumed_from"].endswith(f"-{k:09d}.pt")
+    for r in second:
+        assert r["iterations"] == BASE["steps"] and not r["stopped"]
+        assert_params_close(r["params"], ref, rel=1e-6)
+
+
+@pytest.mark.mpi
+def test_periodic_checkpoint_resume_inside_epoch_is_exact(tmp_path):
+    """checkpoint_every=3 (counted from the last checkpoint: 3, 6, the epoch end at 8, 11, 14...); rank 2 is
+    SIGKILLed after iteration 13 (mid-epoch 1): the last checkpoint is iteration 11 (lost work 2 <= 3);
+    resuming from it gives the uninterrupted run's parameters."""
+    spec = dict(BASE, run_dir=str(tmp_path / "run"), checkpoint_every=3, keep_checkpoints=2,
+                signal_at={"it": 13, "rank": 2, "signal": "KILL"})
+    _run_expect_kill(spec)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")]
+    assert names == [ckpt.name_for(1, 8), ckpt.name_for(1, 11)], names       # keep_checkpoints=2
+    second = run_ranks("preempt_worker.py", dict(spec, resume=True), np_=3)
+    ref = reference_run(BASE)
+    assert second[0]["resumed_from"].endswith(ckpt.name_for(1, 11))
+    for r in second:
+        assert r["iterations"] == BASE["steps"]
+        assert_params_close(r["params"], ref, rel=1e-6)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
