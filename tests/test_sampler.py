@@ -1,4 +1,4 @@
-"""Invariants 2-3: identical micro-batches; every sample exactly once per epoch across plan
+"""Invariants 2-3: identical or per-rank micro-batches; every sample exactly once per epoch across plan
 changes, B changes, rank-count changes and a mid-epoch resume (hypothesis)."""
 import numpy as np
 import pytest
@@ -9,8 +9,21 @@ from hpc_jabas.core.plan import Plan, proportional_plan, split_proportional
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 
-plans = st.builds(lambda b, n: Plan(b, tuple(n)), st.integers(1, 9),
-                  st.lists(st.integers(0, 5), min_size=1, max_size=6).filter(lambda n: sum(n) > 0))
+identical_plans = st.builds(lambda b, n: Plan(b, tuple(n)), st.integers(1, 9),
+                           st.lists(st.integers(0, 5), min_size=1, max_size=6).filter(lambda n: sum(n) > 0))
+
+
+@st.composite
+def per_rank_plans(draw):
+    """b_i, n_i and x_i per rank, the last micro-batch of a rank possibly partial."""
+    R = draw(st.integers(1, 6))
+    bs = draw(st.lists(st.integers(1, 9), min_size=R, max_size=R))
+    ns = draw(st.lists(st.integers(0, 4), min_size=R, max_size=R).filter(lambda n: sum(n) > 0))
+    xs = [0 if k == 0 else draw(st.integers((k - 1) * b + 1, k * b)) for b, k in zip(bs, ns)]
+    return Plan(tuple(bs), tuple(ns), tuple(xs))
+
+
+plans = st.one_of(identical_plans, per_rank_plans())
 
 
 @settings(max_examples=200, deadline=None)
@@ -31,16 +44,24 @@ def test_every_sample_once_per_epoch(N, seed, first, changes, resume_at, tail):
             s = HeterogeneousSampler(N, seed=seed, tail=tail)
             s.load_state_dict(st_)
         ib = s.next(plan)
-        # invariant 2: every micro-batch has exactly b samples (but the last of a shrunk tail)
         sizes = [len(m) for r in ib.micro for m in r]
-        assert all(x == plan.b for x in sizes[:-1])
-        assert 1 <= sizes[-1] <= plan.b
-        assert ib.plan.world_size == plan.world_size
+        if plan.identical_b:
+            # invariant 2: every micro-batch has exactly b samples (but the last of a shrunk tail)
+            assert all(x == plan.b for x in sizes[:-1])
+            assert 1 <= sizes[-1] <= plan.b
+        else:
+            # per rank: micro-batches of b_i, only a rank's last one may be smaller
+            for i in range(plan.world_size):
+                mine = [len(m) for m in ib.micro[i]]
+                assert all(x == plan.bs[i] for x in mine[:-1]) and all(1 <= x <= plan.bs[i] for x in mine)
+                assert len(ib.rank_indices(i)) <= plan.xs[i]
+        assert ib.plan.world_size == plan.world_size and ib.total == ib.plan.B == sum(sizes)
         assert all(ib.plan.n[i] <= plan.n[i] for i in range(plan.world_size))
         if ib.total == plan.B:
             assert ib.plan == plan
             for i in range(plan.world_size):
-                assert len(ib.rank_indices(i)) == plan.b * plan.n[i]
+                assert len(ib.rank_indices(i)) == plan.xs[i]
+                assert [len(m) for m in ib.micro[i]] == plan.micro_sizes(i)
         seen.extend(ib.all_indices().tolist())
         it += 1
     assert len(seen) == len(set(seen))                       # never repeated
@@ -106,3 +127,33 @@ def test_plan_parse_and_errors():
             Plan.parse(bad)
     with pytest.raises(ConfigError, match="tail"):
         HeterogeneousSampler(10, tail="wrap")
+
+
+def test_per_rank_plan_syntax_dict_round_trip_and_old_checkpoints():
+    p = Plan.parse("b=8,4,4 n=2,3,1 x=13,12,4")
+    assert (p.bs, p.n, p.xs, p.B, p.M) == ((8, 4, 4), (2, 3, 1), (13, 12, 4), 29, 6)
+    assert p.micro_sizes(0) == [8, 5] and not p.identical_b and not p.full
+    assert Plan.parse(str(p)) == p and Plan.from_dict(p.to_dict()) == p
+    q = Plan.parse("b=8,4,4 n=2,3,1")
+    assert q.full and q.xs == (16, 12, 4) and str(q) == "b=8,4,4 n=2,3,1"
+    old = Plan.from_dict({"b": 4, "n": [1, 3, 4]})             # a checkpoint of the identical-b era
+    assert old == Plan(4, (1, 3, 4)) == Plan.parse("b=4,4,4 n=1,3,4") and old.b == 4
+    assert old.to_dict() == {"b": 4, "n": [1, 3, 4]}
+    with pytest.raises(ValueError, match="per-rank"):
+        _ = p.b
+    for bad in ("b=8,4 n=1,1,1", "b=4 n=2 x=9", "b=4 n=2 x=4", "b=0,1 n=1,1"):
+        with pytest.raises(ConfigError) as e:
+            Plan.parse(bad)
+        assert "\n" not in str(e.value)
+
+
+def test_per_rank_invariance_same_samples_whatever_the_plan():
+    """Invariance: the same B indices per iteration for an identical-b and a per-rank plan of that B."""
+    a, b = HeterogeneousSampler(97, seed=5), HeterogeneousSampler(97, seed=5)
+    same, per = Plan(4, (1, 3, 4)), Plan((13, 6, 8), (1, 2, 1), (13, 11, 8))
+    assert same.B == per.B == 32
+    while not a.epoch_done(32):
+        x, y = a.next(same), b.next(per)
+        assert np.array_equal(x.all_indices(), y.all_indices())
+        assert [len(y.rank_indices(i)) for i in range(3)] == list(y.plan.xs)
+    assert b.epoch_done(32) and x.total == y.total == 1

@@ -6,10 +6,14 @@ indices of the permutation and gives rank i the contiguous run of micro-batches
 advances by exactly the samples handed out, changing B, the plan or the rank count between
 iterations, or resuming from a saved (epoch, cursor), never skips or repeats a sample.
 
+Per-rank plans (plan.py): rank i's run is x_i samples, cut into micro-batches of b_i, the last
+one the rest (``Plan.micro_sizes``). Both kinds of plan go through the same cursor.
+
 Epoch tail (the last r < B samples of an epoch), chosen by ``tail``:
-  - "shrink" (default): the last iteration takes all r samples: ceil(r / b) micro-batches,
-    split over the ranks in proportion to the plan's n_i (never more than n_i on a rank),
-    the very last micro-batch holding r mod b samples when b does not divide r. Every
+  - "shrink" (default): the last iteration takes all r samples. Identical b: ceil(r / b)
+    micro-batches, split over the ranks in proportion to the plan's n_i (never more than n_i on
+    a rank), the very last micro-batch holding r mod b samples when b does not divide r.
+    Per-rank b: the r samples split in proportion to the plan's x_i (never more than x_i). Every
     sample is used exactly once per epoch; the trainer weights each micro-batch by its true
     sample count, so the update is still the exact mean gradient of the r samples.
   - "drop": the r samples are skipped this epoch (like DataLoader(drop_last=True)); every
@@ -101,26 +105,34 @@ class HeterogeneousSampler:
         perm = self.permutation()
         start = self.cursor
         r = self.remaining
-        b = plan.b
-        if r >= plan.B:
-            used = plan
-            total = plan.B
-        else:  # tail == "shrink"
-            m = -(-r // b)
-            used = Plan(b, tuple(split_proportional(m, [max(x, 0) for x in plan.n], caps=list(plan.n))))
-            total = r
+        used = plan if r >= plan.B else self._shrunk(plan, r)
+        total = used.B
         micro: list[tuple[IndexArray, ...]] = []
         pos = start
-        end = start + total
         for i in range(used.world_size):
             mine: list[IndexArray] = []
-            for _ in range(used.n[i]):
-                stop = min(pos + b, end)
-                mine.append(perm[pos:stop])
-                pos = stop
+            for size in used.micro_sizes(i):
+                mine.append(perm[pos:pos + size])
+                pos += size
             micro.append(tuple(mine))
+        end = start + total
+        assert pos == end
         self.cursor = end
         return IterationBatch(self.epoch, start, used, tuple(micro))
+
+    @staticmethod
+    def _shrunk(plan: Plan, r: int) -> Plan:
+        """The epoch tail's plan for the last r < B samples (module docstring)."""
+        if plan.identical_b:
+            b = plan.b
+            m = -(-r // b)
+            n = split_proportional(m, [max(x, 0) for x in plan.n], caps=list(plan.n))
+            xs = [b * k for k in n]
+            last = max(i for i, k in enumerate(n) if k > 0)
+            xs[last] -= m * b - r                     # the very last micro-batch holds r mod b
+            return Plan(b, tuple(n), tuple(xs))
+        xs = split_proportional(r, list(plan.xs), caps=list(plan.xs))
+        return Plan(plan.bs, tuple(-(-x // b) for x, b in zip(xs, plan.bs)), tuple(xs))
 
     # ---- state -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from hpc_jabas.errors import CheckpointError, ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime import comm
+from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
@@ -123,7 +124,9 @@ class Trainer:
             controller.attach(self)
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self.resumed_from: str | None = None
-        self.stop_requested = False
+        self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
+        self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
+        self._periodic = sp.PeriodicCheckpoint(self.cfg.checkpoint_every, self.cfg.checkpoint_minutes)
         self.samples_local = 0
         self.compute_local_s = 0.0
         self.last_checkpoint_time: float | None = None   # wall clock of the last checkpoint (every rank)
@@ -341,6 +344,7 @@ class Trainer:
         self.last_checkpoint_time = time.time()
         if self.rank == 0 and self.cfg.checkpoint:
             path = ckpt.save_in(self.ckpt_dir, self.state_dict(), self.sampler.epoch, self.iteration,
+        self._periodic.mark(self.iteration)
                                 keep=self.cfg.keep_checkpoints)
         return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
 
@@ -363,11 +367,28 @@ class Trainer:
         if hs.get("checkpoint") == path.name:
             st["lifecycle"] = hs["state"]
 
-    def maybe_resume(self) -> bool:
-        found = ckpt.load_latest(self.ckpt_dir, log=log.warning) if self.rank == 0 else None
+    def lock_run_dir(self, wait_s: float = 0.0) -> None:
+        """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
+        from hpc_jabas.runtime.dirlock import lock_on_rank0
+        lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
+
+    def maybe_resume(self, epochs: int | None = None) -> bool:
+        """Resume from the run_dir's latest checkpoint; one that already finished ``epochs`` (default the
+        config's) stops with a plain message (stdout, rank 0) and a ConfigError unless resume_finished."""
+        self.lock_run_dir()
+        found, err = None, None
+        if self.rank == 0:
+            try:
+                found = ckpt.load_latest(self.ckpt_dir, log=log.warning)
+            except CheckpointError as e:        # every checkpoint bad: every rank stops with rank 0's line
+                err = str(e)
         if found:
             self._load_hook_state(found[0], found[1])
-        st = comm.broadcast_object(found[0] if found else None, name="hj.resume")
+        st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
+        if err:
+            e = CheckpointError(err)
+            e.quiet = self.rank != 0          # type: ignore[attr-defined]
+            raise e
         if st is None:
             return False
         self.load_state_dict(st)
@@ -398,18 +419,24 @@ class Trainer:
             rec = self.train_step()
             samples += rec["samples"]
             if first_step:
+        self.lock_run_dir()
+        installed_here = not sp.stop_signals().installed and sp.stop_signals().install()
+        self.stop_reason = None
                 first_step = False
                 for cb in self.callbacks:
                     cb.on_first_step(self)
             if max_iterations is not None and self.iteration >= max_iterations:
                 break
-            if self.stop_requested:
-                self.save_checkpoint()
+            if self._safe_point():
                 break
         self.flush_metrics()
         wall = time.perf_counter() - t0
         return {"iterations": self.iteration, "epoch": self.sampler.epoch, "samples": samples, "wall_s": wall,
-                "samples_per_s": samples / wall if wall > 0 else 0.0}
+                "samples_per_s": samples / wall if wall > 0 else 0.0, "stopped": self.stop_reason}
+
+    def _safe_point(self) -> bool:
+        """Every rank, at an iteration boundary (runtime/safepoint.py): True when the job stops here."""
+        return sp.safe_point(self, self._periodic)
 
     def _end_epoch(self) -> bool:
         """Returns True when the job should stop (moved to another allocation)."""
@@ -423,6 +450,8 @@ class Trainer:
         # the epoch's checkpoint first: nothing that can fail below (the hook's decide) can lose it
         path = self.save_checkpoint()
         for cb in self.callbacks:
+        if installed_here:
+            sp.stop_signals().uninstall()
             cb.on_epoch_end(self, epoch)
         hook = self.epoch_end_hook
         if hook is None:
