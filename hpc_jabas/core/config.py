@@ -127,8 +127,22 @@ class OutputConfig:
     """[run] metrics and checkpoints."""
     run_dir: str = key("runs/latest", "directory of metrics.jsonl and checkpoints", metavar="DIR")
     metrics_period: int = key(10, "iterations between metric flushes", lo=1)
-    checkpoint: bool = key(True, "write a checkpoint at every epoch end")
+    checkpoint: bool = key(True, "write a checkpoint at every epoch end (and at the periodic and signal safe points)")
     keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
+    checkpoint_every: int | None = key(None, "also checkpoint inside an epoch every N iterations", lo=1, shown="off",
+                                       metavar="N")
+    checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
+                                           lo=0.0, lo_open=True, shown="off", metavar="T")
+
+
+@dataclass
+class SlurmJobConfig:
+    """[slurm] the Slurm jobs of a chain: time limit, signals, requeues."""
+    time_min: int = key(60, "time limit of every Slurm job of the chain (minutes)", lo=1)
+    signal_lead_s: int = key(90, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
+                                 "USR2 for submitit) so that it checkpoints and requeues", lo=1)
+    max_timeouts: int = key(3, "requeues after hitting the time limit before the chain stops (preemptions do "
+                               "not count)", lo=0)
 
 
 @dataclass
@@ -183,7 +197,8 @@ class AutoscaleConfig:
 
 #: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups).
 SECTIONS: dict[str, type] = {"train": TrainConfig, "planning": PlanningConfig, "emulation": EmulationConfig,
-                             "adaptive": AdaptiveConfig, "balancing": BalancingConfig, "output": OutputConfig}
+                             "adaptive": AdaptiveConfig, "balancing": BalancingConfig, "output": OutputConfig,
+                             "slurm": SlurmJobConfig}
 _SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
 #: tables whose value is the key's own value, not a group of keys
 _TABLE_KEYS = ("slowdown", "autoscale")
@@ -224,6 +239,7 @@ class JobConfig:
     adaptive: AdaptiveConfig
     balancing: BalancingConfig
     output: OutputConfig
+    slurm: SlurmJobConfig
     autoscale: AutoscaleConfig
 
     epochs = _Flat[int]()
@@ -255,6 +271,11 @@ class JobConfig:
     metrics_period = _Flat[int]()
     checkpoint = _Flat[bool]()
     keep_checkpoints = _Flat[int]()
+    checkpoint_every = _Flat[int | None]()
+    checkpoint_minutes = _Flat[float | None]()
+    time_min = _Flat[int]()
+    signal_lead_s = _Flat[int]()
+    max_timeouts = _Flat[int]()
 
     def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:
         sections = {s: kw.pop(s) for s in list(kw) if s in SECTIONS}
