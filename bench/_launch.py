@@ -12,7 +12,7 @@ def ensure_ranks(n: int) -> None:
     if "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
         return
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HPC_JABAS_PROGRESS="0",
                OMPI_MCA_mpi_yield_when_idle="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(n), sys.executable, sys.argv[0], *sys.argv[1:]]

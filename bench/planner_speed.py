@@ -1,16 +1,21 @@
 """Planner speed on a large heterogeneous allocation (goals: <= 10 ms per plan, <= 1 s per range table).
 
 1024 GPUs of 8 catalog types, emulated perf model (PerfModel.emulated defaults, micro-batch sizes
-8..512 under each type's memory cap). Measures plan_batch for a spread of global batches (median)
-and plan_range for every feasible B in 256..65536. The last line is machine-readable:
+8..512 under each type's memory cap). Measures plan_batch for a spread of global batches: plain,
+with per-rank speed factors (what every rebalancing step asks: 1024 distinct factors, so no two
+ranks can be grouped), and with per-rank micro-batch sizes (once the planner offers them); and
+plan_range for every feasible B in 256..65536. 3 repeats, the order rotated. Last line (medians
+over repeats of each repeat's median plan time; the line before: min/max):
 
-    plan_ms=<median ms of one plan_batch> range_table_s=<seconds of one plan_range>
+    plan_ms= plan_factors_ms= plan_per_rank_b_ms= range_table_s=
 
 Run: .venv/bin/python bench/planner_speed.py
 """
 from __future__ import annotations
 
+import inspect
 import os
+import random
 import statistics
 import sys
 import time
@@ -23,6 +28,26 @@ from hpc_jabas.core.planner import plan_batch, plan_range, snap_batch  # noqa: E
 TYPES = {"v100": 160, "p100": 160, "a100": 128, "h100": 64, "rtx3090": 128,
          "titan-rtx": 128, "titan-v": 128, "p4000": 128}
 B_LIST = (8, 16, 32, 64, 128, 256, 512)
+REPEATS = 3
+
+
+def per_rank_b_kwargs() -> dict | None:
+    """The plan_batch keyword that asks for per-rank micro-batch sizes, once the planner has one."""
+    params = inspect.signature(plan_batch).parameters
+    for name, value in (("per_rank", True), ("per_rank_b", True)):
+        if name in params:
+            return {name: value}
+    return None
+
+
+def timed(fn, targets, rounds=3) -> list[float]:
+    out = []
+    for _ in range(rounds):
+        for B in targets:
+            t0 = time.perf_counter()
+            fn(B)
+            out.append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 def main() -> None:
@@ -31,32 +56,54 @@ def main() -> None:
     model = PerfModel.emulated(TYPES, b_list=B_LIST)
     caps = {g: model.profile(g).max_b for g in TYPES}
     print(f"gpus: {len(gpus)} of {len(TYPES)} types; memory caps max_b: {caps}")
+    rng = random.Random(0)
+    # rebalancing: every rank its own measured speed factor (1024 distinct values: no two ranks grouped)
+    factors = [rng.uniform(0.3, 1.0) for _ in gpus]
+    prb = per_rank_b_kwargs()
 
     targets = [snap_batch(B, gpus, model) for B in (9000, 12345, 16384, 20000, 32768, 50000, 65536)]
-    plan_batch(targets[0], gpus, model)  # warm caches / imports
-    samples = []
-    for _ in range(5):
-        for B in targets:
-            t0 = time.perf_counter()
-            plan = plan_batch(B, gpus, model)
-            samples.append((time.perf_counter() - t0) * 1e3)
-    plan_ms = statistics.median(samples)
+    sides = {"plain": lambda B: plan_batch(B, gpus, model),
+             "factors": lambda B: plan_batch(B, gpus, model, speed_factors=factors)}
+    if prb is not None:
+        sides["per_rank_b"] = lambda B: plan_batch(B, gpus, model, speed_factors=factors, **prb)
+    for f in sides.values():
+        f(targets[0])                       # warm caches / imports
+    med: dict[str, list[float]] = {k: [] for k in sides}
+    mx: dict[str, float] = {k: 0.0 for k in sides}
+    for rep in range(REPEATS):
+        names = list(sides)
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for k in order:
+            ms = timed(sides[k], targets)
+            med[k].append(statistics.median(ms))
+            mx[k] = max(mx[k], max(ms))
+        print(f"repeat {rep} order={','.join(order)} " + " ".join(f"{k}={med[k][-1]:.2f}ms" for k in sides), flush=True)
     last = plan_batch(65536, gpus, model)
-    print(f"plan_batch: {len(samples)} plans, median {plan_ms:.2f} ms, max {max(samples):.2f} ms; "
-          f"B=65536 -> b={last.b} M={last.M} iter={model.iteration_time(last, gpus) * 1e3:.1f} ms")
+    print(f"plan_batch B=65536 -> b={last.b} M={last.M} iter={model.iteration_time(last, gpus) * 1e3:.1f} ms; "
+          f"slowest single plan: " + " ".join(f"{k}={mx[k]:.2f}ms" for k in sides))
+    if prb is None:
+        print("per-rank micro-batch sizes: plan_batch has no such option yet (the planner change is pending)")
 
-    t0 = time.perf_counter()
-    rows = plan_range(256, 65536, gpus, model)
-    range_s = time.perf_counter() - t0
-    print(f"plan_range 256..65536: {len(rows)} feasible B (from {rows[0][0]} to {rows[-1][0]}) "
-          f"in {range_s:.3f} s")
+    rng_s = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        rows = plan_range(256, 65536, gpus, model)
+        rng_s.append(time.perf_counter() - t0)
+    print(f"plan_range 256..65536: {len(rows)} feasible B (from {rows[0][0]} to {rows[-1][0]})")
 
     # spot check: the table agrees with single plans
     for B, plan, sec in rows[:: max(1, len(rows) // 25)]:
         assert plan == plan_batch(B, gpus, model), B
         assert sec == model.iteration_time(plan, gpus), B
     print("spot check: range table rows equal plan_batch and model.iteration_time")
-    print(f"plan_ms={plan_ms:.3f} range_table_s={range_s:.3f}")
+    keys = {"plain": "plan_ms", "factors": "plan_factors_ms", "per_rank_b": "plan_per_rank_b_ms"}
+    spread = [f"{keys[k]}_min={min(v):.3f} {keys[k]}_max={max(v):.3f}" for k, v in med.items()]
+    print(f"repeats={REPEATS} (shared 2-core machine) " + " ".join(spread)
+          + f" range_table_s_min={min(rng_s):.3f} range_table_s_max={max(rng_s):.3f}")
+    lastline = [f"{keys[k]}={statistics.median(v):.3f}" for k, v in med.items()]
+    if prb is None:
+        lastline.append("plan_per_rank_b_ms=n/a")
+    print(" ".join(lastline) + f" range_table_s={statistics.median(rng_s):.3f}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Resubmission latency on the local Slurm cluster: epoch-end checkpoint -> first iteration of the next job.
+"""Resubmission latency on the local Slurm cluster: epoch-end decision -> first iteration of the next job,
+the old job's exit included.
 
     .venv/bin/python bench/resubmit_latency.py [--method submitit|sbatch] [--from a100:1,v100:2]
                                                [--to rtx2060:2] [--repeat N] [--json FILE]
@@ -13,13 +14,22 @@ to move it to --to. From the chain record (chain.jsonl) and sacct:
   started      start.time                  (ranks up, Horovod init, task built, checkpoint loaded)
   first it     restart.time                (the first iteration of the new job is done)
 
-  total_s      = first it - checkpoint     (= the restart event's overhead_s)
+  old exit     sacct End of the old job    (whole seconds, rounded UP: never flatters)
+
+  The epoch end runs: checkpoint, then the callbacks, then the epoch-end hook (the auto-scaler's
+  decision and the submission), so the checkpoint time is the start of the decision (a bound that
+  includes it, never later than it).
+
+  total_s      = max(first it, old exit) - checkpoint   (the old job still holds its GPUs until it exits)
+  first_it_s   = first it - checkpoint     (= the restart event's overhead_s)
   queue_wait_s = slurm start - submitted   (Slurm's part: scheduling, waiting for resources)
-  our_overhead_s = total_s - queue_wait_s  (submission, process start, imports, init, resume, 1st it)
+  our_overhead_s = total_s - queue_wait_s  (decision, submission, old exit, process start, imports, init,
+                                            resume, 1st it)
 
 The cluster is brought up when it is not (slurm/local/up.sh) and taken down again only if this run
-started it and no other session holds a lease on it. The last line is
-``our_overhead_s=... queue_wait_s=... total_s=...`` (the median over --repeat runs). Goal: ours <= 15 s.
+started it and no other session holds a lease on it. --repeat 3 by default; the last line is
+``our_overhead_s=... queue_wait_s=... total_s=... first_it_s=...`` (medians), the line before gives min/max.
+Goal: ours <= 15 s. A local Slurm cluster on a shared 2-core machine: the figures carry its load.
 """
 from __future__ import annotations
 
@@ -75,17 +85,24 @@ def one_run(cluster: LocalCluster, method: str, src: dict, dst: dict, k: int) ->
         start = next(e for e in ev if e["event"] == "start" and str(e["job_id"]) == j2)
         rst = next(e for e in ev if e["event"] == "restart" and str(e["job_id"]) == j2)
         end1 = next(e for e in ev if e["event"] == "end" and str(e["job_id"]) == str(move["from_job"]))
-        acct = {}
-        for _ in range(20):            # slurmdbd may record the start a moment later
-            acct = sacct_states([j2]).get(j2, {})
-            if _slurm_time(acct.get("Start")):
+        j1 = str(move["from_job"])
+        acct, acct1 = {}, {}
+        for _ in range(60):            # slurmdbd may record the start / end a moment later
+            both = sacct_states([j2, j1])
+            acct, acct1 = both.get(j2, {}), both.get(j1, {})
+            if _slurm_time(acct.get("Start")) and _slurm_time(acct1.get("End")):
                 break
             time.sleep(0.5)
         t_slurm = _slurm_time(acct.get("Start"))
         if t_slurm is None:
             raise RuntimeError(f"sacct gives no start for job {j2}: {acct}")
+        t_exit = _slurm_time(acct1.get("End"))
+        if t_exit is None:
+            raise RuntimeError(f"sacct gives no end for the old job {j1}: {acct1}")
+        t_exit += 1.0                  # whole seconds, truncated: round up
         ckpt = float(move["checkpoint_time"])
-        total = float(rst["time"]) - ckpt
+        first_it = float(rst["time"]) - ckpt
+        total = max(float(rst["time"]), t_exit) - ckpt
         # sacct's Start is truncated to the second: never let it fall before the submission
         queue = max(0.0, t_slurm - float(sub["time"]))
         out = {"method": method, "from": src, "to": dst, "jobs": res["jobs"],
@@ -94,6 +111,7 @@ def one_run(cluster: LocalCluster, method: str, src: dict, dst: dict, k: int) ->
                "slurm_start_to_started_s": float(start["time"]) - max(t_slurm, float(sub["time"])),
                "started_to_first_iteration_s": float(rst["time"]) - float(start["time"]),
                "old_job_end_event_after_checkpoint_s": float(end1["time"]) - ckpt,
+               "old_job_exit_after_checkpoint_s": t_exit - ckpt, "first_it_s": first_it,
                "total_s": total, "restart_event_overhead_s": float(rst["overhead_s"]),
                "our_overhead_s": total - queue}
         return out
@@ -119,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--method", choices=("submitit", "sbatch"), default="submitit")
     ap.add_argument("--from", dest="src", default="a100:1,v100:2", help="first mix (default a100:1,v100:2)")
     ap.add_argument("--to", dest="dst", default="rtx2060:2", help="mix the job moves to (default rtx2060:2)")
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", help="write every run's figures here")
     a = ap.parse_args(argv)
     src, dst = parse_mix(a.src), parse_mix(a.dst)
@@ -135,17 +153,20 @@ def main(argv=None) -> int:
             runs.append(r)
             print(f"run {k + 1}: jobs {' -> '.join(r['jobs'])} ({a.method}, {a.src} -> {a.dst})")
             for key in ("checkpoint_to_submitted_s", "queue_wait_s", "slurm_start_to_started_s",
-                        "started_to_first_iteration_s", "total_s", "our_overhead_s"):
+                        "started_to_first_iteration_s", "old_job_exit_after_checkpoint_s", "first_it_s",
+                        "total_s", "our_overhead_s"):
                 print(f"  {key:34s} {r[key]:7.2f}")
             print(f"  {'(old job end event after ckpt)':34s} {r['old_job_end_event_after_checkpoint_s']:7.2f}",
                   flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(runs, indent=1))
-    med = {k: statistics.median(r[k] for r in runs) for k in ("our_overhead_s", "queue_wait_s", "total_s")}
+    keys = ("our_overhead_s", "queue_wait_s", "total_s", "first_it_s")
+    med = {k: statistics.median(r[k] for r in runs) for k in keys}
     verdict = "within" if med["our_overhead_s"] <= GOAL_S else "ABOVE"
     print(f"median over {len(runs)} run(s): our part {verdict} the {GOAL_S:g} s goal")
-    print(f"our_overhead_s={med['our_overhead_s']:.2f} queue_wait_s={med['queue_wait_s']:.2f} "
-          f"total_s={med['total_s']:.2f}")
+    print(f"runs={len(runs)} (local Slurm on a shared 2-core machine) " + " ".join(
+        f"{k[:-2]}_min_s={min(r[k] for r in runs):.2f} {k[:-2]}_max_s={max(r[k] for r in runs):.2f}" for k in keys))
+    print(" ".join(f"{k}={med[k]:.2f}" for k in keys))
     return 0
 
 

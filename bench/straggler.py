@@ -7,8 +7,9 @@ What a user could do instead, side by side (order rotated every round):
              exact big-batch mean (about three lines of user code);
   fastest    the fastest GPU alone: rank 0 runs all of B (micro-batches of its memory cap if B does
              not fit), the others idle;
-  hpc_jabas  the Trainer with the exact planner (plan_batch, speeds declared as speed factors) on
-             the job's emulated perf model: whatever plan form the planner returns.
+  hpc_jabas  the Trainer with the exact planner (plan_batch(per_rank=True): each rank its own
+             micro-batch size; speeds declared as speed factors) on the job's emulated perf model;
+             --identical-b plans with one micro-batch size for all ranks (IIDP's rule) instead.
 The ideal is the fluid optimum: B / T*, T* the smallest makespan at which the ranks, each at its
 best allowed micro-batch size (at most its memory cap; fractional micro-batch counts allowed) and
 with no communication, hold B. No run can beat it: in time T a rank processes at most one call of
@@ -50,7 +51,9 @@ from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--iters", type=int, default=8)
+ap.add_argument("--identical-b", action="store_true", help="plan with one micro-batch size for all ranks (IIDP)")
 args = ap.parse_args()
+PER_RANK = not args.identical_b
 
 SPEEDS = [1.0, 0.5, 0.25]
 R = 3
@@ -152,7 +155,7 @@ def hpc_jabas(case):
 
     def planner(Bq, factors=None):
         f = [s * (factors[i] if factors else 1.0) for i, s in enumerate(SPEEDS)]
-        return plan_batch(Bq, types, pm, speed_factors=f)
+        return plan_batch(Bq, types, pm, speed_factors=f, per_rank=PER_RANK)
     m = model()
     cfg = JobConfig(batch=B, planner="optimal", emulate=True, gpu_types=types, emulate_base_s=base,
                     emulate_per_sample_s=per, checkpoint=False, run_dir=f"/tmp/hj-bench-straggler-{rank}",
