@@ -147,5 +147,32 @@ def test_periodic_checkpoint_resume_inside_epoch_is_exact(tmp_path):
         assert_params_close(r["params"], ref, rel=1e-6)
 
 
+# ---- drained nodes are not free ------------------------------------------------------------------------
+def test_held_gpus_on_drained_nodes_are_not_available():
+    """The job holds both v100 GPUs of gpuv1 and gpuv2 (a hetjob a100:1 + v100:2); the auto-scaler may
+    count them for the next mix only while their nodes can take a job. Drained (MIXED+DRAIN), down or
+    draining: not counted; the a100 node's idle GPU stays free."""
+    from test_cluster import _node, _part
+
+    from hpc_jabas.slurm.cluster import available_gpus, build_view, job_nodes, parse_duration
+
+    def view(v_state):
+        nodes = [_node("gpua1", "gpu:a100:2", "MIXED", "a100", "cpu=1,gres/gpu=1"),
+                 _node("gpuv1", "gpu:v100:2", v_state, "v100", "cpu=1,gres/gpu=1"),
+                 _node("gpuv2", "gpu:v100:2", v_state, "v100", "cpu=1,gres/gpu=1")]
+        return build_view(nodes, [_part("a100", "gpua1"), _part("v100", "gpuv[1-2]")])
+    env = {"SLURM_JOB_NODELIST_HET_GROUP_0": "gpua1", "SLURM_JOB_NODELIST_HET_GROUP_1": "gpuv[1-2]"}
+    assert job_nodes(env) == ["gpua1", "gpuv1", "gpuv2"]
+    held = {"a100": 1, "v100": 2}
+    assert available_gpus(view("MIXED"), held, job_nodes(env)) == {"a100": 2, "v100": 4}
+    for bad in ("MIXED+DRAIN", "DOWN*", "MIXED+DRAIN+NOT_RESPONDING", "ALLOCATED+DRAIN"):
+        v = view(bad)
+        assert v.free == {"a100": 1, "v100": 0}, bad
+        assert available_gpus(v, held, job_nodes(env)) == {"a100": 2, "v100": 0}, bad
+        assert available_gpus(v, held) == {"a100": 2, "v100": 0}, bad        # without the job's node list
+    assert [parse_duration(t) for t in ("1-02:03:04", "10:00", "45", "UNLIMITED", "")] == [93784.0, 600.0, 45.0,
+                                                                                           None, None]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

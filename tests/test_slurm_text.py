@@ -61,10 +61,11 @@ def test_render_one_partition_job(tmp_path, monkeypatch):
     got = sbatch.render_sbatch(spec, comps, c / "jobs" / "1.json", c / "jobs" / "1-%j.out").splitlines()
     assert got == ["#!/bin/bash", f"# hpc-jabas chain {c}: mix rtx2060:2",
                    "#SBATCH --job-name=hpc-jabas", f"#SBATCH --output={c}/jobs/1-%j.out", f"#SBATCH --chdir={c}",
+                   "#SBATCH --signal=B:USR1@60",
                    "#SBATCH --partition=rtx2060 --nodes=1 --ntasks=2 --mem=1024M --gres=gpu:rtx2060:2 --time=30 "
                    "--account=proj",
-                   *_setup(c),
-                   f"srun --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m hpc_jabas.runtime.launch {c}/jobs/1.json"]
+                   *_setup(c), *sbatch.HJ_TRAPS.splitlines(),
+                   f"hj_srun srun --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m hpc_jabas.runtime.launch {c}/jobs/1.json"]
 
 
 def test_render_two_component_hetjob(tmp_path, monkeypatch):
@@ -75,12 +76,14 @@ def test_render_two_component_hetjob(tmp_path, monkeypatch):
     # sorted partition order; 3 v100 GPUs need both 2-GPU nodes: one GPU per task, 2 tasks per node's memory
     assert comps == [Component("a100", 1, 1, "a100", 512), Component("v100", 3, 2, "v100", 1024)]
     got = sbatch.render_sbatch(spec, comps, c / "jobs" / "2.json", c / "jobs" / "2-%j.out").splitlines()
+    assert got[5] == "#SBATCH --signal=B:USR1@60"
+    got = got[:5] + got[6:]
     assert got[5:10] == ["#SBATCH --partition=a100 --nodes=1 --ntasks=1 --mem=512M --gres=gpu:a100:1 --time=60",
                          "#SBATCH --constraint=fast",
                          "#SBATCH hetjob",
                          "#SBATCH --partition=v100 --nodes=2 --ntasks=3 --mem=1024M --gpus-per-task=v100:1 --time=60",
                          "#SBATCH --constraint=fast"]
-    assert got[10:-1] == _setup(c)
+    assert got[10:-1] == _setup(c) + sbatch.HJ_TRAPS.splitlines()
     assert got[-1] == (f"hj_srun srun --het-group=0,1 --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m "
                        f"hpc_jabas.runtime.launch {c}/jobs/2.json")
     # every #SBATCH line comes before the first command (sbatch stops reading directives there)

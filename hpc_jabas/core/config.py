@@ -132,6 +132,8 @@ class OutputConfig:
     checkpoint_every: int | None = key(None, "also checkpoint inside an epoch every N iterations", lo=1, shown="off",
                                        metavar="N")
     checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
+    resume_finished: bool = key(False, "resume a run_dir whose checkpoint already finished the epochs (else: "
+                                "stop with a message and exit code 2)")
                                            lo=0.0, lo_open=True, shown="off", metavar="T")
 
 
@@ -275,6 +277,7 @@ class JobConfig:
     checkpoint_minutes = _Flat[float | None]()
     time_min = _Flat[int]()
     signal_lead_s = _Flat[int]()
+    resume_finished = _Flat[bool]()
     max_timeouts = _Flat[int]()
 
     def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:

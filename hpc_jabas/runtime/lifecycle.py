@@ -8,7 +8,7 @@ the same MoveDecision. Rank 0:
      happened (forecast error, into the metrics);
   2. forecasts the next epoch's B trajectory (forecast.py) from the controller's decisions;
   3. reads the cluster (cluster.py): GPU partitions, their types, free GPUs (plus the GPUs
-     this job holds), billing weights;
+     this job holds on nodes that are not drained or down), billing weights;
   4. prices every candidate mix (autoscale.py) with the planner + perf model over the forecast
      trajectory, with the restart overhead measured on this chain (prior before the first);
   5. records candidates, choice and reason; on a move (``act``) submits the next job onto the new
@@ -124,9 +124,9 @@ class EpochEndAutoscaler(EpochEndHook):
         # 2. the cluster now
         view = (self.read_cluster or _read_cluster)(cfg.partition_types)
         types = view.types
-        free = dict(view.free)
-        for part, n in self.mix.items():          # what this job holds comes back when it moves
-            free[part] = free.get(part, 0) + n
+        # what this job holds comes back when it moves, but only on nodes that are not drained or down
+        from hpc_jabas.slurm.cluster import available_gpus, job_nodes
+        free = available_gpus(view, self.mix, job_nodes())
         cands = autoscale.enumerate_mixes(free, types, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
                                           allowed=cfg.allowed, max_partitions=cfg.max_partitions)
         model = job_perf_model(jc, types.values())

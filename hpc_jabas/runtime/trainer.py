@@ -25,7 +25,7 @@ import torch
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.plan import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import CheckpointError, ConfigError
 from hpc_jabas.log import get_logger
@@ -109,6 +109,8 @@ class Trainer:
         self.lr_scale = 1.0
         self.gpu_types = gpu_types or self._gpu_types()
         self._perf_model: Any = None          # built on first use (perf_model())
+        self.identical_b = True               # set by _default_planner: one b on every rank, or per-rank b
+        self.declared_speed_factors: list[float] | None = None   # cfg.speeds vs the perf model (optimal)
         self.emulator = self._emulator()
         self.planner_fn = planner_fn or self._default_planner()
         self.B = self.cfg.batch
@@ -185,30 +187,42 @@ class Trainer:
 
     def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
         cfg = self.cfg
+        self.identical_b = self._identical_b()
         if cfg.planner == "fixed":
             assert cfg.plan, "JobConfig.validate() requires a plan for planner='fixed'"
+            if cfg.speeds and not cfg.emulate:
+                raise ConfigError(f"speeds={cfg.speeds} are not used by planner='fixed' (its plan is given); "
+                                  "drop speeds, or use planner='optimal' or 'lbbsp'")
             fixed = Plan.parse(cfg.plan)
 
             def fixed_plan(B: int, factors: list[float] | None = None) -> Plan:
                 return fixed
             return fixed_plan
+        model = self.perf_model()
+        types = self.gpu_types
+        identical = self.identical_b
         if cfg.planner == "lbbsp":
             from hpc_jabas.core import gpus
-            from hpc_jabas.core.plan import proportional_plan
-            base = cfg.speeds or [gpus.get(g).relative_speed for g in self.gpu_types]
+            from hpc_jabas.core.plan import proportional_plan, proportional_samples_plan
+            base = cfg.speeds or [gpus.get(g).relative_speed for g in types]
             b = cfg.micro_batch or 1
+            caps = [model.profile(g).max_b for g in types]
 
             def lbbsp(B, factors=None):
                 sp = [s * (factors[i] if factors else 1.0) for i, s in enumerate(base)]
-                return proportional_plan(B, b, sp)
+                return proportional_plan(B, b, sp) if identical else proportional_samples_plan(B, sp, caps)
             return lbbsp
+        from hpc_jabas.core.perfmodel import declared_speed_factors
         from hpc_jabas.core.planner import plan_batch
-        model = self.perf_model()
         cands = [cfg.micro_batch] if cfg.micro_batch else None
-        types = self.gpu_types
+        declared = declared_speed_factors(cfg.speeds, types, model)
+        self.declared_speed_factors = declared
 
         def optimal(B: int, factors: list[float] | None = None) -> Plan:
-            return plan_batch(B, types, model, b_candidates=cands, speed_factors=factors)
+            sf = factors
+            if declared is not None:
+                sf = [d * (factors[i] if factors else 1.0) for i, d in enumerate(declared)]
+            return plan_batch(B, types, model, b_candidates=cands, speed_factors=sf, per_rank=not identical)
         return optimal
 
     def _initial_plan(self) -> Plan:
@@ -254,7 +268,7 @@ class Trainer:
         if measure and ib.total != self.B:
             measure = False  # no statistics on the shrunk epoch tail
         self.opt.begin(len(mine), ib.total, measure=measure,
-                       first_global_microbatch=ib.plan.first_microbatch(self.rank), b=ib.plan.b)
+                       halves=half_split(ib.plan)[self.rank] if measure else None)
         self.model.train()
         compute = emu_wait = 0.0
         loss_acc: torch.Tensor | None = None
@@ -276,7 +290,7 @@ class Trainer:
         self.opt.step(lr_scale=self.lr_scale)
         t_end = time.perf_counter()
         rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
-               "plan": str(ib.plan), "b": ib.plan.b,
+               "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
                "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
                "loss_sum": loss_sum, "lr_scale": self.lr_scale,

@@ -18,6 +18,7 @@ node: ``SLURMD_NODENAME`` in ``SLURM_JOB_NODELIST_HET_GROUP_<k>``.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -307,3 +308,71 @@ def rank_gpu_type(env: Mapping[str, str] | None = None,
     raise ConfigError(f"cannot tell the GPU type of this rank: partition {part!r} on node {node!r} is no GPU type "
                       f"and the node shows no typed GPU of the catalog; pass partition_types="
                       f"{{{part or '<partition>'!r}: '<type>'}}; known types: {', '.join(gpus.known())}")
+
+
+# ---- GPUs a job could move onto; this job's own allocation and clock -----------------------------
+def available_gpus(view: ClusterView, held: Mapping[str, int],
+                   job_nodes: Iterable[str] | None = None) -> dict[str, int]:
+    """partition -> GPUs a next job could get: the free ones plus those this job holds (``held``: partition ->
+    GPUs), counted only on nodes that can take a job (not drained, draining, down, ...) of partitions that
+    are up. ``job_nodes``: this job's nodes (:func:`job_nodes`); without them, at most the GPUs in use on the
+    partition's usable nodes. A stand-in view without partitions (tests) adds ``held`` as it is."""
+    out = dict(view.free)
+    parts = getattr(view, "partitions", None)
+    mine = set(job_nodes or ())
+    for part, n in held.items():
+        if parts is None:
+            out[part] = out.get(part, 0) + int(n)
+            continue
+        pv = parts.get(part)
+        if pv is None or part not in out or pv.state != "up":
+            continue
+        usable = [view.nodes[x] for x in pv.nodes if x in view.nodes and view.nodes[x].usable]
+        cap = sum(nd.gpus_total for nd in usable if nd.name in mine) if mine else sum(nd.gpus_used for nd in usable)
+        out[part] += min(int(n), cap)
+    return out
+
+
+def job_nodes(env: Mapping[str, str] | None = None) -> list[str]:
+    """The nodes of the current job (every component of a heterogeneous job), from its environment."""
+    env = os.environ if env is None else env
+    het = ("SLURM_JOB_NODELIST_HET_GROUP_", "SLURM_JOB_NODELIST_PACK_GROUP_")
+    lists = [v for k, v in env.items() if k.startswith(het)]
+    lists = lists or [env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""]
+    return sorted({n for nl in lists for n in expand_hostlist(nl)})
+
+
+def parse_duration(text: str) -> float | None:
+    """squeue's time format ('[D-]HH:MM:SS', 'MM:SS', 'SS') -> seconds; None for UNLIMITED, NOT_SET, INVALID."""
+    t = (text or "").strip()
+    days = 0
+    if "-" in t:
+        d, _, t = t.partition("-")
+        if not d.isdigit():
+            return None
+        days = int(d)
+    parts = t.split(":")
+    if not t or not all(p.isdigit() for p in parts) or len(parts) > 3:
+        return None
+    secs = 0
+    for p in parts:
+        secs = secs * 60 + int(p)
+    return float(days * 86400 + secs)
+
+
+def job_clock(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, float | None]:
+    """{"time_left_s", "start"} of a job from squeue (start: epoch seconds of its current run); Nones when
+    Slurm does not say."""
+    out: dict[str, float | None] = {"time_left_s": None, "start": None}
+    try:
+        text = proc.run(["squeue", "-h", "-j", str(job_id), "-o", "%L|%S"], env, timeout=15)
+    except SlurmError:
+        return out
+    line = (text.strip().splitlines() or [""])[0]
+    left, _, start = line.partition("|")
+    out["time_left_s"] = parse_duration(left)
+    try:
+        out["start"] = time.mktime(time.strptime(start.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        pass
+    return out

@@ -7,7 +7,8 @@ assumes), started with ``srun --het-group=0,..,k`` so that one MPI/Horovod world
 Per component: ``--partition``, ``--ntasks`` = GPUs (one rank per GPU), the partition's typed GPUs
 (``--gres=gpu:<type>:<n>`` on one node; ``--nodes=N --gpus-per-task=<type>:1`` when the count needs
 more GPUs than one node of the partition holds), ``--mem`` (so that jobs share nodes). Options of
-``spec.extra`` read here: ``mem_per_task_mb``, ``time_min``, ``account``, ``qos``, ``sbatch_args``.
+``spec.extra`` read here: ``mem_per_task_mb``, ``account``, ``qos``, ``sbatch_args``, and the [slurm] keys
+``time_min``, ``signal_lead_s``, ``max_timeouts`` (:func:`slurm_option`: extra, else the job's config).
 """
 from __future__ import annotations
 
@@ -110,9 +111,21 @@ def extra(spec: JobSpec, key: str, default: Any = None) -> Any:
     return (spec.extra or {}).get(key, default)
 
 
+def slurm_option(spec: JobSpec, key: str) -> int:
+    """A [slurm] key of the job (time_min, signal_lead_s, max_timeouts): ``spec.extra`` (the submit
+    command's flags) first, then the job's config (any table), then the key's default."""
+    from hpc_jabas.core.config import SlurmJobConfig, flatten
+    if extra(spec, key) is not None:
+        return int(extra(spec, key))
+    flat, _ = flatten(spec.config or {})
+    if flat.get(key) is not None:
+        return int(flat[key])
+    return int(getattr(SlurmJobConfig(), key))
+
+
 def per_component_options(spec: JobSpec) -> dict[str, str]:
     """Options each component of a heterogeneous job needs for itself (time, account, qos)."""
-    o = {"time": str(int(extra(spec, "time_min", DEFAULT_TIME_MIN)))}
+    o = {"time": str(slurm_option(spec, "time_min"))}
     for k in ("account", "qos"):
         if extra(spec, k):
             o[k] = str(extra(spec, k))

@@ -24,9 +24,13 @@ Two methods:
   <python> -u -m hpc_jabas.runtime.launch <chain_dir>/jobs/<n>.json``, submitted with
   ``sbatch --parsable``; its output goes to ``<chain_dir>/jobs/<n>-<jobid>.out``.
 
-Optional ``spec.extra`` keys: ``mem_per_task_mb`` (512), ``time_min`` (60), ``job_name``
-("hpc-jabas"), ``account``, ``qos``, ``signal_delay_s`` (60), ``sbatch_args`` (list of extra
-``--flag=value`` strings, every component).
+Optional ``spec.extra`` keys: ``mem_per_task_mb`` (512), ``job_name`` ("hpc-jabas"), ``account``, ``qos``,
+``sbatch_args`` (list of extra ``--flag=value`` strings, every component), and the [slurm] keys ``time_min``,
+``signal_lead_s``, ``max_timeouts`` (else the job config's: :func:`~hpc_jabas.slurm.components.slurm_option`).
+
+Preemption and time limits: a job told to stop (USR1/USR2/TERM) checkpoints at the next safe point
+(runtime/safepoint.py); a submitit job then requeues through submitit (``EntryPoint.checkpoint``, at most
+``max_timeouts`` time-outs), a method-"sbatch" job submits its successor (runtime/launch.py).
 """
 from __future__ import annotations
 
@@ -52,12 +56,12 @@ from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.components import (
     DEFAULT_MEM_PER_TASK_MB,
-    DEFAULT_TIME_MIN,
     Component,
     components,
     extra,
     extra_args,
     partition_view,
+    slurm_option,
 )
 from hpc_jabas.slurm.sbatch import (
     JOB_ENTRY,
@@ -84,6 +88,12 @@ class EntryPoint:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return load_callable(self.target, "job entry", JOB_ENTRY)(*args, **kwargs)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """submitit's requeue: the job entry again, with the same spec. Called by rank 0 once every rank
+        has checkpointed at a safe point (runtime/launch.py), never inside a signal handler: the run
+        resumes from that checkpoint."""
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
 
 def run_sbatch(script: str | Path, env: Mapping[str, str], extra_args: list[str] | None = None) -> str:
@@ -134,8 +144,8 @@ class JabasSlurmExecutor(submitit.SlurmExecutor):
     component). Everything else is set through ``update_parameters``: see :func:`make_executor`."""
 
     def __init__(self, folder: str | Path, *, num_tasks: int, env: Mapping[str, str] | None = None,
-                 python: str | None = None) -> None:
-        super().__init__(folder, max_num_timeout=0, python=python)
+                 python: str | None = None, max_num_timeout: int = 3) -> None:
+        super().__init__(folder, max_num_timeout=max_num_timeout, python=python)
         self.num_tasks = int(num_tasks)
         self.submit_env = submission_env() if env is None else dict(env)
 
@@ -171,7 +181,8 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
     het = len(comps) > 1
     if het:
         python = het_srun_python(comps, python, folder)
-    ex = JabasSlurmExecutor(folder, num_tasks=sum(c.ntasks for c in comps), env=env, python=python)
+    ex = JabasSlurmExecutor(folder, num_tasks=sum(c.ntasks for c in comps), env=env, python=python,
+                            max_num_timeout=slurm_option(spec, "max_timeouts"))
     c0 = comps[0]
     add: dict[str, object] = {"chdir": str(workdir(spec))}
     for k in ("account", "qos"):
@@ -182,7 +193,8 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
         add[k] = v if v else True
     params: dict[str, Any] = dict(
         partition=c0.partition, mem=f"{c0.mem_mb}M", nodes=c0.nodes,
-        signal_delay_s=int(extra(spec, "signal_delay_s", 60)), time=int(extra(spec, "time_min", DEFAULT_TIME_MIN)),
+        signal_delay_s=int(extra(spec, "signal_delay_s", slurm_option(spec, "signal_lead_s"))),
+        time=slurm_option(spec, "time_min"),
         job_name=str(extra(spec, "job_name", "hpc-jabas")),
         setup=(het_block(spec, comps[1:]) if het else []) + setup_lines(spec))
     if het:

@@ -1,7 +1,8 @@
 """The job scripts hpc-jabas writes, pure text: nothing here runs a command.
 
 * :func:`render_sbatch`: the job script of method "sbatch": ``#SBATCH`` blocks (``#SBATCH hetjob``
-  between components), the set-up lines, and ``srun [--het-group=0,..,k] --mpi=pmix <python> -u -m
+  between components, ``--signal=B:USR1@<signal_lead_s>``), the set-up lines, the signal traps
+  (:data:`HJ_TRAPS`), and ``hj_srun srun [--het-group=0,..,k] --mpi=pmix <python> -u -m
   hpc_jabas.runtime.launch SPEC.json``.
 * :func:`het_block` and :func:`het_srun_python`: what method "submitit" adds to submitit's own script
   for a heterogeneous job (components 1..k, and the srun line of the het step).
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.slurm.components import Component, extra, extra_args, het_groups, per_component_options
+from hpc_jabas.slurm.components import Component, extra, extra_args, het_groups, per_component_options, slurm_option
 
 METHODS = ("submitit", "sbatch")
 ROOT = Path(__file__).resolve().parents[2]        # the directory holding the hpc_jabas package
@@ -121,6 +122,17 @@ HJ_SRUN = r"""hj_srun() {
 }"""
 
 
+#: The batch shell of a method-"sbatch" job: Slurm's ``--signal=B:USR1@<lead>`` (time limit) reaches only the
+#: batch shell, which passes it on to every rank (``scancel --signal`` reaches the steps, not the batch shell:
+#: no loop); a TERM (preemption, scancel) reaches the steps from Slurm itself, and the trap keeps the shell
+#: alive meanwhile so that the ranks can checkpoint. The srun runs in the background (``hj_srun``): bash runs a
+#: trap only between commands.
+HJ_TRAPS = r"""hj_forward() { scancel --signal="$1" "$SLURM_JOB_ID" >/dev/null 2>&1 || true; }
+trap 'hj_forward USR1' USR1
+trap 'hj_forward USR2' USR2
+trap 'hj_forward TERM' TERM"""
+
+
 def setup_lines(spec: JobSpec) -> list[str]:
     """Shell lines every job script runs before its srun (environment, the hj_srun function)."""
     pp = ":".join(shlex.quote(p) for p in job_pythonpath(spec))
@@ -159,12 +171,13 @@ def render_sbatch(spec: JobSpec, comps: list[Component], spec_path: str | Path, 
     lines.append(f"#SBATCH --job-name={shlex.quote(str(extra(spec, 'job_name', 'hpc-jabas')))}")
     lines.append(f"#SBATCH --output={shlex.quote(str(output))}")
     lines.append(f"#SBATCH --chdir={shlex.quote(str(workdir(spec)))}")
+    lines.append(f"#SBATCH --signal=B:USR1@{slurm_option(spec, 'signal_lead_s')}")
     lines += component_lines(spec, comps[0]) + het_block(spec, comps[1:])
-    lines += setup_lines(spec)
+    lines += setup_lines(spec) + HJ_TRAPS.splitlines()
     het = [f"--het-group={het_groups(comps)}"] if len(comps) > 1 else []
     srun = ["srun", *het, *SRUN_ARGS, spec.python or sys.executable, "-u", "-m",
             JOB_ENTRY.partition(":")[0], str(spec_path)]
-    lines.append(("hj_srun " if het else "") + shlex.join(srun))
+    lines.append("hj_srun " + shlex.join(srun))
     return "\n".join(lines) + "\n"
 
 
