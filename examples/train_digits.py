@@ -4,7 +4,7 @@ A plain single-GPU PyTorch script; the lines marked  # hpc-jabas  are all it tak
 (7 lines) to run it as weighted heterogeneous data parallelism with adaptive batching:
 
     mpirun --oversubscribe -np 3 .venv/bin/python examples/train_digits.py \\
-        --emulate --gpu-types v100,p100,rtx2060 --batch 128 --epochs 10
+        --emulate --gpu-types v100,p100,rtx2060 --batch 128 --epochs 10 --run-dir runs/digits-10
 """
 import argparse
 import json
@@ -15,6 +15,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 import hpc_jabas  # hpc-jabas
+from hpc_jabas.log import add_verbosity_flags, configure_from_args
 
 
 def make_data(seed=0):
@@ -50,8 +51,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--summary", help="write a JSON summary here (rank 0)")
+    add_verbosity_flags(ap)            # -q/--quiet (no progress bar, warnings only), -v/--verbose
     hpc_jabas.add_arguments(ap)                                     # hpc-jabas
     args = ap.parse_args(argv)
+    configure_from_args(args)
     torch.manual_seed(0)
     train, test = make_data()
     model = make_model()

@@ -12,7 +12,50 @@ import os
 import sys
 
 ROOT = "hpc_jabas"
-_state = {"rank": 0, "configured": False}
+_state: dict = {"rank": 0, "configured": False, "console": None}
+
+
+class LineHandler(logging.Handler):
+    """Writes each record to (the current) ``sys.stderr`` as whole lines in ONE ``write(2)`` call, so the
+    lines of several ranks sharing a pipe (mpirun, srun) never run into each other mid-line; the lines
+    after the first of a multi-line record (a traceback) carry the same ``hpc-jabas[rank]`` prefix.
+    While a progress bar is on screen, :func:`set_console_writer`'s writer prints the line instead."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            prefix = f"hpc-jabas[{getattr(record, 'rank', _state['rank'])}] "
+            lines = text.splitlines() or [""]
+            line = "\n".join([lines[0]] + [prefix + "  " + ln for ln in lines[1:]]) + "\n"
+            console = _state["console"]
+            if console is not None:
+                console(line.rstrip("\n"))
+                return
+            write_line(line, sys.stderr)
+        except Exception:
+            self.handleError(record)
+
+
+def write_line(line: str, stream=None) -> None:
+    """``line`` (ending in a newline) to ``stream`` (default stderr) in one system call where it has a
+    file descriptor (Python's own buffer is flushed first, so the order holds); else one ``write``."""
+    stream = stream or sys.stderr
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        stream.write(line)
+        stream.flush()
+        return
+    stream.flush()
+    data = line.encode(getattr(stream, "encoding", None) or "utf-8", errors="replace")
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def set_console_writer(writer) -> None:
+    """Route log lines through ``writer(line)`` (e.g. ``tqdm.write``, which keeps a bar intact); None: back
+    to one write per line on stderr."""
+    _state["console"] = writer
 
 
 class RankFilter(logging.Filter):
@@ -52,7 +95,7 @@ def configure(level: str | int | None = None, all_ranks: bool | None = None) -> 
     root = logging.getLogger(ROOT)
     for h in list(root.handlers):
         root.removeHandler(h)
-    h = logging.StreamHandler(sys.stderr)
+    h = LineHandler()
     h.setFormatter(logging.Formatter("hpc-jabas[%(rank)s] %(levelname)s: %(message)s"))
     h.addFilter(RankFilter(all_ranks=all_ranks))
     root.addHandler(h)

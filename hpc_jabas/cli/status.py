@@ -1,31 +1,100 @@
-"""`hpc-jabas status CHAIN_DIR`: the jobs of a resubmission chain and where it stands.
+"""`hpc-jabas status CHAIN_DIR`: the chains of a chain directory, their jobs and where each stands.
 
-One row per job (chain.summarize): id, method, mix, epochs, wall time, cost, our state and, when
-Slurm is reachable, sacct's state; then totals (wall, cost, restart overheads) and the current
-state of the chain. ``--json`` prints the same as one JSON object.
+A chain is a first job and the jobs its epoch-end moves started; jobs not linked by a move (two
+``sbatch`` by hand with the same chain_dir) are separate chains (watch.split_chains). One row per
+job: id, method, mix, ranks, epochs, ``elapsed_s`` (Slurm's elapsed time from sacct: queue-free wall
+time of the allocation, start-up, Horovod init, checkpoints, exit), ``train_s`` (the trainer's own
+time, from the chain log), cost, our state and sacct's state; then the chain's totals and current
+state, and for a running chain its progress (epoch k of E, samples/s, ETA; from the run directory's
+progress.json). ``--json`` prints the same as one JSON object.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 from hpc_jabas.errors import ConfigError, JabasError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("status", help="show a resubmission chain: jobs, mixes, epochs, wall time, cost",
-                              description="Show the jobs of a chain directory (chain.jsonl) with Slurm's view.")
+    p = subparsers.add_parser("status", help="show a chain directory: chains, jobs, mixes, epochs, elapsed time, "
+                              "cost, progress", description="Show the chains of a chain directory (chain.jsonl) "
+                              "with Slurm's view (sacct) and, for a running chain, its progress.")
     p.add_argument("chain_dir", metavar="CHAIN_DIR", help="the chain directory ([job] chain_dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--no-sacct", action="store_true", help="do not ask Slurm")
+    p.add_argument("--no-sacct", action="store_true", help="do not ask Slurm (elapsed_s then unknown)")
+    p.add_argument("--wait", type=float, metavar="S",
+                   help="first wait up to S seconds until every chain in CHAIN_DIR has finished or stopped (the "
+                        "directory may not exist yet: a job submitted by hand writes it when it starts); "
+                        "exit 1 when a chain did not finish")
     p.set_defaults(func=run)
     return p
 
 
+def _current(last: dict | None) -> str:
+    if last is None:
+        return "unknown"
+    st, sl = last.get("state"), last.get("slurm")
+    from hpc_jabas.slurm.watch import is_terminal
+    if st == "finished":
+        return f"finished (job {last['job_id']}, epoch {last.get('epochs')})"
+    if sl and is_terminal(sl) and st in ("submitted", "running"):
+        return f"stopped: job {last['job_id']} is {sl} in Slurm without finishing the training"
+    if st == "submitted":
+        return f"waiting: job {last['job_id']} submitted" + (f", {sl} in Slurm" if sl else "")
+    if st == "running":
+        return f"running: job {last['job_id']} from epoch {last.get('start_epoch')}"
+    if st == "moved":
+        return f"moving: job {last['job_id']} moved to job {last.get('next')}"
+    return str(st)
+
+
+def _progress(chain_dir: Path, last: dict | None, now: float) -> dict | None:
+    """The running job's progress.json (written by rank 0 every few seconds), if it is that job's."""
+    if last is None or last.get("state") != "running":
+        return None
+    from hpc_jabas.runtime.progress import read
+    p = read(chain_dir / "run")
+    if p is None or str(p.get("job_id")) != str(last["job_id"]):
+        return None
+    p["age_s"] = max(0.0, now - float(p.get("time", now)))
+    return p
+
+
+def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now: float) -> dict[str, Any]:
+    from hpc_jabas.slurm import chain as chainlog
+    mine = set(ids)
+    evs = [e for e in events if str(e.get("job_id") if e.get("job_id") is not None else e.get("from_job")) in mine]
+    rows = chainlog.summarize(evs)
+    methods = {str(e.get("job_id")): e.get("method") for e in evs if e["event"] == "submit"}
+    restarts = {str(e.get("job_id")): e for e in evs if e["event"] == "restart"}
+    for r in rows:
+        r["method"] = methods.get(r["job_id"], "by hand")
+        rs = restarts.get(r["job_id"])
+        if rs:
+            r["restart_overhead_s"] = rs.get("overhead_s")
+        s = slurm.get(r["job_id"])
+        r["slurm"] = s["State"] if s else None
+        r["elapsed_s"] = float(s["ElapsedRaw"]) if s and s.get("ElapsedRaw") is not None else None
+        r["train_s"] = r.get("wall_s")
+        r["wall_s"] = r["elapsed_s"] if r["elapsed_s"] is not None else r["train_s"]
+    last = rows[-1] if rows else None
+    ovh = [e.get("overhead_s") for e in evs if e["event"] == "restart" and e.get("overhead_s") is not None]
+    return {"jobs": rows, "current": _current(last), "progress": _progress(chain_dir, last, now),
+            "total_elapsed_s": (sum(r["elapsed_s"] for r in rows if r["elapsed_s"] is not None)
+                                if any(r["elapsed_s"] is not None for r in rows) else None),
+            "total_train_s": sum(r["train_s"] or 0.0 for r in rows),
+            "total_cost": sum(r["cost"] or 0.0 for r in rows), "restarts": len(ovh), "restart_overhead_s": ovh,
+            "moves": sum(1 for e in evs if e["event"] == "move"),
+            "ended_jobs": sum(1 for e in evs if e["event"] == "end")}
+
+
 def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
     from hpc_jabas.slurm import chain as chainlog
-    from hpc_jabas.slurm.watch import is_terminal
+    from hpc_jabas.slurm.watch import split_chains
     d = Path(chain_dir)
     if not d.is_dir():
         raise ConfigError(f"chain directory {str(chain_dir)!r} does not exist")
@@ -33,47 +102,25 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
     if not events:
         raise ConfigError(f"{str(chain_dir)!r} holds no chain (no events in {chainlog.path(d)}); "
                           "give the chain_dir of a submitted job")
-    rows = chainlog.summarize(events)
-    methods = {str(e.get("job_id")): e.get("method") for e in events if e["event"] == "submit"}
-    restarts = {str(e.get("job_id")): e for e in events if e["event"] == "restart"}
-    for r in rows:
-        r["method"] = methods.get(r["job_id"], "by hand")
-        rs = restarts.get(r["job_id"])
-        if rs:
-            r["restart_overhead_s"] = rs.get("overhead_s")
-    slurm, slurm_error = {}, None
+    groups = split_chains(events)
+    slurm: dict = {}
+    slurm_error = None
     if use_sacct:
         from hpc_jabas.slurm.watch import sacct_states
         try:
-            slurm = sacct_states([r["job_id"] for r in rows if r["job_id"].isdigit()])
+            slurm = sacct_states([j for g in groups for j in g if j.isdigit()])
         except JabasError as e:
             slurm_error = str(e)
-    for r in rows:
-        s = slurm.get(r["job_id"])
-        r["slurm"] = s["State"] if s else None
-    last = rows[-1] if rows else None
-    ends = [e for e in events if e["event"] == "end"]
-    current = "unknown"
-    if last is not None:
-        st, sl = last.get("state"), last.get("slurm")
-        if st == "finished":
-            current = f"finished (job {last['job_id']}, epoch {last.get('epochs')})"
-        elif sl and is_terminal(sl) and st in ("submitted", "running"):
-            current = f"stopped: job {last['job_id']} is {sl} in Slurm without finishing the training"
-        elif st == "submitted":
-            current = f"waiting: job {last['job_id']} submitted" + (f", {sl} in Slurm" if sl else "")
-        elif st == "running":
-            current = f"running: job {last['job_id']} from epoch {last.get('start_epoch')}"
-        elif st == "moved":
-            current = f"moving: job {last['job_id']} moved to job {last.get('next')}"
-        else:
-            current = str(st)
-    total_wall = sum(r["wall_s"] or 0.0 for r in rows)
-    total_cost = sum(r["cost"] or 0.0 for r in rows)
-    ovh = [e.get("overhead_s") for e in events if e["event"] == "restart" and e.get("overhead_s") is not None]
-    return {"chain_dir": str(d.resolve()), "jobs": rows, "current": current, "total_wall_s": total_wall,
-            "total_cost": total_cost, "restarts": len(ovh), "restart_overhead_s": ovh,
-            "moves": sum(1 for e in events if e["event"] == "move"), "ended_jobs": len(ends),
+    now = time.time()
+    chains = [_chain(events, g, d, slurm, now) for g in groups]
+    jobs = [r for c in chains for r in c["jobs"]]
+    return {"chain_dir": str(d.resolve()), "chains": chains, "jobs": jobs,
+            "current": chains[-1]["current"] if chains else "unknown",
+            "total_wall_s": sum(r["wall_s"] or 0.0 for r in jobs),
+            "total_elapsed_s": sum(c["total_elapsed_s"] or 0.0 for c in chains),
+            "total_train_s": sum(c["total_train_s"] for c in chains),
+            "total_cost": sum(c["total_cost"] for c in chains),
+            "restarts": sum(c["restarts"] for c in chains), "moves": sum(c["moves"] for c in chains),
             "slurm_error": slurm_error}
 
 
@@ -81,35 +128,90 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def render(st: dict) -> str:
+def progress_line(p: dict) -> str:
+    k, e = int(p.get("epoch", 0)), int(p.get("epochs", 0))
+    frac = (p.get("samples_done", 0) / p["samples_total"]) if p.get("samples_total") else None
+    out = f"progress: epoch {min(k + 1, e)} of {e}, iteration {p.get('iteration')}, B={p.get('B')}"
+    if frac is not None:
+        out += f", {frac:.0%} of the samples"
+    if p.get("samples_per_s"):
+        out += f", {p['samples_per_s']:.0f} samples/s"
+    out += f", ETA {_fmt(p.get('eta_s'), '.0f')} s" if p.get("eta_s") is not None else ", ETA unknown"
+    return out + f" (as of {p.get('age_s', 0.0):.0f} s ago)"
+
+
+def _render_chain(c: dict, head: str) -> list[str]:
     from hpc_jabas.core.autoscale import mix_label
-    out = [f"chain {st['chain_dir']}: {len(st['jobs'])} job(s), {st['moves']} move(s)"]
-    hdr = ("job", "method", "mix", "ranks", "epochs", "wall_s", "cost", "state", "slurm")
+    out = [head]
+    hdr = ("job", "method", "mix", "ranks", "epochs", "elapsed_s", "train_s", "cost", "state", "slurm")
     rows = []
-    for r in st["jobs"]:
+    for r in c["jobs"]:
         e0, e1 = r.get("start_epoch"), r.get("epochs")
         epochs = f"{_fmt(e0, 'd')}->{_fmt(e1, 'd')}" if e0 is not None or e1 is not None else "-"
         rows.append((r["job_id"], r.get("method") or "-", mix_label(r.get("mix") or {}), _fmt(r.get("world"), "d"),
-                     epochs, _fmt(r.get("wall_s"), ".1f"), _fmt(r.get("cost"), ".4g"), r.get("state") or "-",
-                     r.get("slurm") or "-"))
+                     epochs, _fmt(r.get("elapsed_s"), ".0f"), _fmt(r.get("train_s"), ".1f"), _fmt(r.get("cost"), ".4g"),
+                     r.get("state") or "-", r.get("slurm") or "-"))
     w = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
     for row in (hdr, *rows):
         out.append("  ".join(str(x).ljust(n) for x, n in zip(row, w)).rstrip())
-    ovh = st["restart_overhead_s"]
-    tail = f"total: wall {st['total_wall_s']:.1f} s, cost {st['total_cost']:.4g}"
-    if ovh:
-        tail += f"; {len(ovh)} restart(s), checkpoint -> first iteration " + ", ".join(f"{x:.1f} s" for x in ovh)
+    tail = (f"total: elapsed {_fmt(c['total_elapsed_s'], '.0f')} s (Slurm), training {c['total_train_s']:.1f} s, "
+            f"cost {c['total_cost']:.4g}")
+    if c["restart_overhead_s"]:
+        tail += (f"; {len(c['restart_overhead_s'])} restart(s), checkpoint -> first iteration "
+                 + ", ".join(f"{x:.1f} s" for x in c["restart_overhead_s"]))
     out.append(tail)
+    if c.get("progress"):
+        out.append(progress_line(c["progress"]))
+    out.append(f"current: {c['current']}")
+    return out
+
+
+def render(st: dict) -> str:
+    chains = st["chains"]
+    out: list[str] = []
     if st.get("slurm_error"):
         out.append(f"slurm: not asked ({st['slurm_error']})")
-    out.append(f"current: {st['current']}")
+    if len(chains) == 1:
+        c = chains[0]
+        return "\n".join(out + _render_chain(c, f"chain {st['chain_dir']}: {len(c['jobs'])} job(s), "
+                                                f"{c['moves']} move(s)"))
+    out.append(f"chain directory {st['chain_dir']}: {len(chains)} chains (jobs not linked by a move are "
+               "separate chains; give each job its own chain_dir)")
+    for i, c in enumerate(chains, 1):
+        out.append("")
+        out += _render_chain(c, f"chain {i} of {len(chains)} (first job {c['jobs'][0]['job_id']}): "
+                                f"{len(c['jobs'])} job(s), {c['moves']} move(s)")
     return "\n".join(out)
 
 
+def ended(c: dict) -> bool:
+    """The chain will not go on by itself: its last job finished the training, or stopped without it."""
+    return c["current"].startswith(("finished", "stopped"))
+
+
+def wait(chain_dir: str | Path, timeout_s: float, use_sacct: bool = True, poll_s: float = 2.0) -> dict:
+    """:func:`status` once every chain of ``chain_dir`` has ended, or at ``timeout_s`` (whatever it is then)."""
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            st = status(chain_dir, use_sacct=use_sacct)
+            if all(ended(c) for c in st["chains"]) or time.time() >= deadline:
+                return st
+        except ConfigError:
+            if time.time() >= deadline:
+                raise
+        time.sleep(poll_s)
+
+
 def run(args) -> int:
-    st = status(args.chain_dir, use_sacct=not args.no_sacct)
+    if args.wait is not None and args.wait < 0:
+        raise ConfigError(f"--wait {args.wait:g} must be >= 0 seconds")
+    use = not args.no_sacct
+    st = wait(args.chain_dir, args.wait, use) if args.wait is not None else status(args.chain_dir, use_sacct=use)
     if args.json:
         print(json.dumps(st, indent=1, default=str))
     else:
         print(render(st))
+    if args.wait is not None and not all(c["current"].startswith("finished") for c in st["chains"]):
+        return 1
     return 0

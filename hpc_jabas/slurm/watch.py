@@ -44,10 +44,11 @@ def fold_state(states: Iterable[str]) -> str:
 
 
 def fold_rows(rows: Iterable[SacctRow]) -> dict[str, dict[str, Any]]:
-    """sacct rows -> job id -> {State, Start, End, Partition, NodeList, components}, steps ignored.
+    """sacct rows -> job id -> {State, ElapsedRaw, Start, End, Partition, NodeList, components}, steps ignored.
 
     A heterogeneous job's ``<id>+<k>`` rows fold into ``<id>``: State by :func:`fold_state`, Start the
-    earliest, End the latest (Unknown while a component is active), Partition and NodeList joined
+    earliest, End the latest (Unknown while a component is active), ElapsedRaw (Slurm's elapsed seconds,
+    so far while it runs) the longest component's (None when not asked), Partition and NodeList joined
     with ',' in component order. Right after a het job ends slurmdbd may still list it as plain
     ``<id>``; once component rows are there, they win.
     """
@@ -62,7 +63,8 @@ def fold_rows(rows: Iterable[SacctRow]) -> dict[str, dict[str, Any]]:
         state = fold_state(r.state for r in items)
         starts = [r.fields.get("Start", "") for r in items if r.fields.get("Start", "") not in _UNSET]
         ends = [r.fields.get("End", "") for r in items if r.fields.get("End", "") not in _UNSET]
-        out[jid] = {"State": state,
+        elapsed = [int(r.fields["ElapsedRaw"]) for r in items if str(r.fields.get("ElapsedRaw", "")).isdigit()]
+        out[jid] = {"State": state, "ElapsedRaw": max(elapsed) if elapsed else None,
                     "Start": min(starts) if starts else "Unknown",
                     "End": max(ends) if ends and state in TERMINAL else "Unknown",
                     "Partition": ",".join(r.fields.get("Partition", "") for r in items),
@@ -72,17 +74,42 @@ def fold_rows(rows: Iterable[SacctRow]) -> dict[str, dict[str, Any]]:
 
 
 def sacct_states(job_ids: Iterable[str | int], env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
-    """sacct's view of jobs: id -> {State, Start, End, Partition, NodeList, components} (see
+    """sacct's view of jobs: id -> {State, ElapsedRaw, Start, End, Partition, NodeList, components} (see
     :func:`fold_rows`); jobs sacct does not list are missing. SlurmError when sacct fails."""
     ids = sorted({str(j).strip() for j in job_ids if str(j).strip()})
     if not ids:
         return {}
     env = dict(os.environ if env is None else env)
     proc.require(("sacct",), env)
-    fields = ("JobID", "State", "Start", "End", "Partition", "NodeList")
+    fields = ("JobID", "State", "ElapsedRaw", "Start", "End", "Partition", "NodeList")
     text = proc.run(["sacct", "-X", "-n", "-P", "-o", ",".join(fields), "-j", ",".join(ids)], env,
                     timeout=SACCT_TIMEOUT_S)
     return fold_rows(parse_sacct(text, fields))
+
+
+def split_chains(events: list[dict]) -> list[list[str]]:
+    """The chains in one chain directory's events: job ids in order, a chain being a first job and the
+    jobs its moves started. Jobs not linked by a move (two ``sbatch`` by hand into the same chain_dir)
+    are separate chains, in the order of their first event."""
+    order: list[str] = []
+    nxt: dict[str, str] = {}
+    moved_in: set[str] = set()
+    for e in events:
+        for k in ("job_id", "from_job", "to_job"):
+            j = e.get(k)
+            if j is not None and str(j) and str(j) not in order:
+                order.append(str(j))
+        if e.get("event") == "move" and e.get("from_job") is not None and e.get("to_job") is not None:
+            nxt[str(e["from_job"])] = str(e["to_job"])
+            moved_in.add(str(e["to_job"]))
+    chains: list[list[str]] = []
+    for root in (j for j in order if j not in moved_in):
+        chain, cur = [root], root
+        while cur in nxt and nxt[cur] not in chain:
+            cur = nxt[cur]
+            chain.append(cur)
+        chains.append(chain)
+    return chains
 
 
 def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None, poll_s: float = 1.0,

@@ -1,0 +1,150 @@
+"""Progress of a training run, on rank 0: a tqdm bar on a terminal, and ``progress.json`` for ``hpc-jabas status``.
+
+* :class:`ProgressBar` (a :class:`~hpc_jabas.runtime.hooks.Callback`): one tqdm bar over the run's samples
+  (epochs x dataset size), its postfix ``epoch k/E it=.. B=..``, tqdm's own samples/s and ETA. Shown only
+  when :func:`bar_wanted`: stdout is a terminal, not a Slurm batch job, logging not ``--quiet``
+  (the hpc_jabas logger at INFO) and ``HPC_JABAS_PROGRESS`` not ``0``.
+* :class:`ProgressFile`: ``<run_dir>/progress.json`` (epoch, epochs, iteration, B, samples done, samples/s
+  since this job's first iteration, ETA, job id), rewritten atomically at most every ``period_s`` and at
+  every epoch end; always on (it is how ``hpc-jabas status`` shows a running chain's progress).
+
+:func:`default_callbacks` is what the Trainer installs on rank 0.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from hpc_jabas.log import set_console_writer
+from hpc_jabas.runtime.hooks import Callback
+
+PROGRESS_FILE = "progress.json"
+
+
+def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None) -> bool:
+    """A bar only for a person watching: ``stream`` (stdout) a TTY, not a Slurm batch job (an
+    ``srun --pty`` step counts as a terminal), hpc-jabas logging at INFO or below, HPC_JABAS_PROGRESS != 0."""
+    env = dict(os.environ if env is None else env)
+    stream = stream or sys.stdout
+    if env.get("HPC_JABAS_PROGRESS", "").strip().lower() in ("0", "off", "no", "false"):
+        return False
+    try:
+        if not stream.isatty():
+            return False
+    except (AttributeError, ValueError):
+        return False
+    if ("SLURM_JOB_ID" in env or "SLURM_JOBID" in env) and "SLURM_PTY_PORT" not in env:
+        return False
+    return logging.getLogger("hpc_jabas").isEnabledFor(logging.INFO)
+
+
+def _done(trainer: Any) -> int:
+    """Samples of the run done so far (whole epochs by the dataset size, plus the epoch's cursor)."""
+    return int(trainer.sampler.epoch) * int(trainer.sampler.num_samples) + int(trainer.sampler.cursor)
+
+
+class ProgressBar(Callback):
+    """A tqdm bar on rank 0 over the run's samples: epoch, iteration, B, samples/s and ETA."""
+
+    def __init__(self, epochs: int, file: IO[str] | None = None, enabled: bool | None = None) -> None:
+        self.epochs = int(epochs)
+        self.file = file or sys.stdout
+        self.enabled = bar_wanted(self.file) if enabled is None else bool(enabled)
+        self.bar: Any = None
+
+    def _open(self, trainer: Any) -> None:
+        from tqdm import tqdm
+        total = self.epochs * int(trainer.sampler.num_samples)
+        size = shutil.get_terminal_size((100, 24))      # a terminal that reports 0 x 0 would hide the bar
+        self.bar = tqdm(total=total, initial=min(_done(trainer), total), unit="sample", unit_scale=True,
+                        desc="train", file=self.file, ncols=size.columns, nrows=size.lines,
+                        leave=True, smoothing=0.1)
+        set_console_writer(lambda line: tqdm.write(line, file=sys.stderr))   # log lines above the bar
+
+    def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+        if not self.enabled or trainer.rank != 0:
+            return
+        if self.bar is None:
+            self._open(trainer)
+            self.bar.update(0)
+        else:
+            self.bar.update(int(rec.get("samples", 0)))
+        self.bar.set_postfix_str(f"epoch {trainer.sampler.epoch + 1}/{self.epochs} it={trainer.iteration} "
+                                 f"B={trainer.B}", refresh=False)
+
+    def on_epoch_end(self, trainer: Any, epoch: int) -> None:
+        if self.bar is not None and epoch + 1 >= self.epochs:
+            self.bar.n = self.bar.total      # a dropped tail leaves a few samples unused
+            self.bar.close()
+            self.bar = None
+            set_console_writer(None)
+
+
+class ProgressFile(Callback):
+    """``<run_dir>/progress.json`` on rank 0, at most every ``period_s`` and at every epoch end."""
+
+    def __init__(self, run_dir: str | Path, epochs: int, period_s: float = 2.0, job_id: str | None = None) -> None:
+        self.path = Path(run_dir) / PROGRESS_FILE
+        self.epochs = int(epochs)
+        self.period_s = float(period_s)
+        self.job_id = job_id if job_id is not None else (os.environ.get("SLURM_HET_JOB_ID")
+                                                        or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}")
+        self._t0: float | None = None
+        self._n0 = 0
+        self._last = 0.0
+
+    def on_first_step(self, trainer: Any) -> None:
+        if trainer.rank == 0:
+            self._t0, self._n0 = time.time(), _done(trainer)
+
+    def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+        if trainer.rank == 0 and time.time() - self._last >= self.period_s:
+            self.write(trainer)
+
+    def on_epoch_end(self, trainer: Any, epoch: int) -> None:
+        if trainer.rank == 0:
+            self.write(trainer)
+
+    def snapshot(self, trainer: Any) -> dict[str, Any]:
+        now = time.time()
+        done, total = _done(trainer), self.epochs * int(trainer.sampler.num_samples)
+        rate = None
+        if self._t0 is not None and now > self._t0 and done > self._n0:
+            rate = (done - self._n0) / (now - self._t0)
+        eta = max(total - done, 0) / rate if rate else None
+        return {"time": now, "job_id": self.job_id, "epoch": int(trainer.sampler.epoch), "epochs": self.epochs,
+                "iteration": int(trainer.iteration), "B": int(trainer.B), "samples_done": done,
+                "samples_total": total, "samples_per_s": rate, "eta_s": eta}
+
+    def write(self, trainer: Any) -> None:
+        self._last = time.time()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(self.snapshot(trainer)))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass        # progress is informative only; a full disk shows up in the checkpoint instead
+
+
+def read(run_dir: str | Path) -> dict[str, Any] | None:
+    """The last ``progress.json`` of a run directory (None when there is none or it is unreadable)."""
+    try:
+        d = json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def default_callbacks(trainer: Any) -> list[Callback]:
+    """What the Trainer adds on rank 0: the bar (shown only when :func:`bar_wanted`) and the progress file."""
+    if trainer.rank != 0:
+        return []
+    epochs = int(trainer.cfg.epochs)
+    return [ProgressBar(epochs), ProgressFile(trainer.run_dir, epochs)]

@@ -1,0 +1,189 @@
+"""The README is an executable contract: every bash and python block of README.md and
+slurm/local/README.md runs, in order, in ONE bash session, in a fresh copy of the repository on a
+path every node of the local Slurm cluster sees (the fixture starts the cluster). A block marked
+``<!-- readme-test: skip (why) -->`` right before its fence is the only kind that does not run.
+Each block's runtime is printed (``pytest -s``) and written to runs/readme-test.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "slurm/local/README.md")
+SHELL, PYTHON, DATA = ("bash", "sh", "shell"), ("python", "py"), ("toml", "text", "json", "console-output")
+SKIP = re.compile(r"^\s*<!--\s*readme-test:\s*skip\s*(.*?)\s*-->\s*$")
+FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\s*$")
+#: variables of this test process that a new user's shell would not have
+_DROP = ("SLURM_", "HPC_JABAS", "OMPI_", "PMIX_", "HOROVOD_", "LMOD", "MODULE", "_ModuleTable", "__LMOD", "PYTEST",
+         "VIRTUAL_ENV", "PYTHONPATH", "LOADEDMODULES", "_LMFILES_")
+
+
+@dataclass
+class Block:
+    doc: str
+    line: int          # 1-based line of the opening fence
+    lang: str
+    text: str
+    skip: str | None   # the reason, for a marked block
+
+    @property
+    def name(self) -> str:
+        return f"{self.doc}:{self.line}"
+
+
+def blocks(doc: str) -> list[Block]:
+    """The fenced blocks of ``doc``, each with the skip marker (if any) on the last non-blank line before it."""
+    lines = (ROOT / doc).read_text().splitlines()
+    out: list[Block] = []
+    pending: str | None = None
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        m_skip = SKIP.match(ln)
+        m = FENCE.match(ln)
+        if m_skip:
+            pending = m_skip.group(1).strip("() ") or "marked"
+        elif m:
+            start, body = i, []
+            i += 1
+            while i < len(lines) and not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            out.append(Block(doc, start + 1, m.group(1).lower(), "\n".join(body) + "\n", pending))
+            pending = None
+        elif ln.strip():
+            pending = None          # a marker counts only right before a fence
+        i += 1
+    return out
+
+
+def all_blocks() -> list[Block]:
+    return [b for d in DOCS for b in blocks(d)]
+
+
+def test_every_block_has_a_language_and_runs_or_says_why_not():
+    bs = all_blocks()
+    unlabelled = [b.name for b in bs if b.lang not in SHELL + PYTHON + DATA]
+    assert not unlabelled, f"blocks without a known language (bash/python/toml/text): {unlabelled}"
+    run = [b for b in bs if b.lang in SHELL + PYTHON and b.skip is None]
+    skipped = [b for b in bs if b.skip is not None]
+    assert len(run) >= 12 and sum(b.lang in PYTHON for b in run) >= 2, [b.name for b in run]
+    assert all(b.skip and b.skip != "marked" for b in skipped), "every skip marker gives its reason"
+    assert len(skipped) <= 2, [(b.name, b.skip) for b in skipped]
+
+
+def test_readme_sources_lmod_init_before_module_use():
+    text = "".join(b.text for b in all_blocks() if b.skip is None and b.lang in SHELL)
+    init = text.find("source /usr/share/lmod/lmod/init/bash")
+    assert 0 <= init < text.find("module use") < text.find("module load hpc-jabas"), "Lmod init first"
+    cmds = [ln.split("#")[0] for ln in text.splitlines()]
+    profile = next(c for c in cmds if c.strip().startswith("hpc-jabas profile"))
+    assert "--model " in profile and "--out " in profile
+
+
+def test_readme_runs_of_the_same_script_use_distinct_run_dirs():
+    text = "".join(b.text for b in all_blocks() if b.skip is None and b.lang in SHELL)
+    cmds = text.replace("\\\n", " ").splitlines()
+    launches = [c for c in cmds if c.strip().startswith(("mpirun ", "horovodrun "))]
+    dirs = [re.search(r"--run-dir (\S+)", x) for x in launches]
+    assert len(launches) == 2 and all(dirs), launches
+    assert len({d.group(1) for d in dirs if d}) == 2
+
+
+def _script(bs: list[Block], work: Path, times: Path) -> str:
+    out = ["set -eo pipefail", f"exec 3>>{times}", "hj_t() { printf '%s %s\\n' \"$1\" \"$(date +%s.%N)\" >&3; }"]
+    for i, b in enumerate(bs):
+        out.append(f"hj_t 'begin {i}'")
+        if b.lang in PYTHON:
+            f = work / f".readme-block-{i}.py"
+            f.write_text(b.text)
+            out.append(f"python {f.name}")
+        else:
+            out.append(b.text.rstrip("\n"))
+        out.append(f"hj_t 'end {i}'")
+    return "\n".join(out) + "\n"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_DROP)}
+    env["PATH"] = ":".join(p for p in os.environ.get("PATH", "").split(":") if ".venv" not in p)
+    return env
+
+
+def _copy_repo(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_file() and not f.startswith(("runs/", ".readme-block")):
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+
+
+def _cancel_leftovers(cluster, work: Path) -> None:
+    ids = set()
+    for p in (work / "runs").glob("**/chain.jsonl"):
+        for ln in p.read_text().splitlines():
+            try:
+                e = json.loads(ln)
+            except ValueError:
+                continue
+            ids |= {str(e[k]) for k in ("job_id", "to_job") if str(e.get(k, "")).isdigit()}
+    if ids:
+        cluster.cancel(*sorted(ids))
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+@pytest.mark.timeout(900)
+def test_readme_blocks_run_in_order(slurm_cluster, slurm_tmp):
+    work = slurm_tmp / "repo"
+    work.mkdir()
+    _copy_repo(work)
+    bs = [b for b in all_blocks() if b.lang in SHELL + PYTHON and b.skip is None]
+    times = slurm_tmp / "times.txt"
+    script = slurm_tmp / "readme.sh"
+    script.write_text(_script(bs, work, times))
+    log = slurm_tmp / "readme.log"
+    t0 = time.time()
+    try:
+        with open(log, "w") as f:
+            r = subprocess.run(["bash", "--noprofile", "--norc", str(script)], cwd=work, env=_env(), stdout=f,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=840)
+    finally:
+        _cancel_leftovers(slurm_cluster, work)
+    marks: dict[str, float] = {}
+    for ln in times.read_text().splitlines():
+        what, t = ln.rsplit(" ", 1)
+        marks[what] = float(t)
+    rows = [{"block": b.name, "lang": b.lang, "first_line": b.text.strip().splitlines()[0][:70],
+             "seconds": round(marks[f"end {i}"] - marks[f"begin {i}"], 1) if f"end {i}" in marks else None}
+            for i, b in enumerate(bs)]
+    (ROOT / "runs").mkdir(exist_ok=True)
+    (ROOT / "runs" / "readme-test.json").write_text(json.dumps({"total_s": time.time() - t0, "blocks": rows},
+                                                               indent=1))
+    print(f"\nREADME blocks ({time.time() - t0:.0f} s in all):")
+    for row in rows:
+        print(f"  {row['block']:<28} {row['seconds'] if row['seconds'] is not None else '-':>6} s  {row['first_line']}")
+    failed = next((i for i in range(len(bs)) if f"end {i}" not in marks), None)
+    out = log.read_text()
+    assert r.returncode == 0 and failed is None, (
+        f"README block {bs[failed].name if failed is not None else '?'} failed (exit {r.returncode}):\n"
+        f"{bs[failed].text if failed is not None else ''}\n--- output (tail) ---\n{out[-6000:]}")
+    # what the blocks promise, checked on what they left behind
+    assert "exit code 2" in out and "holds a finished run" in out, out[-3000:]
+    assert "chain finished: last job" in out
+    for chain in ("digits-chain", "digits-mix-chain"):
+        outs = list((work / "runs" / chain / "jobs").glob("sbatch-*.out"))
+        assert outs, f"no job output under runs/{chain}/jobs"
+    assert not list(work.glob("*.out")), "job output files in the submit directory"
