@@ -36,6 +36,7 @@ from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.step import micro_step
 
@@ -101,6 +102,7 @@ class Trainer:
         self.fetch = tensor_fetch(dataset)
         self.sampler = HeterogeneousSampler(len(dataset), seed=self.cfg.seed, tail=self.cfg.tail)
         self.run_dir = Path(self.cfg.run_dir)
+        self.callbacks += default_callbacks(self)     # rank 0: the tqdm bar (on a terminal), progress.json
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
         self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
@@ -423,6 +425,7 @@ class Trainer:
         if resume:
             self.maybe_resume()
         if self.rank == 0:
+        self._refuse_finished(epochs or self.cfg.epochs)
             self.metrics.write({"type": "start", "world": self.world, "gpu_types": self.gpu_types, "B": self.B,
                                 "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration})
         t0 = time.perf_counter()
@@ -431,6 +434,19 @@ class Trainer:
         while self.sampler.epoch < epochs:
             if self.sampler.epoch_done(self.plan.B):
                 if self._end_epoch():
+    def _refuse_finished(self, epochs: int) -> None:
+        if self.sampler.epoch < epochs:
+            return
+        msg = (f"run_dir {str(self.run_dir)!r} holds a finished run (checkpoint {Path(str(self.resumed_from)).name}: "
+               f"epoch {self.sampler.epoch} of {epochs}); nothing to train. Give another --run-dir, more --epochs, "
+               "or --resume-finished to resume it anyway")
+        if self.cfg.resume_finished:
+            log.warning("%s (resume_finished is set: resuming)", msg.split("; nothing")[0])
+            return
+        if self.rank == 0:
+            print(f"hpc-jabas: {msg}", flush=True)
+        raise ConfigError(msg)
+
                     break
                 continue
             rec = self.train_step()
