@@ -423,7 +423,7 @@ class Trainer:
         installed_here = not sp.stop_signals().installed and sp.stop_signals().install()
         self.stop_reason = None
         if resume:
-            self.maybe_resume()
+            self.maybe_resume(epochs)
         if self.rank == 0:
         self._refuse_finished(epochs or self.cfg.epochs)
             self.metrics.write({"type": "start", "world": self.world, "gpu_types": self.gpu_types, "B": self.B,
