@@ -5,6 +5,8 @@ import torch
 from mpi_util import run_ranks
 from reference import reference_run
 
+from hpc_jabas.core.plan import Plan
+
 
 def assert_params_close(dist_params, ref, rel=1e-5):
     for k, v in ref.items():
@@ -38,3 +40,19 @@ def test_distributed_equals_single_process(optimizer, schedule, lr_scales):
     # ranks ran different amounts of work: 1 : 3 : 4 micro-batches before the change
     if not schedule:
         assert [r["samples_local"] for r in res] == [4 * 20, 12 * 20, 16 * 20]
+
+
+def test_per_rank_micro_batches_equal_single_process():
+    """Per-rank b_i with partial last micro-batches (design.md invariant 2), a plan change at the same
+    B at step 6 and a B change at step 12: still the single-process update."""
+    spec = {"optimizer": "momentum", "lr": 0.05, "plan": "b=16,5,3 n=1,2,3 x=13,9,7", "steps": 18,
+            "schedule": {"6": "b=6,6,6 n=2,2,1 x=11,12,6", "12": "b=20,3,4 n=1,3,1 x=20,8,3"},
+            "lr_scales": {"12": 1.2}, "n": 600, "checkpoint": False}       # 534 samples: no epoch tail
+    res = run_ranks("train_worker.py", spec, np_=3)
+    ref = reference_run(spec)
+    for r in res:
+        assert r["iterations"] == 18
+        assert_params_close(r["params"], ref)
+        want = [str(Plan.parse(p)) for p in (spec["plan"], *spec["schedule"].values())]
+        assert [h["plan"] for h in r["history"]][::6] == want
+    assert [r["samples_local"] for r in res] == [13 * 6 + 11 * 6 + 20 * 6, 9 * 6 + 12 * 6 + 8 * 6, 7 * 6 + 6 * 6 + 3 * 6]

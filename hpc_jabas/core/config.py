@@ -77,6 +77,9 @@ class PlanningConfig:
                                   "or fixed (the plan key)", choices=PLANNERS)
     plan: str | None = key(None, "explicit plan, e.g. 'b=4 n=1,3,4' (its flag implies --planner fixed)",
                            shown="–", metavar="PLAN")
+    identical_micro_batch: str = key("auto", "one micro-batch size b on every rank (IIDP) or per-rank sizes: auto = "
+                                             "identical when micro_batch is set or the model has BatchNorm layers",
+                                     choices=("auto", "true", "false"))
     gpu_types: list[str] | None = key(None, "GPU type per rank, catalog names, e.g. v100,p100,rtx2060",
                                       shown="from Slurm or CUDA, else v100", metavar="T1,T2,...")
     speeds: list[float] | None = key(None, "declared per-rank speeds for lbbsp and emulation, e.g. 1,0.5,0.25",
@@ -129,11 +132,11 @@ class OutputConfig:
     metrics_period: int = key(10, "iterations between metric flushes", lo=1)
     checkpoint: bool = key(True, "write a checkpoint at every epoch end (and at the periodic and signal safe points)")
     keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
+    resume_finished: bool = key(False, "resume a run_dir whose checkpoint already finished the epochs (else: "
+                                "stop with a message and exit code 2)")
     checkpoint_every: int | None = key(None, "also checkpoint inside an epoch every N iterations", lo=1, shown="off",
                                        metavar="N")
     checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
-    resume_finished: bool = key(False, "resume a run_dir whose checkpoint already finished the epochs (else: "
-                                "stop with a message and exit code 2)")
                                            lo=0.0, lo_open=True, shown="off", metavar="T")
 
 
@@ -250,6 +253,7 @@ class JobConfig:
     seed = _Flat[int]()
     tail = _Flat[str]()
     planner = _Flat[str]()
+    identical_micro_batch = _Flat[str]()
     plan = _Flat[str | None]()
     gpu_types = _Flat[list[str] | None]()
     speeds = _Flat[list[float] | None]()

@@ -373,3 +373,27 @@ def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str]) -> PerfModel:
         return PerfModel.load(cfg.profile_dir)
     bs = sorted(set(DEFAULT_B_LIST) | ({cfg.micro_batch} if cfg.micro_batch else set()))
     return PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
+
+
+def declared_speed_factors(speeds: Sequence[float] | None, gpu_types: Sequence[str],
+                           model: PerfModel) -> list[float] | None:
+    """Per-rank speed factors (perf model time / declared time) of a job's declared ``speeds``.
+
+    A declared speed is the rank's speed relative to a V100, as the emulator runs it; an emulated
+    profile knows its type's speed (``formula["speed"]``), so rank i's factor is
+    speeds[i] / that speed. None when nothing is declared. A measured profile already times its
+    type: declared speeds cannot be reconciled with it, so they are refused (one line).
+    """
+    if not speeds:
+        return None
+    if len(speeds) != len(gpu_types):
+        raise ConfigError(f"speeds lists {len(speeds)} values but the job has {len(gpu_types)} ranks; "
+                          "give one speed per rank")
+    out = []
+    for i, (v, g) in enumerate(zip(speeds, gpu_types)):
+        p = model.profile(g)
+        if p.formula is None:
+            raise ConfigError(f"speeds are declared but the perf model of {p.gpu} is a measured profile, which "
+                              "already gives its speed; drop speeds, or plan with the emulated model")
+        out.append(check_num(v, f"speed of rank {i}", lo=0.0, lo_open=True) / p.formula["speed"])
+    return out

@@ -19,6 +19,7 @@ Pure: no torch, no horovod.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -248,3 +249,31 @@ def proportional_samples_plan(B: int, speeds: Sequence[float], caps: Sequence[in
     xs = split_proportional(B, speeds)
     parts = [rank_split(x, int(c)) for x, c in zip(xs, caps)]
     return Plan(tuple(p[0] for p in parts), tuple(p[1] for p in parts), tuple(xs))
+
+
+def half_split(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    """Per rank, per micro-batch: 0 or 1, the half of the iteration it belongs to (similarity statistic).
+
+    Identical b: the parity of the global micro-batch index (halves of equal sample counts, one
+    micro-batch apart when M is odd). Per-rank b: micro-batches by decreasing size (then global
+    index), each to the half that holds fewer samples so far (ties: half 0), so the two halves'
+    sample counts differ by at most the largest micro-batch and usually far less.
+    """
+    return _half_split(plan)
+
+
+@functools.lru_cache(maxsize=64)
+def _half_split(plan: Plan) -> tuple[tuple[int, ...], ...]:
+    if plan.identical_b:
+        return tuple(tuple((plan.first_microbatch(i) + j) % 2 for j in range(plan.n[i]))
+                     for i in range(plan.world_size))
+    items = [(-size, g, i, j) for g, (i, j, size) in
+             enumerate((i, j, s) for i in range(plan.world_size) for j, s in enumerate(plan.micro_sizes(i)))]
+    items.sort()
+    load = [0, 0]
+    out = [[0] * plan.n[i] for i in range(plan.world_size)]
+    for neg, _, i, j in items:
+        h = 0 if load[0] <= load[1] else 1
+        out[i][j] = h
+        load[h] -= neg
+    return tuple(tuple(r) for r in out)

@@ -199,13 +199,17 @@ class AdaptiveController(BaseController):
 
     def _measure(self, trainer) -> dict:
         gpu = trainer.gpu_types[trainer.rank]
+        declared = getattr(trainer, "declared_speed_factors", None)   # factors are relative to the declared speed
+        sf = declared[trainer.rank] if declared else 1.0
         meas = exp = 0.0
         for r in self._window:
             if r["n_local"] <= 0:
                 continue
             meas += r["compute_s"]
             try:
-                exp += r["n_local"] * self.model.t_micro(gpu, r["b"])
+                n, b = r["n_local"], r["b"]
+                last = r.get("x", n * b) - (n - 1) * b                 # a per-rank plan's partial micro-batch
+                exp += (n - 1) * self.model.t_micro(gpu, b, sf) + self.model.t_micro(gpu, last, sf)
             except Exception:
                 exp += r["compute_s"]
         self._window = []

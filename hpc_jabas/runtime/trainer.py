@@ -187,6 +187,22 @@ class Trainer:
             self._perf_model = job_perf_model(self.cfg, self.gpu_types)
         return self._perf_model
 
+    def _identical_b(self) -> bool:
+        """One micro-batch size on every rank (IIDP) or per-rank sizes (design.md invariant 2)."""
+        cfg = self.cfg
+        mode = getattr(cfg, "identical_micro_batch", "auto")
+        coupled = [type(m).__name__ for m in self.model.modules()
+                   if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        if mode == "false":
+            if cfg.micro_batch:
+                raise ConfigError(f"identical_micro_batch='false' contradicts micro_batch={cfg.micro_batch}, which "
+                                  "pins one size on every rank; drop one of them")
+            if coupled:
+                log.warning("identical_micro_batch='false' with batch-coupled layers (%s): their statistics "
+                            "differ between micro-batch sizes", ", ".join(sorted(set(coupled))))
+            return False
+        return mode == "true" or bool(cfg.micro_batch) or bool(coupled)
+
     def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
         cfg = self.cfg
         self.identical_b = self._identical_b()
