@@ -128,8 +128,11 @@ def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None,
             for e in ev[seen:]:
                 on_event(e)
         seen = len(ev)
-        end = next((e for e in ev if e["event"] == "end" and str(e.get("job_id")) == cur), None)
-        mv = next((e for e in ev if e["event"] == "move" and str(e.get("from_job")) == cur), None)
+        # the last end: a job requeued in place (submitit) ends once per run; a requeue onto a successor
+        # (method sbatch) is followed like a move
+        end = next((e for e in reversed(ev) if e["event"] == "end" and str(e.get("job_id")) == cur), None)
+        mv = next((e for e in ev if e["event"] in ("move", "requeue") and str(e.get("from_job")) == cur
+                   and str(e.get("to_job")) != cur), None)
         if end is not None and end.get("state") == "finished":
             return {"ok": True, "job_id": cur, "state": "finished", "jobs": jobs}
         if mv is not None and end is not None:
