@@ -5,10 +5,18 @@
 
 Every rank runs this. The current mix is read from the ranks' Slurm partitions (allgather).
 Returns (rank 0) a summary dict; submitit hands it back through its usual job objects.
+
+Stop signals (USR1 from ``--signal=B:USR1@<lead>``, USR2 from submitit, TERM) are flags from the first
+line on (runtime/safepoint.py); at the next safe point every rank checkpoints and the job is requeued:
+a submitit job through submitit (``EntryPoint.checkpoint``, ``scontrol requeue``), any other Slurm job by
+submitting its successor onto the same mix (chain event ``requeue``). A stop within ``signal_lead_s`` (+60 s:
+Slurm may signal early) of the time limit is a time-out; after ``max_timeouts`` of them the chain stops
+(preemptions are not counted).
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -22,6 +30,10 @@ from hpc_jabas.runtime.hooks import Callback
 from hpc_jabas.slurm import chain as chainlog
 
 log = get_logger(__name__)
+#: a chain's next job waits this long for the job before it to release the run directory
+PREDECESSOR_WAIT_S = 120.0
+#: a stop signal this close to the time limit (beyond signal_lead_s) is a time-out: Slurm may signal early
+TIMEOUT_SLACK_S = 60.0
 
 
 def spec_from_file(path: str) -> JobSpec:
@@ -58,8 +70,9 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     from hpc_jabas.core.config import JobConfig
     from hpc_jabas.runtime import comm
     from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
+    from hpc_jabas.runtime.safepoint import stop_signals
     from hpc_jabas.runtime.trainer import Trainer
-
+    stop_signals().install()                       # from here on a stop signal is a flag (safe points)
     parts = load_callable(spec.task, "task")()     # before Horovod's background thread starts polling
     comm.init()
     rank = comm.rank()
@@ -81,6 +94,7 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     tr = Trainer(parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"], config=cfg,
                  scheduler=parts.get("scheduler"), eval_fn=parts.get("eval_fn"), epoch_end_hook=hook,
                  scheduler_step=parts.get("scheduler_step", "epoch"), callbacks=[restart])
+    tr.lock_run_dir(wait_s=_predecessor_wait(spec.chain_dir, job_id) if rank == 0 else 0.0)
     resumed = restart.resumed = tr.maybe_resume()
     if rank == 0:
         chainlog.append(spec.chain_dir, "start", job_id=job_id, mix=mix, world=tr.world, epoch=tr.sampler.epoch,
@@ -96,17 +110,82 @@ def run_job(spec: JobSpec | dict) -> dict | None:
         rates = {}
     cost = sum(n * rates.get(p, 0.0) for p, n in mix.items()) * wall / 3600.0
     moved = tr.moved_to.to_dict() if tr.moved_to is not None else None
+    stopped = res.get("stopped")
+    requeue: dict | None = None
     if rank == 0:
+        state = "moved" if moved else "stopped" if stopped else "finished"
         chainlog.append(spec.chain_dir, "end", job_id=job_id, epochs=tr.sampler.epoch, wall_s=wall, cost=cost,
-                        state="moved" if moved else "finished", iteration=tr.iteration)
+                        state=state, iteration=tr.iteration, signal=(stopped or {}).get("signal"), lost_iterations=0)
+        if stopped:
+            requeue = requeue_after_stop(spec, job_id, mix, stopped, submit_fn)
     summary = {"job_id": job_id, "mix": mix, "epoch": tr.sampler.epoch, "iteration": tr.iteration,
-               "moved_to": moved, "params_sha": _params_digest(tr.model), "B": tr.B, **res}
+               "moved_to": moved, "requeue": requeue, "params_sha": _params_digest(tr.model), "B": tr.B, **res}
     return summary if rank == 0 else None
 
 
+def _predecessor_wait(chain_dir: str, job_id: str) -> float:
+    """How long this job may wait for the run directory: the chain named it as a successor (a move or a
+    requeue), whose predecessor may still be writing its last lines; else not at all."""
+    named = any(e.get("event") in ("move", "requeue") and str(e.get("to_job")) == str(job_id)
+                for e in chainlog.read(chain_dir))
+    return PREDECESSOR_WAIT_S if named else 0.0
+
+
+def requeue_after_stop(spec: JobSpec, job_id: str, mix: dict[str, int], stopped: dict,
+                       submit_fn=None) -> dict:
+    """Rank 0, once every rank has checkpointed at a safe point on a stop signal: requeue the job.
+
+    A time-out (the signal came within ``signal_lead_s`` + 60 s of the time limit) counts against
+    ``max_timeouts`` (the chain's ``requeue`` events with reason ``timeout``); a preemption does not. Under
+    submitit the requeue is submitit's own (its USR2 handler, called here and not in a signal handler: its
+    time-out count, ``EntryPoint.checkpoint``, ``scontrol requeue``; it exits the process). Other Slurm jobs
+    submit their successor onto the same mix. Outside Slurm: the run stops, to be resumed by hand."""
+    from hpc_jabas.slurm.cluster import job_clock
+    from hpc_jabas.slurm.components import slurm_option
+    under_slurm = submit_fn is not None
+    left = job_clock(job_id)["time_left_s"] if under_slurm else None
+    lead, max_timeouts = slurm_option(spec, "signal_lead_s"), slurm_option(spec, "max_timeouts")
+    timed_out = left is not None and left <= lead + TIMEOUT_SLACK_S
+    reason = "timeout" if timed_out else "preempted"
+    base = {"from_job": job_id, "reason": reason, "signal": stopped.get("signal"), "epoch": stopped.get("epoch"),
+            "iteration": stopped.get("iteration"), "checkpoint_time": stopped.get("time"), "time_left_s": left,
+            "lost_iterations": 0}
+    if not under_slurm:
+        log.info("stopped at a safe point (%s) after iteration %s; run the same command again to resume",
+                 stopped.get("signal"), stopped.get("iteration"))
+        return {"requeued": False, "reason": "not under Slurm"}
+    timeouts = sum(1 for e in chainlog.read(spec.chain_dir)
+                   if e.get("event") == "requeue" and e.get("reason") == "timeout")
+    if timed_out and timeouts >= max_timeouts:
+        msg = (f"job {job_id} reached its time limit again ({timeouts + 1} time-outs, "
+               f"max_timeouts={max_timeouts}): not requeued; its checkpoint is kept: raise time_min or "
+               "max_timeouts and submit again")
+        chainlog.append(spec.chain_dir, "requeue_refused", job_id=job_id, **{k: v for k, v in base.items()
+                                                                             if k != "from_job"}, message=msg)
+        log.error("%s", msg)
+        return {"requeued": False, "reason": reason, "message": msg}
+    if os.environ.get("SUBMITIT_FOLDER") and _submitit_requeue_handler() is not None:
+        chainlog.append(spec.chain_dir, "requeue", to_job=job_id, method="submitit", **base)
+        log.info("requeueing job %s through submitit (%s)", job_id, reason)
+        _submitit_requeue_handler()(signal.SIGUSR2, None)     # requeues, then exits the process
+        return {"requeued": True, "to_job": job_id}           # (not reached)
+    new_id = submit_fn(spec.with_mix(mix))
+    chainlog.append(spec.chain_dir, "requeue", to_job=new_id, method=spec.method, **base)
+    log.info("job %s %s: its successor %s resumes from the checkpoint", job_id, reason, new_id)
+    return {"requeued": True, "to_job": str(new_id), "reason": reason}
+
+
+def _submitit_requeue_handler():
+    """submitit's USR2 handler that our stop-signal flag replaced (None when submitit did not set one)."""
+    from hpc_jabas.runtime.safepoint import stop_signals
+    h = stop_signals().previous(signal.SIGUSR2)
+    return h if callable(h) and getattr(h, "__name__", "") == "checkpoint_and_try_requeue" else None
+
+
 class RestartOverheadCallback(Callback):
-    """Rank 0, after the first iteration of a job that resumed after a move: the restart overhead
-    (move's checkpoint -> now) goes to the auto-scaler's state and the chain log."""
+    """Rank 0, after the first iteration of a job that resumed after a move or a requeue: the restart
+    overhead (checkpoint -> now, less the time the job waited in Slurm's queue) goes to the auto-scaler's
+    state and the chain log; the queue wait (submission -> the job's start, from squeue) is recorded apart."""
 
     def __init__(self, chain_dir: str, job_id: str, hook, trainer_start: float):
         self.chain_dir, self.job_id, self.hook, self.trainer_start = chain_dir, job_id, hook, trainer_start
@@ -116,12 +195,20 @@ class RestartOverheadCallback(Callback):
         if trainer.rank != 0 or not self.resumed:
             return
         moves = [e for e in chainlog.read(self.chain_dir)
-                 if e["event"] == "move" and str(e.get("to_job")) == str(self.job_id)]
+                 if e["event"] in ("move", "requeue") and str(e.get("to_job")) == str(self.job_id)]
         if moves:
-            overhead = time.time() - float(moves[-1]["checkpoint_time"])
+            total = time.time() - float(moves[-1]["checkpoint_time"])
+            queue_wait = 0.0
+            if not str(self.job_id).startswith("local-"):
+                from hpc_jabas.slurm.cluster import job_clock
+                start = job_clock(self.job_id)["start"]
+                if start is not None:
+                    queue_wait = min(max(0.0, start - float(moves[-1]["time"])), total)
+            overhead = total - queue_wait
             self.hook.record_restart(overhead)
             # since_move_s: move recorded -> this job's trainer built (Slurm queue + start-up)
             chainlog.append(self.chain_dir, "restart", job_id=self.job_id, overhead_s=overhead,
+                            queue_wait_s=queue_wait, total_s=total, after=moves[-1]["event"],
                             since_move_s=(self.trainer_start - float(moves[-1]["time"])))
 
 
@@ -140,10 +227,13 @@ def main(argv=None) -> int:
         log.error("usage: python -m hpc_jabas.runtime.launch SPEC.json|JOB.toml")
         return 2
     try:
-        run_job(spec_from_file(argv[0]))
+        out = run_job(spec_from_file(argv[0]))
     except JabasError as e:
-        log.error("%s", e)
+        if not getattr(e, "quiet", False):     # rank 0 has said it already
+            log.error("%s", e)
         return 2
+    if out and (out.get("requeue") or {}).get("message"):
+        return 1                               # stopped for good (too many time-outs)
     return 0
 
 
