@@ -234,3 +234,15 @@ def test_with_predicted_factors_end_to_end():
     assert t_lb < 0.8 * t_static
     rep = rp.error_report()
     assert rep["predictor_error"] < 0.5 * rep["lastvalue_error"]
+
+
+def test_per_rank_plans_interpolate_samples_and_keep_B():
+    cur = Plan((300, 150, 62), (1, 1, 1))
+    cand = Plan((96, 96, 96), (2, 2, 2), (160, 176, 176))
+    mid = interpolate_plan(cur, cand, 0.5)
+    assert mid.B == cur.B == cand.B == 512 and mid.xs == (230, 163, 119)
+    assert all(max(mid.micro_sizes(i)) <= 96 for i in range(3))
+    r = Rebalancer(threshold=0.0)
+    new, info = r.propose(512, cur, [1.0, 1.0, 1.0], plan_fn=lambda B, f: cand,
+                          time_fn=lambda p, f: float(max(p.xs)))
+    assert new == cand and info["gain"] > 0 and r.history[-1]["candidate_b"] == [96, 96, 96]

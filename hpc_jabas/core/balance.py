@@ -21,7 +21,11 @@ between workers and halves the step when the sizes oscillate. Here the split is 
    recovers as reversals age out of the history. If the damped move's gain is not above the
    threshold either, the current plan is kept.
 
-The damped plan: with the same micro-batch size b as the current plan it is, per rank,
+Per-rank plans (plan.py): shares are sample shares x_i / B; the damped plan interpolates the
+sample counts x_i (largest remainder, sum B exactly, >= 1 on the candidate's running ranks) and
+runs them with the candidate's micro-batch sizes b_i (more micro-batches where x_i grew).
+
+The damped plan of identical-b plans: with the same micro-batch size b as the current plan it is, per rank,
 n_i = n_cur_i + step (n_cand_i - n_cur_i) rounded by largest remainder so that sum n = M exactly
 (every n_i lies between its current and candidate values; a rank with n >= 1 in both keeps
 n >= 1). When the candidate changes b, the interpolation is done on the shares n_i/M and realised
@@ -101,6 +105,16 @@ def interpolate_plan(current: Plan, candidate: Plan, step: float) -> Plan:
     if step >= 1.0:
         return candidate
     R = current.world_size
+    if not (current.identical_b and candidate.identical_b):
+        # per-rank plans: interpolate the sample counts x_i (sum B), realised with the candidate's b_i
+        B = candidate.B
+        targets = [c + step * (d - c) for c, d in zip(current.xs, candidate.xs)]
+        tot = sum(targets)
+        targets = [B * t / tot for t in targets]
+        mins = [1 if d >= 1 else 0 for d in candidate.xs]
+        xs = _round_to_sum(targets, B, mins)
+        bs = [b if x > b else max(x, 1) for b, x in zip(candidate.bs, xs)]
+        return Plan(tuple(bs), tuple(-(-x // b) for x, b in zip(xs, bs)), tuple(xs))
     if current.b == candidate.b:
         M = current.M
         targets = [c + step * (d - c) for c, d in zip(current.n, candidate.n)]
@@ -204,8 +218,8 @@ class Rebalancer:
                                 "t_new": t_cur, "candidate": str(cand), "current": str(current_plan),
                                 "damped": False, "step": 1.0, "reversed_ranks": [], "kept": True,
                                 "threshold": self.threshold}
-        entry = {"reversal": False, "moved": False, "current": list(current_plan.n), "b": current_plan.b,
-                 "candidate": list(cand.n), "candidate_b": cand.b, "new": None, "gain": gain}
+        entry = {"reversal": False, "moved": False, "current": list(current_plan.n), "b": list(current_plan.bs),
+                 "candidate": list(cand.n), "candidate_b": list(cand.bs), "new": None, "gain": gain}
 
         if cand == current_plan:
             self._record(entry)
@@ -217,9 +231,12 @@ class Rebalancer:
             return None, info
 
         # direction of every rank's share, and reversals versus its last move
-        s_cur = [x / current_plan.M for x in current_plan.n]
-        s_cand = [x / cand.M for x in cand.n]
-        tol = 0.5 / min(current_plan.M, cand.M)
+        s_cur = [x / current_plan.B for x in current_plan.xs]      # sample shares (n_i / M for identical b)
+        s_cand = [x / cand.B for x in cand.xs]
+        if current_plan.identical_b and cand.identical_b:
+            tol = 0.5 / min(current_plan.M, cand.M)                   # half a micro-batch
+        else:
+            tol = 0.5 / min(current_plan.B, cand.B)                   # half a sample
         dirs = [0 if abs(c - p) <= tol else (1 if c > p else -1) for p, c in zip(s_cur, s_cand)]
         rev = [i for i in range(R) if dirs[i] and self.last_dir[i] == -dirs[i]]
         for i, dr in enumerate(dirs):
