@@ -1,0 +1,83 @@
+"""The runtime's choice of plan kind and its use of declared speeds (issue 15), without Horovod ranks:
+the trainer's planner set-up runs on a stand-in object holding what it reads."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.trainer import Trainer
+
+
+def planner_of(model: torch.nn.Module, gpu_types: list[str], **cfg):
+    """(planner_fn, stand-in trainer) as Trainer.__init__ builds them."""
+    t = types.SimpleNamespace(cfg=JobConfig(**cfg).validate(), model=model, gpu_types=gpu_types, _perf_model=None,
+                              identical_b=True, declared_speed_factors=None)
+    t._identical_b = types.MethodType(Trainer._identical_b, t)
+    t.perf_model = types.MethodType(Trainer.perf_model, t)
+    return Trainer._default_planner(t), t
+
+
+def mlp(batchnorm: bool = False) -> torch.nn.Module:
+    layers = [torch.nn.Linear(4, 8)] + ([torch.nn.BatchNorm1d(8)] if batchnorm else []) + [torch.nn.Linear(8, 2)]
+    return torch.nn.Sequential(*layers)
+
+
+MIX = ["v100", "p100", "rtx2060"]
+
+
+def test_batchnorm_model_gets_identical_b_automatically():
+    fn, t = planner_of(mlp(batchnorm=True), MIX, batch=480)
+    assert t.identical_b and fn(480).identical_b
+    fn, t = planner_of(mlp(), MIX, batch=480)
+    p = fn(480)
+    assert not t.identical_b and not p.identical_b and p.n == (1, 1, 1) and p.B == 480
+    # pinned by the user: micro_batch, or the config key
+    assert planner_of(mlp(), MIX, batch=480, micro_batch=8)[0](480).b == 8
+    assert planner_of(mlp(), MIX, batch=480, identical_micro_batch="true")[0](480).identical_b
+    # forced per-rank over BatchNorm: allowed (a warning), per-rank plans
+    assert not planner_of(mlp(batchnorm=True), MIX, batch=480, identical_micro_batch="false")[0](480).identical_b
+    with pytest.raises(ConfigError) as e:
+        planner_of(mlp(), MIX, batch=480, micro_batch=8, identical_micro_batch="false")
+    assert "micro_batch=8" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("identical", ["true", "false"])
+def test_declared_speeds_change_the_optimal_plan(identical):
+    same = ["v100"] * 3
+    plain = planner_of(mlp(), same, batch=448, identical_micro_batch=identical)[0](448)
+    fn, t = planner_of(mlp(), same, batch=448, identical_micro_batch=identical, speeds=[1.0, 0.5, 0.25])
+    declared = fn(448)
+    assert t.declared_speed_factors == [1.0, 0.5, 0.25]
+    assert plain.xs[0] == plain.xs[1] == plain.xs[2] or max(plain.xs) - min(plain.xs) <= max(plain.bs)
+    assert declared.xs[0] > declared.xs[1] > declared.xs[2]
+    # the same plan as handing the planner the factors directly; balancing factors multiply them
+    from hpc_jabas.core.planner import plan_batch
+    m = t.perf_model()
+    assert declared == plan_batch(448, same, m, speed_factors=[1.0, 0.5, 0.25], per_rank=identical == "false")
+    assert fn(448, [0.25, 1.0, 1.0]) == plan_batch(448, same, m, speed_factors=[0.25, 0.5, 0.25],
+                                                   per_rank=identical == "false")
+
+
+def test_declared_speeds_are_refused_where_a_planner_cannot_use_them(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        planner_of(mlp(), MIX, batch=24, planner="fixed", plan="b=4 n=1,2,3", speeds=[1, 0.5, 0.25])
+    assert "planner='fixed'" in str(e.value) and "\n" not in str(e.value)
+    # with emulation the fixed plan's ranks run at the declared speeds: accepted
+    planner_of(mlp(), MIX, batch=24, planner="fixed", plan="b=4 n=1,2,3", speeds=[1, 0.5, 0.25], emulate=True)
+    prof = PerfModel({"v100": ComputeProfile("v100", b=[1, 8], t=[0.01, 0.02], max_b=64)})
+    prof.save(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        planner_of(mlp(), ["v100"] * 2, batch=24, profile_dir=str(tmp_path), speeds=[1, 0.5])
+    assert "measured profile" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_lbbsp_per_rank_is_plain_lbbsp_within_memory_caps():
+    fn, _ = planner_of(mlp(), MIX, batch=700, planner="lbbsp", speeds=[1.0, 0.5, 0.25])
+    p = fn(700)
+    assert p.xs == (400, 200, 100) and p.n[0] == 1 and p.n[1] == 1
+    assert p.n[2] == 2 and max(p.micro_sizes(2)) <= 96       # the rtx2060's memory cap forces two
