@@ -185,8 +185,11 @@ def render(st: dict) -> str:
 
 
 def ended(c: dict) -> bool:
-    """The chain will not go on by itself: its last job finished the training, or stopped without it."""
-    return c["current"].startswith(("finished", "stopped"))
+    """The chain will not go on by itself (its last job finished the training, or stopped without it) and
+    Slurm has let go of its jobs (so their elapsed times are final)."""
+    from hpc_jabas.slurm.watch import is_terminal
+    return c["current"].startswith(("finished", "stopped")) and all(
+        r.get("slurm") is None or is_terminal(r["slurm"]) for r in c["jobs"])
 
 
 def wait(chain_dir: str | Path, timeout_s: float, use_sacct: bool = True, poll_s: float = 2.0) -> dict:

@@ -1,0 +1,103 @@
+"""`hpc-jabas status`: independent jobs are separate chains, a job's wall time is Slurm's elapsed
+(sacct) with the training time beside it, a running chain shows its progress, --json."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_jabas.cli.status import render, status
+from hpc_jabas.slurm import chain as chainlog
+from hpc_jabas.slurm.watch import split_chains
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = str(ROOT / ".venv" / "bin" / "python")
+HPC_JABAS = str(ROOT / ".venv" / "bin" / "hpc-jabas")
+
+
+def test_split_chains_follows_moves_only():
+    ev = [{"event": "submit", "job_id": "10"}, {"event": "start", "job_id": "10"},
+          {"event": "start", "job_id": "11"},                       # by hand, same chain_dir: its own chain
+          {"event": "move", "from_job": "10", "to_job": "12"}, {"event": "submit", "job_id": "12"},
+          {"event": "end", "job_id": "10"}, {"event": "start", "job_id": "12"},
+          {"event": "move", "from_job": "12", "to_job": "13"}, {"event": "start", "job_id": "13"}]
+    assert split_chains(ev) == [["10", "12", "13"], ["11"]]
+
+
+def test_running_chain_shows_epoch_and_eta(tmp_path):
+    chainlog.append(tmp_path, "submit", job_id="7", mix={"v100": 2}, method="sbatch", by="user")
+    chainlog.append(tmp_path, "start", job_id="7", mix={"v100": 2}, world=2, epoch=0, iteration=0)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "progress.json").write_text(json.dumps(
+        {"time": time.time(), "job_id": "7", "epoch": 1, "epochs": 3, "iteration": 30, "B": 256,
+         "samples_done": 1500, "samples_total": 4041, "samples_per_s": 500.0, "eta_s": 5.082}))
+    st = status(tmp_path, use_sacct=False)
+    assert len(st["chains"]) == 1 and st["chains"][0]["progress"]["iteration"] == 30
+    text = render(st)
+    line = next(ln for ln in text.splitlines() if ln.startswith("progress:"))
+    assert line.startswith("progress: epoch 2 of 3, iteration 30, B=256, 37% of the samples, 500 samples/s, ETA 5 s")
+    assert text.splitlines()[-1] == "current: running: job 7 from epoch 0"
+    # another job's progress file is not this chain's progress
+    (tmp_path / "run" / "progress.json").write_text(json.dumps({"time": time.time(), "job_id": "8", "epoch": 1}))
+    assert status(tmp_path, use_sacct=False)["chains"][0]["progress"] is None
+
+
+def _elapsed_s(text: str) -> int:
+    days, _, hms = text.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+@pytest.mark.slurm
+def test_two_independent_jobs_are_two_chains_with_sacct_elapsed(slurm_cluster, slurm_tmp):
+    chain = slurm_tmp / "chain"
+    job = slurm_tmp / "job.sh"
+    # a job that records itself in the chain as the job entry does (start ... end), trains ~2 s, and
+    # spends time outside the training (before and after) that only Slurm's elapsed time shows
+    job.write_text(f"""#!/bin/bash
+#SBATCH --partition=rtx2060 --ntasks=1 --mem=256M --time=5 --output={slurm_tmp}/%j.out
+sleep 2
+{PY} - <<'EOF'
+import os, time
+from hpc_jabas.slurm import chain
+d, j = {str(chain)!r}, os.environ["SLURM_JOB_ID"]
+chain.append(d, "start", job_id=j, mix={{"rtx2060": 1}}, world=1, epoch=0, iteration=0)
+t0 = time.time()
+time.sleep(2)
+chain.append(d, "end", job_id=j, epochs=1, wall_s=time.time() - t0, cost=0.0, state="finished", iteration=5)
+EOF
+sleep 2
+""")
+    env = dict(slurm_cluster.env, PYTHONPATH=str(ROOT))
+    ids = [subprocess.run(["sbatch", "--parsable", str(job)], env=env, capture_output=True, text=True, check=True,
+                          timeout=60).stdout.strip().split(";")[0] for _ in range(2)]
+    try:
+        for j in ids:
+            assert slurm_cluster.wait_state(j, timeout=120) == "COMPLETED"
+    finally:
+        slurm_cluster.cancel(*ids)
+    r = subprocess.run([HPC_JABAS, "status", str(chain), "--json"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert [[j["job_id"] for j in c["jobs"]] for c in st["chains"]] == [[ids[0]], [ids[1]]] or \
+        [[j["job_id"] for j in c["jobs"]] for c in st["chains"]] == [[ids[1]], [ids[0]]]
+    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,Elapsed", "-j", ",".join(ids)], env=env,
+                           capture_output=True, text=True, check=True, timeout=60).stdout
+    elapsed = {ln.split("|")[0]: _elapsed_s(ln.split("|")[1]) for ln in sacct.split() if "|" in ln}
+    for c in st["chains"]:
+        (row,) = c["jobs"]
+        assert abs(row["elapsed_s"] - elapsed[row["job_id"]]) <= 2, (row, elapsed)
+        assert row["wall_s"] == row["elapsed_s"]
+        assert 1.9 <= row["train_s"] < row["elapsed_s"], row        # the training is a part of the job
+        assert row["slurm"] == "COMPLETED" and c["current"].startswith("finished")
+    text = subprocess.run([HPC_JABAS, "status", str(chain)], env=env, capture_output=True, text=True,
+                          timeout=60).stdout
+    assert text.splitlines()[0].endswith("2 chains (jobs not linked by a move are separate chains; give each job "
+                                         "its own chain_dir)"), text
+    assert text.count("current: finished") == 2 and "elapsed_s" in text and "train_s" in text
+    assert not [p for p in os.listdir(chain) if p.endswith(".out")]
