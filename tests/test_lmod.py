@@ -1,4 +1,5 @@
-"""The Lmod modulefile (modulefiles/hpc-jabas/0.1.0.lua) loads in a plain bash and puts hpc-jabas on PATH."""
+"""The Lmod modulefile (modulefiles/hpc-jabas/0.1.0.lua) loads in a plain (non-login, --noprofile --norc) bash after
+Lmod's init script and puts hpc-jabas on PATH."""
 from __future__ import annotations
 
 import os
@@ -72,3 +73,18 @@ def test_module_root_follows_the_clone(lmod, tmp_path):
     r = _bash(f"source {lmod}; module use {clone}/modulefiles; module load hpc-jabas 2>&1; "
               "echo ROOT=$HPC_JABAS_ROOT")
     assert f"ROOT={clone}" in r.stdout, r.stdout + r.stderr
+
+
+def test_non_login_shell_needs_lmod_init_first(lmod):
+    """What the README shows: a plain (non-login) bash has no `module` until Lmod's init is sourced."""
+    r = _bash(f"""type module >/dev/null 2>&1 && echo BEFORE=defined || echo BEFORE=missing
+shopt -q login_shell && echo LOGIN=yes || echo LOGIN=no
+source {lmod}
+type module >/dev/null 2>&1 && echo AFTER=defined || echo AFTER=missing
+module use {ROOT}/modulefiles && module load hpc-jabas && echo "ROOT=$HPC_JABAS_ROOT"
+""")
+    out = r.stdout + r.stderr
+    assert "LOGIN=no" in out and "BEFORE=missing" in out and "AFTER=defined" in out, out
+    assert f"ROOT={ROOT}" in out, out
+    readme = (ROOT / "README.md").read_text()
+    assert 0 <= readme.find(f"source {lmod}") < readme.find("module use modulefiles")

@@ -1,6 +1,8 @@
 -- hpc-jabas 0.1.0: adaptive batching and heterogeneous-GPU data parallelism on Slurm (Horovod).
 -- The repository root is found from this file's own place (<root>/modulefiles/hpc-jabas/0.1.0.lua),
 -- so the module works from any clone:  module use <root>/modulefiles && module load hpc-jabas
+-- In a non-login shell (a script, `bash -c`, many job shells) `module` exists only after Lmod's init:
+--   source /usr/share/lmod/lmod/init/bash      (Debian's path; $LMOD_PKG/init/bash elsewhere)
 local fn   = myFileName()
 local root = fn:match("^(.*)/[^/]+/[^/]+/[^/]+$") or "."
 local venv = pathJoin(root, ".venv")
