@@ -103,3 +103,15 @@ def test_per_rank_errors_are_one_line():
     with pytest.raises(ConfigError, match="allow_drop"):
         plan_batch(8, ["v100", "v100"], m, per_rank=True, allow_drop=True)
     assert Plan.parse(str(plan_batch(77, ["v100", "v100"], m, per_rank=True))).B == 77
+
+
+def test_cli_per_rank():
+    from test_planner import cli
+    rc, text = cli(["plan", "--batch", "512", "--gpus", "v100:2,p100,rtx2060", "--per-rank"])
+    g = ["v100", "v100", "p100", "rtx2060"]
+    m = PerfModel.emulated(sorted(set(g)))
+    p = plan_batch(512, g, m, per_rank=True)
+    assert rc == 0 and "per-rank micro-batches" in text
+    assert f"{512 / m.iteration_time(p, g):.1f} samples/s" in text
+    with pytest.raises(ConfigError, match="--per-rank plans one --batch"):
+        cli(["plan", "--batch-range", "8:64", "--gpus", "v100:2", "--per-rank"])

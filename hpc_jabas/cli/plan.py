@@ -38,6 +38,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="use the emulated model (the default when --profile is not given)")
     p.add_argument("--b-candidates", metavar="LIST", help="micro-batch sizes to try, e.g. 8,16,32")
     p.add_argument("--allow-drop", action="store_true", help="ranks may get no micro-batch at all")
+    p.add_argument("--per-rank", action="store_true",
+                   help="each rank its own micro-batch size (the last micro-batch may be partial); the default "
+                        "is one size b on every rank (IIDP), what models with BatchNorm need")
     p.add_argument("--grad-mb", type=str, metavar="MB",
                    help=f"gradient size in MB for the emulated model (default {EMU_GRAD_BYTES / 1e6:g})")
     p.set_defaults(func=run)
@@ -134,14 +137,16 @@ def _print_plan(B: int, plan, gpu_list: list[str], model: PerfModel, out) -> Non
     n_part = sum(1 for n in plan.n if n > 0)
     tail = model.allreduce_tail(n_part)
     it = comp + tail
-    print(f"B={B}: micro-batch b={plan.b}, M={plan.M} micro-batches on {n_part} of {len(gpu_list)} GPUs", file=out)
+    kind = f"micro-batch b={plan.b}" if plan.identical_b else f"per-rank micro-batches b={_span(plan.bs)}"
+    print(f"B={B}: {kind}, M={plan.M} micro-batches on {n_part} of {len(gpu_list)} GPUs", file=out)
     print(f"{'type':<12}{'ranks':>6}{'b':>6}{'n/rank':>9}{'samples':>9}{'compute ms':>12}{'idle':>8}", file=out)
     for g in _types(gpu_list):
         idx = [i for i, x in enumerate(gpu_list) if x == g]
         ns = [plan.n[i] for i in idx]
         f = [fin[i] for i in idx]
         idle = sum((comp - x) / comp for x in f) / len(f) if comp > 0 else 0.0
-        print(f"{g:<12}{len(idx):>6}{plan.b:>6}{_span(ns):>9}{plan.b * sum(ns):>9}"
+        bs = _span([plan.bs[i] for i in idx])
+        print(f"{g:<12}{len(idx):>6}{bs:>6}{_span(ns):>9}{sum(plan.xs[i] for i in idx):>9}"
               f"{max(f) * 1e3:>12.2f}{idle * 100:>7.1f}%", file=out)
     print(f"iteration: compute {comp * 1e3:.2f} ms + allreduce tail {tail * 1e3:.2f} ms = {it * 1e3:.2f} ms "
           "(idle: share of the compute phase a rank waits for the slowest)", file=out)
@@ -173,12 +178,15 @@ def run(args, out=None) -> int:
     used: dict[str, set[int]] = {}
     if args.batch is not None:
         B = _int(args.batch, "--batch")
-        plan = plan_batch(B, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
+        plan = plan_batch(B, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop,
+                          per_rank=args.per_rank)
         print(header, file=out)
         _print_plan(B, plan, gpu_list, model, out)
         rows: list[tuple[int, Plan, float | None]] = [(B, plan, None)]
     else:
         lo, hi = _range(args.batch_range)
+        if args.per_rank:
+            raise ConfigError("--per-rank plans one --batch at a time; give --batch B")
         table = plan_range(lo, hi, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
         if not table:
             raise ConfigError(f"no feasible global batch in {lo}:{hi} for {len(gpu_list)} GPUs; "
@@ -191,9 +199,9 @@ def run(args, out=None) -> int:
         print(f"{len(table)} feasible global batch sizes in {lo}:{hi}", file=out)
         rows = [(B, plan, sec) for B, plan, sec in table]
     for _, plan, _ in rows:
-        for g, n in zip(gpu_list, plan.n):
+        for i, (g, n) in enumerate(zip(gpu_list, plan.n)):
             if n:
-                used.setdefault(g, set()).add(plan.b)
+                used.setdefault(g, set()).update(plan.micro_sizes(i))
     _note_extrapolation(model, used, out)
     return 0
 
