@@ -174,5 +174,96 @@ def test_held_gpus_on_drained_nodes_are_not_available():
                                                                                            None, None]
 
 
+# ---- preemption on the real local Slurm ------------------------------------------------------------
+PLAN = "b=4 n=2,2"           # B=16 on two rtx2060 ranks: 15 iterations per epoch of the 240 samples
+CHAIN_CFG = {"planner": "fixed", "plan": PLAN, "batch": 16, "epochs": 2, "emulate": True, "emulate_base_s": 0.08,
+             "emulate_per_sample_s": 0.0, "metrics_period": 1, "checkpoint_every": 4, "seed": 0,
+             "autoscale": {"enabled": False}, "slurm": {"time_min": 15}}
+
+
+def _iterations(chain_dir) -> list[dict]:
+    p = Path(chain_dir) / "run" / "metrics.jsonl"
+    recs = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
+    return [r for r in recs if r.get("type") == "iteration"]
+
+
+def preempt_chain(cluster, chain_dir: Path, method: str, k: int, how: list[str], timeout: float = 240) -> dict:
+    """Submit the preempt_task chain, signal its first job (``scancel *how JOB``) once iteration k is on
+    record, follow the chain to its end; the chain's events and the final checkpoint's parameters."""
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.slurm.chain import read
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import wait_chain
+    spec = JobSpec(task="preempt_task:build", config=dict(CHAIN_CFG), chain_dir=str(chain_dir), mix={"rtx2060": 2},
+                   method=method, pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+    first = submit(spec).job_id
+    end = time.time() + 120
+    while not any(r["it"] >= k for r in _iterations(chain_dir)):
+        assert time.time() < end, f"job {first} never reached iteration {k}: {read(chain_dir)}"
+        time.sleep(0.2)
+    cluster.run("scancel", *how, first)
+    res = wait_chain(chain_dir, first, timeout=timeout, poll_s=0.5)
+    ev = read(chain_dir)
+    if not res["ok"]:
+        cluster.cancel(*res["jobs"])
+        logs = "\n".join(f"--- {q.name}\n{q.read_text()[-2000:]}" for q in sorted((chain_dir / "jobs").rglob("*"))
+                         if q.is_file() and q.suffix in (".out", ".err"))
+        pytest.fail(f"chain {res}: {json.dumps(ev)}\n{logs[-8000:]}")
+    found = load_latest(Path(chain_dir) / "run" / "checkpoints")
+    return {"res": res, "events": ev, "state": found[0], "first": first}
+
+
+def check_exact(out: dict, k: int, signal_name: str) -> int:
+    """Finished with the uninterrupted run's parameters (1e-6 relative); no iteration lost or repeated."""
+    ev = out["events"]
+    stops = [e for e in ev if e["event"] == "end" and e.get("state") == "stopped"]
+    assert len(stops) == 1 and stops[0]["signal"] == signal_name and stops[0]["lost_iterations"] == 0, ev
+    stop_it = stops[0]["iteration"]
+    assert k <= stop_it < 30, (k, stop_it)
+    req = [e for e in ev if e["event"] == "requeue"]
+    assert len(req) == 1 and req[0]["reason"] == "preempted" and req[0]["iteration"] == stop_it, ev
+    starts = [e for e in ev if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["resumed"] and starts[1]["iteration"] == stop_it, starts
+    assert [e["state"] for e in ev if e["event"] == "end"] == ["stopped", "finished"]
+    its = sorted(r["it"] for r in _iterations(out["chain"]))
+    assert its == list(range(30)), its        # every iteration once: nothing lost, nothing repeated
+    assert out["state"]["iteration"] == 30
+    ref = reference_run({"optimizer": "adam", "lr": 0.01, "plan": PLAN, "steps": 30, "n": 240})
+    for name, want in ref.items():
+        got = out["state"]["model"][name]
+        err = float((got - want).abs().max() / (want.abs().max() + 1e-12))
+        assert err <= 1e-6, f"{name}: relative difference {err:.2e} to the uninterrupted run"
+    return stop_it
+
+
+@pytest.mark.slurm
+def test_submitit_job_preempted_by_usr2_requeues_and_finishes_exactly(slurm_cluster, slurm_tmp):
+    """USR2 (submitit's signal) to every rank at a random iteration: all ranks checkpoint at the next safe
+    point, submitit requeues the same job (scontrol requeue), it resumes and finishes with the parameters
+    of the uninterrupted run."""
+    k = random.Random(os.getpid() + 2).randint(3, 24)
+    out = preempt_chain(slurm_cluster, slurm_tmp / "chain", "submitit", k, ["--signal=USR2"])
+    out["chain"] = slurm_tmp / "chain"
+    check_exact(out, k, "USR2")
+    assert out["res"]["jobs"] == [out["first"]]                     # requeued in place: the same job id
+    req = next(e for e in out["events"] if e["event"] == "requeue")
+    assert req["method"] == "submitit" and str(req["to_job"]) == out["first"]
+
+
+@pytest.mark.slurm
+def test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly(slurm_cluster, slurm_tmp):
+    """USR1 to the batch shell only (what --signal=B:USR1@lead sends): the job script's trap passes it to
+    the ranks, they checkpoint at the next safe point, rank 0 submits the successor, which finishes with
+    the parameters of the uninterrupted run."""
+    k = random.Random(os.getpid() + 1).randint(3, 24)
+    out = preempt_chain(slurm_cluster, slurm_tmp / "chain", "sbatch", k, ["--batch", "--signal=USR1"])
+    out["chain"] = slurm_tmp / "chain"
+    check_exact(out, k, "USR1")
+    assert len(out["res"]["jobs"]) == 2 and out["res"]["jobs"][0] == out["first"]
+    restart = [e for e in out["events"] if e["event"] == "restart"]
+    assert len(restart) == 1 and restart[0]["after"] == "requeue" and restart[0]["queue_wait_s"] >= 0
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
