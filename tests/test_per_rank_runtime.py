@@ -1,5 +1,5 @@
 """The runtime's choice of plan kind and its use of declared speeds (issue 15), without Horovod ranks:
-the trainer's planner set-up runs on a stand-in object holding what it reads."""
+runtime/planning.py builds the trainer's planner from the config, the model and the GPU types."""
 from __future__ import annotations
 
 import types
@@ -8,18 +8,22 @@ import pytest
 import torch
 
 from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel
+from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, job_perf_model
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.trainer import Trainer
+from hpc_jabas.runtime.planning import batch_coupled_layers, default_planner
 
 
 def planner_of(model: torch.nn.Module, gpu_types: list[str], **cfg):
-    """(planner_fn, stand-in trainer) as Trainer.__init__ builds them."""
-    t = types.SimpleNamespace(cfg=JobConfig(**cfg).validate(), model=model, gpu_types=gpu_types, _perf_model=None,
-                              identical_b=True, declared_speed_factors=None)
-    t._identical_b = types.MethodType(Trainer._identical_b, t)
-    t.perf_model = types.MethodType(Trainer.perf_model, t)
-    return Trainer._default_planner(t), t
+    """(planner_fn, what the trainer keeps) as Trainer._default_planner builds them."""
+    c = JobConfig(**cfg).validate()
+    pm: dict = {}
+
+    def perf_model():
+        if "m" not in pm:
+            pm["m"] = job_perf_model(c, gpu_types)
+        return pm["m"]
+    fn, identical, declared = default_planner(c, model, gpu_types, perf_model)
+    return fn, types.SimpleNamespace(identical_b=identical, declared_speed_factors=declared, perf_model=perf_model)
 
 
 def mlp(batchnorm: bool = False) -> torch.nn.Module:
@@ -31,6 +35,7 @@ MIX = ["v100", "p100", "rtx2060"]
 
 
 def test_batchnorm_model_gets_identical_b_automatically():
+    assert batch_coupled_layers(mlp(batchnorm=True)) == ["BatchNorm1d"] and batch_coupled_layers(mlp()) == []
     fn, t = planner_of(mlp(batchnorm=True), MIX, batch=480)
     assert t.identical_b and fn(480).identical_b
     fn, t = planner_of(mlp(), MIX, batch=480)

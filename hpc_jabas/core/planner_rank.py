@@ -93,7 +93,8 @@ class _Pairs:
             fits = (L0 + self.TT[self.row, np.maximum(mid - 1, 0)]) + u <= T
             lo = np.where(act & fits, mid, lo)
             hi = np.where(act & ~fits, mid, hi)
-        return k * A + lo
+        out: IntArray = k * A + lo
+        return out
 
     def group_caps(self, per: IntArray) -> IntArray:
         return np.maximum.reduceat(per, self.start)
@@ -109,7 +110,8 @@ class _Pairs:
         k, r = np.divmod(x, A)
         full = k * tb + u
         part = (k * tb + self.TT[self.row[sl], np.maximum(r - 1, 0)]) + u
-        return np.where(r == 0, full, part)
+        res: FloatArray = np.where(r == 0, full, part)
+        return res
 
 
 def makespan(P: _Pairs, B: int) -> float:
@@ -155,14 +157,14 @@ def makespan(P: _Pairs, B: int) -> float:
         if not m < hi:
             m = e
         tot, per = P.total(m)
-        width = hi - lo
+        span = hi - lo
         if tot >= B:
             if m == e:
                 return e
             hi, tot_hi = m, tot
         else:
             lo, per_lo, tot_lo = m, per, tot
-        slow = slow + 1 if hi - lo > 0.5 * width else 0
+        slow = slow + 1 if hi - lo > 0.5 * span else 0
 
 
 def plan_per_rank(groups: Sequence[RankGroup], R: int, B: int) -> Plan:

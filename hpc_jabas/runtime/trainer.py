@@ -187,61 +187,12 @@ class Trainer:
             self._perf_model = job_perf_model(self.cfg, self.gpu_types)
         return self._perf_model
 
-    def _identical_b(self) -> bool:
-        """One micro-batch size on every rank (IIDP) or per-rank sizes (design.md invariant 2)."""
-        cfg = self.cfg
-        mode = getattr(cfg, "identical_micro_batch", "auto")
-        coupled = [type(m).__name__ for m in self.model.modules()
-                   if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-        if mode == "false":
-            if cfg.micro_batch:
-                raise ConfigError(f"identical_micro_batch='false' contradicts micro_batch={cfg.micro_batch}, which "
-                                  "pins one size on every rank; drop one of them")
-            if coupled:
-                log.warning("identical_micro_batch='false' with batch-coupled layers (%s): their statistics "
-                            "differ between micro-batch sizes", ", ".join(sorted(set(coupled))))
-            return False
-        return mode == "true" or bool(cfg.micro_batch) or bool(coupled)
-
     def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
-        cfg = self.cfg
-        self.identical_b = self._identical_b()
-        if cfg.planner == "fixed":
-            assert cfg.plan, "JobConfig.validate() requires a plan for planner='fixed'"
-            if cfg.speeds and not cfg.emulate:
-                raise ConfigError(f"speeds={cfg.speeds} are not used by planner='fixed' (its plan is given); "
-                                  "drop speeds, or use planner='optimal' or 'lbbsp'")
-            fixed = Plan.parse(cfg.plan)
-
-            def fixed_plan(B: int, factors: list[float] | None = None) -> Plan:
-                return fixed
-            return fixed_plan
-        model = self.perf_model()
-        types = self.gpu_types
-        identical = self.identical_b
-        if cfg.planner == "lbbsp":
-            from hpc_jabas.core import gpus
-            from hpc_jabas.core.plan import proportional_plan, proportional_samples_plan
-            base = cfg.speeds or [gpus.get(g).relative_speed for g in types]
-            b = cfg.micro_batch or 1
-            caps = [model.profile(g).max_b for g in types]
-
-            def lbbsp(B, factors=None):
-                sp = [s * (factors[i] if factors else 1.0) for i, s in enumerate(base)]
-                return proportional_plan(B, b, sp) if identical else proportional_samples_plan(B, sp, caps)
-            return lbbsp
-        from hpc_jabas.core.perfmodel import declared_speed_factors
-        from hpc_jabas.core.planner import plan_batch
-        cands = [cfg.micro_batch] if cfg.micro_batch else None
-        declared = declared_speed_factors(cfg.speeds, types, model)
-        self.declared_speed_factors = declared
-
-        def optimal(B: int, factors: list[float] | None = None) -> Plan:
-            sf = factors
-            if declared is not None:
-                sf = [d * (factors[i] if factors else 1.0) for i, d in enumerate(declared)]
-            return plan_batch(B, types, model, b_candidates=cands, speed_factors=sf, per_rank=not identical)
-        return optimal
+        """The job's planner (runtime/planning.py): identical or per-rank b, declared speeds used."""
+        from hpc_jabas.runtime.planning import default_planner
+        fn, self.identical_b, self.declared_speed_factors = default_planner(self.cfg, self.model, self.gpu_types,
+                                                                            self.perf_model)
+        return fn
 
     def _initial_plan(self) -> Plan:
         plan = self.planner_fn(self.B, None)
