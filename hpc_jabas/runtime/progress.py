@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from hpc_jabas.log import set_console_writer
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.log import get_logger, set_console_writer
 from hpc_jabas.runtime.hooks import Callback
 
 PROGRESS_FILE = "progress.json"
+log = get_logger(__name__)
 
 
 def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None) -> bool:
@@ -70,13 +72,13 @@ class ProgressBar(Callback):
     def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
         if not self.enabled or trainer.rank != 0:
             return
-        if self.bar is None:
+        first = self.bar is None
+        if first:
             self._open(trainer)
-            self.bar.update(0)
-        else:
-            self.bar.update(int(rec.get("samples", 0)))
-        self.bar.set_postfix_str(f"epoch {trainer.sampler.epoch + 1}/{self.epochs} it={trainer.iteration} "
-                                 f"B={trainer.B}", refresh=False)
+        bar = self.bar
+        bar.set_postfix_str(f"epoch {min(trainer.sampler.epoch + 1, self.epochs)}/{self.epochs} "
+                            f"it={trainer.iteration} B={trainer.B}", refresh=False)
+        bar.update(0 if first else int(rec.get("samples", 0)))
 
     def on_epoch_end(self, trainer: Any, epoch: int) -> None:
         if self.bar is not None and epoch + 1 >= self.epochs:
@@ -140,6 +142,23 @@ def read(run_dir: str | Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None
+
+
+def refuse_finished(trainer: Any, epochs: int) -> None:
+    """After a resume: a checkpoint that already finished ``epochs`` is not "resumed" into a run that trains
+    nothing and exits 0. Rank 0 says so on stdout and every rank raises ConfigError (exit code 2), unless
+    ``resume_finished`` is set (then a warning, and the run goes on: more epochs, or nothing to do)."""
+    if trainer.sampler.epoch < epochs:
+        return
+    msg = (f"run_dir {str(trainer.run_dir)!r} holds a finished run (checkpoint "
+           f"{Path(str(trainer.resumed_from)).name}: epoch {trainer.sampler.epoch} of {epochs}); nothing to train. "
+           "Give another --run-dir, more --epochs, or --resume-finished to resume it anyway")
+    if trainer.cfg.resume_finished:
+        log.warning("%s (resume_finished is set: resuming)", msg.split("; nothing")[0])
+        return
+    if trainer.rank == 0:
+        print(f"hpc-jabas: {msg}", flush=True)
+    raise ConfigError(msg)
 
 
 def default_callbacks(trainer: Any) -> list[Callback]:

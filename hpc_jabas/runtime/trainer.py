@@ -36,7 +36,7 @@ from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
-from hpc_jabas.runtime.progress import default_callbacks
+from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.step import micro_step
 
@@ -356,8 +356,7 @@ class Trainer:
         lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
 
     def maybe_resume(self, epochs: int | None = None) -> bool:
-        """Resume from the run_dir's latest checkpoint; one that already finished ``epochs`` (default the
-        config's) stops with a plain message (stdout, rank 0) and a ConfigError unless resume_finished."""
+        """Resume from the run_dir's latest checkpoint; a finished one stops the job (progress.refuse_finished)."""
         self.lock_run_dir()
         found, err = None, None
         if self.rank == 0:
@@ -376,6 +375,7 @@ class Trainer:
             return False
         self.load_state_dict(st)
         self.resumed_from = str(found[1]) if found else "broadcast"
+        refuse_finished(self, epochs or self.cfg.epochs)
         if self.rank == 0:
             log.info("resumed from %s at epoch %d, cursor %d, iteration %d, B=%d", self.resumed_from,
                      self.sampler.epoch, self.sampler.cursor, self.iteration, self.B)
@@ -392,7 +392,6 @@ class Trainer:
         if resume:
             self.maybe_resume(epochs)
         if self.rank == 0:
-        self._refuse_finished(epochs or self.cfg.epochs)
             self.metrics.write({"type": "start", "world": self.world, "gpu_types": self.gpu_types, "B": self.B,
                                 "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration})
         t0 = time.perf_counter()
@@ -401,19 +400,6 @@ class Trainer:
         while self.sampler.epoch < epochs:
             if self.sampler.epoch_done(self.plan.B):
                 if self._end_epoch():
-    def _refuse_finished(self, epochs: int) -> None:
-        if self.sampler.epoch < epochs:
-            return
-        msg = (f"run_dir {str(self.run_dir)!r} holds a finished run (checkpoint {Path(str(self.resumed_from)).name}: "
-               f"epoch {self.sampler.epoch} of {epochs}); nothing to train. Give another --run-dir, more --epochs, "
-               "or --resume-finished to resume it anyway")
-        if self.cfg.resume_finished:
-            log.warning("%s (resume_finished is set: resuming)", msg.split("; nothing")[0])
-            return
-        if self.rank == 0:
-            print(f"hpc-jabas: {msg}", flush=True)
-        raise ConfigError(msg)
-
                     break
                 continue
             rec = self.train_step()
