@@ -68,8 +68,8 @@ def check(B, model, gpus, sf, cands):
     assert got <= model.iteration_time(same, gpus, sf) * (1 + 1e-12)
 
 
-@settings(deadline=None, max_examples=150)
-@given(instances(max_gpus=3, drop=False), st.integers(1, 13), st.booleans())
+@settings(deadline=None, max_examples=300)
+@given(instances(max_gpus=4, drop=False), st.integers(1, 12), st.booleans())
 def test_per_rank_like_brute_force(inst, B, default):
     model, gpus, sf, cands, _ = inst
     check(B, model, gpus, sf, None if default else cands)
@@ -115,3 +115,25 @@ def test_cli_per_rank():
     assert f"{512 / m.iteration_time(p, g):.1f} samples/s" in text
     with pytest.raises(ConfigError, match="--per-rank plans one --batch"):
         cli(["plan", "--batch-range", "8:64", "--gpus", "v100:2", "--per-rank"])
+
+
+@st.composite
+def curved(draw):
+    """Measured, monotone but otherwise arbitrary (convex or concave) profiles, odd measured sizes."""
+    types = draw(st.lists(st.sampled_from(["v100", "p100", "rtx2060"]), min_size=1, max_size=2, unique=True))
+    profs = {}
+    for g in types:
+        ts = sorted(draw(st.lists(st.floats(0.05, 3.0), min_size=3, max_size=3)))
+        profs[g] = ComputeProfile(g, b=[1, 3, 7], t=ts, update_s=draw(st.sampled_from([0.0, 0.3])),
+                                  max_b=draw(st.integers(2, 9)))
+    n = draw(st.integers(1, 3))
+    gpus = draw(st.lists(st.sampled_from(types), min_size=n, max_size=n))
+    sf = draw(st.one_of(st.none(), st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=n, max_size=n)))
+    return PerfModel(profs), gpus, sf
+
+
+@settings(deadline=None, max_examples=200)
+@given(curved(), st.integers(1, 14))
+def test_per_rank_like_brute_force_curved_profiles(inst, B):
+    model, gpus, sf = inst
+    check(B, model, gpus, sf, None)
