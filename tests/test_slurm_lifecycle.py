@@ -363,7 +363,15 @@ def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
     job.write_text(_toml(slurm_tmp / "chain", {"objective": "cost"}))
     bad_key = slurm_tmp / "bad.toml"
     bad_key.write_text('[job]\ntask = "examples.train_digits:build"\nchain_dir = "c"\nepochs = 2\n')
-    cases = [(["submit", str(job), "--mix", "a100:x"], "PARTITION:COUNT"),
+    busy = slurm_tmp / "busy.toml"                  # a chain whose run directory another process holds
+    busy.write_text(_toml(slurm_tmp / "busy", {"objective": "cost"}))
+    code = ("import time; from hpc_jabas.runtime.dirlock import DirLock; "
+            f"DirLock({str(slurm_tmp / 'busy' / 'run')!r}).acquire(); print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert holder.stdout.readline().strip() == "held"
+    cases = [(["submit", str(busy), "--mix", "rtx2060:1"], f"is in use by pid {holder.pid}"),
+             (["submit", str(job), "--mix", "rtx2060:1", "--time-min", "0"], "--time-min 0 must be >= 1"),
+             (["submit", str(job), "--mix", "a100:x"], "PARTITION:COUNT"),
              (["submit", str(job), "--mix", "h100:1"], "unknown partition 'h100'"),
              (["submit", str(job)], "no mix"),
              (["submit", str(bad_key), "--mix", "a100:1"], "unknown [job] key 'epochs'"),
@@ -375,3 +383,6 @@ def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and want in lines[0], (args, r.stderr)
+    holder.kill()
+    holder.wait()
+    assert not (slurm_tmp / "busy" / "jobs").exists()      # nothing was submitted

@@ -32,6 +32,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="how this and later jobs are submitted (default: [job] method, else sbatch)")
     p.add_argument("--wait", action="store_true", help="follow the chain until the training ends")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
+    p.add_argument("--time-min", type=int, metavar="MIN", help="time limit of every job of the chain, minutes "
+                   "(default: [slurm] time_min of JOB.toml, else 60)")
+    p.add_argument("--signal-lead-s", type=int, metavar="S", help="Slurm signals a job S seconds before its time "
+                   "limit; it checkpoints and requeues (default: [slurm] signal_lead_s, else 60)")
+    p.add_argument("--max-timeouts", type=int, metavar="N", help="requeues after time-outs before the chain stops; "
+                   "preemptions do not count (default: [slurm] max_timeouts, else 3)")
     p.set_defaults(func=run)
     return p
 
@@ -77,6 +83,48 @@ def _check_spec(spec) -> None:
                           "add its directory to [job] pythonpath or PYTHONPATH")
 
 
+SLURM_FLAGS = {"time_min": 1, "signal_lead_s": 1, "max_timeouts": 0}     # flag -> smallest valid value
+
+
+def _slurm_extra(args) -> dict:
+    """The [slurm] keys given as flags (they override JOB.toml's), checked."""
+    out = {}
+    for k, lo in SLURM_FLAGS.items():
+        v = getattr(args, k, None)
+        if v is None:
+            continue
+        if v < lo:
+            raise ConfigError(f"--{k.replace('_', '-')} {v} must be >= {lo}")
+        out[k] = int(v)
+    return out
+
+
+def _check_chain_free(spec) -> None:
+    """One writer per chain directory: refused when a job holds its run directory or a job of the chain is
+    still queued or running (one line naming it)."""
+    from hpc_jabas.errors import SlurmError
+    from hpc_jabas.runtime.dirlock import DirLock, holder_text
+    from hpc_jabas.slurm import chain as chainlog
+    from hpc_jabas.slurm.watch import TERMINAL, sacct_states
+    for d, what in ((Path(spec.chain_dir), "chain directory"), (Path(spec.run_dir), "run directory")):
+        h = DirLock(d, what).locked_by_other()
+        if h is not None:
+            raise ConfigError(f"chain_dir {spec.chain_dir!r} is in use by {holder_text(h)} (its {what}); give this "
+                              "job its own chain_dir, or wait for that job to end")
+    ids = [str(e["job_id"]) for e in chainlog.read(spec.chain_dir) if e.get("event") == "submit" and e.get("job_id")]
+    if not ids:
+        return
+    try:
+        states = sacct_states(ids[-5:])
+    except SlurmError:
+        return
+    live = [(j, st["State"]) for j, st in states.items() if st.get("State") not in TERMINAL]
+    if live:
+        j, st = live[-1]
+        raise ConfigError(f"chain_dir {spec.chain_dir!r} has job {j} {st}; wait for it, cancel it (scancel {j}), "
+                          "or give this job its own chain_dir")
+
+
 def _describe(e: dict) -> str:
     from hpc_jabas.core.autoscale import mix_label
     t = time.strftime("%H:%M:%S", time.localtime(e.get("time", time.time())))
@@ -91,7 +139,11 @@ def _describe(e: dict) -> str:
         return (f"{t} move    job {e.get('from_job')} -> {e.get('to_job')} on {mix_label(e.get('mix') or {})} "
                 f"at epoch {e.get('epoch')}")
     if ev == "restart":
-        return f"{t} restart job {e.get('job_id')}: {e.get('overhead_s', 0):.1f} s from checkpoint to first iteration"
+        return (f"{t} restart job {e.get('job_id')}: {e.get('overhead_s', 0):.1f} s from checkpoint to first iteration"
+                f" (+{e.get('queue_wait_s', 0):.1f} s in the queue)")
+    if ev == "requeue":
+        return (f"{t} requeue job {e.get('from_job')} -> {e.get('to_job')}: {e.get('reason')} ({e.get('signal')}) "
+                f"at iteration {e.get('iteration')}, {e.get('lost_iterations', 0)} iterations lost")
     if ev == "end":
         return (f"{t} end     job {e.get('job_id')}: {e.get('state')} after {e.get('wall_s', 0):.1f} s, "
                 f"epochs {e.get('epochs')}, cost {e.get('cost', 0):.4g}")
@@ -115,8 +167,10 @@ def run(args) -> int:
         mix = parse_mix(",".join(f"{k}:{v}" for k, v in table.items()))
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError(f"--timeout {args.timeout:g} must be > 0 seconds")
-    spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method)
+    spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method,
+                               extra={**spec.extra, **_slurm_extra(args)})
     _check_spec(spec)
+    _check_chain_free(spec)
     s = submit(spec)
     print(f"submitted job {s.job_id} on {mix_label(s.mix)} ({s.method}); chain {spec.chain_dir}")
     print(f"follow it: hpc-jabas status {spec.chain_dir}")

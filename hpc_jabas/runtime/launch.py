@@ -94,7 +94,10 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     tr = Trainer(parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"], config=cfg,
                  scheduler=parts.get("scheduler"), eval_fn=parts.get("eval_fn"), epoch_end_hook=hook,
                  scheduler_step=parts.get("scheduler_step", "epoch"), callbacks=[restart])
-    tr.lock_run_dir(wait_s=_predecessor_wait(spec.chain_dir, job_id) if rank == 0 else 0.0)
+    from hpc_jabas.runtime.dirlock import lock_on_rank0
+    wait_s = _predecessor_wait(spec.chain_dir, job_id) if rank == 0 else 0.0
+    lock_on_rank0(spec.chain_dir, rank, "chain directory", wait_s=wait_s)    # one job of a chain at a time
+    tr.lock_run_dir(wait_s=wait_s)
     resumed = restart.resumed = tr.maybe_resume()
     if rank == 0:
         chainlog.append(spec.chain_dir, "start", job_id=job_id, mix=mix, world=tr.world, epoch=tr.sampler.epoch,
