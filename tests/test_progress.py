@@ -135,3 +135,20 @@ def test_console_writer_takes_the_lines_while_a_bar_is_up():
     finally:
         hjlog.set_console_writer(None)
     assert got == ["hpc-jabas[0] INFO: above the bar"]
+
+
+def test_iterate_draws_a_bar_only_on_a_terminal():
+    import io
+
+    from hpc_jabas.runtime.progress import iterate
+
+    class TTY(io.StringIO):
+        def isatty(self):
+            return True
+    hjlog.configure("info")
+    tty, pipe = TTY(), io.StringIO()
+    assert list(iterate([1, 2, 4], "profile", "size", file=tty)) == [1, 2, 4]
+    assert list(iterate([1, 2, 4], "profile", "size", file=pipe)) == [1, 2, 4]
+    assert list(iterate([1, 2, 4], "profile", "size", rank=1, file=tty)) == [1, 2, 4]
+    assert "profile: 100%" in tty.getvalue() and "3/3" in tty.getvalue()
+    assert pipe.getvalue() == ""

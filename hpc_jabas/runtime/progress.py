@@ -7,6 +7,8 @@
 * :class:`ProgressFile`: ``<run_dir>/progress.json`` (epoch, epochs, iteration, B, samples done, samples/s
   since this job's first iteration, ETA, job id), rewritten atomically at most every ``period_s`` and at
   every epoch end; always on (it is how ``hpc-jabas status`` shows a running chain's progress).
+* :func:`iterate`: the same kind of bar over any list of steps (``hpc-jabas profile``'s sizes).
+* :func:`refuse_finished`: a resumed run that already finished its epochs stops, plainly.
 
 :func:`default_callbacks` is what the Trainer installs on rank 0.
 """
@@ -18,14 +20,16 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_console_writer
 from hpc_jabas.runtime.hooks import Callback
 
 PROGRESS_FILE = "progress.json"
+T = TypeVar("T")
 log = get_logger(__name__)
 
 
@@ -46,6 +50,32 @@ def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None)
     return logging.getLogger("hpc_jabas").isEnabledFor(logging.INFO)
 
 
+def _tqdm(file: IO[str], **kw: Any) -> Any:
+    from tqdm import tqdm
+    size = shutil.get_terminal_size((100, 24))      # a terminal that reports 0 x 0 would hide the bar
+    return tqdm(file=file, ncols=size.columns, nrows=size.lines, leave=True, **kw)
+
+
+def iterate(items: Sequence[T], desc: str, unit: str = "it", rank: int = 0,
+            file: IO[str] | None = None) -> Iterator[T]:
+    """``items`` one by one, with a tqdm bar on rank 0 when :func:`bar_wanted` (e.g. the micro-batch sizes
+    ``hpc-jabas profile`` times); log lines print above the bar meanwhile. Without a bar: ``items`` as is."""
+    f = file or sys.stdout
+    if rank != 0 or not bar_wanted(f):
+        yield from items
+        return
+    from tqdm import tqdm
+    bar = _tqdm(f, total=len(items), desc=desc, unit=unit)
+    set_console_writer(lambda line: tqdm.write(line, file=sys.stderr))
+    try:
+        for x in items:
+            yield x
+            bar.update(1)
+    finally:
+        set_console_writer(None)
+        bar.close()
+
+
 def _done(trainer: Any) -> int:
     """Samples of the run done so far (whole epochs by the dataset size, plus the epoch's cursor)."""
     return int(trainer.sampler.epoch) * int(trainer.sampler.num_samples) + int(trainer.sampler.cursor)
@@ -63,10 +93,8 @@ class ProgressBar(Callback):
     def _open(self, trainer: Any) -> None:
         from tqdm import tqdm
         total = self.epochs * int(trainer.sampler.num_samples)
-        size = shutil.get_terminal_size((100, 24))      # a terminal that reports 0 x 0 would hide the bar
-        self.bar = tqdm(total=total, initial=min(_done(trainer), total), unit="sample", unit_scale=True,
-                        desc="train", file=self.file, ncols=size.columns, nrows=size.lines,
-                        leave=True, smoothing=0.1)
+        self.bar = _tqdm(self.file, total=total, initial=min(_done(trainer), total), unit="sample", unit_scale=True,
+                         desc="train", smoothing=0.1)
         set_console_writer(lambda line: tqdm.write(line, file=sys.stderr))   # log lines above the bar
 
     def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
