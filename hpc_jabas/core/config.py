@@ -148,6 +148,8 @@ class SlurmJobConfig:
                                  "USR2 for submitit) so that it checkpoints and requeues", lo=1)
     max_timeouts: int = key(3, "requeues after hitting the time limit before the chain stops (preemptions do "
                                "not count)", lo=0)
+    max_failures: int = key(2, "resubmissions of a chain's failed jobs (a killed rank, a lost node) from the last "
+                               "good checkpoint, with backoff (method sbatch)", lo=0)
 
 
 @dataclass
@@ -283,6 +285,7 @@ class JobConfig:
     signal_lead_s = _Flat[int]()
     resume_finished = _Flat[bool]()
     max_timeouts = _Flat[int]()
+    max_failures = _Flat[int]()
 
     def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:
         sections = {s: kw.pop(s) for s in list(kw) if s in SECTIONS}
