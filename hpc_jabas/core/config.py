@@ -144,7 +144,7 @@ class OutputConfig:
 class SlurmJobConfig:
     """[slurm] the Slurm jobs of a chain: time limit, signals, requeues."""
     time_min: int = key(60, "time limit of every Slurm job of the chain (minutes)", lo=1)
-    signal_lead_s: int = key(90, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
+    signal_lead_s: int = key(60, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
                                  "USR2 for submitit) so that it checkpoints and requeues", lo=1)
     max_timeouts: int = key(3, "requeues after hitting the time limit before the chain stops (preemptions do "
                                "not count)", lo=0)
