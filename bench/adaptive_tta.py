@@ -241,7 +241,7 @@ def run_one(task: Task, kind: str, seed: int, rank: int) -> dict:
 
 
 def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]]:
-    """From the run's metrics.jsonl (rank 0): (costs, modelled) where costs maps (B, micro-batch b) of
+    """From the run's metrics.jsonl (rank 0): (costs, modelled) where costs maps (B, plan) of
     the full iterations (not the shrunk epoch tail) to (iterations, measured seconds), and modelled[i]
     is iteration i's time predicted by the profiled perf model for the plan it ran (empty when the
     file, the profile or the format is missing)."""
@@ -249,7 +249,7 @@ def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]
 
     from hpc_jabas.core.perfmodel import PerfModel
     from hpc_jabas.core.plan import Plan
-    rows: dict[tuple[int, int], list[float]] = {}
+    rows: dict[tuple[int, str], list[float]] = {}
     modelled: dict[int, float] = {}
     try:
         model = PerfModel.load(profile_dir) if (profile_dir / "allreduce.json").exists() else None
@@ -265,8 +265,7 @@ def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]
                         memo[plan] = model.iteration_time(Plan.parse(plan), TYPES)
                     modelled[int(r["it"])] = memo[plan]
                 if r.get("samples") == r.get("B"):
-                    b = int(plan.split()[0].split("=")[1].split(",")[0])
-                    rows.setdefault((int(r["B"]), b), []).append(float(r["iter_s"]))
+                    rows.setdefault((int(r["B"]), plan), []).append(float(r["iter_s"]))
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return {}, []
     n = len(modelled)
@@ -275,13 +274,13 @@ def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]
 
 
 def _costs_text(costs: dict) -> str:
+    """The plans that took most of the run's iteration time, with their measured ms per iteration."""
     if not costs:
         return "(no iteration metrics)"
     total = sum(t for _, t in costs.values())
-    small_b = sum(t for (_, b), (_, t) in costs.items() if b <= 4)
-    top = sorted(costs.items(), key=lambda kv: -kv[1][1])[:6]
-    return (f"{100 * small_b / total:.0f}% of iteration time in plans with b<=4; top: "
-            + ", ".join(f"B={B}/b={b} {n}it x {1e3 * t / n:.1f}ms" for (B, b), (n, t) in top))
+    top = sorted(costs.items(), key=lambda kv: -kv[1][1])[:5]
+    return (f"iteration time {total:.1f}s, most in: "
+            + ", ".join(f"B={B} [{plan}] {n}it x {1e3 * t / n:.1f}ms" for (B, plan), (n, t) in top))
 
 
 def _traj(Bs) -> str:
