@@ -137,3 +137,26 @@ def curved(draw):
 def test_per_rank_like_brute_force_curved_profiles(inst, B):
     model, gpus, sf = inst
     check(B, model, gpus, sf, None)
+
+
+@settings(deadline=None, max_examples=150)
+@given(instances(max_gpus=6), st.integers(1, 30))
+def test_numpy_slot_counts_equal_the_python_ones(inst, B):
+    """Many groups (1024 ranks, each its own speed factor) run the slot counts in numpy: same plans."""
+    from hpc_jabas.core import planner_solve
+    model, gpus, sf, cands, drop = inst
+
+    def both():
+        try:
+            return plan_batch(B, gpus, model, b_candidates=cands, speed_factors=sf, allow_drop=drop)
+        except InfeasibleError as e:
+            return str(e)
+    saved = planner_solve.VEC
+    try:
+        planner_solve.VEC = 10**9
+        want = both()
+        planner_solve.VEC = 1
+        got = both()
+    finally:
+        planner_solve.VEC = saved
+    assert got == want

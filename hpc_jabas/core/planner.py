@@ -63,9 +63,9 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import gpus as _gpus
-from hpc_jabas.core.perfmodel import PerfModel, check_speed_factors
+from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, check_speed_factors
 from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner_rank import RankGroup, plan_per_rank
+from hpc_jabas.core.planner_rank import RankGroup, TypeTable, plan_per_rank
 from hpc_jabas.core.planner_solve import (
     FloatArray,
     IntArray,
@@ -110,19 +110,28 @@ class _Ctx:
         return [j for j, g in enumerate(self.groups) if g.cap >= b]
 
     def params(self, b: int, which: Iterable[int]) -> tuple[list[float], list[float], list[int]]:
-        ts, us, cs = [], [], []
-        for j in which:
-            g = self.groups[j]
-            t = self.model.t_micro(g.gpu, b, g.sf)
-            if not (t >= MIN_T_S and t >= MIN_T_REL * g.update_s and math.isfinite(t)):
-                # slots k*t + u would stop increasing in floating point: no plan can be ranked
-                raise ConfigError(f"micro-batch time {t:g} s of {g.gpu} at b={b} is too small next to its "
-                                  f"update_s={g.update_s:g} s; times must be >= {MIN_T_S:g} s and >= "
-                                  f"{MIN_T_REL:g} x update_s")
-            ts.append(t)
-            us.append(g.update_s)
-            cs.append(len(g.ranks))
-        return ts, us, cs
+        """Per group in ``which``: (t_micro at b = profile time / speed factor, update_s, rank count)."""
+        idx = np.fromiter(which, dtype=np.int64)
+        if not hasattr(self, "_gsf"):
+            names = sorted({g.gpu for g in self.groups})
+            self._names = names
+            self._gt = np.array([names.index(g.gpu) for g in self.groups], dtype=np.int64)
+            self._gsf = np.array([g.sf for g in self.groups], dtype=np.float64)
+            self._gu = np.array([g.update_s for g in self.groups], dtype=np.float64)
+            self._gc = np.array([len(g.ranks) for g in self.groups], dtype=np.int64)
+        used = set(self._gt[idx].tolist())                 # types of these groups (others may not fit b)
+        base = np.array([self.model.profile(n).time(b) if k in used else np.nan for k, n in enumerate(self._names)])
+        t = base[self._gt[idx]] / self._gsf[idx]          # = model.t_micro(gpu, b, sf), the same division
+        u = self._gu[idx]
+        ok = (t >= MIN_T_S) & (t >= MIN_T_REL * u) & np.isfinite(t)
+        if not ok.all():
+            j = int(idx[int(np.argmin(ok))])
+            g, tj = self.groups[j], float(t[int(np.argmin(ok))])
+            # slots k*t + u would stop increasing in floating point: no plan can be ranked
+            raise ConfigError(f"micro-batch time {tj:g} s of {g.gpu} at b={b} is too small next to its "
+                              f"update_s={g.update_s:g} s; times must be >= {MIN_T_S:g} s and >= "
+                              f"{MIN_T_REL:g} x update_s")
+        return t.tolist(), u.tolist(), self._gc[idx].tolist()
 
 
 def _check_B(B: Any, what: str = "global batch B") -> int:
@@ -145,10 +154,11 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
     if not names:
         raise ConfigError("no GPU given; give one GPU type per rank, e.g. v100,v100,p100")
     key_of = {}
+    prof_of: dict[str, ComputeProfile] = {}
     for nm in names:
         if nm not in key_of:
             key = _gpus.normalize(nm)
-            model.profile(key)  # a type the model has no profile for is an error here
+            prof_of[key] = model.profile(key)  # a type the model has no profile for is an error here
             key_of[nm] = key
     sf = check_speed_factors(speed_factors, len(names))
     index: dict[tuple[str, float], int] = {}
@@ -158,7 +168,7 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
         k = (key_of[nm], f)
         j = index.get(k)
         if j is None:
-            p = model.profile(k[0])
+            p = prof_of[k[0]]
             assert p.max_b is not None   # ComputeProfile.__post_init__ sets it
             j = index[k] = len(groups)
             groups.append(_Group(k[0], f, [], p.max_b, p.update_s))
@@ -166,7 +176,7 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
         gor[i] = j
 
     if b_candidates is None:
-        cands = sorted({b for g in groups for b in model.profile(g.gpu).b})
+        cands = sorted({b for p in prof_of.values() for b in p.b})
         origin = "measured micro-batch sizes"
     else:
         if isinstance(b_candidates, (int, str)):
@@ -278,26 +288,34 @@ def _nearest(ctx: _Ctx, B: float, lo: int, hi: int | None) -> int | None:
     return None if best is None else best[1]
 
 
-def _rank_groups(ctx: _Ctx) -> list[RankGroup]:
-    """Per-rank mode: each group's allowed sizes A_g and its tabulated times (planner_rank.py).
+def _rank_tables(ctx: _Ctx) -> tuple[list[TypeTable], list[RankGroup]]:
+    """Per-rank mode: each GPU type's allowed sizes A and tabulated times, and the groups (planner_rank.py).
 
-    A_g: the candidates within the group's memory cap, plus the cap itself when the candidates are
-    the default (the profiles' measured sizes), so every identical-b plan is also a per-rank one.
+    A: the candidates within the type's memory cap, plus the cap itself when the candidates are the
+    default (the profiles' measured sizes), so every identical-b plan is also a per-rank one.
     """
-    out = []
+    types: list[TypeTable] = []
+    index: dict[str, int] = {}
+    groups = []
     for g in ctx.groups:
-        A = sorted({b for b in ctx.cands if b <= g.cap} | ({g.cap} if ctx.default_cands else set()))
-        if not A:
-            raise InfeasibleError(f"memory cap of {g.gpu} (max_b={g.cap}) is below the smallest candidate "
-                                  f"micro-batch b={ctx.cands[0]}; use b <= {g.cap} or leave that GPU out")
-        tt = np.asarray(ctx.model.profile(g.gpu).time_table(A[-1]), dtype=float) / g.sf
-        t0 = float(tt[0])
-        if not (t0 >= MIN_T_S and t0 >= MIN_T_REL * g.update_s and math.isfinite(float(tt[-1]))):
+        j = index.get(g.gpu)
+        if j is None:
+            A = sorted({b for b in ctx.cands if b <= g.cap} | ({g.cap} if ctx.default_cands else set()))
+            if not A:
+                raise InfeasibleError(f"memory cap of {g.gpu} (max_b={g.cap}) is below the smallest candidate "
+                                      f"micro-batch b={ctx.cands[0]}; use b <= {g.cap} or leave that GPU out")
+            tt = np.asarray(ctx.model.profile(g.gpu).time_table(A[-1]), dtype=float)
+            if not math.isfinite(float(tt[-1])):
+                raise ConfigError(f"micro-batch time of {g.gpu} at b={A[-1]} is not finite")
+            j = index[g.gpu] = len(types)
+            types.append(TypeTable(tt, np.asarray(A, dtype=np.int64), g.update_s))
+        t0 = float(types[j].tt[0]) / g.sf
+        if not (t0 >= MIN_T_S and t0 >= MIN_T_REL * g.update_s):
             raise ConfigError(f"micro-batch time {t0:g} s of {g.gpu} at b=1 is too small next to its "
                               f"update_s={g.update_s:g} s; times must be >= {MIN_T_S:g} s and >= "
                               f"{MIN_T_REL:g} x update_s")
-        out.append(RankGroup(tt, np.asarray(A, dtype=np.int64), g.update_s, list(g.ranks)))
-    return out
+        groups.append(RankGroup(j, g.sf, list(g.ranks)))
+    return types, groups
 
 
 def plan_batch(B: int, gpus: Sequence[str], model: PerfModel, *, b_candidates: Iterable[int] | None = None,
@@ -321,7 +339,7 @@ def plan_batch(B: int, gpus: Sequence[str], model: PerfModel, *, b_candidates: I
         if B < ctx.R:
             raise InfeasibleError(f"global batch B={B} is too small for {ctx.R} GPUs: each needs at least one "
                                   f"sample, so B >= {ctx.R}; raise B or use fewer GPUs")
-        return plan_per_rank(_rank_groups(ctx), ctx.R, B)
+        return plan_per_rank(*_rank_tables(ctx), ctx.R, B)
     ctx = _prepare(gpus, model, b_candidates, speed_factors, allow_drop)
     b_min = ctx.cands[0]
     if not allow_drop and B < b_min * ctx.R:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hpc_jabas.core.plan import Plan, split_proportional
+from hpc_jabas.core.plan import Plan
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -47,32 +47,53 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass
 class RankGroup:
-    """Interchangeable ranks: tt[r-1] = seconds of a micro-batch of r samples (already / speed factor,
-    r = 1..max(A)), A the allowed sizes (ascending), u the update time, ranks ascending."""
+    """Interchangeable ranks: GPU type ``t`` (an index into the type tables), speed factor ``sf``,
+    ranks ascending."""
+
+    t: int
+    sf: float
+    ranks: list[int]
+
+
+@dataclass
+class TypeTable:
+    """One GPU type: tt[r-1] = seconds of a micro-batch of r samples (r = 1..max(A)), A the allowed
+    sizes (ascending), u the update time."""
 
     tt: FloatArray
     A: IntArray
     u: float
-    ranks: list[int]
 
 
 class _Pairs:
-    """Every (group, allowed b) pair as flat arrays; tables padded into one matrix (row = group)."""
+    """Every (group, allowed b) pair as flat arrays. A group's time of r samples is its type's
+    tabulated time / its speed factor, computed on lookup (the same division as the perf model)."""
 
-    def __init__(self, groups: Sequence[RankGroup]) -> None:
+    def __init__(self, types: Sequence[TypeTable], groups: Sequence[RankGroup]) -> None:
         self.groups = groups
-        width = max(len(g.tt) for g in groups)
-        self.TT = np.full((len(groups), width), np.inf)
-        for j, g in enumerate(groups):
-            self.TT[j, :len(g.tt)] = np.maximum.accumulate(np.asarray(g.tt, dtype=np.float64))
-        self.row = np.concatenate([np.full(len(g.A), j, dtype=np.int64) for j, g in enumerate(groups)])
-        self.A = np.concatenate([np.asarray(g.A, dtype=np.int64) for g in groups])
-        self.Af = self.A.astype(np.float64)
-        self.tb = self.TT[self.row, self.A - 1]
-        self.u = np.array([g.u for g in groups])[self.row]
+        width = max(len(t.tt) for t in types)
+        self.BASE = np.full((len(types), width), np.inf)
+        for j, t in enumerate(types):
+            self.BASE[j, :len(t.tt)] = np.maximum.accumulate(np.asarray(t.tt, dtype=np.float64))
+        self.gt = np.array([g.t for g in groups], dtype=np.int64)
+        self.gsf = np.array([g.sf for g in groups], dtype=np.float64)
         self.c = np.array([len(g.ranks) for g in groups], dtype=np.int64)
-        self.start = np.concatenate([[0], np.cumsum([len(g.A) for g in groups])[:-1]]).astype(np.int64)
+        self.gu = np.array([types[t].u for t in range(len(types))], dtype=np.float64)[self.gt]
+        lens = np.array([len(t.A) for t in types], dtype=np.int64)[self.gt]
+        self.row = np.repeat(np.arange(len(groups), dtype=np.int64), lens)
+        self.A = np.concatenate([types[t].A for t in self.gt.tolist()]).astype(np.int64)
+        self.rt = self.gt[self.row]
+        self.rsf = self.gsf[self.row]
+        self.tb = self.BASE[self.rt, self.A - 1] / self.rsf
+        self.u = self.gu[self.row]
+        self.start = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
         self.steps = max(1, int(width).bit_length())
+        self.rho = np.min(self.BASE / np.arange(1, width + 1), axis=1)[self.gt] / self.gsf
+
+    def tt(self, idx: IntArray) -> FloatArray:
+        """Per pair: the time of idx + 1 samples on that pair's group."""
+        out: FloatArray = self.BASE[self.rt, idx] / self.rsf
+        return out
 
     def caps(self, T: float) -> IntArray:
         """Per pair: the most samples one rank processes within T (k full micro-batches of b, then
@@ -90,7 +111,7 @@ class _Pairs:
             act = mid > lo
             if not act.any():
                 break
-            fits = (L0 + self.TT[self.row, np.maximum(mid - 1, 0)]) + u <= T
+            fits = (L0 + self.tt(np.maximum(mid - 1, 0))) + u <= T
             lo = np.where(act & fits, mid, lo)
             hi = np.where(act & ~fits, mid, hi)
         out: IntArray = k * A + lo
@@ -103,42 +124,44 @@ class _Pairs:
         per = self.caps(T)
         return int(self.group_caps(per) @ self.c), per
 
-    def time_of(self, x: IntArray | int, sl: slice = slice(None)) -> FloatArray:
-        """Per pair (or the pairs in sl): time of x samples (x >= 1) with that pair's b, as
+    def time_of(self, x: IntArray) -> FloatArray:
+        """Per pair: time of x samples (x >= 1, one value per pair) with that pair's b, as
         perfmodel.rank_time computes it."""
-        A, tb, u = self.A[sl], self.tb[sl], self.u[sl]
+        A, tb, u = self.A, self.tb, self.u
         k, r = np.divmod(x, A)
         full = k * tb + u
-        part = (k * tb + self.TT[self.row[sl], np.maximum(r - 1, 0)]) + u
+        part = (k * tb + self.tt(np.maximum(r - 1, 0))) + u
         res: FloatArray = np.where(r == 0, full, part)
         return res
+
+    def best_b(self, x: IntArray) -> IntArray:
+        """Per group: the allowed b that finishes x[group] samples first (ties: the larger b)."""
+        t = self.time_of(x[self.row])
+        tmin = np.minimum.reduceat(t, self.start)
+        idx = np.where(t == tmin[self.row], np.arange(len(t)), -1)
+        out: IntArray = self.A[np.maximum.reduceat(idx, self.start)]
+        return out
 
 
 def makespan(P: _Pairs, B: int) -> float:
     """T* = min{T >= T_lo : sum C_i(T) >= B} (module docstring); B >= number of ranks."""
-    T_lo = float(np.max(P.TT[:, 0] + np.array([g.u for g in P.groups])))
+    T_lo = float(np.max(P.BASE[P.gt, 0] / P.gsf + P.gu))
     tot, per = P.total(T_lo)
     if tot >= B:
         return T_lo
     lo, per_lo, tot_lo = T_lo, per, tot
     c = P.c.astype(np.float64)
-    ug = np.array([g.u for g in P.groups])
     # lower bound: no rank beats its best per-sample rate rho (over every size it may run)
-    width = P.TT.shape[1]
-    rho = np.min(P.TT / np.arange(1, width + 1), axis=1)
-    t_lb = (B + float(np.sum(c * ug / rho))) / float(np.sum(c / rho))
+    t_lb = (B + float(np.sum(c * P.gu / P.rho))) / float(np.sum(c / P.rho))
     cand = t_lb * (1 - 1e-12)
     if cand > lo:
         tot, per = P.total(cand)
         if tot < B:
             lo, per_lo, tot_lo = cand, per, tot
-    # upper bound: each rank's most efficient full micro-batch, k of them
-    eff = P.Af / P.tb
-    best = np.maximum.reduceat(eff, P.start)
-    j = np.array([P.start[g] + int(np.argmax(eff[P.start[g]:P.start[g] + len(P.groups[g].A)]))
-                  for g in range(len(P.groups))])
-    hi = (B + float(np.sum(c * (ug + P.tb[j]) * best))) / float(np.sum(c * best))
-    hi = max(hi, lo)
+    # upper bound: each rank's most efficient full micro-batch (rate A/tb), k of them, plus one
+    best = np.maximum.reduceat(P.A / P.tb, P.start)
+    amax = np.maximum.reduceat(P.A, P.start)
+    hi = max(lo, (B + float(np.sum(c * (P.gu * best + amax)))) / float(np.sum(c * best)))
     step = float(P.tb.max())
     tot_hi = P.total(hi)[0]
     while tot_hi < B:
@@ -167,27 +190,34 @@ def makespan(P: _Pairs, B: int) -> float:
         slow = slow + 1 if hi - lo > 0.5 * span else 0
 
 
-def plan_per_rank(groups: Sequence[RankGroup], R: int, B: int) -> Plan:
+def plan_per_rank(types: Sequence[TypeTable], groups: Sequence[RankGroup], R: int, B: int) -> Plan:
     """The optimal per-rank plan for B >= R samples, every rank running (module docstring)."""
-    P = _Pairs(groups)
+    P = _Pairs(types, groups)
     T = makespan(P, B)
-    C = P.group_caps(P.caps(T)).tolist()
-    spare = [len(g.ranks) * (cg - 1) for g, cg in zip(groups, C)]
-    extra = split_proportional(B - R, spare, caps=spare) if B > R else [0] * len(groups)
-    bs = [0] * R
-    ns = [0] * R
-    xs = [0] * R
-    for j, (g, e) in enumerate(zip(groups, extra)):
-        cnt = len(g.ranks)
-        q, rem = divmod(cnt + e, cnt)
-        sl = slice(int(P.start[j]), int(P.start[j]) + len(g.A))
-        for x, members in ((q + 1, g.ranks[:rem]), (q, g.ranks[rem:])):
-            if not members:
-                continue
-            t = P.time_of(x, sl)
-            best = np.flatnonzero(t == t.min())
-            b = int(g.A[best[-1]])                     # ties: the larger b
-            n = -(-x // b)
-            for i in members:
-                bs[i], ns[i], xs[i] = b, n, x
+    C = P.group_caps(P.caps(T))
+    spare = P.c * (C - 1)
+    E = B - R
+    # largest remainder of E split in proportion to spare (never above it), exact integers;
+    # ties: the larger spare, then the lower group
+    tot = int(spare.sum())
+    extra = np.zeros(len(groups), dtype=np.int64)
+    if E > 0:
+        num = spare * E
+        extra = num // tot
+        left = E - int(extra.sum())
+        if left:
+            order = np.lexsort((np.arange(len(groups)), -spare, -(num % tot)))
+            extra[order[:left]] += 1
+    q, rem = np.divmod(P.c + extra, P.c)
+    b_hi, b_lo = P.best_b(q + 1), P.best_b(q)
+    members = [i for g in groups for i in g.ranks]
+    gidx = np.repeat(np.arange(len(groups)), P.c)
+    pos = np.arange(len(members)) - np.repeat(np.concatenate([[0], np.cumsum(P.c)[:-1]]), P.c)
+    up = pos < rem[gidx]
+    x = q[gidx] + up
+    b = np.where(up, b_hi[gidx], b_lo[gidx])
+    n = -(-x // b)
+    bs, ns, xs = [0] * R, [0] * R, [0] * R
+    for i, bi, ni, xi in zip(members, b.tolist(), n.tolist(), x.tolist()):
+        bs[i], ns[i], xs[i] = bi, ni, xi
     return Plan(tuple(bs), tuple(ns), tuple(xs))

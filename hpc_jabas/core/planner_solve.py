@@ -35,13 +35,34 @@ def k_at(T: float, t: float, u: float) -> int:
     return k
 
 
-def count_slots(T: float, ts: Sequence[float], us: Sequence[float], cs: Sequence[int]) -> int:
+VEC = 32   # from this many groups on, the slot counts run in numpy (the same IEEE arithmetic)
+
+
+def _arrays(ts: Floats, us: Floats, cs: Ints) -> tuple[FloatArray, FloatArray, IntArray]:
+    return np.asarray(ts, dtype=np.float64), np.asarray(us, dtype=np.float64), np.asarray(cs, dtype=np.int64)
+
+
+def count_slots(T: float, ts: Sequence[float], us: Sequence[float], cs: Sequence[int], kmin: int = 1) -> int:
+    """sum over groups of c * max(0, k_at(T) - kmin + 1)."""
+    if len(ts) >= VEC:
+        t, u, c = _arrays(ts, us, cs)
+        kv = k_at_vec(np.full(1, T), t, u) - kmin + 1
+        return int(np.maximum(kv, 0) @ c)
     tot = 0
-    for t, u, c in zip(ts, us, cs):
-        k = k_at(T, t, u)
+    for t_, u_, c_ in zip(ts, us, cs):
+        k = k_at(T, t_, u_) - kmin + 1
         if k > 0:
-            tot += c * k
+            tot += c_ * k
     return tot
+
+
+def _next_slot(lo: float, ts: Floats, us: Floats, kmin: int) -> float:
+    """The smallest slot value k*t + u (k >= kmin) above lo."""
+    if len(ts) >= VEC:
+        t, u = np.asarray(ts, dtype=np.float64), np.asarray(us, dtype=np.float64)
+        k = np.maximum(k_at_vec(np.full(1, lo), t, u) + 1, kmin)
+        return float(np.min(k * t + u))
+    return min(max(k_at(lo, t, u) + 1, kmin) * t + u for t, u in zip(ts, us))
 
 
 def first_slot(M: int, lo: float, hi: float, ts: Floats, us: Floats, cs: Ints, kmin: int = 1) -> float:
@@ -51,15 +72,10 @@ def first_slot(M: int, lo: float, hi: float, ts: Floats, us: Floats, cs: Ints, k
     Bisection on T, plus a step to the next slot value above lo, which ends on the exact slot.
     """
     def count(T: float) -> int:
-        tot = 0
-        for t, u, c in zip(ts, us, cs):
-            k = k_at(T, t, u) - kmin + 1
-            if k > 0:
-                tot += c * k
-        return tot
+        return count_slots(T, ts, us, cs, kmin)
 
     while True:
-        nxt = min(max(k_at(lo, t, u) + 1, kmin) * t + u for t, u in zip(ts, us))  # first slot > lo
+        nxt = _next_slot(lo, ts, us, kmin)  # first slot > lo
         if count(nxt) >= M:
             return nxt
         lo = nxt
