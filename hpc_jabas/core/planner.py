@@ -52,6 +52,10 @@ as order statistics of the merged slot sequences (numpy), then builds all plans 
 
 Layout: this module checks the input, groups the ranks and chooses b; the slot arithmetic on the
 groups (``k_at``, ``first_slot``, ``fill_counts``, ...) is in planner_solve.py.
+
+Per-rank micro-batch sizes (``plan_batch(..., per_rank=True)``): each rank its own b_i, the last
+micro-batch partial; exact by a capacity bisection over the makespan, in planner_rank.py. Its
+allowed sizes include every identical-b candidate, so it is never slower than the identical-b plan.
 """
 from __future__ import annotations
 
