@@ -174,6 +174,38 @@ def test_held_gpus_on_drained_nodes_are_not_available():
                                                                                            None, None]
 
 
+def test_failed_job_resubmitted_from_last_checkpoint_with_bounded_retries(tmp_path):
+    """The batch shell after a failed srun (runtime/launch.py --after-failure): the successor resumes from the
+    last good checkpoint, the iterations lost since it are recorded; not after a clean end, not on exit 2
+    (the job said why), not beyond max_failures."""
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.runtime.launch import failure_backoff_s, resubmit_after_failure
+    from hpc_jabas.slurm import chain as chainlog
+    spec = JobSpec(task="preempt_task:build", config={"slurm": {"max_failures": 1}}, chain_dir=str(tmp_path),
+                   mix={"rtx2060": 2}, method="sbatch")
+    ckpt.save_in(tmp_path / "run" / "checkpoints", {"iteration": 8}, epoch=0, iteration=8)
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps({"type": "iteration", "it": i}) + "\n"
+                                                            for i in range(11)))
+    chainlog.append(tmp_path, "start", job_id="7")
+    subs, naps = [], []
+
+    def fake_submit(s):
+        subs.append(s.mix)
+        return str(8 + len(subs))
+    kw = {"sleep": naps.append, "submit": fake_submit}
+    assert resubmit_after_failure(spec, "7", 2, **kw) is None and not subs             # exit 2: said why
+    assert resubmit_after_failure(spec, "7", 137, **kw) == "9" and subs == [{"rtx2060": 2}]
+    ev = chainlog.read(tmp_path)
+    assert ev[-2]["event"] == "end" and ev[-2]["state"] == "failed" and ev[-2]["lost_iterations"] == 3
+    assert ev[-1]["event"] == "requeue" and ev[-1]["reason"] == "failure" and ev[-1]["to_job"] == "9"
+    assert naps == [failure_backoff_s(1)] and failure_backoff_s(3) == 20.0
+    chainlog.append(tmp_path, "start", job_id="9")
+    assert resubmit_after_failure(spec, "9", 1, **kw) is None and len(subs) == 1      # max_failures=1 reached
+    chainlog.append(tmp_path, "start", job_id="10")
+    chainlog.append(tmp_path, "end", job_id="10", state="moved")
+    assert resubmit_after_failure(spec, "10", 1, **kw) is None and len(subs) == 1     # it ended on its own
+
+
 # ---- preemption on the real local Slurm ------------------------------------------------------------
 PLAN = "b=4 n=2,2"           # B=16 on two rtx2060 ranks: 15 iterations per epoch of the 240 samples
 CHAIN_CFG = {"planner": "fixed", "plan": PLAN, "batch": 16, "epochs": 2, "emulate": True, "emulate_base_s": 0.08,

@@ -65,7 +65,9 @@ def test_render_one_partition_job(tmp_path, monkeypatch):
                    "#SBATCH --partition=rtx2060 --nodes=1 --ntasks=2 --mem=1024M --gres=gpu:rtx2060:2 --time=30 "
                    "--account=proj",
                    *_setup(c), *sbatch.HJ_TRAPS.splitlines(),
-                   f"hj_srun srun --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m hpc_jabas.runtime.launch {c}/jobs/1.json"]
+                   f"hj_srun srun --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m hpc_jabas.runtime.launch {c}/jobs/1.json"
+                   f' || {{ rc=$?; {PY} -u -m hpc_jabas.runtime.launch --after-failure "$rc" {c}/jobs/1.json; '
+                   'exit "$rc"; }']
 
 
 def test_render_two_component_hetjob(tmp_path, monkeypatch):
@@ -85,7 +87,9 @@ def test_render_two_component_hetjob(tmp_path, monkeypatch):
                          "#SBATCH --constraint=fast"]
     assert got[10:-1] == _setup(c) + sbatch.HJ_TRAPS.splitlines()
     assert got[-1] == (f"hj_srun srun --het-group=0,1 --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m "
-                       f"hpc_jabas.runtime.launch {c}/jobs/2.json")
+                       f"hpc_jabas.runtime.launch {c}/jobs/2.json"
+                       f' || {{ rc=$?; {PY} -u -m hpc_jabas.runtime.launch --after-failure "$rc" {c}/jobs/2.json; '
+                       'exit "$rc"; }')
     # every #SBATCH line comes before the first command (sbatch stops reading directives there)
     first_cmd = next(i for i, ln in enumerate(got) if ln.strip() and not ln.startswith("#"))
     assert max(i for i, ln in enumerate(got) if ln.startswith("#SBATCH")) < first_cmd == 10
@@ -338,7 +342,8 @@ def test_sbatch_method_writes_script_and_spec(tmp_path, fake_slurm):
     assert (s.job_id, s.method, s.script) == ("4242", "sbatch", c / "jobs" / "1.sbatch")
     assert s.script.read_text() == (fake_slurm / "got.sh").read_text()
     assert JobSpec.load(c / "jobs" / "1.json").mix == {"a100": 1, "v100": 2}
-    assert s.script.read_text().splitlines()[-1].endswith(f"-u -m hpc_jabas.runtime.launch {c}/jobs/1.json")
+    assert s.script.read_text().splitlines()[-1].endswith(f"-u -m hpc_jabas.runtime.launch --after-failure "
+                                                          f'"$rc" {c}/jobs/1.json; exit "$rc"; }}')
     s2 = submit(_spec(c, {"a100": 1}), view=_view())
     assert s2.script == c / "jobs" / "2.sbatch"
     assert [e["script"] for e in chainlog.read(c)] == [str(s.script), str(s2.script)]

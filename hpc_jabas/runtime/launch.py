@@ -2,6 +2,7 @@
 
     python -m hpc_jabas.runtime.launch SPEC.json        # a JobSpec written by hpc_jabas.slurm.executor
     python -m hpc_jabas.runtime.launch JOB.toml         # by hand: [job] task/chain_dir/method + config keys
+    python -m hpc_jabas.runtime.launch --after-failure RC SPEC.json|JOB.toml   # the batch shell, srun failed
 
 Every rank runs this. The current mix is read from the ranks' Slurm partitions (allgather).
 Returns (rank 0) a summary dict; submitit hands it back through its usual job objects.
@@ -178,6 +179,72 @@ def requeue_after_stop(spec: JobSpec, job_id: str, mix: dict[str, int], stopped:
     return {"requeued": True, "to_job": str(new_id), "reason": reason}
 
 
+def failure_backoff_s(attempt: int) -> float:
+    """Seconds to wait before the ``attempt``-th resubmission of a failed job (1, 2, ...)."""
+    return min(60.0, 5.0 * 2 ** (attempt - 1))
+
+
+def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=time.sleep,
+                           submit=None) -> str | None:
+    """The batch shell of a method-"sbatch" job whose srun failed (a killed rank, a lost node): unless the job
+    ended on its own (an ``end`` event), submit its successor onto the same mix, to resume from the last good
+    checkpoint, after a backoff, at most ``max_failures`` times per chain. Chain events: ``end`` (state
+    failed, the iterations lost since that checkpoint) and ``requeue`` (reason failure). The new job id, or None."""
+    from hpc_jabas.errors import CheckpointError
+    from hpc_jabas.runtime import checkpoint as ckpt
+    from hpc_jabas.slurm.cluster import mix_from_env
+    from hpc_jabas.slurm.components import slurm_option
+    from hpc_jabas.slurm.executor import submit_job
+    if rc == 2:
+        return None                      # the job said why it stopped (bad input, a directory in use)
+    ev = chainlog.read(spec.chain_dir)
+    if any(e.get("event") == "end" and str(e.get("job_id")) == str(job_id) and e.get("time", 0) >= _started(ev, job_id)
+           for e in ev):
+        return None                      # it ended on its own (moved, stopped, finished): nothing to recover
+    failures = sum(1 for e in ev if e.get("event") == "requeue" and e.get("reason") == "failure")
+    its = [int(r["it"]) for r in _metrics(spec) if r.get("type") == "iteration"]
+    try:
+        found = ckpt.load_latest(Path(spec.run_dir) / "checkpoints", log=log.warning)
+    except CheckpointError:
+        found = None
+    at = int(found[0]["iteration"]) if found else 0
+    lost = max(0, (max(its) + 1 if its else 0) - at)
+    chainlog.append(spec.chain_dir, "end", job_id=job_id, state="failed", exit_code=rc, iteration=at,
+                    lost_iterations=lost)
+    if failures >= slurm_option(spec, "max_failures"):
+        log.error("job %s failed (exit %s); the chain has been resubmitted after %d failures already "
+                  "(max_failures): not again; the checkpoint at iteration %d is kept", job_id, rc, failures, at)
+        return None
+    mix = spec.mix if "unknown" not in spec.mix else (mix_from_env(env) or spec.mix)
+    sleep(failure_backoff_s(failures + 1))
+    new_id = (submit or submit_job)(spec.with_mix(mix))
+    chainlog.append(spec.chain_dir, "requeue", from_job=job_id, to_job=new_id, reason="failure", exit_code=rc,
+                    iteration=at, lost_iterations=lost, attempt=failures + 1, method=spec.method,
+                    checkpoint_time=(found[1].stat().st_mtime if found else time.time()))
+    log.warning("job %s failed (exit %s): resubmitted as %s from the checkpoint at iteration %d (%d iterations "
+                "lost; failure %d of max %d)", job_id, rc, new_id, at, lost, failures + 1,
+                slurm_option(spec, "max_failures"))
+    return str(new_id)
+
+
+def _started(ev: list[dict], job_id: str) -> float:
+    """When this run of the job started (its last start event; 0 when none)."""
+    return max([float(e.get("time", 0)) for e in ev if e.get("event") == "start"
+                and str(e.get("job_id")) == str(job_id)] or [0.0])
+
+
+def _metrics(spec: JobSpec) -> list[dict]:
+    import json
+    p = Path(spec.run_dir) / "metrics.jsonl"
+    out = []
+    for ln in (p.read_text().splitlines() if p.exists() else []):
+        try:
+            out.append(json.loads(ln))
+        except ValueError:
+            continue
+    return out
+
+
 def _submitit_requeue_handler():
     """submitit's USR2 handler that our stop-signal flag replaced (None when submitit did not set one)."""
     from hpc_jabas.runtime.safepoint import stop_signals
@@ -226,6 +293,16 @@ def _params_digest(model) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "--after-failure":
+        try:
+            spec = spec_from_file(argv[2])
+            job_id = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or ""
+            if job_id:
+                resubmit_after_failure(spec, job_id, int(argv[1]))
+        except (JabasError, ValueError) as e:
+            log.error("resubmission after the failure not done: %s", e)
+            return 2
+        return 0
     if len(argv) != 1:
         log.error("usage: python -m hpc_jabas.runtime.launch SPEC.json|JOB.toml")
         return 2

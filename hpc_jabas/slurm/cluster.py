@@ -376,3 +376,17 @@ def job_clock(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, fl
     except ValueError:
         pass
     return out
+
+
+def mix_from_env(env: Mapping[str, str] | None = None) -> dict[str, int]:
+    """partition -> tasks of the current job (every component of a heterogeneous job), from its environment."""
+    env = os.environ if env is None else env
+    size = env.get("SLURM_HET_SIZE")
+    pairs = [(env.get(f"SLURM_JOB_PARTITION_HET_GROUP_{k}"), env.get(f"SLURM_NTASKS_HET_GROUP_{k}"))
+             for k in range(int(size))] if size and size.isdigit() else []
+    pairs = pairs or [(env.get("SLURM_JOB_PARTITION"), env.get("SLURM_NTASKS"))]
+    out: dict[str, int] = {}
+    for part, n in pairs:
+        if part and n and n.isdigit() and "," not in part:
+            out[part] = out.get(part, 0) + int(n)
+    return dict(sorted(out.items()))

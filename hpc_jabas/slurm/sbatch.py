@@ -177,7 +177,10 @@ def render_sbatch(spec: JobSpec, comps: list[Component], spec_path: str | Path, 
     het = [f"--het-group={het_groups(comps)}"] if len(comps) > 1 else []
     srun = ["srun", *het, *SRUN_ARGS, spec.python or sys.executable, "-u", "-m",
             JOB_ENTRY.partition(":")[0], str(spec_path)]
-    lines.append("hj_srun " + shlex.join(srun))
+    # a failed step (a killed rank, a lost node): the batch shell resubmits from the last good checkpoint
+    after = [spec.python or sys.executable, "-u", "-m", JOB_ENTRY.partition(":")[0], "--after-failure"]
+    lines.append("hj_srun " + shlex.join(srun) + ' || { rc=$?; ' + shlex.join(after) + ' "$rc" '
+                 + shlex.quote(str(spec_path)) + '; exit "$rc"; }')
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,290 @@
+"""Faults on the local Slurm cluster (issue 12): preemption, time limits, killed ranks, checkpoint writes, drains.
+
+    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--only preempt,timelimit,kill,corrupt,drain]
+                                     [--json FILE]
+
+* preempt: tests/preempt_task.py (float64, Adam, fixed plan b=4 n=2,2 on 2 x rtx2060, 2 epochs = 30 iterations,
+  periodic checkpoints every 4) is signalled once iteration k is on record, k random, for each signal (USR1,
+  USR2, TERM) and each launcher: sbatch jobs get USR1/USR2 at their batch shell (``scancel --batch``: the
+  trap of the job script passes it on) and TERM everywhere (``--full``, as a preemption does); submitit jobs
+  get the signal at their steps (submitit's own batch shell has no trap). Exact: the chain finishes and the
+  final parameters equal the single-process uninterrupted run (tests/reference.py) to 1e-6 relative, with
+  every iteration recorded once. Lost work: iterations between the stop and the checkpoint it resumed from.
+* timelimit: the same task, 4 epochs of ~1 s iterations, ``time_min=1``, ``signal_lead_s=30``,
+  ``max_timeouts=10``: recovered when the chain finishes exactly after at least one time-out requeue.
+* kill: ``kill -9`` of rank 1 mid-epoch (sbatch chain): recovered when the chain resubmits from the last
+  good checkpoint and finishes exactly; lost = iterations since that checkpoint (<= checkpoint_every).
+* corrupt: ``kill -9`` of a process writing 16 MB checkpoints in a loop at random offsets, and a flipped byte
+  or a truncation of the newest checkpoint: detected when load_latest returns an intact earlier one.
+* drain: the auto-scaler's view of GPUs a job holds on drained/down/draining nodes (parsed scontrol text):
+  avoided when they are not counted as available.
+
+The last line: ``preempt_exact=N/N timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
+corrupt_detected=N/N bad_inputs_clear=n/a lost_iterations_max=N`` (bad inputs: another table's job; n/a).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from localcluster import LocalCluster  # noqa: E402
+
+PY = str(ROOT / ".venv" / "bin" / "python")
+PLAN = "b=4 n=2,2"
+BASE_CFG = {"planner": "fixed", "plan": PLAN, "batch": 16, "epochs": 2, "emulate": True, "emulate_base_s": 0.08,
+            "emulate_per_sample_s": 0.0, "metrics_period": 1, "checkpoint_every": 4, "seed": 0,
+            "autoscale": {"enabled": False}, "slurm": {"time_min": 15}}
+SIGNAL_HOW = {("sbatch", "USR1"): ["--batch", "--signal=USR1"], ("sbatch", "USR2"): ["--batch", "--signal=USR2"],
+              ("sbatch", "TERM"): ["--full", "--signal=TERM"], ("submitit", "USR1"): ["--signal=USR1"],
+              ("submitit", "USR2"): ["--signal=USR2"], ("submitit", "TERM"): ["--signal=TERM"]}
+
+
+def _iterations(chain_dir: Path) -> list[dict]:
+    p = chain_dir / "run" / "metrics.jsonl"
+    recs = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()] if p.exists() else []
+    return [r for r in recs if r.get("type") == "iteration"]
+
+
+def _exact(chain_dir: Path, steps: int, repeats: bool = False) -> tuple[bool, float, str]:
+    """The chain's last checkpoint against the uninterrupted run; ``repeats``: iterations lost to a kill
+    were run again (recorded twice)."""
+    from reference import reference_run
+
+    from hpc_jabas.errors import CheckpointError
+    from hpc_jabas.runtime.checkpoint import load_latest
+    try:
+        found = load_latest(chain_dir / "run" / "checkpoints", log=lambda m: None)
+    except CheckpointError as e:
+        return False, float("inf"), str(e)
+    if found is None:
+        return False, float("inf"), "no checkpoint"
+    st = found[0]
+    its = sorted({r["it"] for r in _iterations(chain_dir)} if repeats else [r["it"] for r in _iterations(chain_dir)])
+    if its != list(range(steps)):
+        return False, float("inf"), f"iterations on record {its[:5]}..{its[-5:]} (len {len(its)}), want 0..{steps - 1}"
+    ref = reference_run({"optimizer": "adam", "lr": 0.01, "plan": PLAN, "steps": steps, "n": 240})
+    err = max(float((st["model"][k] - v).abs().max() / (v.abs().max() + 1e-12)) for k, v in ref.items())
+    return err <= 1e-6 and st["iteration"] == steps, err, ""
+
+
+def _lost(events: list[dict]) -> int:
+    lost = [int(e.get("lost_iterations") or 0) for e in events if e.get("event") in ("end", "requeue", "resubmit")]
+    return max(lost or [0])
+
+
+def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: int | None = None,
+              how: list[str] | None = None, kill_at: int | None = None, timeout: float = 300) -> dict:
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.slurm.chain import read
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import wait_chain
+    chain = work / "chain"
+    spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix={"rtx2060": 2}, method=method,
+                   pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+    t0 = time.time()
+    first = submit(spec).job_id
+    k = signal_at if signal_at is not None else kill_at
+    if k is not None:
+        end = time.time() + 150
+        while not any(r["it"] >= k for r in _iterations(chain)):
+            if time.time() > end:
+                return {"ok": False, "why": f"never reached iteration {k}", "events": read(chain), "jobs": [first]}
+            time.sleep(0.2)
+        if how:
+            subprocess.run(["scancel", *how, first], env=cl.env, capture_output=True, timeout=30)
+        else:
+            _kill_rank(cl, first, rank=1)
+    res = wait_chain(chain, first, timeout=timeout, poll_s=0.5)
+    ev = read(chain)
+    if not res["ok"]:
+        subprocess.run(["scancel", *res["jobs"]], env=cl.env, capture_output=True, timeout=30)
+    steps = cfg["epochs"] * 15
+    exact, err, why = (_exact(chain, steps, repeats=kill_at is not None) if res["ok"]
+                       else (False, float("inf"), f"chain {res['state']}"))
+    return {"ok": bool(res["ok"] and exact), "rel_err": err, "why": why, "events": ev, "jobs": res["jobs"],
+            "wall_s": time.time() - t0, "lost": _lost(ev)}
+
+
+def _kill_rank(cl: LocalCluster, job_id: str, rank: int) -> None:
+    """SIGKILL the training process of one rank of a job (found by its SLURM_JOB_ID and SLURM_PROCID)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if b"hpc_jabas.runtime.launch" not in (d / "cmdline").read_bytes():
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        kv = dict(x.decode(errors="replace").split("=", 1) for x in env if b"=" in x)
+        if kv.get("SLURM_JOB_ID") == str(job_id) and kv.get("SLURM_PROCID") == str(rank):
+            os.kill(int(d.name), signal.SIGKILL)
+            return
+
+
+def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:
+    rows = out.setdefault("preempt", [])
+    for method in ("sbatch", "submitit"):
+        for sig in ("USR1", "USR2", "TERM"):
+            for _ in range(n):
+                k = rng.randint(3, 24)
+                w = shared / f"faults-{os.getpid()}-p{len(rows)}"
+                w.mkdir(parents=True, mode=0o777)
+                r = run_chain(cl, w, method, dict(BASE_CFG), signal_at=k, how=SIGNAL_HOW[(method, sig)])
+                stops = [e for e in r["events"] if e["event"] == "end" and e.get("state") == "stopped"]
+                r.update(method=method, signal=sig, k=k, stopped_at=[e.get("iteration") for e in stops])
+                r["ok"] = r["ok"] and len(stops) == 1 and stops[0].get("signal") == sig
+                rows.append({x: r[x] for x in ("method", "signal", "k", "ok", "rel_err", "why", "lost", "stopped_at",
+                                               "wall_s", "jobs")})
+                print(f"preempt {method:8s} {sig:4s} k={k:2d} stop={r['stopped_at']} ok={r['ok']} "
+                      f"err={r['rel_err']:.1e} lost={r['lost']} {r['wall_s']:.0f}s {r['why']}", flush=True)
+                shutil.rmtree(w, ignore_errors=True)
+
+
+def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "submitit")) -> None:
+    rows = out.setdefault("timelimit", [])
+    for method in methods:
+        cfg = dict(BASE_CFG, epochs=4, emulate_base_s=0.5, slurm={"time_min": 1, "signal_lead_s": 30,
+                                                                    "max_timeouts": 10})
+        w = shared / f"faults-{os.getpid()}-t{len(rows)}"
+        w.mkdir(parents=True, mode=0o777)
+        r = run_chain(cl, w, method, cfg, timeout=600)
+        n_to = sum(1 for e in r["events"] if e["event"] == "requeue" and e.get("reason") == "timeout")
+        r["ok"] = r["ok"] and n_to >= 1
+        rows.append({"method": method, "ok": r["ok"], "timeouts": n_to, "rel_err": r["rel_err"], "why": r["why"],
+                     "lost": r["lost"], "wall_s": r["wall_s"], "jobs": r["jobs"]})
+        print(f"timelimit {method:8s} ok={r['ok']} time-outs={n_to} jobs={r['jobs']} err={r['rel_err']:.1e} "
+              f"{r['wall_s']:.0f}s {r['why']}", flush=True)
+        shutil.rmtree(w, ignore_errors=True)
+
+
+def kill(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:
+    rows = out.setdefault("kill", [])
+    for _ in range(n):
+        k = rng.randint(3, 24)
+        w = shared / f"faults-{os.getpid()}-k{len(rows)}"
+        w.mkdir(parents=True, mode=0o777)
+        r = run_chain(cl, w, "sbatch", dict(BASE_CFG), kill_at=k, timeout=240)
+        rows.append({"k": k, "ok": r["ok"], "rel_err": r["rel_err"], "why": r["why"], "lost": r["lost"],
+                     "jobs": r["jobs"], "wall_s": r["wall_s"]})
+        print(f"kill k={k:2d} ok={r['ok']} jobs={r['jobs']} lost={r['lost']} {r['why']}", flush=True)
+        shutil.rmtree(w, ignore_errors=True)
+
+
+WRITER = """
+import sys, torch
+from hpc_jabas.runtime import checkpoint as ckpt
+d, i, n = sys.argv[1], int(sys.argv[2]), 4_000_000
+print("ready", flush=True)
+while True:
+    i += 1
+    ckpt.save_in(d, {"i": i, "x": torch.full((n,), float(i))}, epoch=0, iteration=i, keep=2)
+"""
+
+
+def corrupt(work: Path, n: int, rng: random.Random, out: dict) -> None:
+    import torch
+
+    from hpc_jabas.runtime import checkpoint as ckpt
+    rows = out.setdefault("corrupt", [])
+    d = work / f"faults-ckpt-{os.getpid()}"
+    shutil.rmtree(d, ignore_errors=True)
+    ckpt.save_in(d, {"i": 0, "x": torch.zeros(4_000_000)}, epoch=0, iteration=0)
+    last = 0
+    for j in range(n):                      # kill -9 during writes
+        w = subprocess.Popen([PY, "-c", WRITER, str(d), str(last)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        w.stdout.readline()
+        time.sleep(rng.uniform(0.1, 1.2))
+        w.send_signal(signal.SIGKILL)
+        w.wait()
+        st, p = ckpt.load_latest(d, log=lambda m: None)
+        ok = bool((st["x"] == st["i"]).all()) and st["i"] >= last and p.name == ckpt.name_for(0, st["i"])
+        rows.append({"case": f"kill9-{j}", "ok": ok, "loaded": st["i"]})
+        last = st["i"]
+    for j in range(n):                      # a corrupted newest file
+        ckpt.save_in(d, {"i": last + 1, "x": torch.full((1000,), float(last + 1))}, epoch=0, iteration=last + 1, keep=3)
+        newest = ckpt.list_checkpoints(d)[-1]
+        data = bytearray(newest.read_bytes())
+        if j % 2:
+            newest.write_bytes(bytes(data[: rng.randint(1, len(data) - 1)]))
+        else:
+            i = rng.randrange(len(data))
+            data[i] ^= 0xFF
+            newest.write_bytes(bytes(data))
+        msgs: list[str] = []
+        st, p = ckpt.load_latest(d, log=msgs.append)
+        ok = p != newest and st["i"] == last and len(msgs) == 1 and newest.name in msgs[0]
+        rows.append({"case": f"{'truncate' if j % 2 else 'flip'}-{j}", "ok": ok})
+        newest.unlink()
+    shutil.rmtree(d, ignore_errors=True)
+    print(f"corrupt {sum(r['ok'] for r in rows)}/{len(rows)}", flush=True)
+
+
+def drain(out: dict) -> None:
+    from test_cluster import _node, _part
+
+    from hpc_jabas.slurm.cluster import available_gpus, build_view
+    rows = out.setdefault("drain", [])
+    for st in ("MIXED+DRAIN", "ALLOCATED+DRAIN", "DOWN*", "MIXED+DRAIN+NOT_RESPONDING", "IDLE+DRAIN", "MIXED+FAIL"):
+        nodes = [_node("gpua1", "gpu:a100:2", "IDLE", "a100"),
+                 _node("gpuv1", "gpu:v100:2", st, "v100", "cpu=1,gres/gpu=2"),
+                 _node("gpuv2", "gpu:v100:2", st, "v100", "cpu=1,gres/gpu=2")]
+        v = build_view(nodes, [_part("a100", "gpua1"), _part("v100", "gpuv[1-2]")])
+        got = available_gpus(v, {"v100": 4}, ["gpuv1", "gpuv2"])
+        rows.append({"state": st, "ok": got.get("v100") == 0 and got.get("a100") == 2, "available": got})
+    print(f"drain {sum(r['ok'] for r in rows)}/{len(rows)}", flush=True)
+
+
+def frac(rows: list[dict] | None) -> str:
+    if not rows:
+        return "n/a"
+    return f"{sum(1 for r in rows if r['ok'])}/{len(rows)}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 random iteration per case, one time-limit chain")
+    ap.add_argument("--iterations", type=int, default=5, help="random iterations per preemption case (default 5)")
+    ap.add_argument("--only", default="preempt,timelimit,kill,corrupt,drain")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write every row here")
+    a = ap.parse_args()
+    n = 1 if a.quick else a.iterations
+    only = set(a.only.split(","))
+    rng = random.Random(a.seed)
+    out: dict = {}
+    if "drain" in only:
+        drain(out)
+    with LocalCluster() as cl:
+        os.environ.update(SLURM_CONF=str(cl.conf))
+        if "corrupt" in only:
+            corrupt(cl.shared, 10, rng, out)
+        if "preempt" in only:
+            preempt(cl, cl.shared, n, rng, out)
+        if "timelimit" in only:
+            timelimit(cl, cl.shared, out, ("sbatch",) if a.quick else ("sbatch", "submitit"))
+        if "kill" in only:
+            kill(cl, cl.shared, n, rng, out)
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1, default=str))
+    lost = [r.get("lost", 0) for k in ("preempt", "timelimit", "kill") for r in out.get(k, []) if r.get("ok")]
+    print(f"preempt_exact={frac(out.get('preempt'))} timelimit_recovered={frac(out.get('timelimit'))} "
+          f"kill_recovered={frac(out.get('kill'))} drain_avoided={frac(out.get('drain'))} "
+          f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear=n/a "
+          f"lost_iterations_max={max(lost) if lost else 'n/a'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
