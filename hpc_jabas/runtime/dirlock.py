@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import ConfigError, JabasError
 
 LOCK_NAME = ".hpc-jabas.lock"
 _HELD: dict[str, DirLock] = {}      # lock file -> the DirLock of this process that holds it
@@ -129,6 +129,11 @@ def lock_on_rank0(directory: str | os.PathLike, rank: int, what: str = "run dire
             err = str(e)
     err = comm.broadcast_object(err, name="hj.dirlock")
     if err:
-        e = ConfigError(err)
-        e.quiet = rank != 0          # type: ignore[attr-defined]
-        raise e
+        raise rank_error(ConfigError, err, rank)
+
+
+def rank_error(cls: type[JabasError], msg: str, rank: int) -> JabasError:
+    """``cls(msg)`` raised on every rank; marked ``quiet`` except on rank 0 (which says it; launch.main)."""
+    err = cls(msg)
+    err.__dict__["quiet"] = rank != 0
+    return err
