@@ -368,9 +368,8 @@ class Trainer:
             self._load_hook_state(found[0], found[1])
         st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
         if err:
-            e = CheckpointError(err)
-            e.quiet = self.rank != 0          # type: ignore[attr-defined]
-            raise e
+            from hpc_jabas.runtime.dirlock import rank_error
+            raise rank_error(CheckpointError, err, self.rank)
         if st is None:
             return False
         self.load_state_dict(st)
