@@ -13,6 +13,8 @@ import sys
 import termios
 from pathlib import Path
 
+import pytest
+
 from hpc_jabas import log as hjlog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,3 +154,19 @@ def test_iterate_draws_a_bar_only_on_a_terminal():
     assert list(iterate([1, 2, 4], "profile", "size", rank=1, file=tty)) == [1, 2, 4]
     assert "profile: 100%" in tty.getvalue() and "3/3" in tty.getvalue()
     assert pipe.getvalue() == ""
+
+
+@pytest.mark.mpi
+def test_no_bar_under_mpirun_into_a_pipe(tmp_path):
+    """Open MPI gives every rank a pseudo-terminal for stdout even when mpirun's own stdout is a pipe:
+    the bar follows mpirun's stdout (here a pipe: no bar)."""
+    env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    probe = ("import sys; from hpc_jabas.runtime.progress import bar_wanted, launcher_stdout_is_tty; import os; "
+             "print(os.environ['OMPI_COMM_WORLD_RANK'], sys.stdout.isatty(), launcher_stdout_is_tty(dict(os.environ)), "
+             "bar_wanted())")
+    r = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", PY, "-c", probe], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = sorted(ln.split() for ln in r.stdout.splitlines() if ln[:1].isdigit())
+    assert [row[0] for row in rows] == ["0", "1"], r.stdout
+    assert all(row[2:] == ["False", "False"] for row in rows), r.stdout

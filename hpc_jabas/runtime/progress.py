@@ -2,8 +2,9 @@
 
 * :class:`ProgressBar` (a :class:`~hpc_jabas.runtime.hooks.Callback`): one tqdm bar over the run's samples
   (epochs x dataset size), its postfix ``epoch k/E it=.. B=..``, tqdm's own samples/s and ETA. Shown only
-  when :func:`bar_wanted`: stdout is a terminal, not a Slurm batch job, logging not ``--quiet``
-  (the hpc_jabas logger at INFO) and ``HPC_JABAS_PROGRESS`` not ``0``.
+  when :func:`bar_wanted`: stdout is a terminal (under mpirun: mpirun's own stdout, see
+  :func:`launcher_stdout_is_tty`), not a Slurm batch job, logging not ``--quiet`` (the hpc_jabas logger
+  at INFO) and ``HPC_JABAS_PROGRESS`` not ``0`` (``1`` skips the mpirun check).
 * :class:`ProgressFile`: ``<run_dir>/progress.json`` (epoch, epochs, iteration, B, samples done, samples/s
   since this job's first iteration, ETA, job id), rewritten atomically at most every ``period_s`` and at
   every epoch end; always on (it is how ``hpc-jabas status`` shows a running chain's progress).
@@ -38,7 +39,8 @@ def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None)
     ``srun --pty`` step counts as a terminal), hpc-jabas logging at INFO or below, HPC_JABAS_PROGRESS != 0."""
     env = dict(os.environ if env is None else env)
     stream = stream or sys.stdout
-    if env.get("HPC_JABAS_PROGRESS", "").strip().lower() in ("0", "off", "no", "false"):
+    forced = env.get("HPC_JABAS_PROGRESS", "").strip().lower()
+    if forced in ("0", "off", "no", "false"):
         return False
     try:
         if not stream.isatty():
@@ -47,7 +49,33 @@ def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None)
         return False
     if ("SLURM_JOB_ID" in env or "SLURM_JOBID" in env) and "SLURM_PTY_PORT" not in env:
         return False
+    if forced not in ("1", "on", "yes", "true") and launcher_stdout_is_tty(env) is False:
+        return False
     return logging.getLogger("hpc_jabas").isEnabledFor(logging.INFO)
+
+
+LAUNCHERS = ("mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "prte")
+
+
+def launcher_stdout_is_tty(env: dict[str, str], pid: int | None = None, depth: int = 4) -> bool | None:
+    """Under Open MPI a rank's stdout is a pseudo-terminal of the launcher even when ``mpirun``'s own
+    stdout is a file or a pipe; the answer that counts is the launcher's: is ITS stdout a terminal?
+    None when not under an MPI launcher or when /proc does not tell (not Linux, another user)."""
+    if not any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK")):
+        return None
+    pid = os.getppid() if pid is None else pid
+    for _ in range(depth):
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            if name in LAUNCHERS:
+                out = os.path.realpath(f"/proc/{pid}/fd/1")
+                return out.startswith(("/dev/pts/", "/dev/tty")) or out == "/dev/console"
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid <= 1:
+            return None
+    return None
 
 
 def _tqdm(file: IO[str], **kw: Any) -> Any:
