@@ -160,3 +160,32 @@ def test_numpy_slot_counts_equal_the_python_ones(inst, B):
     finally:
         planner_solve.VEC = saved
     assert got == want
+
+
+@settings(deadline=None, max_examples=100)
+@given(instances(max_gpus=5, drop=False), st.integers(1, 20), st.integers(0, 40))
+def test_per_rank_range_times_equal_single_plans(inst, lo, width):
+    from hpc_jabas.core.planner import per_rank_times
+    model, gpus, sf, _, _ = inst
+    try:
+        rows = per_rank_times(lo, lo + width, gpus, model, speed_factors=sf)
+    except InfeasibleError:
+        return
+    assert [B for B, _ in rows] == list(range(max(lo, len(gpus)), lo + width + 1))
+    for B, sec in rows:
+        plan = plan_batch(B, gpus, model, speed_factors=sf, per_rank=True)
+        assert math.isclose(sec, model.iteration_time(plan, gpus, sf), rel_tol=1e-12, abs_tol=1e-12), (B, plan)
+
+
+def test_per_rank_batch_space_every_B_with_per_rank_times():
+    from hpc_jabas.core.snapping import GROW, job_batch_space, snap_toward
+    g = ["v100", "p100", "rtx2060"]
+    m = PerfModel.emulated(g)
+    cfg = type("C", (), {"planner": "optimal", "micro_batch": None, "B_min": 2, "B_max": 300})()
+    space = job_batch_space(cfg, g, m, per_rank=True, speed_factors=[1.0, 0.5, 2.0])
+    assert [B for B, _ in space.table()] == list(range(3, 301))
+    p = plan_batch(97, g, m, per_rank=True, speed_factors=[1.0, 0.5, 2.0])
+    assert math.isclose(space.iter_time(97), m.iteration_time(p, g, [1.0, 0.5, 2.0]), rel_tol=1e-12)
+    assert snap_toward(space, 96, GROW, 97.0, tie_tol=0.0).B == 97   # every B is realisable per rank
+    same = job_batch_space(cfg, g, m)
+    assert not same.is_realisable(97) or same.iter_time(97) >= space.iter_time(97)

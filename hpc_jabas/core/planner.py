@@ -69,7 +69,7 @@ import numpy as np
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, check_speed_factors
 from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner_rank import RankGroup, TypeTable, plan_per_rank
+from hpc_jabas.core.planner_rank import RankGroup, TypeTable, makespans, plan_per_rank
 from hpc_jabas.core.planner_solve import (
     FloatArray,
     IntArray,
@@ -412,6 +412,23 @@ def plan_range(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
             rows += _bulk_plans(ctx, b, ts, us, Msel, V[Msel - m_lo], T[Msel - m_lo], tail)
     rows.sort(key=lambda r: r[0])
     return rows
+
+
+def per_rank_times(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
+                   b_candidates: Iterable[int] | None = None,
+                   speed_factors: Sequence[float] | None = None) -> list[tuple[int, float]]:
+    """(B, predicted iteration seconds of ``plan_batch(B, ..., per_rank=True)``) for every B in
+    [max(B_min, #GPUs), B_max], all at once (planner_rank.makespans); what a batch space needs."""
+    B_min = _check_B(B_min, "B_min")
+    B_max = _check_B(B_max, "B_max")
+    if B_max - B_min > MAX_RANGE:
+        raise ConfigError(f"batch range {B_min}:{B_max} spans more than {MAX_RANGE} values; narrow it")
+    ctx = _prepare(gpus, model, b_candidates, speed_factors, False, per_rank=True)
+    lo = max(B_min, ctx.R)
+    if lo > B_max:
+        return []
+    T = makespans(*_rank_tables(ctx), lo, B_max) + model.allreduce_tail(ctx.R)
+    return list(zip(range(lo, B_max + 1), T.tolist()))
 
 
 def _bulk_plans(ctx: _Ctx, b: int, ts: Sequence[float], us: Sequence[float], Msel: IntArray, Vsel: FloatArray,

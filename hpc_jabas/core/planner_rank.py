@@ -221,3 +221,42 @@ def plan_per_rank(types: Sequence[TypeTable], groups: Sequence[RankGroup], R: in
     for i, bi, ni, xi in zip(members, b.tolist(), n.tolist(), x.tolist()):
         bs[i], ns[i], xs[i] = bi, ni, xi
     return Plan(tuple(bs), tuple(ns), tuple(xs))
+
+
+def makespans(types: Sequence[TypeTable], groups: Sequence[RankGroup], B_lo: int, B_hi: int) -> FloatArray:
+    """T*(B) for every B in [B_lo, B_hi] (B_lo >= number of ranks) at once.
+
+    Each group's capacity C_g(T) is the running maximum, over its events time(x, b) in time order,
+    of x; the total sum_g c_g C_g(T) grows only at those events, so one sort of every event up to
+    T*(B_hi) and a cumulative sum give T*(B) = the first event whose total reaches B (at least T_lo).
+    The events are the values ``makespan`` walks to, so each T*(B) equals it.
+    """
+    P = _Pairs(types, groups)
+    T_hi = makespan(P, B_hi)
+    T_lo = float(np.max(P.BASE[P.gt, 0] / P.gsf + P.gu))
+    per = P.caps(T_hi)                                   # per pair: events x = 1..per
+    cnt = per
+    pair = np.repeat(np.arange(len(per)), cnt)
+    x = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt) + 1
+    A, tb, u = P.A[pair], P.tb[pair], P.u[pair]
+    k, r = np.divmod(x, A)
+    t = np.where(r == 0, k * tb + u, (k * tb + P.BASE[P.rt[pair], np.maximum(r - 1, 0)] / P.rsf[pair]) + u)
+    g = P.row[pair]
+    order = np.lexsort((x, t, g))                        # by group, then time, then x
+    g, t, x = g[order], t[order], x[order]
+    # running maximum of x within each group; keep the events that raise it
+    start = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1])
+    offset = np.zeros(len(x), dtype=np.int64)
+    offset[start] = g[start] * (int(x.max()) + 1)        # make groups increasing, so one accumulate serves
+    run = np.maximum.accumulate(x + np.cumsum(offset)) - np.cumsum(offset)
+    prev = np.concatenate([[0], run[:-1]])
+    prev[start] = 0
+    up = run > prev
+    delta = (run - prev)[up] * P.c[g[up]]
+    te = t[up]
+    o = np.argsort(te, kind="stable")
+    te, total = te[o], np.cumsum(delta[o])
+    Bs = np.arange(B_lo, B_hi + 1)
+    i = np.searchsorted(total, Bs, side="left")
+    out: FloatArray = np.maximum(te[i], T_lo)
+    return out

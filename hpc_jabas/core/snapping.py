@@ -229,15 +229,27 @@ def snap_toward(space: BatchSpace, B: int, direction: str, target: float | None 
 
 
 def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
-                  b_candidates: Sequence[int] | None = None) -> BatchSpace:
-    """What ``planner.plan_batch`` realises on these ranks (every rank runs), with its times."""
-    from hpc_jabas.core.planner import plan_range
+                  b_candidates: Sequence[int] | None = None, *, per_rank: bool = False,
+                  speed_factors: Sequence[float] | None = None) -> BatchSpace:
+    """What ``planner.plan_batch`` realises on these ranks (every rank runs), with its times.
+
+    per_rank: per-rank micro-batch sizes (every B >= #GPUs is realisable; ``planner.per_rank_times``).
+    """
+    from hpc_jabas.core.planner import per_rank_times, plan_range
     gl = list(gpus)
     cands = list(b_candidates) if b_candidates else None
+    sf = list(speed_factors) if speed_factors else None
+    if per_rank:
+        def rows_pr(lo: int, hi: int) -> list[Row]:
+            try:
+                return [(B, t) for B, t in per_rank_times(lo, hi, gl, model, b_candidates=cands, speed_factors=sf)]
+            except InfeasibleError:
+                return []
+        return BatchSpace(B_min, B_max, rows_pr, f"optimal planner, per-rank b, on {','.join(gl)}")
 
     def rows(lo: int, hi: int) -> list[Row]:
         try:
-            return [(B, t) for B, _, t in plan_range(lo, hi, gl, model, b_candidates=cands)]
+            return [(B, t) for B, _, t in plan_range(lo, hi, gl, model, b_candidates=cands, speed_factors=sf)]
         except InfeasibleError:
             return []
     return BatchSpace(B_min, B_max, rows, f"optimal planner on {','.join(gl)}"
@@ -272,23 +284,27 @@ def lbbsp_speeds(gpus: Sequence[str], speeds: Sequence[float] | None = None) -> 
 
 
 def job_batch_space(cfg: Any, gpus: Sequence[str], model: PerfModel,
-                    plan_fn: Callable[[int], Plan] | None = None) -> BatchSpace:
+                    plan_fn: Callable[[int], Plan] | None = None, *, per_rank: bool = False,
+                    speed_factors: Sequence[float] | None = None) -> BatchSpace:
     """The batch space of a job (``cfg``: planner, micro_batch, B_min, B_max, speeds) on ranks ``gpus``.
 
-    ``optimal``: ``optimal_space`` (b from ``micro_batch`` when set). ``lbbsp``: multiples of
-    ``micro_batch`` (1 when unset) planned by ``plan_fn`` (default: LB-BSP's proportional split by
-    ``lbbsp_speeds``). Times are ``model.iteration_time`` of the plan on ``gpus``.
+    ``optimal``: ``optimal_space`` (b from ``micro_batch`` when set; ``per_rank``: per-rank sizes;
+    ``speed_factors``: the declared speeds' factors). ``lbbsp``: multiples of ``micro_batch`` (1 when
+    unset) planned by ``plan_fn`` (default: LB-BSP's proportional split by ``lbbsp_speeds``). Times
+    are ``model.iteration_time`` of the plan on ``gpus``.
     """
     gl = list(gpus)
     planner = getattr(cfg, "planner", "optimal")
     mb = getattr(cfg, "micro_batch", None)
     if planner == "optimal":
-        return optimal_space(gl, model, cfg.B_min, cfg.B_max, [mb] if mb else None)
+        return optimal_space(gl, model, cfg.B_min, cfg.B_max, [mb] if mb else None,
+                             per_rank=per_rank and not mb, speed_factors=speed_factors)
     if planner == "lbbsp":
         from hpc_jabas.core.plan import proportional_plan
         b = mb or 1
         sp = lbbsp_speeds(gl, getattr(cfg, "speeds", None))
         fn = plan_fn or (lambda B: proportional_plan(B, b, sp))
-        return planner_space(cfg.B_min, cfg.B_max, b, fn, lambda plan: model.iteration_time(plan, gl),
+        sfl = list(speed_factors) if speed_factors else None
+        return planner_space(cfg.B_min, cfg.B_max, b, fn, lambda plan: model.iteration_time(plan, gl, sfl),
                              f"lbbsp on {','.join(gl)}, b={b}")
     raise ConfigError(f"planner={planner!r} cannot change the batch size; use 'optimal' or 'lbbsp'")

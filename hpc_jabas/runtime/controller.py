@@ -138,7 +138,9 @@ class AdaptiveController(BaseController):
             # the B the trainer's planner realises on this mix, timed by the job's perf model
             from hpc_jabas.core.snapping import job_batch_space
             self.space = job_batch_space(cfg, trainer.gpu_types, trainer.perf_model(),
-                                         plan_fn=lambda B: trainer.planner_fn(B, None))
+                                         plan_fn=lambda B: trainer.planner_fn(B, None),
+                                         per_rank=not getattr(trainer, "identical_b", True),
+                                         speed_factors=getattr(trainer, "declared_speed_factors", None))
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.balance:
