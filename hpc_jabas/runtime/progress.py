@@ -206,9 +206,10 @@ def refuse_finished(trainer: Any, epochs: int) -> None:
     ``resume_finished`` is set (then a warning, and the run goes on: more epochs, or nothing to do)."""
     if trainer.sampler.epoch < epochs:
         return
-    msg = (f"run_dir {str(trainer.run_dir)!r} holds a finished run (checkpoint "
-           f"{Path(str(trainer.resumed_from)).name}: epoch {trainer.sampler.epoch} of {epochs}); nothing to train. "
-           "Give another --run-dir, more --epochs, or --resume-finished to resume it anyway")
+    where = f"checkpoint {Path(str(trainer.resumed_from)).name}: " if trainer.rank == 0 else ""
+    msg = (f"run_dir {str(trainer.run_dir)!r} holds a finished run ({where}epoch {trainer.sampler.epoch} of "
+           f"{epochs}); nothing to train. Give another --run-dir (a job file: another chain_dir), more --epochs, "
+           "or --resume-finished (resume_finished = true) to resume it anyway")
     if trainer.cfg.resume_finished:
         log.warning("%s (resume_finished is set: resuming)", msg.split("; nothing")[0])
         return
