@@ -363,6 +363,14 @@ def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
     job.write_text(_toml(slurm_tmp / "chain", {"objective": "cost"}))
     bad_key = slurm_tmp / "bad.toml"
     bad_key.write_text('[job]\ntask = "examples.train_digits:build"\nchain_dir = "c"\nepochs = 2\n')
+    mb = slurm_tmp / "mb.toml"                      # bad input found at submit, not on the cluster
+    mb.write_text("micro_batch = 1000\n" + _toml(slurm_tmp / "mb", {"objective": "cost"}))
+    (slurm_tmp / "badtask.py").write_text("def build():\n    return None\n")
+    none_task = slurm_tmp / "none.toml"
+    none_task.write_text(_toml(slurm_tmp / "nt", {}).replace("examples.train_digits:build", "badtask:build")
+                         .replace('method = "sbatch"', f'method = "sbatch"\npythonpath = ["{slurm_tmp}"]'))
+    no_callable = slurm_tmp / "nc.toml"
+    no_callable.write_text(_toml(slurm_tmp / "nc", {}).replace("train_digits:build", "train_digits:nope"))
     busy = slurm_tmp / "busy.toml"                  # a chain whose run directory another process holds
     busy.write_text(_toml(slurm_tmp / "busy", {"objective": "cost"}))
     code = ("import time; from hpc_jabas.runtime.dirlock import DirLock; "
@@ -371,6 +379,10 @@ def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
     assert holder.stdout.readline().strip() == "held"
     cases = [(["submit", str(busy), "--mix", "rtx2060:1"], f"is in use by pid {holder.pid}"),
              (["submit", str(job), "--mix", "rtx2060:1", "--time-min", "0"], "--time-min 0 must be >= 1"),
+             (["submit", str(mb), "--mix", "rtx2060:1"], "micro_batch=1000 does not fit the memory of partition "
+                                                         "'rtx2060'"),
+             (["submit", str(none_task), "--mix", "rtx2060:1"], "returned NoneType; it must return a dict"),
+             (["submit", str(no_callable), "--mix", "rtx2060:1"], "has no attribute 'nope'"),
              (["submit", str(job), "--mix", "a100:x"], "PARTITION:COUNT"),
              (["submit", str(job), "--mix", "h100:1"], "unknown partition 'h100'"),
              (["submit", str(job)], "no mix"),
@@ -385,4 +397,5 @@ def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
         assert len(lines) == 1 and want in lines[0], (args, r.stderr)
     holder.kill()
     holder.wait()
-    assert not (slurm_tmp / "busy" / "jobs").exists()      # nothing was submitted
+    for d in ("busy", "mb", "nt", "nc"):
+        assert not (slurm_tmp / d / "jobs").exists(), d     # nothing was submitted

@@ -38,6 +38,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "limit; it checkpoints and requeues (default: [slurm] signal_lead_s, else 60)")
     p.add_argument("--max-timeouts", type=int, metavar="N", help="requeues after time-outs before the chain stops; "
                    "preemptions do not count (default: [slurm] max_timeouts, else 3)")
+    p.add_argument("--no-dry-run", action="store_true", help="do not call the task builder before submitting "
+                   "(by default it runs once here, to catch a task that returns the wrong thing)")
     p.set_defaults(func=run)
     return p
 
@@ -81,6 +83,50 @@ def _check_spec(spec) -> None:
     if not found:
         raise ConfigError(f"task module {mod!r} of task {spec.task!r} is not importable from here; "
                           "add its directory to [job] pythonpath or PYTHONPATH")
+
+
+TASK_KEYS = ("model", "optimizer", "dataset", "loss_fn")
+
+
+def _check_task(spec, dry_run: bool = True) -> None:
+    """The task callable resolves and (dry run) returns a dict with model, optimizer, dataset and loss_fn."""
+    from hpc_jabas.core.loader import load_callable, one_line
+    from hpc_jabas.slurm.sbatch import job_pythonpath
+    added = [p for p in job_pythonpath(spec) if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        fn = load_callable(spec.task, "task")
+        if not dry_run:
+            return
+        try:
+            parts = fn()
+        except Exception as e:          # the user's builder: any failure is reported in one line
+            raise ConfigError(f"task {spec.task!r} failed when called: {one_line(e)}") from None
+    finally:
+        for p in added:
+            sys.path.remove(p)
+    if not isinstance(parts, dict) or any(k not in parts for k in TASK_KEYS):
+        got = f"a dict without {', '.join(k for k in TASK_KEYS if k not in parts)}" if isinstance(parts, dict) \
+            else type(parts).__name__
+        raise ConfigError(f"task {spec.task!r} returned {got}; it must return a dict with "
+                          f"{', '.join(TASK_KEYS)} (optional: scheduler, eval_fn, scheduler_step)")
+
+
+def _check_mix(spec, view) -> None:
+    """Every partition of the mix holds GPUs of one known type, and micro_batch fits their memory."""
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.perfmodel import job_perf_model
+    types = {part: view.gpu_partition(part).gpu_type for part in spec.mix}      # ConfigError: unknown, untyped
+    cfgd = dict(spec.config)
+    cfgd.pop("job", None)
+    cfg = JobConfig.from_dict(cfgd)
+    if cfg.micro_batch:
+        model = job_perf_model(cfg, sorted(set(types.values())))
+        for part, g in sorted(types.items()):
+            cap = model.profile(g).max_b
+            if cap is not None and cfg.micro_batch > cap:
+                raise ConfigError(f"micro_batch={cfg.micro_batch} does not fit the memory of partition {part!r} "
+                                  f"({g}: at most {cap} samples per micro-batch); lower micro_batch or leave it unset")
 
 
 SLURM_FLAGS = {"time_min": 1, "signal_lead_s": 1, "max_timeouts": 0}     # flag -> smallest valid value
@@ -171,7 +217,11 @@ def run(args) -> int:
                                extra={**spec.extra, **_slurm_extra(args)})
     _check_spec(spec)
     _check_chain_free(spec)
-    s = submit(spec)
+    from hpc_jabas.slurm.components import partition_view
+    view = partition_view((spec.config.get("autoscale") or {}).get("partition_types"))
+    _check_mix(spec, view)
+    _check_task(spec, dry_run=not args.no_dry_run)
+    s = submit(spec, view=view)
     print(f"submitted job {s.job_id} on {mix_label(s.mix)} ({s.method}); chain {spec.chain_dir}")
     print(f"follow it: hpc-jabas status {spec.chain_dir}")
     if not args.wait:
