@@ -43,7 +43,10 @@ SETUP = ["export OMPI_ALLOW_RUN_AS_ROOT=1", "export OMPI_ALLOW_RUN_AS_ROOT_CONFI
          None,   # PYTHONPATH, per test
          'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"',
          'export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"',
-         "export PYTHONUNBUFFERED=1", *sbatch.HJ_SRUN.splitlines()]
+         "export PYTHONUNBUFFERED=1",
+         'export HOROVOD_STALL_CHECK_TIME_SECONDS="${HOROVOD_STALL_CHECK_TIME_SECONDS:-60}"',
+         'export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="${HOROVOD_STALL_SHUTDOWN_TIME_SECONDS:-300}"',
+         *sbatch.HJ_SRUN.splitlines()]
 
 
 def _setup(chain: Path) -> list[str]:

@@ -143,6 +143,10 @@ def setup_lines(spec: JobSpec) -> list[str]:
         # (the local emulated cluster) a busy-polling rank halves everyone's startup speed.
         'export OMPI_MCA_mpi_yield_when_idle="${OMPI_MCA_mpi_yield_when_idle:-1}"',
         "export PYTHONUNBUFFERED=1",
+        # a hung rank: Horovod warns after 60 s and shuts the job down after 300 s (it then fails and the
+        # chain resubmits it from the last checkpoint) instead of holding the allocation for ever
+        'export HOROVOD_STALL_CHECK_TIME_SECONDS="${HOROVOD_STALL_CHECK_TIME_SECONDS:-60}"',
+        'export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="${HOROVOD_STALL_SHUTDOWN_TIME_SECONDS:-300}"',
         HJ_SRUN,
     ]
 
