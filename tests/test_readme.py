@@ -2,7 +2,8 @@
 slurm/local/README.md runs, in order, in ONE bash session, in a fresh copy of the repository on a
 path every node of the local Slurm cluster sees (the fixture starts the cluster). A block marked
 ``<!-- readme-test: skip (why) -->`` right before its fence is the only kind that does not run.
-Each block's runtime is printed (``pytest -s``) and written to runs/readme-test.json.
+Each block's runtime is printed (``pytest -s``) and written to runs/readme-test.json (the output to
+runs/readme-test.log).
 """
 from __future__ import annotations
 
@@ -170,6 +171,7 @@ def test_readme_blocks_run_in_order(slurm_cluster, slurm_tmp):
              "seconds": round(marks[f"end {i}"] - marks[f"begin {i}"], 1) if f"end {i}" in marks else None}
             for i, b in enumerate(bs)]
     (ROOT / "runs").mkdir(exist_ok=True)
+    shutil.copy(log, ROOT / "runs" / "readme-test.log")
     (ROOT / "runs" / "readme-test.json").write_text(json.dumps({"total_s": time.time() - t0, "blocks": rows},
                                                                indent=1))
     print(f"\nREADME blocks ({time.time() - t0:.0f} s in all):")
