@@ -192,7 +192,7 @@ def test_failed_job_resubmitted_from_last_checkpoint_with_bounded_retries(tmp_pa
     def fake_submit(s):
         subs.append(s.mix)
         return str(8 + len(subs))
-    kw = {"sleep": naps.append, "submit": fake_submit}
+    kw = {"sleep": naps.append, "submit": fake_submit, "env": {"SLURM_CONF": "/nonexistent"}}   # no node states
     assert resubmit_after_failure(spec, "7", 2, **kw) is None and not subs             # exit 2: said why
     assert resubmit_after_failure(spec, "7", 137, **kw) == "9" and subs == [{"rtx2060": 2}]
     ev = chainlog.read(tmp_path)

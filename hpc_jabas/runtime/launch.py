@@ -16,6 +16,7 @@ Slurm may signal early) of the time limit is a time-out; after ``max_timeouts`` 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -193,7 +194,7 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
     from hpc_jabas.errors import CheckpointError
     from hpc_jabas.runtime import checkpoint as ckpt
     from hpc_jabas.slurm.cluster import mix_from_env
-    from hpc_jabas.slurm.components import slurm_option
+    from hpc_jabas.slurm.components import extra_args, slurm_option
     from hpc_jabas.slurm.executor import submit_job
     if rc == 2:
         return None                      # the job said why it stopped (bad input, a directory in use)
@@ -217,14 +218,29 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
         return None
     mix = spec.mix if "unknown" not in spec.mix else (mix_from_env(env) or spec.mix)
     sleep(failure_backoff_s(failures + 1))
+    bad = _failed_nodes(env)
+    if bad:                              # nodes the failure points to (down, drained now): not again
+        spec = dataclasses.replace(spec, extra={**spec.extra, "sbatch_args": [*extra_args(spec),
+                                                                               f"--exclude={','.join(bad)}"]})
     new_id = (submit or submit_job)(spec.with_mix(mix))
     chainlog.append(spec.chain_dir, "requeue", from_job=job_id, to_job=new_id, reason="failure", exit_code=rc,
+                    excluded=bad,
                     iteration=at, lost_iterations=lost, attempt=failures + 1, method=spec.method,
                     checkpoint_time=(found[1].stat().st_mtime if found else time.time()))
     log.warning("job %s failed (exit %s): resubmitted as %s from the checkpoint at iteration %d (%d iterations "
                 "lost; failure %d of max %d)", job_id, rc, new_id, at, lost, failures + 1,
                 slurm_option(spec, "max_failures"))
     return str(new_id)
+
+
+def _failed_nodes(env=None) -> list[str]:
+    """This job's nodes that cannot take a job now (down, drained, failing): where the failure points."""
+    from hpc_jabas.slurm.cluster import job_nodes, read_cluster
+    try:
+        view = read_cluster(env=env)
+    except JabasError:
+        return []
+    return [n for n in job_nodes(env) if n in view.nodes and not view.nodes[n].usable]
 
 
 def _started(ev: list[dict], job_id: str) -> float:
