@@ -77,6 +77,11 @@ def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(name if name.startswith(ROOT) else f"{ROOT}.{name}")
 
 
+def current_rank() -> int:
+    """This process's rank as last set by :func:`set_rank` (0 before Horovod starts)."""
+    return int(_state["rank"])
+
+
 def set_rank(rank: int) -> None:
     """Called once Horovod knows this process's rank."""
     _state["rank"] = int(rank)

@@ -54,7 +54,8 @@ def draw(recs: list[dict], out: Path) -> Path:
         a2.set_ylabel("B_noise")
         a2.legend(loc="upper right")
     ax[2].set_ylabel("gradient similarity")
-    ax[2].legend(loc="upper left")
+    if st:
+        ax[2].legend(loc="upper left")
     ax[3].plot(x, [r.get("samples_per_s") or 0 for r in its], color="tab:red", lw=0.8)
     ax[3].set_ylabel("samples/s")
     ax[3].set_xlabel("iteration")

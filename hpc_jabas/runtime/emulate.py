@@ -46,7 +46,7 @@ class Emulator:
         self.slowdown = slowdown
         self.overruns = 0
         log = log or get_logger(__name__).warning      # every rank says that it emulates
-        msg = (f"hpc-jabas: rank {rank} EMULATES GPU type {self.gpu_type} (speed {self.speed:.3f} x V100): "
+        msg = (f"rank {rank} EMULATES GPU type {self.gpu_type} (speed {self.speed:.3f} x V100): "
                f"t(b) = ({self.base_s:g} + {self.per_sample_s:g}*b) / {self.speed:.3f} s per micro-batch")
         if slowdown is not None:
             msg += f"; INJECTED slowdown {slowdown}"

@@ -10,6 +10,8 @@ import torch
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import ComputeProfile
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.log import current_rank
+from hpc_jabas.runtime import progress
 from hpc_jabas.runtime.profiling.defaults import DEFAULT_B_LIMIT, DEFAULT_B_LIST, OPTIMIZERS
 from hpc_jabas.runtime.profiling.load import ModelBundle, grad_bytes, resolve_device
 from hpc_jabas.runtime.profiling.memory import estimate_bytes, max_b_from_memory, probe_max_b_cuda
@@ -90,7 +92,7 @@ def measure_compute(bundle: ModelBundle, b_list: Iterable[int] = DEFAULT_B_LIST,
         log(f"hpc-jabas profile: skipping b={[b for b in bl if b not in todo]} (above max_b={max_b})")
     update_s = time_update(runner, warmup, repeats)
     ts, reps = [], []
-    for b in todo:
+    for b in progress.iterate(todo, "profile", "size", rank=current_rank()):
         med, all_ = time_micro(runner, b, warmup, repeats)
         ts.append(med)
         reps.append(all_)
