@@ -5,9 +5,11 @@
 with per-rank speed factors (what every rebalancing step asks: 1024 distinct factors, so no two
 ranks can be grouped), and with per-rank micro-batch sizes (once the planner offers them); and
 plan_range for every feasible B in 256..65536. 3 repeats, the order rotated. Last line (medians
-over repeats of each repeat's median plan time; the line before: min/max):
+over repeats of each repeat's median plan time, wall and CPU time; the line before: min/max):
 
-    plan_ms= plan_factors_ms= plan_per_rank_b_ms= range_table_s=
+    plan_ms= plan_factors_ms= plan_per_rank_b_ms= cpu_plan_ms= ... range_table_s=
+
+On a shared machine the wall times carry the other work's load; the CPU times do not.
 
 Run: .venv/bin/python bench/planner_speed.py
 """
@@ -40,14 +42,16 @@ def per_rank_b_kwargs() -> dict | None:
     return None
 
 
-def timed(fn, targets, rounds=3) -> list[float]:
-    out = []
+def timed(fn, targets, rounds=3) -> tuple[list[float], list[float]]:
+    """Wall and CPU milliseconds of each plan (CPU time: immune to other work sharing the cores)."""
+    wall, cpu = [], []
     for _ in range(rounds):
         for B in targets:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn(B)
-            out.append((time.perf_counter() - t0) * 1e3)
-    return out
+            wall.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.process_time() - c0) * 1e3)
+    return wall, cpu
 
 
 def main() -> None:
@@ -69,26 +73,30 @@ def main() -> None:
     for f in sides.values():
         f(targets[0])                       # warm caches / imports
     med: dict[str, list[float]] = {k: [] for k in sides}
+    cmed: dict[str, list[float]] = {k: [] for k in sides}
     mx: dict[str, float] = {k: 0.0 for k in sides}
     for rep in range(REPEATS):
         names = list(sides)
         order = names[rep % len(names):] + names[:rep % len(names)]
         for k in order:
-            ms = timed(sides[k], targets)
+            ms, cms = timed(sides[k], targets)
             med[k].append(statistics.median(ms))
+            cmed[k].append(statistics.median(cms))
             mx[k] = max(mx[k], max(ms))
-        print(f"repeat {rep} order={','.join(order)} " + " ".join(f"{k}={med[k][-1]:.2f}ms" for k in sides), flush=True)
+        print(f"repeat {rep} order={','.join(order)} "
+              + " ".join(f"{k}={med[k][-1]:.2f}ms(cpu {cmed[k][-1]:.2f})" for k in sides), flush=True)
     last = plan_batch(65536, gpus, model)
     print(f"plan_batch B=65536 -> b={last.b} M={last.M} iter={model.iteration_time(last, gpus) * 1e3:.1f} ms; "
           f"slowest single plan: " + " ".join(f"{k}={mx[k]:.2f}ms" for k in sides))
     if prb is None:
         print("per-rank micro-batch sizes: plan_batch has no such option yet (the planner change is pending)")
 
-    rng_s = []
+    rng_s, rng_c = [], []
     for _ in range(REPEATS):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         rows = plan_range(256, 65536, gpus, model)
         rng_s.append(time.perf_counter() - t0)
+        rng_c.append(time.process_time() - c0)
     print(f"plan_range 256..65536: {len(rows)} feasible B (from {rows[0][0]} to {rows[-1][0]})")
 
     # spot check: the table agrees with single plans
@@ -98,12 +106,16 @@ def main() -> None:
     print("spot check: range table rows equal plan_batch and model.iteration_time")
     keys = {"plain": "plan_ms", "factors": "plan_factors_ms", "per_rank_b": "plan_per_rank_b_ms"}
     spread = [f"{keys[k]}_min={min(v):.3f} {keys[k]}_max={max(v):.3f}" for k, v in med.items()]
-    print(f"repeats={REPEATS} (shared 2-core machine) " + " ".join(spread)
-          + f" range_table_s_min={min(rng_s):.3f} range_table_s_max={max(rng_s):.3f}")
+    spread += [f"cpu_{keys[k]}_min={min(v):.3f} cpu_{keys[k]}_max={max(v):.3f}" for k, v in cmed.items()]
+    print(f"repeats={REPEATS} (shared machine, load1={os.getloadavg()[0]:.1f}) " + " ".join(spread)
+          + f" range_table_s_min={min(rng_s):.3f} range_table_s_max={max(rng_s):.3f}"
+          + f" cpu_range_table_s_min={min(rng_c):.3f} cpu_range_table_s_max={max(rng_c):.3f}")
     lastline = [f"{keys[k]}={statistics.median(v):.3f}" for k, v in med.items()]
+    lastline += [f"cpu_{keys[k]}={statistics.median(v):.3f}" for k, v in cmed.items()]
     if prb is None:
         lastline.append("plan_per_rank_b_ms=n/a")
-    print(" ".join(lastline) + f" range_table_s={statistics.median(rng_s):.3f}")
+    print(" ".join(lastline) + f" range_table_s={statistics.median(rng_s):.3f}"
+          f" cpu_range_table_s={statistics.median(rng_c):.3f}")
 
 
 if __name__ == "__main__":
