@@ -17,3 +17,8 @@ def ensure_ranks(n: int) -> None:
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(n), sys.executable, sys.argv[0], *sys.argv[1:]]
     sys.exit(subprocess.call(cmd, env=env))
+
+
+def load_note() -> str:
+    """This machine's 1-minute load average and core count, for the min/max line (shared machines are noisy)."""
+    return f"load1={os.getloadavg()[0]:.1f}/{os.cpu_count()}cores"

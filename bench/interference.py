@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks  # noqa: E402
+from _launch import ensure_ranks, load_note  # noqa: E402
 
 ensure_ranks(3)
 
@@ -278,6 +278,6 @@ if rank == 0:
         add(f"{k}_lastvalue_error", [e[1] for e in errs[k]])
         pr = [p / r for p, r in zip(res[k]["predictive"], res[k]["reactive"])]
         add(f"{k}_predictive_over_reactive", pr)
-    print(f"seeds={args.seeds} (markov: emulated; hog: real compute + real CPU hog; shared 2-core machine) "
+    print(f"seeds={args.seeds} (markov: emulated; hog: real compute + real CPU hog; shared machine, {load_note()}) "
           + " ".join(spread))
     print(" ".join(last))

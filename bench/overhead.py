@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks  # noqa: E402
+from _launch import ensure_ranks, load_note  # noqa: E402
 
 ensure_ranks(3)
 
@@ -86,6 +86,6 @@ for r in range(RUNS):
         print(f"run {r}: hvd.DistributedOptimizer {t_theirs * 1e3:.2f} ms/it  hpc-jabas {t_ours * 1e3:.2f} ms/it  "
               f"ratio {ratios[-1]:.3f}", flush=True)
 if rank == 0:
-    print(f"runs={RUNS} (shared 2-core machine) overhead_ratio_min={min(ratios):.3f} "
+    print(f"runs={RUNS} (shared machine, {load_note()}) overhead_ratio_min={min(ratios):.3f} "
           f"overhead_ratio_max={max(ratios):.3f}")
     print(f"overhead_ratio={statistics.median(ratios):.3f}")

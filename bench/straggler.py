@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks  # noqa: E402
+from _launch import ensure_ranks, load_note  # noqa: E402
 
 ensure_ranks(3)
 
@@ -227,5 +227,5 @@ if rank == 0:
                 continue
             last.append(f"{pre}{name}={statistics.median(r):.3f}")
             spread.append(f"{pre}{name}_min={min(r):.3f} {pre}{name}_max={max(r):.3f}")
-    print(f"rounds={args.rounds} iters={args.iters} (emulated GPUs, shared 2-core machine) " + " ".join(spread))
+    print(f"rounds={args.rounds} iters={args.iters} (emulated GPUs, shared machine, {load_note()}) " + " ".join(spread))
     print(" ".join(last))
