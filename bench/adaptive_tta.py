@@ -1,13 +1,17 @@
 """Adaptive batching benchmark (issue 14): time to accuracy under a protocol a skeptic accepts.
 
-    .venv/bin/python bench/adaptive_tta.py            # full: 2 tasks x 7 runs x 3 seeds (~10 min here)
+    .venv/bin/python bench/adaptive_tta.py            # full: 2 tasks x 8 runs x 3 seeds (6-12 min here)
     .venv/bin/python bench/adaptive_tta.py --quick    # smoke run: tiny sizes, 1 seed (< 2 min)
 
 Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/_launch.py) EMULATING v100 / p100 / rtx2060
 (emulate=True, gpu_types): every micro-batch of b samples takes (4 ms + 0.05 ms * b) / speed, a
-GPU-like cost (a fixed per-call part, so small batches leave the device underused); the planner
-and the policies price B with the same perf model. The real CPU compute of these small models is
-far below the emulated time, so the wall clock is the emulated cluster's.
+GPU-like cost (a fixed per-call part, so small batches leave the device underused). Each task's
+model is profiled once first (`hpc-jabas profile --emulate` over the 3 ranks, outside the clock);
+the planner and the policies price B with that profile. The real CPU compute of these small
+models is far below the emulated time, so on an idle machine the wall clock is the emulated
+cluster's; a "modelled clock" (the profile's time of each iteration's plan) is printed as a
+cross-check against machine load. A diagnostic row (goodput with lr_rule=linear) is printed but
+is not in the last line or the goals.
 
 Protocol:
 - Every run of a task trains for the same number of epochs, with the same lr schedule in epochs
