@@ -198,6 +198,10 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
     from hpc_jabas.slurm.executor import submit_job
     if rc == 2:
         return None                      # the job said why it stopped (bad input, a directory in use)
+    from hpc_jabas.slurm.cluster import job_clock
+    state = job_clock(job_id, env)["state"] if submit is None else None
+    if state not in (None, "RUNNING"):
+        return None                      # cancelled (scancel) or ending: not a failure to recover from
     ev = chainlog.read(spec.chain_dir)
     if any(e.get("event") == "end" and str(e.get("job_id")) == str(job_id) and e.get("time", 0) >= _started(ev, job_id)
            for e in ev):

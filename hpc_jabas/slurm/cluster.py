@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpc_jabas.core import gpus
 from hpc_jabas.errors import ConfigError, SlurmError
@@ -360,17 +361,19 @@ def parse_duration(text: str) -> float | None:
     return float(days * 86400 + secs)
 
 
-def job_clock(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, float | None]:
-    """{"time_left_s", "start"} of a job from squeue (start: epoch seconds of its current run); Nones when
-    Slurm does not say."""
-    out: dict[str, float | None] = {"time_left_s": None, "start": None}
+def job_clock(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """{"time_left_s", "start", "state"} of a job from squeue (start: epoch seconds of its current run); Nones
+    when Slurm does not say."""
+    out: dict[str, Any] = {"time_left_s": None, "start": None, "state": None}
     try:
-        text = proc.run(["squeue", "-h", "-j", str(job_id), "-o", "%L|%S"], env, timeout=15)
+        text = proc.run(["squeue", "-h", "-j", str(job_id), "-o", "%L|%S|%T"], env, timeout=15)
     except SlurmError:
         return out
     line = (text.strip().splitlines() or [""])[0]
-    left, _, start = line.partition("|")
+    left, _, rest = line.partition("|")
+    start, _, state = rest.partition("|")
     out["time_left_s"] = parse_duration(left)
+    out["state"] = state.strip() or None
     try:
         out["start"] = time.mktime(time.strptime(start.strip(), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
