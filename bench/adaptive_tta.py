@@ -10,8 +10,8 @@ model is profiled once first (`hpc-jabas profile --emulate` over the 3 ranks, ou
 the planner and the policies price B with that profile. The real CPU compute of these small
 models is far below the emulated time, so on an idle machine the wall clock is the emulated
 cluster's; a "modelled clock" (the profile's time of each iteration's plan) is printed as a
-cross-check against machine load. A diagnostic row (goodput with lr_rule=linear) is printed but
-is not in the last line or the goals.
+cross-check against machine load. A diagnostic row (goodput with lr_rule=sqrt instead of its default,
+linear) is printed but is not in the last line or the goals.
 
 Protocol:
 - Every run of a task trains for the same number of epochs, with the same lr schedule in epochs
@@ -103,7 +103,9 @@ ROOT = Path("/tmp/hj-bench-tta")
 ADAPTIVE = ("similarity", "noise-scale")
 # Diagnostic, NOT in the last line or the goals: the goodput policy with the linear lr rule instead of
 # the default (sqrt), to tell a bad choice of B from an lr that does not follow B.
-DIAGNOSTIC = {"ns-linear-lr": dict(policy="noise-scale", lr_rule="linear")}
+# goodput with the sqrt rule (what lr_rule = "auto" gave before goodput was paired with linear scaling):
+# printed for comparison, not in the last line or the goals
+DIAGNOSTIC = {"ns-sqrt-lr": dict(policy="noise-scale", lr_rule="sqrt")}
 
 
 @dataclass

@@ -32,7 +32,8 @@ REF_STEPS, REF_LR = 6, 0.1
 
 def _space():
     cfg = JobConfig(**SIM).validate()
-    return job_batch_space(cfg, GPUS, job_perf_model(cfg, GPUS))
+    # the worker's model has no BatchNorm and micro_batch is unset: the trainer plans per-rank sizes
+    return job_batch_space(cfg, GPUS, job_perf_model(cfg, GPUS), per_rank=True)
 
 
 def _path(direction):

@@ -111,7 +111,8 @@ class AdaptiveConfig:
                        lo_open=True, hi_open=True)
     batch_min: int | None = key(None, "smallest global batch B", lo=1, shown="batch")
     batch_max: int | None = key(None, "largest global batch B", lo=1, shown="batch")
-    lr_rule: str = key("sqrt", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr",
+    lr_rule: str = key("auto", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr "
+                       "(auto: sqrt with similarity, linear with noise-scale)",
                        choices=LR_RULES)
     batch_ref: int | None = key(None, "reference batch of the lr rule", lo=1, shown="batch")
 
@@ -279,11 +280,11 @@ class JobConfig:
     metrics_period = _Flat[int]()
     checkpoint = _Flat[bool]()
     keep_checkpoints = _Flat[int]()
+    resume_finished = _Flat[bool]()
     checkpoint_every = _Flat[int | None]()
     checkpoint_minutes = _Flat[float | None]()
     time_min = _Flat[int]()
     signal_lead_s = _Flat[int]()
-    resume_finished = _Flat[bool]()
     max_timeouts = _Flat[int]()
     max_failures = _Flat[int]()
 

@@ -27,7 +27,8 @@ recomputed at every batch-size decision from the new B:
 
 - ``SqrtScaling`` ("sqrt", JABAS's rule): sqrt(B / B_ref);
 - ``LinearScaling`` ("linear", Goyal et al.): B / B_ref;
-- ``NoScaling`` ("none"): 1.
+- ``NoScaling`` ("none"): 1;
+- "auto" (the default): sqrt with the similarity policy, linear with goodput (AUTO_LR_RULE).
 
 B_ref is the batch the user's lr was tuned for (``batch_ref``, default the initial batch).
 AdaScale is not offered: its scale-invariant progress must advance on every rank at every
@@ -50,13 +51,20 @@ _POLICY_ALIASES = {
     "noise-scale": "noise-scale", "noise_scale": "noise-scale", "noisescale": "noise-scale",
     "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
 }
-LR_RULES = ("sqrt", "linear", "none")
+LR_RULES = ("auto", "sqrt", "linear", "none")
+#: what lr_rule = "auto" (the default) means for each policy: JABAS pairs its similarity rule with
+#: sqrt scaling; Pollux pairs goodput with AdaScale, whose gain is ~B/B_ref while B << B_noise (the
+#: regime goodput picks), so linear scaling is the closest rule we offer (bench/adaptive_tta.py: with
+#: sqrt, goodput's large B never reached the target accuracy).
+AUTO_LR_RULE = {"fixed": "sqrt", "similarity": "sqrt", "noise-scale": "linear"}
 _LR_ALIASES = {
     "sqrt": "sqrt", "square-root": "sqrt", "sqrtscaling": "sqrt",
     "linear": "linear", "linearscaling": "linear",
     "none": "none", "noscaling": "none", "constant": "none",
 }
 
+#: noise-scale measurements the goodput policy waits for before it moves B (its first decisions)
+DEFAULT_GOODPUT_WARMUP = 3
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 DEFAULT_P = 100         # JABAS: iterations between decisions
@@ -237,14 +245,23 @@ class GoodputPolicy(BatchPolicy):
 
     name = "noise-scale"
 
-    def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P) -> None:
+    def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
+                 warmup: int = DEFAULT_GOODPUT_WARMUP) -> None:
         super().__init__(B_min, B_max, p)
         self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
+        self.warmup = _int_at_least("warmup", warmup, 0)
+        self.seen = 0
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         bn = state.b_noise
         if bn is None or not _is_number(bn) or bn < 0:
             return Wish(STAY, float(state.B), "no noise scale yet; keep B")
+        self.seen += 1
+        if self.seen <= self.warmup:
+            # the first estimates of |G|^2 are noisy (often <= 0, i.e. B_noise = inf): a jump to B_max
+            # on one of them costs accuracy that later epochs do not win back
+            return Wish(STAY, float(state.B), f"noise scale warming up ({self.seen} of {self.warmup} "
+                                              f"measurements, B_noise={bn:.4g}); keep B")
         rows: list[tuple[int, float]] = []
         for B, t in space.table():
             if t is None:
@@ -259,13 +276,20 @@ class GoodputPolicy(BatchPolicy):
                                     f"({Bs / ts:.4g} samples/s x E={E:.3f})")
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "B0": self.B0}
+        return {**super().config(), "B0": self.B0, "warmup": self.warmup}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.config(), "seen": self.seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.seen = int(state.get("seen", self.warmup))
 
 
 _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
-    "noise-scale": {"B0", "B_min", "B_max", "p"},
+    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup"},
 }
 
 
@@ -345,9 +369,16 @@ class LinearScaling(LRRule):
         return self._scale(B)
 
 
-def make_lr_rule(name: str, B_ref: int) -> LRRule:
-    """'sqrt' (JABAS's default), 'linear' or 'none'."""
-    key = _LR_ALIASES.get(str(name).strip().lower())
+def resolve_lr_rule(name: str, policy: str) -> str:
+    """The rule 'auto' stands for with this policy (AUTO_LR_RULE); other names as given."""
+    if str(name).strip().lower() == "auto":
+        return AUTO_LR_RULE[canonical_policy(policy)]
+    return name
+
+
+def make_lr_rule(name: str, B_ref: int, policy: str = "similarity") -> LRRule:
+    """'auto' (the policy's own rule: AUTO_LR_RULE), 'sqrt' (JABAS), 'linear' (Goyal) or 'none'."""
+    key = _LR_ALIASES.get(str(resolve_lr_rule(name, policy)).strip().lower())
     if key is None:
         raise ConfigError(f"unknown lr rule {name!r}; valid rules: {', '.join(LR_RULES)}")
     cls: type[LRRule] = {"sqrt": SqrtScaling, "linear": LinearScaling, "none": NoScaling}[key]

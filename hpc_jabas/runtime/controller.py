@@ -120,7 +120,7 @@ class AdaptiveController(BaseController):
         elif self.policy_name == "noise-scale":
             kw.update(B0=cfg.batch)
         self.policy = make_policy(self.policy_name, **kw)
-        self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch)
+        self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
         self.noise = NoiseScale()
         self.trajectory: list[tuple[int, int]] = []
         self.last_stats: dict = {}
