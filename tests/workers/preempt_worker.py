@@ -1,4 +1,4 @@
-"""Trainer on every rank; at an iteration a chosen rank sends itself a stop signal or SIGKILL (tests/test_preemption.py).
+"""Trainer on every rank; at an iteration one rank sends itself a stop signal or SIGKILL (tests/test_preemption.py).
 
 Spec: plan, steps, n, optimizer, lr, run_dir, checkpoint_every / checkpoint_minutes, signal_at =
 {"it": k, "rank": r, "signal": "USR1"|"USR2"|"TERM"|"KILL"}, resume. Rank r writes rank<r>.json.
@@ -41,7 +41,8 @@ class SignalAt(Callback):
 stop_signals().install()
 model = make_model()
 tr = Trainer(model, make_optimizer(spec["optimizer"], model.parameters(), spec["lr"]), make_data(spec.get("n", 240)),
-             nn.CrossEntropyLoss(), config=cfg, callbacks=[SignalAt(None if spec.get("resume") else spec.get("signal_at"))])
+             nn.CrossEntropyLoss(), config=cfg,
+             callbacks=[SignalAt(None if spec.get("resume") else spec.get("signal_at"))])
 res = tr.fit(max_iterations=spec["steps"], resume=spec.get("resume", False))
 out = {"rank": tr.rank, "params": {k: v.tolist() for k, v in model.state_dict().items()}, "iterations": tr.iteration,
        "resumed_from": tr.resumed_from, "stopped": res["stopped"], "sampler": tr.sampler.state_dict()}
