@@ -128,22 +128,25 @@ def test_goodput_picks_the_argmax_which_has_a_closed_form():
     # t(B) = a + c B: goodput ~ B / ((a + c B)(Bn + B)), maximal at B* = sqrt(a Bn / c)
     a, c, bn = 0.1, 0.001, 1000.0
     space = linear_space(1, 2048, a, c)
-    pol = GoodputPolicy(B0=32, B_min=1, B_max=2048, warmup=0)
+    pol = GoodputPolicy(B0=32, B_min=1, B_max=2048, warmup=0, max_step=math.inf)
     d = pol.decide(PolicyState(B=32, b_noise=bn), space)
     brute = max(range(1, 2049), key=lambda B: goodput(B, a + c * B, bn, 32))
     assert d.B == brute and abs(d.B - math.sqrt(a * bn / c)) <= 1
     assert (d.direction, d.moved) == ("set", True) and "goodput argmax" in d.reason
     # only realisable B count (multiples of 24 here) and B_0 never changes the choice
     space24 = linear_space(24, 2040, a, c, step=24)
-    d24 = GoodputPolicy(B0=512, B_min=24, B_max=2040, warmup=0).decide(PolicyState(B=48, b_noise=bn), space24)
+    pol24 = GoodputPolicy(B0=512, B_min=24, B_max=2040, warmup=0, max_step=math.inf)
+    d24 = pol24.decide(PolicyState(B=48, b_noise=bn), space24)
     assert d24.B == max(range(24, 2041, 24), key=lambda B: goodput(B, a + c * B, bn, 512))
     assert d24.B % 24 == 0 and d24.B == 24 * round(d.B / 24)
 
 
 def test_goodput_limits():
     space = linear_space(16, 1024, 0.1, 0.001)
-    pol = GoodputPolicy(B0=64, B_min=16, B_max=1024, warmup=0)
-    assert pol.decide(PolicyState(B=64, b_noise=math.inf), space).B == 1024   # no noise limit: fastest
+    pol = GoodputPolicy(B0=64, B_min=16, B_max=1024, warmup=0, max_step=math.inf)
+    d = pol.decide(PolicyState(B=64, b_noise=math.inf), space)              # |G|^2 <= 0: unresolved
+    assert (d.B, d.direction) == (64, "stay") and "unresolved" in d.reason
+    assert pol.decide(PolicyState(B=64, b_noise=1e12), space).B == 1024     # huge noise: the fastest
     assert pol.decide(PolicyState(B=64, b_noise=0.0), space).B == 16          # no noise: smallest t_iter
     d = pol.decide(PolicyState(B=64, b_noise=None), space)
     assert (d.B, d.direction) == (64, "stay") and "no noise scale" in d.reason
@@ -155,7 +158,7 @@ def test_goodput_on_a_heterogeneous_mix_uses_the_planner_times():
     gpus = ["a100", "v100", "v100"]
     model = PerfModel.emulated(gpus, [4, 8, 16, 32, 64], 0.002, 0.0002)
     space = optimal_space(gpus, model, 24, 768, [8])
-    pol = GoodputPolicy(B0=96, B_min=24, B_max=768, warmup=0)
+    pol = GoodputPolicy(B0=96, B_min=24, B_max=768, warmup=0, max_step=math.inf)
     for bn in (50.0, 400.0, 5000.0):
         d = pol.decide(PolicyState(B=96, b_noise=bn), space)
         best = max(space.table(), key=lambda r: goodput(r[0], r[1], bn, 96))
@@ -168,15 +171,16 @@ def test_goodput_waits_for_its_warmup_then_moves_and_resumes_warm():
     space = linear_space(16, 1024, 0.1, 0.001)
     pol = GoodputPolicy(B0=64, B_min=16, B_max=1024)           # default warm-up: 3 measurements
     assert pol.warmup == 3
-    for k in (1, 2, 3):                                          # B_noise = inf would mean B_max
-        d = pol.decide(PolicyState(B=64, b_noise=math.inf), space)
+    for k in (1, 2, 3):                                          # B_noise = 1e12 would mean B_max
+        d = pol.decide(PolicyState(B=64, b_noise=1e12), space)
         assert (d.B, d.direction, d.moved) == (64, "stay", False) and f"{k} of 3" in d.reason
     assert pol.decide(PolicyState(B=64, b_noise=None), space).B == 64   # no measurement: not counted
     assert pol.seen == 3
-    assert pol.decide(PolicyState(B=64, b_noise=math.inf), space).B == 1024
+    assert pol.decide(PolicyState(B=64, b_noise=1e12), space).B == 128      # the trust region: at most 2x
     again = GoodputPolicy(B0=64, B_min=16, B_max=1024)
     again.load_state_dict(pol.state_dict())
-    assert again.seen == 4 and again.decide(PolicyState(B=64, b_noise=math.inf), space).B == 1024
+    assert again.seen == 4 and again.decide(PolicyState(B=128, b_noise=1e12), space).B == 256
+    assert again.decide(PolicyState(B=512, b_noise=0.0), space).B == 256    # and at most /2 down
 
 
 def test_auto_lr_rule_follows_the_policy():
@@ -196,7 +200,7 @@ def test_make_policy_names_and_config():
         assert isinstance(pol, GoodputPolicy) and pol.name == "noise-scale" and pol.p == 100
         assert canonical_policy(name) == "noise-scale"
     assert make_policy("noise-scale", B0=64, B_min=16, B_max=512).config() == {
-        "name": "noise-scale", "B_min": 16, "B_max": 512, "p": 100, "B0": 64, "warmup": 3}
+        "name": "noise-scale", "B_min": 16, "B_max": 512, "p": 100, "B0": 64, "warmup": 3, "max_step": 2.0}
     assert isinstance(make_policy("fixed"), FixedPolicy)
     pol = make_policy("similarity", gamma=0.1, B_max=512, p=20)
     assert pol.config() == {"name": "similarity", "B_min": 1, "B_max": 512, "p": 20, "gamma": 0.1, "alpha": 0.1}

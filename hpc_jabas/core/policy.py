@@ -13,7 +13,8 @@ realises on this mix, with predicted iteration times) and gets a ``BatchDecision
   sections 5 and 7): the realisable B in [B_min, B_max] that maximises
   (B / t_iter(B)) * E(B), E(B) = (B_noise + B_0) / (B_noise + B), with t_iter from the perf model
   and planner for this mix and B_noise the smoothed noise scale; B_0 the initial batch (it scales
-  E by a constant, so it never changes the choice). Re-evaluated every p iterations (default 100).
+  E by a constant, so it never changes the choice). Re-evaluated every p iterations (default 100),
+  after a warm-up of 3 measurements, and at most 2x up or down per decision.
 
 The policy's wish (a direction and a target, or a chosen B) becomes a realisable B' through
 ``snapping.snap_toward``: grow gives B' > B unless B is the largest realisable B <= B_max,
@@ -65,6 +66,8 @@ _LR_ALIASES = {
 
 #: noise-scale measurements the goodput policy waits for before it moves B (its first decisions)
 DEFAULT_GOODPUT_WARMUP = 3
+#: the goodput policy moves B by at most this factor per decision (a trust region around the current B)
+DEFAULT_GOODPUT_MAX_STEP = 2.0
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 DEFAULT_P = 100         # JABAS: iterations between decisions
@@ -241,21 +244,33 @@ def goodput(B: float, t_iter: float, b_noise: float, B0: float) -> float:
 
 
 class GoodputPolicy(BatchPolicy):
-    """Pollux's goodput on our planner: B = argmax over realisable B of (B / t_iter(B)) * E(B)."""
+    """Pollux's goodput on our planner: B = argmax over realisable B of (B / t_iter(B)) * E(B).
+
+    Two guards beyond Pollux, both measured on bench/adaptive_tta.py: no move before ``warmup``
+    noise-scale measurements or on an unresolved (infinite) noise scale, and at most ``max_step`` x
+    per decision (the argmax within [B / max_step, B * max_step])."""
 
     name = "noise-scale"
 
     def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
-                 warmup: int = DEFAULT_GOODPUT_WARMUP) -> None:
+                 warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP) -> None:
         super().__init__(B_min, B_max, p)
         self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
         self.warmup = _int_at_least("warmup", warmup, 0)
+        if not _is_number(max_step) or not max_step > 1.0:
+            raise ConfigError(f"max_step={max_step!r} is invalid; the largest factor per decision must be > 1, "
+                              "e.g. 2 (math.inf: no limit)")
+        self.max_step = float(max_step)
         self.seen = 0
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         bn = state.b_noise
         if bn is None or not _is_number(bn) or bn < 0:
             return Wish(STAY, float(state.B), "no noise scale yet; keep B")
+        if math.isinf(bn):
+            # |G|^2 estimated <= 0: the signal is lost in the noise of the estimate, not a measured
+            # infinite noise scale; moving to B_max on it is what made goodput lose accuracy early
+            return Wish(STAY, float(state.B), "noise scale unresolved (|G|^2 estimate <= 0); keep B")
         self.seen += 1
         if self.seen <= self.warmup:
             # the first estimates of |G|^2 are noisy (often <= 0, i.e. B_noise = inf): a jump to B_max
@@ -270,13 +285,17 @@ class GoodputPolicy(BatchPolicy):
         if not rows:
             return Wish(STAY, float(state.B), "no realisable batch in range; keep B")
         cur = int(state.B)
-        Bs, ts = min(rows, key=lambda r: (-goodput(r[0], r[1], bn, self.B0), abs(r[0] - cur), r[0]))
+        # a trust region: at most max_step x (or / max_step) per decision, so one noisy estimate cannot
+        # move B (and the lr that follows it) across the whole range at once
+        lo, hi = cur / self.max_step, cur * self.max_step
+        near = [r for r in rows if lo <= r[0] <= hi] or rows
+        Bs, ts = min(near, key=lambda r: (-goodput(r[0], r[1], bn, self.B0), abs(r[0] - cur), r[0]))
         E = statistical_efficiency(Bs, bn, self.B0)
         return Wish(SET, float(Bs), f"B_noise={bn:.4g}, goodput argmax B={Bs} "
                                     f"({Bs / ts:.4g} samples/s x E={E:.3f})")
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "B0": self.B0, "warmup": self.warmup}
+        return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step}
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.config(), "seen": self.seen}
@@ -289,7 +308,7 @@ class GoodputPolicy(BatchPolicy):
 _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
-    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup"},
+    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step"},
 }
 
 
