@@ -9,11 +9,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 OMPI_MCA_mpi_yield_when_idle=1
 RUN="runs/demo-$(date +%Y%m%d-%H%M%S)"
-echo "== 1. mpirun: 3 ranks emulating v100, p100, rtx2060; adaptive B (similarity); rank 0 slowed 3x"
+echo "== 1. mpirun: 3 ranks emulating v100, p100, rtx2060; adaptive B (similarity, JABAS's defaults"
+echo "      gamma = 0.1 and a +-10% step; p = 5 for digits' short epochs); rank 0 slowed 3x"
 echo "      from iteration 60 (injected), rebalanced online; run dir $RUN"
 mpirun --oversubscribe -np 3 --bind-to none .venv/bin/python examples/train_digits.py \
   --emulate --gpu-types v100,p100,rtx2060 --batch 64 --batch-min 32 --batch-max 512 \
-  --policy similarity --gamma 0.5 --alpha 0.25 --p 10 --balance reactive --p-balance 5 \
+  --policy similarity --p 5 --balance reactive --p-balance 5 \
   --slowdown 0:factor=3,start=60 --epochs 8 --run-dir "$RUN" --summary "$RUN/summary.json" 2>&1 \
   | grep -v "EMULATES" || true
 .venv/bin/python - "$RUN" <<'PY'

@@ -188,8 +188,9 @@ def check_parameters(chain_dir, first_world: int, second_world: int) -> None:
 
 
 def status_text(cluster, chain_dir) -> str:
-    r = subprocess.run([HPC_JABAS, "status", str(chain_dir)], capture_output=True, text=True, env=cluster.env,
-                       timeout=60)
+    # --wait: until every job of the chain has ended and Slurm has released it (the last job's exit)
+    r = subprocess.run([HPC_JABAS, "status", str(chain_dir), "--wait", "60"], capture_output=True, text=True,
+                       env=cluster.env, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -288,7 +289,7 @@ def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
     c = hand_chain["chain"]
     j1, j2 = check_chain(c, {"a100": 1, "v100": 2}, {"v100": 3}, ["v100"] * 3, by_hand=True)
     assert j1 == hand_chain["job_id"]
-    log = (hand_chain["dir"] / f"hand-{j1}.out").read_text()
+    log = (c / "jobs" / f"sbatch-{j1}.out").read_text()       # the template writes under the chain directory
     assert "hpc-jabas: hetjob" in log and ".venv/bin/python" in log
     # the resubmission was a rendered job script (method sbatch), spanning two v100 nodes
     script = (c / "jobs" / "1.sbatch").read_text()
