@@ -60,7 +60,9 @@ def main(argv=None):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     cfg = hpc_jabas.config_from_args(args)                          # hpc-jabas
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)        # stepped per epoch
     trainer = hpc_jabas.Trainer(model, opt, train, nn.CrossEntropyLoss(), config=cfg,   # hpc-jabas
+                                scheduler=sched,                                      # hpc-jabas
                                 eval_fn=lambda m: {"test_acc": accuracy(m, test)})    # hpc-jabas
     result = trainer.fit()                                          # hpc-jabas
     result["test_acc"] = accuracy(model, test)

@@ -10,18 +10,19 @@ cd "$ROOT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 OMPI_MCA_mpi_yield_when_idle=1
 RUN="runs/demo-$(date +%Y%m%d-%H%M%S)"
 echo "== 1. mpirun: 3 ranks emulating v100, p100, rtx2060; adaptive B (similarity, JABAS's defaults"
-echo "      gamma = 0.1 and a +-10% step; p = 5 for digits' short epochs); rank 0 slowed 3x"
+echo "      gamma = 0.1 and a +-10% step; p = 4 for digits' short epochs; cosine lr); rank 0 slowed 3x"
 echo "      from iteration 60 (injected), rebalanced online; run dir $RUN"
 mpirun --oversubscribe -np 3 --bind-to none .venv/bin/python examples/train_digits.py \
-  --emulate --gpu-types v100,p100,rtx2060 --batch 64 --batch-min 32 --batch-max 512 \
-  --policy similarity --p 5 --balance reactive --p-balance 5 \
-  --slowdown 0:factor=3,start=60 --epochs 8 --run-dir "$RUN" --summary "$RUN/summary.json" 2>&1 \
+  --emulate --gpu-types v100,p100,rtx2060 --batch 32 --batch-min 32 --batch-max 512 \
+  --policy similarity --p 4 --balance reactive --p-balance 5 \
+  --slowdown 0:factor=3,start=60 --epochs 12 --run-dir "$RUN" --summary "$RUN/summary.json" 2>&1 \
   | grep -v "EMULATES" || true
 .venv/bin/python - "$RUN" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
 its = [r for r in recs if r["type"] == "iteration"]
 print("B over the run:", " -> ".join(str(b) for i, b in enumerate(r["B"] for r in its) if i == 0 or b != its[i - 1]["B"]))
+print("B at the epoch ends:", [r["B"] for r in recs if r["type"] == "epoch_end"])
 for r in recs:
     if r["type"] == "balance" and not r["info"].get("kept", True):
         how = "rebalanced" if r["info"].get("reason", "").find("batch-size") < 0 else "re-planned with the new B"
