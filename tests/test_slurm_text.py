@@ -157,14 +157,14 @@ def test_parse_sacct_rows():
 def test_fold_sacct_rows_one_state_per_job():
     got = watch.fold_rows(text.parse_sacct(SACCT))
     assert got == {
-        "123": {"ElapsedRaw": None, "State": "RUNNING", "Start": "2026-11-30T19:00:05", "End": "Unknown", "Partition": "a100,v100",
-                "NodeList": "gpua1,None assigned", "components": 2},
+        "123": {"ElapsedRaw": None, "State": "RUNNING", "Start": "2026-11-30T19:00:05", "End": "Unknown",
+                "Partition": "a100,v100", "NodeList": "gpua1,None assigned", "components": 2},
         "124": {"ElapsedRaw": None, "State": "CANCELLED", "Start": "2026-11-30T18:00:00", "End": "2026-11-30T18:05:00",
                 "Partition": "a100,v100", "NodeList": "gpua1,gpuv[1-2]", "components": 2},
         "125": {"ElapsedRaw": None, "State": "COMPLETED", "Start": "2026-11-30T17:00:00", "End": "2026-11-30T17:10:00",
                 "Partition": "rtx2060", "NodeList": "gpur1", "components": 1},
-        "126": {"ElapsedRaw": None, "State": "CANCELLED", "Start": "Unknown", "End": "2026-11-30T17:00:00", "Partition": "v100",
-                "NodeList": "None assigned", "components": 1}}
+        "126": {"ElapsedRaw": None, "State": "CANCELLED", "Start": "Unknown", "End": "2026-11-30T17:00:00",
+                "Partition": "v100", "NodeList": "None assigned", "components": 1}}
     # right after the end slurmdbd may list the hetjob as plain "<id>" too: its component rows win
     late = text.parse_sacct("9|RUNNING|x|Unknown|a100|n\n9+0|COMPLETED|x|y|a100|n\n9+1|FAILED|x|y|v100|m\n")
     assert watch.fold_rows(late)["9"]["State"] == "FAILED" and watch.fold_rows(late)["9"]["components"] == 2
