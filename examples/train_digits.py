@@ -51,6 +51,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--summary", help="write a JSON summary here (rank 0)")
+    ap.add_argument("--cosine", action="store_true", help="cosine lr schedule over the epochs (stepped per epoch)")
     add_verbosity_flags(ap)            # -q/--quiet (no progress bar, warnings only), -v/--verbose
     hpc_jabas.add_arguments(ap)                                     # hpc-jabas
     args = ap.parse_args(argv)
@@ -60,7 +61,7 @@ def main(argv=None):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     cfg = hpc_jabas.config_from_args(args)                          # hpc-jabas
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)        # stepped per epoch
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs) if args.cosine else None
     trainer = hpc_jabas.Trainer(model, opt, train, nn.CrossEntropyLoss(), config=cfg,   # hpc-jabas
                                 scheduler=sched,                                      # hpc-jabas
                                 eval_fn=lambda m: {"test_acc": accuracy(m, test)})    # hpc-jabas

@@ -14,7 +14,7 @@ echo "      gamma = 0.1 and a +-10% step; p = 4 for digits' short epochs; cosine
 echo "      from iteration 60 (injected), rebalanced online; run dir $RUN"
 mpirun --oversubscribe -np 3 --bind-to none .venv/bin/python examples/train_digits.py \
   --emulate --gpu-types v100,p100,rtx2060 --batch 32 --batch-min 32 --batch-max 512 \
-  --policy similarity --p 4 --balance reactive --p-balance 5 \
+  --policy similarity --p 4 --cosine --balance reactive --p-balance 5 \
   --slowdown 0:factor=3,start=60 --epochs 12 --run-dir "$RUN" --summary "$RUN/summary.json" 2>&1 \
   | grep -v "EMULATES" || true
 .venv/bin/python - "$RUN" <<'PY'

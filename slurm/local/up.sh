@@ -28,9 +28,18 @@ export JABAS_SLURM_LOCKED=1
 # They are part of the generated configuration, so another set restarts the cluster.
 REPO_ROOT="$(cd "$HERE/../.." && pwd)"
 SHARED_TMP=()
-for _p in "$REPO_ROOT" ${HPC_JABAS_SHARED_TMP:+${HPC_JABAS_SHARED_TMP//:/ }}; do
-  [[ $_p == /tmp/?* ]] && SHARED_TMP+=("$_p")
+# A bring-up from elsewhere (the README test's copy of the repository, a second checkout) keeps the
+# paths the running cluster already shares, so it does not restart the cluster under the jobs of the
+# clone that started it; the list is kept sorted so that the same set gives the same configuration.
+_old=""
+[[ -f "$JABAS_SLURM_DIR/etc/slurm.conf" ]] && _old=$(sed -n 's/^# shared-tmp: //p' "$JABAS_SLURM_DIR/etc/slurm.conf" | head -1)
+[[ $_old == none ]] && _old=""
+for _p in "$REPO_ROOT" ${HPC_JABAS_SHARED_TMP:+${HPC_JABAS_SHARED_TMP//:/ }} $_old; do
+  [[ $_p == /tmp/?* && -d $_p ]] && SHARED_TMP+=("$_p")
 done
+if ((${#SHARED_TMP[@]})); then
+  mapfile -t SHARED_TMP < <(printf '%s\n' "${SHARED_TMP[@]}" | sort -u)
+fi
 T0=$(date +%s%N)
 elapsed() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
 
