@@ -229,6 +229,8 @@ def test_submitit_chain_moves_and_matches_single_process(slurm_cluster, submitit
     assert out["job_id"] == j1 and out["moved_to"]["job_id"] == j2 and out["moved_to"]["mix"] == {"rtx2060": 2}
     assert s.job.results()[1:] == [None, None]
     assert "Job completed successfully" in s.job.stdout()
+    # rank 0's result is written before the job's last steps have ended: let Slurm finish it
+    assert slurm_cluster.wait_state(j1, timeout=90) == "COMPLETED"
     s.job.get_info(mode="force")
     assert s.job.state == "COMPLETED"
     job2 = submitit_job(d, j2)
