@@ -13,7 +13,6 @@ broadcast, every rank applies it at the iteration it names.
 from __future__ import annotations
 
 import os
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,21 +26,20 @@ from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
 from hpc_jabas.core.plan import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
-from hpc_jabas.errors import CheckpointError, ConfigError
+from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import checkpoint as ckpt
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime import comm, resume
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
-from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
+from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
+from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.step import micro_step
 
 log = get_logger(__name__)
-HOOK_STATE = "hook-state.pt"     # the epoch-end hook's state after its decide step (next to the checkpoints)
 
 
 def tensor_fetch(dataset) -> Callable[[np.ndarray], Any]:
@@ -286,103 +284,29 @@ class Trainer:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them."""
         self._iter_metrics.flush()
 
-    # ---- epochs, checkpoints --------------------------------------------------------------
+    # ---- state, checkpoints, resume (runtime/resume.py) --------------------------------------
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.opt.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "sampler": self.sampler.state_dict(), "iteration": self.iteration, "B": self.B,
-                "plan": self.plan.to_dict(), "lr_scale": self.lr_scale,
-                "controller": self.controller.state_dict() if self.controller is not None else None,
-                "world": self.world, "gpu_types": self.gpu_types, "decisions": self.decisions.state_dict(),
-                "lifecycle": self.epoch_end_hook.state_dict() if self.epoch_end_hook is not None else None,
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}}
+        return resume.state_dict(self)
 
     def load_state_dict(self, st: dict) -> None:
-        self.model.load_state_dict(st["model"])
-        self.opt.optimizer.load_state_dict(st["optimizer"])
-        if self.scheduler is not None and st.get("scheduler") is not None:
-            self.scheduler.load_state_dict(st["scheduler"])
-        self.sampler.load_state_dict(st["sampler"])
-        self.iteration = int(st["iteration"])
-        self.B = int(st["B"])
-        self.lr_scale = float(st["lr_scale"])
-        plan = Plan.from_dict(st["plan"])
-        if plan.world_size != self.world:
-            # a different allocation: same B, re-planned for the new ranks
-            plan = self.planner_fn(self.B, None)
-        self.plan = plan
-        if self.controller is not None and st.get("controller") is not None:
-            self.controller.load_state_dict(st["controller"])
-        if self.epoch_end_hook is not None and st.get("lifecycle"):
-            self.epoch_end_hook.load_state_dict(dict(st["lifecycle"]))
-        self.decisions.load_state_dict(st.get("decisions") or {})
-        torch.set_rng_state(st["rng"]["torch"])
-        np.random.set_state(st["rng"]["numpy"])
-        random.setstate(st["rng"]["python"])
+        resume.load_state_dict(self, st)
 
     def save_checkpoint(self) -> str | None:
         """All ranks call; rank 0 writes (the state is identical on every rank)."""
-        self.flush_metrics()
-        path = None
-        self.last_checkpoint_time = time.time()
-        self._periodic.mark(self.iteration)
-        if self.rank == 0 and self.cfg.checkpoint:
-            path = ckpt.save_in(self.ckpt_dir, self.state_dict(), self.sampler.epoch, self.iteration,
-                                keep=self.cfg.keep_checkpoints)
-        return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
+        return resume.save_checkpoint(self)
 
     def _save_hook_state(self, checkpoint: str | None) -> None:
-        """Rank 0, after the epoch-end hook decided: its state, tied to the checkpoint it follows."""
-        if self.epoch_end_hook is not None and checkpoint is not None:
-            ckpt.save(self.ckpt_dir / HOOK_STATE, {"checkpoint": Path(checkpoint).name,
-                                                   "state": self.epoch_end_hook.state_dict()})
-
-    def _load_hook_state(self, st: dict, path: Path) -> None:
-        """Rank 0, on resume: the hook's post-decide state replaces the checkpoint's when it follows it."""
-        side = self.ckpt_dir / HOOK_STATE
-        if not side.exists():
-            return
-        try:
-            hs = ckpt.load(side)
-        except CheckpointError as e:
-            log.warning("ignoring the epoch-end hook's state: %s", e)
-            return
-        if hs.get("checkpoint") == path.name:
-            st["lifecycle"] = hs["state"]
+        resume.save_hook_state(self, checkpoint)
 
     def lock_run_dir(self, wait_s: float = 0.0) -> None:
         """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
-        from hpc_jabas.runtime.dirlock import lock_on_rank0
-        lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
+        resume.lock_run_dir(self, wait_s)
 
     def maybe_resume(self, epochs: int | None = None) -> bool:
         """Resume from the run_dir's latest checkpoint; a finished one stops the job (progress.refuse_finished)."""
-        self.lock_run_dir()
-        found, err = None, None
-        if self.rank == 0:
-            try:
-                found = ckpt.load_latest(self.ckpt_dir, log=log.warning)
-            except CheckpointError as e:        # every checkpoint bad: every rank stops with rank 0's line
-                err = str(e)
-        if found:
-            self._load_hook_state(found[0], found[1])
-        st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
-        if err:
-            from hpc_jabas.runtime.dirlock import rank_error
-            raise rank_error(CheckpointError, err, self.rank)
-        if st is None:
-            return False
-        self.load_state_dict(st)
-        self.resumed_from = str(found[1]) if found else "broadcast"
-        refuse_finished(self, epochs or self.cfg.epochs)
-        if self.rank == 0:
-            log.info("resumed from %s at epoch %d, cursor %d, iteration %d, B=%d", self.resumed_from,
-                     self.sampler.epoch, self.sampler.cursor, self.iteration, self.B)
-            self.metrics.write({"type": "resume", "it": self.iteration, "epoch": self.sampler.epoch,
-                                "cursor": self.sampler.cursor, "world": self.world, "B": self.B,
-                                "plan": str(self.plan), "from": self.resumed_from})
-        return True
+        return resume.maybe_resume(self, epochs)
 
+    # ---- epochs ------------------------------------------------------------------------------
     def fit(self, epochs: int | None = None, max_iterations: int | None = None, resume: bool = True) -> dict:
         epochs = epochs or self.cfg.epochs
         self.lock_run_dir()

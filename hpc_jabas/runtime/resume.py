@@ -1,0 +1,130 @@
+"""The Trainer's state, checkpoints and resume (a mixin of runtime/trainer.Trainer).
+
+``state_dict``/``load_state_dict`` hold everything a resume needs (model, optimizer, scheduler,
+sampler cursor, iteration, B, plan, controller, decisions, lifecycle hook, RNG states); rank 0
+writes checkpoints (runtime/checkpoint.py), every rank resumes from the one rank 0 found.
+"""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpc_jabas.core.plan import Plan
+from hpc_jabas.errors import CheckpointError
+from hpc_jabas.log import get_logger
+from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.progress import refuse_finished
+
+Trainer = Any      # runtime/trainer.Trainer (not imported: the trainer imports this module)
+
+log = get_logger(__name__)
+HOOK_STATE = "hook-state.pt"     # the epoch-end hook's state after its decide step (next to the checkpoints)
+
+
+def state_dict(tr: Trainer) -> dict:
+    return {"model": tr.model.state_dict(), "optimizer": tr.opt.optimizer.state_dict(),
+            "scheduler": tr.scheduler.state_dict() if tr.scheduler is not None else None,
+            "sampler": tr.sampler.state_dict(), "iteration": tr.iteration, "B": tr.B,
+            "plan": tr.plan.to_dict(), "lr_scale": tr.lr_scale,
+            "controller": tr.controller.state_dict() if tr.controller is not None else None,
+            "world": tr.world, "gpu_types": tr.gpu_types, "decisions": tr.decisions.state_dict(),
+            "lifecycle": tr.epoch_end_hook.state_dict() if tr.epoch_end_hook is not None else None,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}}
+
+
+def load_state_dict(tr: Trainer, st: dict) -> None:
+    tr.model.load_state_dict(st["model"])
+    tr.opt.optimizer.load_state_dict(st["optimizer"])
+    if tr.scheduler is not None and st.get("scheduler") is not None:
+        tr.scheduler.load_state_dict(st["scheduler"])
+    tr.sampler.load_state_dict(st["sampler"])
+    tr.iteration = int(st["iteration"])
+    tr.B = int(st["B"])
+    tr.lr_scale = float(st["lr_scale"])
+    plan = Plan.from_dict(st["plan"])
+    if plan.world_size != tr.world:
+        # a different allocation: same B, re-planned for the new ranks
+        plan = tr.planner_fn(tr.B, None)
+    tr.plan = plan
+    if tr.controller is not None and st.get("controller") is not None:
+        tr.controller.load_state_dict(st["controller"])
+    if tr.epoch_end_hook is not None and st.get("lifecycle"):
+        tr.epoch_end_hook.load_state_dict(dict(st["lifecycle"]))
+    tr.decisions.load_state_dict(st.get("decisions") or {})
+    torch.set_rng_state(st["rng"]["torch"])
+    np.random.set_state(st["rng"]["numpy"])
+    random.setstate(st["rng"]["python"])
+
+
+def save_checkpoint(tr: Trainer) -> str | None:
+    """All ranks call; rank 0 writes (the state is identical on every rank)."""
+    tr.flush_metrics()
+    path = None
+    tr.last_checkpoint_time = time.time()
+    tr._periodic.mark(tr.iteration)
+    if tr.rank == 0 and tr.cfg.checkpoint:
+        path = ckpt.save_in(tr.ckpt_dir, tr.state_dict(), tr.sampler.epoch, tr.iteration,
+                            keep=tr.cfg.keep_checkpoints)
+    return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
+
+
+def save_hook_state(tr: Trainer, checkpoint: str | None) -> None:
+    """Rank 0, after the epoch-end hook decided: its state, tied to the checkpoint it follows."""
+    if tr.epoch_end_hook is not None and checkpoint is not None:
+        ckpt.save(tr.ckpt_dir / HOOK_STATE, {"checkpoint": Path(checkpoint).name,
+                                               "state": tr.epoch_end_hook.state_dict()})
+
+
+def load_hook_state(tr: Trainer, st: dict, path: Path) -> None:
+    """Rank 0, on resume: the hook's post-decide state replaces the checkpoint's when it follows it."""
+    side = tr.ckpt_dir / HOOK_STATE
+    if not side.exists():
+        return
+    try:
+        hs = ckpt.load(side)
+    except CheckpointError as e:
+        log.warning("ignoring the epoch-end hook's state: %s", e)
+        return
+    if hs.get("checkpoint") == path.name:
+        st["lifecycle"] = hs["state"]
+
+
+def lock_run_dir(tr: Trainer, wait_s: float = 0.0) -> None:
+    """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
+    from hpc_jabas.runtime.dirlock import lock_on_rank0
+    lock_on_rank0(tr.run_dir, tr.rank, "run directory", wait_s=wait_s)
+
+
+def maybe_resume(tr: Trainer, epochs: int | None = None) -> bool:
+    """Resume from the run_dir's latest checkpoint; a finished one stops the job (progress.refuse_finished)."""
+    tr.lock_run_dir()
+    found, err = None, None
+    if tr.rank == 0:
+        try:
+            found = ckpt.load_latest(tr.ckpt_dir, log=log.warning)
+        except CheckpointError as e:        # every checkpoint bad: every rank stops with rank 0's line
+            err = str(e)
+    if found:
+        load_hook_state(tr, found[0], found[1])
+    st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
+    if err:
+        from hpc_jabas.runtime.dirlock import rank_error
+        raise rank_error(CheckpointError, err, tr.rank)
+    if st is None:
+        return False
+    tr.load_state_dict(st)
+    tr.resumed_from = str(found[1]) if found else "broadcast"
+    refuse_finished(tr, epochs or tr.cfg.epochs)
+    if tr.rank == 0:
+        log.info("resumed from %s at epoch %d, cursor %d, iteration %d, B=%d", tr.resumed_from,
+                 tr.sampler.epoch, tr.sampler.cursor, tr.iteration, tr.B)
+        tr.metrics.write({"type": "resume", "it": tr.iteration, "epoch": tr.sampler.epoch,
+                            "cursor": tr.sampler.cursor, "world": tr.world, "B": tr.B,
+                            "plan": str(tr.plan), "from": tr.resumed_from})
+    return True
