@@ -45,23 +45,26 @@ def test_every_sample_once_per_epoch(N, seed, first, changes, resume_at, tail):
             s.load_state_dict(st_)
         ib = s.next(plan)
         sizes = [len(m) for r in ib.micro for m in r]
-        if plan.identical_b:
-            # invariant 2: every micro-batch has exactly b samples (but the last of a shrunk tail)
-            assert all(x == plan.b for x in sizes[:-1])
-            assert 1 <= sizes[-1] <= plan.b
-        else:
-            # per rank: micro-batches of b_i, only a rank's last one may be smaller
-            for i in range(plan.world_size):
-                mine = [len(m) for m in ib.micro[i]]
-                assert all(x == plan.bs[i] for x in mine[:-1]) and all(1 <= x <= plan.bs[i] for x in mine)
-                assert len(ib.rank_indices(i)) <= plan.xs[i]
         assert ib.plan.world_size == plan.world_size and ib.total == ib.plan.B == sum(sizes)
-        assert all(ib.plan.n[i] <= plan.n[i] for i in range(plan.world_size))
-        if ib.total == plan.B:
-            assert ib.plan == plan
+        assert [len(ib.rank_indices(i)) for i in range(plan.world_size)] == list(ib.plan.xs)
+        if ib.total == plan.B and ib.plan == plan:
+            # a full iteration (invariant 2): exactly the plan's micro-batches, b_i each but a rank's last
             for i in range(plan.world_size):
                 assert len(ib.rank_indices(i)) == plan.xs[i]
                 assert [len(m) for m in ib.micro[i]] == plan.micro_sizes(i)
+        else:
+            # the shrunk epoch tail, or the last iteration taking B + 1 (exactly B + 1 samples were left)
+            assert ib.total < plan.B or (tail == "shrink" and ib.total == plan.B + 1 == s.cursor - ib.start
+                                         and s.remaining == 0)
+            assert sum(max(0, len(ib.rank_indices(i)) - plan.xs[i]) for i in range(plan.world_size)) <= 1
+            assert all(ib.plan.n[i] <= plan.n[i] + 1 for i in range(plan.world_size))
+            for i in range(plan.world_size):
+                for m in ib.micro[i]:
+                    # never one sample where the plan runs b_i >= 2 (BatchNorm); at most b_i (3 for b_i = 2)
+                    assert len(m) >= 2 or ib.total == 1 or min(b for b, k in zip(plan.bs, plan.n) if k) == 1
+                    assert len(m) <= max(plan.bs[i], 3 if plan.bs[i] == 2 else 1)
+            if plan.identical_b:
+                assert all(x == plan.b for x in sizes[:-2])      # b each, but the last two
         seen.extend(ib.all_indices().tolist())
         it += 1
     assert len(seen) == len(set(seen))                       # never repeated
@@ -147,6 +150,25 @@ def test_per_rank_plan_syntax_dict_round_trip_and_old_checkpoints():
         assert "\n" not in str(e.value)
 
 
+def test_tail_has_no_single_sample_micro_batch():
+    """BatchNorm cannot train on one sample: (b, 1) becomes (b - 1, 2); B + 1 left: one iteration of B + 1."""
+    p = Plan(4, (1, 1))                                   # B = 8
+    s = HeterogeneousSampler(13, seed=0)
+    assert s.next(p).total == 8 and s.iterations_left(8) == 1
+    ib = s.next(p)                                        # 5 left: [4] [1] -> [3] [2]
+    assert [[len(m) for m in r] for r in ib.micro] == [[3], [2]] and ib.plan.xs == (3, 2)
+    s = HeterogeneousSampler(9, seed=0)                   # 9 = B + 1: one iteration of 9, [4] [4, 1] -> [4] [3, 2]
+    assert s.iterations_left(8) == 1
+    ib = s.next(p)
+    assert ib.total == 9 and [[len(m) for m in r] for r in ib.micro] == [[4], [3, 2]] and s.epoch_done(8)
+    assert sorted(ib.all_indices().tolist()) == list(range(9))
+    s = HeterogeneousSampler(7, seed=0)                   # b = 2, 7 left: [2, 2] [2, 1] -> [2, 2] [3]
+    ib = s.next(Plan(2, (2, 2)))
+    assert [[len(m) for m in r] for r in ib.micro] == [[2, 2], [3]] and ib.plan.xs == (4, 3)
+    s = HeterogeneousSampler(5, seed=0)                   # b = 1 runs one-sample micro-batches by plan: unchanged
+    assert [len(m) for m in s.next(Plan(1, (2, 4))).micro[1]] == [1, 1, 1]
+
+
 def test_per_rank_invariance_same_samples_whatever_the_plan():
     """Invariance: the same B indices per iteration for an identical-b and a per-rank plan of that B."""
     a, b = HeterogeneousSampler(97, seed=5), HeterogeneousSampler(97, seed=5)
@@ -156,4 +178,4 @@ def test_per_rank_invariance_same_samples_whatever_the_plan():
         x, y = a.next(same), b.next(per)
         assert np.array_equal(x.all_indices(), y.all_indices())
         assert [len(y.rank_indices(i)) for i in range(3)] == list(y.plan.xs)
-    assert b.epoch_done(32) and x.total == y.total == 1
+    assert b.epoch_done(32) and x.total == y.total == 33          # 97 = 2 * 32 + 33: no 1-sample tail

@@ -18,6 +18,24 @@ Epoch tail (the last r < B samples of an epoch), chosen by ``tail``:
     sample count, so the update is still the exact mean gradient of the r samples.
   - "drop": the r samples are skipped this epoch (like DataLoader(drop_last=True)); every
     iteration has exactly B samples and at most B-1 samples per epoch go unused.
+
+No single-sample micro-batch at the epoch tail (BatchNorm cannot train on one sample). With
+"shrink", an iteration that is not a full plan iteration never runs a micro-batch of one sample
+on a rank whose b_i >= 2:
+  - when exactly B + 1 samples are left (B >= 2 and some b_i >= 2), the next iteration takes all
+    B + 1 (its last running rank gets the extra sample) instead of leaving a 1-sample iteration;
+  - a 1-sample micro-batch takes one sample from the micro-batch just before it (its rank's own
+    previous one, or the previous rank's last) when that one holds >= 3 samples: (b, 1) becomes
+    (b - 1, 2); else from the micro-batch just after it (>= 3 samples); else it merges into the
+    micro-batch before (or after) it, which then holds 3 samples when b = 2 (the one case where a
+    micro-batch exceeds its b, by one sample: an odd count cannot be cut into pieces of 2).
+  Samples keep their places in the permutation order (a moved sample changes rank only between
+  neighbouring runs), so every sample is still used exactly once; a rank may hold one sample more
+  than its plan share (x_i + 1) on such an iteration. ``IterationBatch.micro`` holds the sizes run;
+  ``IterationBatch.plan`` holds each rank's samples x_i exactly (its micro-batch counts follow
+  b_i = the rank's largest micro-batch). Left as they are: ranks with b_i = 1 (one-sample
+  micro-batches by plan), a 1-sample micro-batch whose only neighbours run on such ranks, and an
+  iteration of one sample in all (a 1-sample dataset, or B = 1).
 Pure: numpy only.
 """
 from __future__ import annotations
@@ -91,7 +109,10 @@ class HeterogeneousSampler:
     def iterations_left(self, B: int) -> int:
         if self.tail == "drop":
             return self.remaining // B
-        return -(-self.remaining // B)
+        r = self.remaining
+        if B >= 2 and r > B and r % B == 1:
+            return r // B                          # the last full iteration takes B + 1 (module docstring)
+        return -(-r // B)
 
     def new_epoch(self) -> None:
         self.epoch += 1
@@ -105,19 +126,30 @@ class HeterogeneousSampler:
         perm = self.permutation()
         start = self.cursor
         r = self.remaining
-        used = plan if r >= plan.B else self._shrunk(plan, r)
-        total = used.B
+        sizes: list[list[int]]
+        if r >= plan.B and not (self.tail == "shrink" and r == plan.B + 1 and plan.B >= 2 and plan.b_max >= 2):
+            used = plan
+            sizes = [used.micro_sizes(i) for i in range(used.world_size)]
+        else:
+            if r < plan.B:
+                shrunk = self._shrunk(plan, r)
+                sizes = [shrunk.micro_sizes(i) for i in range(plan.world_size)]
+            else:                                   # B + 1 left: this iteration takes them all
+                sizes = [plan.micro_sizes(i) for i in range(plan.world_size)]
+                last = max(i for i, k in enumerate(plan.n) if k > 0)
+                sizes[last].append(1)
+            sizes = _no_single(sizes, plan.bs)
+            used = _plan_of(sizes, plan.bs)
         micro: list[tuple[IndexArray, ...]] = []
         pos = start
-        for i in range(used.world_size):
+        for mine_sizes in sizes:
             mine: list[IndexArray] = []
-            for size in used.micro_sizes(i):
+            for size in mine_sizes:
                 mine.append(perm[pos:pos + size])
                 pos += size
             micro.append(tuple(mine))
-        end = start + total
-        assert pos == end
-        self.cursor = end
+        assert pos == start + used.B
+        self.cursor = pos
         return IterationBatch(self.epoch, start, used, tuple(micro))
 
     @staticmethod
@@ -145,3 +177,42 @@ class HeterogeneousSampler:
                               f"{self.num_samples}; resume with the same dataset")
         self.seed, self.tail = int(d["seed"]), d["tail"]
         self.epoch, self.cursor = int(d["epoch"]), int(d["cursor"])
+
+
+def _no_single(sizes: list[list[int]], bs: tuple[int, ...]) -> list[list[int]]:
+    """Per rank, micro-batch sizes without a 1-sample micro-batch on a rank with b >= 2 (module docstring)."""
+    flat = [[i, s] for i, mine in enumerate(sizes) for s in mine]     # [rank, size] in permutation order
+    k = 0
+    while k < len(flat):
+        rank, size = flat[k]
+        if size != 1 or bs[rank] < 2:
+            k += 1
+            continue
+        before = flat[k - 1] if k > 0 else None
+        after = flat[k + 1] if k + 1 < len(flat) else None
+        if before is not None and before[1] >= 3:
+            before[1] -= 1                          # its last sample joins this micro-batch
+            flat[k][1] = 2
+        elif after is not None and after[1] >= 3:
+            after[1] -= 1                           # its first sample joins this micro-batch
+            flat[k][1] = 2
+        elif before is not None and bs[before[0]] >= 2:
+            before[1] += 1
+            del flat[k]
+            continue
+        elif after is not None and bs[after[0]] >= 2:
+            after[1] += 1
+            del flat[k]
+            continue
+        k += 1
+    out: list[list[int]] = [[] for _ in sizes]
+    for rank, size in flat:
+        out[rank].append(size)
+    return out
+
+
+def _plan_of(sizes: list[list[int]], bs: tuple[int, ...]) -> Plan:
+    """The plan recording each rank's samples exactly (b_i: its largest micro-batch, else the plan's)."""
+    xs = [sum(m) for m in sizes]
+    b = [max(m) if m else bs[i] for i, m in enumerate(sizes)]
+    return Plan(tuple(b), tuple(-(-x // v) for x, v in zip(xs, b)), tuple(xs))
