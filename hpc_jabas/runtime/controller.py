@@ -4,7 +4,10 @@ A controller (hooks.Controller) is called by the trainer on every rank after eve
 On a decision round (every p iterations) rank 0 decides from the gradient statistics of that
 iteration (policy -> new B -> planner -> lr rule); the decision protocol (protocol.py, reached
 as ``trainer.decisions``) broadcasts it, or a no-op when rank 0's decide step raised; every rank
-applies it at ``at_iteration`` (the next iteration), not earlier or later.
+applies it at ``at_iteration``, not earlier or later: the next iteration, or, when a DataLoader's
+workers draw ahead, ``trainer.decision_lead`` iterations later (``announce_at``; the decision
+is then pending, runtime/pending.py). Controllers decide from the state as announced so far
+(``announced``), so a decision made while another is pending builds on that one.
 """
 from __future__ import annotations
 
@@ -12,7 +15,19 @@ from collections.abc import Callable
 
 from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.plan import Plan
+from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import Controller
+
+
+def announce_at(trainer) -> int:
+    """The iteration a decision made now takes effect at: the next one, past the loader's lookahead."""
+    return int(trainer.iteration) + int(getattr(trainer, "decision_lead", 0))
+
+
+def announced(trainer) -> tuple[int, Plan, float]:
+    """(B, plan, lr_scale) with every decision announced so far (pending ones included)."""
+    f = getattr(trainer, "announced", None)
+    return f() if f is not None else (trainer.B, trainer.plan, trainer.lr_scale)
 
 
 class BaseController(Controller):
@@ -62,26 +77,41 @@ class BaseController(Controller):
 
 
 class ScriptedController(BaseController):
-    """Applies a given schedule {iteration: plan or B}: a known B trajectory (tests, replays)."""
+    """Applies a given schedule {iteration: plan or B}: a known B trajectory (tests, replays).
+
+    Each change is in force from its iteration, with or without a loader's lookahead: it is
+    announced ``trainer.decision_lead`` iterations before (so it must be >= lead + 1).
+    """
 
     def __init__(self, schedule: dict[int, Plan | str | int], lr_rule=None):
         self.schedule = {int(k): v for k, v in schedule.items()}
         self.lr_rule = lr_rule
         self.p = 1
+        self.lead = 0
+
+    def attach(self, trainer) -> None:
+        super().attach(trainer)
+        self.lead = int(getattr(trainer, "decision_lead", 0))
+        early = [k for k in self.schedule if trainer.iteration < k <= self.lead]
+        if early:
+            raise ConfigError(f"scripted change at iteration {min(early)} cannot be announced {self.lead} iterations "
+                              f"ahead (the DataLoader's lookahead); schedule changes at iteration {self.lead + 1} "
+                              "or later")
 
     def is_round(self, done_iterations: int) -> bool:
-        return done_iterations in self.schedule
+        return done_iterations + self.lead in self.schedule
 
     def decide(self, trainer, rec):
-        v = self.schedule[trainer.iteration]
+        at = announce_at(trainer)
+        v = self.schedule[at]
         if isinstance(v, int):
             plan = trainer.planner_fn(v, None)
         elif isinstance(v, str):
             plan = Plan.parse(v)
         else:
             plan = v
-        lr = self.lr_rule(plan.B) if self.lr_rule else trainer.lr_scale
-        return Decision(trainer.iteration, plan.B, plan, float(lr), reason="scripted")
+        lr = self.lr_rule(plan.B) if self.lr_rule else announced(trainer)[2]
+        return Decision(at, plan.B, plan, float(lr), reason="scripted")
 
 
 class AdaptiveController(BaseController):
@@ -236,23 +266,24 @@ class AdaptiveController(BaseController):
             self.predictors.update(factors, [m["exo"] for m in meas])
             self.factors = self.predictors.predict(default=1.0)
             if not pol:
+                B_now, plan_now, lr_now = announced(trainer)
                 plan, info = self.rebalancer.propose(
-                    trainer.B, trainer.plan, self.factors,
+                    B_now, plan_now, self.factors,
                     plan_fn=lambda B, f: trainer.planner_fn(B, list(f)),
                     time_fn=lambda p, f: self.model.iteration_time(p, trainer.gpu_types, speed_factors=list(f)))
                 trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
                                        "predicted": self.factors, "exo": [m["exo"] for m in meas],
-                                       "plan": str(plan or trainer.plan), "info": _jsonable(info),
+                                       "plan": str(plan or plan_now), "info": _jsonable(info),
                                        **self.predictors.error_report()})
                 if plan is None:
                     return None
-                return Decision(trainer.iteration, plan.B, plan, trainer.lr_scale,
+                return Decision(announce_at(trainer), plan.B, plan, lr_now,
                                 reason=f"rebalance ({self.cfg.balance}): {info.get('reason', '')}",
                                 stats={"factors": self.factors}, kind="rebalance")
             d = self.decide(trainer, rec)
             trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
                                    "predicted": self.factors, "exo": [m["exo"] for m in meas], "plan": str(d.plan),
-                                   "info": {"kept": d.plan == trainer.plan,
+                                   "info": {"kept": d.plan == announced(trainer)[1],
                                             "reason": "planned with the batch-size decision"},
                                    **self.predictors.error_report()})
             return d
@@ -261,7 +292,6 @@ class AdaptiveController(BaseController):
     def decide(self, trainer, rec):
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/snapping.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
-        from hpc_jabas.errors import ConfigError
         st = rec.get("stats")
         sim = None
         if st:
@@ -272,19 +302,20 @@ class AdaptiveController(BaseController):
                 except ConfigError:
                     pass                   # a non-finite measurement: keep the smoothed value
         bnoise = self.noise.b_noise
-        bd = self.policy.decide(PolicyState(B=trainer.B, iteration=trainer.iteration, similarity=sim,
+        B_now, plan_now, _ = announced(trainer)
+        bd = self.policy.decide(PolicyState(B=B_now, iteration=trainer.iteration, similarity=sim,
                                             b_noise=bnoise), self.space)
-        if bd.B == trainer.B and self.factors is None:
-            plan = trainer.plan
+        if bd.B == B_now and self.factors is None:
+            plan = plan_now
         else:
             plan = trainer.planner_fn(bd.B, list(self.factors) if self.factors else None)
         if plan.B != bd.B:
             raise RuntimeError(f"planner realised B={plan.B} for the decided B={bd.B} (batch space out of step)")
         lr = self.lr_rule.lr_scale(plan.B)
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
-                 "direction": bd.direction, "target": bd.target, "moved": bd.moved, "B_before": trainer.B}
+                 "direction": bd.direction, "target": bd.target, "moved": bd.moved, "B_before": B_now}
         self.last_stats = stats
-        return Decision(trainer.iteration, plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
+        return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
 
     def on_decision(self, trainer, d) -> None:

@@ -31,7 +31,7 @@ def state_dict(tr: Trainer) -> dict:
     return {"model": tr.model.state_dict(), "optimizer": tr.opt.optimizer.state_dict(),
             "scheduler": tr.scheduler.state_dict() if tr.scheduler is not None else None,
             "sampler": tr.sampler.state_dict(), "iteration": tr.iteration, "B": tr.B,
-            "plan": tr.plan.to_dict(), "lr_scale": tr.lr_scale,
+            "plan": tr.plan.to_dict(), "lr_scale": tr.lr_scale, "pending": tr.pending.state_dict(),
             "controller": tr.controller.state_dict() if tr.controller is not None else None,
             "world": tr.world, "gpu_types": tr.gpu_types, "decisions": tr.decisions.state_dict(),
             "lifecycle": tr.epoch_end_hook.state_dict() if tr.epoch_end_hook is not None else None,
@@ -52,6 +52,8 @@ def load_state_dict(tr: Trainer, st: dict) -> None:
         # a different allocation: same B, re-planned for the new ranks
         plan = tr.planner_fn(tr.B, None)
     tr.plan = plan
+    # decisions announced ahead of the loader, not in force yet (the sampler above is the trainer's position)
+    tr.pending.load_state_dict(st.get("pending") or [], tr.world, replan=lambda B: tr.planner_fn(B, None))
     if tr.controller is not None and st.get("controller") is not None:
         tr.controller.load_state_dict(st["controller"])
     if tr.epoch_end_hook is not None and st.get("lifecycle"):

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hpc_jabas.core.config import JobConfig
@@ -28,30 +27,20 @@ from hpc_jabas.core.plan import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm, resume
+from hpc_jabas.runtime import comm, data, resume
 from hpc_jabas.runtime import safepoint as sp
+from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+from hpc_jabas.runtime.pending import PendingDecisions
 from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.step import micro_step
 
 log = get_logger(__name__)
-
-
-def tensor_fetch(dataset) -> Callable[[np.ndarray], Any]:
-    """Fast path for TensorDataset-like datasets; else collate dataset[i]."""
-    tensors = getattr(dataset, "tensors", None)
-    if tensors is not None:
-        return lambda idx: tuple(t[torch.as_tensor(idx, dtype=torch.long)] for t in tensors)
-
-    def fetch(idx):
-        items = [dataset[int(i)] for i in idx]
-        return torch.utils.data.default_collate(items)
-    return fetch
 
 
 class Trainer:
@@ -84,6 +73,7 @@ class Trainer:
             raise TypeError(f"epoch_end_hook {epoch_end_hook!r} is not an hpc_jabas.runtime.hooks.EpochEndHook")
         if not all(isinstance(cb, Callback) for cb in callbacks):
             raise TypeError("callbacks must be hpc_jabas.runtime.hooks.Callback instances")
+        data.check_input(dataset)          # a map-style Dataset or a DataLoader over one (runtime/data.py)
         comm.init()
         self.rank, self.world = comm.rank(), comm.size()
         self.device = comm.device()
@@ -96,9 +86,14 @@ class Trainer:
         self.epoch_end_hook = epoch_end_hook
         self.callbacks: list[Callback] = list(callbacks)
         self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters())
-        self.dataset = dataset
-        self.fetch = tensor_fetch(dataset)
-        self.sampler = HeterogeneousSampler(len(dataset), seed=self.cfg.seed, tail=self.cfg.tail)
+        # a Dataset (fetched on this thread) or a DataLoader (its workers fetch ahead): runtime/data.py
+        self.feed = data.make_feed(dataset, self.rank, self.cfg.seed, self.cfg.tail)
+        self.dataset = self.feed.dataset
+        self.fetch = self.feed.fetch
+        self.sampler = HeterogeneousSampler(len(self.dataset), seed=self.cfg.seed, tail=self.cfg.tail)
+        self.decision_lead = data.agreed_lead(self.feed.lead)   # decisions announced this far ahead
+        self.pending = PendingDecisions()                        # announced, not in force yet
+        self.feed.attach(lambda it: self.pending.plan_at(it, self.plan))
         self.run_dir = Path(self.cfg.run_dir)
         self.callbacks += default_callbacks(self)     # rank 0: the tqdm bar (on a terminal), progress.json
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -202,9 +197,13 @@ class Trainer:
 
     # ---- decisions -------------------------------------------------------------------------
     def check_decision(self, d: Decision) -> None:
-        """Raises when ``d`` cannot be applied now (rank 0 checks before broadcasting; see protocol.py)."""
-        if d.at_iteration != self.iteration:
-            raise RuntimeError(f"rank {self.rank}: decision for iteration {d.at_iteration} applied at {self.iteration}")
+        """Raises when ``d`` cannot be announced now (rank 0 checks before broadcasting; see protocol.py)."""
+        first = self.iteration + self.decision_lead
+        last = self.pending.latest()
+        if d.at_iteration < first or (last is not None and d.at_iteration < last.at_iteration):
+            raise RuntimeError(f"rank {self.rank}: decision for iteration {d.at_iteration} announced at "
+                               f"{self.iteration}; it must name iteration {first} (now + the loader's lookahead) "
+                               "or later")
         if d.plan.world_size != self.world:
             raise RuntimeError(f"decision plan {d.plan} does not fit {self.world} ranks")
         if d.B != d.plan.B:
@@ -212,12 +211,25 @@ class Trainer:
 
     def noop_decision(self, reason: str = "") -> Decision:
         """Keep everything as it is (what a contained error on rank 0 broadcasts)."""
-        return Decision.noop(self.iteration, self.B, self.plan, self.lr_scale, reason=reason)
+        return Decision.noop(self.iteration + self.decision_lead, *self.announced(), reason=reason)
+
+    def announced(self) -> tuple[int, Plan, float]:
+        """(B, plan, lr_scale) as announced so far: the last pending decision's, else those in force."""
+        d = self.pending.latest()
+        return (d.B, d.plan, d.lr_scale) if d is not None else (self.B, self.plan, self.lr_scale)
 
     def apply(self, d: Decision) -> None:
-        """Every rank, at ``d.at_iteration``."""
+        """Every rank: ``d`` is in force from ``d.at_iteration`` (now, or when the trainer gets there)."""
         self.check_decision(d)
-        self.B, self.plan, self.lr_scale = d.B, d.plan, d.lr_scale
+        if d.kind == "noop":
+            return
+        self.feed.check_ahead(d.at_iteration)     # the loader has not read that iteration's plan yet
+        self.pending.add(d)
+        self._apply_due()
+
+    def _apply_due(self) -> None:
+        for d in self.pending.due(self.iteration):
+            self.B, self.plan, self.lr_scale = d.B, d.plan, d.lr_scale
 
     def b_trajectory(self) -> list[tuple[int, int]]:
         """(iteration, B) at every change of B (the controller's record; the start B without one)."""
@@ -227,10 +239,12 @@ class Trainer:
     # ---- one iteration ----------------------------------------------------------------------
     def train_step(self) -> dict:
         t_it = time.perf_counter()
+        self._apply_due()
         measure = bool(self.controller is not None and self.controller.wants_stats(self.iteration))
         if self.sampler.epoch_done(self.plan.B):   # only when driven outside fit(): no epoch-end work
             self.sampler.new_epoch()
         ib = self.sampler.next(self.plan)
+        self.feed.begin(self.iteration, ib)        # a DataLoader: positioned here, its batches checked
         mine = ib.micro[self.rank]
         if measure and ib.total != self.B:
             measure = False  # no statistics on the shrunk epoch tail
@@ -274,6 +288,7 @@ class Trainer:
             d = self.controller.after_step(self, rec)
             if d is not None:
                 self.apply(d)
+        self._apply_due()                           # decisions announced earlier for this iteration
         for cb in self.callbacks:
             cb.on_step_end(self, rec)
         if len(self._iter_metrics) >= self.cfg.metrics_period:
@@ -336,6 +351,7 @@ class Trainer:
             if self._safe_point():
                 break
         self.flush_metrics()
+        self.feed.close()
         if installed_here:
             sp.stop_signals().uninstall()
         wall = time.perf_counter() - t0
