@@ -47,7 +47,7 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$REQ_HASH" ]]; then
   "$VPY" -m pip install -q --upgrade pip wheel setuptools
   "$VPY" -m pip install -q "torch==2.13.0"
   "$VPY" -m pip install -q numpy cloudpickle psutil pyyaml packaging mpi4py "submitit==1.5.4" pytest \
-      hypothesis scikit-learn matplotlib tqdm pytest-timeout ruff mypy
+      hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy
 fi
 
 # ---- 3. Horovod 0.28.1 from a cached wheel ------------------------------------------------
