@@ -79,6 +79,11 @@ SCENARIOS = [
     {"name": "resume", "kind": "tuple", "n": 150, "steps": 14, "plan": "b=2 n=3,2,3",
      "schedule": {"10": "b=4 n=1,2,2"}, "lr_scales": {"10": 0.5}, "optimizer": "momentum", "lr": 0.05,
      "num_workers": 2, "persistent": True, "stop_at": 8},
+    # the adaptive controller (similarity policy, p = 2; gamma = 0.99: it asks for a larger B on every round),
+    # its decisions announced 4 iterations ahead; the schedule it ran is read back from the history
+    {"name": "adaptive", "kind": "tuple", "n": 400, "steps": 13, "optimizer": "sgd", "lr": 0.05, "num_workers": 2,
+     "persistent": True, "config": {"gpu_types": ["v100", "p100", "rtx2060"], "emulate": True, "policy": "similarity",
+                                    "p": 2, "gamma": 0.99, "batch": 24, "batch_min": 16, "batch_max": 96}},
 ]
 
 
@@ -87,6 +92,16 @@ def test_loader_path_three_ranks_two_workers():
     res = run_ranks("loader_worker.py", {"scenarios": SCENARIOS}, np_=3, timeout=240)
     for sc in SCENARIOS:
         got = [r["scenarios"][sc["name"]] for r in res]
+        if sc.get("config"):               # what the adaptive controller decided, as a schedule
+            hist = got[0]["history"]
+            sc = dict(sc, plan=hist[0]["plan"], schedule={str(h["it"]): h["plan"] for a, h in zip(hist, hist[1:])
+                                                          if h["plan"] != a["plan"]},
+                      lr_scales={str(h["it"]): h["lr_scale"] for a, h in zip(hist, hist[1:])
+                                 if h["lr_scale"] != a["lr_scale"]})
+            changes = sorted(int(k) for k in sc["schedule"])
+            # announced at the rounds (iterations 2, 4, ...) for 4 iterations later; B grew
+            assert len(changes) >= 2 and all(k % 2 == 0 and k >= 6 for k in changes), changes
+            assert Plan.parse(hist[-1]["plan"]).B > Plan.parse(hist[0]["plan"]).B
         spec = {k: sc[k] for k in ("n", "steps", "plan", "schedule", "optimizer", "lr")}
         spec["lr_scales"] = sc.get("lr_scales", {})
         ref = reference_run(spec)

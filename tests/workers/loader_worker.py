@@ -1,7 +1,8 @@
 """Trainer fed by a torch DataLoader with worker processes, on every rank; rank r writes rank<r>.json.
 
 spec["scenarios"]: list of {name, kind ("tuple" | "dict"), n, steps, plan, schedule {iteration: plan},
-lr_scales {iteration: scale}, optimizer, lr, num_workers, persistent, stop_at (optional)}, run one
+lr_scales {iteration: scale}, optimizer, lr, num_workers, persistent, stop_at (optional), config (optional:
+JobConfig keys for the adaptive controller instead of the scripted schedule)}, run one
 after the other in one mpirun. The data are tests/reference.py's, served sample by sample with each
 sample's id (so the workers index and collate: tuples (x, y, id) or dicts {"x", "y", "id"});
 forward_fn records the ids this rank trains on, with the iteration and epoch. With ``stop_at`` the
@@ -57,11 +58,15 @@ def trainer_for(sc: dict, run_dir: str, seen: list) -> Trainer:
                         persistent_workers=sc["persistent"])          # batch_size/shuffle: replaced
     model = make_model()
     opt = make_optimizer(sc["optimizer"], model.parameters(), sc["lr"])
-    cfg = JobConfig(planner="fixed", plan=sc["plan"], batch=Plan.parse(sc["plan"]).B, run_dir=run_dir,
-                    epochs=1000, metrics_period=10, checkpoint=bool(sc.get("stop_at")))
-    cfg.batch_min, cfg.batch_max = 1, 10**9
+    if sc.get("config"):                  # the adaptive controller (policy, planner, ... from the config)
+        cfg = JobConfig(run_dir=run_dir, epochs=1000, metrics_period=10, checkpoint=False, **sc["config"])
+        ctrl = None
+    else:
+        cfg = JobConfig(planner="fixed", plan=sc["plan"], batch=Plan.parse(sc["plan"]).B, run_dir=run_dir,
+                        epochs=1000, metrics_period=10, checkpoint=bool(sc.get("stop_at")))
+        cfg.batch_min, cfg.batch_max = 1, 10**9
+        ctrl = LrScripted(sc["schedule"], {int(k): v for k, v in sc.get("lr_scales", {}).items()})
     cfg.validate()
-    ctrl = LrScripted(sc["schedule"], {int(k): v for k, v in sc.get("lr_scales", {}).items()})
     loss = nn.CrossEntropyLoss()
     box: list[Trainer] = []
 
