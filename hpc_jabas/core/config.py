@@ -68,6 +68,8 @@ class TrainConfig:
     seed: int = key(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
     tail: str = key("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
                     choices=TAILS)
+    eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
+                                   "steps on at each epoch end", metavar="KEY")
 
 
 @dataclass
@@ -255,6 +257,7 @@ class JobConfig:
     micro_batch = _Flat[int | None]()
     seed = _Flat[int]()
     tail = _Flat[str]()
+    eval_metric = _Flat[str]()
     planner = _Flat[str]()
     identical_micro_batch = _Flat[str]()
     plan = _Flat[str | None]()

@@ -28,7 +28,7 @@ from hpc_jabas.core.plan import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm, resume
+from hpc_jabas.runtime import comm, evaluate, resume
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
@@ -350,9 +350,12 @@ class Trainer:
         """Returns True when the job should stop (moved to another allocation)."""
         epoch = self.sampler.epoch
         self.sampler.new_epoch()
-        if self.scheduler is not None and self.scheduler_step == "epoch":
-            self.scheduler.step()
+        resume.bn_average(self)          # BatchNorm running buffers: sample-weighted mean over ranks
         ev = self.eval_fn(self.model) if self.eval_fn is not None else None
+        if evaluate.is_plateau(self.scheduler):     # ReduceLROnPlateau: rank 0's eval metric, every rank
+            evaluate.step_plateau(self.scheduler, ev, self.cfg.eval_metric, self.rank)
+        elif self.scheduler is not None and self.scheduler_step == "epoch":
+            self.scheduler.step()
         if self.rank == 0:
             self.metrics.write({"type": "epoch_end", "epoch": epoch, "it": self.iteration, "eval": ev, "B": self.B})
         # the epoch's checkpoint first: nothing that can fail below (the hook's decide) can lose it
