@@ -64,12 +64,12 @@ class TrainConfig:
     """[train] the data and the loop."""
     epochs: int = key(1, "epochs to train", lo=1)
     batch: int = key(256, "initial global batch size B", lo=1)
+    eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
+                                   "steps on at each epoch end", metavar="KEY")
     micro_batch: int | None = key(None, "micro-batch size b", lo=1, shown="the planner's choice")
     seed: int = key(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
     tail: str = key("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
                     choices=TAILS)
-    eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
-                                   "steps on at each epoch end", metavar="KEY")
 
 
 @dataclass
@@ -254,10 +254,10 @@ class JobConfig:
 
     epochs = _Flat[int]()
     batch = _Flat[int]()
+    eval_metric = _Flat[str]()
     micro_batch = _Flat[int | None]()
     seed = _Flat[int]()
     tail = _Flat[str]()
-    eval_metric = _Flat[str]()
     planner = _Flat[str]()
     identical_micro_batch = _Flat[str]()
     plan = _Flat[str | None]()
