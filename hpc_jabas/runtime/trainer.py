@@ -37,7 +37,7 @@ from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
-from hpc_jabas.runtime.step import micro_step
+from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
 
 log = get_logger(__name__)
 
@@ -95,7 +95,8 @@ class Trainer:
         self.eval_fn = eval_fn
         self.epoch_end_hook = epoch_end_hook
         self.callbacks: list[Callback] = list(callbacks)
-        self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters())
+        self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), clip_grad_norm=self.cfg.clip_grad_norm,
+                                          amp=self.cfg.amp)
         self.dataset = dataset
         self.fetch = tensor_fetch(dataset)
         self.sampler = HeterogeneousSampler(len(dataset), seed=self.cfg.seed, tail=self.cfg.tail)
@@ -238,18 +239,18 @@ class Trainer:
                        halves=half_split(ib.plan)[self.rank] if measure else None)
         self.model.train()
         compute = emu_wait = 0.0
-        loss_acc: torch.Tensor | None = None
+        sums: LossSums | None = None
         if self.emulator is not None:
             self.emulator.start()
         for idx in mine:
             t0 = time.perf_counter()
-            loss_acc = micro_step(self.model, self.forward_fn, self.opt, self.fetch(idx), len(idx), self.device,
-                                  loss_acc)              # runtime/step.py: the loss stays on the device
+            sums = micro_step_sums(self.model, self.forward_fn, self.opt, self.fetch(idx), len(idx), self.device,
+                                   sums)                  # runtime/step.py: the loss stays on the device
             compute += time.perf_counter() - t0
             if self.emulator is not None:
                 emu_wait += self.emulator.wait_next(len(idx), self.iteration)
         t0 = time.perf_counter()
-        loss_sum = float(loss_acc) if loss_acc is not None else 0.0      # the iteration's one read of the loss
+        loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
         compute += time.perf_counter() - t0                               # (on a GPU: waits for the backward)
         t_sync = time.perf_counter()
         self.samples_local += sum(len(i) for i in mine)
@@ -260,7 +261,8 @@ class Trainer:
                "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
                "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
-               "loss_sum": loss_sum, "lr_scale": self.lr_scale,
+               "loss_sum": loss_sum, "loss_weight": loss_weight, "lr_scale": self.lr_scale,
+               "skipped": self.opt.last_step_skipped,      # amp fp16 inf/nan: no step, no statistics
                "slowdown": self.emulator.factor(self.iteration) if self.emulator else 1.0}
         if measure and self.opt.last_stats is not None:
             rec["stats"] = self.opt.last_stats.to_dict()
