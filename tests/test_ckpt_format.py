@@ -108,3 +108,21 @@ def test_export_bad_inputs_exit_2_with_one_line(tmp_path, case):
     want = {"missing": "does not exist", "not_ckpt": "integrity record", "no_model": "not an hpc-jabas training",
             "corrupt": "truncated"}[case]
     assert want in lines[0], lines[0]
+
+
+def test_cuda_rng_states_are_gathered_and_restored_per_rank(monkeypatch):
+    """No GPU here: torch.cuda is faked to show which state each rank gets back."""
+    from hpc_jabas.runtime import comm, resume
+    states = [torch.full((8,), r, dtype=torch.uint8) for r in range(3)]
+    monkeypatch.setattr(comm, "allgather_object", lambda obj, name=None: [None, None, None])
+    assert resume.gather_cuda_rng() is None                     # CPU ranks: nothing stored
+    monkeypatch.setattr(comm, "allgather_object", lambda obj, name=None: list(states))
+    assert [int(s[0]) for s in resume.gather_cuda_rng()] == [0, 1, 2]
+    got = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda t: got.append(int(t[0])))
+    assert resume.restore_cuda_rng(states, 2) and got == [2]
+    assert not resume.restore_cuda_rng(states, 3) and got == [2]      # a rank beyond the saved ones keeps its own
+    assert not resume.restore_cuda_rng(None, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not resume.restore_cuda_rng(states, 1) and got == [2]

@@ -91,9 +91,15 @@ def load_state_dict(tr: Trainer, st: dict) -> None:
     torch.set_rng_state(st["rng"]["torch"])
     np.random.set_state(st["rng"]["numpy"])
     random.setstate(st["rng"]["python"])
-    cuda = st["rng"].get("cuda")
-    if cuda and torch.cuda.is_available() and tr.rank < len(cuda) and cuda[tr.rank] is not None:
-        torch.cuda.set_rng_state(torch.as_tensor(cuda[tr.rank], dtype=torch.uint8).cpu())
+    restore_cuda_rng(st["rng"].get("cuda"), tr.rank)
+
+
+def restore_cuda_rng(states: list | None, rank: int) -> bool:
+    """Rank ``rank``'s saved CUDA generator state back into its device; False when there is none to restore."""
+    if not states or not torch.cuda.is_available() or rank >= len(states) or states[rank] is None:
+        return False
+    torch.cuda.set_rng_state(torch.as_tensor(states[rank], dtype=torch.uint8).cpu())
+    return True
 
 
 def save_checkpoint(tr: Trainer) -> str | None:
