@@ -15,7 +15,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-SUBCOMMANDS = ("plan", "report", "status", "profile", "submit")
+SUBCOMMANDS = ("plan", "report", "status", "profile", "submit", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,7 @@ from hpc_jabas.core.slowdown import Slowdown
 from hpc_jabas.errors import ConfigError
 
 PLANNERS = ("optimal", "lbbsp", "fixed")
+AMP_MODES = ("off", "bf16", "fp16")
 BALANCE_MODES = ("off", "reactive", "predictive")
 #: Restart overhead assumed by the epoch-end auto-scaler until this chain has measured one (s).
 README_START = "<!-- config-reference:start (generated: hpc_jabas.core.config.update_readme) -->"
@@ -64,10 +65,16 @@ class TrainConfig:
     """[train] the data and the loop."""
     epochs: int = key(1, "epochs to train", lo=1)
     batch: int = key(256, "initial global batch size B", lo=1)
+    eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
+                                   "steps on at each epoch end", metavar="KEY")
     micro_batch: int | None = key(None, "micro-batch size b", lo=1, shown="the planner's choice")
     seed: int = key(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
     tail: str = key("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
                     choices=TAILS)
+    clip_grad_norm: float | None = key(None, "clip the gradient to this global norm after the allreduce, before the "
+                                             "step", lo=0.0, lo_open=True, shown="off", metavar="NORM")
+    amp: str = key("off", "mixed precision: the forward under torch.autocast bf16, or fp16 with loss scaling "
+                          "(inf/nan steps skipped on every rank)", choices=AMP_MODES)
 
 
 @dataclass
@@ -252,9 +259,12 @@ class JobConfig:
 
     epochs = _Flat[int]()
     batch = _Flat[int]()
+    eval_metric = _Flat[str]()
     micro_batch = _Flat[int | None]()
     seed = _Flat[int]()
     tail = _Flat[str]()
+    clip_grad_norm = _Flat[float | None]()
+    amp = _Flat[str]()
     planner = _Flat[str]()
     identical_micro_batch = _Flat[str]()
     plan = _Flat[str | None]()

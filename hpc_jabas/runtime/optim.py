@@ -8,20 +8,41 @@ Like ``hvd.DistributedOptimizer``, it wraps the user's optimizer. Per iteration:
         opt.backward(loss, len(mb))            # accumulates len(mb) * grad(mean loss)
     opt.step()                                 # waits for the allreduce, steps the optimizer
 
-Every rank accumulates the sum of per-sample gradients of its own micro-batches; one
-``op=Sum`` allreduce with the postscale 1/S (the same on every rank) leaves the mean gradient
-of all S samples of the iteration on every rank: exactly the gradient of one big batch
-(design.md invariants 1-2; Horovod refuses per-rank scale factors, so the weight is applied
-locally by the sample count). The allreduce of each parameter is started asynchronously from a
-post-accumulate-grad hook during the last micro-batch's backward, so it overlaps the rest of
-that backward and Horovod fuses small tensors (its tensor fusion).
+Every rank accumulates the sum of per-sample gradients of its own micro-batches, divided by
+c = S / world (the backward of ``loss * count / c``: the usual ``loss / accumulation_steps`` of
+gradient accumulation, which keeps fp16 gradients in range); one ``op=Sum`` allreduce with the
+postscale 1/world (the same on every rank) leaves the mean gradient of all S samples of the
+iteration on every rank: exactly the gradient of one big batch (design.md invariants 1-2;
+Horovod refuses per-rank scale factors, so the weight is applied locally by the sample count).
+The allreduce of each parameter is started asynchronously from a post-accumulate-grad hook
+during the last micro-batch's backward, so it overlaps the rest of that backward and Horovod
+fuses small tensors (its tensor fusion).
 
-On measurement iterations (``begin(..., measure=True, halves=...)``) the wrapper keeps two
-half-batch gradient sums (sample-weighted), split by ``plan.half_split`` (identical b: the parity
-of the global micro-batch index; per-rank b: two halves of nearly equal sample counts), and the
-sample-weighted sum of the micro-batch gradients' squared norms, then runs one allreduce of
-[half 0 | half 1 | scalars] instead of the normal one: the similarity and noise-scale statistics
-cost one gradient-sized extra message on those iterations and nothing on others.
+Token-weighted losses: ``opt.backward(loss, count, weight=w)`` (``loss`` the mean over the w
+tokens of the micro-batch) accumulates w x grad(loss) / c (c = the previous iteration's W / world,
+rank-independent); the same allreduce runs, then the gradients are multiplied by c world / W with W
+the global total weight (one tiny allreduce of the local weight sums, the factor applied on the
+device, no host sync): the big batch's token-mean gradient. The mode (plain or weighted) is
+agreed by every rank at the first iteration (one tiny collective) and must stay the same.
+
+Horovod's recipe for work between the allreduce and the step (clipping, logging) works and
+allreduces once: ``synchronize()`` is idempotent within an iteration, and
+
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with opt.skip_synchronize():
+        opt.step()
+
+``clip_grad_norm`` (config key) clips by the global norm after the allreduce and before the step;
+``add_pre_step_hook(fn)`` runs ``fn(opt)`` there too. With ``amp="fp16"`` the gradients are unscaled
+inside ``synchronize()`` (runtime/amp.py), so hooks and the recipe see true gradients.
+
+Measurement iterations (``begin(..., measure=True, halves=...)``, runtime/gradstats.py): the
+normal allreduce of the full gradient sum plus one extra reduction of the half-0 gradient sum
+(split by ``plan.half_split``: identical b, the parity of the global micro-batch index; per-rank
+b, two halves of nearly equal sample counts) and of one small scalar tensor; half 1 = total -
+half 0. No host sync per micro-batch or parameter; one host read per measurement iteration; 1x
+the parameter memory extra (2x for fp16/bf16 parameters, whose half sum is kept in fp32).
 
 Noise scale with mixed micro-batch sizes: with g_j the mean gradient of micro-batch j (b_j
 samples), E|g_j|^2 = |G|^2 + tr(Sigma)/b_j, so the sample-weighted mean sum_j b_j |g_j|^2 / S has
@@ -31,49 +52,65 @@ plan's b when every micro-batch has b samples), which ``stats.noise_scale_terms`
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.amp import Amp
+from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, scalar, stat_dtype
 
+__all__ = ["GradStats", "HeterogeneousOptimizer"]
 
-@dataclass
-class GradStats:
-    """Raw statistics of one measurement iteration (all ranks hold the same values)."""
-    similarity: float          # cosine(mean grad of half 0, mean grad of half 1)
-    sq_micro: float            # sample-weighted mean over micro-batches of |g_micro|^2
-    sq_global: float           # |g|^2 of the whole iteration's mean gradient (size S)
-    b: float                   # effective micro-batch size of sq_micro: S / M (the plan's b when identical)
-    S: int
-    M: int
-    half_samples: tuple[int, int] = (0, 0)   # samples in half 0 and half 1
-
-    def to_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["half_samples"] = list(self.half_samples)
-        return d
+PreStepHook = Callable[["HeterogeneousOptimizer"], None]
 
 
 class HeterogeneousOptimizer:
-    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters, overlap: bool = True):
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters, overlap: bool = True,
+                 clip_grad_norm: float | None = None, amp: str = "off"):
         self.optimizer = optimizer
         self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
         names = [n for n, _ in self.named]
         if len(set(names)) != len(names):
             raise ValueError("named_parameters has duplicate names")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm={clip_grad_norm!r} must be > 0 (or None: off)")
+        self.clip_grad_norm = clip_grad_norm
         self.overlap = overlap
+        self.device = self.named[0][1].device if self.named else torch.device("cpu")
+        self.amp = Amp(amp, optimizer, self.device)
+        self._sd = stat_dtype(self.device)
         self._handles: dict[int, object] = {}
         self._hooks_on = False
         self._n_local = 0
         self._done_local = 0
         self._total = 1
+        self._world = 1
+        self._c: torch.Tensor | float = 1.0        # the backward's normaliser (module docstring)
+        self._w_prev: torch.Tensor | None = None   # the previous iteration's global weight
         self._measure = False
+        self._meas: Measurement | None = None
         self._first_global = 0
+        self._halves: list[int] | None = None
+        self._synced = True
+        self._skip_sync = False
+        self._pre_step_hooks: OrderedDict[int, PreStepHook] = OrderedDict()
+        self._mode: str | None = None              # "plain" | "weighted", agreed by every rank
+        self._local_mode: str | None = None        # this iteration's micro-batches' mode
+        self._w_local: torch.Tensor | None = None  # sum of this rank's weights (weighted mode)
+        self._w_handle: Any = None
+        self._w_total: torch.Tensor | None = None
+        self._w_done = False
+        self._found_inf: torch.Tensor | None = None
+        self._found_host: bool | None = None
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
                        for i, (_, p) in enumerate(self.named)]
         self.last_stats: GradStats | None = None
+        self.last_step_skipped = False
 
     # expose the usual optimizer surface
     @property
@@ -81,7 +118,7 @@ class HeterogeneousOptimizer:
         return self.optimizer.param_groups
 
     def state_dict(self):
-        return self.optimizer.state_dict()
+        return self.optimizer.state_dict()          # with the fp16 loss scaler's state (runtime/amp.py)
 
     def load_state_dict(self, sd):
         self.optimizer.load_state_dict(sd)
@@ -103,8 +140,29 @@ class HeterogeneousOptimizer:
                 if p.grad is None:      # post-accumulate-grad hooks run after .grad is set
                     raise RuntimeError(f"gradient hook of {name!r} ran before its gradient was accumulated")
                 self._handles[i] = comm.allreduce_sum_async_(p.grad, name=f"hj.g.{name}",
-                                                             postscale=1.0 / self._total)
+                                                             postscale=1.0 / self._world)
         return hook
+
+    # ---- hooks and the Horovod-style surface -------------------------------------------------
+    def add_pre_step_hook(self, fn: PreStepHook) -> RemovableHandle:
+        """``fn(opt)`` runs in ``step()`` after the allreduce (and the fp16 unscale) and before the configured
+        clipping and the inner step; not on a skipped (inf/nan) step. Returns a handle with ``remove()``."""
+        h = RemovableHandle(self._pre_step_hooks)
+        self._pre_step_hooks[h.id] = fn
+        return h
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside does not synchronize (Horovod's API): call ``synchronize()`` first."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
+    def autocast(self):
+        """The forward's context: ``torch.autocast`` for amp bf16/fp16, else nothing."""
+        return self.amp.autocast()
 
     # ---- iteration protocol ------------------------------------------------------------
     def begin(self, n_local: int, total_samples: int, measure: bool = False,
@@ -114,49 +172,103 @@ class HeterogeneousOptimizer:
         ``b`` is accepted for compatibility and unused (the statistics use the true sample counts)."""
         if total_samples < 1:
             raise ValueError(f"total_samples={total_samples} must be >= 1")
+        if self._meas is not None:
+            self._meas.remove_hooks()
         self.zero_grad()
         self._n_local, self._done_local = int(n_local), 0
         self._total = int(total_samples)
+        try:
+            self._world = comm.size()
+        except ValueError:                  # Horovod not initialised: one process (the profiler)
+            self._world = 1
+        self._c = self._total / self._world if self._w_prev is None else self._w_prev / self._world
         self._measure = bool(measure)
         self._first_global = int(first_global_microbatch)
         self._halves = None if halves is None else [int(h) for h in halves]
         if self._halves is not None and len(self._halves) != self._n_local:
             raise ValueError(f"halves has {len(self._halves)} labels for {self._n_local} local micro-batches")
         self._handles.clear()
-        self._hooks_on = self.overlap and not self._measure and self._n_local == 1
+        self._hooks_on = self.overlap and self._n_local == 1
+        self._synced = False
+        self._local_mode = None
+        self._w_local, self._w_handle, self._w_total, self._w_done = None, None, None, False
+        self._found_inf, self._found_host = None, None
+        self.last_stats = None
+        self.last_step_skipped = False
+        self._meas = None
         if self._measure:
-            self._even = [torch.zeros_like(p) for _, p in self.named]
-            self._odd = [torch.zeros_like(p) for _, p in self.named]
-            self._sq_sum = 0.0
-            self._n_micro_local = 0
-            self._half_n = [0, 0]
+            labels = self._halves if self._halves is not None else \
+                [(self._first_global + k) % 2 for k in range(self._n_local)]
+            self._meas = Measurement([p for _, p in self.named], labels, overlap=self.overlap)
 
-    def backward(self, loss: torch.Tensor, count: int) -> None:
-        """Backward of one micro-batch's mean loss, weighted by its sample count."""
+    def backward(self, loss: torch.Tensor, count: int, weight: torch.Tensor | float | None = None) -> None:
+        """Backward of one micro-batch's mean loss, weighted by its sample count, or by ``weight`` (e.g. its
+        token count, ``loss`` being the mean over those tokens): accumulates weight x grad(loss)."""
+        mode = "plain" if weight is None else "weighted"
+        if self._local_mode not in (None, mode):
+            raise ValueError("forward_fn returned (loss, weight) for some micro-batches of an iteration and a "
+                             "plain loss for others; return the same kind every time")
+        if self._mode not in (None, mode):
+            raise ValueError(f"this job's losses are {self._mode} (agreed at its first iteration) but a micro-batch "
+                             f"gave a {mode} one; return the same kind every time")
+        self._local_mode = mode
         last = self._done_local == self._n_local - 1
-        self._hooks_on = self.overlap and not self._measure and last
-        (loss * float(count)).backward()
-        if self._measure:
-            if self._halves is not None:
-                parity = self._halves[self._done_local]
-            else:
-                parity = (self._first_global + self._done_local) % 2
-            buf = self._even if parity == 0 else self._odd
-            sq = 0.0
-            for k, (_, p) in enumerate(self.named):
-                if p.grad is not None:
-                    buf[k].add_(p.grad)
-                    sq += float(p.grad.double().pow(2).sum()) / count     # count * |grad of the mean loss|^2
-                    p.grad.zero_()
-            self._sq_sum += sq
-            self._half_n[parity] += int(count)
-            self._n_micro_local += 1
+        w: torch.Tensor | None = None
+        if weight is not None:
+            w = scalar(weight, self._sd, self.device)
+            self._w_local = w.clone() if self._w_local is None else self._w_local + w
+            mult: torch.Tensor | float = (w / self._c).to(loss.dtype)
+            if last and self._mode == "weighted":
+                self._launch_weight()            # overlaps the last backward
+        else:
+            mult = count / self._c if isinstance(self._c, float) else (count / self._c).to(loss.dtype)
+        self._hooks_on = self.overlap and last
+        if self._meas is not None:
+            self._meas.start_micro(self._done_local)
+        self.amp.scale(loss * mult).backward()
+        if self._meas is not None:
+            self._meas.end_micro(count, w)    # |g_in|^2 / w: x c^2 / scale^2 in synchronize
         self._done_local += 1
 
+    # ---- the token-weight reduction ------------------------------------------------------------
+    def _agree_mode(self) -> str:
+        """Every rank, the first iteration only: plain or weighted (a rank without micro-batches learns it)."""
+        if self._mode is None:
+            flags = torch.tensor([float(self._local_mode == "plain"), float(self._local_mode == "weighted")],
+                                 dtype=torch.float32, device=self.device)
+            n_plain, n_weighted = comm.allreduce_sum(flags, name="hj.lossmode").tolist()
+            if n_plain > 0 and n_weighted > 0:
+                raise ValueError(f"forward_fn returned (loss, weight) on {int(n_weighted)} rank(s) and a plain loss "
+                                 f"on {int(n_plain)}; return the same kind on every rank")
+            self._mode = "weighted" if n_weighted > 0 else "plain"
+        if self._local_mode not in (None, self._mode):
+            raise ValueError(f"this rank's losses are {self._local_mode}, the job's are {self._mode}")
+        return self._mode
+
+    def _launch_weight(self) -> None:
+        if self._w_handle is None:
+            w = self._w_local if self._w_local is not None else torch.zeros((), dtype=self._sd, device=self.device)
+            self._w_total = w.reshape(1).clone()
+            self._w_handle = comm.allreduce_sum_async_(self._w_total, name="hj.w")
+
+    def weight_total(self) -> torch.Tensor | None:
+        """The global sum of the iteration's token weights (a device scalar; None for plain losses).
+        Collective on the first iteration (the mode agreement): every rank calls it, or ``synchronize``."""
+        if self._agree_mode() != "weighted":
+            return None
+        self._launch_weight()
+        if not self._w_done:
+            comm.synchronize(self._w_handle)
+            self._w_done = True
+        assert self._w_total is not None
+        self._w_prev = self._w_total.reshape(())
+        return self._w_prev
+
+    # ---- synchronize and step ------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Finish the allreduce: every parameter's .grad holds the mean gradient of the S samples."""
-        if self._measure:
-            self._synchronize_measured()
+        """Finish the allreduce: every parameter's .grad holds the mean gradient of the S samples (token
+        weights: of the W tokens), unscaled. Idempotent within an iteration (runs once after ``begin``)."""
+        if self._synced:
             return
         for i, (name, p) in enumerate(self.named):
             if i in self._handles:
@@ -164,40 +276,59 @@ class HeterogeneousOptimizer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             self._handles[i] = comm.allreduce_sum_async_(p.grad, name=f"hj.g.{name}",
-                                                         postscale=1.0 / self._total)
+                                                         postscale=1.0 / self._world)
+        if self._meas is not None:
+            self._meas.launch()
+        W = self.weight_total()
         for h in self._handles.values():
             comm.synchronize(h)
         self._handles.clear()
         self._hooks_on = False
-
-    def _synchronize_measured(self) -> None:
-        flat = torch.cat([t.reshape(-1) for t in self._even] + [t.reshape(-1) for t in self._odd]
-                         + [torch.tensor([self._sq_sum, float(self._n_micro_local),
-                                          float(self._half_n[0]), float(self._half_n[1])],
-                                         dtype=self._even[0].dtype if self._even else torch.float64,
-                                         device=self._even[0].device if self._even else "cpu")])
-        flat = flat.double() if flat.dtype != torch.float64 else flat
-        red = comm.allreduce_sum(flat, name="hj.measure")
-        sizes = [p.numel() for _, p in self.named]
-        P = sum(sizes)
-        even, odd, scal = red[:P], red[P:2 * P], red[2 * P:]
-        g = (even + odd) / self._total
-        off = 0
-        for (_, p), sz in zip(self.named, sizes):
-            p.grad = g[off:off + sz].view_as(p).to(p.dtype).clone()
-            off += sz
-        ne, no = float(even.norm()), float(odd.norm())
-        sim = float(torch.dot(even, odd)) / (ne * no) if ne > 0 and no > 0 else float("nan")
-        M = int(round(float(scal[1])))
-        self.last_stats = GradStats(similarity=sim, sq_micro=float(scal[0]) / self._total,
-                                    sq_global=float(g.pow(2).sum()), b=self._total / max(M, 1), S=self._total, M=M,
-                                    half_samples=(int(round(float(scal[2]))), int(round(float(scal[3])))))
+        grads = [p.grad for _, p in self.named if p.grad is not None]
+        if W is not None:
+            mul_(grads, self._c * self._world / W)         # sum w g / (c world), x c world / W: the token mean
+        self._found_inf = self.amp.unscale_and_check()
+        self._synced = True
+        if self._meas is not None:
+            self._meas.wait()
+            inv = self.amp.inv_scale()
+            v = self._meas.values(grads, W if W is not None else self._total,
+                                  self._c * inv if inv is not None else self._c)
+            if self._found_inf is not None:
+                v = torch.cat([v, self._found_inf.to(v.dtype).reshape(1)])
+            vals = v.tolist()                              # the measurement iteration's one host read
+            if self._found_inf is not None:
+                self._found_host = vals.pop() > 0
+            self.last_stats = None if self._found_host else Measurement.stats(vals, self._total)
+            self._meas = None
         self._measure = False
 
+    def found_inf(self) -> bool:
+        """fp16: whether this iteration's reduced gradients had an inf/nan (the step is skipped); one host read."""
+        if self._found_host is None:
+            self._found_host = bool(self._found_inf is not None and self._found_inf.item() > 0)
+        return self._found_host
+
     def step(self, lr_scale: float = 1.0, closure=None):
-        """Synchronize, then step with every group's lr multiplied by lr_scale for this step only
-        (the user's scheduler keeps owning the base lr)."""
-        self.synchronize()
+        """Synchronize (unless inside ``skip_synchronize()``), run the pre-step hooks and the configured
+        clipping, then step with every group's lr multiplied by lr_scale for this step only (the user's
+        scheduler keeps owning the base lr). With amp fp16 an inf/nan iteration skips the step (every rank)."""
+        if self._skip_sync:
+            if not self._synced:
+                raise RuntimeError("step() inside skip_synchronize() before synchronize(): the gradients are not "
+                                   "reduced yet; call opt.synchronize() first")
+        else:
+            self.synchronize()
+        if self.found_inf():
+            self.last_step_skipped = True
+            self.last_stats = None                        # statistics of a skipped step are discarded
+            self.amp.update()
+            return None
+        for fn in list(self._pre_step_hooks.values()):
+            fn(self)
+        if self.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for _, p in self.named if p.grad is not None], self.clip_grad_norm,
+                                           foreach=True)
         saved = [g["lr"] for g in self.optimizer.param_groups]
         if lr_scale != 1.0:
             for g in self.optimizer.param_groups:
@@ -207,8 +338,11 @@ class HeterogeneousOptimizer:
         finally:
             for g, lr in zip(self.optimizer.param_groups, saved):
                 g["lr"] = lr
+            self.amp.update()
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        if self._meas is not None:
+            self._meas.remove_hooks()

@@ -3,6 +3,13 @@
 ``state_dict``/``load_state_dict`` hold everything a resume needs (model, optimizer, scheduler,
 sampler cursor, iteration, B, plan, controller, decisions, lifecycle hook, RNG states); rank 0
 writes checkpoints (runtime/checkpoint.py), every rank resumes from the one rank 0 found.
+
+RNG states: torch's CPU generator, numpy and Python's ``random`` are rank 0's (restored on every
+rank). The CUDA generators are per rank: ``st["rng"]["cuda"]`` is the list of every rank's
+``torch.cuda.get_rng_state()`` of its device (gathered to rank 0 when the checkpoint is written),
+and rank r restores entry r on resume (a rank beyond the saved list keeps its own). On CPU-only
+jobs it is None: there is no CUDA state to save. Before every checkpoint the BatchNorm running
+buffers are averaged over the ranks (runtime/batchnorm.py), so the checkpoint holds the job's.
 """
 from __future__ import annotations
 
@@ -27,7 +34,30 @@ log = get_logger(__name__)
 HOOK_STATE = "hook-state.pt"     # the epoch-end hook's state after its decide step (next to the checkpoints)
 
 
-def state_dict(tr: Trainer) -> dict:
+def cuda_rng_state() -> torch.Tensor | None:
+    """This rank's CUDA generator state (its current device), None without CUDA."""
+    return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+
+
+def gather_cuda_rng() -> list[torch.Tensor | None] | None:
+    """Collective: every rank's CUDA RNG state in rank order; None when no rank has CUDA."""
+    states = list(comm.allgather_object(cuda_rng_state(), name="hj.cuda_rng"))
+    return None if all(s is None for s in states) else states
+
+
+def bn_average(tr: Trainer) -> bool:
+    """Collective: the BatchNorm running buffers averaged over ranks by samples (runtime/batchnorm.py)."""
+    from hpc_jabas.runtime.batchnorm import BufferAverager
+    avg = tr.__dict__.get("_bn_averager")
+    if avg is None or avg.model is not tr.model:
+        avg = tr.__dict__["_bn_averager"] = BufferAverager(tr.model)
+    return bool(avg(tr.samples_local, tr.iteration))
+
+
+def state_dict(tr: Trainer, cuda_rng: list | None = None) -> dict:
+    """``cuda_rng``: every rank's CUDA RNG state (gather_cuda_rng); by default this rank's only."""
+    if cuda_rng is None and torch.cuda.is_available():
+        cuda_rng = [cuda_rng_state()]
     return {"model": tr.model.state_dict(), "optimizer": tr.opt.optimizer.state_dict(),
             "scheduler": tr.scheduler.state_dict() if tr.scheduler is not None else None,
             "sampler": tr.sampler.state_dict(), "iteration": tr.iteration, "B": tr.B,
@@ -35,7 +65,8 @@ def state_dict(tr: Trainer) -> dict:
             "controller": tr.controller.state_dict() if tr.controller is not None else None,
             "world": tr.world, "gpu_types": tr.gpu_types, "decisions": tr.decisions.state_dict(),
             "lifecycle": tr.epoch_end_hook.state_dict() if tr.epoch_end_hook is not None else None,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}}
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                    "cuda": cuda_rng}}
 
 
 def load_state_dict(tr: Trainer, st: dict) -> None:
@@ -62,16 +93,27 @@ def load_state_dict(tr: Trainer, st: dict) -> None:
     torch.set_rng_state(st["rng"]["torch"])
     np.random.set_state(st["rng"]["numpy"])
     random.setstate(st["rng"]["python"])
+    restore_cuda_rng(st["rng"].get("cuda"), tr.rank)
+
+
+def restore_cuda_rng(states: list | None, rank: int) -> bool:
+    """Rank ``rank``'s saved CUDA generator state back into its device; False when there is none to restore."""
+    if not states or not torch.cuda.is_available() or rank >= len(states) or states[rank] is None:
+        return False
+    torch.cuda.set_rng_state(torch.as_tensor(states[rank], dtype=torch.uint8).cpu())
+    return True
 
 
 def save_checkpoint(tr: Trainer) -> str | None:
     """All ranks call; rank 0 writes (the state is identical on every rank)."""
     tr.flush_metrics()
+    bn_average(tr)                      # every rank the same BatchNorm buffers in the checkpoint
+    cuda_rng = gather_cuda_rng() if tr.cfg.checkpoint else None
     path = None
     tr.last_checkpoint_time = time.time()
     tr._periodic.mark(tr.iteration)
     if tr.rank == 0 and tr.cfg.checkpoint:
-        path = ckpt.save_in(tr.ckpt_dir, tr.state_dict(), tr.sampler.epoch, tr.iteration,
+        path = ckpt.save_in(tr.ckpt_dir, state_dict(tr, cuda_rng), tr.sampler.epoch, tr.iteration,
                             keep=tr.cfg.keep_checkpoints)
     return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
 

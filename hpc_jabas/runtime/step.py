@@ -1,27 +1,40 @@
 """One micro-batch: what the Trainer runs per micro-batch and the profiler times.
 
-    loss_sum = None
+    sums = None
     for batch, count in my_micro_batches:
-        loss_sum = micro_step(model, forward_fn, opt, batch, count, device, loss_sum)
-    mean_loss = float(loss_sum) / samples        # the one host sync of the loss, per iteration
+        sums = micro_step_sums(model, forward_fn, opt, batch, count, device, sums)
+    loss_sum, weight = read_sums(sums, opt, samples)     # the one host read of the loss, per iteration
 
 The batch is moved to the device (tensors inside tuples, lists, dicts and namedtuples, or any
-object with ``.to(device)``); ``forward_fn(model, batch)`` returns the micro-batch's mean loss;
-``opt.backward(loss, count)`` (the HeterogeneousOptimizer) accumulates ``count`` x its gradient.
-The loss stays on the device: no ``float()`` per micro-batch, so a GPU is not stalled for it.
+object with ``.to(device)``); ``forward_fn(model, batch)`` returns the micro-batch's mean loss, or
+``(loss, weight)`` for a loss that is the mean over ``weight`` units (e.g. tokens; a tensor or a
+number); ``opt.backward(loss, count[, weight])`` (the HeterogeneousOptimizer) accumulates
+``count`` (or ``weight``) x its gradient. The forward runs under the optimizer's autocast (config
+key ``amp``). The sums stay on the device: no ``float()`` per micro-batch, so a GPU is not
+stalled for it. ``micro_step`` is the single-tensor form (the loss sum only) the profiler uses.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
+
+from hpc_jabas.runtime.gradstats import scalar, stat_dtype
 
 
 class WeightedBackward(Protocol):
     """What the step needs of the optimizer (HeterogeneousOptimizer.backward)."""
 
-    def backward(self, loss: torch.Tensor, count: int) -> None: ...
+    def backward(self, loss: torch.Tensor, count: int, weight: torch.Tensor | None = None) -> None: ...
+
+
+class LossSums(NamedTuple):
+    """Device accumulators of one iteration on this rank: sum of weight x loss and sum of weights
+    (plain losses: the sample counts, kept as a host number)."""
+    loss: torch.Tensor
+    weight: torch.Tensor | float
 
 
 def default_forward(loss_fn: Callable[[Any, Any], torch.Tensor]) -> Callable[[torch.nn.Module, Any], torch.Tensor]:
@@ -45,11 +58,53 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True)
     return batch
 
 
+def micro_step_sums(model: torch.nn.Module, forward_fn: Callable[[torch.nn.Module, Any], Any],
+                    opt: WeightedBackward, batch: Any, count: int, device: torch.device | str,
+                    sums: LossSums | None = None) -> LossSums:
+    """Run one micro-batch of ``count`` samples; return ``sums`` plus its (weight x loss, weight), detached."""
+    autocast = getattr(opt, "autocast", None)
+    with autocast() if callable(autocast) else contextlib.nullcontext():
+        out = forward_fn(model, to_device(batch, device))
+    if isinstance(out, tuple):
+        if len(out) != 2:
+            raise ValueError(f"forward_fn returned a tuple of {len(out)}; return a loss or (loss, weight)")
+        loss, weight = out
+        w = scalar(weight, stat_dtype(loss.device), loss.device)
+        opt.backward(loss, count, weight=w)
+        part, wsum = loss.detach().to(w.dtype) * w, w.detach()
+        if sums is None:
+            return LossSums(part, wsum)
+        return LossSums(sums.loss + part, sums.weight + wsum)
+    loss = out
+    opt.backward(loss, count)
+    part = loss.detach() * count
+    if sums is None:
+        return LossSums(part, float(count))
+    return LossSums(sums.loss + part, sums.weight + count)
+
+
+def read_sums(sums: LossSums | None, opt: Any, samples: int) -> tuple[float, float]:
+    """The iteration's one host read of the loss: (loss sum in sample units, this rank's weight sum).
+
+    For token-weighted losses the sum is ``samples x sum_rank(weight x loss) / W`` with W the global weight
+    (``opt.weight_total()``, collective: every rank calls this), so that sum over ranks / samples is the
+    iteration's token-mean loss, like sum over ranks / samples is the sample-mean loss of plain losses."""
+    wt = opt.weight_total() if hasattr(opt, "weight_total") else None
+    if wt is None:
+        if sums is None:
+            return 0.0, 0.0
+        return float(sums.loss), float(sums.weight)
+    if sums is None:
+        return 0.0, 0.0
+    loss, w, W = torch.stack([sums.loss.reshape(()), torch.as_tensor(sums.weight).to(sums.loss), wt.to(sums.loss)]
+                             ).tolist()
+    return (loss * samples / W if W > 0 else 0.0), w
+
+
 def micro_step(model: torch.nn.Module, forward_fn: Callable[[torch.nn.Module, Any], torch.Tensor],
                opt: WeightedBackward, batch: Any, count: int, device: torch.device | str,
                loss_sum: torch.Tensor | None = None) -> torch.Tensor:
-    """Run one micro-batch of ``count`` samples; return ``loss_sum + count * loss``, detached, on the device."""
-    loss = forward_fn(model, to_device(batch, device))
-    opt.backward(loss, count)
-    part = loss.detach() * count
-    return part if loss_sum is None else loss_sum + part
+    """Run one micro-batch of ``count`` samples; return ``loss_sum + weight * loss`` (weight: the sample count,
+    or the token weight of a ``(loss, weight)`` forward), detached, on the device."""
+    s = micro_step_sums(model, forward_fn, opt, batch, count, device)
+    return s.loss if loss_sum is None else loss_sum + s.loss

@@ -27,7 +27,7 @@ from hpc_jabas.core.plan import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm, data, resume
+from hpc_jabas.runtime import comm, data, evaluate, resume
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
@@ -38,7 +38,7 @@ from hpc_jabas.runtime.pending import PendingDecisions
 from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
-from hpc_jabas.runtime.step import micro_step
+from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
 
 log = get_logger(__name__)
 
@@ -67,6 +67,9 @@ class Trainer:
         self.cfg = (config or JobConfig()).validate()
         if scheduler_step not in SCHEDULER_STEPS:
             raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
+        if scheduler_step == "iteration" and evaluate.is_plateau(scheduler):
+            raise ConfigError("scheduler_step='iteration' cannot drive ReduceLROnPlateau (it steps on the "
+                              "evaluation metric at each epoch end); use scheduler_step='epoch'")
         if controller is not None and not isinstance(controller, Controller):
             raise TypeError(f"controller {controller!r} does not implement hpc_jabas.runtime.hooks.Controller")
         if epoch_end_hook is not None and not isinstance(epoch_end_hook, EpochEndHook):
@@ -85,7 +88,8 @@ class Trainer:
         self.eval_fn = eval_fn
         self.epoch_end_hook = epoch_end_hook
         self.callbacks: list[Callback] = list(callbacks)
-        self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters())
+        self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), clip_grad_norm=self.cfg.clip_grad_norm,
+                                          amp=self.cfg.amp)
         # a Dataset (fetched on this thread) or a DataLoader (its workers fetch ahead): runtime/data.py
         self.feed = data.make_feed(dataset, self.rank, self.cfg.seed, self.cfg.tail)
         self.dataset = self.feed.dataset
@@ -252,18 +256,18 @@ class Trainer:
                        halves=half_split(ib.plan)[self.rank] if measure else None)
         self.model.train()
         compute = emu_wait = 0.0
-        loss_acc: torch.Tensor | None = None
+        sums: LossSums | None = None
         if self.emulator is not None:
             self.emulator.start()
         for idx in mine:
             t0 = time.perf_counter()
-            loss_acc = micro_step(self.model, self.forward_fn, self.opt, self.fetch(idx), len(idx), self.device,
-                                  loss_acc)              # runtime/step.py: the loss stays on the device
+            sums = micro_step_sums(self.model, self.forward_fn, self.opt, self.fetch(idx), len(idx), self.device,
+                                   sums)                  # runtime/step.py: the loss stays on the device
             compute += time.perf_counter() - t0
             if self.emulator is not None:
                 emu_wait += self.emulator.wait_next(len(idx), self.iteration)
         t0 = time.perf_counter()
-        loss_sum = float(loss_acc) if loss_acc is not None else 0.0      # the iteration's one read of the loss
+        loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
         compute += time.perf_counter() - t0                               # (on a GPU: waits for the backward)
         t_sync = time.perf_counter()
         self.samples_local += sum(len(i) for i in mine)
@@ -274,7 +278,8 @@ class Trainer:
                "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
                "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
-               "loss_sum": loss_sum, "lr_scale": self.lr_scale,
+               "loss_sum": loss_sum, "loss_weight": loss_weight, "lr_scale": self.lr_scale,
+               "skipped": self.opt.last_step_skipped,      # amp fp16 inf/nan: no step, no statistics
                "slowdown": self.emulator.factor(self.iteration) if self.emulator else 1.0}
         if measure and self.opt.last_stats is not None:
             rec["stats"] = self.opt.last_stats.to_dict()
@@ -366,9 +371,12 @@ class Trainer:
         """Returns True when the job should stop (moved to another allocation)."""
         epoch = self.sampler.epoch
         self.sampler.new_epoch()
-        if self.scheduler is not None and self.scheduler_step == "epoch":
-            self.scheduler.step()
+        resume.bn_average(self)          # BatchNorm running buffers: sample-weighted mean over ranks
         ev = self.eval_fn(self.model) if self.eval_fn is not None else None
+        if evaluate.is_plateau(self.scheduler):     # ReduceLROnPlateau: rank 0's eval metric, every rank
+            evaluate.step_plateau(self.scheduler, ev, self.cfg.eval_metric, self.rank)
+        elif self.scheduler is not None and self.scheduler_step == "epoch":
+            self.scheduler.step()
         if self.rank == 0:
             self.metrics.write({"type": "epoch_end", "epoch": epoch, "it": self.iteration, "eval": ev, "B": self.B})
         # the epoch's checkpoint first: nothing that can fail below (the hook's decide) can lose it
