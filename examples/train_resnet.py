@@ -85,6 +85,13 @@ def resnet18(num_classes: int = 10, width: int = 64) -> ResNet:
     return ResNet((2, 2, 2, 2), num_classes, width)
 
 
+def profile_bundle(image_size: int = 64):
+    """For `hpc-jabas profile --model examples.train_resnet:profile_bundle`: (ResNet-18, loss, 32 samples)."""
+    torch.manual_seed(0)
+    x = torch.randn(32, 3, image_size, image_size)
+    return resnet18(10), nn.CrossEntropyLoss(), (x, torch.randint(0, 10, (32,)))
+
+
 def accuracy(model, loader) -> float:
     model.eval()
     right = total = 0
