@@ -131,7 +131,7 @@ def run_job(spec: JobSpec | dict) -> dict | None:
 def _predecessor_wait(chain_dir: str, job_id: str) -> float:
     """How long this job may wait for the run directory: the chain named it as a successor (a move or a
     requeue), whose predecessor may still be writing its last lines; else not at all."""
-    named = any(e.get("event") in ("move", "requeue") and str(e.get("to_job")) == str(job_id)
+    named = any(e.get("event") in ("move", "requeue", "replan") and str(e.get("to_job")) == str(job_id)
                 for e in chainlog.read(chain_dir))
     return PREDECESSOR_WAIT_S if named else 0.0
 
@@ -285,15 +285,16 @@ class RestartOverheadCallback(Callback):
         if trainer.rank != 0 or not self.resumed:
             return
         moves = [e for e in chainlog.read(self.chain_dir)
-                 if e["event"] in ("move", "requeue") and str(e.get("to_job")) == str(self.job_id)]
+                 if e["event"] in ("move", "requeue", "replan") and str(e.get("to_job")) == str(self.job_id)]
         if moves:
             total = time.time() - float(moves[-1]["checkpoint_time"])
             queue_wait = 0.0
             if not str(self.job_id).startswith("local-"):
                 from hpc_jabas.slurm.cluster import job_clock
                 start = job_clock(self.job_id)["start"]
-                if start is not None:
-                    queue_wait = min(max(0.0, start - float(moves[-1]["time"])), total)
+                if start is not None:   # a re-planned job queued from the first submission (slurm/replan.py)
+                    queued = float(moves[-1].get("queued_since") or moves[-1]["time"])
+                    queue_wait = min(max(0.0, start - queued), total)
             overhead = total - queue_wait
             self.hook.record_restart(overhead)
             # since_move_s: move recorded -> this job's trainer built (Slurm queue + start-up)

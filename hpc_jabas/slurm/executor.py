@@ -224,12 +224,12 @@ def _next_job_file(jobs: Path) -> tuple[int, Path]:
             n += 1
 
 
-def _submit_sbatch(spec: JobSpec, comps: list[Component], env: Mapping[str, str]) -> tuple[str, Path]:
+def _submit_sbatch(spec: JobSpec, comps: list[Component], env: Mapping[str, str]) -> tuple[str, Path, Path]:
     jobs = Path(spec.chain_dir) / "jobs"
     n, script = _next_job_file(jobs)
     spec_path = spec.save(jobs / f"{n}.json")
     script.write_text(render_sbatch(spec, comps, spec_path, jobs / f"{n}-%j.out"))
-    return run_sbatch(script, env), script
+    return run_sbatch(script, env), script, spec_path
 
 
 # ---- entry points -----------------------------------------------------------------------------
@@ -257,6 +257,8 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     job: JabasSlurmJob | None = None
     script: Path | None = None
     if spec.method == "submitit":
+        # the spec as submitted, for whoever re-plans a job that pends on unavailable nodes (slurm/replan.py)
+        spec_path = spec.save(Path(spec.chain_dir) / "jobs" / "submitit" / f"spec-{uuid.uuid4().hex[:12]}.json")
         try:
             job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env).submit(EntryPoint(), spec))
         except JabasError:
@@ -266,10 +268,10 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
                              f"{proc.first_line(str(e)) or type(e).__name__}") from None
         job_id = str(job.job_id)
     else:
-        job_id, script = _submit_sbatch(spec, comps, sub_env)
+        job_id, script, spec_path = _submit_sbatch(spec, comps, sub_env)
     inside = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID")
     chainlog.append(spec.chain_dir, "submit", job_id=job_id, mix=spec.mix, method=spec.method,
-                    by=f"job {inside}" if inside else "user",
+                    by=f"job {inside}" if inside else "user", spec=str(spec_path),
                     script=str(script) if script else str(job.paths.submission_file) if job else "")
     return Submission(job_id, spec.method, dict(spec.mix), job=job, script=script)
 
