@@ -52,6 +52,9 @@ def test_stuck_partitions_from_node_states_and_reasons():
     # the nodes are up in the view but Slurm names them unavailable (a reservation, a race)
     assert rp.stuck_partitions({"v100": 2, "a100": 1}, up, ["ReqNodeNotAvail, UnavailableNodes:gpuv[1-2]"]) == ["v100"]
     assert rp.stuck_partitions({"v100": 5}, up, ["PartitionNodeLimit"]) == ["v100"]       # asks more than exist
+    said = "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions"
+    assert rp.stuck_partitions({"v100": 2, "a100": 1}, up, [said]) == ["a100", "v100"]    # squeue names no node
+    assert rp.stuck_partitions({"v100": 2, "a100": 1}, drained, [said]) == ["v100"]
     assert [rp.backoff_s(k) for k in (1, 2, 3, 10)] == [10.0, 20.0, 40.0, 300.0]
 
 
@@ -106,6 +109,8 @@ def test_successor_pending_on_drained_partition_is_cancelled_and_replanned(slurm
         jobs += res["jobs"]
         ev = chainlog.read(chain)
         assert res["ok"], (res, json.dumps(ev))
+        assert slurm_cluster.wait_state(res["job_id"]) == "COMPLETED"
+        jobs = []
     finally:
         slurm_cluster.run("scontrol", "update", "nodename=gpuv[1-2]", "state=resume", check=False)
         slurm_cluster.cancel(*jobs)
@@ -122,3 +127,11 @@ def test_successor_pending_on_drained_partition_is_cancelled_and_replanned(slurm
     assert restart[0]["queue_wait_s"] >= re_[0]["time"] - req["time"] - 1.0
     found = load_latest(Path(chain) / "run" / "checkpoints")
     check_exact({"events": ev, "state": found[0], "chain": chain}, k, "USR1")
+    from hpc_jabas.cli.status import status
+    st = status(chain)
+    assert [[r["job_id"] for r in c["jobs"]] for c in st["chains"]] == [res["jobs"]]
+    rows = st["jobs"]
+    assert [r["state"] for r in rows] == ["stopped", "replanned", "finished"], rows
+    assert [r["slurm"] for r in rows][1:] == ["CANCELLED", "COMPLETED"] and rows[1]["elapsed_s"] == 0.0
+    assert rows[0]["cost"] > 0 and rows[2]["cost"] > 0
+    assert st["total_cost"] == pytest.approx(sum(r["cost"] for r in rows))

@@ -65,7 +65,8 @@ def pending_info(job_id: str, env: Mapping[str, str] | None = None) -> tuple[str
 
 def stuck_partitions(mix: Mapping[str, int], view: Any, reasons: list[str]) -> list[str]:
     """The partitions of ``mix`` the job cannot get now: fewer GPUs on nodes that can take a job than it asks
-    for (or the partition is not up), or named by an unavailable-node reason. Pure."""
+    for (or the partition is not up); when none is, those an unavailable-node reason names (by its
+    UnavailableNodes, else every partition of the mix). Pure."""
     out = []
     for part, n in mix.items():
         pv = view.partitions.get(part)
@@ -75,8 +76,10 @@ def stuck_partitions(mix: Mapping[str, int], view: Any, reasons: list[str]) -> l
         cap = sum(view.nodes[x].gpus_total for x in pv.nodes if x in view.nodes and view.nodes[x].usable)
         if cap < int(n):
             out.append(part)
-    for why in reasons:
-        head = why.split(",")[0].split(":")[0].strip().strip("()")
+    if out:
+        return sorted(out)
+    for why in reasons:      # the nodes look usable, but Slurm says they are not there (reservation, race)
+        head = why.split(",")[0].split(":")[0].strip().strip("()").replace(" ", "_")
         if head not in UNAVAILABLE_REASONS:
             continue
         named = why.partition("UnavailableNodes:")[2].strip().strip("()")
@@ -84,7 +87,7 @@ def stuck_partitions(mix: Mapping[str, int], view: Any, reasons: list[str]) -> l
         for part in mix:
             pv = view.partitions.get(part)
             hit = not nodes or (pv is not None and nodes & set(pv.nodes))
-            if hit and part not in out and (nodes or head in ("PartitionDown", "PartitionInactive")):
+            if hit and part not in out and (nodes or head not in ("ReqNodeNotAvail", "PartitionNodeLimit")):
                 out.append(part)
     return sorted(out)
 

@@ -91,6 +91,63 @@ def sacct_states(job_ids: Iterable[str | int], env: Mapping[str, str] | None = N
 LINKS = ("move", "requeue", "replan")
 
 
+ATTEMPT_FIELDS = ("JobID", "State", "ElapsedRaw", "Start", "End", "Partition", "NodeList", "AllocTRES")
+
+
+def _billing(tres: str) -> float | None:
+    """``billing=4,cpu=2,gres/gpu=2,...`` (sacct AllocTRES) -> 4.0; None when not there."""
+    for item in (tres or "").split(","):
+        k, _, v = item.partition("=")
+        if k.strip() == "billing":
+            try:
+                return float(v)
+            except ValueError:
+                return None
+    return None
+
+
+def fold_attempts(rows: Iterable[SacctRow]) -> dict[str, list[dict[str, Any]]]:
+    """``sacct -D`` rows (every run of a requeued job: an earlier run is REQUEUED, PREEMPTED, NODE_FAIL...)
+    -> job id -> its attempts in order, each as :func:`fold_rows` folds one run (the k-th row of each
+    het component is attempt k), plus ``billing`` (Slurm billing units of the allocation, summed over the
+    components; None when sacct gives none) and ``cost`` (billing x elapsed hours). Steps are ignored."""
+    runs: dict[str, list[list[SacctRow]]] = {}
+    seen: dict[tuple[str, int | None], int] = {}
+    for r in rows:
+        if r.step is not None:
+            continue
+        k = seen[(r.job, r.component)] = seen.get((r.job, r.component), -1) + 1
+        lst = runs.setdefault(r.job, [])
+        while len(lst) <= k:
+            lst.append([])
+        lst[k].append(r)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for jid, attempts in runs.items():
+        for i, items in enumerate(attempts):
+            one = fold_rows(items)[jid]
+            bills = [b for b in (_billing(r.fields.get("AllocTRES", "")) for r in items) if b is not None]
+            one["billing"] = sum(bills) if bills else None
+            el = one.get("ElapsedRaw")
+            one["cost"] = one["billing"] * el / 3600.0 if one["billing"] is not None and el is not None else None
+            one["attempt"] = i + 1
+            out.setdefault(jid, []).append(one)
+    return out
+
+
+def sacct_attempts(job_ids: Iterable[str | int], env: Mapping[str, str] | None = None
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """Every run of the jobs (``sacct -D``: requeues included), see :func:`fold_attempts`. SlurmError when
+    sacct fails."""
+    ids = sorted({str(j).strip() for j in job_ids if str(j).strip()})
+    if not ids:
+        return {}
+    env = dict(os.environ if env is None else env)
+    proc.require(("sacct",), env)
+    text = proc.run(["sacct", "-D", "-X", "-n", "-P", "-o", ",".join(ATTEMPT_FIELDS), "-j", ",".join(ids)], env,
+                    timeout=SACCT_TIMEOUT_S)
+    return fold_attempts(parse_sacct(text, ATTEMPT_FIELDS))
+
+
 def split_chains(events: list[dict]) -> list[list[str]]:
     """The chains in one chain directory's events: job ids in order, a chain being a first job and the
     jobs its moves, requeues onto a successor and re-plans started. Jobs not linked so (two ``sbatch``
