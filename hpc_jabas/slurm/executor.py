@@ -66,6 +66,7 @@ from hpc_jabas.slurm.components import (
 from hpc_jabas.slurm.sbatch import (
     JOB_ENTRY,
     SRUN_ARGS,
+    failure_teardown,
     het_block,
     het_srun_python,
     normalize,
@@ -169,12 +170,15 @@ class JabasSlurmExecutor(submitit.SlurmExecutor):
     # ---- end of private submitit API --------------------------------------------------------------
 
 
-def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] | None = None) -> JabasSlurmExecutor:
+def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] | None = None,
+                  spec_path: str | Path | None = None) -> JabasSlurmExecutor:
     """A configured :class:`JabasSlurmExecutor` for the spec's mix (folder <chain_dir>/jobs/submitit).
 
     Component 0 is submitit's own block (job name, time, signal, output files); components 1..k
     follow as ``#SBATCH hetjob`` blocks at the head of the setup lines, and the het step runs
-    every rank with per-rank log files."""
+    every rank with per-rank log files. With ``spec_path`` (the spec as a JSON file), a failed step (a
+    killed rank, a lost node) is resubmitted from the last good checkpoint by submitit's ``teardown`` lines
+    (:func:`~hpc_jabas.slurm.sbatch.failure_teardown`), as a method-"sbatch" job script does."""
     folder = Path(spec.chain_dir) / "jobs" / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
     python = shlex.quote(spec.python or sys.executable)
@@ -197,6 +201,8 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
         time=slurm_option(spec, "time_min"),
         job_name=str(extra(spec, "job_name", "hpc-jabas")),
         setup=(het_block(spec, comps[1:]) if het else []) + setup_lines(spec))
+    if spec_path is not None:
+        params["teardown"] = failure_teardown(spec, spec_path)
     if het:
         params["use_srun"] = False
     else:
@@ -260,7 +266,7 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
         # the spec as submitted, for whoever re-plans a job that pends on unavailable nodes (slurm/replan.py)
         spec_path = spec.save(Path(spec.chain_dir) / "jobs" / "submitit" / f"spec-{uuid.uuid4().hex[:12]}.json")
         try:
-            job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env).submit(EntryPoint(), spec))
+            job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env, spec_path).submit(EntryPoint(), spec))
         except JabasError:
             raise
         except Exception as e:   # submitit's own errors (bad parameters, submission failures)
