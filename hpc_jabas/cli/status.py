@@ -1,14 +1,14 @@
 """`hpc-jabas status CHAIN_DIR`: the chains of a chain directory, their jobs and where each stands.
 
-A chain is a first job and the jobs its epoch-end moves started; jobs not linked by a move (two
-``sbatch`` by hand with the same chain_dir) are separate chains (watch.split_chains). One row per
+A chain is a first job and the jobs its epoch-end moves, requeues and re-plans started; jobs not linked
+so (two ``sbatch`` by hand with the same chain_dir) are separate chains (watch.split_chains). One row per
 job: id, method, mix, ranks, epochs, ``elapsed_s`` (Slurm's elapsed time from sacct: queue-free wall
 time of the allocation, start-up, Horovod init, checkpoints, exit), ``train_s`` (the trainer's own
 time, from the chain log), cost (Slurm billing units x elapsed hours; the chain's figure without
 sacct), iterations lost, our state and sacct's state. A job Slurm ran more than once (requeued in
-place: ``sacct -D``) lists every run below it; failed, timed-out and cancelled runs count in the totals; then the chain's totals and current
-state, and for a running chain its progress (epoch k of E, samples/s, ETA; from the run directory's
-progress.json). ``--json`` prints the same as one JSON object.
+place: ``sacct -D``) lists every run below it. Then the chain's totals (failed, timed-out and cancelled
+runs included) and current state, and for a running chain its progress (epoch k of E, samples/s, ETA;
+from the run directory's progress.json). ``--json`` prints the same as one JSON object.
 """
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
     from hpc_jabas.slurm.watch import split_chains
     d = Path(chain_dir)
     if not d.is_dir():
-        raise ConfigError(f"chain directory {str(chain_dir)!r} does not exist")
+        raise ConfigError(f"chain directory {str(chain_dir)!r} " + ("is a file, not a directory" if d.exists()
+                                                                    else "does not exist"))
     events = chainlog.read(d)
     if not events:
         raise ConfigError(f"{str(chain_dir)!r} holds no chain (no events in {chainlog.path(d)}); "

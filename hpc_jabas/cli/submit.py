@@ -62,6 +62,19 @@ def _check_job_table(path: str) -> dict:
     return job
 
 
+def _check_dirs(spec) -> None:
+    """The chain directory and its run directory exist or can be made (a file there, /proc, no permission:
+    one line)."""
+    for d, what in ((Path(spec.chain_dir), "chain_dir"), (Path(spec.run_dir), "run directory")):
+        if d.exists() and not d.is_dir():
+            raise ConfigError(f"{what} {str(d)!r} is a file, not a directory; give the job its own chain_dir")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{what} {str(d)!r} cannot be made: {e.strerror or e}; give a chain_dir every "
+                              "node can write") from None
+
+
 def _check_spec(spec) -> None:
     """Fail early, with one line, on what the job itself would only find out on the cluster."""
     from hpc_jabas.core.config import AutoscaleConfig, JobConfig
@@ -221,6 +234,7 @@ def run(args) -> int:
     spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method,
                                extra={**spec.extra, **_slurm_extra(args)})
     _check_spec(spec)
+    _check_dirs(spec)
     _check_chain_free(spec)
     from hpc_jabas.slurm.components import partition_view
     view = partition_view((spec.config.get("autoscale") or {}).get("partition_types"))

@@ -52,6 +52,11 @@ def spec_from_file(path: str) -> JobSpec:
     if bad:
         raise ConfigError(f"job file {path!r}: unknown [job] key {bad[0]!r} (valid: {', '.join(valid)}); "
                           "training keys go in another table, e.g. [train]")
+    where = "top level" if "run_dir" in d else next((f"[{k}]" for k, v in d.items() if isinstance(v, dict)
+                                                      and k not in ("autoscale", "slowdown") and "run_dir" in v), None)
+    if where is not None:      # a chain's run directory is <chain_dir>/run: a run_dir here would be ignored
+        raise ConfigError(f"job file {path!r}: run_dir ({where}) cannot be set in a job file: the run directory "
+                          f"is <chain_dir>/run; remove run_dir, or give the job its own chain_dir")
     return JobSpec(task=job["task"], config=d, chain_dir=str(Path(job["chain_dir"]).resolve()),
                    mix=job.get("mix") or {"unknown": 1}, method=job.get("method", "sbatch"),
                    pythonpath=job.get("pythonpath", []), python=job.get("python"))
