@@ -339,3 +339,16 @@ def test_a_few_as_real_subprocesses(slurm_cluster, slurm_tmp):
         r = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True, timeout=120)
         assert verdict(r.returncode, r.stderr) == "", (c.id, r.returncode, r.stderr)
     assert digest(watched(d)) == before
+
+
+def test_probe_dir_checks_without_leaving_anything(tmp_path):
+    from hpc_jabas.cli.paths import probe_dir
+    from hpc_jabas.errors import ConfigError
+    (tmp_path / "f").write_text("x")
+    probe_dir(tmp_path, "out")
+    probe_dir(tmp_path / "a" / "b" / "c", "out")
+    assert sorted(os.listdir(tmp_path)) == ["f"]                   # made and removed again
+    for bad, msg in ((tmp_path / "f", "is a file"), (tmp_path / "f" / "sub", "is a file"),
+                     (Path("/proc/hj-probe/x"), "cannot be made")):
+        with pytest.raises(ConfigError, match=msg):
+            probe_dir(bad, "out")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
 from hpc_jabas.errors import ConfigError
@@ -101,13 +100,8 @@ def run(args, out=None) -> int:
     sizes = [parse_size(s) for s in args.allreduce_sizes.split(",") if s.strip()] if args.allreduce_sizes else None
     if args.warmup < 0 or args.repeats < 1 or args.allreduce_repeats < 1:
         raise ConfigError("--warmup must be >= 0, --repeats and --allreduce-repeats >= 1")
-    d = Path(args.out)                 # a bad --out fails now, not after the measurements
-    if d.exists() and not d.is_dir():
-        raise ConfigError(f"--out {args.out!r} is a file; give a directory for the perf model")
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out {args.out!r} cannot be made: {e.strerror or e}") from None
+    from hpc_jabas.cli.paths import probe_dir
+    probe_dir(args.out, "--out")       # a bad --out fails now, not after the measurements
     res = run_profile(args.model, args.out, gpu_types=args.gpu_type, emulate=args.emulate,
                       b_list=_ints(args.b_list, "--b-list"), warmup=args.warmup, repeats=args.repeats,
                       optimizer=args.optimizer, memory_gb=args.memory_gb, b_limit=args.b_limit,

@@ -64,15 +64,10 @@ def _check_job_table(path: str) -> dict:
 
 def _check_dirs(spec) -> None:
     """The chain directory and its run directory exist or can be made (a file there, /proc, no permission:
-    one line)."""
-    for d, what in ((Path(spec.chain_dir), "chain_dir"), (Path(spec.run_dir), "run directory")):
-        if d.exists() and not d.is_dir():
-            raise ConfigError(f"{what} {str(d)!r} is a file, not a directory; give the job its own chain_dir")
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"{what} {str(d)!r} cannot be made: {e.strerror or e}; give a chain_dir every "
-                              "node can write") from None
+    one line); nothing is made here."""
+    from hpc_jabas.cli.paths import probe_dir
+    probe_dir(spec.chain_dir, "chain_dir")
+    probe_dir(spec.run_dir, "run directory (<chain_dir>/run)")
 
 
 def _check_spec(spec) -> None:
