@@ -1,6 +1,6 @@
 """Faults on the local Slurm cluster (issue 12): preemption, time limits, killed ranks, checkpoint writes, drains.
 
-    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--only preempt,timelimit,kill,corrupt,drain]
+    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--only preempt,timelimit,kill,corrupt,drain,bad]
                                      [--json FILE]
 
 * preempt: tests/preempt_task.py (float64, Adam, fixed plan b=4 n=2,2 on 2 x rtx2060, 2 epochs = 30 iterations,
@@ -15,15 +15,19 @@
   every iteration recorded once. Lost work: iterations between the stop and the checkpoint it resumed from.
 * timelimit: the same task, 4 epochs of ~1 s iterations, ``time_min=1``, ``signal_lead_s=30``,
   ``max_timeouts=10``: recovered when the chain finishes exactly after at least one time-out requeue.
-* kill: ``kill -9`` of rank 1 mid-epoch (sbatch chain): recovered when the chain resubmits from the last
-  good checkpoint and finishes exactly; lost = iterations since that checkpoint (<= checkpoint_every).
+* kill: ``kill -9`` of rank 1 mid-epoch (sbatch and submitit chains, alternating): recovered when the chain
+  resubmits from the last good checkpoint and finishes exactly; lost = iterations since that checkpoint
+  (<= checkpoint_every).
 * corrupt: ``kill -9`` of a process writing 16 MB checkpoints in a loop at random offsets, and a flipped byte
   or a truncation of the newest checkpoint: detected when load_latest returns an intact earlier one.
 * drain: the auto-scaler's view of GPUs a job holds on drained/down/draining nodes (parsed scontrol text):
-  avoided when they are not counted as available.
+  avoided when they are not counted as available; and once on the real cluster, a successor pending on a
+  drained partition: avoided when it is cancelled and re-planned elsewhere and the chain finishes exactly.
+* bad: tests/test_bad_input.py's table of malformed inputs: clear when exit 2, one line on stderr, no
+  traceback and no existing file modified.
 
 The last line: ``preempt_exact=N/N timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
-corrupt_detected=N/N bad_inputs_clear=n/a lost_iterations_max=N`` (bad inputs: another table's job; n/a).
+corrupt_detected=N/N bad_inputs_clear=N/N lost_iterations_max=N``.
 """
 from __future__ import annotations
 
@@ -127,7 +131,8 @@ def _kill_rank(cl: LocalCluster, job_id: str, rank: int) -> None:
         if not d.name.isdigit():
             continue
         try:
-            if b"hpc_jabas.runtime.launch" not in (d / "cmdline").read_bytes():
+            cmd = (d / "cmdline").read_bytes()
+            if b"hpc_jabas.runtime.launch" not in cmd and b"submitit.core._submit" not in cmd:
                 continue
             env = (d / "environ").read_bytes().split(b"\0")
         except OSError:
@@ -176,14 +181,15 @@ def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "sub
 
 def kill(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:
     rows = out.setdefault("kill", [])
-    for _ in range(n):
+    for i in range(n):
         k = rng.randint(3, 24)
+        method = ("sbatch", "submitit")[i % 2]
         w = shared / f"faults-{os.getpid()}-k{len(rows)}"
         w.mkdir(parents=True, mode=0o777)
-        r = run_chain(cl, w, "sbatch", dict(BASE_CFG), kill_at=k, timeout=240)
-        rows.append({"k": k, "ok": r["ok"], "rel_err": r["rel_err"], "why": r["why"], "lost": r["lost"],
-                     "jobs": r["jobs"], "wall_s": r["wall_s"]})
-        print(f"kill k={k:2d} ok={r['ok']} jobs={r['jobs']} lost={r['lost']} {r['why']}", flush=True)
+        r = run_chain(cl, w, method, dict(BASE_CFG), kill_at=k, timeout=240)
+        rows.append({"k": k, "method": method, "ok": r["ok"], "rel_err": r["rel_err"], "why": r["why"],
+                     "lost": r["lost"], "jobs": r["jobs"], "wall_s": r["wall_s"]})
+        print(f"kill {method:8s} k={k:2d} ok={r['ok']} jobs={r['jobs']} lost={r['lost']} {r['why']}", flush=True)
         shutil.rmtree(w, ignore_errors=True)
 
 
@@ -251,6 +257,59 @@ def drain(out: dict) -> None:
     print(f"drain {sum(r['ok'] for r in rows)}/{len(rows)}", flush=True)
 
 
+def replan(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> None:
+    """A successor pending on a drained partition (tests/test_slurm_replan.py's case, once): the chain's job on
+    v100:2 is stopped once iteration k is on record while both v100 nodes are drained; avoided when its
+    successor is cancelled, re-planned off v100 and the chain finishes exactly."""
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.slurm.chain import read
+    from hpc_jabas.slurm.executor import submit, submit_job
+    from hpc_jabas.slurm.replan import PendingWatch
+    from hpc_jabas.slurm.watch import wait_chain
+    w = shared / f"faults-{os.getpid()}-r"
+    chain = w / "chain"
+    w.mkdir(parents=True, mode=0o777)
+    k = rng.randint(3, 20)
+    spec = JobSpec(task="preempt_task:build", config=dict(BASE_CFG), chain_dir=str(chain), mix={"v100": 2},
+                   method="sbatch", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+    t0, ok, why = time.time(), False, ""
+    try:
+        first = submit(spec).job_id
+        end = time.time() + 150
+        while not any(r["it"] >= k for r in _iterations(chain)) and time.time() < end:
+            time.sleep(0.2)
+        subprocess.run(["scontrol", "update", "nodename=gpuv[1-2]", "state=drain", "reason=hj-bench"], env=cl.env,
+                       capture_output=True, timeout=30)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", first], env=cl.env, capture_output=True, timeout=30)
+        res = wait_chain(chain, first, timeout=300, poll_s=0.5, on_pending=PendingWatch(chain, submit_job).check)
+        ev = read(chain)
+        re_ = [e for e in ev if e["event"] == "replan"]
+        exact, _, why = _exact(chain, 30) if res["ok"] else (False, 0.0, f"chain {res['state']}")
+        ok = bool(res["ok"] and exact and len(re_) == 1 and "v100" not in re_[0]["mix"])
+        if not res["ok"]:
+            subprocess.run(["scancel", *res["jobs"]], env=cl.env, capture_output=True, timeout=30)
+    finally:
+        subprocess.run(["scontrol", "update", "nodename=gpuv[1-2]", "state=resume"], env=cl.env, capture_output=True,
+                       timeout=30)
+    out.setdefault("drain", []).append({"state": "successor pending on drained v100", "ok": ok, "why": why,
+                                        "wall_s": time.time() - t0})
+    print(f"replan k={k} ok={ok} {time.time() - t0:.0f}s {why}", flush=True)
+    shutil.rmtree(w, ignore_errors=True)
+
+
+def bad_inputs(shared: Path, out: dict) -> None:
+    """tests/test_bad_input.py's table: exit 2, one line, no traceback, no existing file modified."""
+    from test_bad_input import run_table
+    w = shared / f"faults-{os.getpid()}-bad"
+    rows = run_table(w)
+    out["bad_inputs"] = rows
+    for r in rows:
+        if not r["ok"]:
+            print(f"bad input {r['id']}: {r['why']}: {r['stderr'][-200:]}", flush=True)
+    print(f"bad inputs {sum(r['ok'] for r in rows)}/{len(rows)}", flush=True)
+    shutil.rmtree(w, ignore_errors=True)
+
+
 def frac(rows: list[dict] | None) -> str:
     if not rows:
         return "n/a"
@@ -261,7 +320,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 random iteration per case, one time-limit chain")
     ap.add_argument("--iterations", type=int, default=5, help="random iterations per preemption case (default 5)")
-    ap.add_argument("--only", default="preempt,timelimit,kill,corrupt,drain")
+    ap.add_argument("--only", default="preempt,timelimit,kill,corrupt,drain,bad")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default="sbatch,submitit", help="launchers of the preemption cases")
     ap.add_argument("--signals", default="USR1,USR2,TERM", help="signals of the preemption cases")
@@ -277,6 +336,10 @@ def main() -> int:
         drain(out)
     with LocalCluster() as cl:
         os.environ.update(SLURM_CONF=str(cl.conf))
+        if "bad" in only:
+            bad_inputs(cl.shared, out)
+        if "drain" in only:
+            replan(cl, cl.shared, rng, out)
         if "corrupt" in only:
             corrupt(cl.shared, 10, rng, out)
         if "preempt" in only:
@@ -290,7 +353,7 @@ def main() -> int:
     lost = [r.get("lost", 0) for k in ("preempt", "timelimit", "kill") for r in out.get(k, []) if r.get("ok")]
     print(f"preempt_exact={frac(out.get('preempt'))} timelimit_recovered={frac(out.get('timelimit'))} "
           f"kill_recovered={frac(out.get('kill'))} drain_avoided={frac(out.get('drain'))} "
-          f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear=n/a "
+          f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear={frac(out.get('bad_inputs'))} "
           f"lost_iterations_max={max(lost) if lost else 'n/a'}")
     return 0
 

@@ -56,6 +56,11 @@ def main(argv=None):
     hpc_jabas.add_arguments(ap)                                     # hpc-jabas
     args = ap.parse_args(argv)
     configure_from_args(args)
+    if args.summary:                   # a bad --summary path fails now, not after the training
+        try:
+            open(args.summary, "a").close()
+        except OSError as e:
+            raise hpc_jabas.ConfigError(f"--summary {args.summary!r} cannot be written: {e.strerror}") from None
     torch.manual_seed(0)
     train, test = make_data()
     model = make_model()

@@ -61,6 +61,7 @@ def run_main(fn, argv=None) -> None:
     try:
         rc = fn(argv)
     except JabasError as e:
-        print(f"hpc-jabas: error: {e}", file=sys.stderr)
+        if not getattr(e, "quiet", False):      # the other ranks of an error rank 0 has already said
+            print(f"hpc-jabas: error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.exit(rc or 0)

@@ -101,3 +101,72 @@ sleep 2
                                          "its own chain_dir)"), text
     assert text.count("current: finished") == 2 and "elapsed_s" in text and "train_s" in text
     assert not [p for p in os.listdir(chain) if p.endswith(".out")]
+
+
+def test_sacct_runs_of_a_requeued_hetjob_fold_per_run():
+    from hpc_jabas.slurm.text import parse_sacct
+    from hpc_jabas.slurm.watch import ATTEMPT_FIELDS, fold_attempts
+    text = "\n".join([
+        "70+0|REQUEUED|12|2026-11-30T10:00:00|2026-11-30T10:00:12|a100|gpua1|billing=4,cpu=1,gres/gpu=1",
+        "70+1|REQUEUED|11|2026-11-30T10:00:00|2026-11-30T10:00:11|v100|gpuv1|billing=4,cpu=2,gres/gpu=2",
+        "70+0|COMPLETED|30|2026-11-30T10:01:00|2026-11-30T10:01:30|a100|gpua1|billing=4,cpu=1,gres/gpu=1",
+        "70+1|COMPLETED|30|2026-11-30T10:01:00|2026-11-30T10:01:30|v100|gpuv1|billing=4,cpu=2,gres/gpu=2",
+        "71|FAILED|7|2026-11-30T10:02:00|2026-11-30T10:02:07|rtx2060|gpur1|cpu=1,mem=1G",
+        "72|PENDING|0|Unknown|Unknown|v100||"])
+    runs = fold_attempts(parse_sacct(text, ATTEMPT_FIELDS))
+    assert [(a["attempt"], a["State"], a["ElapsedRaw"], a["billing"]) for a in runs["70"]] == [
+        (1, "REQUEUED", 12, 8.0), (2, "COMPLETED", 30, 8.0)]
+    assert runs["70"][0]["cost"] == 8.0 * 12 / 3600 and runs["70"][1]["Partition"] == "a100,v100"
+    assert runs["71"][0]["billing"] is None and runs["71"][0]["cost"] is None
+    assert runs["72"][0]["State"] == "PENDING" and runs["72"][0]["billing"] is None
+
+
+@pytest.mark.slurm
+def test_requeued_and_failed_runs_are_listed_with_cost_and_lost_iterations(slurm_cluster, slurm_tmp):
+    """A real `scontrol requeue`: the job's first run (it recorded a failure losing 3 iterations) and its second
+    run are both listed with Slurm's elapsed time, billing x time as cost and the lost iterations; the totals
+    include the first run."""
+    chain = slurm_tmp / "chain"
+    job = slurm_tmp / "job.sh"
+    job.write_text(f"""#!/bin/bash
+#SBATCH --partition=rtx2060 --ntasks=1 --gres=gpu:rtx2060:1 --mem=256M --time=5 --requeue
+#SBATCH --output=/dev/null
+{PY} - <<'EOF'
+import os, time
+from hpc_jabas.slurm import chain
+d, j, n = {str(chain)!r}, os.environ["SLURM_JOB_ID"], int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+chain.append(d, "start", job_id=j, mix={{"rtx2060": 1}}, world=1, epoch=0, iteration=0)
+if n == 0:
+    chain.append(d, "end", job_id=j, state="failed", iteration=4, lost_iterations=3)
+    time.sleep(300)
+time.sleep(2)
+chain.append(d, "end", job_id=j, epochs=1, wall_s=2.0, cost=0.0, state="finished", iteration=10, lost_iterations=0)
+EOF
+""")
+    env = dict(slurm_cluster.env, PYTHONPATH=str(ROOT))
+    jid = subprocess.run(["sbatch", "--parsable", str(job)], env=env, capture_output=True, text=True, check=True,
+                         timeout=60).stdout.strip().split(";")[0]
+    try:
+        slurm_cluster.wait_running(jid)
+        end = time.time() + 30
+        while len([e for e in chainlog.read(chain) if e["event"] == "end"]) < 1:
+            assert time.time() < end, "the job never wrote its first end event"
+            time.sleep(0.3)
+        time.sleep(2)
+        slurm_cluster.run("scontrol", "requeue", jid)
+        assert slurm_cluster.wait_state(jid, states=("COMPLETED",), timeout=120) == "COMPLETED"
+    finally:
+        slurm_cluster.cancel(jid)
+    sacct = slurm_cluster.run("sacct", "-D", "-X", "-n", "-P", "-o", "State,ElapsedRaw", "-j", jid).stdout.split()
+    runs = [ln.split("|") for ln in sacct]
+    assert [r[0] for r in runs] == ["REQUEUED", "COMPLETED"], runs
+    st = status(chain)
+    (row,) = st["jobs"]
+    assert [(a["slurm"], a["elapsed_s"], a["lost_iterations"]) for a in row["attempts"]] == [
+        ("REQUEUED", float(runs[0][1]), 3), ("COMPLETED", float(runs[1][1]), 0)]
+    assert [a["cost"] for a in row["attempts"]] == [float(r[1]) / 3600 for r in runs]      # billing 1 per GPU
+    assert row["elapsed_s"] == sum(float(r[1]) for r in runs) and row["lost_iterations"] == 3
+    assert st["total_cost"] == pytest.approx(sum(float(r[1]) for r in runs) / 3600)
+    assert st["attempts"] == 2 and st["total_lost_iterations"] == 3
+    text = render(st)
+    assert "  run 1/2" in text and "  run 2/2" in text and "2 run(s)" in text and "3 iteration(s) lost" in text, text

@@ -46,7 +46,8 @@ def main(argv=None) -> int:
             func = importlib.import_module(f"hpc_jabas.cli.{args.cmd}").run
         return int(func(args) or 0)
     except JabasError as e:
-        print(f"hpc-jabas: error: {e}", file=sys.stderr)
+        if not getattr(e, "quiet", False):      # the other ranks of an error rank 0 has already said
+            print(f"hpc-jabas: error: {e}", file=sys.stderr)
         return 2
 
 

@@ -100,6 +100,8 @@ def run(args, out=None) -> int:
     sizes = [parse_size(s) for s in args.allreduce_sizes.split(",") if s.strip()] if args.allreduce_sizes else None
     if args.warmup < 0 or args.repeats < 1 or args.allreduce_repeats < 1:
         raise ConfigError("--warmup must be >= 0, --repeats and --allreduce-repeats >= 1")
+    from hpc_jabas.cli.paths import probe_dir
+    probe_dir(args.out, "--out")       # a bad --out fails now, not after the measurements
     res = run_profile(args.model, args.out, gpu_types=args.gpu_type, emulate=args.emulate,
                       b_list=_ints(args.b_list, "--b-list"), warmup=args.warmup, repeats=args.repeats,
                       optimizer=args.optimizer, memory_gb=args.memory_gb, b_limit=args.b_limit,

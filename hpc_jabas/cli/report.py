@@ -74,7 +74,12 @@ def draw(recs: list[dict], out: Path) -> Path:
 def run(args) -> int:
     recs = load_metrics(args.run_dir)
     out = Path(args.out) if args.out else Path(args.run_dir) / "report.png"
-    draw(recs, out)
+    if out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a directory; give a PNG file path, e.g. {str(out / 'report.png')!r}")
+    try:
+        draw(recs, out)
+    except OSError as e:
+        raise ConfigError(f"cannot write the report to {str(out)!r}: {e.strerror or e}") from None
     its = [r for r in recs if r.get("type") == "iteration"]
     Bs = sorted({r["B"] for r in its})
     print(f"wrote {out}: {len(its)} iterations, B from {Bs[0]} to {Bs[-1]}, "

@@ -1,12 +1,14 @@
 """`hpc-jabas status CHAIN_DIR`: the chains of a chain directory, their jobs and where each stands.
 
-A chain is a first job and the jobs its epoch-end moves started; jobs not linked by a move (two
-``sbatch`` by hand with the same chain_dir) are separate chains (watch.split_chains). One row per
+A chain is a first job and the jobs its epoch-end moves, requeues and re-plans started; jobs not linked
+so (two ``sbatch`` by hand with the same chain_dir) are separate chains (watch.split_chains). One row per
 job: id, method, mix, ranks, epochs, ``elapsed_s`` (Slurm's elapsed time from sacct: queue-free wall
 time of the allocation, start-up, Horovod init, checkpoints, exit), ``train_s`` (the trainer's own
-time, from the chain log), cost, our state and sacct's state; then the chain's totals and current
-state, and for a running chain its progress (epoch k of E, samples/s, ETA; from the run directory's
-progress.json). ``--json`` prints the same as one JSON object.
+time, from the chain log), cost (Slurm billing units x elapsed hours; the chain's figure without
+sacct), iterations lost, our state and sacct's state. A job Slurm ran more than once (requeued in
+place: ``sacct -D``) lists every run below it. Then the chain's totals (failed, timed-out and cancelled
+runs included) and current state, and for a running chain its progress (epoch k of E, samples/s, ETA;
+from the run directory's progress.json). ``--json`` prints the same as one JSON object.
 """
 from __future__ import annotations
 
@@ -64,6 +66,34 @@ def _progress(chain_dir: Path, last: dict | None, now: float) -> dict | None:
     return p
 
 
+def _attempts(r: dict, evs: list[dict], runs: list[dict]) -> None:
+    """One job's row gets every run Slurm made of it (``attempts``: a requeued job runs again under the same id;
+    failed, timed-out and cancelled runs too), each with its elapsed time, cost (billing units x hours) and the
+    iterations lost (from the chain's ``end`` events, in order: a failure's are counted by the resubmission);
+    the row's elapsed time, cost and lost iterations are their sums. Without sacct: the chain's own figures."""
+    ends = [e for e in evs if e["event"] == "end" and str(e.get("job_id")) == r["job_id"]]
+    r["train_s"], r["train_cost"] = r.get("wall_s"), r.get("cost")
+    atts = []
+    for i, a in enumerate(runs):
+        e = ends[i] if i < len(ends) else None
+        atts.append({"attempt": i + 1, "slurm": a["State"], "start": a.get("Start"),
+                     "elapsed_s": float(a["ElapsedRaw"]) if a.get("ElapsedRaw") is not None else None,
+                     "billing": a.get("billing"), "cost": a.get("cost"),
+                     "lost_iterations": e.get("lost_iterations") if e else None})
+    if not atts and ends:
+        atts = [{"attempt": i + 1, "slurm": None, "elapsed_s": None, "billing": None, "cost": e.get("cost"),
+                 "lost_iterations": e.get("lost_iterations")} for i, e in enumerate(ends)]
+    r["attempts"] = atts
+    r["slurm"] = runs[-1]["State"] if runs else None
+    el = [a["elapsed_s"] for a in atts if a["elapsed_s"] is not None]
+    r["elapsed_s"] = sum(el) if runs and el else None
+    costs = [a["cost"] for a in atts if a.get("billing") is not None and a["cost"] is not None]
+    r["cost"] = sum(costs) if costs else r["train_cost"]
+    lost = [int(e["lost_iterations"]) for e in ends if e.get("lost_iterations") is not None]
+    r["lost_iterations"] = sum(lost) if lost else None
+    r["wall_s"] = r["elapsed_s"] if r["elapsed_s"] is not None else r["train_s"]
+
+
 def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now: float) -> dict[str, Any]:
     from hpc_jabas.slurm import chain as chainlog
     mine = set(ids)
@@ -76,11 +106,7 @@ def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now
         rs = restarts.get(r["job_id"])
         if rs:
             r["restart_overhead_s"] = rs.get("overhead_s")
-        s = slurm.get(r["job_id"])
-        r["slurm"] = s["State"] if s else None
-        r["elapsed_s"] = float(s["ElapsedRaw"]) if s and s.get("ElapsedRaw") is not None else None
-        r["train_s"] = r.get("wall_s")
-        r["wall_s"] = r["elapsed_s"] if r["elapsed_s"] is not None else r["train_s"]
+        _attempts(r, evs, slurm.get(r["job_id"]) or [])
     last = rows[-1] if rows else None
     ovh = [e.get("overhead_s") for e in evs if e["event"] == "restart" and e.get("overhead_s") is not None]
     return {"jobs": rows, "current": _current(last), "progress": _progress(chain_dir, last, now),
@@ -88,6 +114,8 @@ def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now
                                 if any(r["elapsed_s"] is not None for r in rows) else None),
             "total_train_s": sum(r["train_s"] or 0.0 for r in rows),
             "total_cost": sum(r["cost"] or 0.0 for r in rows), "restarts": len(ovh), "restart_overhead_s": ovh,
+            "attempts": sum(max(1, len(r["attempts"])) for r in rows),
+            "total_lost_iterations": sum(r["lost_iterations"] or 0 for r in rows),
             "moves": sum(1 for e in evs if e["event"] == "move"),
             "ended_jobs": sum(1 for e in evs if e["event"] == "end")}
 
@@ -97,7 +125,8 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
     from hpc_jabas.slurm.watch import split_chains
     d = Path(chain_dir)
     if not d.is_dir():
-        raise ConfigError(f"chain directory {str(chain_dir)!r} does not exist")
+        raise ConfigError(f"chain directory {str(chain_dir)!r} " + ("is a file, not a directory" if d.exists()
+                                                                    else "does not exist"))
     events = chainlog.read(d)
     if not events:
         raise ConfigError(f"{str(chain_dir)!r} holds no chain (no events in {chainlog.path(d)}); "
@@ -106,9 +135,9 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
     slurm: dict = {}
     slurm_error = None
     if use_sacct:
-        from hpc_jabas.slurm.watch import sacct_states
+        from hpc_jabas.slurm.watch import sacct_attempts
         try:
-            slurm = sacct_states([j for g in groups for j in g if j.isdigit()])
+            slurm = sacct_attempts([j for g in groups for j in g if j.isdigit()])
         except JabasError as e:
             slurm_error = str(e)
     now = time.time()
@@ -121,6 +150,8 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
             "total_train_s": sum(c["total_train_s"] for c in chains),
             "total_cost": sum(c["total_cost"] for c in chains),
             "restarts": sum(c["restarts"] for c in chains), "moves": sum(c["moves"] for c in chains),
+            "attempts": sum(c["attempts"] for c in chains),
+            "total_lost_iterations": sum(c["total_lost_iterations"] for c in chains),
             "slurm_error": slurm_error}
 
 
@@ -143,19 +174,25 @@ def progress_line(p: dict) -> str:
 def _render_chain(c: dict, head: str) -> list[str]:
     from hpc_jabas.core.autoscale import mix_label
     out = [head]
-    hdr = ("job", "method", "mix", "ranks", "epochs", "elapsed_s", "train_s", "cost", "state", "slurm")
+    hdr = ("job", "method", "mix", "ranks", "epochs", "elapsed_s", "train_s", "cost", "lost", "state", "slurm")
     rows = []
     for r in c["jobs"]:
         e0, e1 = r.get("start_epoch"), r.get("epochs")
         epochs = f"{_fmt(e0, 'd')}->{_fmt(e1, 'd')}" if e0 is not None or e1 is not None else "-"
         rows.append((r["job_id"], r.get("method") or "-", mix_label(r.get("mix") or {}), _fmt(r.get("world"), "d"),
                      epochs, _fmt(r.get("elapsed_s"), ".0f"), _fmt(r.get("train_s"), ".1f"), _fmt(r.get("cost"), ".4g"),
-                     r.get("state") or "-", r.get("slurm") or "-"))
+                     _fmt(r.get("lost_iterations"), "d"), r.get("state") or "-", r.get("slurm") or "-"))
+        atts = r.get("attempts") or []
+        if len(atts) > 1:          # a requeued job: every run, indented (not a job row)
+            for a in atts:
+                rows.append((f"  run {a['attempt']}/{len(atts)}", "", "", "", "", _fmt(a.get("elapsed_s"), ".0f"), "",
+                             _fmt(a.get("cost"), ".4g"), _fmt(a.get("lost_iterations"), "d"), "",
+                             a.get("slurm") or "-"))
     w = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
     for row in (hdr, *rows):
         out.append("  ".join(str(x).ljust(n) for x, n in zip(row, w)).rstrip())
-    tail = (f"total: elapsed {_fmt(c['total_elapsed_s'], '.0f')} s (Slurm), training {c['total_train_s']:.1f} s, "
-            f"cost {c['total_cost']:.4g}")
+    tail = (f"total: {c['attempts']} run(s), elapsed {_fmt(c['total_elapsed_s'], '.0f')} s (Slurm), training "
+            f"{c['total_train_s']:.1f} s, cost {c['total_cost']:.4g}, {c['total_lost_iterations']} iteration(s) lost")
     if c["restart_overhead_s"]:
         tail += (f"; {len(c['restart_overhead_s'])} restart(s), checkpoint -> first iteration "
                  + ", ".join(f"{x:.1f} s" for x in c["restart_overhead_s"]))

@@ -62,6 +62,14 @@ def _check_job_table(path: str) -> dict:
     return job
 
 
+def _check_dirs(spec) -> None:
+    """The chain directory and its run directory exist or can be made (a file there, /proc, no permission:
+    one line); nothing is made here."""
+    from hpc_jabas.cli.paths import probe_dir
+    probe_dir(spec.chain_dir, "chain_dir")
+    probe_dir(spec.run_dir, "run directory (<chain_dir>/run)")
+
+
 def _check_spec(spec) -> None:
     """Fail early, with one line, on what the job itself would only find out on the cluster."""
     from hpc_jabas.core.config import AutoscaleConfig, JobConfig
@@ -190,6 +198,11 @@ def _describe(e: dict) -> str:
     if ev == "requeue":
         return (f"{t} requeue job {e.get('from_job')} -> {e.get('to_job')}: {e.get('reason')} ({e.get('signal')}) "
                 f"at iteration {e.get('iteration')}, {e.get('lost_iterations', 0)} iterations lost")
+    if ev == "replan":
+        return (f"{t} replan  job {e.get('from_job')} pended on {','.join(e.get('excluded') or [])} "
+                f"({e.get('reason')}): cancelled; job {e.get('to_job')} on {mix_label(e.get('mix') or {})}")
+    if ev == "replan_wait":
+        return f"{t} waiting {e.get('message')}"
     if ev == "end":
         return (f"{t} end     job {e.get('job_id')}: {e.get('state')} after {e.get('wall_s', 0):.1f} s, "
                 f"epochs {e.get('epochs')}, cost {e.get('cost', 0):.4g}")
@@ -216,6 +229,7 @@ def run(args) -> int:
     spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method,
                                extra={**spec.extra, **_slurm_extra(args)})
     _check_spec(spec)
+    _check_dirs(spec)
     _check_chain_free(spec)
     from hpc_jabas.slurm.components import partition_view
     view = partition_view((spec.config.get("autoscale") or {}).get("partition_types"))
@@ -226,7 +240,11 @@ def run(args) -> int:
     print(f"follow it: hpc-jabas status {spec.chain_dir}")
     if not args.wait:
         return 0
-    res = wait_chain(spec.chain_dir, s.job_id, timeout=args.timeout, on_event=lambda e: print(_describe(e), flush=True))
+    from hpc_jabas.slurm.executor import submit_job
+    from hpc_jabas.slurm.replan import PendingWatch
+    watch = PendingWatch(spec.chain_dir, submit_job)      # a job pending on drained/down nodes: re-planned
+    res = wait_chain(spec.chain_dir, s.job_id, timeout=args.timeout, on_event=lambda e: print(_describe(e), flush=True),
+                     on_pending=watch.check)
     if res["ok"]:
         print(f"chain finished: job {res['job_id']} ({len(res['jobs'])} job(s): {', '.join(res['jobs'])})")
         return 0

@@ -445,3 +445,40 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
     return finish(cur, f"{prefix}staying on {mix_label(cur)}: best other {best['label']} gains "
                        f"{gain:.1%} in {primary} incl. restart overhead {overhead:.0f} s, "
                        f"below the margin {margin:.0%}")
+
+
+def replan(pending_mix: Mapping[str, int], free: Mapping[str, int], types: Mapping[str, str],
+           unavailable: Iterable[str], table: Sequence[Mapping[str, Any]] | None = None,
+           rates: Mapping[str, float] | None = None, objective: str = "time", max_gpus: int | None = None,
+           max_partitions: int | None = None) -> Mix | None:
+    """The next-best mix for a job that pends on ``unavailable`` partitions (drained, down): None when none fits.
+
+    With the priced ``table`` of the decision that chose ``pending_mix`` (:func:`choose`'s rows), its ranking:
+    the best feasible row by ``objective`` (total time, else total cost; the budget/deadline rows within the
+    limit first) whose partitions avoid ``unavailable`` and whose counts fit ``free``. Without a table (or no
+    row fits): the mixes the cluster can give now without those partitions, at most as many GPUs as the
+    pending mix: the most GPUs, then the lowest rate (``rates``, else the catalog's), then the name."""
+    bad = {str(p) for p in unavailable}
+    want = sum(int(n) for n in pending_mix.values())
+
+    def fits(m: Mapping[str, int]) -> bool:
+        return bool(m) and all(p not in bad and 0 < int(n) <= int(free.get(p, 0)) for p, n in m.items())
+
+    obj = str(objective).strip().lower().replace("_", "-")
+    primary = "total_cost" if obj in ("cost", "cost-under-deadline") else "total_time_s"
+    secondary = "total_time_s" if primary == "total_cost" else "total_cost"
+    rows = [r for r in (table or []) if r.get("feasible") and r.get(primary) is not None and fits(r.get("mix") or {})]
+    if rows:
+        best = min(rows, key=lambda r: (r.get("within_limit") is False, float(r[primary]),
+                                        float(r.get(secondary) or 0.0), tuple(sorted(r["mix"].items()))))
+        return _norm_mix(best["mix"])
+    avail = {p: int(n) for p, n in free.items() if p not in bad and p in types and int(n) > 0}
+    if not avail or want < 1:
+        return None
+    top = min(want, max_gpus or want)
+    mixes = enumerate_mixes(avail, {p: types[p] for p in avail}, max_gpus=top, min_gpus=1,
+                            max_partitions=max_partitions)
+    if not mixes:
+        return None
+    r = dict(rates) if rates and all(p in rates for p in avail) else catalog_rates({p: types[p] for p in avail})
+    return _norm_mix(min(mixes, key=lambda m: (-sum(m.values()), mix_rate(m, r), tuple(sorted(m.items())))))

@@ -54,6 +54,10 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
         return tomllib.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{what} {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {str(p)!r} is a directory; give a TOML file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} {str(p)!r} cannot be read: {e.strerror if isinstance(e, OSError) else e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{what} {str(p)!r} is not valid TOML: {e}") from None
 
@@ -407,7 +411,11 @@ def flag_of(section: str, name: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--config`` plus one flag per key, with its help, in a group per section. Flags default to
-    None (unset): they override the TOML file given by --config, which overrides the defaults."""
+    None (unset): they override the TOML file given by --config, which overrides the defaults. A bad flag
+    is one line on stderr and exit 2, as in ``hpc-jabas`` itself (the usage: --help)."""
+    def one_line(message: str) -> typing.NoReturn:
+        parser.exit(2, f"hpc-jabas: error: {message} (--help for usage)\n")
+    parser.error = one_line  # type: ignore[method-assign]
     parser.add_argument_group("hpc-jabas").add_argument("--config", metavar="TOML", help="TOML job configuration")
     groups: dict[str, Any] = {}
     for s, f, tp in _all_fields():

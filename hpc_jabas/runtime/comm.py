@@ -6,6 +6,7 @@ then one ``op=Sum`` allreduce runs with a postscale factor that is the same on e
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import horovod
@@ -17,9 +18,16 @@ from hpc_jabas.log import set_rank
 _initialized = False
 
 
+#: a hung rank: Horovod warns after 60 s and shuts the job down after 300 s (the chain then resubmits it from the
+#: last checkpoint) instead of holding the allocation for ever; the environment's own values win
+STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "300"}
+
+
 def init() -> None:
     global _initialized
     if not _initialized:
+        for k, v in STALL_DEFAULTS.items():
+            os.environ.setdefault(k, v)
         hvd.init()
         _initialized = True
         set_rank(hvd.rank())          # log lines carry the rank; INFO from rank 0 only

@@ -52,6 +52,11 @@ def spec_from_file(path: str) -> JobSpec:
     if bad:
         raise ConfigError(f"job file {path!r}: unknown [job] key {bad[0]!r} (valid: {', '.join(valid)}); "
                           "training keys go in another table, e.g. [train]")
+    where = "top level" if "run_dir" in d else next((f"[{k}]" for k, v in d.items() if isinstance(v, dict)
+                                                      and k not in ("autoscale", "slowdown") and "run_dir" in v), None)
+    if where is not None:      # a chain's run directory is <chain_dir>/run: a run_dir here would be ignored
+        raise ConfigError(f"job file {path!r}: run_dir ({where}) cannot be set in a job file: the run directory "
+                          f"is <chain_dir>/run; remove run_dir, or give the job its own chain_dir")
     return JobSpec(task=job["task"], config=d, chain_dir=str(Path(job["chain_dir"]).resolve()),
                    mix=job.get("mix") or {"unknown": 1}, method=job.get("method", "sbatch"),
                    pythonpath=job.get("pythonpath", []), python=job.get("python"))
@@ -131,7 +136,7 @@ def run_job(spec: JobSpec | dict) -> dict | None:
 def _predecessor_wait(chain_dir: str, job_id: str) -> float:
     """How long this job may wait for the run directory: the chain named it as a successor (a move or a
     requeue), whose predecessor may still be writing its last lines; else not at all."""
-    named = any(e.get("event") in ("move", "requeue") and str(e.get("to_job")) == str(job_id)
+    named = any(e.get("event") in ("move", "requeue", "replan") and str(e.get("to_job")) == str(job_id)
                 for e in chainlog.read(chain_dir))
     return PREDECESSOR_WAIT_S if named else 0.0
 
@@ -285,15 +290,16 @@ class RestartOverheadCallback(Callback):
         if trainer.rank != 0 or not self.resumed:
             return
         moves = [e for e in chainlog.read(self.chain_dir)
-                 if e["event"] in ("move", "requeue") and str(e.get("to_job")) == str(self.job_id)]
+                 if e["event"] in ("move", "requeue", "replan") and str(e.get("to_job")) == str(self.job_id)]
         if moves:
             total = time.time() - float(moves[-1]["checkpoint_time"])
             queue_wait = 0.0
             if not str(self.job_id).startswith("local-"):
                 from hpc_jabas.slurm.cluster import job_clock
                 start = job_clock(self.job_id)["start"]
-                if start is not None:
-                    queue_wait = min(max(0.0, start - float(moves[-1]["time"])), total)
+                if start is not None:   # a re-planned job queued from the first submission (slurm/replan.py)
+                    queued = float(moves[-1].get("queued_since") or moves[-1]["time"])
+                    queue_wait = min(max(0.0, start - queued), total)
             overhead = total - queue_wait
             self.hook.record_restart(overhead)
             # since_move_s: move recorded -> this job's trainer built (Slurm queue + start-up)

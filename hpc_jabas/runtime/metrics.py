@@ -29,8 +29,13 @@ class MetricsWriter:
         self.path = path
         self._f: IO[str] | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(path, "a", buffering=1)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._f = open(path, "a", buffering=1)
+            except OSError as e:      # a file where the run directory should be, no permission, /proc...
+                from hpc_jabas.errors import ConfigError
+                raise ConfigError(f"run_dir {str(path.parent)!r} cannot be written: {e.strerror or e}; "
+                                  "give a directory you can write (--run-dir)") from None
 
     def write(self, rec: dict[str, Any]) -> None:
         if self._f is not None:

@@ -59,6 +59,10 @@ def summarize(events: list[dict]) -> list[dict]:
             j = jobs.get(str(e.get("from_job")))
             if j is not None:
                 j.update(state="moved", end_epoch=e.get("epoch"), next=e.get("to_job"))
+        elif e["event"] == "replan":      # cancelled while pending on unavailable nodes (slurm/replan.py)
+            j = jobs.get(str(e.get("from_job")))
+            if j is not None:
+                j.update(state="replanned", next=e.get("to_job"), wall_s=0.0, cost=0.0, epochs=None)
         elif e["event"] == "end":
             j = jobs.get(jid)
             if j is not None:

@@ -66,6 +66,7 @@ from hpc_jabas.slurm.components import (
 from hpc_jabas.slurm.sbatch import (
     JOB_ENTRY,
     SRUN_ARGS,
+    failure_teardown,
     het_block,
     het_srun_python,
     normalize,
@@ -169,12 +170,15 @@ class JabasSlurmExecutor(submitit.SlurmExecutor):
     # ---- end of private submitit API --------------------------------------------------------------
 
 
-def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] | None = None) -> JabasSlurmExecutor:
+def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] | None = None,
+                  spec_path: str | Path | None = None) -> JabasSlurmExecutor:
     """A configured :class:`JabasSlurmExecutor` for the spec's mix (folder <chain_dir>/jobs/submitit).
 
     Component 0 is submitit's own block (job name, time, signal, output files); components 1..k
     follow as ``#SBATCH hetjob`` blocks at the head of the setup lines, and the het step runs
-    every rank with per-rank log files."""
+    every rank with per-rank log files. With ``spec_path`` (the spec as a JSON file), a failed step (a
+    killed rank, a lost node) is resubmitted from the last good checkpoint by submitit's ``teardown`` lines
+    (:func:`~hpc_jabas.slurm.sbatch.failure_teardown`), as a method-"sbatch" job script does."""
     folder = Path(spec.chain_dir) / "jobs" / "submitit"
     folder.mkdir(parents=True, exist_ok=True)
     python = shlex.quote(spec.python or sys.executable)
@@ -197,6 +201,8 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
         time=slurm_option(spec, "time_min"),
         job_name=str(extra(spec, "job_name", "hpc-jabas")),
         setup=(het_block(spec, comps[1:]) if het else []) + setup_lines(spec))
+    if spec_path is not None:
+        params["teardown"] = failure_teardown(spec, spec_path)
     if het:
         params["use_srun"] = False
     else:
@@ -224,12 +230,12 @@ def _next_job_file(jobs: Path) -> tuple[int, Path]:
             n += 1
 
 
-def _submit_sbatch(spec: JobSpec, comps: list[Component], env: Mapping[str, str]) -> tuple[str, Path]:
+def _submit_sbatch(spec: JobSpec, comps: list[Component], env: Mapping[str, str]) -> tuple[str, Path, Path]:
     jobs = Path(spec.chain_dir) / "jobs"
     n, script = _next_job_file(jobs)
     spec_path = spec.save(jobs / f"{n}.json")
     script.write_text(render_sbatch(spec, comps, spec_path, jobs / f"{n}-%j.out"))
-    return run_sbatch(script, env), script
+    return run_sbatch(script, env), script, spec_path
 
 
 # ---- entry points -----------------------------------------------------------------------------
@@ -257,8 +263,10 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     job: JabasSlurmJob | None = None
     script: Path | None = None
     if spec.method == "submitit":
+        # the spec as submitted, for whoever re-plans a job that pends on unavailable nodes (slurm/replan.py)
+        spec_path = spec.save(Path(spec.chain_dir) / "jobs" / "submitit" / f"spec-{uuid.uuid4().hex[:12]}.json")
         try:
-            job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env).submit(EntryPoint(), spec))
+            job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env, spec_path).submit(EntryPoint(), spec))
         except JabasError:
             raise
         except Exception as e:   # submitit's own errors (bad parameters, submission failures)
@@ -266,10 +274,10 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
                              f"{proc.first_line(str(e)) or type(e).__name__}") from None
         job_id = str(job.job_id)
     else:
-        job_id, script = _submit_sbatch(spec, comps, sub_env)
+        job_id, script, spec_path = _submit_sbatch(spec, comps, sub_env)
     inside = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID")
     chainlog.append(spec.chain_dir, "submit", job_id=job_id, mix=spec.mix, method=spec.method,
-                    by=f"job {inside}" if inside else "user",
+                    by=f"job {inside}" if inside else "user", spec=str(spec_path),
                     script=str(script) if script else str(job.paths.submission_file) if job else "")
     return Submission(job_id, spec.method, dict(spec.mix), job=job, script=script)
 

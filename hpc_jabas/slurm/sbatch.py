@@ -182,10 +182,22 @@ def render_sbatch(spec: JobSpec, comps: list[Component], spec_path: str | Path, 
     srun = ["srun", *het, *SRUN_ARGS, spec.python or sys.executable, "-u", "-m",
             JOB_ENTRY.partition(":")[0], str(spec_path)]
     # a failed step (a killed rank, a lost node): the batch shell resubmits from the last good checkpoint
-    after = [spec.python or sys.executable, "-u", "-m", JOB_ENTRY.partition(":")[0], "--after-failure"]
-    lines.append("hj_srun " + shlex.join(srun) + ' || { rc=$?; ' + shlex.join(after) + ' "$rc" '
-                 + shlex.quote(str(spec_path)) + '; exit "$rc"; }')
+    lines.append("hj_srun " + shlex.join(srun) + ' || { rc=$?; ' + after_failure(spec, spec_path) + '; exit "$rc"; }')
     return "\n".join(lines) + "\n"
+
+
+def after_failure(spec: JobSpec, spec_path: str | Path, rc: str = '"$rc"') -> str:
+    """The batch shell's command after a failed step: ``<python> -u -m hpc_jabas.runtime.launch --after-failure
+    RC SPEC`` (resubmits from the last good checkpoint, bounded, backoff, failed nodes excluded)."""
+    after = [spec.python or sys.executable, "-u", "-m", JOB_ENTRY.partition(":")[0], "--after-failure"]
+    return shlex.join(after) + f" {rc} " + shlex.quote(str(spec_path))
+
+
+def failure_teardown(spec: JobSpec, spec_path: str | Path) -> list[str]:
+    """What method "submitit" adds after submitit's own srun line (its ``teardown``): the same recovery as
+    a method-"sbatch" job script, keeping the step's exit status as the job's."""
+    return ['hj_rc=$?', 'if [ "$hj_rc" -ne 0 ]; then ' + after_failure(spec, spec_path, '"$hj_rc"') + '; fi',
+            'exit "$hj_rc"']
 
 
 def het_srun_python(comps: Sequence[Component], python: str, folder: str | Path,

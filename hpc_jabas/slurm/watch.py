@@ -87,10 +87,71 @@ def sacct_states(job_ids: Iterable[str | int], env: Mapping[str, str] | None = N
     return fold_rows(parse_sacct(text, fields))
 
 
+#: chain events that hand the training from one job to the next (a requeue in place has to_job == from_job)
+LINKS = ("move", "requeue", "replan")
+
+
+ATTEMPT_FIELDS = ("JobID", "State", "ElapsedRaw", "Start", "End", "Partition", "NodeList", "AllocTRES")
+
+
+def _billing(tres: str) -> float | None:
+    """``billing=4,cpu=2,gres/gpu=2,...`` (sacct AllocTRES) -> 4.0; None when not there."""
+    for item in (tres or "").split(","):
+        k, _, v = item.partition("=")
+        if k.strip() == "billing":
+            try:
+                return float(v)
+            except ValueError:
+                return None
+    return None
+
+
+def fold_attempts(rows: Iterable[SacctRow]) -> dict[str, list[dict[str, Any]]]:
+    """``sacct -D`` rows (every run of a requeued job: an earlier run is REQUEUED, PREEMPTED, NODE_FAIL...)
+    -> job id -> its attempts in order, each as :func:`fold_rows` folds one run (the k-th row of each
+    het component is attempt k), plus ``billing`` (Slurm billing units of the allocation, summed over the
+    components; None when sacct gives none) and ``cost`` (billing x elapsed hours). Steps are ignored."""
+    runs: dict[str, list[list[SacctRow]]] = {}
+    seen: dict[tuple[str, int | None], int] = {}
+    for r in rows:
+        if r.step is not None:
+            continue
+        k = seen[(r.job, r.component)] = seen.get((r.job, r.component), -1) + 1
+        lst = runs.setdefault(r.job, [])
+        while len(lst) <= k:
+            lst.append([])
+        lst[k].append(r)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for jid, attempts in runs.items():
+        for i, items in enumerate(attempts):
+            one = fold_rows(items)[jid]
+            bills = [b for b in (_billing(r.fields.get("AllocTRES", "")) for r in items) if b is not None]
+            one["billing"] = sum(bills) if bills else None
+            el = one.get("ElapsedRaw")
+            one["cost"] = one["billing"] * el / 3600.0 if one["billing"] is not None and el is not None else None
+            one["attempt"] = i + 1
+            out.setdefault(jid, []).append(one)
+    return out
+
+
+def sacct_attempts(job_ids: Iterable[str | int], env: Mapping[str, str] | None = None
+                   ) -> dict[str, list[dict[str, Any]]]:
+    """Every run of the jobs (``sacct -D``: requeues included), see :func:`fold_attempts`. SlurmError when
+    sacct fails."""
+    ids = sorted({str(j).strip() for j in job_ids if str(j).strip()})
+    if not ids:
+        return {}
+    env = dict(os.environ if env is None else env)
+    proc.require(("sacct",), env)
+    text = proc.run(["sacct", "-D", "-X", "-n", "-P", "-o", ",".join(ATTEMPT_FIELDS), "-j", ",".join(ids)], env,
+                    timeout=SACCT_TIMEOUT_S)
+    return fold_attempts(parse_sacct(text, ATTEMPT_FIELDS))
+
+
 def split_chains(events: list[dict]) -> list[list[str]]:
     """The chains in one chain directory's events: job ids in order, a chain being a first job and the
-    jobs its moves started. Jobs not linked by a move (two ``sbatch`` by hand into the same chain_dir)
-    are separate chains, in the order of their first event."""
+    jobs its moves, requeues onto a successor and re-plans started. Jobs not linked so (two ``sbatch``
+    by hand into the same chain_dir) are separate chains, in the order of their first event."""
     order: list[str] = []
     nxt: dict[str, str] = {}
     moved_in: set[str] = set()
@@ -99,7 +160,8 @@ def split_chains(events: list[dict]) -> list[list[str]]:
             j = e.get(k)
             if j is not None and str(j) and str(j) not in order:
                 order.append(str(j))
-        if e.get("event") == "move" and e.get("from_job") is not None and e.get("to_job") is not None:
+        if e.get("event") in LINKS and e.get("from_job") is not None and e.get("to_job") is not None \
+                and str(e["to_job"]) != str(e["from_job"]):
             nxt[str(e["from_job"])] = str(e["to_job"])
             moved_in.add(str(e["to_job"]))
     chains: list[list[str]] = []
@@ -113,11 +175,14 @@ def split_chains(events: list[dict]) -> list[list[str]]:
 
 
 def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None, poll_s: float = 1.0,
-               on_event: Callable[[dict], None] | None = None, grace_s: float = 10.0) -> dict[str, Any]:
+               on_event: Callable[[dict], None] | None = None, grace_s: float = 10.0,
+               on_pending: Callable[[str], str | None] | None = None) -> dict[str, Any]:
     """Follow a chain from ``job_id`` through its moves until a job finishes the training or fails.
 
     Returns {"ok": bool, "job_id": last job, "state": "finished" | Slurm state | "timeout",
-    "jobs": [ids followed]}. ``on_event(e)`` sees every new chain event.
+    "jobs": [ids followed]}. ``on_event(e)`` sees every new chain event. ``on_pending(job_id)`` is called
+    while the followed job is PENDING (slurm/replan.py's ``PendingWatch.check``): a new job id returned
+    replaces it (it was cancelled and re-planned; the chain has a ``replan`` event).
     """
     t0 = time.time()
     cur, jobs, seen = str(job_id), [str(job_id)], 0
@@ -135,14 +200,19 @@ def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None,
                    and str(e.get("to_job")) != cur), None)
         if end is not None and end.get("state") == "finished":
             return {"ok": True, "job_id": cur, "state": "finished", "jobs": jobs}
-        if mv is not None and end is not None:
-            cur, terminal_since = str(mv["to_job"]), None
+        rp = next((e for e in ev if e["event"] == "replan" and str(e.get("from_job")) == cur), None)
+        if (mv is not None and end is not None) or rp is not None:
+            cur, terminal_since = str((rp or mv or {})["to_job"]), None
             jobs.append(cur)
             continue
         try:
             st = sacct_states([cur]).get(cur, {}).get("State", "")
         except SlurmError:
             st = ""
+        if on_pending is not None and st == "PENDING":
+            new = on_pending(cur)
+            if new is not None:
+                continue            # its replan event is read on the next pass
         if st in TERMINAL:
             terminal_since = terminal_since or time.time()
             if time.time() - terminal_since > grace_s:   # the end event would be there by now

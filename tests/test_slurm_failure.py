@@ -1,0 +1,111 @@
+"""Issue 12: a submitit job whose rank is killed is resubmitted from the last good checkpoint (submitit's
+teardown lines run the same recovery as a method-"sbatch" job script: bounded retries, backoff, failed nodes
+excluded), and the chain finishes with the uninterrupted run's parameters."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from mpi_util import PY, ROOT
+from reference import reference_run
+from test_preemption import CHAIN_CFG, PLAN, _iterations
+
+from hpc_jabas.slurm import chain as chainlog
+
+pytestmark = pytest.mark.slurm
+
+
+def kill_rank(job_id: str, rank: int) -> int:
+    """SIGKILL the training process of one rank of a job (by its SLURM_JOB_ID and SLURM_PROCID); its pid."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            if b"hpc_jabas.runtime.launch" not in cmd and b"submitit.core._submit" not in cmd:
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        kv = dict(x.decode(errors="replace").split("=", 1) for x in env if b"=" in x)
+        if kv.get("SLURM_JOB_ID") == str(job_id) and kv.get("SLURM_PROCID") == str(rank):
+            os.kill(int(d.name), signal.SIGKILL)
+            return int(d.name)
+    raise AssertionError(f"no rank {rank} of job {job_id} found")
+
+
+def test_submitit_job_with_a_killed_rank_is_resubmitted_from_the_last_checkpoint(slurm_cluster, slurm_tmp):
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import wait_chain
+    chain = slurm_tmp / "chain"
+    k = random.Random(os.getpid() + 4).randint(5, 22)
+    spec = JobSpec(task="preempt_task:build", config=dict(CHAIN_CFG), chain_dir=str(chain), mix={"rtx2060": 2},
+                   method="submitit", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+    first = submit(spec).job_id
+    jobs = [first]
+    try:
+        end = time.time() + 120
+        while not any(r["it"] >= k for r in _iterations(chain)):
+            assert time.time() < end, f"job {first} never reached iteration {k}: {chainlog.read(chain)}"
+            time.sleep(0.2)
+        kill_rank(first, 1)
+        res = wait_chain(chain, first, timeout=240, poll_s=0.5)
+        jobs = res["jobs"]
+        ev = chainlog.read(chain)
+        assert res["ok"], (res, json.dumps(ev))
+        assert slurm_cluster.wait_state(res["job_id"]) == "COMPLETED"
+        jobs = []
+    finally:
+        slurm_cluster.cancel(*jobs)
+    assert slurm_cluster.job_state(first) == "FAILED"
+    (req,) = [e for e in ev if e["event"] == "requeue"]
+    assert req["reason"] == "failure" and req["method"] == "submitit" and str(req["from_job"]) == first, req
+    assert req["attempt"] == 1 and req["excluded"] == [] and res["jobs"] == [first, str(req["to_job"])]
+    failed = next(e for e in ev if e["event"] == "end" and e.get("state") == "failed")
+    assert 0 <= failed["lost_iterations"] <= CHAIN_CFG["checkpoint_every"], failed
+    assert failed["lost_iterations"] == req["lost_iterations"]
+    assert sorted({r["it"] for r in _iterations(chain)}) == list(range(30))      # repeats only, none skipped
+    starts = [e for e in ev if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["resumed"] and starts[1]["iteration"] == failed["iteration"], starts
+    state = load_latest(Path(chain) / "run" / "checkpoints")[0]
+    assert state["iteration"] == 30
+    ref = reference_run({"optimizer": "adam", "lr": 0.01, "plan": PLAN, "steps": 30, "n": 240})
+    for name, want in ref.items():
+        err = float((state["model"][name] - want).abs().max() / (want.abs().max() + 1e-12))
+        assert err <= 1e-6, f"{name}: relative difference {err:.2e} to the uninterrupted run"
+
+
+def test_one_minute_job_is_resubmitted_at_its_time_limit_until_the_run_finishes(slurm_cluster, slurm_tmp):
+    """time_min=1, signal_lead_s=30: Slurm signals each job (USR1 to its batch shell) 30 s before its limit; it
+    checkpoints at the next safe point and submits its successor (a time-out, counted against max_timeouts);
+    the chain finishes with the uninterrupted run's parameters."""
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import wait_chain
+    chain = slurm_tmp / "chain"
+    cfg = dict(CHAIN_CFG, emulate_base_s=1.0, slurm={"time_min": 1, "signal_lead_s": 30, "max_timeouts": 5})
+    spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix={"a100": 2},
+                   method="sbatch", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+    first = submit(spec).job_id
+    res = wait_chain(chain, first, timeout=400, poll_s=1.0)
+    ev = chainlog.read(chain)
+    if not res["ok"]:
+        slurm_cluster.cancel(*res["jobs"])
+    assert res["ok"], (res, json.dumps(ev))
+    req = [e for e in ev if e["event"] == "requeue"]
+    assert req and all(e["reason"] == "timeout" and e["lost_iterations"] == 0 for e in req), req
+    assert len(res["jobs"]) == len(req) + 1 and [e["state"] for e in ev if e["event"] == "end"][-1] == "finished"
+    assert sorted(r["it"] for r in _iterations(chain)) == list(range(30))     # nothing lost, nothing repeated
+    state = load_latest(Path(chain) / "run" / "checkpoints")[0]
+    ref = reference_run({"optimizer": "adam", "lr": 0.01, "plan": PLAN, "steps": 30, "n": 240})
+    for name, want in ref.items():
+        err = float((state["model"][name] - want).abs().max() / (want.abs().max() + 1e-12))
+        assert err <= 1e-6, f"{name}: relative difference {err:.2e} to the uninterrupted run"
