@@ -96,7 +96,7 @@ class HeterogeneousOptimizer:
         self._meas: Measurement | None = None
         self._first_global = 0
         self._halves: list[int] | None = None
-        self._synced = True
+        self._synced = False
         self._skip_sync = False
         self._pre_step_hooks: OrderedDict[int, PreStepHook] = OrderedDict()
         self._mode: str | None = None              # "plain" | "weighted", agreed by every rank
