@@ -174,7 +174,7 @@ class HeterogeneousOptimizer:
             raise ValueError(f"total_samples={total_samples} must be >= 1")
         if self._meas is not None:
             self._meas.remove_hooks()
-        self.zero_grad()
+        self.zero_grad(set_to_none=True)     # the first backward then stores its gradient: no memset, no add
         self._n_local, self._done_local = int(n_local), 0
         self._total = int(total_samples)
         try:
