@@ -1,11 +1,23 @@
-"""Overhead benchmark (issue 3): 3 ranks of equal speed and equal batches, no emulation.
+"""Overhead benchmark (issues 3 and 11): 3 ranks of equal speed and equal batches, no emulation,
+a ~5M-parameter MLP (512 -> 2048 -> 2048 -> 10, fp32), b = 32 samples per rank and iteration.
 
-hpc-jabas's loop (Trainer with plan b=64 n=1,1,1: sampler, weighted allreduce from backward
-hooks, metrics) against a hand-written hvd.DistributedOptimizer loop on the same model and data,
-alternating runs in one process run (6 runs, the order swapped every run). Each run's figure is the
-wall time of its whole loop of 25 iterations (after 3 warm-up ones, between barriers, on rank 0) /
-25: data selection, step and synchronisation included. Last line: overhead_ratio=<median over runs of
-ours / theirs, both from the same run>; the line before: min/max. Shared 2-core machine: noisy.
+Each figure is the wall clock of a WHOLE loop of ITERS iterations (after WARM warm-up ones, rank 0's
+clock): data selection, forward/backward, allreduce, step, the metrics' flushes, the controller and its
+decision protocol, all included (not the per-iteration ``iter_s``). The three loops live side by side
+and run in chunks of CHUNK iterations, alternating (each chunk between barriers, the chunks of a loop
+summed), so that all three see the same load of this shared machine.
+- theirs: a hand-written ``hvd.DistributedOptimizer`` loop (one seeded permutation per epoch, b samples
+  per rank per iteration), the strongest simple alternative;
+- ours: the Trainer with the fixed policy, plan b=32 n=1,1,1 -> ``overhead_ratio`` = ours / theirs;
+- adaptive: the Trainer with policy = "similarity" at p = 100 and the defaults otherwise (batch_min =
+  batch_max = batch: B stays at 96), planner lbbsp (equal speeds: the same b=32 n=1,1,1 plan; the fixed
+  planner refuses an adaptive policy); ITERS = 100 holds one measurement iteration and one decision
+  round -> ``overhead_ratio_adaptive`` = adaptive / theirs.
+- ``measure_iteration_ratio``: the Trainer with a controller that measures every other iteration; each
+  iteration timed alone between barriers; median(measurement iterations) / median(normal ones).
+REPEATS rounds (fresh loops each), the order of the three loops rotated every round; each ratio's
+median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubscribe it): noisy, see the load note.
+Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z``.
 """
 import statistics
 import sys
@@ -24,68 +36,132 @@ from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
-b, ITERS, RUNS, WARM = 64, 25, 6, 3
+b, ITERS, CHUNK, WARM, REPEATS, MEASURE_PAIRS = 32, 100, 10, 3, 3, 15
+B = 3 * b
 torch.set_num_threads(1)
 comm.init()
 rank = comm.rank()
 torch.manual_seed(0)
-X = torch.randn(8192, 256)
+N = B * (ITERS + WARM + 10)                      # no epoch end inside a loop
+X = torch.randn(N, 512)
 y = (X[:, :8].sum(1) > 0).long()
 ds = torch.utils.data.TensorDataset(X, y)
 
 
-def model():
+def model() -> nn.Module:
     torch.manual_seed(1)
-    return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 2))
+    return nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
 
 
-def theirs() -> float:
+PARAMS = sum(p.numel() for p in model().parameters())
+
+
+def barrier(tag: str) -> None:
+    comm.allgather_object(None, name=f"oh.{tag}")
+
+
+def timed_chunk(step, n: int) -> float:
+    """Seconds for n iterations of ``step``, between barriers, as rank 0 measured them."""
+    barrier("t0")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    barrier("t1")
+    return comm.broadcast_object(time.perf_counter() - t0, name="oh.dt")
+
+
+def theirs():
     m = model()
     opt = comm.distributed_optimizer(torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), m.named_parameters())
     comm.broadcast_parameters(m.state_dict())
     loss_fn = nn.CrossEntropyLoss()
-    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(0))
+    pos = [0]
 
-    def step():
-        idx = torch.randperm(len(ds), generator=g)[: 3 * b][rank * b:(rank + 1) * b]
-        xb, yb = X[idx], y[idx]
+    def step() -> None:
+        idx = perm[pos[0] + rank * b:pos[0] + (rank + 1) * b]
+        pos[0] += B
         opt.zero_grad()
-        loss_fn(m(xb), yb).backward()
+        loss_fn(m(X[idx]), y[idx]).backward()
         opt.step()
-    return loop(step)
+    return step, lambda: None
 
 
-def loop(step) -> float:
-    """Seconds per iteration: the whole loop after warm-up, between barriers, as rank 0 sees it."""
-    for _ in range(WARM):
-        step()
-    comm.allgather_object(None, name="oh.t0")
-    t0 = time.perf_counter()
-    for _ in range(ITERS):
-        step()
-    comm.allgather_object(None, name="oh.t1")
-    return comm.broadcast_object((time.perf_counter() - t0) / ITERS, name="oh.dt")
-
-
-def ours() -> float:
+def trainer(policy: str, controller=None) -> Trainer:
     m = model()
-    cfg = JobConfig(batch=3 * b, planner="fixed", plan=f"b={b} n=1,1,1", checkpoint=False,
-                    run_dir="/tmp/hj-bench-overhead", epochs=1000)
-    tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), ds, nn.CrossEntropyLoss(), config=cfg)
-    dt = loop(tr.train_step)
+    kw = {"planner": "fixed", "plan": f"b={b} n=1,1,1"} if policy == "fixed" else {"planner": "lbbsp", "p": 100}
+    cfg = JobConfig(batch=B, policy=policy, checkpoint=False, run_dir=f"/tmp/hj-bench-overhead-{policy}",
+                    epochs=1000, **kw)
+    return Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), ds, nn.CrossEntropyLoss(),
+                   config=cfg, controller=controller)
+
+
+def ours(policy: str):
+    tr = trainer(policy)
+    assert str(tr.plan) == f"b={b} n=1,1,1", tr.plan
+
+    def close() -> None:
+        tr.flush_metrics()
+        tr.opt.remove_hooks()
+    return tr.train_step, close
+
+
+class EveryOther:
+    """Measures the statistics on every other iteration, decides nothing (hooks.Controller)."""
+
+    def attach(self, trainer) -> None: ...
+    def wants_stats(self, iteration: int) -> bool: return iteration % 2 == 1
+    def after_step(self, trainer, rec): return None
+    def b_trajectory(self): return []
+    def state_dict(self): return {}
+    def load_state_dict(self, d) -> None: ...
+
+
+def measure_ratio() -> float:
+    tr = trainer("fixed", EveryOther())
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(WARM + 2 * MEASURE_PAIRS):
+        barrier("m0")
+        t0 = time.perf_counter()
+        rec = tr.train_step()
+        barrier("m1")
+        dt = comm.broadcast_object(time.perf_counter() - t0, name="oh.mdt")
+        if i >= WARM:
+            times["stats" in rec].append(dt)
     tr.flush_metrics()
     tr.opt.remove_hooks()
-    return dt
+    assert len(times[True]) == MEASURE_PAIRS, times
+    return statistics.median(times[True]) / statistics.median(times[False])
 
 
-ratios = []
-for r in range(RUNS):
-    t_theirs, t_ours = (theirs(), ours()) if r % 2 == 0 else tuple(reversed((ours(), theirs())))
-    ratios.append(t_ours / t_theirs)
-    if rank == 0:
-        print(f"run {r}: hvd.DistributedOptimizer {t_theirs * 1e3:.2f} ms/it  hpc-jabas {t_ours * 1e3:.2f} ms/it  "
-              f"ratio {ratios[-1]:.3f}", flush=True)
+setups = {"theirs": theirs, "ours": lambda: ours("fixed"), "adaptive": lambda: ours("similarity")}
+order = list(setups)
+res: dict[str, list[float]] = {"overhead_ratio": [], "overhead_ratio_adaptive": [], "measure_iteration_ratio": []}
 if rank == 0:
-    print(f"runs={RUNS} (shared machine, {load_note()}) overhead_ratio_min={min(ratios):.3f} "
-          f"overhead_ratio_max={max(ratios):.3f}")
-    print(f"overhead_ratio={statistics.median(ratios):.3f}")
+    print(f"model: {PARAMS / 1e6:.2f}M parameters, b={b} per rank, {ITERS} iterations per loop, run in chunks of "
+          f"{CHUNK} alternating between the loops", flush=True)
+for r in range(REPEATS):
+    k = r % len(order)
+    names = order[k:] + order[:k]
+    loops = {name: setups[name]() for name in names}
+    for name in names:
+        for _ in range(WARM):
+            loops[name][0]()
+    t = dict.fromkeys(names, 0.0)
+    for _ in range(ITERS // CHUNK):
+        for name in names:
+            t[name] += timed_chunk(loops[name][0], CHUNK)
+    for name in names:
+        loops[name][1]()
+    res["overhead_ratio"].append(t["ours"] / t["theirs"])
+    res["overhead_ratio_adaptive"].append(t["adaptive"] / t["theirs"])
+    res["measure_iteration_ratio"].append(measure_ratio())
+    if rank == 0:
+        print(f"round {r} (order {', '.join(names)}): hvd.DistributedOptimizer "
+              f"{t['theirs'] / ITERS * 1e3:.1f} ms/it  hpc-jabas fixed {t['ours'] / ITERS * 1e3:.1f} ms/it  "
+              f"similarity p=100 {t['adaptive'] / ITERS * 1e3:.1f} ms/it  measurement/normal iteration "
+              f"{res['measure_iteration_ratio'][-1]:.3f}", flush=True)
+if rank == 0:
+    print(f"rounds={REPEATS} ({load_note()}) " + " ".join(f"{k}_min={min(v):.3f} {k}_max={max(v):.3f}"
+                                                          for k, v in res.items()))
+    print(" ".join(f"{k}={statistics.median(v):.3f}" for k, v in res.items()))

@@ -111,7 +111,10 @@ class Measurement:
         for p in self.params:
             k = (p.device, acc_dtype(p.dtype))
             sizes[k] = sizes.get(k, 0) + p.numel()
-        self.flat = {k: torch.zeros(n, device=k[0], dtype=k[1]) for k, n in sizes.items()}
+        # uninitialised: the first half-0 gradient of a parameter is copied in, the untouched ones zeroed at
+        # launch (no zero-fill pass over the buffer)
+        self.flat = {k: torch.empty(n, device=k[0], dtype=k[1]) for k, n in sizes.items()}
+        self._touched = [False] * len(self.params)
         offs = dict.fromkeys(sizes, 0)
         self.h0: list[torch.Tensor] = []
         for p in self.params:
@@ -130,7 +133,11 @@ class Measurement:
     def _make_hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(g: torch.Tensor) -> None:       # the micro-batch's gradient, before accumulation into .grad
             if self._half == 0:
-                self.h0[i].add_(g)
+                if self._touched[i]:
+                    self.h0[i].add_(g)
+                else:
+                    self.h0[i].copy_(g)
+                    self._touched[i] = True
             if self._last and self.overlap:        # final here: reduce it during the rest of the backward
                 self._reduce_h0(i)
             self._parts.append(torch.linalg.vector_norm(g, dtype=torch.float32) if g.dtype in HALF_DTYPES
@@ -166,6 +173,9 @@ class Measurement:
     def _reduce_h0(self, i: int) -> None:
         key = f"hj.m.h0.{i}"
         if key not in self._handles:
+            if not self._touched[i]:
+                self.h0[i].zero_()
+                self._touched[i] = True
             self._handles[key] = comm.allreduce_sum_async_(self.h0[i], name=key)
 
     def launch(self) -> None:

@@ -96,7 +96,7 @@ class HeterogeneousOptimizer:
         self._meas: Measurement | None = None
         self._first_global = 0
         self._halves: list[int] | None = None
-        self._synced = True
+        self._synced = False
         self._skip_sync = False
         self._pre_step_hooks: OrderedDict[int, PreStepHook] = OrderedDict()
         self._mode: str | None = None              # "plain" | "weighted", agreed by every rank
@@ -174,7 +174,7 @@ class HeterogeneousOptimizer:
             raise ValueError(f"total_samples={total_samples} must be >= 1")
         if self._meas is not None:
             self._meas.remove_hooks()
-        self.zero_grad()
+        self.zero_grad(set_to_none=True)     # the first backward then stores its gradient: no memset, no add
         self._n_local, self._done_local = int(n_local), 0
         self._total = int(total_samples)
         try:

@@ -83,21 +83,35 @@ def iteration(measure: bool) -> None:
     opt.step()
 
 
-def peak(measure: bool) -> int:
-    """Peak of the allocated bytes over one iteration, from the allocator's events (the start at 0)."""
+def peaks() -> dict:
+    """Peak allocated bytes over a normal and over a measurement iteration, each above its start level, from
+    the allocator's events in one profiling session (a first profiled iteration makes every later free visible:
+    the CPU allocator reports the frees of allocations made while profiling only)."""
+    from torch.profiler import record_function
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        iteration(measure)
-    evs = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    cur = top = 0
-    for _, b in evs:
-        cur += b
-        top = max(top, cur)
-    return top
+        iteration(False)
+        for name, measure in (("normal", False), ("measure", True)):
+            with record_function(f"hj.{name}"):
+                iteration(measure)
+    events = prof.profiler.kineto_results.events()
+    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    out = {}
+    for name in ("normal", "measure"):
+        rng = next(e for e in events if e.name() == f"hj.{name}")
+        level = sum(b for t, b in mem if t < rng.start_ns())
+        cur = top = 0
+        for t, b in mem:
+            if rng.start_ns() <= t <= rng.end_ns():
+                cur += b
+                top = max(top, cur)
+        out[name] = top
+        out[f"{name}_start_level"] = level
+    return out
 
 
 for m in (False, True):                 # warm-up: optimizer state, Horovod's buffers
     iteration(m)
-out["memory"] = {"param_bytes": pbytes, "normal": peak(False), "measure": peak(True)}
+out["memory"] = {"param_bytes": pbytes, **peaks()}
 opt.remove_hooks()
 
 # ---- clipping -------------------------------------------------------------------------------------
