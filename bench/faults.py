@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from localcluster import LocalCluster  # noqa: E402
+from localcluster import LocalCluster, kill_rank  # noqa: E402
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 PLAN = "b=4 n=2,2"
@@ -113,7 +113,7 @@ def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: i
         if how:
             subprocess.run(["scancel", *how, first], env=cl.env, capture_output=True, timeout=30)
         else:
-            _kill_rank(cl, first, rank=1)
+            kill_rank(first, rank=1)
     res = wait_chain(chain, first, timeout=timeout, poll_s=0.5)
     ev = read(chain)
     if not res["ok"]:
@@ -123,24 +123,6 @@ def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: i
                        else (False, float("inf"), f"chain {res['state']}"))
     return {"ok": bool(res["ok"] and exact), "rel_err": err, "why": why, "events": ev, "jobs": res["jobs"],
             "wall_s": time.time() - t0, "lost": _lost(ev)}
-
-
-def _kill_rank(cl: LocalCluster, job_id: str, rank: int) -> None:
-    """SIGKILL the training process of one rank of a job (found by its SLURM_JOB_ID and SLURM_PROCID)."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-            if b"hpc_jabas.runtime.launch" not in cmd and b"submitit.core._submit" not in cmd:
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        kv = dict(x.decode(errors="replace").split("=", 1) for x in env if b"=" in x)
-        if kv.get("SLURM_JOB_ID") == str(job_id) and kv.get("SLURM_PROCID") == str(rank):
-            os.kill(int(d.name), signal.SIGKILL)
-            return
 
 
 def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:

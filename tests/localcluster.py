@@ -9,6 +9,7 @@ them: /tmp is private per node; ``c.shared`` is a scratch directory all nodes sh
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -73,3 +74,23 @@ class LocalCluster:
             self._lease = None
         if self.started and not _other_live_leases(self.state / "leases"):
             self._script("down.sh", timeout=120)
+
+
+def kill_rank(job_id: str, rank: int) -> int | None:
+    """SIGKILL the training process of one rank of a job (by its SLURM_JOB_ID and SLURM_PROCID); its pid,
+    None when no such process runs here."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            if b"hpc_jabas.runtime.launch" not in cmd and b"submitit.core._submit" not in cmd:
+                continue
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        kv = dict(x.decode(errors="replace").split("=", 1) for x in env if b"=" in x)
+        if kv.get("SLURM_JOB_ID") == str(job_id) and kv.get("SLURM_PROCID") == str(rank):
+            os.kill(int(d.name), signal.SIGKILL)
+            return int(d.name)
+    return None

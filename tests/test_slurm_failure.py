@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import time
 from pathlib import Path
 
+import localcluster
 import pytest
 from mpi_util import PY, ROOT
 from reference import reference_run
@@ -21,22 +21,10 @@ pytestmark = pytest.mark.slurm
 
 
 def kill_rank(job_id: str, rank: int) -> int:
-    """SIGKILL the training process of one rank of a job (by its SLURM_JOB_ID and SLURM_PROCID); its pid."""
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-            if b"hpc_jabas.runtime.launch" not in cmd and b"submitit.core._submit" not in cmd:
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        kv = dict(x.decode(errors="replace").split("=", 1) for x in env if b"=" in x)
-        if kv.get("SLURM_JOB_ID") == str(job_id) and kv.get("SLURM_PROCID") == str(rank):
-            os.kill(int(d.name), signal.SIGKILL)
-            return int(d.name)
-    raise AssertionError(f"no rank {rank} of job {job_id} found")
+    """SIGKILL one rank of a job (localcluster.kill_rank); fails when it is not found."""
+    pid = localcluster.kill_rank(job_id, rank)
+    assert pid is not None, f"no rank {rank} of job {job_id} found"
+    return pid
 
 
 def test_submitit_job_with_a_killed_rank_is_resubmitted_from_the_last_checkpoint(slurm_cluster, slurm_tmp):
