@@ -8,7 +8,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 OMPI_MCA_mpi_yield_when_idle=1
-RUN="runs/demo-$(date +%Y%m%d-%H%M%S)"
+RUN="${HPC_JABAS_DEMO_DIR:-runs/demo-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$RUN"
 echo "== 1. mpirun: 3 ranks emulating v100, p100, rtx2060; adaptive B (similarity, JABAS's defaults"
 echo "      gamma = 0.1 and a +-10% step; p = 4 for digits' short epochs; cosine lr); rank 0 slowed 3x"
 echo "      from iteration 60 (injected), rebalanced online; run dir $RUN"
@@ -16,7 +17,7 @@ mpirun --oversubscribe -np 3 --bind-to none .venv/bin/python examples/train_digi
   --emulate --gpu-types v100,p100,rtx2060 --batch 32 --batch-min 32 --batch-max 512 \
   --policy similarity --p 4 --cosine --balance reactive --p-balance 5 \
   --slowdown 0:factor=3,start=60 --epochs 12 --run-dir "$RUN" --summary "$RUN/summary.json" 2>&1 \
-  | grep -v "EMULATES" || true
+  | { grep -v "EMULATES" || true; }   # pipefail: a failed mpirun fails the demo
 .venv/bin/python - "$RUN" <<'PY'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]

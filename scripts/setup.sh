@@ -12,7 +12,27 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 log() { echo "[setup] $*"; }
 t0=$(date +%s)
 
-# ---- 1. Debian packages -------------------------------------------------------------
+# ---- 1. virtual environment and the Python packages that need no Debian package (in the background,
+#         beside the apt step: torch alone is a few hundred MB to unpack) ----------------------------
+if [[ ! -x "$VENV/bin/python" ]]; then
+  log "creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+STAMP="$VENV/.hpc-jabas-deps"
+REQ_HASH=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+PIP_PID=""
+PIP_LOG="$VENV/.pip-install.log"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$REQ_HASH" ]]; then
+  log "installing Python dependencies (background; log $PIP_LOG)"
+  ( "$VPY" -m pip install -q --upgrade pip wheel setuptools
+    "$VPY" -m pip install -q "torch==2.13.0"
+    "$VPY" -m pip install -q numpy cloudpickle psutil pyyaml packaging "submitit==1.5.4" pytest pytest-xdist \
+        hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy ) >"$PIP_LOG" 2>&1 &
+  PIP_PID=$!
+fi
+
+# ---- 2. Debian packages -------------------------------------------------------------
 APT_PKGS=(openmpi-bin libopenmpi-dev libpmix-dev cmake munge slurmctld slurmd slurm-client
           slurmdbd mariadb-server lmod iproute2 procps)
 missing=()
@@ -34,20 +54,10 @@ if ((${#missing[@]})); then
   done
 fi
 
-# ---- 2. virtual environment -------------------------------------------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-  log "creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-VPY="$VENV/bin/python"
-STAMP="$VENV/.hpc-jabas-deps"
-REQ_HASH=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$REQ_HASH" ]]; then
-  log "installing Python dependencies"
-  "$VPY" -m pip install -q --upgrade pip wheel setuptools
-  "$VPY" -m pip install -q "torch==2.13.0"
-  "$VPY" -m pip install -q numpy cloudpickle psutil pyyaml packaging mpi4py "submitit==1.5.4" pytest \
-      hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy
+if [[ -n "$PIP_PID" ]]; then
+  wait "$PIP_PID" || { cat "$PIP_LOG" >&2; echo "setup: pip install failed (log above)" >&2; exit 1; }
+  "$VPY" -m pip install -q mpi4py        # built against Open MPI: after the apt step
+  log "Python dependencies installed ($(( $(date +%s) - t0 )) s)"
 fi
 
 # ---- 3. Horovod 0.28.1 from a cached wheel ------------------------------------------------
@@ -70,7 +80,7 @@ if ! "$VPY" -c "import horovod.torch" >/dev/null 2>&1; then
     "$VPY" -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir horovod==0.28.1 -w "$WDIR.tmp"
     mv "$WDIR.tmp"/horovod-*.whl "$WDIR"/ && rmdir "$WDIR.tmp" || true
   fi
-  log "installing Horovod from $WDIR"
+  log "installing Horovod from $WDIR ($(( $(date +%s) - t0 )) s)"
   "$VPY" -m pip install -q --no-deps "$WDIR"/horovod-0.28.1-*.whl
 fi
 

@@ -71,6 +71,7 @@ def test_progress_bar_on_a_terminal_only_and_a_finished_run_refuses(tmp_path):
     first = again.stdout.splitlines()[0]
     assert first.startswith(f"hpc-jabas: run_dir {str(run)!r} holds a finished run"), again.stdout
     assert "epoch 1 of 1" in first and "--resume-finished" in first
+    assert (again.stdout + again.stderr).count("holds a finished run") == 1, again.stdout + again.stderr
     assert "samples=" not in again.stdout                         # it trained nothing and reported nothing
 
 

@@ -129,6 +129,11 @@ def _copy_repo(dest: Path) -> None:
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / f)
     (dest / ".venv").symlink_to(ROOT / ".venv")
+    # a git repository of its own, so the test can say that the blocks wrote only git-ignored paths
+    git = ["git", "-c", "user.name=readme-test", "-c", "user.email=readme-test@localhost"]
+    subprocess.run(git + ["init", "-q"], cwd=dest, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=dest, check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "copy"], cwd=dest, check=True)
 
 
 def _cancel_leftovers(cluster, work: Path) -> None:
@@ -189,3 +194,5 @@ def test_readme_blocks_run_in_order(slurm_cluster, slurm_tmp):
         outs = list((work / "runs" / chain / "jobs").glob("sbatch-*.out"))
         assert outs, f"no job output under runs/{chain}/jobs"
     assert not list(work.glob("*.out")), "job output files in the submit directory"
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=work, capture_output=True, text=True).stdout
+    assert dirty == "", f"README blocks wrote outside git-ignored paths:\n{dirty}"

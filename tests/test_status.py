@@ -46,6 +46,23 @@ def test_running_chain_shows_epoch_and_eta(tmp_path):
     assert status(tmp_path, use_sacct=False)["chains"][0]["progress"] is None
 
 
+def test_finished_job_is_not_shown_running_while_sacct_lags(tmp_path):
+    from hpc_jabas.cli.status import _chain
+    chainlog.append(tmp_path, "submit", job_id="7", mix={"v100": 2}, method="sbatch", by="user")
+    chainlog.append(tmp_path, "start", job_id="7", mix={"v100": 2}, world=2, epoch=0, iteration=0)
+    chainlog.append(tmp_path, "end", job_id="7", epochs=2, wall_s=3.0, cost=0.01, state="finished")
+    events = chainlog.read(tmp_path)
+    lag = {"7": [{"State": "RUNNING", "ElapsedRaw": "4", "billing": 2.0, "cost": 0.002}]}
+    ch = _chain(events, ["7"], tmp_path, lag, time.time())
+    assert ch["jobs"][0]["state"] == "finished"
+    assert ch["jobs"][0]["slurm"] == "finishing (Slurm still reports RUNNING)"
+    assert ch["current"].startswith("finished (job 7")
+    done = {"7": [{"State": "COMPLETED", "ElapsedRaw": "4", "billing": 2.0, "cost": 0.002}]}
+    assert _chain(events, ["7"], tmp_path, done, time.time())["jobs"][0]["slurm"] == "COMPLETED"
+    text = render({"chain_dir": str(tmp_path), "chains": [ch]})
+    assert "RUNNING" not in text.replace("Slurm still reports RUNNING", ""), text
+
+
 def _elapsed_s(text: str) -> int:
     days, _, hms = text.rpartition("-")
     h, m, s = (int(x) for x in hms.split(":"))

@@ -94,6 +94,17 @@ def _attempts(r: dict, evs: list[dict], runs: list[dict]) -> None:
     r["wall_s"] = r["elapsed_s"] if r["elapsed_s"] is not None else r["train_s"]
 
 
+#: what sacct may still say for a while about a job whose chain has recorded its end (sacct lags)
+_LAGGING = ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def _reconcile(r: dict) -> None:
+    """The chain's own records win over a lagging sacct: a job that recorded its end (finished, or moved
+    to its successor) is never shown as RUNNING; the column says "finishing (Slurm still reports RUNNING)"."""
+    if r.get("state") in ("finished", "moved") and r.get("slurm") in _LAGGING:
+        r["slurm"] = f"finishing (Slurm still reports {r['slurm']})"
+
+
 def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now: float) -> dict[str, Any]:
     from hpc_jabas.slurm import chain as chainlog
     mine = set(ids)
@@ -107,6 +118,7 @@ def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now
         if rs:
             r["restart_overhead_s"] = rs.get("overhead_s")
         _attempts(r, evs, slurm.get(r["job_id"]) or [])
+        _reconcile(r)
     last = rows[-1] if rows else None
     ovh = [e.get("overhead_s") for e in evs if e["event"] == "restart" and e.get("overhead_s") is not None]
     return {"jobs": rows, "current": _current(last), "progress": _progress(chain_dir, last, now),

@@ -1,0 +1,69 @@
+"""`make demo` end to end: scripts/demo.sh (what `make demo` runs after set-up) on a fresh run dir.
+
+It checks what the demo says it shows, on what it left behind, not on its wording:
+- part 1 (mpirun, 3 emulated ranks): B grows from its start; after the injected 3x slowdown of
+  rank 0 at iteration 60 the controller rebalances (a balance record that changed the plan, with
+  rank 0's measured speed factor below the others'); the report PNG is written and non-empty;
+- part 2 (the local Slurm cluster): the job is submitted, moved at an epoch end onto another mix,
+  the successor resumes from the checkpoint and the chain finishes all its epochs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+@pytest.mark.slurm
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+def test_make_demo_runs_and_shows_what_it_promises(slurm_cluster, slurm_tmp):
+    run = slurm_tmp / "demo"
+    env = {**os.environ, "HPC_JABAS_DEMO_DIR": str(run)}
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    t0 = time.time()
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh")], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=560, stdin=subprocess.DEVNULL)
+    out = r.stdout + r.stderr
+    print(f"\nmake demo (scripts/demo.sh): {time.time() - t0:.0f} s")
+    assert r.returncode == 0, out[-6000:]
+    assert "Traceback" not in out, out[-6000:]
+
+    # part 1: adaptive B, the rebalancing after the slowdown, the report
+    recs = _records(run / "metrics.jsonl")
+    its = [x for x in recs if x["type"] == "iteration"]
+    assert its, "no iteration records"
+    assert max(x["B"] for x in its) > its[0]["B"], [x["B"] for x in its[::10]]
+    moves = [x for x in recs if x["type"] == "balance" and not x["info"].get("kept", True) and x["it"] >= 60]
+    assert moves, "no rebalancing after the slowdown injected at iteration 60"
+    meas = moves[0]["measured"]
+    assert meas[0] is not None and all(m is None or meas[0] < m for m in meas[1:]), meas
+    png = run / "report.png"
+    assert png.is_file() and png.stat().st_size > 10_000, png
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # part 2: submitted, moved at an epoch end, resumed, finished
+    chain = _records(run / "slurm" / "chain" / "chain.jsonl")
+    kinds = [e["event"] for e in chain]
+    assert "submit" in kinds and "move" in kinds, kinds
+    move = next(e for e in chain if e["event"] == "move")
+    starts = [e for e in chain if e["event"] == "start"]
+    assert any(str(s.get("job_id")) == str(move["to_job"]) for s in starts), chain
+    ends = [e for e in chain if e["event"] == "end"]
+    assert ends and ends[-1].get("state", "finished") == "finished", ends
+    srecs = _records(run / "slurm" / "chain" / "run" / "metrics.jsonl")
+    epochs = sorted({x["epoch"] for x in srecs if x["type"] == "epoch_end"})
+    assert epochs == list(range(len(epochs))) and len(epochs) == 4, epochs
+    assert (run / "slurm" / "chain" / "run" / "report.png").is_file()
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert after == before, f"the demo wrote outside its run dir:\n{after}"
