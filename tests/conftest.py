@@ -11,3 +11,13 @@ from slurm_env import slurm_cluster, slurm_tmp  # noqa: E402,F401  (fixtures sha
 def pytest_configure(config):
     config.addinivalue_line("markers", "mpi: starts several Horovod ranks (mpirun or horovodrun --gloo)")
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (started by the fixture)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``) every test that uses the local Slurm
+    cluster goes to one worker, in file order: they share one cluster, and some drain nodes or fill
+    partitions on purpose. The other worker takes the rest (unit, hypothesis and multi-rank tests)."""
+    import pytest
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
