@@ -95,3 +95,20 @@ def test_the_world_module_needs_no_torch_or_horovod():
             "print(sorted(m for m in ('torch', 'horovod', 'submitit') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.mpi
+def test_the_start_record_says_where_every_rank_runs(tmp_path):
+    """3 Horovod ranks: World.detect gathers each rank's type, node and device into metrics.jsonl's start record."""
+    import json
+
+    from mpi_util import run_ranks
+    run_dir = tmp_path / "run"
+    spec = {"optimizer": "sgd", "lr": 0.01, "plan": "b=4 n=1,1,1", "steps": 2, "n": 64, "checkpoint": False,
+            "emulate": True, "gpu_types": ["v100", "P100", "rtx_2060"], "run_dir": str(run_dir)}
+    run_ranks("train_worker.py", spec, np_=3)
+    recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    start = next(r for r in recs if r["type"] == "start")
+    assert start["gpu_types"] == ["v100", "p100", "rtx2060"] and start["gpu_source"] == "flag"
+    assert start["ranks"] == [{"rank": r, "node": socket.gethostname(), "gpu": g, "device": f"cpu(emulated {g})"}
+                              for r, g in enumerate(["v100", "p100", "rtx2060"])]
