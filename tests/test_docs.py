@@ -84,6 +84,19 @@ def test_no_tracker_references_in_code_or_docs():
     assert not bad, "tracker references (say what the code does instead):\n" + "\n".join(f"{w}: {r!r}" for w, r in bad)
 
 
+def test_the_invariants_name_tests_that_exist():
+    """docs/invariants.md names ``tests/FILE.py::test_name`` and bare ``test_name``s: each one is defined."""
+    text = (ROOT / "docs" / "invariants.md").read_text()
+    defined = {p.name: set(re.findall(r"^(?:async )?def (test_\w+)", p.read_text(), re.M))
+               for p in (ROOT / "tests").glob("test_*.py")}
+    every = set().union(*defined.values())
+    named = re.findall(r"`tests/(test_\w+\.py)(?:::(test_\w+))?`", text)
+    assert len(named) >= 20, named
+    bad = [f"{f}::{n}" for f, n in named if f not in defined or (n and n not in defined[f])]
+    bad += [n for n in re.findall(r"`(test_\w+)`", text) if n not in every]
+    assert not bad, f"docs/invariants.md names tests that do not exist: {bad}"
+
+
 def test_nothing_cites_a_path_outside_the_repository():
     outside = "/work" + "/shared"
     bad = [f"{p.relative_to(ROOT)}" for p in CITING if outside in p.read_text()]
