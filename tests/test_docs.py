@@ -3,6 +3,7 @@
 - every ``*.md`` path named in a comment or string of the package, the tests, the benchmarks, the
   scripts and the examples, and every link of the README and of ``docs/``, is a file of the
   repository (``docs/design.md`` from the root; in ``docs/`` a link may also be relative to it);
+- every test ``docs/invariants.md`` names is defined in ``tests/``;
 - no tracker reference ("issue 15", "issue #3", "(issue: ...)", "task 12") in ``hpc_jabas/``,
   ``docs/``, ``examples/`` or the README: a comment says what the code does, not where it was asked.
 """
