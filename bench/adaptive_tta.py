@@ -1,4 +1,4 @@
-"""Adaptive batching benchmark (issue 14): time to accuracy under a protocol a skeptic accepts.
+"""Adaptive batching benchmark: time to accuracy under a protocol a skeptic accepts.
 
     .venv/bin/python bench/adaptive_tta.py            # full: 2 tasks x 8 runs x 3 seeds (6-12 min here)
     .venv/bin/python bench/adaptive_tta.py --quick    # smoke run: tiny sizes, 1 seed (< 2 min)

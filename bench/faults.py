@@ -1,4 +1,4 @@
-"""Faults on the local Slurm cluster (issue 12): preemption, time limits, killed ranks, checkpoint writes, drains.
+"""Faults on the local Slurm cluster: preemption, time limits, killed ranks, checkpoint writes, drains.
 
     .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--only preempt,timelimit,kill,corrupt,drain,bad]
                                      [--json FILE]

@@ -1,4 +1,4 @@
-"""Input pipeline benchmark (issue 11): ResNet-18 training fed from JPEG files, three ways.
+"""Input pipeline benchmark: ResNet-18 training fed from JPEG files, three ways.
 
 Every run is one epoch of a fresh Trainer (standard ResNet-18, BasicBlock [2, 2, 2, 2], on
 --image-size JPEG files of examples/jpeg_shapes.py; torch on 1 thread per rank, plan b=--batch,

@@ -1,4 +1,4 @@
-"""Interference benchmark (issues LB-BSP, 15): static plan vs reactive vs predictive rebalancing, no oracle.
+"""Interference benchmark (LB-BSP): static plan vs reactive vs predictive rebalancing, no oracle.
 
 3 ranks (mpirun), fixed B, the slowed rank is rank 0. Two kinds of interference, 3 seeds each, the
 order of the modes (off = static plan from the profile, reactive = last measured speed, predictive =

@@ -1,4 +1,4 @@
-"""Overhead benchmark (issues 3 and 11): 3 ranks of equal speed and equal batches, no emulation,
+"""Overhead benchmark: 3 ranks of equal speed and equal batches, no emulation,
 a ~5M-parameter MLP (512 -> 2048 -> 2048 -> 10, fp32), b = 32 samples per rank and iteration.
 
 Each figure is the wall clock of a WHOLE loop of ITERS iterations (after WARM warm-up ones, rank 0's

@@ -1,4 +1,4 @@
-"""Perf-model error on real compute (issues 4, 15): predicted vs measured iteration time, no emulation.
+"""Perf-model error on real compute: predicted vs measured iteration time, no emulation.
 
 For each world size R in 1, 2, 3 (one `mpirun -np R` each), CPU ranks run a real MLP
 (bench/_realmodel.py, ~8 MFLOP per sample, 1 thread per rank) through the real Trainer:

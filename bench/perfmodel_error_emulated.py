@@ -1,4 +1,4 @@
-"""SANITY CHECK ONLY (issue 15): the emulated perf-model error. Circular by construction: the emulated
+"""SANITY CHECK ONLY: the emulated perf-model error. Circular by construction: the emulated
 profiles are the formula the emulator sleeps to, so only the allreduce, update and emulation-overhead
 terms are really predicted. The real benchmark is bench/perfmodel_error.py (real compute, no emulation).
 

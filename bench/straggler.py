@@ -1,4 +1,4 @@
-"""Straggler benchmark (issues 3, 15): 3 ranks emulating speeds 1 : 0.5 : 0.25, fixed B, one process run.
+"""Straggler benchmark: 3 ranks emulating speeds 1 : 0.5 : 0.25, fixed B, one process run.
 
 What a user could do instead, side by side (order rotated every round):
   equal      plain Horovod, equal local batches B/3, one forward/backward per rank;

@@ -15,7 +15,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 import hpc_jabas  # hpc-jabas
-from hpc_jabas.log import add_verbosity_flags, configure_from_args
+from hpc_jabas import add_verbosity_flags, configure_from_args
 
 
 def make_data(seed=0):

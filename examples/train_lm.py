@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import hpc_jabas
-from hpc_jabas.log import add_verbosity_flags, configure_from_args
+from hpc_jabas import add_verbosity_flags, configure_from_args
 
 VOCAB, MAX_LEN, PAD = 32, 32, 0          # token 0 pads; real tokens are 1..VOCAB-1
 
@@ -104,7 +104,7 @@ def make_optimizer(name: str, model: nn.Module, lr: float) -> torch.optim.Optimi
 
 def build(n: int = 2048, lr: float = 3e-3):
     """The task for Slurm jobs (`hpc-jabas submit --task examples.train_lm:build`)."""
-    from hpc_jabas.runtime.evaluate import DistributedEval
+    from hpc_jabas import DistributedEval
     model = make_model()
     return {"model": model, "optimizer": make_optimizer("adamw", model, lr), "dataset": make_data(n),
             "loss_fn": None, "forward_fn": lm_forward,
@@ -123,7 +123,7 @@ def main(argv=None):
     hpc_jabas.add_arguments(ap)
     args = ap.parse_args(argv)
     configure_from_args(args)
-    from hpc_jabas.runtime.evaluate import DistributedEval
+    from hpc_jabas import DistributedEval
     train, val = make_data(args.n), make_data(args.n_val, seed=1)
     model = make_model()
     opt = make_optimizer(args.optimizer, model, args.lr)

@@ -18,8 +18,7 @@ import torch
 from torch import nn
 
 import hpc_jabas  # hpc-jabas
-from hpc_jabas.errors import ConfigError
-from hpc_jabas.log import add_verbosity_flags, configure_from_args
+from hpc_jabas import ConfigError, add_verbosity_flags, configure_from_args
 
 try:
     from examples.jpeg_shapes import JpegFolder, ensure_image_folder

@@ -1,39 +1,76 @@
 """hpc-jabas: adaptive batching and weighted heterogeneous data parallelism on Horovod + Slurm.
 
-Importing the package is cheap and imports no Horovod; ``Trainer`` (and ``comm``) load it.
+Everything a user needs is here: ``import hpc_jabas`` and nothing deeper (docs/layout.md). Importing the
+package is cheap: no torch, Horovod or submitit; the names that need them load on first use.
 """
 from __future__ import annotations
 
+import importlib
 import sys
+from typing import TYPE_CHECKING, Any
 
 from hpc_jabas.core.config import JobConfig, add_arguments
 from hpc_jabas.core.config import from_args as config_from_args
+from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.core.plan import Plan, proportional_plan
-from hpc_jabas.errors import ConfigError, JabasError
+from hpc_jabas.errors import CheckpointError, ConfigError, InfeasibleError, JabasError, SlurmError
+from hpc_jabas.log import add_verbosity_flags, configure_from_args
+from hpc_jabas.log import configure as configure_logging
+
+if TYPE_CHECKING:      # the lazy names below, for type checkers and editors
+    from hpc_jabas.core.decision import Decision, MoveDecision
+    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.runtime.evaluate import DistributedEval
+    from hpc_jabas.runtime.hooks import Callback, Controller, EpochEndHook
+    from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+    from hpc_jabas.runtime.trainer import Trainer
+    from hpc_jabas.runtime.world import World
+    from hpc_jabas.slurm.executor import Submission, submit
+    from hpc_jabas.slurm.watch import wait_chain
 
 __version__ = "0.1.0"
-__all__ = ["JobConfig", "Plan", "Trainer", "HeterogeneousOptimizer", "HeterogeneousSampler", "add_arguments",
-           "config_from_args", "proportional_plan", "report_throughput", "run_main", "ConfigError", "JabasError",
-           "Decision", "MoveDecision", "Callback", "Controller", "EpochEndHook"]
+
+#: name -> module, loaded on first use (they import torch, Horovod or submitit)
+_LAZY = {
+    "Trainer": "hpc_jabas.runtime.trainer",
+    "World": "hpc_jabas.runtime.world",
+    "DistributedEval": "hpc_jabas.runtime.evaluate",
+    "HeterogeneousOptimizer": "hpc_jabas.runtime.optim",
+    "HeterogeneousSampler": "hpc_jabas.core.sampler",
+    "Callback": "hpc_jabas.runtime.hooks",          # the trainer's extension points (no Horovod)
+    "Controller": "hpc_jabas.runtime.hooks",
+    "EpochEndHook": "hpc_jabas.runtime.hooks",
+    "Decision": "hpc_jabas.core.decision",
+    "MoveDecision": "hpc_jabas.core.decision",
+    "submit": "hpc_jabas.slurm.executor",          # submitit
+    "Submission": "hpc_jabas.slurm.executor",
+    "wait_chain": "hpc_jabas.slurm.watch",
+}
+
+__all__ = [
+    # training
+    "Trainer", "JobConfig", "World", "DistributedEval", "add_arguments", "config_from_args", "run_main",
+    "report_throughput",
+    # Slurm
+    "JobSpec", "submit", "Submission", "wait_chain",
+    # logging
+    "configure_logging", "add_verbosity_flags", "configure_from_args",
+    # errors
+    "JabasError", "ConfigError", "SlurmError", "CheckpointError", "InfeasibleError",
+    # extension points and the low-level layer
+    "Callback", "Controller", "EpochEndHook", "Decision", "MoveDecision", "Plan", "proportional_plan",
+    "HeterogeneousOptimizer", "HeterogeneousSampler",
+]
 
 
-def __getattr__(name):
-    if name == "Trainer":
-        from hpc_jabas.runtime.trainer import Trainer
-        return Trainer
-    if name in ("Callback", "Controller", "EpochEndHook"):     # the trainer's extension points (no Horovod)
-        from hpc_jabas.runtime import hooks
-        return getattr(hooks, name)
-    if name in ("Decision", "MoveDecision"):
-        from hpc_jabas.core import decision
-        return getattr(decision, name)
-    if name == "HeterogeneousOptimizer":
-        from hpc_jabas.runtime.optim import HeterogeneousOptimizer
-        return HeterogeneousOptimizer
-    if name == "HeterogeneousSampler":
-        from hpc_jabas.core.sampler import HeterogeneousSampler
-        return HeterogeneousSampler
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'hpc_jabas' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def report_throughput(trainer, result: dict | None = None, file=None) -> list[dict]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU readiness check (issue 11), for a CUDA machine; about 10 minutes at most.
+# GPU readiness check, for a CUDA machine; about 10 minutes at most.
 #   bash scripts/gpu_check.sh [OUT_DIR]        (PYTHON=... to pick the interpreter; default: the
 #                                               venv's if its torch sees CUDA, else python3)
 # 1. Horovod 0.28.1 with NCCL: imported if present, else built as a wheel (HOROVOD_GPU_OPERATIONS=NCCL,

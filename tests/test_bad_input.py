@@ -1,4 +1,4 @@
-"""Issue 12: malformed inputs to `hpc-jabas submit`, `plan`, `status`, `profile`, `report` and the example's flags.
+"""Malformed inputs to `hpc-jabas submit`, `plan`, `status`, `profile`, `report` and the example's flags.
 
 Each gives exit 2, exactly one line on stderr (no traceback), and modifies no existing file (every file of the
 work directory and the repository's job files hashed before and after). The table (:data:`CASES`) runs

@@ -1,4 +1,4 @@
-"""Issue 12: when rank 0 has said why a multi-rank run stops (every checkpoint bad), the other ranks stay
+"""When rank 0 has said why a multi-rank run stops (every checkpoint bad), the other ranks stay
 quiet: one error line, no Horovod tracebacks; and Horovod's stall check/shutdown have defaults for a hung rank
 in every launch path (the job scripts export them; comm.init sets them unless the environment has its own)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Online load balancing on 3 real Horovod ranks (issue: LB-BSP): a rank slowed 3x at
+"""Online load balancing on 3 real Horovod ranks (LB-BSP): a rank slowed 3x at
 iteration 50 loses share within 2 balance periods, seen only through measured times (no signal of the
 injected factor); B unchanged; invariants 1, 3, 4 hold."""
 import json

@@ -1,4 +1,4 @@
-"""Invariant 1 (design.md): the update on every rank equals single-process training on the same
+"""Invariant 1 (docs/invariants.md): the update on every rank equals single-process training on the same
 B samples, with SGD+momentum and Adam, across plan and B changes, with gradient accumulation."""
 import pytest
 import torch
@@ -43,7 +43,7 @@ def test_distributed_equals_single_process(optimizer, schedule, lr_scales):
 
 
 def test_per_rank_micro_batches_equal_single_process():
-    """Per-rank b_i with partial last micro-batches (design.md invariant 2), a plan change at the same
+    """Per-rank b_i with partial last micro-batches (docs/invariants.md, invariant 2), a plan change at the same
     B at step 6 and a B change at step 12: still the single-process update."""
     spec = {"optimizer": "momentum", "lr": 0.05, "plan": "b=16,5,3 n=1,2,3 x=13,9,7", "steps": 18,
             "schedule": {"6": "b=6,6,6 n=2,2,1 x=11,12,6", "12": "b=20,3,4 n=1,3,1 x=20,8,3"},

@@ -6,7 +6,8 @@ Every import counts, lazy ones inside functions included:
 - slurm/ never imports runtime/ or cli/; runtime/ never imports cli/;
 - exactly one module imports horovod (runtime/comm.py);
 - no import cycle between the package's modules;
-- no module over 500 lines.
+- no module over MAX_LINES lines: a backstop against a module that holds everything, not a target. A module
+  is split where it has a seam (a concern of its own, with its own tests), never only to get under a number.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ PKG = Path(__file__).resolve().parents[1] / "hpc_jabas"
 FORBIDDEN_IN_CORE = {"torch", "horovod", "mpi4py", "submitit", "subprocess", "time", "datetime", "psutil",
                      "pynvml", "socket", "threading", "multiprocessing"}
 RANK = {"core": 0, "slurm": 1, "runtime": 2, "cli": 3}
+MAX_LINES = 700
 
 
 def _modules() -> dict[str, Path]:
@@ -106,10 +108,10 @@ def test_no_import_cycle():
     assert len(state) == len(MODS)
 
 
-def test_no_module_over_500_lines():
+def test_no_module_over_the_size_cap():
     long = {n: len(p.read_text().splitlines()) for n, p in MODS.items()}
-    over = {n: k for n, k in long.items() if k > 500}
-    assert not over, over
+    over = {n: k for n, k in long.items() if k > MAX_LINES}
+    assert not over, f"over {MAX_LINES} lines (split along a seam): {over}"
 
 
 def test_the_check_sees_a_violation(tmp_path):

@@ -1,4 +1,4 @@
-"""The runtime's choice of plan kind and its use of declared speeds (issue 15), without Horovod ranks:
+"""The runtime's choice of plan kind and its use of declared speeds, without Horovod ranks:
 runtime/planning.py builds the trainer's planner from the config, the model and the GPU types."""
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def test_per_rank_like_brute_force(inst, B, default):
 
 
 def test_per_rank_beats_identical_b_with_a_per_call_cost():
-    """LB-BSP's point (background.md section 7): one big micro-batch pays the fixed cost once."""
+    """LB-BSP's point (docs/formulas.md, section 6): one big micro-batch pays the fixed cost once."""
     gpus = ["v100", "p100", "rtx2060"]
     m = PerfModel.emulated(gpus)
     per = plan_batch(480, gpus, m, per_rank=True)

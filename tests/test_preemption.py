@@ -1,4 +1,4 @@
-"""Issue 12: safe points (a signal only sets a flag; all ranks agree at an iteration boundary and checkpoint),
+"""Safe points (a signal only sets a flag; all ranks agree at an iteration boundary and checkpoint),
 periodic checkpoints inside an epoch, kill -9 during a checkpoint write, drained nodes not counted as free."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12: a submitit job whose rank is killed is resubmitted from the last good checkpoint (submitit's
+"""A submitit job whose rank is killed is resubmitted from the last good checkpoint (submitit's
 teardown lines run the same recovery as a method-"sbatch" job script: bounded retries, backoff, failed nodes
 excluded), and the chain finishes with the uninterrupted run's parameters."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12: a successor that pends on drained/down nodes is cancelled and re-planned onto the next-best
+"""A successor that pends on drained/down nodes is cancelled and re-planned onto the next-best
 feasible mix (slurm/replan.py, core/autoscale.replan); with no feasible mix it waits, keeping its checkpoint."""
 from __future__ import annotations
 

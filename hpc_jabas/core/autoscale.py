@@ -1,7 +1,7 @@
 """Epoch-end auto-scaling: which GPU allocation ("mix") to train the next epochs on. Pure.
 
 A mix maps Slurm partitions to GPU counts, e.g. {"v100": 4, "p100": 2}; every partition has
-one GPU type. At each epoch end the job (background.md section 1, design.md section 1):
+one GPU type. At each epoch end the job (docs/design.md, section 1; docs/formulas.md, section 7):
 
 1. ``enumerate_mixes``: every mix the cluster can give now (free GPUs, limits);
 2. ``price``: predicted epoch time of each mix (``epoch_time_fn(mix) -> seconds``, injected;

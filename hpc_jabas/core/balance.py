@@ -1,6 +1,6 @@
 """The rebalancing decision of LB-BSP on GPUs, with hysteresis and damping. Pure: plain Python + numpy.
 
-LB-BSP (background.md section 3) keeps the global batch B fixed and re-splits it so that all
+LB-BSP (docs/formulas.md, section 6) keeps the global batch B fixed and re-splits it so that all
 ranks reach the barrier together, in proportion to predicted speeds; on GPUs it moves samples
 between workers and halves the step when the sizes oscillate. Here the split is a
 :class:`~hpc_jabas.core.plan.Plan` (b, n) and the decision is :meth:`Rebalancer.propose`:

@@ -4,7 +4,7 @@ Every key is a field of one section dataclass, with its type, default and help t
 metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
 (:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key) and the
 configuration reference in the README (:func:`config_reference`). Unknown keys and impossible values
-raise ConfigError with one line naming the key, the value and what is valid (design.md invariant 7).
+raise ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
 
 A TOML file may put the job keys at top level or in any table (``[train]``, ``[adaptive]``, ...: the
 table name only groups them; every key name is unique); the ``[autoscale]`` table holds the

@@ -1,7 +1,7 @@
 """Forecast of the next epoch's global-batch-size trajectory. Pure: numpy + scikit-learn.
 
 JABAS's epoch-end auto-scaler prices every candidate allocation on the B trajectory it expects
-for the next epoch (background.md section 1). Like JABAS, the forecast blends two models 50/50:
+for the next epoch (docs/formulas.md, section 7). Like JABAS, the forecast blends two models 50/50:
 
 - a Gaussian-process regression of B on the iteration (RBF + white-noise kernel, normalised
   targets, fixed random_state): follows smooth curves, reverts to the mean far from the data;

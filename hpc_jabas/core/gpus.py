@@ -1,7 +1,7 @@
 """GPU type catalog (package data gpus.toml): memory, FP32/BF16 TFLOPS, default price.
 
 Pure. Prices follow JABAS's reporting rule: V100 = 3.06 $/GPU-hour, other types scaled by
-FP32 TFLOPS (background.md section 1). Unknown names raise ConfigError listing known ones.
+FP32 TFLOPS (docs/formulas.md, section 7). Unknown names raise ConfigError listing known ones.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Performance model: micro-batch compute time per GPU type, allreduce time, iteration time of a plan.
 
 Pure (plain Python + numpy): no torch, no horovod, no clock. The planner, the auto-scaler and the
-simulator all price plans with this one model (design.md section 2).
+simulator all price plans with this one model (docs/formulas.md, section 5).
 
-The model follows IIDP/JABAS (background.md section 2):
+The model follows IIDP/JABAS (docs/formulas.md, section 5):
 
 * **Compute.** One :class:`ComputeProfile` per GPU type: measured seconds per micro-batch
   (forward + backward + gradient accumulation) at a few micro-batch sizes ``b``, interpolated

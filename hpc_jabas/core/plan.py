@@ -1,8 +1,8 @@
 """The plan: per rank a micro-batch size b_i, a micro-batch count n_i and a sample count x_i.
 
-Two kinds, one class (design.md invariant 2):
+Two kinds, one class (docs/invariants.md, invariant 2):
 
-* **identical b** (IIDP, background.md section 2): every rank runs micro-batches of the same size b,
+* **identical b** (IIDP, docs/formulas.md, section 5): every rank runs micro-batches of the same size b,
   faster GPUs run more of them; M = sum(n_i), B = b * M. Written ``b=4 n=1,3,4``; ``Plan(4, (1, 3, 4))``.
   What batch-coupled layers (BatchNorm) need, and what the user gets when they pin the micro-batch.
 * **per-rank b**: rank i runs n_i micro-batches of b_i samples, the last of them possibly partial:

@@ -1,6 +1,6 @@
 """Planner: (global batch B, one GPU type per rank, perf model) -> the fastest exact Plan.
 
-Pure (plain Python + numpy). IIDP's rule (background.md section 2): every rank runs micro-batches
+Pure (plain Python + numpy). IIDP's rule (docs/formulas.md, section 5): every rank runs micro-batches
 of one size b, rank i runs n_i of them, B = b * sum(n_i) exactly. Under the perf model
 (perfmodel.py) the iteration time of (b, n) is
 

@@ -5,12 +5,12 @@ iteration, latest statistics) and the job's ``BatchSpace`` (snapping.py: the B t
 realises on this mix, with predicted iteration times) and gets a ``BatchDecision``:
 
 - ``FixedPolicy`` ("fixed"): stay.
-- ``SimilarityPolicy`` ("similarity"; JABAS / SimiGrad, background.md sections 1 and 7): the
+- ``SimilarityPolicy`` ("similarity"; JABAS / SimiGrad, docs/formulas.md, section 2): the
   cosine similarity of the two half-batch mean gradients below gamma -> grow towards
   B * (1 + alpha); above -> shrink towards B * (1 - alpha); equal or unmeasured -> stay.
   Defaults as in JABAS: gamma = 0.1, alpha = 0.1, p = 100.
-- ``GoodputPolicy`` ("noise-scale"; Pollux's goodput on the gradient noise scale, background.md
-  sections 5 and 7): the realisable B in [B_min, B_max] that maximises
+- ``GoodputPolicy`` ("noise-scale"; Pollux's goodput on the gradient noise scale, docs/formulas.md
+  section 3): the realisable B in [B_min, B_max] that maximises
   (B / t_iter(B)) * E(B), E(B) = (B_noise + B_0) / (B_noise + B), with t_iter from the perf model
   and planner for this mix and B_noise the smoothed noise scale; B_0 the initial batch (it scales
   E by a constant, so it never changes the choice). Re-evaluated every p iterations (default 100),

@@ -1,4 +1,4 @@
-"""Online per-rank speed prediction for LB-BSP (background.md section 3). Pure: plain Python + numpy.
+"""Online per-rank speed prediction for LB-BSP (docs/formulas.md, section 6). Pure: plain Python + numpy.
 
 LB-BSP splits the fixed global batch in proportion to each worker's *predicted* speed of the next
 window, the prediction coming from a NARX model (nonlinear autoregressive with exogenous inputs)

@@ -1,4 +1,4 @@
-"""Global-cursor heterogeneous sampler (design.md invariant 3).
+"""Global-cursor heterogeneous sampler (docs/invariants.md, invariant 3).
 
 One seeded permutation per epoch and one global cursor. Each iteration takes the next B
 indices of the permutation and gives rank i the contiguous run of micro-batches

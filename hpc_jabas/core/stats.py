@@ -2,8 +2,8 @@
 
 No torch here: the optimizer wrapper (runtime/optim.py) computes, on measurement iterations,
 the squared norms of the micro-batch and global mean gradients and feeds the numbers in; it also
-computes SimiGrad's half-batch cosine similarity itself (background.md section 1). Background for
-the noise scale: background.md section 5 (McCandlish et al. 2018, used by Pollux).
+computes SimiGrad's half-batch cosine similarity itself (docs/formulas.md, section 2). Background for
+the noise scale: docs/formulas.md, section 3 (McCandlish et al. 2018, used by Pollux).
 
 Noise scale. With g_b the mean gradient over b samples, E|g_b|^2 = |G|^2 + tr(Sigma)/b, where
 G is the true gradient and Sigma the per-sample gradient covariance. Two batch sizes

@@ -1,6 +1,6 @@
 """The only module that imports horovod: init, ranks, weighted allreduce, object collectives.
 
-Weighted allreduce (background.md section 4): Horovod refuses pre/postscale factors that differ
+Weighted allreduce (docs/formulas.md, section 1): Horovod refuses pre/postscale factors that differ
 between ranks, so each rank scales its own local gradient (by its sample count, or its weight),
 then one ``op=Sum`` allreduce runs with a postscale factor that is the same on every rank.
 """

@@ -115,8 +115,8 @@ class ScriptedController(BaseController):
 
 
 class AdaptiveController(BaseController):
-    """JABAS's fine-grained loop with either statistic (design.md section 1), plus LB-BSP's online
-    load balancing (issue: load balancing) on its own period p_balance.
+    """JABAS's fine-grained loop with either statistic (docs/design.md, section 3), plus LB-BSP's online
+    load balancing (docs/formulas.md, section 6) on its own period p_balance.
 
     Measurement: the iteration that completes each period of p iterations measures the
     gradient statistics (one extra gradient-sized allreduce, nothing on other iterations).

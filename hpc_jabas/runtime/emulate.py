@@ -1,10 +1,10 @@
-"""GPU-type emulation on CPU ranks (design.md section 4).
+"""GPU-type emulation on CPU ranks (docs/design.md, section 1).
 
 A rank that stands for GPU type T runs the real forward/backward of each micro-batch, then
 waits until the time T's profile implies:  t(b) = (base_s + per_sample_s * b) / speed,
 speed = T's FP32 throughput relative to a V100 (catalog) unless given explicitly. This is the
 same formula as ``PerfModel.emulated`` so that the planner's model and the emulated cluster
-agree. An interference schedule (issue: load balancing) can slow a rank further from a given
+agree. An interference schedule (config key ``slowdown``) can slow a rank further from a given
 iteration: a step, a ramp or periodic bursts; it is logged as injected.
 
 Emulation is explicit (``--emulate``), logged once per rank, and refused when CUDA is in use.

@@ -12,7 +12,7 @@ Every rank accumulates the sum of per-sample gradients of its own micro-batches,
 c = S / world (the backward of ``loss * count / c``: the usual ``loss / accumulation_steps`` of
 gradient accumulation, which keeps fp16 gradients in range); one ``op=Sum`` allreduce with the
 postscale 1/world (the same on every rank) leaves the mean gradient of all S samples of the
-iteration on every rank: exactly the gradient of one big batch (design.md invariants 1-2;
+iteration on every rank: exactly the gradient of one big batch (docs/invariants.md, invariants 1-2;
 Horovod refuses per-rank scale factors, so the weight is applied locally by the sample count).
 The allreduce of each parameter is started asynchronously from a post-accumulate-grad hook
 during the last micro-batch's backward, so it overlaps the rest of that backward and Horovod

@@ -1,10 +1,10 @@
-"""The job's planner function: which planner, which kind of plan, and the declared speeds (issue 15).
+"""The job's planner function: which planner, which kind of plan, and the declared speeds.
 
 ``default_planner(cfg, model, gpu_types, perf_model)`` returns ``planner_fn(B, factors)`` (factors:
 the balancing speed factors, or None), whether plans keep one micro-batch size on every rank, and the
 speed factors of the declared ``speeds``:
 
-* **Kind of plan** (design.md invariant 2). Identical b (IIDP) when the model has batch-coupled
+* **Kind of plan** (docs/invariants.md, invariant 2). Identical b (IIDP) when the model has batch-coupled
   layers (any ``torch.nn.modules.batchnorm._BatchNorm``), when ``micro_batch`` pins the size, or
   when ``identical_micro_batch = "true"``; otherwise each rank its own micro-batch size.
 * **Declared speeds** are used by every planner that plans: ``optimal`` turns them into per-rank speed

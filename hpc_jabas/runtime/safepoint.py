@@ -1,4 +1,4 @@
-"""Safe points (design.md invariant 5): a signal only sets a flag; the ranks agree at an iteration boundary.
+"""Safe points (docs/invariants.md, invariant 9): a signal only sets a flag; the ranks agree at an iteration boundary.
 
 Slurm asks a job to stop with a signal: ``USR1`` (``sbatch --signal=B:USR1@<lead>`` of hpc-jabas's job
 scripts, forwarded to the ranks by the batch shell), ``USR2`` (submitit's ``--signal=USR2@<lead>``) or

@@ -12,7 +12,6 @@ broadcast, every rank applies it at the iteration it names.
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
+from hpc_jabas.runtime.world import World
 
 log = get_logger(__name__)
 
@@ -54,7 +54,8 @@ class Trainer:
     ``scheduler_step``: the user's lr scheduler steps once per "epoch" (default) or per "iteration".
     ``controller`` (hooks.Controller), ``epoch_end_hook`` (hooks.EpochEndHook) and ``callbacks``
     (hooks.Callback) are the extension points; ``history`` keeps the last ``history_len``
-    iterations' (it, B, plan, lr_scale) of this rank.
+    iterations' (it, B, plan, lr_scale) of this rank. ``world`` (runtime/world.World): ranks, device and GPU
+    types; by default ``World.detect`` from the config's (or ``gpu_types``') types, Slurm or the CUDA device.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, loss_fn,
@@ -63,7 +64,7 @@ class Trainer:
                  epoch_end_hook: EpochEndHook | None = None,
                  planner_fn: Callable | None = None, gpu_types: list[str] | None = None,
                  callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
-                 history_len: int = 100_000):
+                 history_len: int = 100_000, world: World | None = None):
         self.cfg = (config or JobConfig()).validate()
         if scheduler_step not in SCHEDULER_STEPS:
             raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
@@ -78,8 +79,13 @@ class Trainer:
             raise TypeError("callbacks must be hpc_jabas.runtime.hooks.Callback instances")
         data.check_input(dataset)          # a map-style Dataset or a DataLoader over one (runtime/data.py)
         comm.init()
-        self.rank, self.world = comm.rank(), comm.size()
-        self.device = comm.device()
+        self.world_info = world if world is not None else World.detect(gpu_types or self.cfg.gpu_types,
+                                                                       emulate=self.cfg.emulate)
+        self.rank, self.world = comm.rank(), comm.size()       # self.world: the rank count
+        if (self.world_info.rank, self.world_info.size) != (self.rank, self.world):
+            raise ConfigError(f"world= says rank {self.world_info.rank} of {self.world_info.size}; "
+                              f"Horovod says rank {self.rank} of {self.world}")
+        self.device = comm.device() if world is None else torch.device(world.device)
         self.model = model.to(self.device)
         self.loss_fn = loss_fn
         self.forward_fn = forward_fn or (lambda m, batch: loss_fn(m(batch[0]), batch[1]))
@@ -106,7 +112,7 @@ class Trainer:
         self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
         self.iteration = 0
         self.lr_scale = 1.0
-        self.gpu_types = gpu_types or self._gpu_types()
+        self.gpu_types = list(self.world_info.gpu_types)
         self._perf_model: Any = None          # built on first use (perf_model())
         self.identical_b = True               # set by _default_planner: one b on every rank, or per-rank b
         self.declared_speed_factors: list[float] | None = None   # cfg.speeds vs the perf model (optimal)
@@ -142,32 +148,6 @@ class Trainer:
             self.opt.optimizer.load_state_dict(sd)
 
     # ---- set-up helpers ----------------------------------------------------------------
-    def _gpu_types(self) -> list[str]:
-        cfg = self.cfg
-        if cfg.gpu_types:
-            from hpc_jabas.core import gpus
-            types = [gpus.normalize(g) for g in cfg.gpu_types]
-            if len(types) != self.world:
-                raise ConfigError(f"gpu_types lists {len(types)} types but the job has {self.world} ranks; "
-                                  "give one type per rank")
-            return types
-        from hpc_jabas.core import gpus
-        from hpc_jabas.slurm import cluster
-        mine = cluster.rank_gpu_type(os.environ)     # under Slurm: its partition / typed GRES
-        if mine is None and torch.cuda.is_available():
-            name = torch.cuda.get_device_name(self.device)      # e.g. "NVIDIA A100-SXM4-40GB"
-            for cand in [name] + name.replace("-", " ").split():
-                try:
-                    mine = gpus.normalize(cand)
-                    break
-                except ConfigError:
-                    continue
-            if mine is None:
-                log.warning("rank %d: GPU %r is not in the catalog; planning it as a v100 "
-                            "(set gpu_types or add it to the catalog)", self.rank, name)
-        mine = mine or "v100"
-        return list(comm.allgather_object(mine, name="hj.types"))
-
     def _emulator(self) -> Emulator | None:
         if not self.cfg.emulate:
             return None
@@ -335,8 +315,11 @@ class Trainer:
         if resume:
             self.maybe_resume(epochs)
         if self.rank == 0:
+            for r in range(self.world):                  # rank 0 says where every rank runs
+                log.info("%s", self.world_info.describe(r))
             self.metrics.write({"type": "start", "world": self.world, "gpu_types": self.gpu_types, "B": self.B,
-                                "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration})
+                                "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration,
+                                "gpu_source": self.world_info.source, "ranks": self.world_info.ranks()})
         t0 = time.perf_counter()
         samples = 0
         first_step = True
