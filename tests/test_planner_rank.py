@@ -186,6 +186,6 @@ def test_per_rank_batch_space_every_B_with_per_rank_times():
     assert [B for B, _ in space.table()] == list(range(3, 301))
     p = plan_batch(97, g, m, per_rank=True, speed_factors=[1.0, 0.5, 2.0])
     assert math.isclose(space.iter_time(97), m.iteration_time(p, g, [1.0, 0.5, 2.0]), rel_tol=1e-12)
-    assert snap_toward(space, 96, GROW, 97.0, tie_tol=0.0).B == 97   # every B is realisable per rank
+    assert snap_toward(space, 96, GROW, 97.0).B == 97   # every B is realisable per rank
     same = job_batch_space(cfg, g, m)
     assert not same.is_realisable(97) or same.iter_time(97) >= space.iter_time(97)
