@@ -292,19 +292,22 @@ class AdaptiveController(BaseController):
     def decide(self, trainer, rec):
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/snapping.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
+        from hpc_jabas.core.stats import noise_scale_terms
         st = rec.get("stats")
         sim = None
+        g2 = s_tr = None                   # this iteration's fresh estimates (None: no fresh measurement)
         if st:
             sim = st["similarity"]
             if st["S"] > st["b"]:
                 try:
+                    g2, s_tr = noise_scale_terms(st["b"], st["sq_micro"], st["S"], st["sq_global"])
                     self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
                 except ConfigError:
-                    pass                   # a non-finite measurement: keep the smoothed value
+                    g2 = s_tr = None       # a non-finite measurement: keep the smoothed value
         bnoise = self.noise.b_noise
         B_now, plan_now, _ = announced(trainer)
         bd = self.policy.decide(PolicyState(B=B_now, iteration=trainer.iteration, similarity=sim,
-                                            b_noise=bnoise), self.space)
+                                            b_noise=bnoise, g2=g2, s=s_tr), self.space)
         if bd.B == B_now and self.factors is None:
             plan = plan_now
         else:
@@ -314,6 +317,9 @@ class AdaptiveController(BaseController):
         lr = self.lr_rule.lr_scale(plan.B)
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
                  "direction": bd.direction, "target": bd.target, "moved": bd.moved, "B_before": B_now}
+        win = getattr(self.policy, "noise", None)
+        if win is not None:                # the goodput policy's own window: what it decided on
+            stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None)
         self.last_stats = stats
         return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
