@@ -91,10 +91,11 @@ def test_similarity_moves_on_the_optimal_planner_at_alpha_0_1():
         path.append(B)
     assert all(b2 > b1 for b1, b2 in zip(path, path[1:]) if b1 < 1024)
     assert path[-1] == 1024 and path[1] > 128
-    # every integer >= 3 is realisable (b = 1): each step is the unrounded 128 * 1.1^k rounded
+    # each step is within 2.5% (the identical-b space's roundness band) of the unrounded 128 * 1.1^k:
+    # the policy keeps that target, so the small roundings do not add up
     for k, b2 in enumerate(path[1:], 1):
         if b2 < 1024:
-            assert b2 == round(128 * 1.1 ** k)
+            assert abs(b2 - 128 * 1.1 ** k) <= 0.025 * 128 * 1.1 ** k + 1
 
 
 def test_decide_rejects_a_space_with_other_bounds():

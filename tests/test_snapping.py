@@ -82,16 +82,26 @@ def test_every_decision_keeps_its_direction(gpus, planner, micro_batch, B_min, w
             assert g.B > B or not any(x > B for x in real)
             assert s.B < B or not any(x < B for x in real)
             assert "pulled" in k.note
-        # exactly the nearest to the target on the right side (no near-tie band); ties (equal up to
-        # float noise, e.g. 25 * 1.1 = 27.500000000000004) to the nearer B
+        # the nearest to the target on the right side; ties (equal up to float noise, e.g. 25 * 1.1 =
+        # 27.500000000000004) to the nearer B; on a grain space the roundest within 2.5% first
         above = [x for x in real if x > B]
         below = [x for x in real if x < B]
         if B in real and above:
-            t = min(B * (1 + alpha), B_max)
-            assert g.B == min(above, key=lambda x: (round(abs(x - t), 6), abs(x - B), x))
+            assert g.B == oracle(above, min(B * (1 + alpha), B_max), B, space.grain)
         if B in real and below:
-            t = max(B * (1 - alpha), B_min)
-            assert s.B == min(below, key=lambda x: (round(abs(x - t), 6), abs(x - B), x))
+            assert s.B == oracle(below, max(B * (1 - alpha), B_min), B, space.grain)
+    assert space.grain == (planner == "optimal" and micro_batch is None)
+
+
+def oracle(cands, t, B, grain):
+    """The snap rule written out (module docstring of snapping.py)."""
+    d = lambda x: round(abs(x - t), 6)   # noqa: E731
+    if grain:
+        band = min(d(x) for x in cands) + 0.025 * max(t, 1.0) + 1e-6
+        near = [x for x in cands if d(x) <= band]
+        top = max(min(x & -x, 8) for x in near)
+        cands = [x for x in near if min(x & -x, 8) == top]
+    return min(cands, key=lambda x: (d(x), abs(x - B), x))
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +112,19 @@ def three():
 
 def test_issue_example_grow_moves_and_is_never_broken_by_throughput(three):
     gpus, model = three
+    per_rank = optimal_space(gpus, model, 16, 1024, per_rank=True)
+    # per-rank sizes run every B with full micro-batches: the nearest wins (the old rule broke
+    # near-ties by throughput, which on this space always took the largest B: drift upward)
+    assert snap_toward(per_rank, 128, "grow", 140.8).B == 141
+    assert snap_toward(per_rank, 128, "shrink", 115.2).B == 115
     space = optimal_space(gpus, model, 16, 1024)
     g = snap_toward(space, 128, "grow", 140.8)
     assert g.B > 128 and g.moved
-    # 141 = 3 x 47 is realisable only with b = 1; 144 (b = 16) is much faster but further from the
-    # target: the nearest wins (the old rule took 144 by throughput, which made grow drift upward)
-    assert space.is_realisable(141) and g.B == 141
+    # identical b: 141 = 3 x 47 is realisable only with b = 1; within 2.5% the roundest B wins
+    # (144 = 16 x 9), by its factors of two, not by its throughput (which would be mix-dependent)
+    assert space.is_realisable(141) and g.B == 144 and space.grain
     assert space.throughput(144) > 2 * space.throughput(141)
-    assert snap_toward(space, 128, "shrink", 115.2).B == 115
+    assert snap_toward(space, 128, "shrink", 115.2).B == 116          # 4 x 29; 112 is beyond 2.5%
 
 
 def test_ties_go_to_the_nearer_B_then_the_smaller():

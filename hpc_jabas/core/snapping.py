@@ -21,10 +21,15 @@ the same B give the same B' for the same wish (allocation invariance), and grow 
 to the nearest realisable B alike, so alternating them does not drift (an earlier rule broke
 near-ties within 2.5% by throughput, which on a per-rank space always favoured the larger B:
 grow landed near +12.5%, shrink near -8%). The similarity policy keeps the unrounded target
-between decisions (policy.py), so rounding errors do not add up either. The price is that a B that only b = 1 divides
-(e.g. 3 x 47 = 141 on three ranks with identical b) is taken when it is the nearest, with its
-small micro-batches; pin ``micro_batch`` or use per-rank sizes where that matters. No throughput
-preference is kept anywhere in this module.
+between decisions (policy.py), so rounding errors do not add up either.
+
+One preference remains, mix-independent and only on an identical-b space with the default
+(power-of-two) candidates, where every B >= #ranks is realisable but an odd B only with b = 1
+(e.g. 141 = 3 x 47: 141 one-sample micro-batches, many times slower per sample than b = 16, and
+BatchNorm cannot train on one sample): among the realisable B' within 2.5% of the target beyond
+the nearest, the one with the largest power-of-two factor up to 8 (``grain_of``, a function of B
+alone) wins, then the nearest. Per-rank spaces, a pinned micro_batch and lbbsp have no preference:
+there every realisable B runs with full-size micro-batches.
 
 A policy that picks a B directly (the goodput policy, direction ``set``) gets its B when it is
 realisable, else the realisable B nearest it (ties: the one nearer the current B, then the
@@ -48,6 +53,8 @@ from hpc_jabas.errors import ConfigError, InfeasibleError
 GROW, SHRINK, STAY, SET = "grow", "shrink", "stay", "set"
 DIRECTIONS = (GROW, SHRINK, STAY, SET)
 TIE_REL = 1e-9           # two distances to a target within this (relative) are a tie
+GRAIN_TOL = 0.025        # grain spaces: how much further (relative to the target) a rounder B may be
+GRAIN_CAP = 8            # ... and how round is round enough: a power-of-two factor of 8
 FULL_TABLE = 1 << 13     # ranges up to this wide are tabulated once, wider ones per window
 
 Row = tuple[int, "float | None"]
@@ -61,13 +68,14 @@ class BatchSpace:
     (seconds None: no perf model, every B runs equally fast per sample... i.e. unknown).
     """
 
-    def __init__(self, B_min: int, B_max: int, rows_fn: RowsFn, label: str = "") -> None:
+    def __init__(self, B_min: int, B_max: int, rows_fn: RowsFn, label: str = "", grain: bool = False) -> None:
         if isinstance(B_min, bool) or isinstance(B_max, bool) or not isinstance(B_min, int) \
                 or not isinstance(B_max, int) or not 1 <= B_min <= B_max:
             raise ConfigError(f"batch range B_min={B_min!r}, B_max={B_max!r} is invalid; need 1 <= B_min <= B_max")
         self.B_min, self.B_max = B_min, B_max
         self._rows_fn = rows_fn
         self.label = label
+        self.grain = grain         # prefer B with a micro-batch of >= GRAIN_CAP samples (module docstring)
         self._full: list[Row] | None = None
         self._index: dict[int, float | None] = {}
         self._windows: list[tuple[int, int, list[Row]]] = []
@@ -174,11 +182,22 @@ def _pick(space: BatchSpace, lo: int, hi: int, target: float, ref: float | None 
         w *= 2.0
     eps = TIE_REL * max(abs(float(target)), 1.0)
     d_min = min(abs(B - tc) for B, _ in rs)
-    band = d_min + eps
+    band = d_min + eps + (GRAIN_TOL * max(float(target), 1.0) if space.grain else 0.0)
     a2, b2 = max(lo, math.floor(tc - band)), min(hi, math.ceil(tc + band))
     near = [r[0] for r in (rs if a <= a2 and b2 <= b else space.rows(a2, b2)) if abs(r[0] - tc) <= band]
+    if space.grain:
+        g = max(grain_of(B) for B in near)
+        near = [B for B in near if grain_of(B) == g]
+        d_min = min(abs(B - tc) for B in near)
+        near = [B for B in near if abs(B - tc) <= d_min + eps]
     r0 = tc if ref is None else float(ref)
     return min(near, key=lambda B: (abs(B - r0), B))
+
+
+def grain_of(B: int) -> int:
+    """The largest power of two dividing B, capped at GRAIN_CAP: the micro-batch an identical-b plan of
+    power-of-two candidates can use at least. Depends on B alone, never on the mix."""
+    return min(B & -B, GRAIN_CAP)
 
 
 def snap_nearest(space: BatchSpace, target: float, exact_wins: bool = False, ref: float | None = None) -> int:
@@ -243,7 +262,8 @@ def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
 
     per_rank: per-rank micro-batch sizes (every B >= #GPUs is realisable; ``planner.per_rank_times``).
     """
-    from hpc_jabas.core.planner import per_rank_times, plan_range
+    from hpc_jabas.core.planner import plan_range
+    from hpc_jabas.core.planner_prices import per_rank_times
     gl = list(gpus)
     cands = list(b_candidates) if b_candidates else None
     sf = list(speed_factors) if speed_factors else None
@@ -261,7 +281,7 @@ def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
         except InfeasibleError:
             return []
     return BatchSpace(B_min, B_max, rows, f"optimal planner on {','.join(gl)}"
-                      + (f", b in {cands}" if cands else ""))
+                      + (f", b in {cands}" if cands else ""), grain=not cands)
 
 
 def planner_space(B_min: int, B_max: int, step: int, plan_fn: Callable[[int], Plan],
