@@ -56,11 +56,8 @@ groups (``k_at``, ``first_slot``, ``fill_counts``, ...) is in planner_solve.py.
 Per-rank micro-batch sizes (``plan_batch(..., per_rank=True)``): each rank its own b_i, the last
 micro-batch partial; exact by a capacity bisection over the makespan, in planner_rank.py. Its
 allowed sizes include every identical-b candidate, so it is never slower than the identical-b plan.
-On a non-monotone measured profile planner_rank.py is exact for the profile's running maximum
-only; the identical-b plan may then use a measured dip that the running maximum hides, so the
-per-rank result is whichever of the two the model prices faster, and ``per_rank_times`` reports
-the model's price of exactly that plan (never the running maximum's). "Never slower than the
-identical-b plan" and "per_rank_times is the plan's price" hold for every profile.
+On a non-monotone profile planner_rank.py is exact for its running maximum only, so the result is
+the faster (model price) of that plan and the identical-b one; planner_prices.py prices ranges.
 """
 from __future__ import annotations
 
@@ -74,7 +71,7 @@ import numpy as np
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, check_speed_factors
 from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner_rank import RankGroup, TypeTable, is_monotone, makespans, plan_per_rank
+from hpc_jabas.core.planner_rank import RankGroup, TypeTable, is_monotone, plan_per_rank
 from hpc_jabas.core.planner_solve import (
     FloatArray,
     IntArray,
@@ -352,7 +349,7 @@ def plan_batch(B: int, gpus: Sequence[str], model: PerfModel, *, b_candidates: I
         plan = plan_per_rank(types, groups, ctx.R, B)
         if is_monotone(types):
             return plan
-        return _per_rank_or_identical(plan, B, gpus, model, b_candidates, speed_factors)
+        return per_rank_or_identical(plan, B, gpus, model, b_candidates, speed_factors)
     ctx = _prepare(gpus, model, b_candidates, speed_factors, allow_drop)
     b_min = ctx.cands[0]
     if not allow_drop and B < b_min * ctx.R:
@@ -423,56 +420,6 @@ def plan_range(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
     return rows
 
 
-def per_rank_times(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
-                   b_candidates: Iterable[int] | None = None,
-                   speed_factors: Sequence[float] | None = None) -> list[tuple[int, float]]:
-    """(B, predicted iteration seconds of ``plan_batch(B, ..., per_rank=True)``) for every B in
-    [max(B_min, #GPUs), B_max], all at once (planner_rank.makespans); what a batch space needs."""
-    B_min = _check_B(B_min, "B_min")
-    B_max = _check_B(B_max, "B_max")
-    if B_max - B_min > MAX_RANGE:
-        raise ConfigError(f"batch range {B_min}:{B_max} spans more than {MAX_RANGE} values; narrow it")
-    ctx = _prepare(gpus, model, b_candidates, speed_factors, False, per_rank=True)
-    lo = max(B_min, ctx.R)
-    if lo > B_max:
-        return []
-    types, groups = _rank_tables(ctx)
-    if is_monotone(types):
-        T = makespans(types, groups, lo, B_max) + model.allreduce_tail(ctx.R)
-        return list(zip(range(lo, B_max + 1), T.tolist()))
-    # a measured dip: each B's plan priced by the model as it is (one plan per B, slower than the
-    # closed form; only measured non-monotone profiles get here)
-    cands = None if b_candidates is None else list(b_candidates)
-    ident = {B: (plan, t) for B, plan, t in _identical_rows(lo, B_max, gpus, model, cands, speed_factors)}
-    out = []
-    for B in range(lo, B_max + 1):
-        plan = plan_per_rank(types, groups, ctx.R, B)
-        t = model.iteration_time(plan, gpus, speed_factors)
-        if B in ident and ident[B][1] < t:
-            t = ident[B][1]
-        out.append((B, t))
-    return out
-
-
-def _identical_rows(lo: int, hi: int, gpus: Sequence[str], model: PerfModel, b_candidates: list[int] | None,
-                    speed_factors: Sequence[float] | None) -> list[tuple[int, Plan, float]]:
-    try:
-        return plan_range(lo, hi, gpus, model, b_candidates=b_candidates, speed_factors=speed_factors)
-    except InfeasibleError:
-        return []
-
-
-def _per_rank_or_identical(plan: Plan, B: int, gpus: Sequence[str], model: PerfModel,
-                           b_candidates: Iterable[int] | None, speed_factors: Sequence[float] | None) -> Plan:
-    """On a non-monotone profile: the per-rank plan (optimal for the running maximum of the profile),
-    or the identical-b plan when the model prices that one faster (it may use a measured dip)."""
-    cands = None if b_candidates is None else list(b_candidates)
-    rows = _identical_rows(B, B, gpus, model, cands, speed_factors)
-    if rows and rows[0][2] < model.iteration_time(plan, gpus, speed_factors):
-        return rows[0][1]
-    return plan
-
-
 def _bulk_plans(ctx: _Ctx, b: int, ts: Sequence[float], us: Sequence[float], Msel: IntArray, Vsel: FloatArray,
                 Tsel: FloatArray, tail: float, chunk: int = 256) -> list[tuple[int, Plan, float]]:
     """Rows (B, plan, seconds) for many M of one b at once: ``fill_counts``'s rule in numpy."""
@@ -533,3 +480,21 @@ def snap_batch(B: float, gpus: Sequence[str], model: PerfModel, *, b_candidates:
         raise InfeasibleError(f"no feasible global batch in [{lo}, {hi}] for {ctx.R} GPUs with micro-batch "
                               f"sizes {ctx.cands}: the smallest is {ctx.cands[0] * (1 if allow_drop else ctx.R)}")
     return near
+
+
+def identical_rows(lo: int, hi: int, gpus: Sequence[str], model: PerfModel, b_candidates: list[int] | None,
+                   speed_factors: Sequence[float] | None) -> list[tuple[int, Plan, float]]:
+    try:
+        return plan_range(lo, hi, gpus, model, b_candidates=b_candidates, speed_factors=speed_factors)
+    except InfeasibleError:
+        return []
+
+
+def per_rank_or_identical(plan: Plan, B: int, gpus: Sequence[str], model: PerfModel,
+                          b_candidates: Iterable[int] | None, speed_factors: Sequence[float] | None) -> Plan:
+    """The per-rank plan (optimal for the profile's running maximum) or, when the model prices it
+    faster, the identical-b plan (it may use a measured dip)."""
+    rows = identical_rows(B, B, gpus, model, None if b_candidates is None else list(b_candidates), speed_factors)
+    if rows and rows[0][2] < model.iteration_time(plan, gpus, speed_factors):
+        return rows[0][1]
+    return plan
