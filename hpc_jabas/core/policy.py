@@ -20,6 +20,11 @@ realises on this mix, with predicted iteration times) and gets a ``BatchDecision
   region: one step to the nearest realisable B toward the argmax). An unresolved noise scale
   (mean G2 <= 0) grows B within the trust region: E = 1 for every B, as in Pollux.
 
+- ``RampPolicy`` ("ramp"; a batch-size warm-up, the schedule practitioners run): B = B_0 *
+  factor^k once the run has passed k of the fractions ``at`` (in samples of the configured epochs),
+  realised as the nearest realisable B; defaults factor 2 at 25%, 50% and 75% of the run (config
+  keys ``ramp_factor``, ``ramp_at``). Its lr rule "auto" is sqrt.
+
 The policy's wish (a direction and a target, or a chosen B) becomes a realisable B' through
 ``snapping.snap_toward``: grow gives B' > B unless B is the largest realisable B <= B_max,
 shrink gives B' < B unless B is the smallest >= B_min, stay gives B' == B. The decision's
@@ -33,7 +38,11 @@ recomputed at every batch-size decision from the new B:
 - ``SqrtScaling`` ("sqrt", JABAS's rule): sqrt(B / B_ref);
 - ``LinearScaling`` ("linear", Goyal et al.): B / B_ref;
 - ``NoScaling`` ("none"): 1;
-- "auto" (the default): sqrt with the similarity policy, linear with goodput (AUTO_LR_RULE).
+- "auto" (the default): sqrt with the similarity and ramp policies, linear with goodput (AUTO_LR_RULE).
+
+Weight decay (``wd_rule``, default "none"): "linear" multiplies every param group's weight decay by
+B / B_ref at every step ("Power Lines", NeurIPS 2025: the optimal AdamW weight decay scales
+linearly with B at fixed model and data size); ``make_wd_rule``.
 
 B_ref is the batch the user's lr was tuned for (``batch_ref``, default the initial batch).
 AdaScale is not offered: its scale-invariant progress must advance on every rank at every
@@ -46,23 +55,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.scaling import LinearScaling, LRRule, NoScaling, SqrtScaling
 from hpc_jabas.core.snapping import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
-from hpc_jabas.core.stats import NoiseWindow
+from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
 from hpc_jabas.errors import ConfigError
 
-POLICIES = ("fixed", "similarity", "noise-scale")
+POLICIES = ("fixed", "similarity", "noise-scale", "ramp")
 _POLICY_ALIASES = {
     "fixed": "fixed", "none": "fixed", "constant": "fixed",
     "similarity": "similarity", "simigrad": "similarity", "jabas": "similarity",
     "noise-scale": "noise-scale", "noise_scale": "noise-scale", "noisescale": "noise-scale",
     "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
+    "ramp": "ramp", "batch-ramp": "ramp", "batch-warmup": "ramp",
 }
 LR_RULES = ("auto", "sqrt", "linear", "none")
 #: what lr_rule = "auto" (the default) means for each policy: JABAS pairs its similarity rule with
 #: sqrt scaling; Pollux pairs goodput with AdaScale, whose gain is ~B/B_ref while B << B_noise (the
 #: regime goodput picks), so linear scaling is the closest rule we offer (bench/adaptive_tta.py: with
 #: sqrt, goodput's large B never reached the target accuracy).
-AUTO_LR_RULE = {"fixed": "sqrt", "similarity": "sqrt", "noise-scale": "linear"}
+AUTO_LR_RULE = {"fixed": "sqrt", "similarity": "sqrt", "noise-scale": "linear", "ramp": "sqrt"}
 _LR_ALIASES = {
     "sqrt": "sqrt", "square-root": "sqrt", "sqrtscaling": "sqrt",
     "linear": "linear", "linearscaling": "linear",
@@ -78,10 +89,14 @@ DEFAULT_GOODPUT_WINDOW = 20
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 DEFAULT_P = 100         # JABAS: iterations between decisions
+#: the ramp policy multiplies the initial B by DEFAULT_RAMP_FACTOR at each of these fractions of the run
+DEFAULT_RAMP_AT = (0.25, 0.5, 0.75)
+DEFAULT_RAMP_FACTOR = 2.0
+WD_RULES = ("none", "linear")
 
 
 def canonical_policy(name: str) -> str:
-    """'fixed', 'similarity' or 'noise-scale' for a policy name or alias (e.g. 'goodput', 'noise_scale')."""
+    """'fixed', 'similarity', 'noise-scale' or 'ramp' for a policy name or alias (e.g. 'goodput')."""
     key = _POLICY_ALIASES.get(str(name).strip().lower())
     if key is None:
         raise ConfigError(f"unknown batch policy {name!r}; valid policies: {', '.join(POLICIES)}")
@@ -96,6 +111,7 @@ class PolicyState:
     ``b_noise``: the smoothed gradient noise scale (None if unknown, inf if the signal is lost).
     ``g2``, ``s``: this iteration's fresh unbiased estimates of |G|^2 and tr(Sigma)
     (stats.noise_scale_terms; None: no fresh measurement). The goodput policy averages them itself.
+    ``progress``: the fraction of the run done, in samples (what the ramp policy reads; None: unknown).
     """
 
     B: int
@@ -104,16 +120,17 @@ class PolicyState:
     b_noise: float | None = None
     g2: float | None = None
     s: float | None = None
+    progress: float | None = None
 
     @classmethod
     def coerce(cls, state: PolicyState | Mapping[str, Any]) -> PolicyState:
         if isinstance(state, PolicyState):
             return state
         if isinstance(state, Mapping):
-            extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s"}
+            extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s", "progress"}
             if extra or "B" not in state:
                 raise ConfigError(f"policy state {dict(state)!r} is invalid; give keys B (required), "
-                                  "iteration, similarity, b_noise, g2, s")
+                                  "iteration, similarity, b_noise, g2, s, progress")
             return cls(**state)
         raise ConfigError(f"policy state {state!r} is invalid; give a PolicyState or a dict with key B")
 
@@ -268,22 +285,6 @@ class SimilarityPolicy(BatchPolicy):
         self.last = None if last is None else int(last)
 
 
-def statistical_efficiency(B: float, b_noise: float, B0: float) -> float:
-    """Pollux's E(B) = (B_noise + B_0) / (B_noise + B): progress per sample at B relative to B_0.
-
-    b_noise = inf -> 1 (no noise limit); b_noise = 0 -> B_0 / B.
-    """
-    if math.isinf(b_noise):
-        return 1.0
-    bn = max(0.0, float(b_noise))
-    return (bn + float(B0)) / (bn + float(B))
-
-
-def goodput(B: float, t_iter: float, b_noise: float, B0: float) -> float:
-    """(B / t_iter) * E(B): samples per second times statistical efficiency."""
-    return B / t_iter * statistical_efficiency(B, b_noise, B0)
-
-
 class GoodputPolicy(BatchPolicy):
     """Pollux's goodput on our planner: B = argmax over realisable B of (B / t_iter(B)) * E(B).
 
@@ -318,10 +319,11 @@ class GoodputPolicy(BatchPolicy):
 
     def _observe(self, state: PolicyState) -> float | None:
         """Take this state's fresh measurement, if any; the noise scale to decide on (None: none)."""
-        if state.g2 is not None or state.s is not None:
-            if _is_number(state.g2) and _is_number(state.s) and math.isfinite(state.g2) \
-                    and math.isfinite(state.s):
-                self.noise.add(float(state.g2), float(state.s))
+        g2, s = state.g2, state.s
+        if g2 is not None or s is not None:
+            if g2 is not None and s is not None and _is_number(g2) and _is_number(s) \
+                    and math.isfinite(g2) and math.isfinite(s):
+                self.noise.add(float(g2), float(s))
                 self.seen += 1
         elif state.b_noise is not None and _is_number(state.b_noise) and state.b_noise >= 0 \
                 and not self.noise.count:
@@ -389,17 +391,61 @@ class GoodputPolicy(BatchPolicy):
             self.noise.load_state_dict(state["noise"])
 
 
+class RampPolicy(BatchPolicy):
+    """A batch-size warm-up schedule: B = B0 * factor^k after the k-th of the fractions ``at`` of the
+    run (in samples), clipped to [B_min, B_max] and realised as the nearest realisable B.
+
+    What practitioners run as the baseline to adaptive batching (DeepSeek-V3 grows its batch over
+    the first tokens; Merrill et al. 2025 warm the batch up for OLMo). The stage depends only on the
+    run's progress and B0, never on statistics or the mix, so every mix decides the same B."""
+
+    name = "ramp"
+
+    def __init__(self, B0: int | None = None, at: Any = DEFAULT_RAMP_AT, factor: float = DEFAULT_RAMP_FACTOR,
+                 B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P) -> None:
+        super().__init__(B_min, B_max, p)
+        self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
+        if isinstance(at, (str, bytes)) or not hasattr(at, "__iter__"):
+            raise ConfigError(f"ramp at={at!r} is invalid; give fractions of the run, e.g. [0.25, 0.5, 0.75]")
+        fr = list(at)
+        if not all(_is_number(f) and 0.0 < f < 1.0 for f in fr) or fr != sorted(fr) or len(set(fr)) != len(fr):
+            raise ConfigError(f"ramp at={fr!r} is invalid; give increasing fractions of the run in (0, 1), "
+                              "e.g. [0.25, 0.5, 0.75]")
+        if not _is_number(factor) or not factor > 0 or factor == 1.0 or math.isinf(factor):
+            raise ConfigError(f"ramp factor={factor!r} is invalid; B is multiplied by it at each stage, e.g. 2")
+        self.at = tuple(float(f) for f in fr)
+        self.factor = float(factor)
+
+    def stage(self, progress: float) -> int:
+        """How many of the fractions ``at`` the run has passed."""
+        return sum(1 for f in self.at if progress >= f)
+
+    def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
+        pr = state.progress
+        if pr is None or not _is_number(pr):
+            return Wish(STAY, float(state.B), "run progress unknown; keep B")
+        k = self.stage(float(pr))
+        tgt = self.B0 * self.factor ** k
+        return Wish(SET, float(tgt), f"ramp: progress {float(pr):.3f}, stage {k} of {len(self.at)}: "
+                                     f"B0={self.B0} x {self.factor:g}^{k} = {tgt:g}")
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "B0": self.B0, "at": list(self.at), "factor": self.factor}
+
+
 _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
     "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "window"},
+    "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
 
 
 def make_policy(name: str, **cfg: Any) -> BatchPolicy:
-    """Build a policy by name or alias: 'fixed', 'similarity' or 'noise-scale' (the goodput policy).
+    """Build a policy by name or alias: 'fixed', 'similarity', 'noise-scale' (the goodput policy) or
+    'ramp'.
 
-    'similarity' and 'noise-scale' need B_max. Unknown names or keys and impossible values raise
+    'similarity', 'noise-scale' and 'ramp' need B_max. Unknown names or keys and impossible values raise
     ConfigError with one line.
     """
     key = canonical_policy(name)
@@ -410,66 +456,11 @@ def make_policy(name: str, **cfg: Any) -> BatchPolicy:
     if key != "fixed" and cfg.get("B_max") is None:
         raise ConfigError(f"policy {key!r} needs B_max (the largest global batch size allowed)")
     cls: type[BatchPolicy] = {"fixed": FixedPolicy, "similarity": SimilarityPolicy,
-                              "noise-scale": GoodputPolicy}[key]
+                              "noise-scale": GoodputPolicy, "ramp": RampPolicy}[key]
     return cls(**cfg)
 
 
-# ---------------------------------------------------------------- learning-rate rules
-
-
-class LRRule:
-    """Base lr rule: ``lr_scale(B) -> float`` multiplies the user's scheduler's lr (module docstring)."""
-
-    name = "base"
-
-    def __init__(self, B_ref: int) -> None:
-        if isinstance(B_ref, bool) or not _is_number(B_ref) or not B_ref >= 1 or math.isinf(B_ref):
-            raise ConfigError(f"B_ref={B_ref!r} is invalid; the reference batch size must be a number >= 1")
-        self.B_ref = float(B_ref)
-
-    def _scale(self, B: float) -> float:
-        if isinstance(B, bool) or not _is_number(B) or not B > 0 or math.isinf(B):
-            raise ConfigError(f"B={B!r} is invalid; the global batch size must be a number > 0")
-        return float(B) / self.B_ref
-
-    def lr_scale(self, B: float) -> float:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "B_ref": self.B_ref}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise ConfigError(f"lr rule state is for {state.get('name')!r}, not {self.name!r}")
-        self.B_ref = float(state["B_ref"])
-
-
-class NoScaling(LRRule):
-    """The scheduler's lr as is."""
-
-    name = "none"
-
-    def lr_scale(self, B: float) -> float:
-        self._scale(B)
-        return 1.0
-
-
-class SqrtScaling(LRRule):
-    """lr * sqrt(B / B_ref) (JABAS's rule)."""
-
-    name = "sqrt"
-
-    def lr_scale(self, B: float) -> float:
-        return math.sqrt(self._scale(B))
-
-
-class LinearScaling(LRRule):
-    """lr * B / B_ref (Goyal et al.)."""
-
-    name = "linear"
-
-    def lr_scale(self, B: float) -> float:
-        return self._scale(B)
+# ---------------------------------------------------------------- learning-rate rules (classes: scaling.py)
 
 
 def resolve_lr_rule(name: str, policy: str) -> str:
@@ -486,3 +477,16 @@ def make_lr_rule(name: str, B_ref: int, policy: str = "similarity") -> LRRule:
         raise ConfigError(f"unknown lr rule {name!r}; valid rules: {', '.join(LR_RULES)}")
     cls: type[LRRule] = {"sqrt": SqrtScaling, "linear": LinearScaling, "none": NoScaling}[key]
     return cls(B_ref)
+
+
+# ---------------------------------------------------------------- weight-decay rule
+
+
+def make_wd_rule(name: str, B_ref: int) -> LRRule:
+    """The weight-decay factor for a batch B: 'none' (the default: the optimizer's weight decay as is)
+    or 'linear' (weight decay * B / B_ref; "Power Lines", NeurIPS 2025: at fixed model and data size
+    the optimal AdamW weight decay scales linearly with B). Same interface as an lr rule."""
+    key = str(name).strip().lower()
+    if key not in WD_RULES:
+        raise ConfigError(f"unknown weight-decay rule {name!r}; valid rules: {', '.join(WD_RULES)}")
+    return LinearScaling(B_ref) if key == "linear" else NoScaling(B_ref)

@@ -195,3 +195,19 @@ class NoiseWindow:
         self.size = int(state.get("size", self.size))
         self._g2 = [float(x) for x in state["g2"]][-self.size:]
         self._s = [float(x) for x in state["s"]][-self.size:]
+
+
+def statistical_efficiency(B: float, b_noise: float, B0: float) -> float:
+    """Pollux's E(B) = (B_noise + B_0) / (B_noise + B): progress per sample at B relative to B_0.
+
+    b_noise = inf -> 1 (no noise limit); b_noise = 0 -> B_0 / B.
+    """
+    if math.isinf(b_noise):
+        return 1.0
+    bn = max(0.0, float(b_noise))
+    return (bn + float(B0)) / (bn + float(B))
+
+
+def goodput(B: float, t_iter: float, b_noise: float, B0: float) -> float:
+    """(B / t_iter) * E(B): samples per second times statistical efficiency."""
+    return B / t_iter * statistical_efficiency(B, b_noise, B0)
