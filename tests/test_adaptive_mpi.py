@@ -19,8 +19,9 @@ from torch import nn
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.perfmodel import job_perf_model
 from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.policy import PolicyState, SimilarityPolicy
 from hpc_jabas.core.sampler import HeterogeneousSampler
-from hpc_jabas.core.snapping import job_batch_space, snap_toward
+from hpc_jabas.core.snapping import job_batch_space
 
 GPUS = ["v100", "p100", "rtx2060"]
 SIM = {"gpu_types": GPUS, "emulate": True, "policy": "similarity", "p": 5, "batch": 64,
@@ -37,14 +38,16 @@ def _space():
 
 
 def _path(direction):
-    """B after each decision of the pure rule, from 64, until it cannot move."""
-    space, B, f = _space(), 64, (1.1 if direction == "grow" else 0.9)
+    """B after each decision of the policy (JABAS defaults, its unrounded target), from 64, until it
+    cannot move."""
+    space, B = _space(), 64
+    pol = SimilarityPolicy(B_min=16, B_max=256)
     path = [B]
     while True:
-        s = snap_toward(space, B, direction, min(max(B * f, 16), 256))
-        if not s.moved:
+        d = pol.decide(PolicyState(B=B, similarity=0.0 if direction == "grow" else 0.9), space)
+        if not d.moved:
             return path
-        B = s.B
+        B = d.B
         path.append(B)
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_planner import instances
 
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, rank_time
+from hpc_jabas.core.perfmodel import AllreduceModel, ComputeProfile, PerfModel, rank_time
 from hpc_jabas.core.plan import Plan
 from hpc_jabas.core.planner import plan_batch
 from hpc_jabas.errors import ConfigError, InfeasibleError
@@ -165,7 +165,7 @@ def test_numpy_slot_counts_equal_the_python_ones(inst, B):
 @settings(deadline=None, max_examples=100)
 @given(instances(max_gpus=5, drop=False), st.integers(1, 20), st.integers(0, 40))
 def test_per_rank_range_times_equal_single_plans(inst, lo, width):
-    from hpc_jabas.core.planner import per_rank_times
+    from hpc_jabas.core.planner_prices import per_rank_times
     model, gpus, sf, _, _ = inst
     try:
         rows = per_rank_times(lo, lo + width, gpus, model, speed_factors=sf)
@@ -186,6 +186,61 @@ def test_per_rank_batch_space_every_B_with_per_rank_times():
     assert [B for B, _ in space.table()] == list(range(3, 301))
     p = plan_batch(97, g, m, per_rank=True, speed_factors=[1.0, 0.5, 2.0])
     assert math.isclose(space.iter_time(97), m.iteration_time(p, g, [1.0, 0.5, 2.0]), rel_tol=1e-12)
-    assert snap_toward(space, 96, GROW, 97.0, tie_tol=0.0).B == 97   # every B is realisable per rank
+    assert snap_toward(space, 96, GROW, 97.0).B == 97   # every B is realisable per rank
     same = job_batch_space(cfg, g, m)
     assert not same.is_realisable(97) or same.iter_time(97) >= space.iter_time(97)
+
+
+@st.composite
+def bumpy(draw):
+    """Measured profiles with dips (t not monotone in b), arbitrary measured sizes, 1-4 ranks."""
+    types = draw(st.lists(st.sampled_from(["v100", "p100", "rtx2060"]), min_size=1, max_size=2, unique=True))
+    profs = {}
+    for g in types:
+        bs = sorted(draw(st.sets(st.integers(1, 12), min_size=2, max_size=5)))
+        ts = draw(st.lists(st.floats(0.05, 4.0), min_size=len(bs), max_size=len(bs)))
+        profs[g] = ComputeProfile(g, b=bs, t=ts, update_s=draw(st.sampled_from([0.0, 0.3])),
+                                  max_b=draw(st.integers(bs[0], 14)))
+    ar = AllreduceModel(a=draw(st.sampled_from([0.0, 1e-3, 0.5])), c=0.0, bandwidth=1.0)
+    n = draw(st.integers(1, 4))
+    gpus = draw(st.lists(st.sampled_from(types), min_size=n, max_size=n))
+    sf = draw(st.one_of(st.none(), st.lists(st.sampled_from([0.5, 1.0, 1.5]), min_size=n, max_size=n)))
+    cands = draw(st.one_of(st.none(), st.just(sorted({b for p in profs.values() for b in p.b}))))
+    return PerfModel(profs, ar, grad_bytes=1.0), gpus, sf, cands
+
+
+@settings(deadline=None, max_examples=200)
+@given(bumpy(), st.integers(1, 40), st.integers(0, 30))
+def test_non_monotone_profiles_plan_and_price_alike(inst, lo, width):
+    """Issue 20: on any measured profile the per-rank plan is never slower than the identical-b plan,
+    and per_rank_times (what the batch space and the auto-scaler read) is the returned plan's price."""
+    from hpc_jabas.core.planner_prices import per_rank_times
+    model, gpus, sf, cands = inst
+    try:
+        rows = per_rank_times(lo, lo + width, gpus, model, b_candidates=cands, speed_factors=sf)
+    except (InfeasibleError, ConfigError):
+        return
+    for B, sec in rows:
+        plan = plan_batch(B, gpus, model, b_candidates=cands, speed_factors=sf, per_rank=True)
+        got = model.iteration_time(plan, gpus, sf)
+        assert plan.B == B and math.isclose(sec, got, rel_tol=1e-12, abs_tol=1e-12), (B, plan, sec, got)
+        try:
+            same = plan_batch(B, gpus, model, b_candidates=cands, speed_factors=sf)
+        except InfeasibleError:
+            continue
+        assert got <= model.iteration_time(same, gpus, sf) * (1 + 1e-12), (B, plan, same)   # 1 ulp: float ties
+
+
+def test_issue_example_non_monotone_profile():
+    """b = [1, 4, 8], t = [1.0, 3.0, 2.5] on 2 ranks: the old per-rank plan cost 5.50 s at B = 24
+    against 5.00 s for identical b, and per_rank_times said 6.00 s at B = 32 for a 5.00 s plan."""
+    from hpc_jabas.core.planner_prices import per_rank_times
+    m = PerfModel({"v100": ComputeProfile("v100", b=[1, 4, 8], t=[1.0, 3.0, 2.5])}, AllreduceModel(1e-3, 0.0, 1.0),
+                  grad_bytes=1.0)
+    g = ["v100", "v100"]
+    rows = dict(per_rank_times(2, 40, g, m))
+    for B in (24, 32):
+        per, same = plan_batch(B, g, m, per_rank=True), plan_batch(B, g, m)
+        assert m.iteration_time(per, g) <= m.iteration_time(same, g)
+        assert rows[B] == m.iteration_time(per, g)
+    assert rows[24] == pytest.approx(5.0 + m.allreduce_tail(2))

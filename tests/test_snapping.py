@@ -82,12 +82,26 @@ def test_every_decision_keeps_its_direction(gpus, planner, micro_batch, B_min, w
             assert g.B > B or not any(x > B for x in real)
             assert s.B < B or not any(x < B for x in real)
             assert "pulled" in k.note
-        # nearest to the target on the right side, up to the near-tie band
+        # the nearest to the target on the right side; ties (equal up to float noise, e.g. 25 * 1.1 =
+        # 27.500000000000004) to the nearer B; on a grain space the roundest within 2.5% first
         above = [x for x in real if x > B]
+        below = [x for x in real if x < B]
         if B in real and above:
-            t = min(B * (1 + alpha), B_max)
-            d_min = min(abs(x - t) for x in above)
-            assert abs(g.B - t) <= d_min + 0.025 * t + 1e-9
+            assert g.B == oracle(above, min(B * (1 + alpha), B_max), B, space.grain)
+        if B in real and below:
+            assert s.B == oracle(below, max(B * (1 - alpha), B_min), B, space.grain)
+    assert space.grain == (planner == "optimal" and micro_batch is None)
+
+
+def oracle(cands, t, B, grain):
+    """The snap rule written out (module docstring of snapping.py)."""
+    d = lambda x: round(abs(x - t), 6)   # noqa: E731
+    if grain:
+        band = min(d(x) for x in cands) + 0.025 * max(t, 1.0) + 1e-6
+        near = [x for x in cands if d(x) <= band]
+        top = max(min(x & -x, 8) for x in near)
+        cands = [x for x in near if min(x & -x, 8) == top]
+    return min(cands, key=lambda x: (d(x), abs(x - B), x))
 
 
 @pytest.fixture(scope="module")
@@ -96,16 +110,35 @@ def three():
     return gpus, PerfModel.emulated(gpus, B_LIST, 0.002, 0.0002)
 
 
-def test_issue_example_grow_moves_and_near_ties_go_to_the_faster_B(three):
+def test_issue_example_grow_moves_and_is_never_broken_by_throughput(three):
     gpus, model = three
+    per_rank = optimal_space(gpus, model, 16, 1024, per_rank=True)
+    # per-rank sizes run every B with full micro-batches: the nearest wins (the old rule broke
+    # near-ties by throughput, which on this space always took the largest B: drift upward)
+    assert snap_toward(per_rank, 128, "grow", 140.8).B == 141
+    assert snap_toward(per_rank, 128, "shrink", 115.2).B == 115
     space = optimal_space(gpus, model, 16, 1024)
     g = snap_toward(space, 128, "grow", 140.8)
     assert g.B > 128 and g.moved
-    # 141 = 3 x 47 is realisable only with b = 1; 144 (b = 16) is 2% further and much faster
-    assert space.is_realisable(141) and g.B == 144
+    # identical b: 141 = 3 x 47 is realisable only with b = 1; within 2.5% the roundest B wins
+    # (144 = 16 x 9), by its factors of two, not by its throughput (which would be mix-dependent)
+    assert space.is_realisable(141) and g.B == 144 and space.grain
     assert space.throughput(144) > 2 * space.throughput(141)
-    s = snap_toward(space, 128, "shrink", 115.2)
-    assert s.B < 128 and abs(s.B - 115.2) <= 0.025 * 115.2 + 1
+    assert snap_toward(space, 128, "shrink", 115.2).B == 116          # 4 x 29; 112 is beyond 2.5%
+
+
+def test_ties_go_to_the_nearer_B_then_the_smaller():
+    even = BatchSpace(2, 100, lambda lo, hi: [(B, 1.0) for B in range(lo, hi + 1) if B % 2 == 0])
+    assert snap_toward(even, 40, "grow", 45.0).B == 44          # 44 and 46 tie: nearer to 40
+    assert snap_toward(even, 50, "shrink", 45.0).B == 46        # 44 and 46 tie: nearer to 50
+    assert snap_toward(even, 40, "set", 45.0).B == 44 and snap_toward(even, 50, "set", 45.0).B == 46
+    assert snap_nearest(even, 45.0) == 44                       # no current B: the smaller
+    # times never matter: the same set with other times gives the same answers
+    fast_big = BatchSpace(2, 100, lambda lo, hi: [(B, 1.0 / B) for B in range(lo, hi + 1) if B % 2 == 0])
+    for B in range(2, 101, 2):
+        for f in (0.75, 0.9, 1.1, 1.25):
+            d = "grow" if f > 1 else "shrink"
+            assert snap_toward(even, B, d, B * f) == snap_toward(fast_big, B, d, B * f)
 
 
 def test_micro_batch_set_and_lbbsp(three):
@@ -116,7 +149,7 @@ def test_micro_batch_set_and_lbbsp(three):
     assert snap_toward(sp, 504, "grow", 512).B == 512
     lb = job_batch_space(Cfg("lbbsp", 4, 16, 96), gpus, model)
     assert [B for B, _ in lb.table()] == list(range(16, 97, 4))
-    assert snap_toward(lb, 64, "grow", 70.4).B in (68, 72) and snap_toward(lb, 96, "grow", 105.6).B == 96
+    assert snap_toward(lb, 64, "grow", 70.4).B == 72 and snap_toward(lb, 96, "grow", 105.6).B == 96
 
 
 def test_set_and_nearest():

@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar, overload
 from hpc_jabas.core import gpus
 from hpc_jabas.core.autoscale import OBJECTIVES, RESTART_PRIOR_S
 from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.policy import LR_RULES, POLICIES, canonical_policy
+from hpc_jabas.core.policy import DEFAULT_RAMP_AT, DEFAULT_RAMP_FACTOR, LR_RULES, POLICIES, WD_RULES, canonical_policy
 from hpc_jabas.core.sampler import TAILS
 from hpc_jabas.core.schema import (
     check_fields,
@@ -114,7 +114,8 @@ class EmulationConfig:
 @dataclass
 class AdaptiveConfig:
     """[adaptive] the batch-size policy and the lr rule."""
-    policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput)",
+    policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
+                                "ramp: B x ramp_factor at each ramp_at)",
                       choices=POLICIES)
     p: int = key(100, "iterations between batch-size decisions", lo=1)
     alpha: float = key(0.1, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
@@ -123,9 +124,14 @@ class AdaptiveConfig:
     batch_min: int | None = key(None, "smallest global batch B", lo=1, shown="batch")
     batch_max: int | None = key(None, "largest global batch B", lo=1, shown="batch")
     lr_rule: str = key("auto", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr "
-                       "(auto: sqrt with similarity, linear with noise-scale)",
+                       "(auto: sqrt with similarity and ramp, linear with noise-scale)",
                        choices=LR_RULES)
     batch_ref: int | None = key(None, "reference batch of the lr rule", lo=1, shown="batch")
+    ramp_at: list[float] = key(list(DEFAULT_RAMP_AT), "ramp policy: fractions of the run (in samples) at which B is "
+                               "multiplied by ramp_factor", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    ramp_factor: float = key(DEFAULT_RAMP_FACTOR, "ramp policy: the factor B is multiplied by at each ramp_at",
+                             lo=0.0, lo_open=True)
+    wd_rule: str = key("none", "weight decay vs B: none, or linear (weight decay x B / batch_ref)", choices=WD_RULES)
 
 
 @dataclass
@@ -287,6 +293,9 @@ class JobConfig:
     batch_max = _Flat[int | None]()
     lr_rule = _Flat[str]()
     batch_ref = _Flat[int | None]()
+    ramp_at = _Flat[list[float]]()
+    ramp_factor = _Flat[float]()
+    wd_rule = _Flat[str]()
     balance = _Flat[str]()
     p_balance = _Flat[int]()
     balance_threshold = _Flat[float]()

@@ -56,6 +56,8 @@ groups (``k_at``, ``first_slot``, ``fill_counts``, ...) is in planner_solve.py.
 Per-rank micro-batch sizes (``plan_batch(..., per_rank=True)``): each rank its own b_i, the last
 micro-batch partial; exact by a capacity bisection over the makespan, in planner_rank.py. Its
 allowed sizes include every identical-b candidate, so it is never slower than the identical-b plan.
+On a non-monotone profile planner_rank.py is exact for its running maximum only, so the result is
+the faster (model price) of that plan and the identical-b one; planner_prices.py prices ranges.
 """
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ import numpy as np
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, check_speed_factors
 from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner_rank import RankGroup, TypeTable, makespans, plan_per_rank
+from hpc_jabas.core.planner_rank import RankGroup, TypeTable, is_monotone, plan_per_rank
 from hpc_jabas.core.planner_solve import (
     FloatArray,
     IntArray,
@@ -343,7 +345,11 @@ def plan_batch(B: int, gpus: Sequence[str], model: PerfModel, *, b_candidates: I
         if B < ctx.R:
             raise InfeasibleError(f"global batch B={B} is too small for {ctx.R} GPUs: each needs at least one "
                                   f"sample, so B >= {ctx.R}; raise B or use fewer GPUs")
-        return plan_per_rank(*_rank_tables(ctx), ctx.R, B)
+        types, groups = _rank_tables(ctx)
+        plan = plan_per_rank(types, groups, ctx.R, B)
+        if is_monotone(types):
+            return plan
+        return per_rank_or_identical(plan, B, gpus, model, b_candidates, speed_factors)
     ctx = _prepare(gpus, model, b_candidates, speed_factors, allow_drop)
     b_min = ctx.cands[0]
     if not allow_drop and B < b_min * ctx.R:
@@ -414,23 +420,6 @@ def plan_range(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
     return rows
 
 
-def per_rank_times(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
-                   b_candidates: Iterable[int] | None = None,
-                   speed_factors: Sequence[float] | None = None) -> list[tuple[int, float]]:
-    """(B, predicted iteration seconds of ``plan_batch(B, ..., per_rank=True)``) for every B in
-    [max(B_min, #GPUs), B_max], all at once (planner_rank.makespans); what a batch space needs."""
-    B_min = _check_B(B_min, "B_min")
-    B_max = _check_B(B_max, "B_max")
-    if B_max - B_min > MAX_RANGE:
-        raise ConfigError(f"batch range {B_min}:{B_max} spans more than {MAX_RANGE} values; narrow it")
-    ctx = _prepare(gpus, model, b_candidates, speed_factors, False, per_rank=True)
-    lo = max(B_min, ctx.R)
-    if lo > B_max:
-        return []
-    T = makespans(*_rank_tables(ctx), lo, B_max) + model.allreduce_tail(ctx.R)
-    return list(zip(range(lo, B_max + 1), T.tolist()))
-
-
 def _bulk_plans(ctx: _Ctx, b: int, ts: Sequence[float], us: Sequence[float], Msel: IntArray, Vsel: FloatArray,
                 Tsel: FloatArray, tail: float, chunk: int = 256) -> list[tuple[int, Plan, float]]:
     """Rows (B, plan, seconds) for many M of one b at once: ``fill_counts``'s rule in numpy."""
@@ -491,3 +480,21 @@ def snap_batch(B: float, gpus: Sequence[str], model: PerfModel, *, b_candidates:
         raise InfeasibleError(f"no feasible global batch in [{lo}, {hi}] for {ctx.R} GPUs with micro-batch "
                               f"sizes {ctx.cands}: the smallest is {ctx.cands[0] * (1 if allow_drop else ctx.R)}")
     return near
+
+
+def identical_rows(lo: int, hi: int, gpus: Sequence[str], model: PerfModel, b_candidates: list[int] | None,
+                   speed_factors: Sequence[float] | None) -> list[tuple[int, Plan, float]]:
+    try:
+        return plan_range(lo, hi, gpus, model, b_candidates=b_candidates, speed_factors=speed_factors)
+    except InfeasibleError:
+        return []
+
+
+def per_rank_or_identical(plan: Plan, B: int, gpus: Sequence[str], model: PerfModel,
+                          b_candidates: Iterable[int] | None, speed_factors: Sequence[float] | None) -> Plan:
+    """The per-rank plan (optimal for the profile's running maximum) or, when the model prices it
+    faster, the identical-b plan (it may use a measured dip)."""
+    rows = identical_rows(B, B, gpus, model, None if b_candidates is None else list(b_candidates), speed_factors)
+    if rows and rows[0][2] < model.iteration_time(plan, gpus, speed_factors):
+        return rows[0][1]
+    return plan

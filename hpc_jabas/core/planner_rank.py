@@ -29,7 +29,9 @@ group, so the work is per group x allowed b.
 
 Monotone t: the planner uses the running maximum of each profile's tabulated times (the profile
 itself for every emulated or monotone measured profile); on a measured dip the plan is optimal for
-that envelope and priced by the model as it is.
+that envelope only. ``makespans`` is then the envelope's makespan, not the model's price of the
+plan, so planner.py checks ``is_monotone`` and, on a dip, prices each plan with the model and
+compares it with the identical-b plan (which may use the dip).
 """
 from __future__ import annotations
 
@@ -141,6 +143,11 @@ class _Pairs:
         idx = np.where(t == tmin[self.row], np.arange(len(t)), -1)
         out: IntArray = self.A[np.maximum.reduceat(idx, self.start)]
         return out
+
+
+def is_monotone(types: Sequence[TypeTable]) -> bool:
+    """Every type's tabulated times non-decreasing in b (then the envelope is the profile itself)."""
+    return all(bool(np.all(np.diff(np.asarray(t.tt, dtype=np.float64)) >= 0)) for t in types)
 
 
 def makespan(P: _Pairs, B: int) -> float:

@@ -5,16 +5,27 @@ iteration, latest statistics) and the job's ``BatchSpace`` (snapping.py: the B t
 realises on this mix, with predicted iteration times) and gets a ``BatchDecision``:
 
 - ``FixedPolicy`` ("fixed"): stay.
-- ``SimilarityPolicy`` ("similarity"; JABAS / SimiGrad, docs/formulas.md, section 2): the
-  cosine similarity of the two half-batch mean gradients below gamma -> grow towards
-  B * (1 + alpha); above -> shrink towards B * (1 - alpha); equal or unmeasured -> stay.
-  Defaults as in JABAS: gamma = 0.1, alpha = 0.1, p = 100.
-- ``GoodputPolicy`` ("noise-scale"; Pollux's goodput on the gradient noise scale, docs/formulas.md
-  section 3): the realisable B in [B_min, B_max] that maximises
-  (B / t_iter(B)) * E(B), E(B) = (B_noise + B_0) / (B_noise + B), with t_iter from the perf model
-  and planner for this mix and B_noise the smoothed noise scale; B_0 the initial batch (it scales
-  E by a constant, so it never changes the choice). Re-evaluated every p iterations (default 100),
-  after a warm-up of 3 measurements, and at most 2x up or down per decision.
+- ``SimilarityPolicy`` ("similarity"; JABAS / SimiGrad, docs/formulas.md,
+  section 2): the cosine similarity of the two
+  half-batch mean gradients below gamma -> grow towards B * (1 + alpha); above -> shrink towards
+  B * (1 - alpha); equal or unmeasured -> stay. Defaults as in JABAS: gamma = 0.1, alpha = 0.1,
+  p = 100. B here is the unrounded product B_0 * prod(1 +- alpha) while the current B is the one
+  the policy last realised (else the current B), so 20 grow/shrink pairs end next to
+  B_0 * ((1 + alpha)(1 - alpha))^20 on any batch space, not at a rounding fixed point.
+- ``GoodputPolicy`` ("noise-scale"; Pollux's goodput on the gradient noise scale,
+  docs/formulas.md section 3): the realisable
+  B in [B_min, B_max] that maximises (B / t_iter(B)) * E(B), E(B) = (B_noise + B_0) / (B_noise + B),
+  with t_iter from the perf model and planner for this mix; B_0 the initial batch (it scales E by a
+  constant, so it never changes the choice). B_noise = mean(S) / mean(G2) over the last ``window``
+  (20) fresh measurements. Re-evaluated every p iterations (default 100), after a warm-up of 3
+  fresh measurements, at most 2x up or down per decision (with no realisable B in that trust
+  region: one step to the nearest realisable B toward the argmax). An unresolved noise scale
+  (mean G2 <= 0) grows B within the trust region: E = 1 for every B, as in Pollux.
+
+- ``RampPolicy`` ("ramp"; a batch-size warm-up, the schedule practitioners run): B = B_0 *
+  factor^k once the run has passed k of the fractions ``at`` (in samples of the configured epochs),
+  realised as the nearest realisable B; defaults factor 2 at 25%, 50% and 75% of the run (config
+  keys ``ramp_factor``, ``ramp_at``). Its lr rule "auto" is sqrt.
 
 The policy's wish (a direction and a target, or a chosen B) becomes a realisable B' through
 ``snapping.snap_toward``: grow gives B' > B unless B is the largest realisable B <= B_max,
@@ -29,7 +40,11 @@ recomputed at every batch-size decision from the new B:
 - ``SqrtScaling`` ("sqrt", JABAS's rule): sqrt(B / B_ref);
 - ``LinearScaling`` ("linear", Goyal et al.): B / B_ref;
 - ``NoScaling`` ("none"): 1;
-- "auto" (the default): sqrt with the similarity policy, linear with goodput (AUTO_LR_RULE).
+- "auto" (the default): sqrt with the similarity and ramp policies, linear with goodput (AUTO_LR_RULE).
+
+Weight decay (``wd_rule``, default "none"): "linear" multiplies every param group's weight decay by
+B / B_ref at every step ("Power Lines", NeurIPS 2025: the optimal AdamW weight decay scales
+linearly with B at fixed model and data size); ``make_wd_rule``.
 
 B_ref is the batch the user's lr was tuned for (``batch_ref``, default the initial batch).
 AdaScale is not offered: its scale-invariant progress must advance on every rank at every
@@ -42,22 +57,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.scaling import LinearScaling, LRRule, NoScaling, SqrtScaling
 from hpc_jabas.core.snapping import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
+from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
 from hpc_jabas.errors import ConfigError
 
-POLICIES = ("fixed", "similarity", "noise-scale")
+POLICIES = ("fixed", "similarity", "noise-scale", "ramp")
 _POLICY_ALIASES = {
     "fixed": "fixed", "none": "fixed", "constant": "fixed",
     "similarity": "similarity", "simigrad": "similarity", "jabas": "similarity",
     "noise-scale": "noise-scale", "noise_scale": "noise-scale", "noisescale": "noise-scale",
     "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
+    "ramp": "ramp", "batch-ramp": "ramp", "batch-warmup": "ramp",
 }
 LR_RULES = ("auto", "sqrt", "linear", "none")
 #: what lr_rule = "auto" (the default) means for each policy: JABAS pairs its similarity rule with
 #: sqrt scaling; Pollux pairs goodput with AdaScale, whose gain is ~B/B_ref while B << B_noise (the
 #: regime goodput picks), so linear scaling is the closest rule we offer (bench/adaptive_tta.py: with
 #: sqrt, goodput's large B never reached the target accuracy).
-AUTO_LR_RULE = {"fixed": "sqrt", "similarity": "sqrt", "noise-scale": "linear"}
+AUTO_LR_RULE = {"fixed": "sqrt", "similarity": "sqrt", "noise-scale": "linear", "ramp": "sqrt"}
 _LR_ALIASES = {
     "sqrt": "sqrt", "square-root": "sqrt", "sqrtscaling": "sqrt",
     "linear": "linear", "linearscaling": "linear",
@@ -68,13 +86,19 @@ _LR_ALIASES = {
 DEFAULT_GOODPUT_WARMUP = 3
 #: the goodput policy moves B by at most this factor per decision (a trust region around the current B)
 DEFAULT_GOODPUT_MAX_STEP = 2.0
+#: the goodput policy averages the |G|^2 and tr(Sigma) estimates of its last this many measurements
+DEFAULT_GOODPUT_WINDOW = 20
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 DEFAULT_P = 100         # JABAS: iterations between decisions
+#: the ramp policy multiplies the initial B by DEFAULT_RAMP_FACTOR at each of these fractions of the run
+DEFAULT_RAMP_AT = (0.25, 0.5, 0.75)
+DEFAULT_RAMP_FACTOR = 2.0
+WD_RULES = ("none", "linear")
 
 
 def canonical_policy(name: str) -> str:
-    """'fixed', 'similarity' or 'noise-scale' for a policy name or alias (e.g. 'goodput', 'noise_scale')."""
+    """'fixed', 'similarity', 'noise-scale' or 'ramp' for a policy name or alias (e.g. 'goodput')."""
     key = _POLICY_ALIASES.get(str(name).strip().lower())
     if key is None:
         raise ConfigError(f"unknown batch policy {name!r}; valid policies: {', '.join(POLICIES)}")
@@ -87,22 +111,28 @@ class PolicyState:
 
     ``similarity``: cosine similarity of the two half-batch mean gradients (None if not measured).
     ``b_noise``: the smoothed gradient noise scale (None if unknown, inf if the signal is lost).
+    ``g2``, ``s``: this iteration's fresh unbiased estimates of |G|^2 and tr(Sigma)
+    (stats.noise_scale_terms; None: no fresh measurement). The goodput policy averages them itself.
+    ``progress``: the fraction of the run done, in samples (what the ramp policy reads; None: unknown).
     """
 
     B: int
     iteration: int = 0
     similarity: float | None = None
     b_noise: float | None = None
+    g2: float | None = None
+    s: float | None = None
+    progress: float | None = None
 
     @classmethod
     def coerce(cls, state: PolicyState | Mapping[str, Any]) -> PolicyState:
         if isinstance(state, PolicyState):
             return state
         if isinstance(state, Mapping):
-            extra = set(state) - {"B", "iteration", "similarity", "b_noise"}
+            extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s", "progress"}
             if extra or "B" not in state:
                 raise ConfigError(f"policy state {dict(state)!r} is invalid; give keys B (required), "
-                                  "iteration, similarity, b_noise")
+                                  "iteration, similarity, b_noise, g2, s, progress")
             return cls(**state)
         raise ConfigError(f"policy state {state!r} is invalid; give a PolicyState or a dict with key B")
 
@@ -213,47 +243,71 @@ class SimilarityPolicy(BatchPolicy):
         self.gamma = float(gamma)
         self.alpha = float(alpha)
 
+        # the unrounded batch size B * prod(1 +- alpha) and the realised B it belongs to: the next target
+        # is computed from it while B is still the one this policy realised, so the snap's rounding
+        # errors do not accumulate (otherwise 58 <-> 64 is a fixed point of grow/shrink at alpha 0.1)
+        self.exact: float | None = None
+        self.last: int | None = None
+
+    def _base(self, B: int) -> float:
+        return self.exact if self.exact is not None and self.last == B else float(B)
+
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         sim, B = state.similarity, int(state.B)
+        base = self._base(B)
         if sim is None or not _is_number(sim):
             return Wish(STAY, float(B), "similarity not measured; keep B")
         if sim < self.gamma:
-            return Wish(GROW, B * (1.0 + self.alpha), f"similarity={sim:.3f} < gamma={self.gamma:g}: grow")
+            return Wish(GROW, base * (1.0 + self.alpha), f"similarity={sim:.3f} < gamma={self.gamma:g}: grow")
         if sim > self.gamma:
-            return Wish(SHRINK, B * (1.0 - self.alpha), f"similarity={sim:.3f} > gamma={self.gamma:g}: shrink")
+            return Wish(SHRINK, base * (1.0 - self.alpha), f"similarity={sim:.3f} > gamma={self.gamma:g}: shrink")
         return Wish(STAY, float(B), f"similarity={sim:.3f} == gamma: keep B")
+
+    def decide(self, state: PolicyState | Mapping[str, Any], space: BatchSpace | None = None) -> BatchDecision:
+        """As the base class; then remembers the (clipped) unrounded target for the next decision."""
+        st = PolicyState.coerce(state)
+        d = super().decide(st, space)
+        if d.direction in (GROW, SHRINK):
+            self.exact = d.target                 # already clipped to [B_min, B_max]
+        elif d.B != int(st.B) or self.last != int(st.B):
+            self.exact = float(d.B)               # pulled, or B set from outside: start afresh from it
+        self.last = d.B
+        return d
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "gamma": self.gamma, "alpha": self.alpha}
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.config(), "exact": self.exact, "last": self.last}
 
-def statistical_efficiency(B: float, b_noise: float, B0: float) -> float:
-    """Pollux's E(B) = (B_noise + B_0) / (B_noise + B): progress per sample at B relative to B_0.
-
-    b_noise = inf -> 1 (no noise limit); b_noise = 0 -> B_0 / B.
-    """
-    if math.isinf(b_noise):
-        return 1.0
-    bn = max(0.0, float(b_noise))
-    return (bn + float(B0)) / (bn + float(B))
-
-
-def goodput(B: float, t_iter: float, b_noise: float, B0: float) -> float:
-    """(B / t_iter) * E(B): samples per second times statistical efficiency."""
-    return B / t_iter * statistical_efficiency(B, b_noise, B0)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        ex, last = state.get("exact"), state.get("last")
+        self.exact = None if ex is None else float(ex)
+        self.last = None if last is None else int(last)
 
 
 class GoodputPolicy(BatchPolicy):
     """Pollux's goodput on our planner: B = argmax over realisable B of (B / t_iter(B)) * E(B).
 
-    Two guards beyond Pollux, both measured on bench/adaptive_tta.py: no move before ``warmup``
-    noise-scale measurements or on an unresolved (infinite) noise scale, and at most ``max_step`` x
-    per decision (the argmax within [B / max_step, B * max_step])."""
+    The noise scale: each fresh measurement brings the unbiased estimates (G2, S) of |G|^2 and
+    tr(Sigma) (``PolicyState.g2`` / ``s``, stats.noise_scale_terms); the policy averages each over
+    its last ``window`` measurements and divides the averages (``stats.NoiseWindow``, McCandlish et
+    al.). A caller without raw estimates may pass a smoothed ``b_noise`` instead (used only while
+    the window is empty).
+
+    Guards beyond Pollux: no move before ``warmup`` fresh measurements (a decision without a new
+    measurement, e.g. after a skipped fp16 step, does not count), and at most ``max_step`` x per
+    decision (the argmax within [B / max_step, B * max_step]; when no realisable B lies inside,
+    the nearest realisable B on the side of the global argmax). An unresolved noise scale (the
+    averaged |G|^2 <= 0, B_noise = inf) is read as Pollux reads it: noise dominates the gradient,
+    E(B) = 1, so B grows to the fastest B above it within the trust region."""
 
     name = "noise-scale"
 
     def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
-                 warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP) -> None:
+                 warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
+                 window: int = DEFAULT_GOODPUT_WINDOW) -> None:
         super().__init__(B_min, B_max, p)
         self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
         self.warmup = _int_at_least("warmup", warmup, 0)
@@ -261,20 +315,30 @@ class GoodputPolicy(BatchPolicy):
             raise ConfigError(f"max_step={max_step!r} is invalid; the largest factor per decision must be > 1, "
                               "e.g. 2 (math.inf: no limit)")
         self.max_step = float(max_step)
+        self.window = _int_at_least("window", window, 1)
+        self.noise = NoiseWindow(self.window)
         self.seen = 0
 
+    def _observe(self, state: PolicyState) -> float | None:
+        """Take this state's fresh measurement, if any; the noise scale to decide on (None: none)."""
+        g2, s = state.g2, state.s
+        if g2 is not None or s is not None:
+            if g2 is not None and s is not None and _is_number(g2) and _is_number(s) \
+                    and math.isfinite(g2) and math.isfinite(s):
+                self.noise.add(float(g2), float(s))
+                self.seen += 1
+        elif state.b_noise is not None and _is_number(state.b_noise) and state.b_noise >= 0 \
+                and not self.noise.count:
+            self.seen += 1                         # a caller's smoothed estimate: one measurement per call
+            return float(state.b_noise)
+        return self.noise.b_noise
+
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
-        bn = state.b_noise
-        if bn is None or not _is_number(bn) or bn < 0:
+        bn = self._observe(state)
+        if bn is None:
             return Wish(STAY, float(state.B), "no noise scale yet; keep B")
-        if math.isinf(bn):
-            # |G|^2 estimated <= 0: the signal is lost in the noise of the estimate, not a measured
-            # infinite noise scale; moving to B_max on it is what made goodput lose accuracy early
-            return Wish(STAY, float(state.B), "noise scale unresolved (|G|^2 estimate <= 0); keep B")
-        self.seen += 1
         if self.seen <= self.warmup:
-            # the first estimates of |G|^2 are noisy (often <= 0, i.e. B_noise = inf): a jump to B_max
-            # on one of them costs accuracy that later epochs do not win back
+            # the first estimates of |G|^2 are noisy (often <= 0): wait for a few before moving B
             return Wish(STAY, float(state.B), f"noise scale warming up ({self.seen} of {self.warmup} "
                                               f"measurements, B_noise={bn:.4g}); keep B")
         rows: list[tuple[int, float]] = []
@@ -285,37 +349,105 @@ class GoodputPolicy(BatchPolicy):
         if not rows:
             return Wish(STAY, float(state.B), "no realisable batch in range; keep B")
         cur = int(state.B)
+        unresolved = math.isinf(bn)
+        if unresolved:
+            # |G|^2 averaged <= 0: the noise swamps the signal at this B, so every B is statistically
+            # as efficient (E = 1) and the argmax is the fastest B; only growing can resolve it
+            rows = [r for r in rows if r[0] > cur]
+            if not rows:
+                return Wish(STAY, float(cur), f"noise scale unresolved (|G|^2 estimate <= 0 over "
+                                              f"{self.noise.count} measurements); B={cur} is already the largest")
         # a trust region: at most max_step x (or / max_step) per decision, so one noisy estimate cannot
         # move B (and the lr that follows it) across the whole range at once
         lo, hi = cur / self.max_step, cur * self.max_step
-        near = [r for r in rows if lo <= r[0] <= hi] or rows
-        Bs, ts = min(near, key=lambda r: (-goodput(r[0], r[1], bn, self.B0), abs(r[0] - cur), r[0]))
+        key = lambda r: (-goodput(r[0], r[1], bn, self.B0), abs(r[0] - cur), r[0])  # noqa: E731
+        near = [r for r in rows if lo <= r[0] <= hi]
+        how = "goodput argmax"
+        if not near:
+            # nothing realisable inside the trust region: one step to the nearest realisable B on the
+            # side of the global argmax (never a jump across the range, never silently unbounded)
+            Bg = min(rows, key=key)[0]
+            side = [r for r in rows if (r[0] > cur if Bg > cur else r[0] < cur)]
+            if Bg == cur or not side:
+                return Wish(STAY, float(cur), f"B_noise={bn:.4g}: goodput argmax is B={cur}; keep B")
+            near = [min(side, key=lambda r: abs(r[0] - cur))]
+            how = f"one step toward the goodput argmax B={Bg} (none realisable in [{lo:.4g}, {hi:.4g}])"
+        Bs, ts = min(near, key=key)
         E = statistical_efficiency(Bs, bn, self.B0)
-        return Wish(SET, float(Bs), f"B_noise={bn:.4g}, goodput argmax B={Bs} "
-                                    f"({Bs / ts:.4g} samples/s x E={E:.3f})")
+        pre = (f"noise scale unresolved (|G|^2 estimate <= 0 over {self.noise.count} measurements): grow; "
+               if unresolved else f"B_noise={bn:.4g}, ")
+        return Wish(GROW if unresolved else SET, float(Bs),
+                    f"{pre}{how} B={Bs} ({Bs / ts:.4g} samples/s x E={E:.3f})")
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step}
+        return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
+                "window": self.window}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.config(), "seen": self.seen}
+        return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.seen = int(state.get("seen", self.warmup))
+        if "noise" in state:
+            self.noise.load_state_dict(state["noise"])
+
+
+class RampPolicy(BatchPolicy):
+    """A batch-size warm-up schedule: B = B0 * factor^k after the k-th of the fractions ``at`` of the
+    run (in samples), clipped to [B_min, B_max] and realised as the nearest realisable B.
+
+    What practitioners run as the baseline to adaptive batching (DeepSeek-V3 grows its batch over
+    the first tokens; Merrill et al. 2025 warm the batch up for OLMo). The stage depends only on the
+    run's progress and B0, never on statistics or the mix, so every mix decides the same B."""
+
+    name = "ramp"
+
+    def __init__(self, B0: int | None = None, at: Any = DEFAULT_RAMP_AT, factor: float = DEFAULT_RAMP_FACTOR,
+                 B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P) -> None:
+        super().__init__(B_min, B_max, p)
+        self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
+        if isinstance(at, (str, bytes)) or not hasattr(at, "__iter__"):
+            raise ConfigError(f"ramp at={at!r} is invalid; give fractions of the run, e.g. [0.25, 0.5, 0.75]")
+        fr = list(at)
+        if not all(_is_number(f) and 0.0 < f < 1.0 for f in fr) or fr != sorted(fr) or len(set(fr)) != len(fr):
+            raise ConfigError(f"ramp at={fr!r} is invalid; give increasing fractions of the run in (0, 1), "
+                              "e.g. [0.25, 0.5, 0.75]")
+        if not _is_number(factor) or not factor > 0 or factor == 1.0 or math.isinf(factor):
+            raise ConfigError(f"ramp factor={factor!r} is invalid; B is multiplied by it at each stage, e.g. 2")
+        self.at = tuple(float(f) for f in fr)
+        self.factor = float(factor)
+
+    def stage(self, progress: float) -> int:
+        """How many of the fractions ``at`` the run has passed."""
+        return sum(1 for f in self.at if progress >= f)
+
+    def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
+        pr = state.progress
+        if pr is None or not _is_number(pr):
+            return Wish(STAY, float(state.B), "run progress unknown; keep B")
+        k = self.stage(float(pr))
+        tgt = self.B0 * self.factor ** k
+        return Wish(SET, float(tgt), f"ramp: progress {float(pr):.3f}, stage {k} of {len(self.at)}: "
+                                     f"B0={self.B0} x {self.factor:g}^{k} = {tgt:g}")
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "B0": self.B0, "at": list(self.at), "factor": self.factor}
 
 
 _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
-    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step"},
+    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "window"},
+    "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
 
 
 def make_policy(name: str, **cfg: Any) -> BatchPolicy:
-    """Build a policy by name or alias: 'fixed', 'similarity' or 'noise-scale' (the goodput policy).
+    """Build a policy by name or alias: 'fixed', 'similarity', 'noise-scale' (the goodput policy) or
+    'ramp'.
 
-    'similarity' and 'noise-scale' need B_max. Unknown names or keys and impossible values raise
+    'similarity', 'noise-scale' and 'ramp' need B_max. Unknown names or keys and impossible values raise
     ConfigError with one line.
     """
     key = canonical_policy(name)
@@ -326,66 +458,11 @@ def make_policy(name: str, **cfg: Any) -> BatchPolicy:
     if key != "fixed" and cfg.get("B_max") is None:
         raise ConfigError(f"policy {key!r} needs B_max (the largest global batch size allowed)")
     cls: type[BatchPolicy] = {"fixed": FixedPolicy, "similarity": SimilarityPolicy,
-                              "noise-scale": GoodputPolicy}[key]
+                              "noise-scale": GoodputPolicy, "ramp": RampPolicy}[key]
     return cls(**cfg)
 
 
-# ---------------------------------------------------------------- learning-rate rules
-
-
-class LRRule:
-    """Base lr rule: ``lr_scale(B) -> float`` multiplies the user's scheduler's lr (module docstring)."""
-
-    name = "base"
-
-    def __init__(self, B_ref: int) -> None:
-        if isinstance(B_ref, bool) or not _is_number(B_ref) or not B_ref >= 1 or math.isinf(B_ref):
-            raise ConfigError(f"B_ref={B_ref!r} is invalid; the reference batch size must be a number >= 1")
-        self.B_ref = float(B_ref)
-
-    def _scale(self, B: float) -> float:
-        if isinstance(B, bool) or not _is_number(B) or not B > 0 or math.isinf(B):
-            raise ConfigError(f"B={B!r} is invalid; the global batch size must be a number > 0")
-        return float(B) / self.B_ref
-
-    def lr_scale(self, B: float) -> float:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "B_ref": self.B_ref}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("name") != self.name:
-            raise ConfigError(f"lr rule state is for {state.get('name')!r}, not {self.name!r}")
-        self.B_ref = float(state["B_ref"])
-
-
-class NoScaling(LRRule):
-    """The scheduler's lr as is."""
-
-    name = "none"
-
-    def lr_scale(self, B: float) -> float:
-        self._scale(B)
-        return 1.0
-
-
-class SqrtScaling(LRRule):
-    """lr * sqrt(B / B_ref) (JABAS's rule)."""
-
-    name = "sqrt"
-
-    def lr_scale(self, B: float) -> float:
-        return math.sqrt(self._scale(B))
-
-
-class LinearScaling(LRRule):
-    """lr * B / B_ref (Goyal et al.)."""
-
-    name = "linear"
-
-    def lr_scale(self, B: float) -> float:
-        return self._scale(B)
+# ---------------------------------------------------------------- learning-rate rules (classes: scaling.py)
 
 
 def resolve_lr_rule(name: str, policy: str) -> str:
@@ -402,3 +479,16 @@ def make_lr_rule(name: str, B_ref: int, policy: str = "similarity") -> LRRule:
         raise ConfigError(f"unknown lr rule {name!r}; valid rules: {', '.join(LR_RULES)}")
     cls: type[LRRule] = {"sqrt": SqrtScaling, "linear": LinearScaling, "none": NoScaling}[key]
     return cls(B_ref)
+
+
+# ---------------------------------------------------------------- weight-decay rule
+
+
+def make_wd_rule(name: str, B_ref: int) -> LRRule:
+    """The weight-decay factor for a batch B: 'none' (the default: the optimizer's weight decay as is)
+    or 'linear' (weight decay * B / B_ref; "Power Lines", NeurIPS 2025: at fixed model and data size
+    the optimal AdamW weight decay scales linearly with B). Same interface as an lr rule."""
+    key = str(name).strip().lower()
+    if key not in WD_RULES:
+        raise ConfigError(f"unknown weight-decay rule {name!r}; valid rules: {', '.join(WD_RULES)}")
+    return LinearScaling(B_ref) if key == "linear" else NoScaling(B_ref)

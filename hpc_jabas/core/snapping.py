@@ -13,16 +13,30 @@ The direction-preserving rule (``snap_toward``), used for every planner:
   exists in (B, B_max] (B is already the largest one);
 - ``shrink``: the same below B, in [B_min, B);
 - ``stay``: B' == B;
-- near-ties: among the realisable B' on the right side of B whose distance to the target is
-  within ``tie_tol * target`` (default 2.5%) of the nearest one, the one the perf model runs
-  fastest (samples per second) wins; then the nearer, then the smaller. A B that only b = 1
-  divides would otherwise force tiny micro-batches.
+- ties (two realisable B' equally near the target, within 1e-9 relative): the one nearer the
+  current B, then the smaller.
+
+The rule reads only the set of realisable B, never the predicted times: two mixes that realise
+the same B give the same B' for the same wish (allocation invariance), and grow and shrink round
+to the nearest realisable B alike, so alternating them does not drift (an earlier rule broke
+near-ties within 2.5% by throughput, which on a per-rank space always favoured the larger B:
+grow landed near +12.5%, shrink near -8%). The similarity policy keeps the unrounded target
+between decisions (policy.py), so rounding errors do not add up either.
+
+One preference remains, mix-independent and only on an identical-b space with the default
+(power-of-two) candidates, where every B >= #ranks is realisable but an odd B only with b = 1
+(e.g. 141 = 3 x 47: 141 one-sample micro-batches, many times slower per sample than b = 16, and
+BatchNorm cannot train on one sample): among the realisable B' within 2.5% of the target beyond
+the nearest, the one with the largest power-of-two factor up to 8 (``grain_of``, a function of B
+alone) wins, then the nearest. Per-rank spaces, a pinned micro_batch and lbbsp have no preference:
+there every realisable B runs with full-size micro-batches.
 
 A policy that picks a B directly (the goodput policy, direction ``set``) gets its B when it is
-realisable, else the realisable B nearest it; the auto-scaler's forecast values use
-``snap_nearest``: the realisable B nearest the target, with the same near-tie rule. A current B
-that is outside [B_min, B_max] or not realisable (e.g. after a move to another mix) is pulled to
-the nearest realisable B; the note says so. Every ``Snapped`` carries a note that says when a
+realisable, else the realisable B nearest it (ties: the one nearer the current B, then the
+smaller); the auto-scaler's forecast values use ``snap_nearest``: the realisable B nearest the
+target, ties to the smaller, so a forecast does not depend on the mix it is priced on. A current
+B that is outside [B_min, B_max] or not realisable (e.g. after a move to another mix) is pulled
+to the nearest realisable B; the note says so. Every ``Snapped`` carries a note that says when a
 decision could not move.
 """
 from __future__ import annotations
@@ -38,7 +52,9 @@ from hpc_jabas.errors import ConfigError, InfeasibleError
 
 GROW, SHRINK, STAY, SET = "grow", "shrink", "stay", "set"
 DIRECTIONS = (GROW, SHRINK, STAY, SET)
-TIE_TOL = 0.025          # near-tie band, relative to the target
+TIE_REL = 1e-9           # two distances to a target within this (relative) are a tie
+GRAIN_TOL = 0.025        # grain spaces: how much further (relative to the target) a rounder B may be
+GRAIN_CAP = 8            # ... and how round is round enough: a power-of-two factor of 8
 FULL_TABLE = 1 << 13     # ranges up to this wide are tabulated once, wider ones per window
 
 Row = tuple[int, "float | None"]
@@ -52,13 +68,14 @@ class BatchSpace:
     (seconds None: no perf model, every B runs equally fast per sample... i.e. unknown).
     """
 
-    def __init__(self, B_min: int, B_max: int, rows_fn: RowsFn, label: str = "") -> None:
+    def __init__(self, B_min: int, B_max: int, rows_fn: RowsFn, label: str = "", grain: bool = False) -> None:
         if isinstance(B_min, bool) or isinstance(B_max, bool) or not isinstance(B_min, int) \
                 or not isinstance(B_max, int) or not 1 <= B_min <= B_max:
             raise ConfigError(f"batch range B_min={B_min!r}, B_max={B_max!r} is invalid; need 1 <= B_min <= B_max")
         self.B_min, self.B_max = B_min, B_max
         self._rows_fn = rows_fn
         self.label = label
+        self.grain = grain         # prefer B with a micro-batch of >= GRAIN_CAP samples (module docstring)
         self._full: list[Row] | None = None
         self._index: dict[int, float | None] = {}
         self._windows: list[tuple[int, int, list[Row]]] = []
@@ -147,8 +164,9 @@ class Snapped:
     note: str = ""
 
 
-def _pick(space: BatchSpace, lo: int, hi: int, target: float, tie_tol: float) -> int | None:
-    """Realisable B in [lo, hi] nearest target; near-ties (within tie_tol * target) by throughput."""
+def _pick(space: BatchSpace, lo: int, hi: int, target: float, ref: float | None = None) -> int | None:
+    """Realisable B in [lo, hi] nearest ``target``; ties: the one nearer ``ref`` (the current B), then
+    the smaller. Only the set of realisable B is read, never the times (module docstring)."""
     lo, hi = max(lo, space.B_min), min(hi, space.B_max)
     if lo > hi:
         return None
@@ -162,19 +180,29 @@ def _pick(space: BatchSpace, lo: int, hi: int, target: float, tie_tol: float) ->
         if a == lo and b == hi:
             return None
         w *= 2.0
+    eps = TIE_REL * max(abs(float(target)), 1.0)
     d_min = min(abs(B - tc) for B, _ in rs)
-    band = d_min + max(0.0, tie_tol) * max(float(target), 1.0) + 1e-9
-    a2, b2 = max(lo, math.ceil(tc - band)), min(hi, math.floor(tc + band))
-    near = [r for r in (rs if a <= a2 and b2 <= b else space.rows(a2, b2)) if abs(r[0] - tc) <= band]
+    band = d_min + eps + (GRAIN_TOL * max(float(target), 1.0) if space.grain else 0.0)
+    a2, b2 = max(lo, math.floor(tc - band)), min(hi, math.ceil(tc + band))
+    near = [r[0] for r in (rs if a <= a2 and b2 <= b else space.rows(a2, b2)) if abs(r[0] - tc) <= band]
+    if space.grain:
+        g = max(grain_of(B) for B in near)
+        near = [B for B in near if grain_of(B) == g]
+        d_min = min(abs(B - tc) for B in near)
+        near = [B for B in near if abs(B - tc) <= d_min + eps]
+    r0 = tc if ref is None else float(ref)
+    return min(near, key=lambda B: (abs(B - r0), B))
 
-    def key(r: Row) -> tuple[float, float, int]:
-        B, t = r
-        return (-(B / t) if t is not None else 0.0, abs(B - tc), B)
-    return min(near, key=key)[0]
+
+def grain_of(B: int) -> int:
+    """The largest power of two dividing B, capped at GRAIN_CAP: the micro-batch an identical-b plan of
+    power-of-two candidates can use at least. Depends on B alone, never on the mix."""
+    return min(B & -B, GRAIN_CAP)
 
 
-def snap_nearest(space: BatchSpace, target: float, tie_tol: float = TIE_TOL, exact_wins: bool = False) -> int:
-    """The realisable B in [B_min, B_max] nearest the target, near-ties by throughput.
+def snap_nearest(space: BatchSpace, target: float, exact_wins: bool = False, ref: float | None = None) -> int:
+    """The realisable B in [B_min, B_max] nearest the target; ties: nearer ``ref`` (when given), then
+    the smaller. Mix-independent: only the set of realisable B counts.
 
     ``exact_wins``: a target that is itself realisable is returned as is (a policy that chose it).
     """
@@ -183,14 +211,13 @@ def snap_nearest(space: BatchSpace, target: float, tie_tol: float = TIE_TOL, exa
     if exact_wins and float(target).is_integer() and space.B_min <= target <= space.B_max \
             and space.is_realisable(int(target)):
         return int(target)
-    B = _pick(space, space.B_min, space.B_max, target, tie_tol)
+    B = _pick(space, space.B_min, space.B_max, target, ref)
     if B is None:
         raise InfeasibleError(f"no realisable global batch in [{space.B_min}, {space.B_max}] ({space.label})")
     return B
 
 
-def snap_toward(space: BatchSpace, B: int, direction: str, target: float | None = None,
-                tie_tol: float = TIE_TOL) -> Snapped:
+def snap_toward(space: BatchSpace, B: int, direction: str, target: float | None = None) -> Snapped:
     """The direction-preserving rule (module docstring). ``target`` defaults to B (stay) or the
     first realisable B on the asked side; ``direction`` 'set' snaps the target itself."""
     if direction not in DIRECTIONS:
@@ -198,20 +225,20 @@ def snap_toward(space: BatchSpace, B: int, direction: str, target: float | None 
     B = int(B)
     tgt = float(B if target is None else target)
     if direction == SET:
-        nb = snap_nearest(space, tgt, tie_tol, exact_wins=True)
+        nb = snap_nearest(space, tgt, exact_wins=True, ref=B)
         note = "" if abs(nb - tgt) < 0.5 else f"target {tgt:g} realised as {nb}"
         return Snapped(nb, SET, tgt, nb != B, note)
     inside = space.B_min <= B <= space.B_max and space.is_realisable(B)
     if direction == STAY:
         if inside:
             return Snapped(B, STAY, tgt, False, "")
-        nb = snap_nearest(space, B, tie_tol)
+        nb = snap_nearest(space, B)
         return Snapped(nb, STAY, tgt, nb != B, f"current B={B} is not realisable in range; pulled to {nb}")
     up = direction == GROW
     lo, hi = (B + 1, space.B_max) if up else (space.B_min, B - 1)
     if target is None:
         tgt = float(lo if up else hi)
-    picked = _pick(space, lo, hi, tgt, tie_tol)
+    picked = _pick(space, lo, hi, tgt, B)
     if picked is not None:
         return Snapped(picked, direction, tgt, True,
                        "" if abs(picked - tgt) < 0.5 else f"target {tgt:.4g} realised as {picked}")
@@ -220,7 +247,7 @@ def snap_toward(space: BatchSpace, B: int, direction: str, target: float | None 
         return Snapped(B, direction, tgt, False,
                        f"could not {direction}: B={B} is already the {edge} realisable batch in "
                        f"[{space.B_min}, {space.B_max}]")
-    nb = snap_nearest(space, B, tie_tol)
+    nb = snap_nearest(space, B)
     return Snapped(nb, direction, tgt, nb != B,
                    f"could not {direction}: no realisable batch on that side of B={B}; pulled to {nb}")
 
@@ -235,7 +262,8 @@ def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
 
     per_rank: per-rank micro-batch sizes (every B >= #GPUs is realisable; ``planner.per_rank_times``).
     """
-    from hpc_jabas.core.planner import per_rank_times, plan_range
+    from hpc_jabas.core.planner import plan_range
+    from hpc_jabas.core.planner_prices import per_rank_times
     gl = list(gpus)
     cands = list(b_candidates) if b_candidates else None
     sf = list(speed_factors) if speed_factors else None
@@ -253,7 +281,7 @@ def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
         except InfeasibleError:
             return []
     return BatchSpace(B_min, B_max, rows, f"optimal planner on {','.join(gl)}"
-                      + (f", b in {cands}" if cands else ""))
+                      + (f", b in {cands}" if cands else ""), grain=not cands)
 
 
 def planner_space(B_min: int, B_max: int, step: int, plan_fn: Callable[[int], Plan],

@@ -10,7 +10,8 @@ G is the true gradient and Sigma the per-sample gradient covariance. Two batch s
 b_small < b_big give the unbiased estimators of ``noise_scale_terms``; the simple noise scale is
 B_noise = tr(Sigma) / |G|^2 = S / G2. Single estimates are very noisy (G2 can be negative), so
 ``NoiseScale`` smooths G2 and S separately with a bias-corrected EMA and takes the ratio of the
-averages, as McCandlish et al. recommend.
+averages, as McCandlish et al. recommend (what the controller logs); ``NoiseWindow`` averages them
+uniformly over the last measurements (what the goodput policy decides on).
 """
 from __future__ import annotations
 
@@ -139,3 +140,74 @@ class NoiseScale:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.g2.load_state_dict(state["g2"])
         self.s.load_state_dict(state["s"])
+
+
+class NoiseWindow:
+    """The last ``size`` unbiased estimates (G2, S) of |G|^2 and tr(Sigma), averaged separately.
+
+    ``b_noise`` = mean(S) / mean(G2), the ratio of the averages (McCandlish et al. 2018: a single
+    measurement's ratio is biased and often undefined); None before any estimate, ``math.inf``
+    while mean(G2) <= 0 (unresolved), 0.0 when mean(S) <= 0 < mean(G2). Uniform weights over a
+    bounded window, so the estimate follows a noise scale that grows during training, and
+    ``count`` says how many fresh measurements it holds.
+    """
+
+    def __init__(self, size: int = 20) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ConfigError(f"noise window size={size!r} is invalid; it must be an integer >= 1")
+        self.size = size
+        self._g2: list[float] = []
+        self._s: list[float] = []
+
+    def add(self, g2: float, s: float) -> float | None:
+        g, v = float(g2), float(s)
+        if not (math.isfinite(g) and math.isfinite(v)):
+            raise ConfigError(f"noise window got a non-finite estimate (G2={g2!r}, S={s!r})")
+        self._g2 = (self._g2 + [g])[-self.size:]
+        self._s = (self._s + [v])[-self.size:]
+        return self.b_noise
+
+    @property
+    def count(self) -> int:
+        return len(self._g2)
+
+    @property
+    def G2(self) -> float | None:
+        return sum(self._g2) / len(self._g2) if self._g2 else None
+
+    @property
+    def S(self) -> float | None:
+        return sum(self._s) / len(self._s) if self._s else None
+
+    @property
+    def b_noise(self) -> float | None:
+        g2, s = self.G2, self.S
+        if g2 is None or s is None:
+            return None
+        if g2 <= 0.0:
+            return math.inf
+        return max(0.0, s) / g2
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "g2": list(self._g2), "s": list(self._s)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.size = int(state.get("size", self.size))
+        self._g2 = [float(x) for x in state["g2"]][-self.size:]
+        self._s = [float(x) for x in state["s"]][-self.size:]
+
+
+def statistical_efficiency(B: float, b_noise: float, B0: float) -> float:
+    """Pollux's E(B) = (B_noise + B_0) / (B_noise + B): progress per sample at B relative to B_0.
+
+    b_noise = inf -> 1 (no noise limit); b_noise = 0 -> B_0 / B.
+    """
+    if math.isinf(b_noise):
+        return 1.0
+    bn = max(0.0, float(b_noise))
+    return (bn + float(B0)) / (bn + float(B))
+
+
+def goodput(B: float, t_iter: float, b_noise: float, B0: float) -> float:
+    """(B / t_iter) * E(B): samples per second times statistical efficiency."""
+    return B / t_iter * statistical_efficiency(B, b_noise, B0)

@@ -138,7 +138,14 @@ class AdaptiveController(BaseController):
 
     def __init__(self, cfg, space=None):
         """``space``: the BatchSpace to snap into (tests); default: built from the trainer at attach."""
-        from hpc_jabas.core.policy import canonical_policy, make_lr_rule, make_policy
+        from hpc_jabas.core.policy import (
+            DEFAULT_RAMP_AT,
+            DEFAULT_RAMP_FACTOR,
+            canonical_policy,
+            make_lr_rule,
+            make_policy,
+            make_wd_rule,
+        )
         from hpc_jabas.core.stats import NoiseScale
         self.cfg = cfg
         self.p = cfg.p
@@ -149,8 +156,15 @@ class AdaptiveController(BaseController):
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
             kw.update(B0=cfg.batch)
+        elif self.policy_name == "ramp":
+            kw.update(B0=cfg.batch, at=list(getattr(cfg, "ramp_at", DEFAULT_RAMP_AT)),
+                      factor=getattr(cfg, "ramp_factor", DEFAULT_RAMP_FACTOR))
         self.policy = make_policy(self.policy_name, **kw)
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
+        self.wd_rule = make_wd_rule(getattr(cfg, "wd_rule", "none"), B_ref=cfg.batch_ref or cfg.batch)
+        self._wd_hook = None
+        self._wd_base = None      # list[float]: the optimizer's own weight decay per param group
+        self._wd_set = None       # list[float]: what the rule last set (a change elsewhere is a new base)
         self.noise = NoiseScale()
         self.trajectory: list[tuple[int, int]] = []
         self.last_stats: dict = {}
@@ -173,6 +187,8 @@ class AdaptiveController(BaseController):
                                          speed_factors=getattr(trainer, "declared_speed_factors", None))
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
+        if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
+            self._wd_hook = trainer.opt.add_pre_step_hook(self._apply_wd)
         if self.balance:
             from hpc_jabas.core.balance import Rebalancer
             from hpc_jabas.core.predictor import RankPredictors
@@ -187,8 +203,30 @@ class AdaptiveController(BaseController):
             except Exception:
                 pass
 
+    def _apply_wd(self, opt) -> None:
+        """Every step: each param group's weight decay = its own weight decay x the wd rule at the B in force."""
+        groups = opt.optimizer.param_groups
+        scale = self.wd_rule.lr_scale(self.trainer.B)
+        if self._wd_base is None or self._wd_set is None or len(self._wd_base) != len(groups):
+            self._wd_base = [float(g.get("weight_decay", 0.0)) for g in groups]
+            self._wd_set = list(self._wd_base)
+        for i, g in enumerate(groups):
+            cur = float(g.get("weight_decay", 0.0))
+            if cur != self._wd_set[i]:              # set by the user (or a scheduler) since: the new base
+                self._wd_base[i] = cur
+            g["weight_decay"] = self._wd_base[i] * scale
+            self._wd_set[i] = g["weight_decay"]
+
+    def progress(self, trainer) -> float | None:
+        """The fraction of the configured run done, in samples (what the ramp policy reads)."""
+        sampler, epochs = getattr(trainer, "sampler", None), getattr(self.cfg, "epochs", None)
+        n = getattr(sampler, "num_samples", None)
+        if sampler is None or not epochs or not n:
+            return None
+        return (sampler.epoch + sampler.cursor / n) / epochs
+
     def wants_stats(self, iteration: int) -> bool:
-        return self.cfg.policy != "fixed" and (iteration + 1) % self.p == 0
+        return self.cfg.policy not in ("fixed", "ramp") and (iteration + 1) % self.p == 0
 
     def is_round(self, done: int) -> bool:
         return (self.cfg.policy != "fixed" and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
@@ -292,19 +330,23 @@ class AdaptiveController(BaseController):
     def decide(self, trainer, rec):
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/snapping.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
+        from hpc_jabas.core.stats import noise_scale_terms
         st = rec.get("stats")
         sim = None
+        g2 = s_tr = None                   # this iteration's fresh estimates (None: no fresh measurement)
         if st:
             sim = st["similarity"]
             if st["S"] > st["b"]:
                 try:
+                    g2, s_tr = noise_scale_terms(st["b"], st["sq_micro"], st["S"], st["sq_global"])
                     self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
                 except ConfigError:
-                    pass                   # a non-finite measurement: keep the smoothed value
+                    g2 = s_tr = None       # a non-finite measurement: keep the smoothed value
         bnoise = self.noise.b_noise
         B_now, plan_now, _ = announced(trainer)
         bd = self.policy.decide(PolicyState(B=B_now, iteration=trainer.iteration, similarity=sim,
-                                            b_noise=bnoise), self.space)
+                                            b_noise=bnoise, g2=g2, s=s_tr, progress=self.progress(trainer)),
+                                self.space)
         if bd.B == B_now and self.factors is None:
             plan = plan_now
         else:
@@ -314,6 +356,9 @@ class AdaptiveController(BaseController):
         lr = self.lr_rule.lr_scale(plan.B)
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
                  "direction": bd.direction, "target": bd.target, "moved": bd.moved, "B_before": B_now}
+        win = getattr(self.policy, "noise", None)
+        if win is not None:                # the goodput policy's own window: what it decided on
+            stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None)
         self.last_stats = stats
         return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
@@ -329,7 +374,7 @@ class AdaptiveController(BaseController):
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),
                 "noise": self.noise.state_dict(), "trajectory": list(self.trajectory),
-                "factors": self.factors,
+                "factors": self.factors, "wd": [self._wd_base, self._wd_set],
                 "predictors": self.predictors.state_dict() if self.predictors is not None else None,
                 "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None}
 
@@ -338,6 +383,8 @@ class AdaptiveController(BaseController):
         self.lr_rule.load_state_dict(d["lr_rule"])
         self.noise.load_state_dict(d["noise"])
         self.trajectory = [tuple(x) for x in d["trajectory"]]
+        wd = d.get("wd") or [None, None]
+        self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
         if self.balance and d.get("predictors") and self.predictors is not None \
                 and d["predictors"].get("n_ranks") == self.predictors.n_ranks:
             self.predictors.load_state_dict(d["predictors"])
