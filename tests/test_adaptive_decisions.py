@@ -114,7 +114,7 @@ def test_the_same_statistics_give_the_same_B_on_every_mix(R, data, micro_batch, 
 
 
 def test_issue_example_target_190_is_realised_alike():
-    """Issue 20: micro_batch = 8 on v100,p100,rtx2060 and a100,a100,v100; target 190 must be 192 on
+    """The reviewer's case: micro_batch = 8 on v100,p100,rtx2060 and a100,a100,v100; target 190 must be 192 on
     both (the old rule gave 184 on one mix and 192 on the other)."""
     a = _space(["v100", "p100", "rtx2060"], 8, 24, 512)
     b = _space(["a100", "a100", "v100"], 8, 24, 512)
@@ -174,7 +174,7 @@ def test_noiseless_gradients_stay_small():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_large_true_noise_scale_is_resolved_and_grows(seed):
-    """Issue 20's case: true B_noise in the thousands at B = 32. The old policy kept B on every
+    """The reviewed case: true B_noise in the thousands at B = 32. The old policy kept B on every
     unresolved estimate; the window average plus 'unresolved -> grow' takes B to the true argmax,
     sqrt(a B_noise / c) = 447 for t(B) = 0.1 + 0.001 B."""
     d = 64

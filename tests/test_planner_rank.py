@@ -212,7 +212,7 @@ def bumpy(draw):
 @settings(deadline=None, max_examples=200)
 @given(bumpy(), st.integers(1, 40), st.integers(0, 30))
 def test_non_monotone_profiles_plan_and_price_alike(inst, lo, width):
-    """Issue 20: on any measured profile the per-rank plan is never slower than the identical-b plan,
+    """On any measured profile the per-rank plan is never slower than the identical-b plan,
     and per_rank_times (what the batch space and the auto-scaler read) is the returned plan's price."""
     from hpc_jabas.core.planner_prices import per_rank_times
     model, gpus, sf, cands = inst
