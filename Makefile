@@ -17,8 +17,10 @@ lint: setup
 	$(VENV)/bin/ruff check hpc_jabas tests bench scripts examples
 	$(VENV)/bin/mypy hpc_jabas
 
+# Two pytest-xdist workers: one runs every test on the local Slurm cluster (one xdist group, in order;
+# tests/conftest.py), the other the rest. --durations=15 prints the slowest 15 tests.
 test: lint
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs -n 2 --dist loadgroup --durations=15 tests
 
 demo: setup
 	@bash scripts/demo.sh
