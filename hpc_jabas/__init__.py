@@ -13,7 +13,15 @@ from hpc_jabas.core.config import JobConfig, add_arguments
 from hpc_jabas.core.config import from_args as config_from_args
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.core.plan import Plan, proportional_plan
-from hpc_jabas.errors import CheckpointError, ConfigError, InfeasibleError, JabasError, SlurmError
+from hpc_jabas.errors import (
+    CheckpointError,
+    ConfigError,
+    InfeasibleError,
+    JabasError,
+    SlurmError,
+    StateError,
+    error_line,
+)
 from hpc_jabas.log import add_verbosity_flags, configure_from_args
 from hpc_jabas.log import configure as configure_logging
 
@@ -56,7 +64,7 @@ __all__ = [
     # logging
     "configure_logging", "add_verbosity_flags", "configure_from_args",
     # errors
-    "JabasError", "ConfigError", "SlurmError", "CheckpointError", "InfeasibleError",
+    "JabasError", "ConfigError", "SlurmError", "CheckpointError", "InfeasibleError", "StateError",
     # extension points and the low-level layer
     "Callback", "Controller", "EpochEndHook", "Decision", "MoveDecision", "Plan", "proportional_plan",
     "HeterogeneousOptimizer", "HeterogeneousSampler",
@@ -98,7 +106,8 @@ def run_main(fn, argv=None) -> None:
     try:
         rc = fn(argv)
     except JabasError as e:
-        if not getattr(e, "quiet", False):      # the other ranks of an error rank 0 has already said
-            print(f"hpc-jabas: error: {e}", file=sys.stderr)
+        line = error_line(e)                    # None: said already (rank 0, or the other ranks of its error)
+        if line:
+            print(line, file=sys.stderr)
         sys.exit(2)
     sys.exit(rc or 0)

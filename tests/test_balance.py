@@ -11,7 +11,7 @@ from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.plan import Plan, proportional_plan
 from hpc_jabas.core.planner import plan_batch
 from hpc_jabas.core.predictor import RankPredictors
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import ConfigError, StateError
 
 GPUS = ["v100"] * 4
 MODEL = PerfModel.emulated(GPUS)
@@ -189,7 +189,7 @@ def test_state_round_trip():
     a, ia = r.propose(B, cur, [1 / 3, 1, 1, 1], plan_fn, time_fn)
     b, ib = q.propose(B, cur, [1 / 3, 1, 1, 1], plan_fn, time_fn)
     assert a == b and ia == ib
-    with pytest.raises(ConfigError):
+    with pytest.raises(StateError, match="rebalancer state is malformed"):      # saved state, not user input
         q.load_state_dict({"kind": "rebalancer", "version": 1})
 
 

@@ -63,3 +63,11 @@ def test_the_check_sees_a_deep_import():
     src = "import hpc_jabas\nfrom hpc_jabas import Trainer\ndef f():\n    from hpc_jabas.log import configure\n"
     assert deep_imports(src) == ["hpc_jabas.log"]
     assert deep_imports("import hpc_jabas.runtime.comm as c\n") == ["hpc_jabas.runtime.comm"]
+
+
+def test_errors_quiet_is_a_declared_field_and_one_formatter_prints_them():
+    from hpc_jabas.errors import ConfigError, StateError, error_line
+    assert error_line(ConfigError("batch=0 is invalid")) == "hpc-jabas: error: batch=0 is invalid"
+    assert error_line(ConfigError("said on rank 0", quiet=True)) is None
+    assert ConfigError("x").quiet is False and ConfigError("x", quiet=True).quiet is True
+    assert issubclass(StateError, hpc_jabas.JabasError) and not issubclass(StateError, ConfigError)

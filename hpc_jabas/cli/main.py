@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-from hpc_jabas.errors import JabasError
+from hpc_jabas.errors import JabasError, error_line
 from hpc_jabas.log import add_verbosity_flags, configure_from_args
 
 
@@ -46,8 +46,9 @@ def main(argv=None) -> int:
             func = importlib.import_module(f"hpc_jabas.cli.{args.cmd}").run
         return int(func(args) or 0)
     except JabasError as e:
-        if not getattr(e, "quiet", False):      # the other ranks of an error rank 0 has already said
-            print(f"hpc-jabas: error: {e}", file=sys.stderr)
+        line = error_line(e)                    # None: said already (rank 0, or the other ranks of its error)
+        if line:
+            print(line, file=sys.stderr)
         return 2
 
 

@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpc_jabas.core.plan import Plan
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import ConfigError, StateError
 
 STATE_VERSION = 1
 
@@ -289,9 +289,9 @@ class Rebalancer:
         except ConfigError:
             raise
         except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"rebalancer state is malformed ({type(e).__name__}: {e}); "
-                              "give a dict made by Rebalancer.state_dict()") from None
+            raise StateError(f"rebalancer state is malformed ({type(e).__name__}: {e}); "
+                              "give a dict made by Rebalancer.state_dict()") from e
         if new.world_size is not None and len(new.last_dir) != new.world_size:
-            raise ConfigError(f"rebalancer state has {len(new.last_dir)} directions for "
+            raise StateError(f"rebalancer state has {len(new.last_dir)} directions for "
                               f"{new.world_size} ranks; give a dict made by state_dict()")
         self.__dict__.update(new.__dict__)

@@ -35,7 +35,7 @@ def load_callable(spec: str, what: str = "task", example: str = "examples.train_
         mod = importlib.import_module(mod_name)
     except Exception as e:
         raise ConfigError(f"{what} {spec!r}: cannot import module {mod_name!r} ({one_line(e)}); "
-                          f"give an importable MODULE:CALLABLE, e.g. {example}") from None
+                          f"give an importable MODULE:CALLABLE, e.g. {example}") from e
     obj: Any = mod
     for part in attr.split("."):
         if not hasattr(obj, part):

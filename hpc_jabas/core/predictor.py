@@ -45,7 +45,7 @@ from hpc_jabas.core.speed_models import LastValuePredictor as LastValuePredictor
 from hpc_jabas.core.speed_models import NarxPredictor as NarxPredictor
 from hpc_jabas.core.speed_models import SpeedModel as SpeedModel
 from hpc_jabas.core.speed_models import check_speed, check_state, exo_dict, int_param
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import ConfigError, StateError
 
 # ---------------------------------------------------------------------------------------------
 # one per rank
@@ -170,7 +170,7 @@ class RankPredictors:
             kwargs = {k: tuple(v) if k == "clip" else v for k, v in kwargs.items()}
             new = RankPredictors(n, kind, **kwargs)
             if len(st["ranks"]) != new.n_ranks:
-                raise ConfigError(f"rank predictor state has {len(st['ranks'])} ranks, expected {new.n_ranks}")
+                raise StateError(f"rank predictor state has {len(st['ranks'])} ranks, expected {new.n_ranks}")
             for r, s in zip(new.ranks, st["ranks"]):
                 r.load_state_dict(s)
             new.n_scored = int(st["n_scored"])
@@ -179,6 +179,6 @@ class RankPredictors:
         except ConfigError:
             raise
         except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"rank predictor state is malformed ({type(e).__name__}: {e}); "
-                              "give a dict made by RankPredictors.state_dict()") from None
+            raise StateError(f"rank predictor state is malformed ({type(e).__name__}: {e}); "
+                              "give a dict made by RankPredictors.state_dict()") from e
         self.__dict__.update(new.__dict__)

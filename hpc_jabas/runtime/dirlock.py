@@ -134,6 +134,4 @@ def lock_on_rank0(directory: str | os.PathLike, rank: int, what: str = "run dire
 
 def rank_error(cls: type[JabasError], msg: str, rank: int) -> JabasError:
     """``cls(msg)`` raised on every rank; marked ``quiet`` except on rank 0 (which says it; launch.main)."""
-    err = cls(msg)
-    err.__dict__["quiet"] = rank != 0
-    return err
+    return cls(msg, quiet=rank != 0)

@@ -215,9 +215,7 @@ def refuse_finished(trainer: Any, epochs: int) -> None:
         return
     if trainer.rank == 0:
         print(f"hpc-jabas: {msg}", flush=True)
-    err = ConfigError(msg)
-    err.__dict__["quiet"] = True      # said once, above, on rank 0's stdout: run_main and the CLI do not repeat it
-    raise err
+    raise ConfigError(msg, quiet=True)   # said once, above, on rank 0's stdout: run_main and the CLI do not repeat it
 
 
 def default_callbacks(trainer: Any) -> list[Callback]:
