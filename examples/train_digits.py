@@ -6,7 +6,6 @@ A plain single-GPU PyTorch script; the lines marked  # hpc-jabas  are all it tak
     mpirun --oversubscribe -np 3 .venv/bin/python examples/train_digits.py \\
         --emulate --gpu-types v100,p100,rtx2060 --batch 128 --epochs 10 --run-dir runs/digits-10
 """
-import argparse
 import json
 
 import torch
@@ -48,7 +47,7 @@ def build(lr: float = 0.05):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = hpc_jabas.ArgumentParser(description=__doc__)
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--summary", help="write a JSON summary here (rank 0)")
     ap.add_argument("--cosine", action="store_true", help="cosine lr schedule over the epochs (stepped per epoch)")

@@ -112,7 +112,7 @@ def build(n: int = 2048, lr: float = 3e-3):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = hpc_jabas.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=2048, help="training sequences")
     ap.add_argument("--n-val", type=int, default=256, help="validation sequences")
     ap.add_argument("--lr", type=float, default=3e-3)

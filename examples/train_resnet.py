@@ -102,7 +102,7 @@ def accuracy(model, loader) -> float:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = hpc_jabas.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default="runs/jpeg-shapes", help="the image folder (written at first use)")
     ap.add_argument("--images-per-class", type=int, default=100, help="training JPEG files per class (10 classes)")
     ap.add_argument("--image-size", type=int, default=64, help="side of the square JPEG files, in pixels")

@@ -9,7 +9,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hpc_jabas.core.config import JobConfig, add_arguments
+from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
 from hpc_jabas.core.config import from_args as config_from_args
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.core.plan import Plan, proportional_plan
@@ -57,7 +57,8 @@ _LAZY = {
 
 __all__ = [
     # training
-    "Trainer", "JobConfig", "World", "DistributedEval", "add_arguments", "config_from_args", "run_main",
+    "Trainer", "JobConfig", "World", "DistributedEval", "ArgumentParser", "add_arguments", "config_from_args",
+    "run_main",
     "report_throughput",
     # Slurm
     "JobSpec", "submit", "Submission", "wait_chain",

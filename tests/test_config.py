@@ -214,3 +214,20 @@ def test_reference_notices_a_change(tmp_path):
     assert "| `[adaptive]` | `p` | int | `100` |" in text
     with pytest.raises(ConfigError):
         C.replace_reference("no markers")
+
+
+def test_add_arguments_leaves_the_users_parser_alone_and_ArgumentParser_gives_one_line(capsys):
+    import argparse
+    plain = argparse.ArgumentParser(prog="mine")
+    before = plain.error
+    group = C.add_arguments(plain)
+    assert plain.error == before and group.title == "hpc-jabas"          # not patched; the group is returned
+    with pytest.raises(SystemExit) as e:
+        plain.parse_args(["--batch", "x"])
+    assert e.value.code == 2 and "usage: mine" in capsys.readouterr().err  # argparse's own behaviour, kept
+    ours = C.ArgumentParser(prog="mine")
+    C.add_arguments(ours)
+    with pytest.raises(SystemExit) as e:
+        ours.parse_args(["--batch", "x"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("hpc-jabas: error: argument --batch")

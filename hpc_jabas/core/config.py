@@ -418,14 +418,21 @@ def flag_of(section: str, name: str) -> str:
     return "--" + ("autoscale-" if section == "autoscale" else "") + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--config`` plus one flag per key, with its help, in a group per section. Flags default to
-    None (unset): they override the TOML file given by --config, which overrides the defaults. A bad flag
-    is one line on stderr and exit 2, as in ``hpc-jabas`` itself (the usage: --help)."""
-    def one_line(message: str) -> typing.NoReturn:
-        parser.exit(2, f"hpc-jabas: error: {message} (--help for usage)\n")
-    parser.error = one_line  # type: ignore[method-assign]
-    parser.add_argument_group("hpc-jabas").add_argument("--config", metavar="TOML", help="TOML job configuration")
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are one line on stderr and exit code 2, as in ``hpc-jabas``
+    itself (``hpc-jabas: error: ... (--help for usage)``), instead of the usage block plus the error."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"hpc-jabas: error: {message} (--help for usage)\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> Any:
+    """``--config`` plus one flag per key, with its help, in a group per section; returns the first group
+    ("hpc-jabas", holding --config). Flags default to None (unset): they override the TOML file given by
+    --config, which overrides the defaults. The parser is not changed otherwise: for one-line errors build
+    it as :class:`ArgumentParser` (``hpc_jabas.ArgumentParser``)."""
+    top = parser.add_argument_group("hpc-jabas")
+    top.add_argument("--config", metavar="TOML", help="TOML job configuration")
     groups: dict[str, Any] = {}
     for s, f, tp in _all_fields():
         g = groups.get(s) or groups.setdefault(s, parser.add_argument_group(f"hpc-jabas [{s}]"))
@@ -447,6 +454,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             else:
                 kw["metavar"] = m["metavar"] or f.name.upper()
         g.add_argument(flag_of(s, f.name), **kw)
+    return top
 
 
 def _dest(section: str, name: str) -> str:
