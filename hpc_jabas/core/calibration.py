@@ -45,6 +45,7 @@ from hpc_jabas.errors import ConfigError
 
 CALIBRATION_FILE = "calibration.json"
 STATE_VERSION = 1
+CHANGE_STREAK = 3                 # consecutive one-sided large residuals that mean a change
 FACTOR_RANGE = (0.02, 50.0)        # a fit outside is clipped when used (numerical trouble, not a speed)
 
 
@@ -77,7 +78,9 @@ class RankCalibration:
         self.theta = np.array([self._f0, 0.0])
         self.P = np.diag(self.prior)
         self.resid = 0.0               # running mean of |a-priori residual| (normalised units, per call)
+        self.streak = 0                # consecutive large residuals of one sign (+k / -k): a change, not outliers
         self.n_obs = 0
+        self.n_resets = 0
         if self.scale is not None:
             self.theta[1] = self._o0 / self.scale
 
@@ -108,7 +111,19 @@ class RankCalibration:
         per_call = abs(err) / n
         w = 1.0
         if self.n_obs >= 3 and self.resid > 0 and per_call > self.huber * self.resid:
-            w = self.huber * self.resid / per_call          # Huber: a far outlier counts as k x the typical one
+            sign = 1 if err > 0 else -1
+            self.streak = self.streak + sign if self.streak * sign > 0 else sign
+            if abs(self.streak) >= CHANGE_STREAK:
+                # the same large miss CHANGE_STREAK times running: the rank changed (a slowdown, a new
+                # neighbour), not an outlier: covariance reset, so the fit moves there now
+                self.P = np.diag(self.prior)
+                self.resid = per_call
+                self.streak = 0
+                self.n_resets += 1
+            else:
+                w = self.huber * self.resid / per_call      # Huber: a far outlier counts as k x the typical one
+        else:
+            self.streak = 0
         # the typical residual learns from clipped residuals, so outliers do not inflate it
         self.resid = per_call if self.n_obs == 0 else 0.9 * self.resid + 0.1 * min(per_call, self.huber * self.resid)
         lam = self.forgetting
@@ -138,6 +153,7 @@ class RankCalibration:
                            "huber": self.huber, "factor": self._f0, "offset": self._o0},
                 "scale": self.scale, "theta": [float(v) for v in self.theta],
                 "P": [[float(v) for v in row] for row in self.P], "resid": float(self.resid), "n_obs": self.n_obs,
+                "streak": self.streak, "n_resets": self.n_resets,
                 "factor": self.factor, "offset_s": self.offset}
 
     @classmethod
@@ -150,6 +166,8 @@ class RankCalibration:
             P = np.asarray(st["P"], dtype=float)
             new.resid = _num(st["resid"], "resid")
             new.n_obs = int(st["n_obs"])
+            new.streak = int(st.get("streak", 0))
+            new.n_resets = int(st.get("n_resets", 0))
         except ConfigError:
             raise
         except (KeyError, TypeError, ValueError) as e:
@@ -197,8 +215,11 @@ def apply_corrections(profiles: Mapping[str, ComputeProfile],
 class Calibration:
     """Every rank's fit; ``declared``: each rank's declared speed factor (the planner divides by it)."""
 
-    def __init__(self, ranks: Sequence[RankCalibration], declared: Sequence[float] | None = None) -> None:
+    def __init__(self, ranks: Sequence[RankCalibration], declared: Sequence[float] | None = None,
+                 tail_scale: float = 1.0) -> None:
         self.ranks = list(ranks)
+        #: measured / modelled tail of an iteration (allreduce + update + synchronisation), a running mean
+        self.tail_scale = max(0.0, _num(tail_scale, "tail_scale"))
         self.declared = [1.0] * len(self.ranks) if declared is None else [float(v) for v in declared]
         if len(self.declared) != len(self.ranks):
             raise ConfigError(f"{len(self.declared)} declared speed factors for {len(self.ranks)} ranks")
@@ -220,9 +241,17 @@ class Calibration:
     def apply(self, profiles: Mapping[str, ComputeProfile], min_obs: int = 1) -> dict[str, ComputeProfile]:
         return apply_corrections(profiles, self.type_corrections(min_obs))
 
+    def observe_tail(self, measured_tail: float, modelled_tail: float, rate: float = 0.3) -> None:
+        """One window: the measured iteration time minus the slowest rank's predicted finish, against the
+        model's allreduce tail; the scale follows their ratio (running mean, rate per window)."""
+        if modelled_tail > 0 and math.isfinite(measured_tail):
+            r = min(max(measured_tail / modelled_tail, 0.0), 10.0)
+            self.tail_scale += rate * (r - self.tail_scale)
+
     # -- storage ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "calibration", "version": STATE_VERSION, "declared": list(self.declared),
+                "tail_scale": self.tail_scale,
                 "ranks": [rc.state_dict() for rc in self.ranks],
                 "types": {g: {"factor": f, "offset_s": o} for g, (f, o) in sorted(self.type_corrections().items())}}
 
@@ -231,7 +260,7 @@ class Calibration:
         if not isinstance(d, Mapping) or d.get("kind") != "calibration" or d.get("version") != STATE_VERSION:
             raise ConfigError(f"{where}: not a calibration of version {STATE_VERSION}")
         try:
-            return cls([RankCalibration.from_state(s) for s in d["ranks"]], d.get("declared"))
+            return cls([RankCalibration.from_state(s) for s in d["ranks"]], d.get("declared"), d.get("tail_scale", 1.0))
         except (KeyError, TypeError) as e:
             raise ConfigError(f"{where}: malformed calibration ({e})") from None
 
@@ -249,7 +278,7 @@ class Calibration:
                 out.append(RankCalibration(g, factor=f, offset=o / dec[i]))
             else:
                 out.append(RankCalibration(g))
-        return Calibration(out, dec)
+        return Calibration(out, dec, self.tail_scale)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         p = os.fspath(path)

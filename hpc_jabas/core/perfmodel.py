@@ -370,13 +370,27 @@ class JobModelConfig(Protocol):
     def emulate_per_sample_s(self) -> float: ...
 
 
-def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str]) -> PerfModel:
+def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str], calibrated: bool = True) -> PerfModel:
     """The perf model a job plans with: the profiles in ``cfg.profile_dir`` when given, else the
-    emulated model of ``gpu_types`` with the job's emulation times (what its emulated ranks run)."""
+    emulated model of ``gpu_types`` with the job's emulation times (what its emulated ranks run).
+
+    ``calibrated``: corrected by the job's online calibration (core/calibration.py) when its run
+    directory holds one (``calibration.json``, written at every checkpoint) and ``calibrate`` is on."""
     if cfg.profile_dir:
-        return PerfModel.load(cfg.profile_dir)
-    bs = sorted(set(DEFAULT_B_LIST) | ({cfg.micro_batch} if cfg.micro_batch else set()))
-    return PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
+        model = PerfModel.load(cfg.profile_dir)
+    else:
+        bs = sorted(set(DEFAULT_B_LIST) | ({cfg.micro_batch} if cfg.micro_batch else set()))
+        model = PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
+    run_dir = getattr(cfg, "run_dir", None)
+    if calibrated and getattr(cfg, "calibrate", False) and isinstance(run_dir, str):
+        from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration
+        path = os.path.join(run_dir, CALIBRATION_FILE)
+        if os.path.isfile(path):
+            cal = Calibration.load(path)
+            model.profiles = cal.apply(model.profiles)
+            ar = model.allreduce
+            model.allreduce = AllreduceModel(ar.a * cal.tail_scale, ar.c * cal.tail_scale, ar.bandwidth)
+    return model
 
 
 def declared_speed_factors(speeds: Sequence[float] | None, gpu_types: Sequence[str],
