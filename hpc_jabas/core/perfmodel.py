@@ -383,13 +383,20 @@ def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str], calibrated: bo
         model = PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
     run_dir = getattr(cfg, "run_dir", None)
     if calibrated and getattr(cfg, "calibrate", False) and isinstance(run_dir, str):
-        from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration
+        from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration  # it does not import this module
         path = os.path.join(run_dir, CALIBRATION_FILE)
         if os.path.isfile(path):
-            cal = Calibration.load(path)
-            model.profiles = cal.apply(model.profiles)
-            ar = model.allreduce
-            model.allreduce = AllreduceModel(ar.a * cal.tail_scale, ar.c * cal.tail_scale, ar.bandwidth)
+            calibrate_model(model, Calibration.load(path))
+    return model
+
+
+def calibrate_model(model: PerfModel, cal: Any, base: PerfModel | None = None) -> PerfModel:
+    """``model`` (in place) = ``base`` (default: model itself) corrected by a core/calibration.Calibration:
+    the profiles by their type's (factor, offset), the allreduce tail by the calibration's tail scale."""
+    b = base if base is not None else model
+    model.profiles = cal.apply(b.profiles)
+    ar, k = b.allreduce, float(cal.tail_scale)
+    model.allreduce = AllreduceModel(ar.a * k, ar.c * k, ar.bandwidth)
     return model
 
 

@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibration
-from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel, job_perf_model, rank_time
+from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 
@@ -72,9 +72,7 @@ class Calibrator:
         if self.cal is None or self.base is None or self.view is None:
             return
         self.cal.declared = self._declared()
-        self.view.profiles = self.cal.apply(self.base.profiles)
-        ar, k = self.base.allreduce, self.cal.tail_scale
-        self.view.allreduce = AllreduceModel(ar.a * k, ar.c * k, ar.bandwidth)
+        calibrate_model(self.view, self.cal, self.base)
 
     # -- every iteration, every rank -------------------------------------------------------------
     def observe(self, rec: dict[str, Any]) -> None:
