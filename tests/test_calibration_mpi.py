@@ -14,7 +14,9 @@ TYPES = ["v100", "p100", "rtx2060"]
 
 def test_unannounced_slowdown_is_calibrated_and_survives_resume(tmp_path):
     run_dir = tmp_path / "run"
-    spec = {"run_dir": str(run_dir), "gpu_types": TYPES, "steps": 120, "slowdown": {"1": "factor=2,start=20"}}
+    # emulated times well above the real compute of the small model, also on a loaded machine
+    spec = {"run_dir": str(run_dir), "gpu_types": TYPES, "steps": 80, "slowdown": {"1": "factor=2,start=20"},
+            "base_s": 0.01, "per_sample_s": 0.001}
     res = run_ranks("calib_worker.py", spec, np_=3)
     cal = res[0]["calibration"]
     assert all(r["calibration"] == cal for r in res)               # every rank holds the same fits
@@ -25,7 +27,7 @@ def test_unannounced_slowdown_is_calibrated_and_survives_resume(tmp_path):
     assert Calibration.load(run_dir / CALIBRATION_FILE).to_dict() == cal
     recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     perr = [r for r in recs if r["type"] == "perf_error"]
-    assert len(perr) >= 10
+    assert len(perr) >= 7                 # every 10 iterations (metrics_period) and at the checkpoint
     assert all(r["predicted_s"] > 0 and r["measured_s"] > 0 and len(r["factor"]) == 3 for r in perr)
     last = perr[-3:]                      # after the slowdown: the calibrated model predicts it, the profile not
     assert all(r["error"] < r["error_uncalibrated"] for r in last), last
