@@ -34,6 +34,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--gpus", required=True, metavar="SPEC",
                    help="GPU mix, TYPE:COUNT comma-separated in rank order, e.g. v100:4,p100:4,rtx2060:8")
     p.add_argument("--profile", metavar="DIR", help="perf-model directory (<gpu>.json + allreduce.json)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="a run's calibration.json: plan with the profile corrected by the run's measured times")
     p.add_argument("--emulated", action="store_true",
                    help="use the emulated model (the default when --profile is not given)")
     p.add_argument("--b-candidates", metavar="LIST", help="micro-batch sizes to try, e.g. 8,16,32")
@@ -95,6 +97,16 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def _model(args, gpu_list: list[str]) -> tuple[PerfModel, str]:
+    model, what = _base_model(args, gpu_list)
+    if getattr(args, "calibration", None):          # a run's calibration.json (core/calibration.py)
+        from hpc_jabas.core.calibration import Calibration
+        from hpc_jabas.core.perfmodel import calibrate_model
+        calibrate_model(model, Calibration.load(args.calibration))
+        what += f", calibrated by {args.calibration}"
+    return model, what
+
+
+def _base_model(args, gpu_list: list[str]) -> tuple[PerfModel, str]:
     if args.profile and args.emulated:
         raise ConfigError("--profile and --emulated exclude each other; give one")
     if args.profile:

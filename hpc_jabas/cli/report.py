@@ -1,4 +1,5 @@
-"""`hpc-jabas report RUN_DIR`: the run's trajectory as a PNG (B, lr scale, statistics, throughput)."""
+"""`hpc-jabas report RUN_DIR`: the run's trajectory as a PNG (B, lr scale, statistics, throughput, and the
+perf model's predicted vs measured iteration time at every calibration round)."""
 from __future__ import annotations
 
 import json
@@ -38,7 +39,7 @@ def draw(recs: list[dict], out: Path) -> Path:
     if not its:
         raise ConfigError("the run has no iteration records yet; nothing to draw")
     x = [r["it"] for r in its]
-    fig, ax = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    fig, ax = plt.subplots(5, 1, figsize=(9, 12), sharex=True)
     ax[0].step(x, [r["B"] for r in its], where="post", color="tab:blue")
     ax[0].set_ylabel("global batch B")
     ax[1].plot(x, [r["lr_scale"] for r in its], color="tab:orange")
@@ -58,12 +59,20 @@ def draw(recs: list[dict], out: Path) -> Path:
         ax[2].legend(loc="upper left")
     ax[3].plot(x, [r.get("samples_per_s") or 0 for r in its], color="tab:red", lw=0.8)
     ax[3].set_ylabel("samples/s")
-    ax[3].set_xlabel("iteration")
+    pe = [r for r in recs if r.get("type") == "perf_error"]      # predicted vs measured (runtime/calibrate.py)
+    if pe:
+        px = [r["it"] for r in pe]
+        ax[4].plot(px, [r["measured_s"] for r in pe], "k.-", label="measured")
+        ax[4].plot(px, [r["predicted_s"] for r in pe], "-", color="tab:purple", label="predicted (calibrated)")
+        ax[4].plot(px, [r["predicted_uncalibrated_s"] for r in pe], "--", color="tab:gray", label="predicted (profile)")
+        ax[4].legend(loc="upper left", fontsize=8)
+    ax[4].set_ylabel("iteration s")
+    ax[4].set_xlabel("iteration")
     for r in recs:
         if r.get("type") in ("epoch_end", "resume"):
             for a in ax:
                 a.axvline(r["it"], color="grey", lw=0.6, ls=":" if r["type"] == "epoch_end" else "-")
-    fig.suptitle("hpc-jabas run: B, lr, statistics, throughput (dotted: epoch ends, solid: resumes)")
+    fig.suptitle("hpc-jabas run: B, lr, statistics, throughput, perf-model error (dotted: epoch ends, solid: resumes)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)

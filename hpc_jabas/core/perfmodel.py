@@ -370,13 +370,34 @@ class JobModelConfig(Protocol):
     def emulate_per_sample_s(self) -> float: ...
 
 
-def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str]) -> PerfModel:
+def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str], calibrated: bool = True) -> PerfModel:
     """The perf model a job plans with: the profiles in ``cfg.profile_dir`` when given, else the
-    emulated model of ``gpu_types`` with the job's emulation times (what its emulated ranks run)."""
+    emulated model of ``gpu_types`` with the job's emulation times (what its emulated ranks run).
+
+    ``calibrated``: corrected by the job's online calibration (core/calibration.py) when its run
+    directory holds one (``calibration.json``, written at every checkpoint) and ``calibrate`` is on."""
     if cfg.profile_dir:
-        return PerfModel.load(cfg.profile_dir)
-    bs = sorted(set(DEFAULT_B_LIST) | ({cfg.micro_batch} if cfg.micro_batch else set()))
-    return PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
+        model = PerfModel.load(cfg.profile_dir)
+    else:
+        bs = sorted(set(DEFAULT_B_LIST) | ({cfg.micro_batch} if cfg.micro_batch else set()))
+        model = PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
+    run_dir = getattr(cfg, "run_dir", None)
+    if calibrated and getattr(cfg, "calibrate", False) and isinstance(run_dir, str):
+        from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration  # it does not import this module
+        path = os.path.join(run_dir, CALIBRATION_FILE)
+        if os.path.isfile(path):
+            calibrate_model(model, Calibration.load(path))
+    return model
+
+
+def calibrate_model(model: PerfModel, cal: Any, base: PerfModel | None = None) -> PerfModel:
+    """``model`` (in place) = ``base`` (default: model itself) corrected by a core/calibration.Calibration:
+    the profiles by their type's (factor, offset), the allreduce tail by the calibration's tail scale."""
+    b = base if base is not None else model
+    model.profiles = cal.apply(b.profiles)
+    ar, k = b.allreduce, float(cal.tail_scale)
+    model.allreduce = AllreduceModel(ar.a * k, ar.c * k, ar.bandwidth)
+    return model
 
 
 def declared_speed_factors(speeds: Sequence[float] | None, gpu_types: Sequence[str],

@@ -72,9 +72,8 @@ class Emulator:
             self.overruns += 1
             self._deadline = now
             return 0.0
-        waited = self._deadline - now
-        time.sleep(waited)
-        return waited
+        time.sleep(self._deadline - now)
+        return time.perf_counter() - now       # as slept: an oversleep is time the rank really spent
 
     def wait_until(self, t_start: float, b: int, iteration: int = 0) -> float:
         """Sleep until t_start + target(b); returns the seconds waited (0 if compute overran)."""

@@ -65,6 +65,7 @@ def state_dict(tr: Trainer, cuda_rng: list | None = None) -> dict:
             "controller": tr.controller.state_dict() if tr.controller is not None else None,
             "world": tr.world, "gpu_types": tr.gpu_types, "decisions": tr.decisions.state_dict(),
             "lifecycle": tr.epoch_end_hook.state_dict() if tr.epoch_end_hook is not None else None,
+            "calibration": tr.calib.state_dict() if getattr(tr, "calib", None) is not None else None,
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
                     "cuda": cuda_rng}}
 
@@ -90,6 +91,8 @@ def load_state_dict(tr: Trainer, st: dict) -> None:
     if tr.epoch_end_hook is not None and st.get("lifecycle"):
         tr.epoch_end_hook.load_state_dict(dict(st["lifecycle"]))
     tr.decisions.load_state_dict(st.get("decisions") or {})
+    if getattr(tr, "calib", None) is not None:
+        tr.calib.load_state_dict(st.get("calibration"))
     torch.set_rng_state(st["rng"]["torch"])
     np.random.set_state(st["rng"]["numpy"])
     random.setstate(st["rng"]["python"])

@@ -28,6 +28,7 @@ from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm, data, evaluate, resume
 from hpc_jabas.runtime import safepoint as sp
+from hpc_jabas.runtime.calibrate import Calibrator
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
@@ -114,6 +115,7 @@ class Trainer:
         self.lr_scale = 1.0
         self.gpu_types = list(self.world_info.gpu_types)
         self._perf_model: Any = None          # built on first use (perf_model())
+        self.calib = Calibrator(self)         # online calibration of that model (runtime/calibrate.py)
         self.identical_b = True               # set by _default_planner: one b on every rank, or per-rank b
         self.declared_speed_factors: list[float] | None = None   # cfg.speeds vs the perf model (optimal)
         self.emulator = self._emulator()
@@ -159,9 +161,8 @@ class Trainer:
 
     def perf_model(self):
         """The job's perf model (built once; the planner, snapping and balancing share it)."""
-        if self._perf_model is None:
-            from hpc_jabas.core.perfmodel import job_perf_model
-            self._perf_model = job_perf_model(self.cfg, self.gpu_types)
+        if self._perf_model is None:      # the calibrated view: corrected in place on calibration rounds
+            self._perf_model = self.calib.model()
         return self._perf_model
 
     def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
@@ -266,9 +267,12 @@ class Trainer:
         rec["contained_errors"] = self.decisions.contained_errors
         self.history.append({"it": self.iteration, "B": self.B, "plan": str(self.plan), "lr_scale": self.lr_scale})
         self._iter_metrics.add(rec)
+        self.calib.observe(rec)
         self.iteration += 1
         if self.scheduler is not None and self.scheduler_step == "iteration":
             self.scheduler.step()
+        if self.calib.is_round(self.iteration):
+            self.calib.sync()                       # collective: the decision sees the calibrated model
         if self.controller is not None:
             d = self.controller.after_step(self, rec)
             if d is not None:
@@ -293,6 +297,7 @@ class Trainer:
 
     def save_checkpoint(self) -> str | None:
         """All ranks call; rank 0 writes (the state is identical on every rank)."""
+        self.calib.sync(write=self.cfg.checkpoint)        # every rank's fit in the checkpoint and calibration.json
         return resume.save_checkpoint(self)
 
     def _save_hook_state(self, checkpoint: str | None) -> None:
@@ -339,6 +344,7 @@ class Trainer:
             if self._safe_point():
                 break
         self.flush_metrics()
+        self.calib.sync(write=True)
         self.feed.close()
         if installed_here:
             sp.stop_signals().uninstall()

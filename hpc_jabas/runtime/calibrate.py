@@ -1,0 +1,191 @@
+"""The trainer's online calibration of the perf model (core/calibration.py) and its error record.
+
+Every rank fits its own correction every iteration from its own measured compute (``observe``, no
+communication). On calibration rounds (the controller's decision rounds; every ``metrics_period``
+iterations without a controller that has rounds), before the decision, at checkpoints and at the
+end of ``fit`` every rank calls ``sync`` (collective): the fits are gathered, the calibrated view is
+rebuilt in place (``view.profiles``: the planner, the batch space, the rebalancer and goodput share
+that one PerfModel object), and rank 0 writes a ``perf_error`` record to metrics.jsonl: the mean
+predicted iteration time of the iterations since the last round (the calibrated model as it was
+during them, and the uncalibrated profile) against the measured one (max over ranks of iter_s).
+At checkpoints rank 0 also writes ``calibration.json`` to the run directory (``job_perf_model``,
+the auto-scaler and ``hpc-jabas plan --calibration`` read it).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibration
+from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.log import get_logger
+
+log = get_logger(__name__)
+WARMUP_ITERATIONS = 2       # the first iterations of a process (lazy initialisation) are not fitted
+
+
+class Calibrator:
+    def __init__(self, trainer: Any) -> None:
+        self.tr = trainer
+        self.enabled = bool(getattr(trainer.cfg, "calibrate", False))
+        self.base: PerfModel | None = None
+        self.view: PerfModel | None = None
+        self.cal: Calibration | None = None       # every rank's fit as of the last sync
+        self.mine: RankCalibration | None = None  # this rank's live fit
+        self.window: list[list[float]] = []       # [it, predicted finish (view), (profile), iter_s, n]
+        self.seen = 0
+        self._warned = False
+
+    def model(self) -> PerfModel:
+        """The calibrated view (built once; what ``trainer.perf_model()`` returns)."""
+        if self.view is None:
+            cfg, types = self.tr.cfg, self.tr.gpu_types
+            self.base = job_perf_model(cfg, types, calibrated=False)
+            b = self.base
+            self.view = PerfModel(dict(b.profiles), b.allreduce, b.grad_bytes, b.overlap)
+            if self.enabled:
+                self._seed()
+        return self.view
+
+    def _declared(self) -> list[float]:
+        d = getattr(self.tr, "declared_speed_factors", None)
+        return list(d) if d else [1.0] * self.tr.world
+
+    def _seed(self) -> None:
+        path = os.path.join(str(self.tr.cfg.run_dir), CALIBRATION_FILE)
+        cal = None
+        if os.path.isfile(path):
+            try:
+                cal = Calibration.load(path).seeded(self.tr.gpu_types)
+                log.info("calibration seeded from %s", path)
+            except ConfigError as e:
+                log.warning("ignoring %s: %s", path, e)
+        self._set(cal or Calibration.fresh(self.tr.gpu_types))
+
+    def _set(self, cal: Calibration) -> None:
+        self.cal = cal
+        self.mine = RankCalibration.from_state(cal.ranks[self.tr.rank].state_dict())
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        if self.cal is None or self.base is None or self.view is None:
+            return
+        self.cal.declared = self._declared()
+        calibrate_model(self.view, self.cal, self.base)
+
+    # -- every iteration, every rank -------------------------------------------------------------
+    def observe(self, rec: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        try:
+            view = self.model()
+            assert self.base is not None and self.mine is not None
+            n, b, x = int(rec["n_local"]), int(rec["b"]), int(rec.get("x", rec["n_local"] * rec["b"]))
+            g = self.tr.gpu_types[self.tr.rank]
+            sf = self._declared()[self.tr.rank]
+            if n > 0:
+                pb = self.base.profile(g)
+                self.window.append([rec["it"], rank_time(view.profile(g), b, n, x, sf), rank_time(pb, b, n, x, sf),
+                                    rec["iter_s"], n])
+            else:
+                self.window.append([rec["it"], 0.0, 0.0, rec["iter_s"], 0])
+            self.seen += 1
+            if n > 0 and self.seen > WARMUP_ITERATIONS and not rec.get("skipped"):
+                r = x - (n - 1) * b
+                t = ((n - 1) * pb.time(b) + pb.time(r)) / sf
+                self.mine.update(t, n, float(rec["compute_s"]))
+        except ConfigError as e:          # e.g. a plan outside the profile: not fitted, said once (every rank
+            if not self._warned:          # keeps syncing, so the collective calls stay in step)
+                log.warning("rank %d: iteration not calibrated: %s", self.tr.rank, e)
+            self._warned = True
+
+    def is_round(self, iteration: int) -> bool:
+        ctrl = self.tr.controller
+        f = getattr(ctrl, "is_round", None)
+        if f is not None and (getattr(ctrl, "balance", False) or getattr(ctrl, "policy_name", "") != "fixed"):
+            return bool(f(iteration))
+        return iteration % max(1, int(self.tr.cfg.metrics_period)) == 0
+
+    # -- collective -------------------------------------------------------------------------------
+    def sync(self, write: bool = False) -> None:
+        """Every rank at the same point: gather the fits, rebuild the view, rank 0 records the error."""
+        if not self.enabled or self.mine is None:
+            return
+        from hpc_jabas.runtime import comm
+        got = comm.allgather_object({"state": self.mine.state_dict(), "window": self.window}, name="hj.calib")
+        self.window = []
+        assert self.cal is not None
+        old = self.cal
+        self.cal = Calibration([RankCalibration.from_state(g["state"]) for g in got], self._declared(),
+                               old.tail_scale)
+        self._record([g["window"] for g in got], old)       # every rank: the tail scale; rank 0 writes
+        self._rebuild()
+        self._refresh_space()
+        if write and self.tr.rank == 0:
+            try:
+                self.cal.save(os.path.join(str(self.tr.cfg.run_dir), CALIBRATION_FILE))
+            except OSError as e:
+                log.warning("calibration not written: %s", e)
+
+    def _record(self, windows: list[list[list[float]]], old: Calibration) -> None:
+        view = self.view
+        if view is None or not windows or not all(len(w) == len(windows[0]) for w in windows) or not windows[0]:
+            return
+        assert self.base is not None and self.cal is not None
+        pc = pb = ms = fin = tail_base = 0.0
+        k = 0
+        for rows in zip(*windows):
+            npart = sum(1 for r in rows if r[4] > 0)
+            if npart == 0:
+                continue
+            tail, tb = view.allreduce_tail(npart), self.base.allreduce_tail(npart)
+            pc += max(r[1] for r in rows) + tail
+            pb += max(r[2] for r in rows) + tb
+            ms += max(r[3] for r in rows)
+            fin += max(r[1] for r in rows)
+            tail_base += tb
+            k += 1
+        if k == 0 or ms <= 0:
+            return
+        self.cal.observe_tail((ms - fin) / k, tail_base / k)
+        if self.tr.rank != 0:
+            return
+        pc, pb, ms = pc / k, pb / k, ms / k
+        self.tr.metrics.write({"type": "perf_error", "it": self.tr.iteration, "iterations": k,
+                               "predicted_s": pc, "predicted_uncalibrated_s": pb, "measured_s": ms,
+                               "error": abs(pc - ms) / ms, "error_uncalibrated": abs(pb - ms) / ms,
+                               "factor": [rc.factor for rc in self.cal.ranks], "tail_scale": old.tail_scale,
+                               "offset_s": [rc.offset for rc in self.cal.ranks]})
+
+    def _refresh_space(self) -> None:
+        """Goodput (noise-scale) prices B with the batch space's times: rebuilt on the calibrated model."""
+        ctrl = self.tr.controller
+        if getattr(ctrl, "space", None) is None or getattr(ctrl, "policy_name", "fixed") != "noise-scale":
+            return
+        from hpc_jabas.core.snapping import job_batch_space
+        tr = self.tr
+        try:
+            ctrl.space = job_batch_space(tr.cfg, tr.gpu_types, self.model(),
+                                         plan_fn=lambda B: tr.planner_fn(B, None),
+                                         per_rank=not getattr(tr, "identical_b", True),
+                                         speed_factors=getattr(tr, "declared_speed_factors", None))
+        except ConfigError as e:
+            log.warning("batch space kept on the previous model: %s", e)
+
+    # -- checkpoint --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.cal.to_dict() if self.enabled and self.cal is not None else None
+
+    def load_state_dict(self, d: dict[str, Any] | None) -> None:
+        if not d or not self.enabled:
+            return
+        self.model()
+        try:
+            cal = Calibration.from_dict(d, "checkpoint calibration")
+        except ConfigError as e:
+            log.warning("checkpoint calibration ignored: %s", e)
+            return
+        same = len(cal.ranks) == self.tr.world and [r.gpu for r in cal.ranks] == list(self.tr.gpu_types)
+        self._set(cal if same else cal.seeded(self.tr.gpu_types))
+        self.window = []

@@ -1,0 +1,31 @@
+"""Emulated ranks with an unannounced slowdown; rank r writes rank<r>.json with the job's calibration."""
+import json
+import sys
+from pathlib import Path
+
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference import make_data, make_model, make_optimizer  # noqa: E402
+
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
+
+spec = json.loads(Path(sys.argv[1]).read_text())
+cfg = JobConfig(planner="lbbsp", micro_batch=4, batch=spec.get("batch", 96), run_dir=spec["run_dir"],
+                emulate=True, gpu_types=spec["gpu_types"], epochs=1000, metrics_period=10,
+                emulate_base_s=spec.get("base_s", 0.004), emulate_per_sample_s=spec.get("per_sample_s", 0.0005))
+cfg.slowdown = {int(r): v for r, v in spec.get("slowdown", {}).items()}
+cfg.validate()
+model = make_model()
+tr = Trainer(model, make_optimizer("momentum", model.parameters(), 0.01), make_data(4096), nn.CrossEntropyLoss(),
+             config=cfg)
+out = {"rank": tr.rank}
+if spec.get("mode") == "resume_only":          # resume, nothing trained: the calibration as loaded
+    out["resumed"] = tr.maybe_resume()
+else:
+    tr.fit(max_iterations=spec["steps"], resume=spec.get("resume", False))
+    tr.save_checkpoint()
+out["calibration"] = tr.calib.state_dict()
+out["view_v100_t4"] = tr.perf_model().profile(tr.gpu_types[0]).time(4)
+(Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
