@@ -1,4 +1,4 @@
-"""Online calibration of the perf model from what the job measures (issue 23). Pure: plain Python + numpy.
+"""Online calibration of the perf model from what the job measures. Pure: plain Python + numpy.
 
 Per rank, the measured compute of an iteration (every micro-batch's forward + backward, the input
 pipeline's fetch of its batch included: the trainer times both) is fitted as::

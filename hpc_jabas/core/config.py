@@ -141,8 +141,8 @@ class BalancingConfig:
                               "RLS on past speeds and load signals)", choices=BALANCE_MODES)
     p_balance: int = key(10, "iterations between rebalancing decisions", lo=1)
     balance_threshold: float = key(0.05, "re-plan only above this predicted gain (fraction)", lo=0.0)
-    calibrate: bool = key(True, "fit each rank's measured micro-batch times to the profile online (factor, offset "
-                                "per call) and plan with the calibrated model (core/calibration.py)")
+    calibrate: bool = key(False, "opt-in: fit each rank's measured micro-batch times to the profile online (factor, "
+                                 "offset per call) and plan with the calibrated model (core/calibration.py)")
 
 
 @dataclass

@@ -13,7 +13,7 @@ from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 cfg = JobConfig(planner="lbbsp", micro_batch=4, batch=spec.get("batch", 96), run_dir=spec["run_dir"],
-                emulate=True, gpu_types=spec["gpu_types"], epochs=1000, metrics_period=10,
+                emulate=True, gpu_types=spec["gpu_types"], epochs=1000, metrics_period=10, calibrate=True,
                 emulate_base_s=spec.get("base_s", 0.004), emulate_per_sample_s=spec.get("per_sample_s", 0.0005))
 cfg.slowdown = {int(r): v for r, v in spec.get("slowdown", {}).items()}
 cfg.validate()
