@@ -30,7 +30,8 @@ class MetricsWriter:
         self._f: IO[str] | None = None
         if path is not None:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                from hpc_jabas.trust import private_dir
+                private_dir(path.parent)
                 self._f = open(path, "a", buffering=1)
             except OSError as e:      # a file where the run directory should be, no permission, /proc...
                 from hpc_jabas.errors import ConfigError

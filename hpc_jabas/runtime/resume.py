@@ -27,6 +27,7 @@ from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.progress import refuse_finished
+from hpc_jabas.trust import UntrustedFileError
 
 Trainer = Any      # runtime/trainer.Trainer (not imported: the trainer imports this module)
 
@@ -152,14 +153,15 @@ def maybe_resume(tr: Trainer, epochs: int | None = None) -> bool:
     if tr.rank == 0:
         try:
             found = ckpt.load_latest(tr.ckpt_dir, log=log.warning)
-        except CheckpointError as e:        # every checkpoint bad: every rank stops with rank 0's line
-            err = str(e)
-    if found:
-        load_hook_state(tr, found[0], found[1])
+            if found:
+                load_hook_state(tr, found[0], found[1])
+        except (CheckpointError, UntrustedFileError) as e:
+            # every checkpoint bad, or one that others could have written: every rank stops with rank 0's line
+            err = (type(e).__name__, str(e))
     st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
     if err:
         from hpc_jabas.runtime.dirlock import rank_error
-        raise rank_error(CheckpointError, err, tr.rank)
+        raise rank_error(UntrustedFileError if err[0] == "UntrustedFileError" else CheckpointError, err[1], tr.rank)
     if st is None:
         return False
     tr.load_state_dict(st)

@@ -39,6 +39,7 @@ from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
+from hpc_jabas.trust import set_trust_group
 
 log = get_logger(__name__)
 
@@ -65,6 +66,7 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
                  history_len: int = 100_000):
         self.cfg = (config or JobConfig()).validate()
+        set_trust_group(self.cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         if scheduler_step not in SCHEDULER_STEPS:
             raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
         if scheduler_step == "iteration" and evaluate.is_plateau(scheduler):

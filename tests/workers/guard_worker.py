@@ -1,0 +1,94 @@
+"""One Trainer (one rank, or several under mpirun) for tests/test_trust.py and tests/test_guards.py.
+
+Spec: plan, steps, n, optimizer, lr (a float or "nan"), run_dir, out_dir, resume, checkpoint_every,
+num_workers (0: the TensorDataset itself; else a DataLoader with that many workers and a worker_init_fn
+that records each worker's pid), signal_at = {"it": k, "to": "self"|"workers"|"both", "signal": "TERM",
+"kill_worker": bool}, amp. Rank r writes rank<r>.json: params, iterations, stopped, resumed_from,
+the error line (class and message) when fit raised a JabasError, and the worker pids.
+"""
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference import make_data, make_model, make_optimizer  # noqa: E402
+
+from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.plan import Plan  # noqa: E402
+from hpc_jabas.errors import JabasError  # noqa: E402
+from hpc_jabas.runtime.hooks import Callback  # noqa: E402
+from hpc_jabas.runtime.safepoint import stop_signals  # noqa: E402
+from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
+
+spec = json.loads(Path(sys.argv[1]).read_text())
+out_dir = Path(spec["out_dir"])
+PIDS = out_dir / "worker_pids"
+
+
+def record_pid(worker_id):            # the user's worker_init_fn: the Trainer chains it
+    with open(PIDS, "a") as f:
+        f.write(f"{os.getpid()}\n")
+
+
+def worker_pids():
+    if not PIDS.exists():
+        return []
+    return sorted({int(x) for x in PIDS.read_text().split()})
+
+
+class SignalAt(Callback):
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_end(self, trainer, rec):
+        a = self.at
+        if not a or trainer.iteration != a["it"] or trainer.rank != a.get("rank", 0):
+            return
+        sig = getattr(signal, "SIG" + a.get("signal", "TERM"))
+        if a.get("to", "both") in ("workers", "both"):
+            for pid in worker_pids():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        if a.get("to", "both") in ("self", "both"):
+            os.kill(os.getpid(), sig)
+        if a.get("kill_worker"):
+            for pid in worker_pids()[:1]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+B = Plan.parse(spec["plan"]).B
+cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=B, batch_min=1, batch_max=10**9, run_dir=spec["run_dir"],
+                epochs=spec.get("epochs", 1000), metrics_period=spec.get("metrics_period", 10),
+                checkpoint_every=spec.get("checkpoint_every"), amp=spec.get("amp", "off"),
+                trust_group=spec.get("trust_group", False)).validate()
+stop_signals().install()
+model = make_model(dtype=torch.float32 if spec.get("amp", "off") != "off" else torch.float64)
+lr = float(spec["lr"])
+opt = make_optimizer(spec["optimizer"], model.parameters(), lr)
+ds = make_data(spec.get("n", 240), dtype=next(model.parameters()).dtype)
+data = ds
+if spec.get("num_workers"):
+    data = torch.utils.data.DataLoader(ds, num_workers=int(spec["num_workers"]), worker_init_fn=record_pid,
+                                       persistent_workers=False)
+out = {"error": None}
+try:
+    tr = Trainer(model, opt, data, nn.CrossEntropyLoss(), config=cfg,
+                 callbacks=[SignalAt(None if spec.get("resume") else spec.get("signal_at"))])
+    res = tr.fit(max_iterations=spec["steps"], resume=spec.get("resume", False))
+    out.update(rank=tr.rank, iterations=tr.iteration, stopped=res["stopped"], resumed_from=tr.resumed_from,
+               params={k: v.tolist() for k, v in model.state_dict().items()})
+except JabasError as e:
+    out["error"] = [type(e).__name__, str(e)]
+rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+out["worker_pids"] = worker_pids()
+(out_dir / f"rank{rank}.json").write_text(json.dumps(out))
