@@ -11,6 +11,7 @@ records when they do.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +21,23 @@ import torch
 # per rank, per iteration: what the allgather carries (column order)
 PER_RANK = ("rank", "it", "compute_s", "real_compute_s", "emulation_wait_s", "wait_s", "iter_s", "n_local",
             "loss_sum", "slowdown")
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` as strict JSON values: a NaN or an infinity becomes null (metrics.jsonl stays valid JSON, which
+    has neither), tuples become lists, anything else (a tensor, a numpy number) its float."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, bool, int)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k) if not isinstance(k, (str, int, float, bool)) else k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    try:
+        return json_safe(float(obj))
+    except (TypeError, ValueError):
+        return str(obj)
 
 
 class MetricsWriter:
@@ -40,7 +58,7 @@ class MetricsWriter:
 
     def write(self, rec: dict[str, Any]) -> None:
         if self._f is not None:
-            self._f.write(json.dumps(rec, default=float) + "\n")
+            self._f.write(json.dumps(json_safe(rec), allow_nan=False) + "\n")
 
     def close(self) -> None:
         if self._f is not None:

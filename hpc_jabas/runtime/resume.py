@@ -105,10 +105,27 @@ def restore_cuda_rng(states: list | None, rank: int) -> bool:
     return True
 
 
+def finite_weights(tr: Trainer) -> bool:
+    """Every parameter and buffer is finite (one host read; identical on every rank after the step)."""
+    ts = [t.detach() for t in tr.model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()]
+    if not ts:
+        return True
+    return bool(torch.stack([torch.isfinite(t).all() for t in ts]).all())
+
+
 def save_checkpoint(tr: Trainer) -> str | None:
-    """All ranks call; rank 0 writes (the state is identical on every rank)."""
+    """All ranks call; rank 0 writes (the state is identical on every rank). Non-finite weights are never
+    written: every rank stops (safepoint.NonFiniteError) and the last finite checkpoint stays."""
     tr.flush_metrics()
     bn_average(tr)                      # every rank the same BatchNorm buffers in the checkpoint
+    if tr.cfg.checkpoint and not finite_weights(tr):
+        from hpc_jabas.runtime.dirlock import rank_error
+        from hpc_jabas.runtime.safepoint import NonFiniteError, last_checkpoint_name
+        if tr.rank == 0:
+            tr.metrics.write({"type": "nonfinite_stop", "it": tr.iteration, "weights": True})
+        raise rank_error(NonFiniteError, f"training diverged: the weights after iteration {tr.iteration - 1} are "
+                         f"not finite numbers; stopped without checkpointing them ({last_checkpoint_name(tr)}); "
+                         "lower the learning rate, check the data, or use clip_grad_norm", tr.rank)
     cuda_rng = gather_cuda_rng() if tr.cfg.checkpoint else None
     path = None
     tr.last_checkpoint_time = time.time()

@@ -12,6 +12,7 @@ broadcast, every rank applies it at the iteration it names.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import deque
@@ -275,6 +276,8 @@ class Trainer:
         self.samples_local += sum(len(i) for i in mine)
         self.compute_local_s += compute + emu_wait
         self.opt.step(lr_scale=self.lr_scale)
+        # agreed at the safe point (runtime/safepoint.py); an fp16 step the scaler skipped is not an error
+        self.nonfinite_loss = not math.isfinite(loss_sum) and not self.opt.last_step_skipped
         t_end = time.perf_counter()
         rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
                "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],

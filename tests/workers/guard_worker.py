@@ -3,7 +3,8 @@
 Spec: plan, steps, n, optimizer, lr (a float or "nan"), run_dir, out_dir, resume, checkpoint_every,
 num_workers (0: the TensorDataset itself; else a DataLoader with that many workers and a worker_init_fn
 that records each worker's pid), signal_at = {"it": k, "to": "self"|"workers"|"both", "signal": "TERM",
-"kill_worker": bool}, amp. Rank r writes rank<r>.json: params, iterations, stopped, resumed_from,
+"kill_worker": bool}, amp, inf_loss_at (the loss of that iteration times inf), poison_at (the weights
+set to NaN after that iteration's step). Rank r writes rank<r>.json: params, iterations, stopped, resumed_from,
 the error line (class and message) when fit raised a JabasError, and the worker pids.
 """
 import json
@@ -41,11 +42,22 @@ def worker_pids():
     return sorted({int(x) for x in PIDS.read_text().split()})
 
 
+NEXT = {"it": 0}                     # the iteration the trainer runs next (for the forward below)
+SKIPPED = []                         # iterations whose fp16 step the loss scaler skipped
+
+
 class SignalAt(Callback):
     def __init__(self, at):
         self.at = at
 
     def on_step_end(self, trainer, rec):
+        NEXT["it"] = trainer.iteration
+        if rec.get("skipped"):
+            SKIPPED.append(rec["it"])
+        if spec.get("poison_at") is not None and trainer.iteration - 1 == spec["poison_at"]:
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.fill_(float("nan"))
         a = self.at
         if not a or trainer.iteration != a["it"] or trainer.rank != a.get("rank", 0):
             return
@@ -82,11 +94,18 @@ if spec.get("num_workers"):
                                        persistent_workers=False)
 out = {"error": None}
 try:
-    tr = Trainer(model, opt, data, nn.CrossEntropyLoss(), config=cfg,
+    loss_fn = nn.CrossEntropyLoss()
+
+    def forward(m, batch):
+        loss = loss_fn(m(batch[0]), batch[1])
+        return loss * float("inf") if NEXT["it"] == spec.get("inf_loss_at") else loss
+    tr = Trainer(model, opt, data, loss_fn, config=cfg, forward_fn=forward,
                  callbacks=[SignalAt(None if spec.get("resume") else spec.get("signal_at"))])
+    NEXT["it"] = tr.iteration
     res = tr.fit(max_iterations=spec["steps"], resume=spec.get("resume", False))
     out.update(rank=tr.rank, iterations=tr.iteration, stopped=res["stopped"], resumed_from=tr.resumed_from,
-               params={k: v.tolist() for k, v in model.state_dict().items()})
+               params={k: v.tolist() for k, v in model.state_dict().items()},
+               skipped=SKIPPED)
 except JabasError as e:
     out["error"] = [type(e).__name__, str(e)]
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
