@@ -121,3 +121,56 @@ def test_an_fp16_step_the_scaler_skips_is_not_an_error(tmp_path, amp):
         assert res["error"] is None and res["iterations"] == 4 and res["skipped"] == [1], res
     else:
         assert res["error"][0] == "NonFiniteError" and "iteration 1" in res["error"][1], res
+
+
+# ---- DataLoader workers and the job's stop signals ----------------------------------------------------
+LOADER = dict(BASE, plan="b=4 n=4", num_workers=2, prefetch_factor=1)      # 4 micro-batches an iteration
+
+
+def test_quiet_worker_init_ignores_the_stop_signals_and_chains_the_users(tmp_path):
+    import signal
+
+    from hpc_jabas.runtime.data import WORKER_IGNORED, QuietWorkerInit
+    seen = []
+    old = {s: signal.getsignal(s) for s in WORKER_IGNORED}
+    try:
+        QuietWorkerInit(seen.append)(3)
+        assert seen == [3] and all(signal.getsignal(s) == signal.SIG_IGN for s in WORKER_IGNORED)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    import pickle
+    assert pickle.loads(pickle.dumps(QuietWorkerInit(None))).user_fn is None       # spawned workers get it
+
+
+@pytest.mark.parametrize("case", [
+    {"it": 2, "to": "both"},                                           # TERM to the process group, at a boundary
+    {"it": 1, "to": "both", "where": "forward", "kill_workers": "all"},   # mid-iteration, then the workers die
+])
+def test_stop_signal_with_loader_workers_checkpoints_and_resumes_exactly(tmp_path, case):
+    run = str(tmp_path / "run")
+    first = _run(dict(LOADER, steps=8, run_dir=run, signal_at=case), tmp_path, "a")
+    assert first["error"] is None, first
+    assert len(first["worker_pids"]) == 2                              # the user's worker_init_fn ran in each
+    assert first["alive_after_signal"] == [True, True]                 # TERM did not kill a worker
+    stop_it = case["it"] if case.get("where") != "forward" else case["it"] + 1
+    assert first["stopped"]["signal"] == "TERM" and first["iterations"] == stop_it, first
+    assert Path(first["stopped"]["checkpoint"]).name == ckpt.name_for(0, stop_it)
+    if case.get("kill_workers"):
+        assert "a DataLoader worker died after the stop signal" in first["stderr"]
+    second = _run(dict(LOADER, steps=8, run_dir=run, resume=True), tmp_path, "b")
+    ref = _run(dict(LOADER, steps=8, run_dir=str(tmp_path / "ref")), tmp_path, "c")
+    assert second["error"] is None and second["resumed_from"] and second["iterations"] == 8
+    _same_params(second["params"], ref["params"])
+
+
+def test_a_dead_worker_without_a_stop_signal_is_still_an_error(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    spec = dict(LOADER, steps=8, run_dir=str(tmp_path / "run"), out_dir=str(out),
+                signal_at={"it": 1, "to": "none", "where": "forward", "kill_workers": "all"})
+    (out / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, str(WORKERS / "guard_worker.py"), str(out / "spec.json")], env=env,
+                       cwd=str(ROOT), capture_output=True, text=True, timeout=240)
+    assert r.returncode != 0 and "DataLoader worker" in r.stderr, r.stderr[-2000:]

@@ -3,7 +3,7 @@
 Spec: plan, steps, n, optimizer, lr (a float or "nan"), run_dir, out_dir, resume, checkpoint_every,
 num_workers (0: the TensorDataset itself; else a DataLoader with that many workers and a worker_init_fn
 that records each worker's pid), signal_at = {"it": k, "to": "self"|"workers"|"both", "signal": "TERM",
-"kill_worker": bool}, amp, inf_loss_at (the loss of that iteration times inf), poison_at (the weights
+"where": "step_end"|"forward", "kill_workers": "one"|"all"}, amp, inf_loss_at (the loss of that iteration times inf), poison_at (the weights
 set to NaN after that iteration's step). Rank r writes rank<r>.json: params, iterations, stopped, resumed_from,
 the error line (class and message) when fit raised a JabasError, and the worker pids.
 """
@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ def worker_pids():
 
 
 NEXT = {"it": 0}                     # the iteration the trainer runs next (for the forward below)
+ALIVE = []                           # after the signal: is each worker still alive
 SKIPPED = []                         # iterations whose fp16 step the loss scaler skipped
 
 
@@ -59,23 +61,38 @@ class SignalAt(Callback):
                 for p in trainer.model.parameters():
                     p.fill_(float("nan"))
         a = self.at
-        if not a or trainer.iteration != a["it"] or trainer.rank != a.get("rank", 0):
-            return
-        sig = getattr(signal, "SIG" + a.get("signal", "TERM"))
-        if a.get("to", "both") in ("workers", "both"):
-            for pid in worker_pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        if a.get("to", "both") in ("self", "both"):
-            os.kill(os.getpid(), sig)
-        if a.get("kill_worker"):
-            for pid in worker_pids()[:1]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        if a and a.get("where", "step_end") == "step_end" and trainer.iteration == a["it"] \
+                and trainer.rank == a.get("rank", 0):
+            fire(a)
+
+
+def fire(a):
+    """Send the stop signal (to this process, its workers or both), then SIGKILL some workers."""
+    sig = getattr(signal, "SIG" + a.get("signal", "TERM"))
+    if a.get("to", "both") in ("workers", "both"):
+        for pid in worker_pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    if a.get("to", "both") in ("self", "both"):
+        os.kill(os.getpid(), sig)
+    time.sleep(0.5)
+    ALIVE.extend(_alive(pid) for pid in worker_pids())
+    kill = {"one": worker_pids()[:1], "all": worker_pids()}.get(a.get("kill_workers") or "", [])
+    for pid in kill:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
 
 
 B = Plan.parse(spec["plan"]).B
@@ -91,12 +108,17 @@ ds = make_data(spec.get("n", 240), dtype=next(model.parameters()).dtype)
 data = ds
 if spec.get("num_workers"):
     data = torch.utils.data.DataLoader(ds, num_workers=int(spec["num_workers"]), worker_init_fn=record_pid,
-                                       persistent_workers=False)
+                                       persistent_workers=True, prefetch_factor=spec.get("prefetch_factor", 2))
 out = {"error": None}
 try:
     loss_fn = nn.CrossEntropyLoss()
 
     def forward(m, batch):
+        a = spec.get("signal_at")
+        if a and a.get("where") == "forward" and NEXT["it"] == a["it"] and not spec.get("resume") \
+                and not NEXT.get("fired"):
+            NEXT["fired"] = True           # mid-iteration: this iteration's other micro-batches are still to read
+            fire(a)
         loss = loss_fn(m(batch[0]), batch[1])
         return loss * float("inf") if NEXT["it"] == spec.get("inf_loss_at") else loss
     tr = Trainer(model, opt, data, loss_fn, config=cfg, forward_fn=forward,
@@ -110,4 +132,5 @@ except JabasError as e:
     out["error"] = [type(e).__name__, str(e)]
 rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
 out["worker_pids"] = worker_pids()
+out["alive_after_signal"] = ALIVE
 (out_dir / f"rank{rank}.json").write_text(json.dumps(out))
