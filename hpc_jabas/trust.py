@@ -48,9 +48,9 @@ def _problem(st: os.stat_result, is_dir: bool, group_ok: bool) -> tuple[str, str
                 "check who wrote it; if it is yours, chown $USER {f}")
     mode = stat.S_IMODE(st.st_mode)
     if mode & stat.S_IWOTH and not (is_dir and mode & stat.S_ISVTX):
-        return "is writable by every user (mode %04o)" % mode, "chmod o-w {f}"
+        return f"is writable by every user (mode {mode:04o})", "chmod o-w {f}"
     if mode & stat.S_IWGRP and not group_ok and not (is_dir and mode & stat.S_ISVTX):
-        return ("is writable by its group (mode %04o)" % mode,
+        return (f"is writable by its group (mode {mode:04o})",
                 "chmod g-w {f}, or set trust_group = true in the job's config if the group is trusted")
     return None
 

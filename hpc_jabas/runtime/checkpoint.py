@@ -5,7 +5,8 @@ File layout: ``ckpt-<epoch>-<iteration>.pt`` is exactly what ``torch.save`` wrot
 without hpc-jabas: the state is stored as tensors and plain containers (:func:`to_plain`: a numpy
 array becomes ``{"__hj_ndarray__": bytes, "dtype", "shape"}``, a numpy scalar a Python number, a deque
 a list), and loading never unpickles anything else (a checkpoint is not code). Before reading, the
-checkpoint and its sidecar pass hpc_jabas.trust.check_file (owner and mode, like OpenSSH's StrictModes). Its integrity record is the sidecar ``<name>.sha256``: one JSON line
+checkpoint and its sidecar pass hpc_jabas.trust.check_file (owner and mode, like OpenSSH's StrictModes).
+Its integrity record is the sidecar ``<name>.sha256``: one JSON line
 ``{"format": "hpc-jabas-checkpoint/2", "sha256": ..., "size": ...}``. Writing: the payload goes to a
 temporary file in the same directory (fsynced, renamed over the final name), then the sidecar the
 same way, then the directory is fsynced: the sidecar is the commit record, so a ``.pt`` without one
@@ -16,6 +17,7 @@ first format (b"HPCJABAS1\\n" + checksum + payload in one file) are still read.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
@@ -23,11 +25,9 @@ import os
 import pickle
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import collections
-from collections.abc import Mapping
 
 import numpy as np
 import torch

@@ -3,9 +3,10 @@
 Spec: plan, steps, n, optimizer, lr (a float or "nan"), run_dir, out_dir, resume, checkpoint_every,
 num_workers (0: the TensorDataset itself; else a DataLoader with that many workers and a worker_init_fn
 that records each worker's pid), signal_at = {"it": k, "to": "self"|"workers"|"both", "signal": "TERM",
-"where": "step_end"|"forward", "kill_workers": "one"|"all"}, amp, inf_loss_at (the loss of that iteration times inf), poison_at (the weights
-set to NaN after that iteration's step). Rank r writes rank<r>.json: params, iterations, stopped, resumed_from,
-the error line (class and message) when fit raised a JabasError, and the worker pids.
+"where": "step_end"|"forward", "kill_workers": "one"|"all"}, amp, inf_loss_at (the loss of that
+iteration times inf), poison_at (the weights set to NaN after that iteration's step). Rank r writes
+rank<r>.json: params, iterations, stopped, resumed_from, the error line (class and message) when fit
+raised a JabasError, the worker pids, and whether each worker was alive after the signal.
 """
 import json
 import os
