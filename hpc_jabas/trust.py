@@ -51,7 +51,8 @@ def _problem(st: os.stat_result, is_dir: bool, group_ok: bool) -> tuple[str, str
         return f"is writable by every user (mode {mode:04o})", "chmod o-w {f}"
     if mode & stat.S_IWGRP and not group_ok and not (is_dir and mode & stat.S_ISVTX):
         return (f"is writable by its group (mode {mode:04o})",
-                "chmod g-w {f}, or set trust_group = true in the job's config if the group is trusted")
+                "chmod g-w {f}, or, if the group is trusted, set trust_group = true in the job's config "
+                "(hpc-jabas status: --trust-group)")
     return None
 
 

@@ -408,3 +408,42 @@ def test_probe_dir_checks_without_leaving_anything(tmp_path):
                      (Path("/proc/hj-probe/x"), "cannot be made")):
         with pytest.raises(ConfigError, match=msg):
             probe_dir(bad, "out")
+
+
+def test_dry_run_checks_the_types_of_the_task_parts():
+    """A task returning model="resnet" is refused by submit's dry run (not by every job of the chain)."""
+    import torch
+
+    from hpc_jabas.cli.submit import _check_parts
+    from hpc_jabas.errors import ConfigError
+    m = torch.nn.Linear(2, 2)
+    ok = {"model": m, "optimizer": torch.optim.SGD(m.parameters(), lr=0.1),
+          "dataset": torch.utils.data.TensorDataset(torch.zeros(4, 2)), "loss_fn": torch.nn.MSELoss()}
+    _check_parts("t:ok", ok)
+    _check_parts("t:ok", dict(ok, dataset=torch.utils.data.DataLoader(ok["dataset"])))
+    for key, value, say in (("model", "resnet", "model=builtins.str ('resnet'); it must be a torch.nn.Module"),
+                            ("optimizer", m, "it must be a torch.optim.Optimizer"),
+                            ("dataset", 5, "it must be a map-style Dataset"),
+                            ("loss_fn", "mse", "loss_fn=builtins.str ('mse'); it must be callable")):
+        with pytest.raises(ConfigError) as e:
+            _check_parts("t:bad", dict(ok, **{key: value}))
+        assert say in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_status_and_submit_take_the_group_trust_setting(tmp_path):
+    from hpc_jabas.cli.main import main
+    from hpc_jabas.slurm import chain as chainlog
+    from hpc_jabas.trust import set_trust_group, trust_group
+    chainlog.append(tmp_path, "submit", job_id="1", mix={"a100": 1}, method="sbatch", by="user")
+    os.chmod(chainlog.path(tmp_path), 0o664)
+    try:
+        assert main(["status", str(tmp_path), "--no-sacct"]) == 2          # refused: one line, exit 2
+        assert main(["status", str(tmp_path), "--no-sacct", "--trust-group"]) == 0
+        from hpc_jabas.cli.submit import _trust_group
+        from hpc_jabas.core.jobspec import JobSpec
+        _trust_group(JobSpec(task="m:f", config={"output": {"trust_group": True}}, chain_dir=str(tmp_path), mix={"a100": 1}))
+        assert trust_group()
+        _trust_group(JobSpec(task="m:f", config={"trust_group": False}, chain_dir=str(tmp_path), mix={"a100": 1}))
+        assert not trust_group()
+    finally:
+        set_trust_group(False)
