@@ -441,9 +441,11 @@ def test_status_and_submit_take_the_group_trust_setting(tmp_path):
         assert main(["status", str(tmp_path), "--no-sacct", "--trust-group"]) == 0
         from hpc_jabas.cli.submit import _trust_group
         from hpc_jabas.core.jobspec import JobSpec
-        _trust_group(JobSpec(task="m:f", config={"output": {"trust_group": True}}, chain_dir=str(tmp_path), mix={"a100": 1}))
+        def spec(config):
+            return JobSpec(task="m:f", config=config, chain_dir=str(tmp_path), mix={"a100": 1})
+        _trust_group(spec({"output": {"trust_group": True}}))
         assert trust_group()
-        _trust_group(JobSpec(task="m:f", config={"trust_group": False}, chain_dir=str(tmp_path), mix={"a100": 1}))
+        _trust_group(spec({"trust_group": False}))
         assert not trust_group()
     finally:
         set_trust_group(False)
