@@ -217,3 +217,20 @@ def test_trainer_refuses_a_planted_checkpoint_and_still_resumes_a_normal_one(tmp
     assert ok["error"] is None and ok["resumed_from"] == str(newest) and ok["iterations"] == 6
     for k, v in ref["params"].items():
         assert np.array_equal(np.array(ok["params"][k]), np.array(v)), k
+
+
+def test_checkpoints_of_the_previous_format_with_numpy_state_still_load(tmp_path):
+    """Written before the state became plain containers: numpy arrays and scalars (the numpy RNG state) load
+    through the allow-list; a planted object next to them is still refused."""
+    p = tmp_path / ckpt.name_for(0, 3)
+    rng = np.random.get_state()
+    _plant(p, {"rng": {"numpy": rng}, "x": np.arange(4, dtype=np.int64), "f": np.float64(1.5), "it": 3})
+    st = ckpt.load(p)
+    assert st["it"] == 3 and np.array_equal(st["x"], np.arange(4)) and float(st["f"]) == 1.5
+    assert np.array_equal(st["rng"]["numpy"][1], rng[1])
+    np.random.set_state(st["rng"]["numpy"])
+    marker = tmp_path / "marker"
+    _plant(p, {"rng": {"numpy": rng}, "evil": Payload(str(marker))})
+    with pytest.raises(CheckpointError, match="weights_only"):
+        ckpt.load(p)
+    assert not marker.exists()

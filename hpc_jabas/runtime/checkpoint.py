@@ -161,13 +161,26 @@ def read_verified(path: str | os.PathLike) -> bytes:
     return data
 
 
+def _numpy_globals() -> list[Any]:
+    """What checkpoints of earlier hpc-jabas versions hold besides tensors (numpy arrays and scalars: the numpy
+    RNG state): numpy's array and scalar constructors, which build data only (an object array's items go
+    through the same restricted unpickler)."""
+    core = getattr(np, "_core", None) or np.core
+    mod = core.multiarray
+    dtypes = getattr(np, "dtypes", None)        # numpy >= 1.25: one class per dtype (no object arrays here)
+    kinds = [getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType") and n != "ObjectDType"] if dtypes else []
+    return [np.dtype, np.ndarray, mod._reconstruct, mod.scalar, *kinds]
+
+
 def load(path: str | os.PathLike) -> Any:
     payload = read_verified(path)
     try:       # weights_only: tensors and plain containers, never an arbitrary object (no code runs)
-        st = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_numpy_globals()):
+            st = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:     # a global outside the allow-list: refused, not run
         first = str(e).strip().splitlines()
-        why = next((ln.strip() for ln in first if "GLOBAL" in ln or "Unsupported" in ln), first[0] if first else "")
+        why = next((ln.strip() for ln in first if any(w in ln for w in ("GLOBAL", "Unsupported", "but got"))),
+                   first[0] if first else "")
         raise CheckpointError(f"checkpoint {path} holds objects a weights_only load refuses ({why[:200]}); "
                               "it was not written by hpc-jabas, or by an older version: re-create it") from None
     except Exception as e:     # a checksummed file that torch cannot read: not a checkpoint of ours
