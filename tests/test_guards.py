@@ -174,3 +174,13 @@ def test_a_dead_worker_without_a_stop_signal_is_still_an_error(tmp_path):
     r = subprocess.run([sys.executable, str(WORKERS / "guard_worker.py"), str(out / "spec.json")], env=env,
                        cwd=str(ROOT), capture_output=True, text=True, timeout=240)
     assert r.returncode != 0 and "DataLoader worker" in r.stderr, r.stderr[-2000:]
+
+
+@pytest.mark.mpi
+def test_a_nan_on_one_rank_stops_every_rank_at_the_same_iteration(tmp_path):
+    from mpi_util import run_ranks
+    res = run_ranks("guard_worker.py", dict(BASE, plan="b=8 n=1,1", steps=6, run_dir=str(tmp_path / "run"),
+                                            inf_loss_at=2, inf_rank=1), np_=2)
+    for r in res:
+        cls, msg = r["error"]
+        assert cls == "NonFiniteError" and "the loss of iteration 2 is not a finite number on 1 of 2 rank(s)" in msg

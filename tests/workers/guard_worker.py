@@ -2,11 +2,12 @@
 
 Spec: plan, steps, n, optimizer, lr (a float or "nan"), run_dir, out_dir, resume, checkpoint_every,
 num_workers (0: the TensorDataset itself; else a DataLoader with that many workers and a worker_init_fn
-that records each worker's pid), signal_at = {"it": k, "to": "self"|"workers"|"both", "signal": "TERM",
-"where": "step_end"|"forward", "kill_workers": "one"|"all"}, amp, inf_loss_at (the loss of that
-iteration times inf), poison_at (the weights set to NaN after that iteration's step). Rank r writes
-rank<r>.json: params, iterations, stopped, resumed_from, the error line (class and message) when fit
-raised a JabasError, the worker pids, and whether each worker was alive after the signal.
+that records each worker's pid), prefetch_factor, signal_at = {"it": k, "to": "self"|"workers"|"both",
+"signal": "TERM", "where": "step_end"|"forward", "kill_workers": "one"|"all"}, amp, inf_loss_at (the
+loss of that iteration times inf; on rank inf_rank only when given), poison_at (the weights set to NaN
+after that iteration's step). Rank r writes rank<r>.json: params, iterations, stopped, resumed_from, the
+error line (class and message) when fit raised a JabasError, the worker pids, and whether each worker
+was alive after the signal.
 """
 import json
 import os
@@ -88,6 +89,10 @@ def fire(a):
             pass
 
 
+def tr_rank():
+    return int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -121,7 +126,8 @@ try:
             NEXT["fired"] = True           # mid-iteration: this iteration's other micro-batches are still to read
             fire(a)
         loss = loss_fn(m(batch[0]), batch[1])
-        return loss * float("inf") if NEXT["it"] == spec.get("inf_loss_at") else loss
+        inf = NEXT["it"] == spec.get("inf_loss_at") and spec.get("inf_rank", tr_rank()) == tr_rank()
+        return loss * float("inf") if inf else loss
     tr = Trainer(model, opt, data, loss_fn, config=cfg, forward_fn=forward,
                  callbacks=[SignalAt(None if spec.get("resume") else spec.get("signal_at"))])
     NEXT["it"] = tr.iteration
