@@ -218,6 +218,7 @@ CASES: list[Case] = [
     Case("example-slowdown-bad-factor", ["--slowdown", "0:factor=abc"], example=True),
     Case("example-epochs-zero", ["--epochs", "0"], example=True),
     Case("example-lr-text", ["--lr", "abc"], example=True),
+    Case("example-lr-nan", ["--lr", "nan", "--epochs", "1"], example=True, expect="training diverged"),
     Case("example-batch-negative", ["--batch", "-5"], example=True),
     Case("example-policy-unknown", ["--policy", "bogus"], example=True),
     Case("example-unknown-flag", ["--bogus"], example=True),
@@ -229,7 +230,8 @@ for _id, _say in (("submit-signal-lead-above-limit", "at most half of it, 30 s")
 #: rows refused before anything asks Slurm: they run without the cluster (test_rows_that_need_no_slurm)
 NO_SLURM = ["plan-profile-is-file", "plan-batch-huge", "plan-batch-overflow", "plan-range-huge",
             "status-chain-not-utf8", "profile-out-is-run-dir", "submit-chain-dir-int", "submit-signal-lead-above-limit",
-            "submit-signal-lead-above-limit-toml", "submit-gpu-types-longer-than-mix", "submit-finished-chain"]
+            "submit-signal-lead-above-limit-toml", "submit-gpu-types-longer-than-mix", "submit-finished-chain",
+            "example-lr-nan"]
 # a [job] mix table naming a partition Slurm does not have
 CASES[[c.id for c in CASES].index("submit-unknown-partition-in-table")] = Case(
     "submit-unknown-partition-in-table", ["submit", "{d}/case-nopart.toml"],
