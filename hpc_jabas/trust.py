@@ -80,9 +80,16 @@ def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | Non
     raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it {bad[0]}; {bad[1].format(f=shlex.quote(str(p)))}")
 
 
+def open_private(path: str | os.PathLike, flags: int) -> int:
+    """``os.open`` of a file hpc-jabas writes and later trusts (checkpoints, sidecars, chain.jsonl): created
+    0o644 at most (0o664 with group trust), whatever the umask."""
+    return os.open(path, flags | os.O_CREAT, 0o664 if _TRUST_GROUP else 0o644)
+
+
 def private_dir(path: str | os.PathLike) -> Path:
-    """``mkdir -p`` of a run or chain directory: the directories it creates have no world write (0o775 at
-    most, whatever the umask); an existing directory is left as it is."""
+    """``mkdir -p`` of a run or chain directory: the directories it creates have no world write, and no group
+    write unless group trust is on (so that a umask of 002 does not make our own files untrusted); an
+    existing directory is left as it is."""
     p = Path(path)
     missing = []
     q = p
@@ -93,8 +100,9 @@ def private_dir(path: str | os.PathLike) -> Path:
     for d in missing:
         try:
             mode = stat.S_IMODE(os.stat(d).st_mode)
-            if mode & stat.S_IWOTH:
-                os.chmod(d, mode & ~stat.S_IWOTH)
+            strip = stat.S_IWOTH | (0 if _TRUST_GROUP else stat.S_IWGRP)
+            if mode & strip:
+                os.chmod(d, mode & ~strip)
         except OSError:
             pass
     return p

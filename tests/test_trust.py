@@ -163,6 +163,18 @@ def test_chain_record_checked_and_invalid_utf8_is_one_line(tmp_path):
     assert "line 2 is not valid UTF-8" in _one_line(e.value)
 
 
+def test_a_umask_of_002_does_not_make_our_own_files_untrusted(tmp_path):
+    old = os.umask(0o002)
+    try:
+        chainlog.append(tmp_path / "chain", "submit", job_id="1")
+        p = ckpt.save_in(tmp_path / "run" / "checkpoints", {"it": 0}, epoch=0, iteration=0)
+    finally:
+        os.umask(old)
+    for f in (p, ckpt.sidecar(p), chainlog.path(tmp_path / "chain"), tmp_path / "run", tmp_path / "chain"):
+        assert not f.stat().st_mode & 0o022, f
+    assert ckpt.load(p)["it"] == 0 and chainlog.read(tmp_path / "chain")[0]["job_id"] == "1"
+
+
 def test_new_run_and_chain_directories_have_no_world_write(tmp_path):
     old = os.umask(0)
     try:

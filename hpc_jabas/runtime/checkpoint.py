@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from hpc_jabas.errors import CheckpointError
-from hpc_jabas.trust import check_file, private_dir
+from hpc_jabas.trust import check_file, open_private, private_dir
 
 MAGIC = b"HPCJABAS1\n"               # the first format's header (read only)
 FORMAT = "hpc-jabas-checkpoint/2"
@@ -60,7 +60,7 @@ def sidecar(path: str | os.PathLike) -> Path:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

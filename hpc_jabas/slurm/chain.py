@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.trust import check_file, private_dir
+from hpc_jabas.trust import check_file, open_private, private_dir
 
 
 def path(chain_dir: str | Path) -> Path:
@@ -22,7 +22,7 @@ def append(chain_dir: str | Path, event: str, **kw) -> dict:
     rec = {"event": event, "time": time.time(), **kw}
     p = path(chain_dir)
     private_dir(p.parent)
-    with open(p, "a") as f:
+    with os.fdopen(open_private(p, os.O_WRONLY | os.O_APPEND), "a") as f:
         f.write(json.dumps(rec, default=str) + "\n")
         f.flush()
         os.fsync(f.fileno())
