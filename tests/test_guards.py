@@ -173,7 +173,10 @@ def test_a_dead_worker_without_a_stop_signal_is_still_an_error(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, str(WORKERS / "guard_worker.py"), str(out / "spec.json")], env=env,
                        cwd=str(ROOT), capture_output=True, text=True, timeout=240)
-    assert r.returncode != 0 and "DataLoader worker" in r.stderr, r.stderr[-2000:]
+    # PyTorch's error (raised from its SIGCHLD handler wherever the training thread is: the traceback may be
+    # garbled) ends the run: it is not turned into a stop
+    assert r.returncode != 0 and not (out / "rank0.json").exists(), r.stderr[-2000:]
+    assert "stopping at the safe point" not in r.stderr
 
 
 @pytest.mark.mpi
@@ -184,3 +187,21 @@ def test_a_nan_on_one_rank_stops_every_rank_at_the_same_iteration(tmp_path):
     for r in res:
         cls, msg = r["error"]
         assert cls == "NonFiniteError" and "the loss of iteration 2 is not a finite number on 1 of 2 rank(s)" in msg
+
+
+@pytest.mark.mpi
+def test_term_on_one_rank_with_loader_workers_stops_both_ranks_and_resumes_exactly(tmp_path):
+    """Rank 0 and its workers get TERM (rank 1 gets nothing): both ranks stop at the same safe point, the workers
+    live on, and the resumed run ends equal to the uninterrupted one."""
+    from mpi_util import run_ranks
+    spec = dict(LOADER, plan="b=4 n=2,2", steps=8, run_dir=str(tmp_path / "run"))
+    first = run_ranks("guard_worker.py", dict(spec, signal_at={"it": 2, "to": "both", "rank": 0}), np_=2)
+    for r in first:
+        assert r["error"] is None and r["stopped"]["signal"] == "TERM" and r["iterations"] == 2, r
+    assert first[0]["alive_after_signal"] == [True, True]
+    second = run_ranks("guard_worker.py", dict(spec, resume=True), np_=2)
+    ref = run_ranks("guard_worker.py", dict(spec, run_dir=str(tmp_path / "ref")), np_=2)
+    for r, want in zip(second, ref):
+        assert r["resumed_from"] and r["iterations"] == 8
+        for k, v in want["params"].items():
+            assert np.allclose(np.array(r["params"][k]), np.array(v), rtol=1e-12, atol=1e-14), k

@@ -31,7 +31,7 @@ from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 out_dir = Path(spec["out_dir"])
-PIDS = out_dir / "worker_pids"
+PIDS = out_dir / f"worker_pids{os.environ.get('OMPI_COMM_WORLD_RANK', '0')}"     # each rank its own workers
 
 
 def record_pid(worker_id):            # the user's worker_init_fn: the Trainer chains it
