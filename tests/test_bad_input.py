@@ -75,8 +75,9 @@ def job_toml(d: Path, task: str = "hj_bad_tasks:ok", job: str = "", train: str =
 class Case:
     id: str
     argv: list[str]                          # {d}: the work directory
-    files: dict[str, str] = field(default_factory=dict)    # written before the run (relative to {d})
+    files: dict[str, str | bytes | tuple] = field(default_factory=dict)   # written before the run (relative to {d})
     example: bool = False                    # examples/train_digits.py's main instead of hpc-jabas
+    expect: str = ""                         # a part of the line it must say
 
 
 def _sub(name: str, *args: str, **toml) -> Case:
@@ -131,6 +132,17 @@ CASES: list[Case] = [
     _sub("slurm-time-min-text", slurm='time_min = "long"'),
     _sub("checkpoint-every-zero", train="checkpoint_every = 0"),
     _sub("slowdown-bad-factor", train='[slowdown]\n0 = "factor=abc"'),
+    Case("submit-chain-dir-int", ["submit", "{d}/case-chain-int.toml"], expect="chain_dir = 42",
+         files={"case-chain-int.toml": "[job]\ntask = \"hj_bad_tasks:ok\"\nchain_dir = 42\n"
+                                       "mix = { rtx2060 = 2 }\n[train]\nepochs = 1\n"}),
+    _sub("signal-lead-above-limit", "--time-min", "1", "--signal-lead-s", "600"),
+    _sub("signal-lead-above-limit-toml", slurm="time_min = 2\nsignal_lead_s = 100"),
+    _sub("gpu-types-longer-than-mix", train='gpu_types = ["rtx2060", "rtx2060", "rtx2060"]'),
+    Case("submit-finished-chain", ["submit", "{d}/case-finished.toml"], expect="already finished",
+         files={"case-finished.toml": ("TOML", {"name": "chain-finished"}),
+                "chain-finished/chain.jsonl": '{"event": "submit", "job_id": "5", "time": 1}\n'
+                                             '{"event": "end", "job_id": "5", "state": "finished", "epochs": 1, '
+                                             '"time": 2}\n'}),
     # ---- hpc-jabas plan --------------------------------------------------------------------------------
     Case("plan-no-gpus", ["plan", "--batch", "64"]),
     Case("plan-gpus-bad-count", ["plan", "--batch", "64", "--gpus", "v100:x"]),
@@ -141,7 +153,14 @@ CASES: list[Case] = [
     Case("plan-range-reversed", ["plan", "--batch-range", "20:10", "--gpus", "v100:2", "--emulated"]),
     Case("plan-candidates-text", ["plan", "--batch", "64", "--gpus", "v100:2", "--emulated", "--b-candidates", "a,b"]),
     Case("plan-profile-missing", ["plan", "--batch", "64", "--gpus", "v100:2", "--profile", "{d}/noprof"]),
-    Case("plan-profile-is-file", ["plan", "--batch", "64", "--gpus", "v100:2", "--profile", "{d}/afile"]),
+    Case("plan-profile-is-file", ["plan", "--batch", "64", "--gpus", "v100:2", "--profile", "{d}/afile"],
+         expect="is not a directory"),
+    Case("plan-batch-huge", ["plan", "--batch", "1000000000000", "--gpus", "v100:2", "--emulated"],
+         expect="at most 10000000"),
+    Case("plan-batch-overflow", ["plan", "--batch", "99999999999999999999", "--gpus", "v100:2", "--emulated"],
+         expect="at most 10000000"),
+    Case("plan-range-huge", ["plan", "--batch-range", "8:99999999999999999999", "--gpus", "v100:2", "--emulated"],
+         expect="at most 10000000"),
     Case("plan-grad-mb-negative", ["plan", "--batch", "64", "--gpus", "v100:2", "--emulated", "--grad-mb", "-1"]),
     Case("plan-batch-and-range", ["plan", "--batch", "64", "--batch-range", "8:64", "--gpus", "v100:2"]),
     # ---- hpc-jabas status ------------------------------------------------------------------------------
@@ -151,6 +170,8 @@ CASES: list[Case] = [
     Case("status-wait-negative", ["status", "{d}/adir", "--wait", "-1"]),
     Case("status-wait-text", ["status", "{d}/adir", "--wait", "abc"]),
     Case("status-garbage-log", ["status", "{d}/badchain"], files={"badchain/chain.jsonl": "not json\n{\n"}),
+    Case("status-chain-not-utf8", ["status", "{d}/utf8chain"], expect="not valid UTF-8",
+         files={"utf8chain/chain.jsonl": b'{"event": "submit", "job_id": "1", "time": 1}\n{"event": "\xff\xfe"}\n'}),
     # ---- hpc-jabas profile -----------------------------------------------------------------------------
     Case("profile-model-module-missing", ["profile", "--model", "hj_no_such_module:m", "--out", "{d}/p1",
                                           "--emulate", "--gpu-type", "v100"]),
@@ -172,6 +193,8 @@ CASES: list[Case] = [
                                     "--gpu-type", "v100", "--allreduce-sizes", "1X"]),
     Case("profile-overlap-2", ["profile", "--model", "hj_bad_tasks:prof", "--out", "{d}/p1", "--emulate",
                                "--gpu-type", "v100", "--overlap", "2"]),
+    Case("profile-out-is-run-dir", ["profile", "--model", "hj_bad_tasks:prof", "--out", "{d}/run-ok", "--emulate",
+                                    "--gpu-type", "v100"], expect="not a perf-model directory"),
     Case("profile-model-returns-none", ["profile", "--model", "hj_bad_tasks:none", "--out", "{d}/p1", "--emulate",
                                         "--gpu-type", "v100"]),
     # ---- hpc-jabas report ------------------------------------------------------------------------------
@@ -195,10 +218,20 @@ CASES: list[Case] = [
     Case("example-slowdown-bad-factor", ["--slowdown", "0:factor=abc"], example=True),
     Case("example-epochs-zero", ["--epochs", "0"], example=True),
     Case("example-lr-text", ["--lr", "abc"], example=True),
+    Case("example-lr-nan", ["--lr", "nan", "--epochs", "1"], example=True, expect="training diverged"),
     Case("example-batch-negative", ["--batch", "-5"], example=True),
     Case("example-policy-unknown", ["--policy", "bogus"], example=True),
     Case("example-unknown-flag", ["--bogus"], example=True),
 ]
+for _id, _say in (("submit-signal-lead-above-limit", "at most half of it, 30 s"),
+                  ("submit-signal-lead-above-limit-toml", "at most half of it, 60 s"),
+                  ("submit-gpu-types-longer-than-mix", "gpu_types lists 3 types but the mix rtx2060:2 has 2 ranks")):
+    CASES[[c.id for c in CASES].index(_id)].expect = _say
+#: rows refused before anything asks Slurm: they run without the cluster (test_rows_that_need_no_slurm)
+NO_SLURM = ["plan-profile-is-file", "plan-batch-huge", "plan-batch-overflow", "plan-range-huge",
+            "status-chain-not-utf8", "profile-out-is-run-dir", "submit-chain-dir-int", "submit-signal-lead-above-limit",
+            "submit-signal-lead-above-limit-toml", "submit-gpu-types-longer-than-mix", "submit-finished-chain",
+            "example-lr-nan"]
 # a [job] mix table naming a partition Slurm does not have
 CASES[[c.id for c in CASES].index("submit-unknown-partition-in-table")] = Case(
     "submit-unknown-partition-in-table", ["submit", "{d}/case-nopart.toml"],
@@ -222,6 +255,9 @@ def prepare(d: Path) -> None:
         for rel, text in c.files.items():
             p = d / rel
             p.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(text, bytes):         # bytes as they are (e.g. invalid UTF-8)
+                p.write_bytes(text)
+                continue
             if isinstance(text, tuple):         # ("TOML", kwargs of job_toml)
                 kw = {k: v.replace("{d}", str(d)) for k, v in text[1].items()}
                 text = job_toml(d, **kw)
@@ -310,7 +346,8 @@ def _run_all(cases: list[Case], d: Path, before: dict[str, str]) -> list[dict]:
         code, stderr = run_case(c, d)
         after = digest(watched(d))
         changed = sorted(p for p in before if after.get(p) != before[p])
-        why = verdict(code, stderr) or (f"modified {changed}" if changed else "")
+        why = verdict(code, stderr) or (f"modified {changed}" if changed else "") or \
+            (f"does not say {c.expect!r}" if c.expect and c.expect not in stderr else "")
         rows.append({"id": c.id, "ok": not why, "why": why, "stderr": stderr.strip()[-600:]})
         before = {**after, **{p: before[p] for p in changed}}
     return rows
@@ -341,6 +378,27 @@ def test_a_few_as_real_subprocesses(slurm_cluster, slurm_tmp):
     assert digest(watched(d)) == before
 
 
+def test_rows_that_need_no_slurm(tmp_path):
+    """The rows refused before anything asks Slurm, run without the cluster (the full table needs it)."""
+    picked = [c for c in CASES if c.id in NO_SLURM]
+    assert len(picked) == len(NO_SLURM)
+    rows = run_table(tmp_path / "bad", picked)
+    bad = [f"{r['id']}: {r['why']}: {r['stderr']}" for r in rows if not r["ok"]]
+    assert not bad, "\n".join(bad)
+
+
+def test_wait_timeout_says_the_job_is_still_running(monkeypatch):
+    from hpc_jabas.cli.submit import stopped_line
+    from hpc_jabas.slurm import watch
+    monkeypatch.setattr(watch, "sacct_states", lambda ids: {ids[0]: {"State": "RUNNING"}})
+    line = stopped_line({"ok": False, "job_id": "42", "state": "timeout", "jobs": ["42"]}, 30.0, "/c")
+    assert "--timeout 30 s reached: job 42 is still running" in line and "timeout without" not in line
+    monkeypatch.setattr(watch, "sacct_states", lambda ids: {ids[0]: {"State": "PENDING"}})
+    assert "still pending in the queue" in stopped_line({"job_id": "42", "state": "timeout"}, 5.0, "/c")
+    ended = stopped_line({"job_id": "42", "state": "FAILED"}, None, "/c")
+    assert "job 42 is FAILED without finishing the training" in ended
+
+
 def test_probe_dir_checks_without_leaving_anything(tmp_path):
     from hpc_jabas.cli.paths import probe_dir
     from hpc_jabas.errors import ConfigError
@@ -352,3 +410,44 @@ def test_probe_dir_checks_without_leaving_anything(tmp_path):
                      (Path("/proc/hj-probe/x"), "cannot be made")):
         with pytest.raises(ConfigError, match=msg):
             probe_dir(bad, "out")
+
+
+def test_dry_run_checks_the_types_of_the_task_parts():
+    """A task returning model="resnet" is refused by submit's dry run (not by every job of the chain)."""
+    import torch
+
+    from hpc_jabas.cli.submit import _check_parts
+    from hpc_jabas.errors import ConfigError
+    m = torch.nn.Linear(2, 2)
+    ok = {"model": m, "optimizer": torch.optim.SGD(m.parameters(), lr=0.1),
+          "dataset": torch.utils.data.TensorDataset(torch.zeros(4, 2)), "loss_fn": torch.nn.MSELoss()}
+    _check_parts("t:ok", ok)
+    _check_parts("t:ok", dict(ok, dataset=torch.utils.data.DataLoader(ok["dataset"])))
+    for key, value, say in (("model", "resnet", "model=builtins.str ('resnet'); it must be a torch.nn.Module"),
+                            ("optimizer", m, "it must be a torch.optim.Optimizer"),
+                            ("dataset", 5, "it must be a map-style Dataset"),
+                            ("loss_fn", "mse", "loss_fn=builtins.str ('mse'); it must be callable")):
+        with pytest.raises(ConfigError) as e:
+            _check_parts("t:bad", dict(ok, **{key: value}))
+        assert say in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_status_and_submit_take_the_group_trust_setting(tmp_path):
+    from hpc_jabas.cli.main import main
+    from hpc_jabas.slurm import chain as chainlog
+    from hpc_jabas.trust import set_trust_group, trust_group
+    chainlog.append(tmp_path, "submit", job_id="1", mix={"a100": 1}, method="sbatch", by="user")
+    os.chmod(chainlog.path(tmp_path), 0o664)
+    try:
+        assert main(["status", str(tmp_path), "--no-sacct"]) == 2          # refused: one line, exit 2
+        assert main(["status", str(tmp_path), "--no-sacct", "--trust-group"]) == 0
+        from hpc_jabas.cli.submit import _trust_group
+        from hpc_jabas.core.jobspec import JobSpec
+        def spec(config):
+            return JobSpec(task="m:f", config=config, chain_dir=str(tmp_path), mix={"a100": 1})
+        _trust_group(spec({"output": {"trust_group": True}}))
+        assert trust_group()
+        _trust_group(spec({"trust_group": False}))
+        assert not trust_group()
+    finally:
+        set_trust_group(False)

@@ -32,10 +32,10 @@ def test_agreement_one_allreduce_any_rank_stops_all():
 
     def fake_allreduce(t, name):     # three ranks: rank 2 got TERM, rank 0's clock says a checkpoint is due
         sent.append((name, t.tolist()))
-        return t + torch.tensor([0, 0, 1, 0, 0], dtype=t.dtype)
+        return t + torch.tensor([0, 0, 1, 0, 0, 0], dtype=t.dtype)
     a = agree(0, False, True, rank=0, allreduce=fake_allreduce)
     assert a == Agreement(stop=True, signal="TERM", checkpoint_due=True)
-    assert sent == [("hj.safepoint", [0.0, 0.0, 0.0, 0.0, 1.0])]
+    assert sent == [("hj.safepoint", [0.0, 0.0, 0.0, 0.0, 1.0, 0.0])]
     b = agree(int(signal.SIGUSR1), False, True, rank=1, allreduce=lambda t, n: t)   # due counts rank 0's only
     assert b == Agreement(stop=True, signal="USR1", checkpoint_due=False)
     assert agree(0, True, False, 0, allreduce=lambda t, n: t).signal == "request"

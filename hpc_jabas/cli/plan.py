@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import EMU_GRAD_BYTES, PerfModel
@@ -76,13 +77,20 @@ def parse_gpus(spec: str) -> list[str]:
     return out
 
 
-def _int(text: str, what: str) -> int:
+MAX_BATCH = 10_000_000     # a global batch above this is a typo (the largest published ones are ~10^6 samples)
+
+
+def _int(text: str, what: str, hi: int = MAX_BATCH) -> int:
+    t = str(text).strip()
     try:
-        v = int(str(text).strip())
+        v = int(t)
     except ValueError:
         raise ConfigError(f"{what} {text!r} is not an integer") from None
     if v < 1:
         raise ConfigError(f"{what} {v} must be >= 1")
+    if v > hi:
+        raise ConfigError(f"{what} {t if len(t) <= 24 else t[:20] + '...'} is above the largest global batch this "
+                          f"plans, {hi:,}; give a batch of at most {hi}")
     return v
 
 
@@ -112,6 +120,9 @@ def _base_model(args, gpu_list: list[str]) -> tuple[PerfModel, str]:
     if args.profile:
         if args.grad_mb is not None:
             raise ConfigError("--grad-mb applies to the emulated model only; the profile has its own")
+        if Path(args.profile).exists() and not Path(args.profile).is_dir():
+            raise ConfigError(f"--profile {args.profile!r} is not a directory; give the directory that "
+                              "hpc-jabas profile --out wrote (<gpu>.json + allreduce.json)")
         return PerfModel.load(args.profile), f"profile {args.profile}"
     grad = EMU_GRAD_BYTES
     if args.grad_mb is not None:

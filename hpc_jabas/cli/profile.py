@@ -94,6 +94,20 @@ def parse_size(text: str) -> int:
     return int(v)
 
 
+def check_profile_out(out: str) -> None:
+    """--out is a new or empty directory, or a perf-model directory (only <gpu>.json / allreduce.json files):
+    never a run or chain directory, or any other directory with files of its own."""
+    from pathlib import Path
+    d = Path(out)
+    if not d.is_dir():
+        return
+    other = sorted(p.name for p in d.iterdir() if not (p.is_file() and p.suffix == ".json"))
+    if other:
+        raise ConfigError(f"--out {out!r} is a directory with other files ({', '.join(other[:3])}"
+                          f"{', ...' if len(other) > 3 else ''}), not a perf-model directory; give a new or empty "
+                          "directory, or one that hpc-jabas profile wrote")
+
+
 def run(args, out=None) -> int:
     from hpc_jabas.runtime.profiling.run import run_profile
     out = out or sys.stdout
@@ -102,6 +116,7 @@ def run(args, out=None) -> int:
         raise ConfigError("--warmup must be >= 0, --repeats and --allreduce-repeats >= 1")
     from hpc_jabas.cli.paths import probe_dir
     probe_dir(args.out, "--out")       # a bad --out fails now, not after the measurements
+    check_profile_out(args.out)
     res = run_profile(args.model, args.out, gpu_types=args.gpu_type, emulate=args.emulate,
                       b_list=_ints(args.b_list, "--b-list"), warmup=args.warmup, repeats=args.repeats,
                       optimizer=args.optimizer, memory_gb=args.memory_gb, b_limit=args.b_limit,

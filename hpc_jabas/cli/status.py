@@ -28,6 +28,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("chain_dir", metavar="CHAIN_DIR", help="the chain directory ([job] chain_dir)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-sacct", action="store_true", help="do not ask Slurm (elapsed_s then unknown)")
+    p.add_argument("--trust-group", action="store_true", help="read a chain.jsonl its group may write (a shared "
+                   "project directory; the job's trust_group = true); else it is refused")
     p.add_argument("--wait", type=float, metavar="S",
                    help="first wait up to S seconds until every chain in CHAIN_DIR has finished or stopped (the "
                         "directory may not exist yet: a job submitted by hand writes it when it starts); "
@@ -259,6 +261,9 @@ def run(args) -> int:
     if args.wait is not None and args.wait < 0:
         raise ConfigError(f"--wait {args.wait:g} must be >= 0 seconds")
     use = not args.no_sacct
+    if getattr(args, "trust_group", False):
+        from hpc_jabas.trust import set_trust_group
+        set_trust_group(True)
     st = wait(args.chain_dir, args.wait, use) if args.wait is not None else status(args.chain_dir, use_sacct=use)
     if args.json:
         print(json.dumps(st, indent=1, default=str))

@@ -55,11 +55,27 @@ def _check_job_table(path: str) -> dict:
         job = tomllib.loads(Path(path).read_text()).get("job") or {}
     except (OSError, tomllib.TOMLDecodeError):
         return {}      # spec_from_file has said what is wrong
+    if not isinstance(job, dict):
+        raise ConfigError(f"job = {job!r} in {path} must be a [job] table")
     bad = [k for k in job if k not in JOB_KEYS]
     if bad:
         raise ConfigError(f"unknown [job] key {bad[0]!r} in {path}; valid: {', '.join(JOB_KEYS)} (training keys go "
                           "before the [job] header or in a [train] table: after a header TOML puts keys in that table)")
+    for k in ("task", "chain_dir", "method", "python"):
+        if k in job and not isinstance(job[k], str):
+            raise ConfigError(f"[job] {k} = {job[k]!r} in {path} must be a string in quotes, e.g. "
+                              f"{k} = {JOB_EXAMPLES[k]}")
+    pp = job.get("pythonpath")
+    if pp is not None and not (isinstance(pp, str) or isinstance(pp, list) and all(isinstance(x, str) for x in pp)):
+        raise ConfigError(f"[job] pythonpath = {pp!r} in {path} must be a list of directories in quotes, "
+                          'e.g. pythonpath = ["/home/me/project"]')
+    if "mix" in job and not isinstance(job["mix"], dict):
+        raise ConfigError(f"[job] mix = {job['mix']!r} in {path} must be a table, e.g. mix = {{ a100 = 1, v100 = 2 }}")
     return job
+
+
+JOB_EXAMPLES = {"task": '"mymodule:build"', "chain_dir": '"/scratch/me/chain"', "method": '"sbatch"',
+                "python": '"/home/me/venv/bin/python"'}
 
 
 def _check_dirs(spec) -> None:
@@ -96,6 +112,33 @@ def _check_spec(spec) -> None:
 TASK_KEYS = ("model", "optimizer", "dataset", "loss_fn")
 
 
+def _trust_group(spec) -> None:
+    """The job's trust_group (group-writable chain records and checkpoints accepted) for what submit reads."""
+    from hpc_jabas.core.config import flatten
+    from hpc_jabas.trust import set_trust_group
+    flat, _ = flatten(spec.config or {})
+    set_trust_group(flat.get("trust_group") is True)
+
+
+def _check_parts(task: str, parts: dict) -> None:
+    """What the Trainer needs of the task's parts, checked here rather than in every job of the chain."""
+    import torch
+    from torch.utils.data import DataLoader
+    model, opt, ds, loss = (parts[k] for k in TASK_KEYS)
+
+    def bad(key: str, want: str, got: object) -> ConfigError:
+        return ConfigError(f"task {task!r} returned {key}={type(got).__module__}.{type(got).__qualname__}"
+                           f"{f' ({got!r})' if isinstance(got, (str, int, float)) else ''}; it must be {want}")
+    if not isinstance(model, torch.nn.Module):
+        raise bad("model", "a torch.nn.Module", model)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise bad("optimizer", "a torch.optim.Optimizer (over the model's parameters)", opt)
+    if not isinstance(ds, DataLoader) and not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
+        raise bad("dataset", "a map-style Dataset (__len__ and __getitem__) or a DataLoader over one", ds)
+    if not callable(loss):
+        raise bad("loss_fn", "callable (e.g. torch.nn.CrossEntropyLoss())", loss)
+
+
 def _check_task(spec, dry_run: bool = True) -> None:
     """The task callable resolves and (dry run) returns a dict with model, optimizer, dataset and loss_fn."""
     from hpc_jabas.core.loader import load_callable, one_line
@@ -118,6 +161,7 @@ def _check_task(spec, dry_run: bool = True) -> None:
             else type(parts).__name__
         raise ConfigError(f"task {spec.task!r} returned {got}; it must return a dict with "
                           f"{', '.join(TASK_KEYS)} (optional: scheduler, eval_fn, scheduler_step)")
+    _check_parts(spec.task, parts)
 
 
 def _check_mix(spec, view) -> None:
@@ -151,6 +195,50 @@ def _slurm_extra(args) -> dict:
             raise ConfigError(f"--{k.replace('_', '-')} {v} must be >= {lo}")
         out[k] = int(v)
     return out
+
+
+def _check_time_options(spec) -> None:
+    """The signal lead must be well below the time limit (at most half of it): else every job is told to stop
+    at its first iteration and the chain spends its time-outs without training."""
+    from hpc_jabas.slurm.components import slurm_option
+    limit_s = 60 * slurm_option(spec, "time_min")
+    lead = slurm_option(spec, "signal_lead_s")
+    if lead > limit_s // 2:
+        raise ConfigError(f"the signal lead signal_lead_s={lead} s must be well below the time limit time_min="
+                          f"{slurm_option(spec, 'time_min')} min ({limit_s} s): at most half of it, {limit_s // 2} s; "
+                          "else every job stops at its first iteration as a time-out. Raise --time-min or lower "
+                          "--signal-lead-s")
+
+
+def _check_ranks(spec) -> None:
+    """A gpu_types list names one type per rank of the mix."""
+    from hpc_jabas.core.config import JobConfig
+    cfgd = dict(spec.config)
+    cfgd.pop("job", None)
+    types = JobConfig.from_dict(cfgd).gpu_types
+    ranks = sum(int(n) for n in spec.mix.values())
+    if types and len(types) != ranks:
+        mix = ",".join(f"{p}:{n}" for p, n in spec.mix.items())
+        raise ConfigError(f"gpu_types lists {len(types)} types but the mix {mix} "
+                          f"has {ranks} ranks; give one type per rank, or leave gpu_types unset under Slurm")
+
+
+def _check_not_finished(spec) -> None:
+    """A chain whose last job finished the configured epochs is not submitted again (it would only refuse
+    inside Slurm, after queueing), unless resume_finished is set."""
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.slurm import chain as chainlog
+    cfgd = dict(spec.config)
+    cfgd.pop("job", None)
+    cfg = JobConfig.from_dict(cfgd)
+    if cfg.resume_finished:
+        return
+    ends = [e for e in chainlog.read(spec.chain_dir) if e.get("event") == "end"]
+    last = ends[-1] if ends else None
+    if last is not None and last.get("state") == "finished" and int(last.get("epochs") or 0) >= cfg.epochs:
+        raise ConfigError(f"chain_dir {spec.chain_dir!r} already finished its training (job {last.get('job_id')}, "
+                          f"epoch {last.get('epochs')} of {cfg.epochs}); nothing to train. Give another chain_dir, "
+                          "more epochs, or resume_finished = true to resume it anyway")
 
 
 def _check_chain_free(spec) -> None:
@@ -215,8 +303,9 @@ def run(args) -> int:
     from hpc_jabas.slurm.components import parse_mix
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
+    job = _check_job_table(args.job)          # before spec_from_file: a [job] value of the wrong type is one line
     spec = spec_from_file(args.job)
-    job = _check_job_table(args.job)
+    _trust_group(spec)
     if args.mix:
         mix = parse_mix(args.mix)
     else:
@@ -229,7 +318,10 @@ def run(args) -> int:
     spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method,
                                extra={**spec.extra, **_slurm_extra(args)})
     _check_spec(spec)
+    _check_time_options(spec)
+    _check_ranks(spec)
     _check_dirs(spec)
+    _check_not_finished(spec)
     _check_chain_free(spec)
     from hpc_jabas.slurm.components import partition_view
     view = partition_view((spec.config.get("autoscale") or {}).get("partition_types"))
@@ -248,6 +340,22 @@ def run(args) -> int:
     if res["ok"]:
         print(f"chain finished: job {res['job_id']} ({len(res['jobs'])} job(s): {', '.join(res['jobs'])})")
         return 0
-    print(f"hpc-jabas: chain stopped: job {res['job_id']} is {res['state']} without finishing the training; "
-          f"logs under {Path(spec.chain_dir) / 'jobs'}", file=sys.stderr)
+    print(stopped_line(res, args.timeout, spec.chain_dir), file=sys.stderr)
     return 1
+
+
+def stopped_line(res: dict, timeout: float | None, chain_dir: str) -> str:
+    """What --wait says when it ends without a finished chain: a job that ended, or --timeout reached while
+    the job still runs (or waits in the queue)."""
+    if res["state"] != "timeout":
+        return (f"hpc-jabas: chain stopped: job {res['job_id']} is {res['state']} without finishing the training; "
+                f"logs under {Path(chain_dir) / 'jobs'}")
+    from hpc_jabas.errors import SlurmError
+    from hpc_jabas.slurm.watch import sacct_states
+    try:
+        st = sacct_states([str(res["job_id"])]).get(str(res["job_id"]), {}).get("State", "")
+    except SlurmError:
+        st = ""
+    now = {"RUNNING": "still running", "PENDING": "still pending in the queue"}.get(st, f"still {st or 'not finished'}")
+    return (f"hpc-jabas: --timeout {timeout:g} s reached: job {res['job_id']} is {now} (it was not cancelled); "
+            f"follow it with: hpc-jabas status {chain_dir}")

@@ -158,6 +158,8 @@ class OutputConfig:
                                        metavar="N")
     checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
                                            lo=0.0, lo_open=True, shown="off", metavar="T")
+    trust_group: bool = key(False, "accept checkpoints and chain records that the file's group may write (else "
+                                   "only the owner, this user or root, may write them)")
 
 
 @dataclass
@@ -309,6 +311,7 @@ class JobConfig:
     resume_finished = _Flat[bool]()
     checkpoint_every = _Flat[int | None]()
     checkpoint_minutes = _Flat[float | None]()
+    trust_group = _Flat[bool]()
     time_min = _Flat[int]()
     signal_lead_s = _Flat[int]()
     max_timeouts = _Flat[int]()

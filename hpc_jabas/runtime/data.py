@@ -37,9 +37,25 @@ position (iteration, epoch, cursor). Worker-side randomness (augmentation) follo
 per-worker seeds, seeded from the job's seed, the rank, the epoch and the start cursor when the
 DataLoader has no generator of its own: a resume inside an epoch replays the same samples in the
 same micro-batches, but the workers' random streams restart.
+
+Preemption. Slurm's TERM (preemption, scancel) reaches every process of the job, the loader's workers
+included; a worker killed by it made PyTorch raise "DataLoader worker ... is killed by signal" in the
+training process before it could reach its safe point. A Trainer's workers therefore ignore TERM, INT,
+USR1 and USR2 (:class:`QuietWorkerInit`, which then calls the user's ``worker_init_fn``): only the
+training processes decide when to stop (runtime/safepoint.py). A worker that dies anyway after a stop
+signal (SIGKILL, the out-of-memory killer) is not a failure: PyTorch's error is held back
+(:class:`_SigchldGuard`) and the rest of the iteration's micro-batches are read on the training thread
+(``dataset[i]`` and the collate function, the same samples in the same micro-batches), so the iteration
+completes and the job checkpoints and stops at the safe point as a preemption. Without a stop signal a
+dead worker is still an error.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import signal
+import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -153,6 +169,87 @@ class HeterogeneousBatchSampler(torch.utils.data.Sampler[list[int]]):
             it += 1
 
 
+#: what a Trainer's DataLoader workers ignore: the job's stop signals are for the training processes
+WORKER_IGNORED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class QuietWorkerInit:
+    """The ``worker_init_fn`` of a Trainer's DataLoader workers: ignore :data:`WORKER_IGNORED`, then call the
+    user's own ``worker_init_fn`` (picklable: the workers may be spawned)."""
+
+    def __init__(self, user_fn: Callable[[int], Any] | None = None) -> None:
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        for s in WORKER_IGNORED:
+            signal.signal(s, signal.SIG_IGN)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def _stop_signalled() -> bool:
+    from hpc_jabas.runtime.safepoint import stop_signals
+    return bool(stop_signals().signum)
+
+
+class _SigchldGuard:
+    """Wraps PyTorch's SIGCHLD handler (which raises in the training thread, at any point, when a worker
+    dies): after a stop signal its error is held back; the feed finds the dead worker when it next reads."""
+
+    def __init__(self, inner: Callable[..., Any]) -> None:
+        self.inner = inner
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        try:
+            self.inner(signum, frame)
+        except RuntimeError:
+            if not _stop_signalled():
+                raise
+
+
+def _guard_sigchld() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    cur = signal.getsignal(signal.SIGCHLD)
+    if callable(cur) and not isinstance(cur, _SigchldGuard):
+        signal.signal(signal.SIGCHLD, _SigchldGuard(cur))
+
+
+def _worker_died(e: BaseException) -> bool:
+    return isinstance(e, RuntimeError) and "DataLoader worker" in str(e)
+
+
+def end_workers(it: Any) -> None:
+    """End a DataLoader iterator's workers now: PyTorch's own shutdown (the workers exit on their own), then
+    SIGKILL for any still alive. Needed because the workers ignore TERM, which is what PyTorch's and
+    multiprocessing's exit paths send (PyTorch's iterator internals, torch 2.x: ``_workers``,
+    ``_shutdown_workers``; missing ones are skipped)."""
+    workers = list(getattr(it, "_workers", None) or [])
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if callable(shutdown):
+        try:
+            shutdown()
+        except Exception:        # noqa: BLE001  (a broken iterator: the kill below still ends its workers)
+            pass
+    for w in workers:
+        try:
+            if w.is_alive():
+                os.kill(w.pid, signal.SIGKILL)
+                w.join(5)
+        except (OSError, ValueError, AssertionError):
+            pass
+
+
+_LIVE: weakref.WeakSet[LoaderFeed] = weakref.WeakSet()
+
+
+@atexit.register
+def _end_all_workers() -> None:
+    """At exit (before multiprocessing's own exit handler, which would join workers that ignore its TERM)."""
+    for feed in list(_LIVE):
+        feed.close()
+
+
 class SyncFeed:
     """A Dataset: micro-batches fetched on the training thread (no lookahead)."""
 
@@ -188,8 +285,13 @@ class LoaderFeed:
         if self._own_generator:
             kw["generator"] = torch.Generator()
         kw["collate_fn"] = _Collate(kw.get("collate_fn") or torch.utils.data.default_collate)
-        self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, **kw)
+        self._collate = kw["collate_fn"]
         nw = int(kw.get("num_workers", 0))
+        if nw > 0:
+            kw["worker_init_fn"] = QuietWorkerInit(kw.get("worker_init_fn"))
+        self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, **kw)
+        self.direct = False          # a worker died after a stop signal: read on this thread up to the stop
+        _LIVE.add(self)
         self.lead = int(kw.get("prefetch_factor") or 2) * nw if nw > 0 else 0
         self._it: Iterator[Any] | None = None
         self._iteration = -1
@@ -200,15 +302,23 @@ class LoaderFeed:
     def begin(self, iteration: int, ib: IterationBatch) -> None:
         """The trainer starts ``iteration`` (``ib``: its cut): position the loader there, take an idle marker."""
         pos = (iteration, ib.epoch, ib.start)
+        self._iteration = iteration
+        if self.direct:
+            return
         if self._it is None or self.batch_sampler.position() != pos:
             self._restart(pos)
-        self._iteration = iteration
         if not ib.micro[self.rank]:
             self._take(None)
 
     def fetch(self, idx: IndexArray) -> Any:
         """The next batch; it must be the micro-batch ``idx`` of the current iteration."""
+        if self.direct:
+            return self._read_here(idx)
         return self._take(idx)
+
+    def _read_here(self, idx: IndexArray) -> Any:
+        """The micro-batch read on this thread, as a worker would (the dataset's items, the collate function)."""
+        return self._collate([self.dataset[int(i)] for i in idx])
 
     def check_ahead(self, at_iteration: int) -> None:
         """A decision for ``at_iteration`` arrives: the loader must not have read that iteration's plan."""
@@ -218,8 +328,14 @@ class LoaderFeed:
                                "decisions must be announced for trainer.iteration + trainer.decision_lead or later")
 
     def close(self) -> None:
-        """Drop the live iterator (its workers end unless persistent); the next begin restarts."""
-        self._it = None
+        """End the live iterator and its workers (persistent ones too: they ignore TERM, see end_workers);
+        the next begin restarts."""
+        it, self._it = self._it, None
+        if it is not None and int(self.loader.num_workers) > 0:
+            if getattr(self.loader, "_iterator", None) is it:      # persistent workers: the loader keeps it
+                self.loader._iterator = None
+            end_workers(it)
+        self.direct = False
 
     def _restart(self, pos: Position) -> None:
         self._it = None                        # the old iterator's workers shut down first
@@ -229,6 +345,8 @@ class LoaderFeed:
             assert gen is not None
             gen.manual_seed(int(np.random.SeedSequence([self.seed, self.rank, pos[1], pos[2]]).generate_state(1)[0]))
         self._it = iter(self.loader)
+        if int(self.loader.num_workers) > 0:
+            _guard_sigchld()                   # PyTorch installs its SIGCHLD handler with the first workers
 
     def _take(self, idx: IndexArray | None) -> Any:
         assert self._it is not None
@@ -236,6 +354,14 @@ class LoaderFeed:
             batch = next(self._it)
         except StopIteration:
             raise RuntimeError(f"rank {self.rank}: the DataLoader ended inside iteration {self._iteration}") from None
+        except RuntimeError as e:
+            if not (_worker_died(e) and _stop_signalled()):
+                raise
+            log.warning("rank %d: a DataLoader worker died after the stop signal (%s); reading the rest of "
+                        "iteration %d here, then stopping at the safe point", self.rank, e, self._iteration)
+            self.close()                       # the other workers end too
+            self.direct = True
+            return None if idx is None else self._read_here(idx)
         it, _, _, want = self.batch_sampler.records.popleft()
         same = want is None and idx is None or (want is not None and idx is not None and np.array_equal(want, idx))
         if it != self._iteration or not same:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_jabas.errors import ConfigError, JabasError
+from hpc_jabas.trust import private_dir
 
 LOCK_NAME = ".hpc-jabas.lock"
 _HELD: dict[str, DirLock] = {}      # lock file -> the DirLock of this process that holds it
@@ -76,7 +77,7 @@ class DirLock:
         if mine is not None and mine.held:        # this process holds it already (another DirLock object)
             return mine
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.dir)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise ConfigError(f"{self.what} {str(self.dir)!r} cannot be written: {e.strerror}") from None

@@ -11,6 +11,7 @@ records when they do.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +23,23 @@ PER_RANK = ("rank", "it", "compute_s", "real_compute_s", "emulation_wait_s", "wa
             "loss_sum", "slowdown")
 
 
+def json_safe(obj: Any) -> Any:
+    """``obj`` as strict JSON values: a NaN or an infinity becomes null (metrics.jsonl stays valid JSON, which
+    has neither), tuples become lists, anything else (a tensor, a numpy number) its float."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, bool, int)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k) if not isinstance(k, (str, int, float, bool)) else k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    try:
+        return json_safe(float(obj))
+    except (TypeError, ValueError):
+        return str(obj)
+
+
 class MetricsWriter:
     """JSONL in the run directory, written by rank 0 only (``path=None`` elsewhere: writes are dropped)."""
 
@@ -30,7 +48,8 @@ class MetricsWriter:
         self._f: IO[str] | None = None
         if path is not None:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                from hpc_jabas.trust import private_dir
+                private_dir(path.parent)
                 self._f = open(path, "a", buffering=1)
             except OSError as e:      # a file where the run directory should be, no permission, /proc...
                 from hpc_jabas.errors import ConfigError
@@ -39,7 +58,7 @@ class MetricsWriter:
 
     def write(self, rec: dict[str, Any]) -> None:
         if self._f is not None:
-            self._f.write(json.dumps(rec, default=float) + "\n")
+            self._f.write(json.dumps(json_safe(rec), allow_nan=False) + "\n")
 
     def close(self) -> None:
         if self._f is not None:

@@ -27,6 +27,7 @@ from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.progress import refuse_finished
+from hpc_jabas.trust import UntrustedFileError
 
 Trainer = Any      # runtime/trainer.Trainer (not imported: the trainer imports this module)
 
@@ -107,10 +108,27 @@ def restore_cuda_rng(states: list | None, rank: int) -> bool:
     return True
 
 
+def finite_weights(tr: Trainer) -> bool:
+    """Every parameter and buffer is finite (one host read; identical on every rank after the step)."""
+    ts = [t.detach() for t in tr.model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()]
+    if not ts:
+        return True
+    return bool(torch.stack([torch.isfinite(t).all() for t in ts]).all())
+
+
 def save_checkpoint(tr: Trainer) -> str | None:
-    """All ranks call; rank 0 writes (the state is identical on every rank)."""
+    """All ranks call; rank 0 writes (the state is identical on every rank). Non-finite weights are never
+    written: every rank stops (safepoint.NonFiniteError) and the last finite checkpoint stays."""
     tr.flush_metrics()
     bn_average(tr)                      # every rank the same BatchNorm buffers in the checkpoint
+    if tr.cfg.checkpoint and not finite_weights(tr):
+        from hpc_jabas.runtime.dirlock import rank_error
+        from hpc_jabas.runtime.safepoint import NonFiniteError, last_checkpoint_name
+        if tr.rank == 0:
+            tr.metrics.write({"type": "nonfinite_stop", "it": tr.iteration, "weights": True})
+        raise rank_error(NonFiniteError, f"training diverged: the weights after iteration {tr.iteration - 1} are "
+                         f"not finite numbers; stopped without checkpointing them ({last_checkpoint_name(tr)}); "
+                         "lower the learning rate, check the data, or use clip_grad_norm", tr.rank)
     cuda_rng = gather_cuda_rng() if tr.cfg.checkpoint else None
     path = None
     tr.last_checkpoint_time = time.time()
@@ -155,14 +173,15 @@ def maybe_resume(tr: Trainer, epochs: int | None = None) -> bool:
     if tr.rank == 0:
         try:
             found = ckpt.load_latest(tr.ckpt_dir, log=log.warning)
-        except CheckpointError as e:        # every checkpoint bad: every rank stops with rank 0's line
-            err = str(e)
-    if found:
-        load_hook_state(tr, found[0], found[1])
+            if found:
+                load_hook_state(tr, found[0], found[1])
+        except (CheckpointError, UntrustedFileError) as e:
+            # every checkpoint bad, or one that others could have written: every rank stops with rank 0's line
+            err = (type(e).__name__, str(e))
     st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
     if err:
         from hpc_jabas.runtime.dirlock import rank_error
-        raise rank_error(CheckpointError, err, tr.rank)
+        raise rank_error(UntrustedFileError if err[0] == "UntrustedFileError" else CheckpointError, err[1], tr.rank)
     if st is None:
         return False
     tr.load_state_dict(st)

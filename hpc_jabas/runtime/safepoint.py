@@ -7,9 +7,17 @@ the first signal and returns: no collective, no file write, no logging inside a 
 checkpoint-in-the-handler hangs and corrupts checkpoints).
 
 At every iteration boundary the trainer calls :func:`agree`: ONE allreduce of a small vector (the stop
-signals each rank saw, and whether rank 0's clock says a periodic checkpoint is due) gives every rank
-the same answer, so all ranks checkpoint (and stop) at the same iteration, even when only one rank got
-the signal. Its cost is one tiny allreduce per iteration (or per ``every`` iterations).
+signals each rank saw, whether rank 0's clock says a periodic checkpoint is due, and whether a rank's
+loss of this iteration was not finite) gives every rank the same answer, so all ranks checkpoint (and
+stop) at the same iteration, even when only one rank got the signal. Its cost is one tiny allreduce per
+iteration (or per ``every`` iterations).
+
+Numbers that make no sense stop the run: a non-finite loss (the host float the trainer reads once per
+iteration anyway) rides in the same vector, so no extra host sync; every rank then raises
+:class:`NonFiniteError` (one line, exit 2, never resubmitted) without checkpointing: the last
+checkpoint on disk is the last finite one. An fp16 step that the loss scaler skipped is not an error
+(the scaler backs off). A checkpoint is never written from non-finite weights either
+(runtime/resume.py checks the parameters before writing).
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm
 
@@ -29,6 +38,10 @@ log = get_logger(__name__)
 
 #: the signals that ask a job to stop at the next safe point, in the order of the agreement vector
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+
+class NonFiniteError(JabasError, ArithmeticError):
+    """The loss or the weights stopped being finite numbers: the run stops, the last finite checkpoint stays."""
 
 
 class StopSignals:
@@ -101,20 +114,23 @@ class Agreement:
     stop: bool                  # some rank got a stop signal (or asked to stop)
     signal: str | None          # which one ("USR1", "USR2", "TERM", "request"), the first in STOP_SIGNALS order
     checkpoint_due: bool        # rank 0's clock says a periodic checkpoint is due
+    nonfinite: int = 0          # ranks whose loss of this iteration was not finite (0: none)
 
 
 def agree(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
-          allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> Agreement:
+          allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+          nonfinite: bool = False) -> Agreement:
     """Collective (every rank, same iteration): one allreduce-sum of
-    [USR1, USR2, TERM, request, due] flags (``due`` counts only rank 0's)."""
+    [USR1, USR2, TERM, request, due, nonfinite] flags (``due`` counts only rank 0's)."""
     v = [1.0 if local_signal == int(s) else 0.0 for s in STOP_SIGNALS]
-    v += [1.0 if local_request else 0.0, 1.0 if (due_on_rank0 and rank == 0) else 0.0]
+    v += [1.0 if local_request else 0.0, 1.0 if (due_on_rank0 and rank == 0) else 0.0, 1.0 if nonfinite else 0.0]
     red = (allreduce or comm.allreduce_sum)(torch.tensor(v, dtype=torch.float64), "hj.safepoint")
-    got = [float(x) > 0 for x in red.tolist()]
+    vals = red.tolist()
+    got = [float(x) > 0 for x in vals]
     sig = next((signal_name(int(s)) for s, on in zip(STOP_SIGNALS, got[:3]) if on), None)
     if sig is None and got[3]:
         sig = "request"
-    return Agreement(stop=sig is not None, signal=sig, checkpoint_due=got[4])
+    return Agreement(stop=sig is not None, signal=sig, checkpoint_due=got[4], nonfinite=int(round(vals[5])))
 
 
 class PeriodicCheckpoint:
@@ -140,7 +156,10 @@ def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
     TERM, ``trainer.stop_requested``) and rank 0's periodic-checkpoint clock. On a stop every rank
     checkpoints, ``trainer.stop_reason`` is set, and True is returned; a due periodic checkpoint is written
     (not at an epoch's last iteration: the epoch end checkpoints anyway)."""
-    a = agree(stop_signals().signum, trainer.stop_requested, periodic.due_by_clock(), trainer.rank)
+    a = agree(stop_signals().signum, trainer.stop_requested, periodic.due_by_clock(), trainer.rank,
+              nonfinite=bool(getattr(trainer, "nonfinite_loss", False)))
+    if a.nonfinite:
+        stop_nonfinite(trainer, a.nonfinite)
     if a.stop:
         path = trainer.save_checkpoint()
         trainer.stop_reason = {"signal": a.signal, "iteration": trainer.iteration, "epoch": trainer.sampler.epoch,
@@ -155,3 +174,23 @@ def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
             and not trainer.sampler.epoch_done(trainer.plan.B):
         trainer.save_checkpoint()
     return False
+
+
+def last_checkpoint_name(trainer: Any) -> str:
+    from hpc_jabas.runtime import checkpoint as ckpt
+    found = ckpt.list_checkpoints(trainer.ckpt_dir) if trainer.cfg.checkpoint else []
+    return f"the last checkpoint {str(found[-1])!r} is kept" if found else "no checkpoint was written"
+
+
+def stop_nonfinite(trainer: Any, ranks: int) -> None:
+    """Every rank (agreed at a safe point): the iteration's loss was not finite on ``ranks`` ranks. The
+    metrics so far are written (the loss as null), nothing is checkpointed, NonFiniteError is raised."""
+    it = trainer.iteration - 1
+    trainer.flush_metrics()
+    msg = (f"training diverged: the loss of iteration {it} is not a finite number on {ranks} of {trainer.world} "
+           f"rank(s); stopped without checkpointing ({last_checkpoint_name(trainer)}); lower the learning rate, "
+           "check the data, or use clip_grad_norm")
+    if trainer.rank == 0:
+        trainer.metrics.write({"type": "nonfinite_stop", "it": it, "ranks": ranks})
+    from hpc_jabas.runtime.dirlock import rank_error
+    raise rank_error(NonFiniteError, msg, trainer.rank)

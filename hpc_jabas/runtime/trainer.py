@@ -12,6 +12,7 @@ broadcast, every rank applies it at the iteration it names.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
 from hpc_jabas.runtime.world import World
+from hpc_jabas.trust import set_trust_group
 
 log = get_logger(__name__)
 
@@ -67,6 +69,7 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
                  history_len: int = 100_000, world: World | None = None):
         self.cfg = (config or JobConfig()).validate()
+        set_trust_group(self.cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         if scheduler_step not in SCHEDULER_STEPS:
             raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
         if scheduler_step == "iteration" and evaluate.is_plateau(scheduler):
@@ -254,6 +257,8 @@ class Trainer:
         self.samples_local += sum(len(i) for i in mine)
         self.compute_local_s += compute + emu_wait
         self.opt.step(lr_scale=self.lr_scale)
+        # agreed at the safe point (runtime/safepoint.py); an fp16 step the scaler skipped is not an error
+        self.nonfinite_loss = not math.isfinite(loss_sum) and not self.opt.last_step_skipped
         t_end = time.perf_counter()
         rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
                "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],

@@ -10,6 +10,9 @@ import os
 import time
 from pathlib import Path
 
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.trust import check_file, open_private, private_dir
+
 
 def path(chain_dir: str | Path) -> Path:
     return Path(chain_dir) / "chain.jsonl"
@@ -18,8 +21,8 @@ def path(chain_dir: str | Path) -> Path:
 def append(chain_dir: str | Path, event: str, **kw) -> dict:
     rec = {"event": event, "time": time.time(), **kw}
     p = path(chain_dir)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a") as f:
+    private_dir(p.parent)
+    with os.fdopen(open_private(p, os.O_WRONLY | os.O_APPEND), "a") as f:
         f.write(json.dumps(rec, default=str) + "\n")
         f.flush()
         os.fsync(f.fileno())
@@ -30,12 +33,24 @@ def read(chain_dir: str | Path) -> list[dict]:
     p = path(chain_dir)
     if not p.exists():
         return []
+    check_file(p, "chain record")        # its events decide what is resubmitted: not one others can write
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"chain record {str(p)!r} cannot be read: {e.strerror}") from None
     out = []
-    for ln in p.read_text().splitlines():
+    for n, b in enumerate(raw.splitlines(), 1):
         try:
-            out.append(json.loads(ln))
-        except json.JSONDecodeError:
+            ln = b.decode("utf-8")
+        except UnicodeDecodeError:       # hpc-jabas writes ASCII JSON: not a record of ours
+            raise ConfigError(f"chain record {str(p)!r}: line {n} is not valid UTF-8; it was not written by "
+                              "hpc-jabas (restore the file or start a new chain_dir)") from None
+        try:
+            rec = json.loads(ln)
+        except json.JSONDecodeError:     # a line torn by a killed writer
             continue
+        if isinstance(rec, dict) and "event" in rec:
+            out.append(rec)
     return out
 
 

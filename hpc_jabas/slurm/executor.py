@@ -77,6 +77,7 @@ from hpc_jabas.slurm.sbatch import (
 )
 from hpc_jabas.slurm.text import parse_sbatch_id
 from hpc_jabas.slurm.watch import fold_state
+from hpc_jabas.trust import check_file
 
 SBATCH_TIMEOUT_S = 60.0
 
@@ -137,6 +138,12 @@ class JabasSlurmJob(submitit.SlurmJob):
         if self.num_tasks > 1:
             return self.results()[0]
         return super().result()
+
+    # PRIVATE submitit API (1.5.4): the one method that unpickles a task's result file. A pickle is code:
+    # one that another user owns or others may write is refused before it is read (hpc_jabas/trust.py).
+    def _get_outcome_and_result(self) -> tuple[str, Any]:
+        check_file(self.paths.result_pickle, "submitit result")
+        return super()._get_outcome_and_result()
 
 
 class JabasSlurmExecutor(submitit.SlurmExecutor):

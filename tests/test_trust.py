@@ -1,0 +1,248 @@
+"""Files others can write are not trusted (hpc_jabas/trust.py): checkpoints, their sidecars, chain records and
+submitit result pickles are refused before they are read when another user owns them or others may write them;
+a checkpoint is never code (weights_only loading); new run and chain directories have no world write."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mpi_util import ROOT, WORKERS
+
+from hpc_jabas import trust
+from hpc_jabas.errors import CheckpointError, ConfigError
+from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.slurm import chain as chainlog
+from hpc_jabas.trust import UntrustedFileError
+
+OTHER_UID = 12345
+
+
+@pytest.fixture(autouse=True)
+def _no_group_trust():
+    trust.set_trust_group(False)
+    yield
+    trust.set_trust_group(False)
+
+
+def _one_line(e: BaseException) -> str:
+    msg = str(e)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def _saved(tmp_path: Path) -> Path:
+    return ckpt.save_in(tmp_path, {"x": torch.arange(3), "it": 1}, epoch=0, iteration=1)
+
+
+def test_world_writable_checkpoint_or_sidecar_is_refused_naming_the_file_and_the_fix(tmp_path):
+    p = _saved(tmp_path)
+    assert ckpt.load(p)["it"] == 1
+    for f in (p, ckpt.sidecar(p)):
+        os.chmod(f, 0o666)
+        with pytest.raises(UntrustedFileError) as e:
+            ckpt.load(p)
+        msg = _one_line(e.value)
+        assert str(f) in msg and "writable by every user" in msg and f"chmod o-w {f}" in msg, msg
+        with pytest.raises(UntrustedFileError):          # not skipped for an older one: the directory is suspect
+            ckpt.load_latest(tmp_path)
+        os.chmod(f, 0o644)
+    assert ckpt.load(p)["it"] == 1
+
+
+def test_checkpoint_owned_by_another_user_is_refused(tmp_path):
+    p = _saved(tmp_path)
+    os.chown(p, OTHER_UID, -1)
+    with pytest.raises(UntrustedFileError) as e:
+        ckpt.load(p)
+    msg = _one_line(e.value)
+    assert str(p) in msg and f"owned by uid {OTHER_UID}" in msg and "chown" in msg, msg
+
+
+def test_group_writable_only_with_trust_group(tmp_path):
+    p = _saved(tmp_path)
+    os.chmod(p, 0o664)
+    with pytest.raises(UntrustedFileError, match="writable by its group .*trust_group = true"):
+        ckpt.load(p)
+    trust.set_trust_group(True)
+    assert ckpt.load(p)["it"] == 1
+    os.chmod(p, 0o666)                                   # world write: never, whatever the group setting
+    with pytest.raises(UntrustedFileError, match="every user"):
+        ckpt.load(p)
+
+
+def test_a_directory_others_can_write_is_refused_unless_sticky(tmp_path):
+    d = tmp_path / "ck"
+    p = _saved(d)
+    os.chmod(d, 0o777)
+    with pytest.raises(UntrustedFileError) as e:
+        ckpt.load(p)
+    msg = _one_line(e.value)
+    assert f"its directory '{d}'" in msg and f"chmod o-w {d}" in msg, msg
+    os.chmod(d, 0o1777)                                  # like /tmp: others cannot replace our file
+    assert ckpt.load(p)["it"] == 1
+
+
+class Payload:
+    """What a planted checkpoint would carry: code run on unpickling."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+def _plant(p: Path, obj) -> None:
+    """A checkpoint with a matching sidecar, as anyone who can write the directory could make."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    p.write_bytes(data)
+    ckpt.sidecar(p).write_text(json.dumps({"format": ckpt.FORMAT, "sha256": hashlib.sha256(data).hexdigest(),
+                                           "size": len(data)}) + "\n")
+
+
+def test_a_pickle_payload_does_not_run_on_load(tmp_path):
+    marker = tmp_path / "marker"
+    good = ckpt.save_in(tmp_path, {"it": 1}, epoch=0, iteration=1)
+    evil = tmp_path / ckpt.name_for(0, 2)
+    _plant(evil, {"model": Payload(str(marker))})
+    assert not marker.exists()
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load(evil)
+    assert "weights_only" in _one_line(e.value) and str(evil) in str(e.value)
+    assert not marker.exists()
+    msgs: list[str] = []
+    st, path = ckpt.load_latest(tmp_path, log=msgs.append)       # skipped with a line, the good one used
+    assert path == good and st == {"it": 1} and len(msgs) == 1 and evil.name in msgs[0]
+    assert not marker.exists()
+    # torch's own loader, as a user would call it on our files: refused too (the format needs no pickle)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(evil, weights_only=True)
+    assert not marker.exists()
+
+
+def test_trainer_state_is_plain_containers_that_weights_only_reads(tmp_path):
+    from collections import OrderedDict, deque
+    st = {"model": OrderedDict(w=torch.ones(2)),
+          "rng": {"numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+          "n": np.int64(3), "f": np.float32(0.5), "hist": deque([1, 2], maxlen=5), "t": (1, "a", None),
+          "arr": np.arange(6, dtype=np.int32).reshape(2, 3)}
+    p = ckpt.save(tmp_path / "s.pt", st)
+    plain = torch.load(p, weights_only=True)                       # no hpc-jabas code, no pickle
+    assert isinstance(plain["model"], OrderedDict) and plain["n"] == 3 and plain["hist"] == [1, 2]
+    back = ckpt.load(p)
+    assert back["rng"]["numpy"][0] == "MT19937" and np.array_equal(back["rng"]["numpy"][1], st["rng"]["numpy"][1])
+    assert back["arr"].dtype == np.int32 and back["arr"].shape == (2, 3) and back["t"] == (1, "a", None)
+    np.random.set_state(back["rng"]["numpy"])
+    with pytest.raises(CheckpointError, match=r"cannot checkpoint state\['bad'\]: a .*Payload"):
+        ckpt.save(tmp_path / "bad.pt", {"bad": Payload("x")})
+
+
+def test_chain_record_checked_and_invalid_utf8_is_one_line(tmp_path):
+    chainlog.append(tmp_path, "submit", job_id="1")
+    assert [e["event"] for e in chainlog.read(tmp_path)] == ["submit"]
+    p = chainlog.path(tmp_path)
+    os.chmod(p, 0o666)
+    with pytest.raises(UntrustedFileError, match="chain record .*chain.jsonl"):
+        chainlog.read(tmp_path)
+    os.chmod(p, 0o644)
+    with open(p, "ab") as f:
+        f.write(b'{"event": "end", "x": "\xff\xfe"}\n')
+    with pytest.raises(ConfigError) as e:
+        chainlog.read(tmp_path)
+    assert "line 2 is not valid UTF-8" in _one_line(e.value)
+
+
+def test_a_umask_of_002_does_not_make_our_own_files_untrusted(tmp_path):
+    old = os.umask(0o002)
+    try:
+        chainlog.append(tmp_path / "chain", "submit", job_id="1")
+        p = ckpt.save_in(tmp_path / "run" / "checkpoints", {"it": 0}, epoch=0, iteration=0)
+    finally:
+        os.umask(old)
+    for f in (p, ckpt.sidecar(p), chainlog.path(tmp_path / "chain"), tmp_path / "run", tmp_path / "chain"):
+        assert not f.stat().st_mode & 0o022, f
+    assert ckpt.load(p)["it"] == 0 and chainlog.read(tmp_path / "chain")[0]["job_id"] == "1"
+
+
+def test_new_run_and_chain_directories_have_no_world_write(tmp_path):
+    old = os.umask(0)
+    try:
+        chainlog.append(tmp_path / "chain" / "deep", "submit", job_id="1")
+        ckpt.save_in(tmp_path / "run" / "checkpoints", {"it": 0}, epoch=0, iteration=0)
+        from hpc_jabas.runtime.dirlock import DirLock
+        with DirLock(tmp_path / "locked" / "run"):
+            pass
+    finally:
+        os.umask(old)
+    for d in ("chain", "chain/deep", "run", "run/checkpoints", "locked", "locked/run"):
+        assert not (tmp_path / d).stat().st_mode & 0o002, d
+
+
+def test_submitit_result_pickle_is_checked_before_it_is_unpickled(tmp_path):
+    from hpc_jabas.slurm.executor import JabasSlurmJob
+    job = JabasSlurmJob(folder=tmp_path, job_id="77", tasks=[0])
+    rp = job.paths.result_pickle
+    rp.parent.mkdir(parents=True, exist_ok=True)
+    marker = tmp_path / "marker"
+    rp.write_bytes(pickle.dumps(("success", Payload(str(marker)))))
+    os.chown(rp, OTHER_UID, -1)
+    with pytest.raises(UntrustedFileError, match="submitit result .*owned by uid 12345"):
+        job._get_outcome_and_result()
+    assert not marker.exists()
+
+
+def _run(spec: dict, tmp_path: Path) -> dict:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    sp = out / "spec.json"
+    sp.write_text(json.dumps(dict(spec, out_dir=str(out))))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, str(WORKERS / "guard_worker.py"), str(sp)], env=env, cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((out / "rank0.json").read_text())
+
+
+def test_trainer_refuses_a_planted_checkpoint_and_still_resumes_a_normal_one(tmp_path):
+    spec = {"plan": "b=8 n=2", "steps": 4, "n": 64, "optimizer": "adam", "lr": 0.01,
+            "run_dir": str(tmp_path / "run"), "checkpoint_every": 2}
+    first = _run(spec, tmp_path)
+    assert first["error"] is None and first["iterations"] == 4
+    newest = ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")[-1]
+    os.chown(newest, OTHER_UID, -1)
+    bad = _run(dict(spec, steps=6, resume=True), tmp_path)
+    assert bad["error"][0] == "UntrustedFileError" and str(newest) in bad["error"][1]
+    os.chown(newest, os.geteuid(), -1)
+    ok = _run(dict(spec, steps=6, resume=True), tmp_path)
+    ref = _run(dict(spec, steps=6, run_dir=str(tmp_path / "ref")), tmp_path)
+    assert ok["error"] is None and ok["resumed_from"] == str(newest) and ok["iterations"] == 6
+    for k, v in ref["params"].items():
+        assert np.array_equal(np.array(ok["params"][k]), np.array(v)), k
+
+
+def test_checkpoints_of_the_previous_format_with_numpy_state_still_load(tmp_path):
+    """Written before the state became plain containers: numpy arrays and scalars (the numpy RNG state) load
+    through the allow-list; a planted object next to them is still refused."""
+    p = tmp_path / ckpt.name_for(0, 3)
+    rng = np.random.get_state()
+    _plant(p, {"rng": {"numpy": rng}, "x": np.arange(4, dtype=np.int64), "f": np.float64(1.5), "it": 3})
+    st = ckpt.load(p)
+    assert st["it"] == 3 and np.array_equal(st["x"], np.arange(4)) and float(st["f"]) == 1.5
+    assert np.array_equal(st["rng"]["numpy"][1], rng[1])
+    np.random.set_state(st["rng"]["numpy"])
+    marker = tmp_path / "marker"
+    _plant(p, {"rng": {"numpy": rng}, "evil": Payload(str(marker))})
+    with pytest.raises(CheckpointError, match="weights_only"):
+        ckpt.load(p)
+    assert not marker.exists()
