@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -311,8 +312,9 @@ def run_case(c: Case, d: Path) -> tuple[object, str]:
 
 
 def verdict(code: object, stderr: str) -> str:
-    """'' when the case is handled well (exit 2, one line, no traceback); else what is wrong."""
-    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    """'' when the case is handled well (exit 2, one line, no traceback); else what is wrong. Information a run
+    logs before it fails (the per-rank start lines, ``hpc-jabas[0] INFO: ...``) is not part of the error."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and not re.match(r"hpc-jabas\[\d+\] INFO: ", ln)]
     if code != 2:
         return f"exit {code!r}"
     if "Traceback" in stderr:

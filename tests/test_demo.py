@@ -30,7 +30,7 @@ def _records(path: Path) -> list[dict]:
 def test_make_demo_runs_and_shows_what_it_promises(slurm_cluster, slurm_tmp):
     run = slurm_tmp / "demo"
     env = {**os.environ, "HPC_JABAS_DEMO_DIR": str(run)}
-    before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    git_before = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     t0 = time.time()
     r = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh")], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=560, stdin=subprocess.DEVNULL)
@@ -72,5 +72,5 @@ def test_make_demo_runs_and_shows_what_it_promises(slurm_cluster, slurm_tmp):
     epochs = sorted({x["epoch"] for x in srecs if x["type"] == "epoch_end"})
     assert epochs == list(range(len(epochs))) and len(epochs) == 4, epochs
     assert (run / "slurm" / "chain" / "run" / "report.png").is_file()
-    after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert after == before, f"the demo wrote outside its run dir:\n{after}"
+    git_after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert git_after == git_before, f"the demo wrote outside its run dir:\n{git_after}"

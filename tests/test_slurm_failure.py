@@ -70,6 +70,7 @@ def test_submitit_job_with_a_killed_rank_is_resubmitted_from_the_last_checkpoint
         assert err <= 1e-6, f"{name}: relative difference {err:.2e} to the uninterrupted run"
 
 
+@pytest.mark.timeout(660)
 def test_one_minute_job_is_resubmitted_at_its_time_limit_until_the_run_finishes(slurm_cluster, slurm_tmp):
     """time_min=1, signal_lead_s=30: Slurm signals each job (USR1 to its batch shell) 30 s before its limit; it
     checkpoints at the next safe point and submits its successor (a time-out, counted against max_timeouts);
@@ -79,11 +80,14 @@ def test_one_minute_job_is_resubmitted_at_its_time_limit_until_the_run_finishes(
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     chain = slurm_tmp / "chain"
-    cfg = dict(CHAIN_CFG, emulate_base_s=1.0, slurm={"time_min": 1, "signal_lead_s": 30, "max_timeouts": 5})
+    # Slurm may send the --signal up to 60 s early (its event resolution), and a loaded machine spends much of a
+    # 1-minute job on start-up: a start can make little progress, so the chain gets more time-outs than the
+    # ideal 1 before it stops counting them (max_timeouts); what is checked is that none loses an iteration.
+    cfg = dict(CHAIN_CFG, emulate_base_s=1.0, slurm={"time_min": 1, "signal_lead_s": 30, "max_timeouts": 12})
     spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix={"a100": 2},
                    method="sbatch", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
     first = submit(spec).job_id
-    res = wait_chain(chain, first, timeout=400, poll_s=1.0)
+    res = wait_chain(chain, first, timeout=560, poll_s=1.0)
     ev = chainlog.read(chain)
     if not res["ok"]:
         slurm_cluster.cancel(*res["jobs"])
