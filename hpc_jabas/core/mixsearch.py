@@ -1,0 +1,389 @@
+"""The epoch-end decision at cluster scale: branch-and-bound over allocation units. Pure.
+
+``autoscale.choose`` prices a list of candidate mixes; listing every mix (``enumerate_mixes``) grows as
+prod(free[p] + 1) (four partitions of 64 free GPUs: 17.8 million). :func:`search` returns the same
+decision without listing them.
+
+Granularity (:func:`allowed_counts`): partition p offers 0, every multiple of ``unit[p]`` up to its free
+GPUs (``unit`` = GPUs per node: whole nodes; JABAS: 4-GPU nodes, 2-GPU minimum units) and every count
+1..``exact_upto`` (exact counts where few). ``unit = 1`` offers every count, as ``enumerate_mixes``.
+
+The bound (:class:`Bound`): one epoch of S samples on a mix n (n_p GPUs of partition p) takes at least
+
+    L(n) = S / sum_p n_p * peak_p + iters * tail(N),        N = sum_p n_p,
+
+where peak_p is the most samples per second one GPU of p can process (:func:`perf_bound`: the largest
+b / t_p(b) of its profile over the micro-batch sizes b <= max_b that fit it), iters the fewest
+iterations an epoch has (ceil(S / B_max)) and tail(N) the allreduce time not hidden behind compute
+(non-decreasing in N). It holds for ``autoscale.epoch_time_fn`` under the perf model: an iteration of B
+samples lasts at least its slowest rank's compute, rank i's x_i samples take >= x_i / peak_i, so >=
+B / sum_i peak_i; every rank runs (optimal planner), so the tail is tail(N); and an epoch's iterations
+price >= S samples. With lbbsp ranks may idle, so :func:`perf_bound` then uses tail(1).
+
+The search (:func:`search`): depth-first over the partitions, each node one partial mix, children its
+allowed counts. A subtree is pruned when the bound of every mix in it exceeds the best total found
+(time: R * L + overhead 0; cost: R * S * min over its rates/peaks / 3600, a mediant bound), or when it
+cannot meet the budget/deadline; the rest is priced by ``epoch_time_fn`` (memoised) and, with
+``wait_fn``, the queue wait (a lower bound 0 until asked, asked only of a mix that could still win).
+
+Exactness: when the bound holds for every mix (L(n) <= epoch_time_fn(n)) and the search ends inside
+its work caps, the chosen mix's objective value equals brute force's (``choose`` over every mix of the
+same counts): only subtrees whose every mix is provably worse than (or, under a limit, outside) the
+best found are skipped, and ties are kept (pruning is strict). The final ranking and the margin /
+restart-overhead rule are ``choose``'s own, run on the best mixes found plus the current one.
+Work: at most ``max_nodes`` nodes (each O(P)), ``max_evals`` epoch_time_fn calls and ``max_waits``
+wait_fn calls per decision; a search cut by a cap says so in the reason, with the proven bound on how
+far its pick can be from the optimum (best total / least bound left unexplored - 1). How often a cap
+is hit depends on how tight L is for the job (it ignores integral micro-batches and the b-vs-speed
+trade-off): small clusters never hit the default caps.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hpc_jabas.core.autoscale import (
+    OBJECTIVES,
+    Choice,
+    EpochTimeFn,
+    Mix,
+    RestartOverhead,
+    WaitFn,
+    choose,
+    mix_rate,
+    price,
+)
+from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.errors import ConfigError, InfeasibleError
+
+MAX_NODES = 200_000     # search-tree nodes per decision
+MAX_EVALS = 2_000       # epoch_time_fn calls per decision
+MAX_WAITS = 24          # wait_fn calls per decision (each may be an `sbatch --test-only`)
+SHORTLIST = 12          # priced mixes handed to choose (and kept in its table)
+_REL = 1e-9             # pruning tolerance: ties are never pruned
+
+
+def _pos_int(x: Any, name: str, lo: int = 1) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < lo:
+        raise ConfigError(f"{name}={x!r} is invalid; it must be an integer >= {lo}")
+    return x
+
+
+def allowed_counts(free: int, unit: int = 1, exact_upto: int = 0) -> list[int]:
+    """The GPU counts a partition offers: 0, the multiples of ``unit`` <= free, and 1..exact_upto (<= free)."""
+    free, unit, exact_upto = _pos_int(free, "free", 0), _pos_int(unit, "unit"), _pos_int(exact_upto, "exact_upto", 0)
+    return sorted(set(range(0, free + 1, unit)) | set(range(1, min(free, exact_upto) + 1)))
+
+
+def _units(unit: int | Mapping[str, int], parts: Iterable[str]) -> dict[str, int]:
+    if isinstance(unit, Mapping):
+        return {p: _pos_int(int(unit.get(p, 1)), f"unit[{p!r}]") for p in parts}
+    return {p: _pos_int(unit, "unit") for p in parts}
+
+
+def partition_counts(free: Mapping[str, int], types: Mapping[str, str], max_gpus: int,
+                     allowed: Iterable[str] | None = None, unit: int | Mapping[str, int] = 1,
+                     exact_upto: int = 0) -> dict[str, list[int]]:
+    """partition -> its allowed counts <= max_gpus (:func:`allowed_counts`), for the partitions to consider
+    (``allowed``: names or GPU types, None: all) that have a free GPU; checked like ``enumerate_mixes``."""
+    from hpc_jabas.core.autoscale import enumerate_mixes
+    enumerate_mixes({p: 0 for p in free}, types, max_gpus, allowed=allowed)     # the same checks and messages
+    for part, n in free.items():
+        _pos_int(n, f"free GPU count for partition {part!r}", 0)
+    parts = sorted(free)
+    if allowed is not None:
+        names = {str(a) for a in allowed}
+        parts = [p for p in parts if p in names or types[p] in names]
+    units = _units(unit, parts)
+    out = {p: [n for n in allowed_counts(free[p], units[p], exact_upto) if n <= max_gpus] for p in parts}
+    return {p: c for p, c in out.items() if len(c) > 1}
+
+
+def all_mixes(counts: Mapping[str, Sequence[int]], max_gpus: int, min_gpus: int = 1,
+              max_partitions: int | None = None) -> list[Mix]:
+    """Brute force: every mix of the allowed counts within the limits (tests, small clusters)."""
+    parts = sorted(counts)
+    maxp = len(parts) if max_partitions is None else max_partitions
+    out: list[Mix] = []
+
+    def rec(i: int, cur: Mix, total: int) -> None:
+        if i == len(parts):
+            if total >= min_gpus:
+                out.append(dict(cur))
+            return
+        p = parts[i]
+        for n in counts[p]:
+            if total + n > max_gpus or (n and len(cur) >= maxp):
+                continue
+            if n:
+                cur[p] = n
+            rec(i + 1, cur, total + n)
+            cur.pop(p, None)
+    rec(0, {}, 0)
+    return out
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Lower bound of one epoch's seconds on a mix (module docstring): S / sum n_p peak_p + iters * tail(N)."""
+
+    samples: float
+    peak: Mapping[str, float]                  # partition -> samples/s one GPU never exceeds (> 0)
+    iters: int = 0
+    tail: Callable[[int], float] | None = None
+
+    def epoch_s(self, theta: float, n: int) -> float:
+        base = self.samples / theta if theta > 0 else math.inf
+        return base + (self.iters * self.tail(max(n, 1)) if self.tail is not None and self.iters else 0.0)
+
+
+def peak_rate(model: PerfModel, gpu_type: str) -> float:
+    """Most samples/s one GPU of the type processes under the perf model: max b / t(b) over 1 <= b <= max_b."""
+    prof = model.profile(gpu_type)
+    assert prof.max_b is not None
+    return float(max(b / t for b, t in enumerate(prof.time_table(prof.max_b), start=1)))
+
+
+def perf_bound(model: PerfModel, types: Mapping[str, str], samples: int, B_max: int,
+               every_rank_runs: bool = True) -> Bound:
+    """The :class:`Bound` of ``autoscale.epoch_time_fn`` on this perf model (``model``: a PerfModel), for an
+    epoch of ``samples`` at batches <= ``B_max``. ``every_rank_runs``: the optimal planner (else tail(1))."""
+    peaks = {t: peak_rate(model, t) for t in set(types.values())}
+    tail: Callable[[int], float] = model.allreduce_tail if every_rank_runs else (
+        lambda n: float(model.allreduce_tail(1)))
+    return Bound(float(samples), {p: peaks[t] for p, t in types.items()}, math.ceil(samples / max(1, B_max)), tail)
+
+
+def _linear_order(parts: list[str], key: Callable[[str], float]) -> list[str]:
+    return sorted(parts, key=lambda p: (key(p), p))
+
+
+def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mapping[str, str],
+           epoch_time_fn: EpochTimeFn, rates: Mapping[str, float], objective: str,
+           restart_overhead_s: float | RestartOverhead, bound: Bound, *, max_gpus: int, min_gpus: int = 1,
+           allowed: Iterable[str] | None = None, max_partitions: int | None = None,
+           unit: int | Mapping[str, int] = 1, exact_upto: int = 0, margin: float = 0.05,
+           budget: float | None = None, deadline_s: float | None = None, remaining_epochs: float = 1,
+           wait_fn: WaitFn | None = None, max_queue_wait_s: float | None = None,
+           max_nodes: int = MAX_NODES, max_evals: int = MAX_EVALS, max_waits: int = MAX_WAITS) -> Choice:
+    """``choose`` over every mix of :func:`partition_counts`, by branch-and-bound (module docstring).
+
+    The arguments are ``choose``'s plus the cluster (``free``, ``types``, the limits and granularity) and
+    the ``bound``. The table lists the current mix and the best priced mixes (up to SHORTLIST); its
+    reason ends with what the search did (mixes priced, exact or the proven gap)."""
+    obj = str(objective).strip().lower().replace("_", "-")
+    if obj not in OBJECTIVES:
+        raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
+    max_gpus, min_gpus = _pos_int(max_gpus, "max_gpus"), _pos_int(min_gpus, "min_gpus")
+    maxp = None if max_partitions is None else _pos_int(max_partitions, "max_partitions")
+    counts = partition_counts(free, types, max_gpus, allowed, unit, exact_upto)
+    overhead = restart_overhead_s.seconds if isinstance(restart_overhead_s, RestartOverhead) else \
+        RestartOverhead._check(restart_overhead_s, "restart_overhead_s")
+    R = float(remaining_epochs)
+    missing = [p for p in counts if not bound.peak.get(p, 0.0) > 0]
+    if missing:
+        raise ConfigError(f"the search bound has no peak throughput > 0 for partition(s) {', '.join(missing)}")
+    cur = {p: int(n) for p, n in sorted(current_mix.items()) if n}
+    cur_key = tuple(cur.items())
+    epoch_memo: dict[tuple[tuple[str, int], ...], Any] = {}
+
+    def fn(mix: Mix) -> float | None:          # memoised: choose re-prices the shortlist without a new call
+        k = tuple(sorted(mix.items()))
+        if k not in epoch_memo:
+            try:
+                epoch_memo[k] = epoch_time_fn(dict(mix))
+            except InfeasibleError as e:
+                epoch_memo[k] = e
+        v = epoch_memo[k]
+        if isinstance(v, InfeasibleError):
+            raise v
+        return v  # type: ignore[no-any-return]
+    wait_memo: dict[tuple[tuple[str, int], ...], float | None] = {}
+
+    def wfn(mix: Mix) -> float | None:
+        k = tuple(sorted(mix.items()))
+        if k not in wait_memo:
+            wait_memo[k] = None if wait_fn is None else wait_fn(dict(mix))
+        return wait_memo[k]
+
+    stats = {"nodes": 0, "evals": 0, "waits": 0, "cut": 0}
+    priced: dict[tuple[tuple[str, int], ...], tuple[float, float, int]] = {}   # key -> (total_t, total_c, gpus)
+
+    def totals(key: tuple[tuple[str, int], ...], beat: tuple[int, float] | None) -> tuple[float, float] | None:
+        """(total time, total cost) of a mix, or None when infeasible / cannot start. Prices it on demand;
+        the wait is asked only when the mix could still win: ``beat`` = (0: time, 1: cost; the best so far)."""
+        mix = dict(key)
+        est = price(mix, fn, rates)
+        if not est.feasible or est.time_s is None or est.cost is None:
+            return None
+        stay = key == cur_key
+        move = 0.0 if stay else overhead
+        t = R * est.time_s + move
+        c = R * est.cost + move / 3600.0 * est.rate_per_hour
+        if wait_fn is not None and not stay:
+            if beat is not None and (t, c)[beat[0]] > beat[1] * (1 + _REL) + 1e-12:
+                return t, c                       # cannot win even with no wait: leave the queue alone
+            if key not in wait_memo:
+                if stats["waits"] >= max_waits:
+                    stats["cut"] = 1
+                    return None
+                stats["waits"] += 1
+            w = wfn(mix)
+            if w is None or (max_queue_wait_s is not None and w > max_queue_wait_s):
+                return None
+            t += w
+        return t, c
+
+    parts = list(counts)
+    peak = {p: float(bound.peak[p]) for p in parts}
+    rate = {p: float(mix_rate({p: 1}, rates)) for p in parts}
+
+    tail_tab = np.array([bound.tail(max(n, 1)) if bound.tail is not None and bound.iters else 0.0
+                         for n in range(max_gpus + 1)], dtype=float) * bound.iters
+
+    def run(primary: str, limit: tuple[str, float] | None) -> tuple[tuple[tuple[str, int], ...] | None, float]:
+        """Best mix key by (primary, secondary, gpus, key) among those within ``limit``, and the least
+        bound of the primary left unexplored (inf: the search was exhaustive)."""
+        order = _linear_order(parts, (lambda p: -peak[p]) if primary == "time" else (lambda p: rate[p] / peak[p]))
+        P = len(order)
+        # per suffix i: F_i(room) = the most sum peak * count its partitions reach with <= room GPUs (greedy by
+        # peak: a concave piecewise-linear function), the least rate/peak, the most GPUs it can add
+        fills, ratios, caps = [], [], []
+        for i in range(P + 1):
+            items = sorted(((peak[p], max(counts[p])) for p in order[i:]), reverse=True)
+            xs, ys = [0.0], [0.0]
+            for pk, cap in items:
+                xs.append(xs[-1] + cap)
+                ys.append(ys[-1] + cap * pk)
+            fills.append((np.array(xs), np.array(ys)))
+            ratios.append(min([rate[p] / peak[p] for p in order[i:]], default=math.inf))
+            caps.append(int(xs[-1]))
+        cur_at = [cur.get(p, 0) for p in order]
+        best: list[Any] = [None, None]          # key, rank tuple
+        lim_kind, lim = limit if limit is not None else ("", math.inf)
+
+        def rank(key: tuple[tuple[str, int], ...], tc: tuple[float, float]) -> tuple[Any, ...]:
+            t, c = tc
+            return ((t, c) if primary == "time" else (c, t)) + (sum(n for _, n in key), key)
+
+        def consider(key: tuple[tuple[str, int], ...]) -> None:
+            if key not in epoch_memo:
+                stats["evals"] += 1
+            tc = totals(key, None if best[1] is None else (0 if primary == "time" else 1, best[1][0]))
+            if tc is None:
+                return
+            priced[key] = (tc[0], tc[1], sum(n for _, n in key))
+            if limit is not None and (tc[1] if lim_kind == "cost" else tc[0]) > lim + (
+                    1e-12 if lim_kind == "cost" else 1e-9):
+                return
+            r = rank(key, tc)
+            if best[1] is None or r < best[1]:
+                best[0], best[1] = key, r
+
+        def beaten(v: float) -> bool:
+            return best[1] is not None and bool(v > best[1][0] * (1 + _REL) + 1e-12)
+
+        # a chain: the children of one node (partition order[i] at each allowed count), sorted by bound
+        chains: list[tuple[int, tuple[int, ...], Any, Any, Any, Any, Any, Any]] = []
+        heap: list[tuple[float, int, int, int]] = []      # (bound, -depth, chain, position)
+
+        def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, used: int, here: bool) -> None:
+            p = order[i]
+            K = np.array([k for k in counts[p] if n + k <= max_gpus and not (k and maxp is not None and used >= maxp)],
+                         dtype=np.int64)
+            N2 = n + K
+            K = K[N2 + caps[i + 1] >= min_gpus]          # a subtree that cannot reach min_gpus holds no mix
+            N2 = n + K
+            if not len(K):
+                return
+            th = theta + K * peak[p]
+            rr = rt + K * rate[p]
+            on = here & (K == cur_at[i])                  # the subtree still holds the current mix (no move)
+            xs, ys = fills[i + 1]
+            fill = th + np.interp(np.maximum(max_gpus - N2, 0), xs, ys)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lt = R * (np.where(fill > 0, bound.samples / fill, np.inf) + tail_tab[N2]) + np.where(on, 0.0, overhead)
+                ratio = np.minimum(np.where(th > 0, rr / th, np.inf), ratios[i + 1])
+                ratio = np.where(np.isfinite(ratio), ratio, 0.0)
+                lc = R * (bound.samples * ratio + tail_tab[N2] * rr) / 3600.0 + np.where(on, 0.0, overhead * rr / 3600)
+            keep = np.ones(len(K), dtype=bool)
+            if lim_kind:
+                keep &= (lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9
+            key = lt if primary == "time" else lc
+            sel = np.nonzero(keep)[0]
+            if not len(sel):
+                return
+            sel = sel[np.lexsort((-K[sel], key[sel]))] if primary == "time" else sel[np.lexsort((K[sel], key[sel]))]
+            chains.append((i + 1, fixed, K[sel], N2[sel], th[sel], rr[sel], on[sel], key[sel]))
+            cid = len(chains) - 1
+            heapq.heappush(heap, (float(chains[cid][7][0]), -(i + 1), cid, 0))
+
+        frontier = math.inf
+        if cur:
+            consider(cur_key)                      # the first incumbent: staying (choose always ranks it)
+        if P:
+            expand(0, (), 0, 0.0, 0.0, 0, True)
+        while heap:
+            v, _, cid, j = heapq.heappop(heap)
+            if beaten(v):
+                break                              # every bound left is worse than the best found: exact
+            depth, fixed, K, N2, th, rr, on, key = chains[cid]
+            if j + 1 < len(K):                     # the next sibling (its bound is >= this one's)
+                heapq.heappush(heap, (float(key[j + 1]), -depth, cid, j + 1))
+            if stats["nodes"] >= max_nodes or (depth == P and stats["evals"] >= max_evals):
+                stats["cut"] = 1
+                frontier = v
+                break
+            stats["nodes"] += 1
+            node = fixed + (int(K[j]),)
+            if depth == P:
+                if int(N2[j]) >= max(1, min_gpus):
+                    consider(tuple(sorted((order[q], c) for q, c in enumerate(node) if c)))
+                continue
+            used = sum(1 for c in node if c)
+            expand(depth, node, int(N2[j]), float(th[j]), float(rr[j]), used, bool(on[j]))
+        return best[0], frontier
+
+    def primary_of(o: str) -> str:
+        return "cost" if o in ("cost", "cost-under-deadline") else "time"
+
+    limit: tuple[str, float] | None = None
+    if obj == "time-under-budget" and isinstance(budget, (int, float)):
+        limit = ("cost", float(budget))
+    elif obj == "cost-under-deadline" and isinstance(deadline_s, (int, float)):
+        limit = ("time", float(deadline_s))
+    primary = primary_of(obj)
+    found, frontier = run(primary, limit)
+    if found is None and limit is not None:      # nothing meets the limit: choose minimises the other metric
+        primary = "cost" if primary == "time" else "time"
+        found, frontier = run(primary, None)
+    # the shortlist: the best priced mixes by the primary (those within the limit first), plus the current one
+    within = (lambda v: v[1] <= limit[1] + 1e-12) if limit and limit[0] == "cost" else \
+        (lambda v: v[0] <= limit[1] + 1e-9) if limit else (lambda v: True)
+    ranked = sorted(priced.items(), key=lambda kv: (not within(kv[1]), kv[1][0] if primary == "time" else kv[1][1],
+                                                    kv[1][1] if primary == "time" else kv[1][0], kv[1][2], kv[0]))
+    if wait_fn is not None:                      # only mixes whose wait is known: choose asks wait_fn of each
+        ranked = [kv for kv in ranked if kv[0] == cur_key or kv[0] in wait_memo]
+    short = [dict(k) for k, _ in ranked[:SHORTLIST]]
+    if found is not None and dict(found) not in short:
+        short.append(dict(found))
+    ch = choose(cur, short, fn, rates, obj, overhead, margin=margin, budget=budget, deadline_s=deadline_s,
+                remaining_epochs=R, wait_fn=wfn if wait_fn is not None else None, max_queue_wait_s=max_queue_wait_s)
+    best_v = None
+    if found is not None:
+        best_v = priced[found][0] if primary == "time" else priced[found][1]
+    how = f"search: {stats['evals']} mixes priced, {stats['nodes']} nodes"
+    if wait_fn is not None:
+        how += f", {stats['waits']} queue estimates"
+    if not stats["cut"]:
+        how += ", exact"
+    elif best_v is not None and frontier < math.inf and frontier > 0:
+        how += f", cut by its work cap: within {max(0.0, best_v / frontier - 1):.1%} of the optimum"
+    else:
+        how += ", cut by its work cap: optimality not proven"
+    return Choice(ch.mix, f"{ch.reason} ({how})", ch.table, move=ch.move)
