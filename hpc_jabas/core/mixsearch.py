@@ -20,11 +20,17 @@ samples lasts at least its slowest rank's compute, rank i's x_i samples take >= 
 B / sum_i peak_i; every rank runs (optimal planner), so the tail is tail(N); and an epoch's iterations
 price >= S samples. With lbbsp ranks may idle, so :func:`perf_bound` then uses tail(1).
 
-The search (:func:`search`): depth-first over the partitions, each node one partial mix, children its
-allowed counts. A subtree is pruned when the bound of every mix in it exceeds the best total found
-(time: R * L + overhead 0; cost: R * S * min over its rates/peaks / 3600, a mediant bound), or when it
-cannot meet the budget/deadline; the rest is priced by ``epoch_time_fn`` (memoised) and, with
-``wait_fn``, the queue wait (a lower bound 0 until asked, asked only of a mix that could still win).
+The search (:func:`search`): best-first over a tree whose level i fixes the count of the i-th partition
+(time: fastest first; cost: cheapest per sample first). A node's key is the least objective total any
+mix below it can have: time R * L + the restart overhead (0 where the subtree still holds the current
+mix) with the unfixed partitions filled greedily by peak up to max_gpus (tail at the GPUs fixed so far);
+cost R * (S * least rate/peak among what is fixed and what may be added (a mediant bound) + iters *
+tail * rate fixed) / 3600 + overhead at the fixed rate. A node's children are sorted by key and pushed
+one at a time (the next sibling when one is popped); a child's key is never below its parent's (its fill
+is within the parent's, its tail, rate and ratio no lower), so the heap's least key bounds every mix not
+yet priced. Subtrees that cannot meet the budget/deadline or reach min_gpus are dropped. Leaves are priced
+by ``epoch_time_fn`` (memoised) and, with ``wait_fn``, the queue wait (bound 0 until asked, asked only
+of a mix that could still win). The search stops when the least key exceeds the best total found.
 
 Exactness: when the bound holds for every mix (L(n) <= epoch_time_fn(n)) and the search ends inside
 its work caps, the chosen mix's objective value equals brute force's (``choose`` over every mix of the
