@@ -1,16 +1,18 @@
 """Epoch-end decision speed at cluster scale, and exactness against brute force on small clusters.
 
 4,096 GPUs over 8 partitions (512 each, one catalog type each, 4-GPU nodes: ``unit=4``, plus the exact
-counts 1 and 2), emulated perf model (PerfModel.emulated defaults: ResNet-50-sized gradients, 10 GB/s
-allreduce). The epoch time of a mix is priced like ``autoscale.epoch_time_fn``: each forecast period's
-B is snapped to a B = b * M the optimal planner realises on the mix (every rank runs: M >= #GPUs),
-nearest the forecast, near-ties (2.5%) to the higher throughput, and priced by the planner's exact
-makespan (``planner_solve.makespan_all`` on the rank groups) plus the allreduce tail. It differs from
-``epoch_time_fn`` only in working on the groups instead of 4,096 per-rank plans (which take seconds
-per mix at this size). The search bound is ``mixsearch.perf_bound`` of the same model; the bench checks
-that it holds on sampled mixes. Decisions: the four objectives from two current mixes, one
-``search`` call each, timed. Exactness: random clusters of 2-4 partitions with up to 8 GPUs each,
-search vs ``choose`` over every mix (``all_mixes``), the same objective value.
+counts 1 and 2), emulated perf model (t(b) = (4 ms + 2.5 ms * b) / speed, speed = FP32 TFLOPS vs a V100:
+a ResNet-50-like V100 at ~390 images/s; ResNet-50-sized gradients, 10 GB/s allreduce). The epoch time
+of a mix is priced like ``autoscale.epoch_time_fn``: each forecast period's B is snapped to a B = b * M
+the optimal planner realises on the mix (every rank runs: M >= #GPUs), nearest the forecast, near-ties
+(2.5%) to the higher throughput, and priced by the planner's exact makespan
+(``planner_solve.makespan_all`` on the rank groups) plus the allreduce tail. It differs from
+``epoch_time_fn`` in working on the groups instead of 4,096 per-rank plans (which take seconds per mix
+at this size) and in its b candidates (8..512). The search bound is ``mixsearch.perf_bound`` of the same
+model; the bench checks that it holds on sampled mixes. Decisions: the four objectives from two current
+mixes, one ``search`` call each (default work caps), timed. Exactness: 60 random clusters of 2-4
+partitions with up to 8 GPUs each, search vs ``choose`` over every mix (``all_mixes``): the same
+objective value and mix.
 
 Last line: gpus=4096 partitions=8 decision_ms_max=... exact_matches=N/N (the line before: each
 decision's objective, ms, mixes priced and whether the search was exact or its proven gap).
@@ -33,10 +35,13 @@ from hpc_jabas.core.planner_solve import makespan_all  # noqa: E402
 
 TYPES8 = ["v100", "p100", "a100", "h100", "rtx3090", "titan-rtx", "rtx2060", "l40s"]
 B_LIST = [8, 16, 32, 64, 128, 256, 512]
+BASE_S, PER_SAMPLE_S = 0.004, 0.0025    # a ResNet-50-like V100: ~390 images/s at b = 64
 
 
 def group_epoch_fn(model, types, forecast, period, samples, B_min, B_max):
     caps = {t: model.profile(t).max_b for t in set(types.values())}
+    t_of = {(t, b): model.profile(t).time(b) for t in caps for b in B_LIST if b <= caps[t]}
+    u_of = {t: model.profile(t).update_s for t in caps}
 
     def fn(mix):
         groups = {}
@@ -47,8 +52,8 @@ def group_epoch_fn(model, types, forecast, period, samples, B_min, B_max):
         tail = model.allreduce_tail(N)
 
         def iter_time(b, M):
-            ts = [model.profile(t).time(b) for t in groups]
-            us = [model.profile(t).update_s for t in groups]
+            ts = [t_of[t, b] for t in groups]
+            us = [u_of[t] for t in groups]
             T = makespan_all(M, ts, us, list(groups.values()))
             return None if T is None else T + tail
 
@@ -64,7 +69,7 @@ def group_epoch_fn(model, types, forecast, period, samples, B_min, B_max):
                 return None
             d = min(abs(B - target) for B, _, _ in rows)
             near = [r for r in rows if abs(r[0] - target) <= d + 0.025 * target + 1e-9]
-            timed = [(B / iter_time(b, m), -B, B, iter_time(b, m)) for B, b, m in near]
+            timed = [(B / T, -B, B, T) for B, b, m in near for T in (iter_time(b, m),)]
             return max(timed)[2:]
         total, left, k = 0.0, samples, 0
         while left > 0:
@@ -82,17 +87,18 @@ def group_epoch_fn(model, types, forecast, period, samples, B_min, B_max):
 
 def big_decisions():
     parts = {f"{t}-part": t for t in TYPES8}
-    model = PerfModel.emulated(sorted(set(parts.values())))
+    model = PerfModel.emulated(sorted(set(parts.values())), base_s=BASE_S, per_sample_s=PER_SAMPLE_S)
     samples = 1_281_167                          # an ImageNet epoch
     fc = [16384 * 1.15 ** k for k in range(12)]
     fn = group_epoch_fn(model, parts, fc, 50, samples, 4096, 131072)
-    bound = mixsearch.perf_bound(model, parts, samples, 131072)
+    bound = mixsearch.perf_bound(model, parts, samples, 131072, forecast=fc, period=50, B_min=4096,
+                                 micro_batch=B_LIST[0])
     rng = random.Random(0)
     for _ in range(200):                         # the bound holds where it is checked
         m = {p: rng.choice([0, 4, 64, 512]) for p in parts}
         m = {p: n for p, n in m.items() if n} or {"v100-part": 4}
         t = fn(m)
-        lb = bound.epoch_s(sum(n * bound.peak[p] for p, n in m.items()), sum(m.values()))
+        lb = bound.mix_s(m)
         assert t is None or lb <= t * (1 + 1e-12), (m, lb, t)
     rates = autoscale.catalog_rates(parts)
     free = {p: 512 for p in parts}
@@ -100,7 +106,7 @@ def big_decisions():
     for cur in ({"v100-part": 64, "p100-part": 64}, {"a100-part": 512, "h100-part": 256}):
         base_t = fn(cur) * 10
         base_c = base_t / 3600 * autoscale.mix_rate(cur, rates)
-        for obj, kw in (("time", {}), ("cost", {}), ("time-under-budget", {"budget": 0.8 * base_c}),
+        for obj, kw in (("time", {}), ("cost", {}), ("time-under-budget", {"budget": 1.25 * base_c}),
                         ("cost-under-deadline", {"deadline_s": 0.5 * base_t})):
             t0 = time.perf_counter()
             ch = mixsearch.search(cur, free, parts, fn, rates, obj, 60.0, bound, max_gpus=4096, unit=4,
@@ -114,7 +120,7 @@ def big_decisions():
 def small_exact(n_cases=60):
     rng = random.Random(1)
     names = ["v100", "p100", "a100", "rtx2060"]
-    model = PerfModel.emulated(names)
+    model = PerfModel.emulated(names, base_s=BASE_S, per_sample_s=PER_SAMPLE_S)
     ok = 0
     for _ in range(n_cases):
         parts = {p: p for p in rng.sample(names, rng.randint(2, 4))}
@@ -122,9 +128,10 @@ def small_exact(n_cases=60):
         unit, exact = rng.choice([1, 2, 4]), rng.choice([0, 2])
         max_gpus = rng.randint(2, 24)
         samples = 20_000
-        fn = group_epoch_fn(model, parts, [rng.choice([128, 256, 512]) * 1.1 ** k for k in range(6)], 10,
-                            samples, 64, 2048)
-        bound = mixsearch.perf_bound(model, parts, samples, 2048)
+        fc = [rng.choice([128, 256, 512]) * 1.1 ** k for k in range(6)]
+        fn = group_epoch_fn(model, parts, fc, 10, samples, 64, 2048)
+        bound = mixsearch.perf_bound(model, parts, samples, 2048, forecast=fc, period=10, B_min=64,
+                                     micro_batch=B_LIST[0])
         rates = autoscale.catalog_rates(parts)
         counts = mixsearch.partition_counts(free, parts, max_gpus, unit=unit, exact_upto=exact)
         cands = mixsearch.all_mixes(counts, max_gpus)

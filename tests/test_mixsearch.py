@@ -108,13 +108,12 @@ def test_search_equals_brute_force_on_the_real_epoch_time():
     model = PerfModel.emulated(sorted(types.values()), [1, 2, 4, 8, 16, 32, 64, 128, 256], 0.002, 0.0002)
     fc, N = [70.4, 77.4, 85.2, 93.7], 4000
     fn = autoscale.epoch_time_fn(model, types, fc, 5, N, None, B_min=32, B_max=256)
-    bound = mixsearch.perf_bound(model, types, N, 256)
+    bound = mixsearch.perf_bound(model, types, N, 256, forecast=fc, period=5, B_min=32)
     free = {"a100": 3, "v100": 4, "rtx2060": 4}
     cands = autoscale.enumerate_mixes(free, types, max_gpus=8)
     for m in cands:                               # the bound holds on every mix
         t = autoscale.price(m, fn, autoscale.catalog_rates(types)).time_s
-        lb = bound.epoch_s(sum(k * bound.peak[p] for p, k in m.items()), sum(m.values()))
-        assert t is None or lb <= t
+        assert t is None or bound.mix_s(m) <= t
     rates = autoscale.catalog_rates(types)
     for obj, kw in (("time", {}), ("cost", {}), ("time-under-budget", {"budget": 0.05}),
                     ("cost-under-deadline", {"deadline_s": 30.0})):
@@ -174,3 +173,22 @@ def test_queue_wait_is_priced_and_capped():
     r = next(r for r in ch.table if r["label"] == "a100:4")
     assert r["wait_s"] == 10_800.0 and r["total_cost"] == pytest.approx(SAMPLES / 16 / 3600 * 16)
     assert r["total_time_s"] == pytest.approx(SAMPLES / 16 + 10_800.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(fc=st.lists(st.floats(8.0, 600.0), min_size=1, max_size=5), period=st.integers(1, 8),
+       samples=st.integers(50, 3000), lo=st.sampled_from([8, 16, 40]), width=st.sampled_from([0, 64, 500]),
+       mb=st.sampled_from([None, 4, 16]),
+       mix=st.dictionaries(st.sampled_from(["a100", "v100", "rtx2060"]), st.integers(1, 6), min_size=1))
+def test_perf_bound_holds_under_the_real_epoch_time(fc, period, samples, lo, width, mb, mix):
+    """L(n) <= autoscale.epoch_time_fn(n): peak throughput, the snapped iteration count, the one-micro-batch
+    floor and the allreduce tail, on random forecasts, batch ranges, micro-batch settings and mixes."""
+    from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
+    types = {"a100": "a100", "v100": "v100", "rtx2060": "rtx2060"}
+    model = PerfModel.emulated(sorted(types.values()), [1, 2, 4, 8, 16, 32, 64, 128], 0.002, 0.0002, update_s=0.001,
+                               allreduce=AllreduceModel(1.0, 0.001))
+    fn = autoscale.epoch_time_fn(model, types, fc, period, samples, [mb] if mb else None, B_min=lo, B_max=lo + width)
+    bound = mixsearch.perf_bound(model, types, samples, lo + width, forecast=fc, period=period, B_min=lo,
+                                 micro_batch=mb)
+    t = autoscale.price(mix, fn, autoscale.catalog_rates(types)).time_s
+    assert t is None or bound.mix_s(mix) <= t * (1 + 1e-12)

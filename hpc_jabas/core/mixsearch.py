@@ -48,7 +48,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -67,8 +67,8 @@ from hpc_jabas.core.autoscale import (
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
-MAX_NODES = 200_000     # search-tree nodes per decision
-MAX_EVALS = 2_000       # epoch_time_fn calls per decision
+MAX_NODES = 5_000       # search-tree nodes per decision
+MAX_EVALS = 300         # epoch_time_fn calls per decision
 MAX_WAITS = 24          # wait_fn calls per decision (each may be an `sbatch --test-only`)
 SHORTLIST = 12          # priced mixes handed to choose (and kept in its table)
 _REL = 1e-9             # pruning tolerance: ties are never pruned
@@ -136,16 +136,29 @@ def all_mixes(counts: Mapping[str, Sequence[int]], max_gpus: int, min_gpus: int 
 
 @dataclass(frozen=True)
 class Bound:
-    """Lower bound of one epoch's seconds on a mix (module docstring): S / sum n_p peak_p + iters * tail(N)."""
+    """Lower bound of one epoch's seconds on a mix (module docstring): S / sum n_p peak_p + iters(N) * tail(N).
+
+    ``iters``: the fewest iterations an epoch has, an int or a function of N that never increases with N."""
 
     samples: float
     peak: Mapping[str, float]                  # partition -> samples/s one GPU never exceeds (> 0)
-    iters: int = 0
+    iters: int | Callable[[int], int] = 0
     tail: Callable[[int], float] | None = None
+    floor: Mapping[str, float] = field(default_factory=dict)   # partition -> least compute s per iteration
 
-    def epoch_s(self, theta: float, n: int) -> float:
+    def iters_at(self, n: int) -> int:
+        return self.iters(n) if callable(self.iters) else int(self.iters)
+
+    def epoch_s(self, theta: float, n: int, floor: float = 0.0) -> float:
+        """The bound for a mix of n GPUs, sum n_p peak_p = theta, largest floor of its partitions ``floor``."""
         base = self.samples / theta if theta > 0 else math.inf
-        return base + (self.iters * self.tail(max(n, 1)) if self.tail is not None and self.iters else 0.0)
+        its = self.iters_at(n)
+        return max(base, its * floor) + (its * self.tail(max(n, 1)) if self.tail is not None else 0.0)
+
+    def mix_s(self, mix: Mapping[str, int]) -> float:
+        m = {p: n for p, n in mix.items() if n}
+        return self.epoch_s(sum(n * self.peak[p] for p, n in m.items()), sum(m.values()),
+                            max([self.floor.get(p, 0.0) for p in m], default=0.0))
 
 
 def peak_rate(model: PerfModel, gpu_type: str) -> float:
@@ -155,14 +168,67 @@ def peak_rate(model: PerfModel, gpu_type: str) -> float:
     return float(max(b / t for b, t in enumerate(prof.time_table(prof.max_b), start=1)))
 
 
+def snapped_iterations(forecast: Sequence[float], period: int, samples: int, B_min: int, B_max: int,
+                       b0: int, tie_tol: float) -> Callable[[int], int]:
+    """N -> the fewest iterations ``autoscale.epoch_time_fn`` can price on N GPUs (the optimal planner).
+
+    Period k's forecast f is snapped (``snapping.snap_nearest``) to a realisable B within d + tie_tol *
+    max(f, 1) of the clamped target c = min(max(f, B_min), B_max), d the distance to the nearest realisable
+    B. Every rank runs one micro-batch at least, of b >= b0 (the smallest candidate), so some b0 * M with M
+    >= N is within b0 of c when c >= N b0, and none is below N b0 otherwise: B <= Bhat(N) = min(B_max,
+    max(c + b0, N b0) + tie_tol * max(f, 1)). Iterating the epoch with Bhat instead of B consumes the
+    samples no slower, so it counts no more iterations; Bhat grows with N, the count never does."""
+    def iters(n: int) -> int:
+        total, left, k = 0, float(samples), 0
+        while left > 0:
+            f = float(forecast[min(k, len(forecast) - 1)])
+            c = min(max(f, B_min), B_max)
+            Bh = min(float(B_max), max(c + b0, n * b0) + tie_tol * max(f, 1.0))
+            its = min(period, math.ceil(left / Bh))
+            total += its
+            left -= its * Bh
+            k += 1
+        return total
+    return iters
+
+
 def perf_bound(model: PerfModel, types: Mapping[str, str], samples: int, B_max: int,
-               every_rank_runs: bool = True) -> Bound:
-    """The :class:`Bound` of ``autoscale.epoch_time_fn`` on this perf model (``model``: a PerfModel), for an
-    epoch of ``samples`` at batches <= ``B_max``. ``every_rank_runs``: the optimal planner (else tail(1))."""
+               every_rank_runs: bool = True, *, forecast: Sequence[float] | None = None, period: int | None = None,
+               B_min: int = 1, micro_batch: int | None = None) -> Bound:
+    """The :class:`Bound` of ``autoscale.epoch_time_fn`` on this perf model, for an epoch of ``samples`` at
+    batches in [B_min, B_max]. ``every_rank_runs``: the optimal planner (else tail(1), ceil(S / B_max)
+    iterations, no floor). With the ``forecast`` and ``period`` that epoch_time_fn prices, the iterations follow
+    :func:`snapped_iterations` (b0: ``micro_batch``, else the largest of the types' smallest measured b).
+    Floor: every rank runs at least one micro-batch of b >= ``micro_batch`` (else the smallest measured b),
+    so an iteration computes at least min over those b of t_p(b) + update_s on each partition in the mix."""
     peaks = {t: peak_rate(model, t) for t in set(types.values())}
-    tail: Callable[[int], float] = model.allreduce_tail if every_rank_runs else (
-        lambda n: float(model.allreduce_tail(1)))
-    return Bound(float(samples), {p: peaks[t] for p, t in types.items()}, math.ceil(samples / max(1, B_max)), tail)
+    if not every_rank_runs:
+        return Bound(float(samples), {p: peaks[t] for p, t in types.items()}, math.ceil(samples / max(1, B_max)),
+                     lambda n: float(model.allreduce_tail(1)))
+    iters: int | Callable[[int], int] = math.ceil(samples / max(1, B_max))
+    if forecast and period:
+        from hpc_jabas.core.snapping import TIE_TOL
+        b0 = micro_batch or max(min(model.profile(t).b) for t in set(types.values()))
+        table: dict[int, int] = {}
+        count = snapped_iterations(forecast, period, samples, B_min, B_max, b0, TIE_TOL)
+
+        def iters_fn(n: int) -> int:
+            if n not in table:
+                table[n] = count(n)
+            return table[n]
+        iters = iters_fn
+    b_lo = micro_batch or min(min(model.profile(t).b) for t in set(types.values()))
+    floors = {t: _floor(model, t, b_lo) for t in set(types.values())}
+    return Bound(float(samples), {p: peaks[t] for p, t in types.items()}, iters, model.allreduce_tail,
+                 {p: floors[t] for p, t in types.items()})
+
+
+def _floor(model: PerfModel, gpu_type: str, b_lo: int) -> float:
+    """Least seconds a GPU of the type computes per iteration when it runs (>= 1 micro-batch of b >= b_lo)."""
+    prof = model.profile(gpu_type)
+    assert prof.max_b is not None
+    tab = prof.time_table(prof.max_b)[b_lo - 1:]
+    return float(min(tab)) + prof.update_s if tab else 0.0
 
 
 def _linear_order(parts: list[str], key: Callable[[str], float]) -> list[str]:
@@ -247,10 +313,46 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
 
     parts = list(counts)
     peak = {p: float(bound.peak[p]) for p in parts}
+    floor = {p: float(bound.floor.get(p, 0.0)) for p in parts}
+    count_arr = {p: np.array(counts[p], dtype=np.int64) for p in parts}
     rate = {p: float(mix_rate({p: 1}, rates)) for p in parts}
 
-    tail_tab = np.array([bound.tail(max(n, 1)) if bound.tail is not None and bound.iters else 0.0
-                         for n in range(max_gpus + 1)], dtype=float) * bound.iters
+    tail_tab = np.array([bound.tail(max(n, 1)) if bound.tail is not None else 0.0 for n in range(max_gpus + 1)])
+    iters_tab = np.array([bound.iters_at(max(n, 1)) for n in range(max_gpus + 1)], dtype=float)
+
+    def probes(order: list[str]) -> list[tuple[tuple[str, int], ...]]:
+        """Mixes that fill partitions in ``order`` (the search's: fastest or cheapest per sample first) up to
+        G GPUs, G = min_gpus, 2 min_gpus, 4 min_gpus, ... max_gpus: priced first, so that the search starts
+        from a good incumbent (exactness does not depend on them)."""
+        out: list[tuple[tuple[str, int], ...]] = []
+        G = max(1, min_gpus)
+        while True:
+            mix: list[tuple[str, int]] = []
+            left = G
+            for p in order:
+                if left <= 0 or (maxp is not None and len(mix) >= maxp):
+                    break
+                k = max(c for c in counts[p] if c <= left)
+                if k:
+                    mix.append((p, k))
+                    left -= k
+            n = G - left
+            key = tuple(sorted(mix))
+            if mix and n >= min_gpus and key not in out:
+                out.append(key)
+            if G >= max_gpus:
+                return out
+            G = min(max_gpus, 2 * G)
+
+    def scaled_current() -> list[tuple[tuple[str, int], ...]]:
+        """The current mix's shape at 1/4, 1/2, 2 and 4 times its counts (each rounded down to an allowed count)."""
+        out = []
+        for f in (0.25, 0.5, 2.0, 4.0):
+            mix = [(p, max([c for c in counts[p] if c <= f * n], default=0)) for p, n in cur.items() if p in counts]
+            mix = [(p, k) for p, k in mix if k]
+            if mix and min_gpus <= sum(k for _, k in mix) <= max_gpus and (maxp is None or len(mix) <= maxp):
+                out.append(tuple(sorted(mix)))
+        return out
 
     def run(primary: str, limit: tuple[str, float] | None) -> tuple[tuple[tuple[str, int], ...] | None, float]:
         """Best mix key by (primary, secondary, gpus, key) among those within ``limit``, and the least
@@ -295,64 +397,81 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
             return best[1] is not None and bool(v > best[1][0] * (1 + _REL) + 1e-12)
 
         # a chain: the children of one node (partition order[i] at each allowed count), sorted by bound
-        chains: list[tuple[int, tuple[int, ...], Any, Any, Any, Any, Any, Any]] = []
+        chains: list[tuple[int, tuple[int, ...], Any, Any, Any, Any, Any, Any, Any]] = []
         heap: list[tuple[float, int, int, int]] = []      # (bound, -depth, chain, position)
 
-        def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, used: int, here: bool) -> None:
+        def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, fl0: float, used: int,
+                   here: bool) -> int | None:
+            """Sort the children of a node into a chain; its index (None: no child is left)."""
             p = order[i]
-            K = np.array([k for k in counts[p] if n + k <= max_gpus and not (k and maxp is not None and used >= maxp)],
-                         dtype=np.int64)
-            N2 = n + K
-            K = K[N2 + caps[i + 1] >= min_gpus]          # a subtree that cannot reach min_gpus holds no mix
+            K = count_arr[p]
+            K = K[(K <= max_gpus - n) & (K >= min_gpus - n - caps[i + 1])]   # below: no mix can reach min_gpus
+            if maxp is not None and used >= maxp:
+                K = K[K == 0]
             N2 = n + K
             if not len(K):
-                return
+                return None
             th = theta + K * peak[p]
+            fl = np.where(K > 0, max(fl0, floor[p]), fl0)
             rr = rt + K * rate[p]
             on = here & (K == cur_at[i])                  # the subtree still holds the current mix (no move)
             xs, ys = fills[i + 1]
             fill = th + np.interp(np.maximum(max_gpus - N2, 0), xs, ys)
+            its = iters_tab[np.minimum(N2 + caps[i + 1], max_gpus)]      # the most GPUs below: the fewest iterations
+            tails = tail_tab[N2] * its
             with np.errstate(divide="ignore", invalid="ignore"):
-                lt = R * (np.where(fill > 0, bound.samples / fill, np.inf) + tail_tab[N2]) + np.where(on, 0.0, overhead)
+                lt = R * (np.maximum(np.where(fill > 0, bound.samples / fill, np.inf), its * fl) + tails) \
+                    + np.where(on, 0.0, overhead)
                 ratio = np.minimum(np.where(th > 0, rr / th, np.inf), ratios[i + 1])
                 ratio = np.where(np.isfinite(ratio), ratio, 0.0)
-                lc = R * (bound.samples * ratio + tail_tab[N2] * rr) / 3600.0 + np.where(on, 0.0, overhead * rr / 3600)
+                lc = R * (np.maximum(bound.samples * ratio, its * fl * rr) + tails * rr) / 3600.0 \
+                    + np.where(on, 0.0, overhead * rr / 3600)
             keep = np.ones(len(K), dtype=bool)
             if lim_kind:
                 keep &= (lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9
             key = lt if primary == "time" else lc
             sel = np.nonzero(keep)[0]
             if not len(sel):
-                return
+                return None
             sel = sel[np.lexsort((-K[sel], key[sel]))] if primary == "time" else sel[np.lexsort((K[sel], key[sel]))]
-            chains.append((i + 1, fixed, K[sel], N2[sel], th[sel], rr[sel], on[sel], key[sel]))
-            cid = len(chains) - 1
-            heapq.heappush(heap, (float(chains[cid][7][0]), -(i + 1), cid, 0))
+            chains.append((i + 1, fixed, K[sel], N2[sel], th[sel], rr[sel], fl[sel], on[sel], key[sel]))
+            return len(chains) - 1
 
         frontier = math.inf
         if cur:
             consider(cur_key)                      # the first incumbent: staying (choose always ranks it)
-        if P:
-            expand(0, (), 0, 0.0, 0.0, 0, True)
+        by_peak = _linear_order(parts, lambda p: -peak[p])
+        by_ratio = _linear_order(parts, lambda p: rate[p] / peak[p])
+        for key in probes(by_peak) + probes(by_ratio) + scaled_current():   # more incumbents
+            if key not in priced and key not in epoch_memo:
+                consider(key)
+        root = expand(0, (), 0, 0.0, 0.0, 0.0, 0, True) if P else None
+        if root is not None:
+            heapq.heappush(heap, (float(chains[root][8][0]), -1, root, 0))
         while heap:
             v, _, cid, j = heapq.heappop(heap)
             if beaten(v):
                 break                              # every bound left is worse than the best found: exact
-            depth, fixed, K, N2, th, rr, on, key = chains[cid]
-            if j + 1 < len(K):                     # the next sibling (its bound is >= this one's)
-                heapq.heappush(heap, (float(key[j + 1]), -depth, cid, j + 1))
-            if stats["nodes"] >= max_nodes or (depth == P and stats["evals"] >= max_evals):
-                stats["cut"] = 1
-                frontier = v
-                break
-            stats["nodes"] += 1
-            node = fixed + (int(K[j]),)
-            if depth == P:
-                if int(N2[j]) >= max(1, min_gpus):
-                    consider(tuple(sorted((order[q], c) for q, c in enumerate(node) if c)))
-                continue
-            used = sum(1 for c in node if c)
-            expand(depth, node, int(N2[j]), float(th[j]), float(rr[j]), used, bool(on[j]))
+            while True:                            # dive: the first child of each chain, down to a leaf
+                depth, fixed, K, N2, th, rr, fl, on, key = chains[cid]
+                if j + 1 < len(K):                 # the next sibling (its bound is >= this one's) waits
+                    heapq.heappush(heap, (float(key[j + 1]), -depth, cid, j + 1))
+                if stats["nodes"] >= max_nodes or (depth == P and stats["evals"] >= max_evals):
+                    stats["cut"] = 1
+                    frontier = v                   # nothing left unexplored is below v
+                    heap.clear()
+                    break
+                stats["nodes"] += 1
+                node = fixed + (int(K[j]),)
+                if depth == P:
+                    if int(N2[j]) >= max(1, min_gpus):
+                        consider(tuple(sorted((order[q], c) for q, c in enumerate(node) if c)))
+                    break
+                used = sum(1 for c in node if c)
+                nxt = expand(depth, node, int(N2[j]), float(th[j]), float(rr[j]), float(fl[j]), used, bool(on[j]))
+                if nxt is None or beaten(float(chains[nxt][8][0])):
+                    break                          # no child left, or all are worse than the best (sorted)
+                cid, j = nxt, 0
         return best[0], frontier
 
     def primary_of(o: str) -> str:
