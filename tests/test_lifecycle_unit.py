@@ -163,3 +163,30 @@ def test_whole_node_units_from_the_view():
     rows = tr.metrics.recs[-1]["table"]
     assert len(rows) > 1 and all(r["mix"].get("rtx2060", 0) in (0, 4) and r["mix"].get("v100", 0) in (0, 2, 4)
                                  for r in rows)
+
+
+@pytest.mark.parametrize("objective,kw", [("cost", {}), ("time", {}), ("time", {"margin": 0.0}),
+                                          ("time-under-budget", {"budget": 1e-4}),
+                                          ("time-under-budget", {"budget": 0.00163, "margin": 0.0}),
+                                          ("cost-under-deadline", {"deadline_s": 0.4}),
+                                          ("cost-under-deadline", {"deadline_s": 0.59})])
+def test_the_search_decides_as_brute_force_did(monkeypatch, objective, kw):
+    """The hook's decision with mixsearch.search equals choose over every mix (the old enumerate_mixes path)."""
+    from hpc_jabas.core import autoscale, mixsearch
+
+    def decide():
+        tr = stub_trainer()
+        d = EpochEndAutoscaler(spec(objective, restart_prior_s=0.05, max_gpus=6, **kw),
+                               read_cluster=lambda pt: View()).decide(tr, 0)
+        return d, tr.metrics.recs[-1]
+    d_search, rec = decide()
+    assert "exact" in rec["reason"]
+
+    def brute(current, free, types, fn, rates, obj, overhead, bound, *, max_gpus, min_gpus, allowed, max_partitions,
+              unit, exact_upto, wait_fn, max_queue_wait_s, **kw):
+        cands = autoscale.enumerate_mixes(free, types, max_gpus=max_gpus, min_gpus=min_gpus, allowed=allowed,
+                                          max_partitions=max_partitions)
+        return autoscale.choose(current, cands, fn, rates, obj, overhead, **kw)
+    monkeypatch.setattr(mixsearch, "search", brute)
+    d_brute, _ = decide()
+    assert (d_search.move, d_search.mix) == (d_brute.move, d_brute.mix)

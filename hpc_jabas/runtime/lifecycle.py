@@ -144,7 +144,8 @@ class EpochEndAutoscaler(EpochEndHook):
         unit = cfg.unit or {p: max([view.nodes[n].gpus_total for n in view.partitions[p].nodes if n in view.nodes],
                                    default=1) for p in types}       # 0: whole nodes
         choice = search(self.mix, free, types, fn, rates, cfg.objective, overhead,
-                        perf_bound(model, types, N, jc.B_max, every_rank_runs=jc.planner == "optimal"),
+                        perf_bound(model, types, N, jc.B_max, every_rank_runs=jc.planner == "optimal", forecast=fc,
+                                   period=p, B_min=jc.B_min, micro_batch=jc.micro_batch),
                         max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus, allowed=cfg.allowed,
                         max_partitions=cfg.max_partitions, unit=unit, exact_upto=cfg.exact_upto, margin=cfg.margin,
                         budget=cfg.budget, deadline_s=cfg.deadline_s, remaining_epochs=remaining, wait_fn=wait_fn,
