@@ -71,3 +71,17 @@ def test_expected_wait_through_a_stand_in_sbatch(tmp_path):
     with pytest.raises(SlurmError, match="no Slurm here"):
         queue.expected_wait({"a100": 2}, _view(), None, {"PATH": str(tmp_path)})
     assert queue.wait_estimator(_view(), None, {"PATH": str(tmp_path)})({"a100": 2}) is None
+
+
+def test_capacity_counts_busy_gpus_on_usable_nodes_only():
+    from hpc_jabas.slurm.cluster import ClusterView, NodeView, PartitionView
+    nodes = {"gpur1": NodeView("gpur1", "mixed", ("rtx2060",), {"rtx2060": 4}, 4),      # busy: another job
+             "gpuv1": NodeView("gpuv1", "idle", ("v100",), {"v100": 2}, 0),
+             "gpuv2": NodeView("gpuv2", "drained", ("v100",), {"v100": 2}, 0)}
+    parts = {"rtx2060": PartitionView("rtx2060", "rtx2060", ("rtx2060",), ("gpur1",), {"gpur1": "mixed"}, 4, 0, 1.0),
+             "v100": PartitionView("v100", "v100", ("v100",), ("gpuv1", "gpuv2"),
+                                   {"gpuv1": "idle", "gpuv2": "drained"}, 4, 2, 2.0)}
+    view = ClusterView(parts, nodes)
+    assert queue.capacity(view, {"rtx2060": 0, "v100": 2}) == {"rtx2060": 4, "v100": 2}
+    # a stand-in view without partitions: what is available now
+    assert queue.capacity(object(), {"v100": 1}) == {"v100": 1}

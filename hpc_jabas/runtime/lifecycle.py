@@ -139,8 +139,9 @@ class EpochEndAutoscaler(EpochEndHook):
         from hpc_jabas.core.mixsearch import perf_bound, search
         wait_fn = None
         if cfg.queue_aware or cfg.max_queue_wait_s is not None:     # off by default: no sbatch --test-only
-            from hpc_jabas.slurm.queue import wait_estimator
+            from hpc_jabas.slurm.queue import capacity, wait_estimator
             wait_fn = wait_estimator(view, self.spec)
+            free = capacity(view, free)                              # busy GPUs too: the wait prices them
         unit = cfg.unit or {p: max([view.nodes[n].gpus_total for n in view.partitions[p].nodes if n in view.nodes],
                                    default=1) for p in types}       # 0: whole nodes
         choice = search(self.mix, free, types, fn, rates, cfg.objective, overhead,

@@ -110,3 +110,17 @@ def wait_estimator(view: ClusterView, spec: JobSpec | None = None,
             log.warning("queue estimate failed for %s: %s", mix, e)
             return None
     return wait_fn
+
+
+def capacity(view: ClusterView, available: Mapping[str, int]) -> dict[str, int]:
+    """partition -> GPUs a queued job could get once running jobs end: every GPU on the partition's nodes
+    that can take a job (not down, drained, ...), at least ``available`` (free now plus this job's own).
+    The candidates of a queue-aware decision: the queue wait, not the free count, says when they start."""
+    out = dict(available)
+    for p in available:
+        pv = getattr(view, "partitions", {}).get(p)
+        if pv is None or pv.state != "up":
+            continue
+        usable = sum(view.nodes[n].gpus_total for n in pv.nodes if n in view.nodes and view.nodes[n].usable)
+        out[p] = max(out[p], usable)
+    return out
