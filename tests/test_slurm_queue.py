@@ -4,6 +4,7 @@ queue-aware decision (core/mixsearch.search with slurm/queue's wait) avoids the 
 queue-blind one picks."""
 from __future__ import annotations
 
+import pytest
 from slurm_env import slurm_cluster, slurm_tmp  # noqa: F401  (fixtures)
 
 from hpc_jabas.core import mixsearch
@@ -50,9 +51,15 @@ def test_queue_aware_choice_avoids_a_busy_partition(slurm_cluster, slurm_tmp):  
         assert "rtx2060" not in aware.mix and "queue wait priced" in aware.reason, aware.reason
         rows = {r["label"]: r for r in aware.table}
         assert "rtx2060:4" not in rows or not rows["rtx2060:4"]["feasible"]
-        # time objective without a cap: the wait is priced into the move's time
+        # time objective, no cap: half an epoch left on v100:2 (4500 s), 3000 s on rtx2060:4; the ~1800 s wait
+        # makes the move slower than staying
+        kw = dict(max_gpus=4, allowed=["rtx2060"], remaining_epochs=0.5)
+        t = mixsearch.search({"v100": 2}, cap, types, epoch_time, rates, "time", 0.0, bound, **kw)
+        assert t.mix == {"rtx2060": 4}
         t = mixsearch.search({"v100": 2}, cap, types, epoch_time, rates, "time", 0.0, bound,
                              wait_fn=queue.wait_estimator(view, None, env), **kw)
-        assert "rtx2060" not in t.mix and "queue wait priced" in t.reason
+        assert t.mix == {"v100": 2} and not t.move, t.reason
+        row = next(r for r in t.table if r["label"] == "rtx2060:4")
+        assert row["wait_s"] > 600 and row["total_time_s"] == pytest.approx(row["time_s"] * 0.5 + row["wait_s"])
     finally:
         slurm_cluster.cancel(blocker)
