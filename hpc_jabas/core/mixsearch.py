@@ -8,27 +8,35 @@ Granularity (:func:`allowed_counts`): partition p offers 0, every multiple of ``
 GPUs (``unit`` = GPUs per node: whole nodes; JABAS: 4-GPU nodes, 2-GPU minimum units) and every count
 1..``exact_upto`` (exact counts where few). ``unit = 1`` offers every count, as ``enumerate_mixes``.
 
-The bound (:class:`Bound`, in mixbound.py): one epoch of S samples on a mix n (n_p GPUs of partition p) takes at least
+The bound (:class:`Bound`, in mixbound.py): one epoch of S samples on a mix n (n_p GPUs of partition
+p, N in all) takes at least
 
-    L(n) = S / sum_p n_p * peak_p + iters * tail(N),        N = sum_p n_p,
+    L(n) = max(S / sum_p n_p * peak_p, iters(N) * max_{p: n_p > 0} floor_p) + iters(N) * tail(N),
 
-where peak_p is the most samples per second one GPU of p can process (:func:`perf_bound`: the largest
-b / t_p(b) of its profile over the micro-batch sizes b <= max_b that fit it), iters the fewest
-iterations an epoch has (ceil(S / B_max)) and tail(N) the allreduce time not hidden behind compute
-(non-decreasing in N). It holds for ``autoscale.epoch_time_fn`` under the perf model: an iteration of B
-samples lasts at least its slowest rank's compute, rank i's x_i samples take >= x_i / peak_i, so >=
-B / sum_i peak_i; every rank runs (optimal planner), so the tail is tail(N); and an epoch's iterations
-price >= S samples. With lbbsp ranks may idle, so :func:`perf_bound` then uses tail(1).
+peak_p: the most samples per second one GPU of p processes (the largest b / t_p(b) of its profile over
+1 <= b <= max_b); floor_p: the least compute time of one iteration on a GPU of p (every rank runs one
+micro-batch at least: min over allowed b of t_p(b) + update_s); iters(N): the fewest iterations an
+epoch has (ceil(S / B_max), or with the forecast: each period's B is at most the snapped bound of
+``mixbound.snapped_iterations``, non-increasing in N); tail(N): the allreduce time not hidden behind
+compute (non-decreasing in N). It holds for ``autoscale.epoch_time_fn`` under the perf model: an
+iteration of B samples lasts at least its slowest rank's compute, rank i's x_i samples take >=
+x_i / peak_i, so >= B / sum_i peak_i, and >= floor of every partition in the mix; every rank runs
+(optimal planner), so the tail is tail(N); an epoch's iterations price >= S samples. With lbbsp ranks
+may idle: :func:`perf_bound` then uses tail(1), no floor and ceil(S / B_max). tests/test_mixsearch.py
+checks L(n) <= epoch_time_fn(n) on random forecasts, ranges, micro-batches and mixes.
 
 The search (:func:`search`): best-first over a tree whose level i fixes the count of the i-th partition
 (time: fastest first; cost: cheapest per sample first). A node's key is the least objective total any
-mix below it can have: time R * L + the restart overhead (0 where the subtree still holds the current
-mix) with the unfixed partitions filled greedily by peak up to max_gpus (tail at the GPUs fixed so far);
-cost R * (S * least rate/peak among what is fixed and what may be added (a mediant bound) + iters *
-tail * rate fixed) / 3600 + overhead at the fixed rate. A node's children are sorted by key and pushed
-one at a time (the next sibling when one is popped); a child's key is never below its parent's (its fill
-is within the parent's, its tail, rate and ratio no lower), so the heap's least key bounds every mix not
-yet priced. Subtrees that cannot meet the budget/deadline or reach min_gpus are dropped. Leaves are priced
+mix below it can have. With N the GPUs fixed so far, Nmax the most the subtree can reach, fill the most
+sum n_p peak_p it can reach (the unfixed partitions filled greedily by peak up to max_gpus), fl the
+largest floor fixed and I = iters(Nmax): time R * (max(S / fill, I * fl) + I * tail(N)) + the restart
+overhead (0 where the subtree still holds the current mix); cost R * (max(S * least rate/peak among what
+is fixed and what may be added (a mediant bound), I * fl * rate fixed) + I * tail(N) * rate fixed) /
+3600 + the overhead at the fixed rate. A child's key is never below its parent's (its fill is within
+the parent's; its Nmax no higher, so I no lower; its floor, tail, rate and ratio no lower). A node's
+children are sorted by key into a chain; a popped node dives to a leaf through the first child of each
+chain, leaving each chain's next sibling on the heap, so the heap's least key bounds every mix not yet
+priced. Subtrees that cannot meet the budget/deadline or reach min_gpus are dropped. Leaves are priced
 by ``epoch_time_fn`` (memoised) and, with ``wait_fn``, the queue wait (bound 0 until asked, asked only
 of a mix that could still win). The search stops when the least key exceeds the best total found.
 
@@ -36,12 +44,16 @@ Exactness: when the bound holds for every mix (L(n) <= epoch_time_fn(n)) and the
 its work caps, the chosen mix's objective value equals brute force's (``choose`` over every mix of the
 same counts): only subtrees whose every mix is provably worse than (or, under a limit, outside) the
 best found are skipped, and ties are kept (pruning is strict). The final ranking and the margin /
-restart-overhead rule are ``choose``'s own, run on the best mixes found plus the current one.
-Work: at most ``max_nodes`` nodes (each O(P)), ``max_evals`` epoch_time_fn calls and ``max_waits``
-wait_fn calls per decision; a search cut by a cap says so in the reason, with the proven bound on how
-far its pick can be from the optimum (best total / least bound left unexplored - 1). How often a cap
-is hit depends on how tight L is for the job (it ignores integral micro-batches and the b-vs-speed
-trade-off): small clusters never hit the default caps.
+restart-overhead rule are ``choose``'s own, run on the best mixes found plus the current one. Before
+the tree, greedy fills at a few sizes (fastest and cheapest per sample first) and the current mix
+scaled are priced as first incumbents; exactness does not depend on them.
+Work: at most ``max_nodes`` node visits (each O(P + the partition's allowed counts), numpy),
+``max_evals`` epoch_time_fn calls and ``max_waits`` wait_fn calls per decision; a search cut by a cap
+says so in the reason, with the proven bound on how far its pick can be from the optimum (best total /
+least bound left unexplored - 1, per the objective's primary metric). How often a cap is hit depends on
+how tight L is for the job (it ignores integral micro-batches per rank and the snapped B's throughput):
+the hypothesis test's clusters (<= 4 partitions of <= 8 GPUs) use <= ~150 nodes and <= ~100 pricings;
+bench/autoscale_search.py shows the 4,096-GPU figures.
 """
 from __future__ import annotations
 
@@ -151,8 +163,10 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
     """``choose`` over every mix of :func:`partition_counts`, by branch-and-bound (module docstring).
 
     The arguments are ``choose``'s plus the cluster (``free``, ``types``, the limits and granularity) and
-    the ``bound``. The table lists the current mix and the best priced mixes (up to SHORTLIST); its
-    reason ends with what the search did (mixes priced, exact or the proven gap)."""
+    the ``bound`` and the work caps. The table lists the current mix and the best priced mixes (up to
+    SHORTLIST; with ``wait_fn``, those whose wait was asked); the reason ends with what the search did
+    (mixes priced, nodes, queue estimates, exact or the proven gap). ``wait_fn`` is asked only of mixes
+    that could still win, at most ``max_waits`` times (each may be an ``sbatch --test-only``)."""
     obj = str(objective).strip().lower().replace("_", "-")
     if obj not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
