@@ -192,3 +192,27 @@ def test_perf_bound_holds_under_the_real_epoch_time(fc, period, samples, lo, wid
                                  micro_batch=mb)
     t = autoscale.price(mix, fn, autoscale.catalog_rates(types)).time_s
     assert t is None or bound.mix_s(mix) <= t * (1 + 1e-12)
+
+
+def test_search_checks_its_arguments_like_choose():
+    bound = Bound(SAMPLES, {"a100": 1.0, "v100": 1.0})
+    fn = lambda m: 1.0
+    rates = {"a100": 1.0, "v100": 1.0}
+    free = {"a100": 2, "v100": 2}
+    for kw, needle in ((dict(margin=1.0), "margin=1.0"), (dict(remaining_epochs=0), "remaining_epochs=0"),
+                       (dict(objective="time-under-budget"), "budget"), (dict(objective="fastest"), "fastest"),
+                       (dict(unit=0), "unit=0"), (dict(max_gpus=0), "max_gpus=0")):
+        args = dict(objective="time", margin=0.05, remaining_epochs=1, unit=1, max_gpus=4)
+        args.update(kw)
+        with pytest.raises(ConfigError, match=needle):
+            search({"v100": 1}, free, TYPES, fn, rates, args.pop("objective"), 0.0, bound, **args)
+    with pytest.raises(ConfigError, match="peak throughput"):
+        search({"v100": 1}, {**free, "p100": 1}, TYPES, fn, {**rates, "p100": 1.0}, "time", 0.0, bound, max_gpus=4)
+
+
+@given(fc=st.lists(st.floats(1.0, 5000.0), min_size=1, max_size=6), period=st.integers(1, 20),
+       samples=st.integers(1, 100_000), lo=st.integers(1, 64), width=st.integers(0, 4000), b0=st.integers(1, 32))
+def test_snapped_iterations_never_grow_with_more_gpus(fc, period, samples, lo, width, b0):
+    its = mixsearch.snapped_iterations(fc, period, samples, lo, lo + width, b0, 0.025)
+    counts = [its(n) for n in (1, 2, 8, 64, 512, 4096)]
+    assert counts == sorted(counts, reverse=True) and counts[-1] >= math.ceil(samples / (lo + width))

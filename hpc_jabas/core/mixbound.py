@@ -59,10 +59,11 @@ def snapped_iterations(forecast: Sequence[float], period: int, samples: int, B_m
     def iters(n: int) -> int:
         total, left, k = 0, float(samples), 0
         while left > 0:
+            last = k >= len(forecast) - 1
             f = float(forecast[min(k, len(forecast) - 1)])
             c = min(max(f, B_min), B_max)
             Bh = min(float(B_max), max(c + b0, n * b0) + tie_tol * max(f, 1.0))
-            its = min(period, math.ceil(left / Bh))
+            its = math.ceil(left / Bh) if last else min(period, math.ceil(left / Bh))   # the last B repeats
             total += its
             left -= its * Bh
             k += 1

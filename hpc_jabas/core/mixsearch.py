@@ -175,6 +175,8 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
     counts = partition_counts(free, types, max_gpus, allowed, unit, exact_upto)
     overhead = restart_overhead_s.seconds if isinstance(restart_overhead_s, RestartOverhead) else \
         RestartOverhead._check(restart_overhead_s, "restart_overhead_s")
+    choose(current_mix, [], lambda m: None, rates, obj, overhead, margin=margin, budget=budget,   # checks the
+           deadline_s=deadline_s, remaining_epochs=remaining_epochs)                          # arguments alike
     R = float(remaining_epochs)
     missing = [p for p in counts if not bound.peak.get(p, 0.0) > 0]
     if missing:
