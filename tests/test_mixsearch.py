@@ -93,7 +93,7 @@ def test_search_equals_brute_force(c):
     want = brute(current, counts, fn, rates, c["objective"], c["overhead"], c["max_gpus"], min_gpus, c["maxp"], **kw)
     got = search(current, free, TYPES, fn, rates, c["objective"], c["overhead"], bound, max_gpus=c["max_gpus"],
                  min_gpus=min_gpus, max_partitions=c["maxp"], unit=c["unit"], exact_upto=c["exact"],
-                 max_waits=10_000, **kw)
+                 max_waits=10**6, max_evals=10**6, max_nodes=10**6, **kw)   # exactness, not the caps, is tested here
     assert "exact" in got.reason
     assert got.move == want.move
     (gv, gm), (wv, wm) = value(got, c["objective"]), value(want, c["objective"])
@@ -216,3 +216,20 @@ def test_snapped_iterations_never_grow_with_more_gpus(fc, period, samples, lo, w
     its = mixsearch.snapped_iterations(fc, period, samples, lo, lo + width, b0, 0.025)
     counts = [its(n) for n in (1, 2, 8, 64, 512, 4096)]
     assert counts == sorted(counts, reverse=True) and counts[-1] >= math.ceil(samples / (lo + width))
+
+
+@settings(max_examples=40, deadline=None)
+@given(mix=st.dictionaries(st.sampled_from(["a100", "v100", "rtx2060", "p100"]), st.integers(1, 5), min_size=1),
+       lo=st.integers(1, 60), width=st.integers(0, 400), mb=st.sampled_from([None, 2, 8, 48]),
+       update=st.sampled_from([0.0, 0.003]))
+def test_group_space_has_the_optimal_spaces_times(mix, lo, width, mb, update):
+    """grouptimes.group_space: the B and the seconds of snapping.optimal_space, bit for bit, without plans."""
+    from hpc_jabas.core.grouptimes import group_space
+    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.snapping import optimal_space
+    model = PerfModel.emulated(["a100", "v100", "rtx2060", "p100"], [1, 2, 4, 8, 16, 32, 64], 0.002, 0.0002,
+                               update_s=update)
+    gl = autoscale.expand_mix(mix, {p: p for p in mix})
+    cands = [mb] if mb else None
+    assert group_space(gl, model, lo, lo + width, cands).table() == optimal_space(gl, model, lo, lo + width,
+                                                                                   cands).table()

@@ -233,6 +233,7 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     ``planner``: 'optimal' or 'lbbsp' (``speeds``: declared per-rank speeds, used when they fit).
     A mix with no realisable B in range is infeasible (InfeasibleError, which ``price`` records).
     """
+    from hpc_jabas.core.grouptimes import group_space
     from hpc_jabas.core.snapping import job_batch_space, snap_nearest
     if not forecast:
         raise ConfigError("the forecast B trajectory is empty; give at least one batch size")
@@ -244,7 +245,8 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
         gl = expand_mix(mix, types)
         if not gl:
             return None
-        space = job_batch_space(cfg, gl, model)
+        space = group_space(gl, model, lo, hi, [cfg.micro_batch] if cfg.micro_batch else None) \
+            if planner == "optimal" else job_batch_space(cfg, gl, model)   # optimal: no per-rank plans (grouptimes)
         total, left, k = 0.0, num_samples, 0
         while left > 0:
             B = snap_nearest(space, float(forecast[min(k, len(forecast) - 1)]))

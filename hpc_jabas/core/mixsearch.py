@@ -52,8 +52,10 @@ Work: at most ``max_nodes`` node visits (each O(P + the partition's allowed coun
 says so in the reason, with the proven bound on how far its pick can be from the optimum (best total /
 least bound left unexplored - 1, per the objective's primary metric). How often a cap is hit depends on
 how tight L is for the job (it ignores integral micro-batches per rank and the snapped B's throughput):
-the hypothesis test's clusters (<= 4 partitions of <= 8 GPUs) use <= ~150 nodes and <= ~100 pricings;
-bench/autoscale_search.py shows the 4,096-GPU figures.
+random clusters of <= 4 partitions of <= 8 GPUs (the hypothesis test's) typically take <= ~150 nodes and
+<= ~120 pricings; degenerate ties (equal speeds and rates) and queue waits (bounded by 0) can take many
+more. A node whose primary bound ties the best and whose secondary bound is worse is skipped too (the
+ranking is lexicographic). bench/autoscale_search.py shows the 4,096-GPU figures.
 """
 from __future__ import annotations
 
@@ -317,8 +319,12 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         def beaten(v: float) -> bool:
             return best[1] is not None and bool(v > best[1][0] * (1 + _REL) + 1e-12)
 
+        def tied_and_worse(v: float, v2: float) -> bool:
+            """No mix below can beat the best on the primary, and a tie would lose on the secondary."""
+            return best[1] is not None and v >= best[1][0] and bool(v2 > best[1][1] * (1 + _REL) + 1e-12)
+
         # a chain: the children of one node (partition order[i] at each allowed count), sorted by bound
-        chains: list[tuple[int, tuple[int, ...], Any, Any, Any, Any, Any, Any, Any]] = []
+        chains: list[tuple[int, tuple[int, ...], Any, Any, Any, Any, Any, Any, Any, Any]] = []
         heap: list[tuple[float, int, int, int]] = []      # (bound, -depth, chain, position)
 
         def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, fl0: float, used: int,
@@ -350,12 +356,12 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
             keep = np.ones(len(K), dtype=bool)
             if lim_kind:
                 keep &= (lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9
-            key = lt if primary == "time" else lc
+            key, key2 = (lt, lc) if primary == "time" else (lc, lt)
             sel = np.nonzero(keep)[0]
             if not len(sel):
                 return None
-            sel = sel[np.lexsort((-K[sel], key[sel]))] if primary == "time" else sel[np.lexsort((K[sel], key[sel]))]
-            chains.append((i + 1, fixed, K[sel], N2[sel], th[sel], rr[sel], fl[sel], on[sel], key[sel]))
+            sel = sel[np.lexsort((-K[sel] if primary == "time" else K[sel], key2[sel], key[sel]))]
+            chains.append((i + 1, fixed, K[sel], N2[sel], th[sel], rr[sel], fl[sel], on[sel], key[sel], key2[sel]))
             return len(chains) - 1
 
         frontier = math.inf
@@ -374,9 +380,11 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
             if beaten(v):
                 break                              # every bound left is worse than the best found: exact
             while True:                            # dive: the first child of each chain, down to a leaf
-                depth, fixed, K, N2, th, rr, fl, on, key = chains[cid]
+                depth, fixed, K, N2, th, rr, fl, on, key, key2 = chains[cid]
                 if j + 1 < len(K):                 # the next sibling (its bound is >= this one's) waits
                     heapq.heappush(heap, (float(key[j + 1]), -depth, cid, j + 1))
+                if tied_and_worse(float(key[j]), float(key2[j])):
+                    break
                 if stats["nodes"] >= max_nodes or (depth == P and stats["evals"] >= max_evals):
                     stats["cut"] = 1
                     frontier = v                   # nothing left unexplored is below v
