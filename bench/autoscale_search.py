@@ -10,7 +10,9 @@ the optimal planner realises on the mix (every rank runs: M >= #GPUs), nearest t
 ``epoch_time_fn`` in working on the groups instead of 4,096 per-rank plans (which take seconds per mix
 at this size) and in its b candidates (8..512). The search bound is ``mixsearch.perf_bound`` of the same
 model; the bench checks that it holds on sampled mixes. Decisions: the four objectives from two current
-mixes, one ``search`` call each (default work caps), timed. Exactness: 60 random clusters of 2-4
+mixes, one ``search`` call each (default work caps), timed; then the time and cost decisions priced by
+``autoscale.epoch_time_fn`` itself (not in the last line: ~15 ms per 4,096-GPU mix, so up to
+MAX_EVALS x that). Exactness: 60 random clusters of 2-4
 partitions with up to 8 GPUs each, search vs ``choose`` over every mix (``all_mixes``): the same
 objective value and mix.
 
@@ -117,6 +119,24 @@ def big_decisions():
     return out
 
 
+def real_fn_decisions():
+    """The same cluster priced by autoscale.epoch_time_fn itself (snapping, grouptimes): ~15 ms per mix here."""
+    parts = {f"{t}-part": t for t in TYPES8}
+    model = PerfModel.emulated(sorted(set(parts.values())), B_LIST, base_s=BASE_S, per_sample_s=PER_SAMPLE_S)
+    samples = 1_281_167
+    fc = [16384 * 1.15 ** k for k in range(12)]
+    fn = autoscale.epoch_time_fn(model, parts, fc, 50, samples, None, B_min=4096, B_max=131072)
+    bound = mixsearch.perf_bound(model, parts, samples, 131072, forecast=fc, period=50, B_min=4096)
+    rates = autoscale.catalog_rates(parts)
+    out = []
+    for obj in ("time", "cost"):
+        t0 = time.perf_counter()
+        ch = mixsearch.search({"v100-part": 64, "p100-part": 64}, {p: 512 for p in parts}, parts, fn, rates, obj,
+                              60.0, bound, max_gpus=4096, unit=4, exact_upto=2, remaining_epochs=10)
+        out.append((obj, 1000 * (time.perf_counter() - t0), ch.reason[ch.reason.rindex("(search:") + 1:-1]))
+    return out
+
+
 def small_exact(n_cases=60):
     rng = random.Random(1)
     names = ["v100", "p100", "a100", "rtx2060"]
@@ -156,6 +176,8 @@ def main():
     big = big_decisions()
     for obj, ms, mix, how in big:
         print(f"{obj:<20} {ms:7.1f} ms  {autoscale.mix_label(mix)}  [{how}]")
+    for obj, ms, how in real_fn_decisions():
+        print(f"real epoch_time_fn: {obj:<6} {ms:7.1f} ms  [{how}]")
     ok, n = small_exact()
     print(f"gpus=4096 partitions=8 decision_ms_max={max(ms for _, ms, _, _ in big):.0f} exact_matches={ok}/{n}")
 

@@ -11,6 +11,7 @@ tests/test_mixsearch.py checks the equality against ``optimal_space`` on random 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,14 +23,16 @@ from hpc_jabas.errors import ConfigError, InfeasibleError
 
 
 def group_rows(lo: int, hi: int, gpus: Sequence[str], model: PerfModel,
-               b_candidates: Sequence[int] | None = None) -> list[Row]:
-    """(B, seconds) of ``plan_range(lo, hi, gpus, model, b_candidates=...)``'s rows, without the plans."""
+               b_candidates: Sequence[int] | None = None, ctx: Any = None) -> list[Row]:
+    """(B, seconds) of ``plan_range(lo, hi, gpus, model, b_candidates=...)``'s rows, without the plans.
+    ``ctx``: the planner's prepared groups of these ranks (:func:`group_space` keeps one per space)."""
     if hi - lo > MAX_RANGE:
         raise ConfigError(f"batch range {lo}:{hi} spans more than {MAX_RANGE} values; narrow it")
-    try:
-        ctx = _prepare(list(gpus), model, list(b_candidates) if b_candidates else None, None, False)
-    except InfeasibleError:
-        return []
+    if ctx is None:
+        try:
+            ctx = _prepare(list(gpus), model, list(b_candidates) if b_candidates else None, None, False)
+        except InfeasibleError:
+            return []
     R = ctx.R
     width = hi - lo + 1
     best_T = np.full(width, np.inf)
@@ -54,5 +57,15 @@ def group_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
     """``snapping.optimal_space(gpus, model, B_min, B_max, b_candidates)`` (identical b, every rank runs)."""
     gl = list(gpus)
     cands = list(b_candidates) if b_candidates else None
-    return BatchSpace(B_min, B_max, lambda lo, hi: group_rows(lo, hi, gl, model, cands),
-                      f"optimal planner on {','.join(gl)}" + (f", b in {cands}" if cands else ""))
+    prepared: list[Any] = []
+
+    def rows(lo: int, hi: int) -> list[Row]:
+        if not prepared:
+            try:
+                prepared.append(_prepare(gl, model, cands, None, False))
+            except InfeasibleError:
+                prepared.append(None)
+        if prepared[0] is None:
+            return []
+        return group_rows(lo, hi, gl, model, cands, prepared[0])
+    return BatchSpace(B_min, B_max, rows, f"optimal planner on {','.join(gl)}" + (f", b in {cands}" if cands else ""))
