@@ -162,7 +162,7 @@ def small_exact(n_cases=60):
             {"deadline_s": 0.7 * ref} if obj == "cost-under-deadline" else {}
         want = autoscale.choose(cur, cands, fn, rates, obj, 30.0, remaining_epochs=3, **kw)
         got = mixsearch.search(cur, free, parts, fn, rates, obj, 30.0, bound, max_gpus=max_gpus, unit=unit,
-                               exact_upto=exact, remaining_epochs=3, **kw)
+                               exact_upto=exact, remaining_epochs=3, brute_max=0, **kw)
         pick = lambda ch: next(r for r in ch.table if r["chosen"])     # noqa: E731
         key = "total_cost" if obj in ("cost", "cost-under-deadline") else "total_time_s"
         if "no mix" in want.reason:

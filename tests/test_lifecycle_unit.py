@@ -179,8 +179,10 @@ def test_the_search_decides_as_brute_force_did(monkeypatch, objective, kw):
         d = EpochEndAutoscaler(spec(objective, restart_prior_s=0.05, max_gpus=6, **kw),
                                read_cluster=lambda pt: View()).decide(tr, 0)
         return d, tr.metrics.recs[-1]
+    import functools
+    monkeypatch.setattr(mixsearch, "search", functools.partial(mixsearch.search, brute_max=0))   # the tree
     d_search, rec = decide()
-    assert "exact" in rec["reason"]
+    assert "exact" in rec["reason"] and "nodes" in rec["reason"]
 
     def brute(current, free, types, fn, rates, obj, overhead, bound, *, max_gpus, min_gpus, allowed, max_partitions,
               unit, exact_upto, wait_fn, max_queue_wait_s, **kw):

@@ -93,7 +93,7 @@ def test_search_equals_brute_force(c):
     want = brute(current, counts, fn, rates, c["objective"], c["overhead"], c["max_gpus"], min_gpus, c["maxp"], **kw)
     got = search(current, free, TYPES, fn, rates, c["objective"], c["overhead"], bound, max_gpus=c["max_gpus"],
                  min_gpus=min_gpus, max_partitions=c["maxp"], unit=c["unit"], exact_upto=c["exact"],
-                 max_waits=10**6, max_evals=10**6, max_nodes=10**6, **kw)   # exactness, not the caps, is tested here
+                 max_waits=10**6, max_evals=10**6, max_nodes=10**6, brute_max=0, **kw)   # no caps, no brute force
     assert "exact" in got.reason
     assert got.move == want.move
     (gv, gm), (wv, wm) = value(got, c["objective"]), value(want, c["objective"])
@@ -118,7 +118,8 @@ def test_search_equals_brute_force_on_the_real_epoch_time():
     for obj, kw in (("time", {}), ("cost", {}), ("time-under-budget", {"budget": 0.05}),
                     ("cost-under-deadline", {"deadline_s": 30.0})):
         want = choose({"v100": 2}, cands, fn, rates, obj, 30.0, remaining_epochs=3, **kw)
-        got = search({"v100": 2}, free, types, fn, rates, obj, 30.0, bound, max_gpus=8, remaining_epochs=3, **kw)
+        got = search({"v100": 2}, free, types, fn, rates, obj, 30.0, bound, max_gpus=8, remaining_epochs=3,
+                     brute_max=0, **kw)
         assert got.mix == want.mix and "exact" in got.reason, (obj, got.reason, want.reason)
 
 
@@ -158,7 +159,7 @@ def test_queue_wait_is_priced_and_capped():
     # a100 would be 2x faster, but its partition is busy: 3 h of queue wait
     wait = lambda m: 10_800.0 if "a100" in m else 60.0
     ch = search({"v100": 2}, free, TYPES, fn, rates, "time", 0.0, bound, max_gpus=4, wait_fn=wait)
-    assert ch.mix == {"v100": 4} and "queue wait priced 60 s" in ch.reason
+    assert ch.mix == {"v100": 4} and "queue estimates" in ch.reason and "queue wait priced 60 s" in ch.reason
     ch = search({"v100": 2}, free, TYPES, fn, rates, "time", 0.0, bound, max_gpus=4, wait_fn=wait,
                 remaining_epochs=100)              # a long run pays the wait back
     assert ch.mix == {"a100": 4} and "queue wait priced 10800 s" in ch.reason
@@ -233,3 +234,15 @@ def test_group_space_has_the_optimal_spaces_times(mix, lo, width, mb, update):
     cands = [mb] if mb else None
     assert group_space(gl, model, lo, lo + width, cands).table() == optimal_space(gl, model, lo, lo + width,
                                                                                    cands).table()
+
+
+def test_small_clusters_are_priced_whole_and_listed():
+    """Up to BRUTE_MAX mixes and no queue wait: every mix priced and listed (the table of choose over all)."""
+    peak = {"a100": 4.0, "v100": 2.0}
+    fn = lambda m: SAMPLES / sum(k * peak[p] for p, k in m.items())
+    free = {"a100": 2, "v100": 3}
+    ch = search({"v100": 1}, free, TYPES, fn, {"a100": 4.0, "v100": 2.0}, "cost", 0.0, Bound(SAMPLES, peak), max_gpus=8)
+    assert "all 11 mixes priced, exact" in ch.reason and len(ch.table) == 11
+    ch = search({"v100": 1}, free, TYPES, fn, {"a100": 4.0, "v100": 2.0}, "cost", 0.0, Bound(SAMPLES, peak), max_gpus=8,
+                brute_max=0)
+    assert "nodes" in ch.reason and len(ch.table) <= 11

@@ -47,6 +47,7 @@ best found are skipped, and ties are kept (pruning is strict). The final ranking
 restart-overhead rule are ``choose``'s own, run on the best mixes found plus the current one. Before
 the tree, greedy fills at a few sizes (fastest and cheapest per sample first) and the current mix
 scaled are priced as first incumbents; exactness does not depend on them.
+Up to BRUTE_MAX mixes and no queue wait to ask, :func:`search` simply prices them all (``choose``).
 Work: at most ``max_nodes`` node visits (each O(P + the partition's allowed counts), numpy),
 ``max_evals`` epoch_time_fn calls and ``max_waits`` wait_fn calls per decision; a search cut by a cap
 says so in the reason, with the proven bound on how far its pick can be from the optimum (best total /
@@ -87,6 +88,7 @@ MAX_NODES = 5_000       # search-tree nodes per decision
 MAX_EVALS = 300         # epoch_time_fn calls per decision
 MAX_WAITS = 24          # wait_fn calls per decision (each may be an `sbatch --test-only`)
 SHORTLIST = 12          # priced mixes handed to choose (and kept in its table)
+BRUTE_MAX = 256         # up to this many mixes (and no queue wait to ask): price them all, list them all
 _REL = 1e-9             # pruning tolerance: ties are never pruned
 
 
@@ -127,13 +129,16 @@ def partition_counts(free: Mapping[str, int], types: Mapping[str, str], max_gpus
 
 
 def all_mixes(counts: Mapping[str, Sequence[int]], max_gpus: int, min_gpus: int = 1,
-              max_partitions: int | None = None) -> list[Mix]:
-    """Brute force: every mix of the allowed counts within the limits (tests, small clusters)."""
+              max_partitions: int | None = None, limit: int | None = None) -> list[Mix] | None:
+    """Brute force: every mix of the allowed counts within the limits (tests, small clusters); None when
+    there are more than ``limit``."""
     parts = sorted(counts)
     maxp = len(parts) if max_partitions is None else max_partitions
     out: list[Mix] = []
 
     def rec(i: int, cur: Mix, total: int) -> None:
+        if limit is not None and len(out) > limit:
+            return
         if i == len(parts):
             if total >= min_gpus:
                 out.append(dict(cur))
@@ -147,7 +152,7 @@ def all_mixes(counts: Mapping[str, Sequence[int]], max_gpus: int, min_gpus: int 
             rec(i + 1, cur, total + n)
             cur.pop(p, None)
     rec(0, {}, 0)
-    return out
+    return None if limit is not None and len(out) > limit else out
 
 
 def _linear_order(parts: list[str], key: Callable[[str], float]) -> list[str]:
@@ -161,14 +166,17 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
            unit: int | Mapping[str, int] = 1, exact_upto: int = 0, margin: float = 0.05,
            budget: float | None = None, deadline_s: float | None = None, remaining_epochs: float = 1,
            wait_fn: WaitFn | None = None, max_queue_wait_s: float | None = None,
-           max_nodes: int = MAX_NODES, max_evals: int = MAX_EVALS, max_waits: int = MAX_WAITS) -> Choice:
+           max_nodes: int = MAX_NODES, max_evals: int = MAX_EVALS, max_waits: int = MAX_WAITS,
+           brute_max: int = BRUTE_MAX) -> Choice:
     """``choose`` over every mix of :func:`partition_counts`, by branch-and-bound (module docstring).
 
-    The arguments are ``choose``'s plus the cluster (``free``, ``types``, the limits and granularity) and
-    the ``bound`` and the work caps. The table lists the current mix and the best priced mixes (up to
-    SHORTLIST; with ``wait_fn``, those whose wait was asked); the reason ends with what the search did
-    (mixes priced, nodes, queue estimates, exact or the proven gap). ``wait_fn`` is asked only of mixes
-    that could still win, at most ``max_waits`` times (each may be an ``sbatch --test-only``)."""
+    The arguments are ``choose``'s plus the cluster (``free``, ``types``, the limits and granularity), the
+    ``bound`` and the work caps. Up to ``brute_max`` mixes and no ``wait_fn``: ``choose`` over all of them
+    (the table lists every mix, as before the search existed). Otherwise the table lists the current mix
+    and the best priced mixes (up to SHORTLIST; with ``wait_fn``, those whose wait was asked), and the
+    reason ends with what the search did (mixes priced, nodes, queue estimates, exact or the proven gap).
+    ``wait_fn`` is asked only of mixes that could still win, at most ``max_waits`` times (each may be an
+    ``sbatch --test-only``)."""
     obj = str(objective).strip().lower().replace("_", "-")
     if obj not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
@@ -183,6 +191,11 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
     missing = [p for p in counts if not bound.peak.get(p, 0.0) > 0]
     if missing:
         raise ConfigError(f"the search bound has no peak throughput > 0 for partition(s) {', '.join(missing)}")
+    few = all_mixes(counts, max_gpus, min_gpus, maxp, limit=brute_max) if wait_fn is None and brute_max else None
+    if few is not None:                          # a small cluster: every mix priced and listed, as before
+        ch = choose(current_mix, few, epoch_time_fn, rates, obj, overhead, margin=margin, budget=budget,
+                    deadline_s=deadline_s, remaining_epochs=remaining_epochs)
+        return Choice(ch.mix, f"{ch.reason} (search: all {len(few)} mixes priced, exact)", ch.table, move=ch.move)
     cur = {p: int(n) for p, n in sorted(current_mix.items()) if n}
     cur_key = tuple(cur.items())
     epoch_memo: dict[tuple[tuple[str, int], ...], Any] = {}
