@@ -41,7 +41,7 @@ def test_wait_from_output():
 
 
 def test_probe_has_the_real_jobs_options(tmp_path):
-    spec = _spec(tmp_path, {"v100": 3}, account="proj", qos="low", time_min=90)
+    spec = _spec(tmp_path, {"v100": 3}, account="proj", qos="low", time_min=90, sbatch_args="--constraint=ib")
     args = queue.test_only_args({"v100": 3, "a100": 1}, _view(), spec)
     assert args[:2] == ["sbatch", "--test-only"]
     i = args.index(":")
@@ -49,7 +49,7 @@ def test_probe_has_the_real_jobs_options(tmp_path):
     assert "--partition=a100" in first and "--gres=gpu:a100:1" in first and "--ntasks=1" in first
     assert "--partition=v100" in second and "--nodes=2" in second and "--gpus-per-task=v100:1" in second
     for comp in (first, second):
-        assert {"--time=90", "--account=proj", "--qos=low"} <= set(comp)
+        assert {"--time=90", "--account=proj", "--qos=low", "--constraint=ib"} <= set(comp)
 
 
 def test_expected_wait_through_a_stand_in_sbatch(tmp_path):

@@ -8,8 +8,9 @@ would start, e.g. (on stderr)::
 A heterogeneous job (one component per partition of the mix, ``:`` between them) prints one such line
 per component and starts when its last component does. The job options are those the chain's real
 job gets (:mod:`hpc_jabas.slurm.components`: partition, nodes, tasks, typed GPUs, memory, time limit,
-account, qos), so the estimate accounts for the same limits. A mix that Slurm refuses (more GPUs than
-the partition has, a limit) has no start: None. The parsing is pure (:func:`parse_test_only`).
+account, qos, the user's sbatch_args), so the estimate accounts for the same limits. A mix that Slurm
+refuses (more GPUs than the partition has, a limit) has no start: None. The parsing is pure
+(:func:`parse_test_only`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.log import get_logger
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.cluster import ClusterView
-from hpc_jabas.slurm.components import DEFAULT_MEM_PER_TASK_MB, components, extra, per_component_options
+from hpc_jabas.slurm.components import DEFAULT_MEM_PER_TASK_MB, components, extra, extra_args, per_component_options
 from hpc_jabas.slurm.sbatch import submission_env
 
 log = get_logger(__name__)
@@ -72,11 +73,12 @@ def test_only_args(mix: Mapping[str, int], view: ClusterView, spec: JobSpec | No
     comps = components(dict(mix), view, mem_per_task_mb=int(extra(spec, "mem_per_task_mb", DEFAULT_MEM_PER_TASK_MB))
                        if spec is not None else DEFAULT_MEM_PER_TASK_MB)
     more = per_component_options(spec) if spec is not None else {}
+    user = extra_args(spec) if spec is not None else []        # sbatch_args: every component, as in the job
     args = ["sbatch", "--test-only", "--job-name=hpc-jabas-probe"]
     for k, c in enumerate(comps):
         if k:
             args.append(":")
-        args += [f"--{o}={v}" for o, v in {**c.sbatch_options(), **more}.items()]
+        args += [f"--{o}={v}" for o, v in {**c.sbatch_options(), **more}.items()] + user
     return args
 
 
