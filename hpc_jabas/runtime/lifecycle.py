@@ -142,8 +142,8 @@ class EpochEndAutoscaler(EpochEndHook):
             from hpc_jabas.slurm.queue import capacity, wait_estimator
             wait_fn = wait_estimator(view, self.spec)
             free = capacity(view, free)                              # busy GPUs too: the wait prices them
-        unit = cfg.unit or {p: max([view.nodes[n].gpus_total for n in view.partitions[p].nodes if n in view.nodes],
-                                   default=1) for p in types}       # 0: whole nodes
+        unit = cfg.unit or {q: max([view.nodes[n].gpus_total for n in view.partitions[q].nodes if n in view.nodes],
+                                   default=1) for q in types}       # 0: whole nodes
         choice = search(self.mix, free, types, fn, rates, cfg.objective, overhead,
                         perf_bound(model, types, N, jc.B_max, every_rank_runs=jc.planner == "optimal", forecast=fc,
                                    period=p, B_min=jc.B_min, micro_batch=jc.micro_batch),
