@@ -18,13 +18,16 @@ TYPES = {p: p for p in NAMES}
 SAMPLES = 10_000.0
 
 
-def synthetic(peak, tail_s, iters, slack):
-    """An epoch time that respects Bound(SAMPLES, peak, iters, tail): the bound, plus a per-mix slack
+def synthetic(peak, tail_s, iters, slack, floor=None):
+    """An epoch time that respects Bound(SAMPLES, peak, iters, tail, floor): the bound, plus a per-mix slack
     (imbalance, small micro-batches) and a coupling term that is not separable across partitions."""
+    floor = floor or {}
+
     def fn(mix):
         n = sum(mix.values())
         theta = sum(k * peak[p] for p, k in mix.items())
-        base = SAMPLES / theta + iters * tail_s * math.log2(n + 1)
+        its = iters(n) if callable(iters) else iters
+        base = max(SAMPLES / theta, its * max(floor.get(p, 0.0) for p in mix)) + its * tail_s * math.log2(n + 1)
         extra = sum(slack[p] * k for p, k in mix.items()) / theta * (1 + 0.3 * (len(mix) - 1))
         return base * (1 + extra)
     return fn
@@ -49,6 +52,8 @@ cluster = st.fixed_dictionaries({
     "peak": st.lists(st.floats(0.5, 8.0), min_size=4, max_size=4),
     "rate": st.lists(st.floats(0.0, 5.0), min_size=4, max_size=4),
     "slack": st.lists(st.floats(0.0, 0.6), min_size=4, max_size=4),
+    "floor": st.lists(st.sampled_from([0.0, 0.0, 20.0, 60.0, 200.0]), min_size=4, max_size=4),
+    "fewer_its": st.booleans(),
     "tail": st.floats(0.0, 0.5),
     "unit": st.sampled_from([1, 2, 4]),
     "exact": st.sampled_from([0, 1, 2]),
@@ -73,9 +78,10 @@ def test_search_equals_brute_force(c):
     peak = {p: c["peak"][i] for i, p in enumerate(parts)}
     rates = {p: c["rate"][i] for i, p in enumerate(parts)}
     slack = {p: c["slack"][i] for i, p in enumerate(parts)}
-    iters = 20
-    fn = synthetic(peak, c["tail"], iters, slack)
-    bound = Bound(SAMPLES, peak, iters, lambda n, t=c["tail"]: t * math.log2(n + 1))
+    floor = {p: c["floor"][i] for i, p in enumerate(parts)}
+    iters = (lambda n: max(5, 40 - 2 * n)) if c["fewer_its"] else 20     # more GPUs, fewer iterations (snapping)
+    fn = synthetic(peak, c["tail"], iters, slack, floor)
+    bound = Bound(SAMPLES, peak, iters, lambda n, t=c["tail"]: t * math.log2(n + 1), floor)
     min_gpus = min(c["min_gpus"], c["max_gpus"])
     counts = partition_counts(free, TYPES, c["max_gpus"], unit=c["unit"], exact_upto=c["exact"])
     cands = all_mixes(counts, c["max_gpus"], min_gpus, c["maxp"])

@@ -27,14 +27,17 @@ checks L(n) <= epoch_time_fn(n) on random forecasts, ranges, micro-batches and m
 
 The search (:func:`search`): best-first over a tree whose level i fixes the count of the i-th partition
 (time: fastest first; cost: cheapest per sample first). A node's key is the least objective total any
-mix below it can have. With N the GPUs fixed so far, Nmax the most the subtree can reach, fill the most
-sum n_p peak_p it can reach (the unfixed partitions filled greedily by peak up to max_gpus), fl the
-largest floor fixed and I = iters(Nmax): time R * (max(S / fill, I * fl) + I * tail(N)) + the restart
-overhead (0 where the subtree still holds the current mix); cost R * (max(S * least rate/peak among what
-is fixed and what may be added (a mediant bound), I * fl * rate fixed) + I * tail(N) * rate fixed) /
-3600 + the overhead at the fixed rate. A child's key is never below its parent's (its fill is within
-the parent's; its Nmax no higher, so I no lower; its floor, tail, rate and ratio no lower). A node's
-children are sorted by key into a chain; a popped node dives to a leaf through the first child of each
+mix below it can have. With N the GPUs fixed so far, fl the largest floor fixed, and for each threshold
+f (0 and each floor of an unfixed partition) the unfixed partitions with floor <= f: Nmax_f the most GPUs
+they let the subtree reach, fill_f the most sum n_p peak_p (filled greedily by peak up to max_gpus),
+I_f = iters(Nmax_f): time min over f of R * (max(S / fill_f, I_f * max(fl, f)) + I_f * tail(N)) + the
+restart overhead (0 where the subtree still holds the current mix); cost the same with R * (max(S *
+least rate/peak among what is fixed and what f lets add (a mediant bound), I_f * max(fl, f) * rate
+fixed) + I_f * tail(N) * rate fixed) / 3600 + the overhead at the fixed rate. (A completion whose
+added partitions' largest floor is f* is bounded by the least threshold >= f*: more GPUs mean fewer
+iterations only by adding partitions whose floor then applies.) A child's key is never below its
+parent's (per threshold its fill and Nmax are within the parent's; its floor, tail, rate and ratio are no
+lower). A node's children are sorted by key into a chain; a popped node dives to a leaf through the first child of each
 chain, leaving each chain's next sibling on the heap, so the heap's least key bounds every mix not yet
 priced. Subtrees that cannot meet the budget/deadline or reach min_gpus are dropped. Leaves are priced
 by ``epoch_time_fn`` (memoised) and, with ``wait_fn``, the queue wait (bound 0 until asked, asked only
@@ -48,7 +51,7 @@ restart-overhead rule are ``choose``'s own, run on the best mixes found plus the
 the tree, greedy fills at a few sizes (fastest and cheapest per sample first) and the current mix
 scaled are priced as first incumbents; exactness does not depend on them.
 Up to BRUTE_MAX mixes and no queue wait to ask, :func:`search` simply prices them all (``choose``).
-Work: at most ``max_nodes`` node visits (each O(P + the partition's allowed counts), numpy),
+Work: at most ``max_nodes`` node visits (each O(P * (P + the partition's allowed counts)), numpy),
 ``max_evals`` epoch_time_fn calls and ``max_waits`` wait_fn calls per decision; a search cut by a cap
 says so in the reason, with the proven bound on how far its pick can be from the optimum (best total /
 least bound left unexplored - 1, per the objective's primary metric). How often a cap is hit depends on
@@ -297,19 +300,28 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         P = len(order)
         # per suffix i: F_i(room) = the most sum peak * count its partitions reach with <= room GPUs (greedy by
         # peak: a concave piecewise-linear function), the least rate/peak, the most GPUs it can add
-        fills, ratios, caps = [], [], []
+        # per suffix i and floor threshold f (0 and each floor in the suffix): what the partitions of the
+        # suffix with floor <= f can add - F(room) = the most sum peak * count with <= room GPUs (greedy by
+        # peak: concave piecewise linear), their GPUs, their least rate/peak. A completion whose added
+        # partitions have largest floor f* is bounded with the least threshold >= f*.
+        caps = [sum(max(counts[p]) for p in order[i:]) for i in range(P + 1)]
+        levels: list[list[tuple[float, Any, Any, int, float]]] = []
         for i in range(P + 1):
-            items = sorted(((peak[p], max(counts[p])) for p in order[i:]), reverse=True)
-            xs, ys = [0.0], [0.0]
-            for pk, cap in items:
-                xs.append(xs[-1] + cap)
-                ys.append(ys[-1] + cap * pk)
-            fills.append((np.array(xs), np.array(ys)))
-            ratios.append(min([rate[p] / peak[p] for p in order[i:]], default=math.inf))
-            caps.append(int(xs[-1]))
+            rows = []
+            for f in sorted({0.0} | {floor[p] for p in order[i:]}):
+                sub = [p for p in order[i:] if floor[p] <= f]
+                items = sorted(((peak[p], max(counts[p])) for p in sub), reverse=True)
+                xs, ys = [0.0], [0.0]
+                for pk, cap in items:
+                    xs.append(xs[-1] + cap)
+                    ys.append(ys[-1] + cap * pk)
+                rows.append((f, np.array(xs), np.array(ys), int(xs[-1]),
+                             min([rate[p] / peak[p] for p in sub], default=math.inf)))
+            levels.append(rows)
         cur_at = [cur.get(p, 0) for p in order]
         best: list[Any] = [None, None]          # key, rank tuple
         lim_kind, lim = limit if limit is not None else ("", math.inf)
+        need_cost = primary == "cost" or lim_kind == "cost"
 
         def rank(key: tuple[tuple[str, int], ...], tc: tuple[float, float]) -> tuple[Any, ...]:
             t, c = tc
@@ -355,17 +367,28 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
             fl = np.where(K > 0, max(fl0, floor[p]), fl0)
             rr = rt + K * rate[p]
             on = here & (K == cur_at[i])                  # the subtree still holds the current mix (no move)
-            xs, ys = fills[i + 1]
-            fill = th + np.interp(np.maximum(max_gpus - N2, 0), xs, ys)
-            its = iters_tab[np.minimum(N2 + caps[i + 1], max_gpus)]      # the most GPUs below: the fewest iterations
-            tails = tail_tab[N2] * its
+            lt = np.full(len(K), np.inf)
+            lc = np.full(len(K), np.inf) if need_cost else np.zeros(len(K))   # time alone: no cost bound needed
+            move_t, move_c = np.where(on, 0.0, overhead), np.where(on, 0.0, overhead * rr / 3600)
+            tail_n = tail_tab[N2]
+            room = np.maximum(max_gpus - N2, 0)
+            fl_lo = float(fl.min())
             with np.errstate(divide="ignore", invalid="ignore"):
-                lt = R * (np.maximum(np.where(fill > 0, bound.samples / fill, np.inf), its * fl) + tails) \
-                    + np.where(on, 0.0, overhead)
-                ratio = np.minimum(np.where(th > 0, rr / th, np.inf), ratios[i + 1])
-                ratio = np.where(np.isfinite(ratio), ratio, 0.0)
-                lc = R * (np.maximum(bound.samples * ratio, its * fl * rr) + tails * rr) / 3600.0 \
-                    + np.where(on, 0.0, overhead * rr / 3600)
+                own = np.where(th > 0, rr / th, np.inf)
+                rows = levels[i + 1]
+                j0 = max(k for k, r in enumerate(rows) if r[0] <= fl_lo)   # below it: a smaller set, the same floor
+                for f, xs, ys, cap_f, ratio_f in rows[j0:]:
+                    fill = th + np.interp(room, xs, ys)
+                    its = iters_tab[np.minimum(N2 + cap_f, max_gpus)]        # the most GPUs: the fewest iterations
+                    F_its = np.maximum(fl, f) * its
+                    tails = tail_n * its
+                    lt = np.minimum(lt, R * (np.maximum(np.where(fill > 0, bound.samples / fill, np.inf), F_its)
+                                             + tails) + move_t)
+                    if need_cost:
+                        ratio = np.minimum(own, ratio_f)
+                        ratio = np.where(np.isfinite(ratio), ratio, 0.0)
+                        lc = np.minimum(lc, R * (np.maximum(bound.samples * ratio, F_its * rr) + tails * rr) / 3600.0
+                                        + move_c)
             keep = np.ones(len(K), dtype=bool)
             if lim_kind:
                 keep &= (lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9
