@@ -126,3 +126,69 @@ def test_unknown_autoscale_key_is_one_clear_line():
     with pytest.raises(ConfigError, match="unknown autoscale key 'objectiv'"):
         EpochEndAutoscaler(JobSpec(task="m:f", config={"autoscale": {"objectiv": "time"}}, chain_dir="/tmp/x",
                                    mix={"v100": 1}))
+
+
+def test_queue_wait_is_asked_only_when_configured_and_a_busy_partition_is_avoided(monkeypatch):
+    from hpc_jabas.slurm import queue
+    asked = []
+
+    def estimator(view, spec):
+        def wait(mix):
+            asked.append(dict(mix))
+            return 86_400.0 if "rtx2060" in mix else 5.0        # the cheap partition is busy for a day
+        return wait
+    monkeypatch.setattr(queue, "wait_estimator", estimator)
+    tr = stub_trainer()
+    d = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View()).decide(tr, 0)
+    assert d.move and set(d.mix) == {"rtx2060"} and asked == []           # default: no queue estimate
+    tr = stub_trainer()
+    d = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0, max_queue_wait_s=3600.0),
+                           read_cluster=lambda pt: View()).decide(tr, 0)
+    assert asked and "rtx2060" not in (d.mix or {}) and "queue wait priced" in d.reason
+    rows = {r["label"]: r for r in tr.metrics.recs[-1]["table"]}
+    assert all(not r["feasible"] for lbl, r in rows.items() if "rtx2060" in lbl)
+
+
+def test_whole_node_units_from_the_view():
+    from test_cluster import _node, _part
+
+    from hpc_jabas.slurm.cluster import build_view
+    view = build_view([_node("gpuv1", "gpu:v100:2", "IDLE", "v100"), _node("gpuv2", "gpu:v100:2", "IDLE", "v100"),
+                       _node("gpur1", "gpu:rtx2060:4", "IDLE", "rtx2060")],
+                      [_part("v100", "gpuv[1-2]"), _part("rtx2060", "gpur1", "CPU=0.0,GRES/gpu=1.0")])
+    tr = stub_trainer()
+    s = JobSpec(task="examples.train_digits:build", chain_dir="/tmp/x", mix={"v100": 2},
+                config={"autoscale": {"objective": "time", "restart_prior_s": 0.0, "unit": 0}})
+    EpochEndAutoscaler(s, read_cluster=lambda pt: view).decide(tr, 0)
+    rows = tr.metrics.recs[-1]["table"]
+    assert len(rows) > 1 and all(r["mix"].get("rtx2060", 0) in (0, 4) and r["mix"].get("v100", 0) in (0, 2, 4)
+                                 for r in rows)
+
+
+@pytest.mark.parametrize("objective,kw", [("cost", {}), ("time", {}), ("time", {"margin": 0.0}),
+                                          ("time-under-budget", {"budget": 1e-4}),
+                                          ("time-under-budget", {"budget": 0.00163, "margin": 0.0}),
+                                          ("cost-under-deadline", {"deadline_s": 0.4}),
+                                          ("cost-under-deadline", {"deadline_s": 0.59})])
+def test_the_search_decides_as_brute_force_did(monkeypatch, objective, kw):
+    """The hook's decision with mixsearch.search equals choose over every mix (the old enumerate_mixes path)."""
+    from hpc_jabas.core import autoscale, mixsearch
+
+    def decide():
+        tr = stub_trainer()
+        d = EpochEndAutoscaler(spec(objective, restart_prior_s=0.05, max_gpus=6, **kw),
+                               read_cluster=lambda pt: View()).decide(tr, 0)
+        return d, tr.metrics.recs[-1]
+    import functools
+    monkeypatch.setattr(mixsearch, "search", functools.partial(mixsearch.search, brute_max=0))   # the tree
+    d_search, rec = decide()
+    assert "exact" in rec["reason"] and "nodes" in rec["reason"]
+
+    def brute(current, free, types, fn, rates, obj, overhead, bound, *, max_gpus, min_gpus, allowed, max_partitions,
+              unit, exact_upto, wait_fn, max_queue_wait_s, **kw):
+        cands = autoscale.enumerate_mixes(free, types, max_gpus=max_gpus, min_gpus=min_gpus, allowed=allowed,
+                                          max_partitions=max_partitions)
+        return autoscale.choose(current, cands, fn, rates, obj, overhead, **kw)
+    monkeypatch.setattr(mixsearch, "search", brute)
+    d_brute, _ = decide()
+    assert (d_search.move, d_search.mix) == (d_brute.move, d_brute.mix)

@@ -3,7 +3,8 @@
 A mix maps Slurm partitions to GPU counts, e.g. {"v100": 4, "p100": 2}; every partition has
 one GPU type. At each epoch end the job (docs/design.md, section 1; docs/formulas.md, section 7):
 
-1. ``enumerate_mixes``: every mix the cluster can give now (free GPUs, limits);
+1. the mixes the cluster can give now (free GPUs, limits): ``mixsearch.search`` walks them by
+   branch-and-bound (cluster scale); ``enumerate_mixes`` lists every one (brute force, small clusters);
 2. ``price``: predicted epoch time of each mix (``epoch_time_fn(mix) -> seconds``, injected;
    ``epoch_time_fn(...)`` here builds the real one: the forecast B trajectory snapped to what the
    job's planner realises on the mix, each B's plan priced by the perf model) and its cost
@@ -34,8 +35,9 @@ from hpc_jabas.errors import ConfigError, InfeasibleError
 Mix = dict[str, int]
 EpochTimeFn = Callable[[Mix], "float | None"]
 
+WaitFn = Callable[[Mix], "float | None"]
+
 OBJECTIVES = ("time", "cost", "time-under-budget", "cost-under-deadline")
-MAX_MIXES = 200_000
 
 
 def _norm_mix(mix: Mapping[str, int]) -> Mix:
@@ -105,6 +107,8 @@ def enumerate_mixes(free: Mapping[str, int], types: Mapping[str, str], max_gpus:
                     allowed: Iterable[str] | None = None, max_partitions: int | None = None) -> list[Mix]:
     """Every mix the cluster can give now: 0..free[p] GPUs per partition, min_gpus..max_gpus in all.
 
+    Brute force: the list grows as prod(free[p] + 1); ``mixsearch.search`` decides at cluster scale.
+
     ``allowed``: partition names or GPU types to consider (None: all). ``max_partitions``: at most
     this many partitions in one mix (a hetjob with many components is fragile). Returned sorted by
     GPU count, then by partition name and counts: deterministic.
@@ -141,9 +145,6 @@ def enumerate_mixes(free: Mapping[str, int], types: Mapping[str, str], max_gpus:
     def rec(i: int, cur: dict[str, int], total: int, used: int) -> None:
         if i == len(parts):
             if min_gpus <= total:
-                if len(out) >= MAX_MIXES:
-                    raise ConfigError(f"more than {MAX_MIXES} candidate mixes; lower max_gpus, "
-                                      "set max_partitions or restrict allowed partitions")
                 out.append(dict(cur))
             return
         p = parts[i]
@@ -232,6 +233,7 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     ``planner``: 'optimal' or 'lbbsp' (``speeds``: declared per-rank speeds, used when they fit).
     A mix with no realisable B in range is infeasible (InfeasibleError, which ``price`` records).
     """
+    from hpc_jabas.core.grouptimes import group_space
     from hpc_jabas.core.snapping import job_batch_space, snap_nearest
     if not forecast:
         raise ConfigError("the forecast B trajectory is empty; give at least one batch size")
@@ -243,7 +245,8 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
         gl = expand_mix(mix, types)
         if not gl:
             return None
-        space = job_batch_space(cfg, gl, model)
+        space = group_space(gl, model, lo, hi, [cfg.micro_batch] if cfg.micro_batch else None) \
+            if planner == "optimal" else job_batch_space(cfg, gl, model)   # optimal: no per-rank plans (grouptimes)
         total, left, k = 0.0, num_samples, 0
         while left > 0:
             B = snap_nearest(space, float(forecast[min(k, len(forecast) - 1)]))
@@ -319,7 +322,8 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
            epoch_time_fn: EpochTimeFn, rates: Mapping[str, float], objective: str,
            restart_overhead_s: float | RestartOverhead, margin: float = 0.05,
            budget: float | None = None, deadline_s: float | None = None,
-           remaining_epochs: float = 1) -> Choice:
+           remaining_epochs: float = 1, wait_fn: WaitFn | None = None,
+           max_queue_wait_s: float | None = None) -> Choice:
     """Pick the mix for the remaining epochs; stay unless moving wins by more than ``margin``.
 
     Totals over ``remaining_epochs``: staying costs R * epoch; moving costs R * epoch plus the
@@ -328,6 +332,9 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
     or when it satisfies the budget/deadline that the current mix violates, or when the current
     mix is infeasible. Nothing feasible: stay, and the reason says so.
     ``budget``: money left for the remaining epochs; ``deadline_s``: seconds left from now.
+    ``wait_fn(mix)``: expected queue wait (s) before a job on the mix starts, None when it cannot start;
+    a move's total time adds it (its cost does not: nothing is billed while pending); a candidate
+    that cannot start or waits more than ``max_queue_wait_s`` is listed, never chosen.
     """
     obj = str(objective).strip().lower().replace("_", "-")
     if obj not in OBJECTIVES:
@@ -364,13 +371,19 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
     for c in cands:
         est = price(c, epoch_time_fn, rates)
         stay = c.key == cur_key
+        wait = 0.0 if stay or wait_fn is None or not est.feasible else wait_fn(dict(c.mix))
+        if wait is None or (max_queue_wait_s is not None and wait > max_queue_wait_s):
+            est = Estimate(None, None, False, "cannot start: the queue gives no expected start" if wait is None
+                           else f"expected queue wait {wait:.0f} s > max_queue_wait_s {max_queue_wait_s:g}")
         row = {"mix": dict(c.mix), "label": str(c), "gpus": c.gpus, "current": stay,
                "time_s": _num(est.time_s), "cost": _num(est.cost), "rate_per_hour": _num(est.rate_per_hour),
                "feasible": est.feasible, "total_time_s": None, "total_cost": None,
                "within_limit": None, "chosen": False, "note": est.note}
+        if wait_fn is not None:
+            row["wait_s"] = _num(wait)
         if est.feasible and est.time_s is not None and est.cost is not None:
             move_t = 0.0 if stay else overhead
-            total_t = R * est.time_s + move_t
+            total_t = R * est.time_s + move_t + (wait or 0.0)
             total_c = R * est.cost + move_t / 3600.0 * est.rate_per_hour
             row["total_time_s"], row["total_cost"] = _num(total_t), _num(total_c)
             row["_t"], row["_c"] = total_t, total_c
@@ -388,6 +401,8 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
             r.pop("_t", None)
             r.pop("_c", None)
             r["chosen"] = tuple(sorted(r["mix"].items())) == key
+            if r["chosen"] and wait_fn is not None:
+                reason += f"; queue wait priced {r['wait_s'] or 0.0:.0f} s"
         return Choice(dict(mix), reason, rows, move=key != cur_key)
 
     feasible = [r for r in rows if r["feasible"]]

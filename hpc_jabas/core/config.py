@@ -193,6 +193,11 @@ class AutoscaleConfig:
     partition_types: dict[str, str] | None = key(None, "GPU type per partition where Slurm cannot tell it, "
                                                        "e.g. {gpu = \"v100\"} (flag PART:TYPE, repeatable)",
                                                  shown="from Slurm", metavar="PART:TYPE")
+    unit: int = key(1, "GPUs per allocation step of a partition in a mix (0: one whole node of the partition)", lo=0)
+    exact_upto: int = key(0, "also offer every GPU count 1..N exactly (few GPUs), whatever the unit", lo=0)
+    queue_aware: bool = key(False, "price each candidate's expected queue wait (sbatch --test-only) into its time")
+    max_queue_wait_s: float | None = key(None, "never move onto a mix expected to wait longer in the queue (s); "
+                                               "implies queue_aware", lo=0.0, shown="off")
 
     def validate(self) -> AutoscaleConfig:
         check_fields(self, "autoscale.")

@@ -9,8 +9,10 @@ the same MoveDecision. Rank 0:
   2. forecasts the next epoch's B trajectory (forecast.py) from the controller's decisions;
   3. reads the cluster (cluster.py): GPU partitions, their types, free GPUs (plus the GPUs
      this job holds on nodes that are not drained or down), billing weights;
-  4. prices every candidate mix (autoscale.py) with the planner + perf model over the forecast
-     trajectory, with the restart overhead measured on this chain (prior before the first);
+  4. searches the candidate mixes (mixsearch.py: branch-and-bound, exact under the perf model's bound),
+     pricing each with the planner + perf model over the forecast trajectory, with the restart
+     overhead measured on this chain (prior before the first) and, when queue_aware or
+     max_queue_wait_s is set, the expected queue wait that sbatch --test-only reports (slurm/queue.py);
   5. records candidates, choice and reason; on a move (``act``) submits the next job onto the new
      mix and the trainer ends this one cleanly. The next job resumes from the checkpoint.
 
@@ -127,8 +129,6 @@ class EpochEndAutoscaler(EpochEndHook):
         # what this job holds comes back when it moves, but only on nodes that are not drained or down
         from hpc_jabas.slurm.cluster import available_gpus, job_nodes
         free = available_gpus(view, self.mix, job_nodes())
-        cands = autoscale.enumerate_mixes(free, types, max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus,
-                                          allowed=cfg.allowed, max_partitions=cfg.max_partitions)
         model = job_perf_model(jc, types.values())
         fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None,
                            planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds)
@@ -136,8 +136,21 @@ class EpochEndAutoscaler(EpochEndHook):
         overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
         for s in st.restart_overheads:
             overhead.record(s)
-        choice = autoscale.choose(self.mix, cands, fn, rates, cfg.objective, overhead, margin=cfg.margin,
-                                  budget=cfg.budget, deadline_s=cfg.deadline_s, remaining_epochs=remaining)
+        from hpc_jabas.core.mixsearch import perf_bound, search
+        wait_fn = None
+        if cfg.queue_aware or cfg.max_queue_wait_s is not None:     # off by default: no sbatch --test-only
+            from hpc_jabas.slurm.queue import capacity, wait_estimator
+            wait_fn = wait_estimator(view, self.spec)
+            free = capacity(view, free)                              # busy GPUs too: the wait prices them
+        unit = cfg.unit or {q: max([view.nodes[n].gpus_total for n in view.partitions[q].nodes if n in view.nodes],
+                                   default=1) for q in types}       # 0: whole nodes
+        choice = search(self.mix, free, types, fn, rates, cfg.objective, overhead,
+                        perf_bound(model, types, N, jc.B_max, every_rank_runs=jc.planner == "optimal", forecast=fc,
+                                   period=p, B_min=jc.B_min, micro_batch=jc.micro_batch),
+                        max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus, allowed=cfg.allowed,
+                        max_partitions=cfg.max_partitions, unit=unit, exact_upto=cfg.exact_upto, margin=cfg.margin,
+                        budget=cfg.budget, deadline_s=cfg.deadline_s, remaining_epochs=remaining, wait_fn=wait_fn,
+                        max_queue_wait_s=cfg.max_queue_wait_s)
         rec.update(move=bool(choice.move), choice=choice.mix, reason=choice.reason, table=choice.table,
                    restart_overhead_s=overhead.seconds, rates=rates)
         trainer.metrics.write(rec)

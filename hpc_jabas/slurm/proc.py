@@ -66,3 +66,22 @@ def run(args: Sequence[str], env: Mapping[str, str] | None = None, timeout: floa
                              f"(SLURM_CONF={conf}; local cluster: slurm/local/up.sh)")
         raise SlurmError(f"{refused or f'`{cmd}` failed'}: {msg}")
     return r.stdout
+
+
+def run_status(args: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = TIMEOUT_S,
+               stdin: str | None = None) -> tuple[int, str, str]:
+    """Run a Slurm command that reports on stderr (``sbatch --test-only``): (exit status, stdout, stderr).
+    A missing command, no answer in time or an unreachable controller: SlurmError, as :func:`run`."""
+    args = [str(a) for a in args]
+    cmd = shlex.join(args)
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, input=stdin,
+                           env=dict(env) if env is not None else None)
+    except FileNotFoundError:
+        raise _no_slurm(args[0]) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"Slurm controller unreachable: `{cmd}` gave no answer in {timeout:g} s") from None
+    msg = first_line(r.stderr)
+    if r.returncode != 0 and _UNREACHABLE.search(msg):
+        raise SlurmError(f"Slurm controller unreachable: `{cmd}` said: {msg} (local cluster: slurm/local/up.sh)")
+    return r.returncode, r.stdout, r.stderr
