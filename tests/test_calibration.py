@@ -1,4 +1,4 @@
-"""Online calibration of the perf model (issue 23): the pure fit, the calibrated view, its storage."""
+"""Online calibration of the perf model: the pure fit, the calibrated view, its storage."""
 import json
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Issue 24, queue-aware moves on the real local cluster (slurm/local/up.sh): another job keeps the rtx2060
+"""Queue-aware moves on the real local cluster (slurm/local/up.sh): another job keeps the rtx2060
 partition busy; `sbatch --test-only` gives that partition a long expected wait and a free one none, and the
 queue-aware decision (core/mixsearch.search with slurm/queue's wait) avoids the busy partition that the
 queue-blind one picks."""

@@ -68,4 +68,5 @@ def group_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
         if prepared[0] is None:
             return []
         return group_rows(lo, hi, gl, model, cands, prepared[0])
-    return BatchSpace(B_min, B_max, rows, f"optimal planner on {','.join(gl)}" + (f", b in {cands}" if cands else ""))
+    return BatchSpace(B_min, B_max, rows, f"optimal planner on {','.join(gl)}" + (f", b in {cands}" if cands else ""),
+                      grain=not cands)      # as optimal_space: the same snapping rule on the same space
