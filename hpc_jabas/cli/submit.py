@@ -109,9 +109,6 @@ def _check_spec(spec) -> None:
                           "add its directory to [job] pythonpath or PYTHONPATH")
 
 
-TASK_KEYS = ("model", "optimizer", "dataset", "loss_fn")
-
-
 def _trust_group(spec) -> None:
     """The job's trust_group (group-writable chain records and checkpoints accepted) for what submit reads."""
     from hpc_jabas.core.config import flatten
@@ -120,27 +117,9 @@ def _trust_group(spec) -> None:
     set_trust_group(flat.get("trust_group") is True)
 
 
-def _check_parts(task: str, parts: dict) -> None:
-    """What the Trainer needs of the task's parts, checked here rather than in every job of the chain."""
-    import torch
-    from torch.utils.data import DataLoader
-    model, opt, ds, loss = (parts[k] for k in TASK_KEYS)
-
-    def bad(key: str, want: str, got: object) -> ConfigError:
-        return ConfigError(f"task {task!r} returned {key}={type(got).__module__}.{type(got).__qualname__}"
-                           f"{f' ({got!r})' if isinstance(got, (str, int, float)) else ''}; it must be {want}")
-    if not isinstance(model, torch.nn.Module):
-        raise bad("model", "a torch.nn.Module", model)
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise bad("optimizer", "a torch.optim.Optimizer (over the model's parameters)", opt)
-    if not isinstance(ds, DataLoader) and not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-        raise bad("dataset", "a map-style Dataset (__len__ and __getitem__) or a DataLoader over one", ds)
-    if not callable(loss):
-        raise bad("loss_fn", "callable (e.g. torch.nn.CrossEntropyLoss())", loss)
-
-
 def _check_task(spec, dry_run: bool = True) -> None:
-    """The task callable resolves and (dry run) returns a dict with model, optimizer, dataset and loss_fn."""
+    """The task callable resolves and (dry run) returns a valid hpc_jabas.Task (or the older dict): the
+    same check (runtime/task.py, ``Task.from_parts``) as the job's launcher makes."""
     from hpc_jabas.core.loader import load_callable, one_line
     from hpc_jabas.slurm.sbatch import job_pythonpath
     added = [p for p in job_pythonpath(spec) if p not in sys.path]
@@ -156,12 +135,8 @@ def _check_task(spec, dry_run: bool = True) -> None:
     finally:
         for p in added:
             sys.path.remove(p)
-    if not isinstance(parts, dict) or any(k not in parts for k in TASK_KEYS):
-        got = f"a dict without {', '.join(k for k in TASK_KEYS if k not in parts)}" if isinstance(parts, dict) \
-            else type(parts).__name__
-        raise ConfigError(f"task {spec.task!r} returned {got}; it must return a dict with "
-                          f"{', '.join(TASK_KEYS)} (optional: scheduler, eval_fn, scheduler_step)")
-    _check_parts(spec.task, parts)
+    from hpc_jabas.runtime.task import Task
+    Task.from_parts(parts, spec.task)
 
 
 def _check_mix(spec, view) -> None:

@@ -78,9 +78,11 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     from hpc_jabas.runtime import comm
     from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
     from hpc_jabas.runtime.safepoint import stop_signals
+    from hpc_jabas.runtime.task import Task
     from hpc_jabas.runtime.trainer import Trainer
     stop_signals().install()                       # from here on a stop signal is a flag (safe points)
-    parts = load_callable(spec.task, "task")()     # before Horovod's background thread starts polling
+    # before Horovod's background thread starts polling; a Task or the older dict, checked (one line, exit 2)
+    task = Task.from_parts(load_callable(spec.task, "task")(), spec.task)
     comm.init()
     rank = comm.rank()
     mix = current_mix(comm)
@@ -98,9 +100,9 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     hook = EpochEndAutoscaler(spec, submit_fn=submit_fn, job_id=job_id)
     t0 = time.time()
     restart = RestartOverheadCallback(spec.chain_dir, job_id, hook, trainer_start=t0)
-    tr = Trainer(parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"], config=cfg,
-                 scheduler=parts.get("scheduler"), eval_fn=parts.get("eval_fn"), epoch_end_hook=hook,
-                 scheduler_step=parts.get("scheduler_step", "epoch"), callbacks=[restart])
+    kw = task.trainer_kwargs()
+    kw["callbacks"] = [restart, *kw["callbacks"]]
+    tr = Trainer(task.model, task.optimizer, task.dataset, task.loss_fn, config=cfg, epoch_end_hook=hook, **kw)
     from hpc_jabas.runtime.dirlock import lock_on_rank0
     wait_s = _predecessor_wait(spec.chain_dir, job_id) if rank == 0 else 0.0
     lock_on_rank0(spec.chain_dir, rank, "chain directory", wait_s=wait_s)    # one job of a chain at a time
