@@ -266,6 +266,12 @@ def _describe(e: dict) -> str:
                 f"({e.get('reason')}): cancelled; job {e.get('to_job')} on {mix_label(e.get('mix') or {})}")
     if ev == "replan_wait":
         return f"{t} waiting {e.get('message')}"
+    if ev == "error":
+        sig = e.get("signature") or {}
+        return (f"{t} error   job {e.get('job_id')} rank {e.get('rank')}: {sig.get('type')}: {sig.get('message')} "
+                f"at {sig.get('where')}")
+    if ev == "end" and e.get("message"):
+        return f"{t} end     job {e.get('job_id')}: {e.get('state')}: {e.get('message')}"
     if ev == "end":
         return (f"{t} end     job {e.get('job_id')}: {e.get('state')} after {e.get('wall_s', 0):.1f} s, "
                 f"epochs {e.get('epochs')}, cost {e.get('cost', 0):.4g}")

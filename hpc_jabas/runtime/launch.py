@@ -187,6 +187,20 @@ def requeue_after_stop(spec: JobSpec, job_id: str, mix: dict[str, int], stopped:
     return {"requeued": True, "to_job": str(new_id), "reason": reason}
 
 
+def record_error(spec: JobSpec, exc: BaseException) -> None:
+    """This rank's exception that ends the job, as a chain event ``error`` with its signature (type, message,
+    innermost frame): the failure path (``resubmit_after_failure``) does not resubmit the same error twice.
+    Never masks the exception itself."""
+    job_id = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
+    rank = next((os.environ[k] for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+                 if os.environ.get(k)), "0")
+    try:
+        chainlog.append(spec.chain_dir, "error", job_id=job_id, rank=int(rank),
+                        signature=chainlog.failure_signature(exc))
+    except (OSError, ValueError, JabasError) as e:
+        log.warning("the error could not be recorded in the chain (%s)", e)
+
+
 def failure_backoff_s(attempt: int) -> float:
     """Seconds to wait before the ``attempt``-th resubmission of a failed job (1, 2, ...)."""
     return min(60.0, 5.0 * 2 ** (attempt - 1))
@@ -197,7 +211,10 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
     """The batch shell of a method-"sbatch" job whose srun failed (a killed rank, a lost node): unless the job
     ended on its own (an ``end`` event), submit its successor onto the same mix, to resume from the last good
     checkpoint, after a backoff, at most ``max_failures`` times per chain. Chain events: ``end`` (state
-    failed, the iterations lost since that checkpoint) and ``requeue`` (reason failure). The new job id, or None."""
+    failed, the iterations lost since that checkpoint, the error's ``signature`` that a rank recorded, see
+    ``record_error``) and ``requeue`` (reason failure). Not resubmitted when the chain's previous failure had
+    the same signature (the same exception type and message at the same place: it would fail again); the
+    ``end`` event then says why (``message``). The new job id, or None."""
     from hpc_jabas.errors import CheckpointError
     from hpc_jabas.runtime import checkpoint as ckpt
     from hpc_jabas.slurm.cluster import mix_from_env
@@ -221,8 +238,19 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
         found = None
     at = int(found[0]["iteration"]) if found else 0
     lost = max(0, (max(its) + 1 if its else 0) - at)
-    chainlog.append(spec.chain_dir, "end", job_id=job_id, state="failed", exit_code=rc, iteration=at,
-                    lost_iterations=lost)
+    started = _started(ev, job_id)
+    sig = chainlog.job_failure_signature(ev, job_id, since=started)     # None: no rank said (killed, node lost)
+    end = {"job_id": job_id, "state": "failed", "exit_code": rc, "iteration": at, "lost_iterations": lost,
+           "signature": sig}
+    same = chainlog.repeated_failure(ev, sig, before=started)
+    if same is not None:                 # the same error at the same place as the failure before: not again
+        msg = (f"job {job_id} failed (exit {rc}) of the same error as job {same.get('job_id')} before it "
+               f"({chainlog.signature_text(sig or {})}): not resubmitted, it would fail again; fix it and submit "
+               f"again (the checkpoint at iteration {at} is kept)")
+        chainlog.append(spec.chain_dir, "end", **end, resubmitted=False, message=msg)
+        log.error("%s", msg)
+        return None
+    chainlog.append(spec.chain_dir, "end", **end)
     if failures >= slurm_option(spec, "max_failures"):
         log.error("job %s failed (exit %s); the chain has been resubmitted after %d failures already "
                   "(max_failures): not again; the checkpoint at iteration %d is kept", job_id, rc, failures, at)
@@ -235,7 +263,7 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
                                                                                f"--exclude={','.join(bad)}"]})
     new_id = (submit or submit_job)(spec.with_mix(mix))
     chainlog.append(spec.chain_dir, "requeue", from_job=job_id, to_job=new_id, reason="failure", exit_code=rc,
-                    excluded=bad,
+                    excluded=bad, signature=sig,
                     iteration=at, lost_iterations=lost, attempt=failures + 1, method=spec.method,
                     checkpoint_time=(found[1].stat().st_mtime if found else time.time()))
     log.warning("job %s failed (exit %s): resubmitted as %s from the checkpoint at iteration %d (%d iterations "
@@ -334,12 +362,18 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         log.error("usage: python -m hpc_jabas.runtime.launch SPEC.json|JOB.toml")
         return 2
+    job: JobSpec | None = None
     try:
-        out = run_job(spec_from_file(argv[0]))
+        job = spec_from_file(argv[0])
+        out = run_job(job)
     except JabasError as e:
-        if not getattr(e, "quiet", False):     # rank 0 has said it already
+        if not e.quiet:                        # rank 0 has said it already
             log.error("%s", e)
         return 2
+    except Exception as e:                     # the user's code (or ours) failed: the traceback follows
+        if job is not None:
+            record_error(job, e)
+        raise
     if out and (out.get("requeue") or {}).get("message"):
         return 1                               # stopped for good (too many time-outs)
     return 0
