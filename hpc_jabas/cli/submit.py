@@ -44,38 +44,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-JOB_KEYS = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
-
-
 def _check_job_table(path: str) -> dict:
-    """The raw [job] table; unknown keys (e.g. config keys written after the [job] header, which
-    TOML puts inside that table) are an error here, not silently ignored."""
+    """The raw [job] table, checked (core/jobspec.check_job_table: unknown keys, values of the wrong type)."""
     import tomllib
     try:
         job = tomllib.loads(Path(path).read_text()).get("job") or {}
     except (OSError, tomllib.TOMLDecodeError):
         return {}      # spec_from_file has said what is wrong
-    if not isinstance(job, dict):
-        raise ConfigError(f"job = {job!r} in {path} must be a [job] table")
-    bad = [k for k in job if k not in JOB_KEYS]
-    if bad:
-        raise ConfigError(f"unknown [job] key {bad[0]!r} in {path}; valid: {', '.join(JOB_KEYS)} (training keys go "
-                          "before the [job] header or in a [train] table: after a header TOML puts keys in that table)")
-    for k in ("task", "chain_dir", "method", "python"):
-        if k in job and not isinstance(job[k], str):
-            raise ConfigError(f"[job] {k} = {job[k]!r} in {path} must be a string in quotes, e.g. "
-                              f"{k} = {JOB_EXAMPLES[k]}")
-    pp = job.get("pythonpath")
-    if pp is not None and not (isinstance(pp, str) or isinstance(pp, list) and all(isinstance(x, str) for x in pp)):
-        raise ConfigError(f"[job] pythonpath = {pp!r} in {path} must be a list of directories in quotes, "
-                          'e.g. pythonpath = ["/home/me/project"]')
-    if "mix" in job and not isinstance(job["mix"], dict):
-        raise ConfigError(f"[job] mix = {job['mix']!r} in {path} must be a table, e.g. mix = {{ a100 = 1, v100 = 2 }}")
-    return job
-
-
-JOB_EXAMPLES = {"task": '"mymodule:build"', "chain_dir": '"/scratch/me/chain"', "method": '"sbatch"',
-                "python": '"/home/me/venv/bin/python"'}
+    from hpc_jabas.core.jobspec import check_job_table
+    return check_job_table(job, path)
 
 
 def _check_dirs(spec) -> None:

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.jobspec import JobSpec, check_job_table
 from hpc_jabas.core.loader import load_callable
 from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger
@@ -45,13 +45,10 @@ def spec_from_file(path: str) -> JobSpec:
     from hpc_jabas.core.config import read_toml
     d = read_toml(p, "job file")
     job = d.pop("job", None)
+    if job is not None:
+        check_job_table(job, path)         # unknown keys, a value of the wrong type: one line (as submit says it)
     if not job or "task" not in job or "chain_dir" not in job:
         raise ConfigError(f"job file {path!r} needs a [job] table with task = 'module:callable' and chain_dir")
-    valid = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
-    bad = [k for k in job if k not in valid]
-    if bad:
-        raise ConfigError(f"job file {path!r}: unknown [job] key {bad[0]!r} (valid: {', '.join(valid)}); "
-                          "training keys go in another table, e.g. [train]")
     where = "top level" if "run_dir" in d else next((f"[{k}]" for k, v in d.items() if isinstance(v, dict)
                                                       and k not in ("autoscale", "slowdown") and "run_dir" in v), None)
     if where is not None:      # a chain's run directory is <chain_dir>/run: a run_dir here would be ignored
@@ -59,7 +56,8 @@ def spec_from_file(path: str) -> JobSpec:
                           f"is <chain_dir>/run; remove run_dir, or give the job its own chain_dir")
     return JobSpec(task=job["task"], config=d, chain_dir=str(Path(job["chain_dir"]).resolve()),
                    mix=job.get("mix") or {"unknown": 1}, method=job.get("method", "sbatch"),
-                   pythonpath=job.get("pythonpath", []), python=job.get("python"))
+                   pythonpath=[pp] if isinstance(pp := job.get("pythonpath", []), str) else list(pp),
+                   python=job.get("python"))
 
 
 def current_mix(comm) -> dict[str, int]:
