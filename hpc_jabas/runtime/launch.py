@@ -67,8 +67,21 @@ def current_mix(comm) -> dict[str, int]:
 
 
 def run_job(spec: JobSpec | dict) -> dict | None:
+    """The job on this rank (srun's ``python -m hpc_jabas.runtime.launch`` and submitit's entry point alike).
+    An exception other than a JabasError (which says why in one line) is recorded in the chain first
+    (``record_error``): the failure path reads it."""
     if isinstance(spec, dict):
         spec = JobSpec.from_dict(spec)
+    try:
+        return _run_job(spec)
+    except JabasError:
+        raise
+    except Exception as e:                     # the user's code (or ours) failed: the traceback follows
+        record_error(spec, e)
+        raise
+
+
+def _run_job(spec: JobSpec) -> dict | None:
     for p in spec.pythonpath:
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -360,18 +373,12 @@ def main(argv=None) -> int:
     if len(argv) != 1:
         log.error("usage: python -m hpc_jabas.runtime.launch SPEC.json|JOB.toml")
         return 2
-    job: JobSpec | None = None
     try:
-        job = spec_from_file(argv[0])
-        out = run_job(job)
+        out = run_job(spec_from_file(argv[0]))
     except JabasError as e:
         if not e.quiet:                        # rank 0 has said it already
             log.error("%s", e)
         return 2
-    except Exception as e:                     # the user's code (or ours) failed: the traceback follows
-        if job is not None:
-            record_error(job, e)
-        raise
     if out and (out.get("requeue") or {}).get("message"):
         return 1                               # stopped for good (too many time-outs)
     return 0
