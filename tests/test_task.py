@@ -95,3 +95,55 @@ def test_submit_dry_run_and_the_launcher_use_the_same_check():
     src = (ROOT / "hpc_jabas" / "cli" / "submit.py").read_text()
     assert "Task.from_parts(" in src and "_check_parts" not in src
     assert "Task.from_parts(" in (ROOT / "hpc_jabas" / "runtime" / "launch.py").read_text()
+
+
+TASK_WITH_HOOKS = '''
+import json, os
+import torch
+from torch import nn
+import hpc_jabas
+
+
+class Count(hpc_jabas.Callback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_step_end(self, trainer, rec):
+        self.steps += 1
+
+    def on_epoch_end(self, trainer, epoch):
+        with open(os.environ["HJ_OUT"], "w") as f:
+            json.dump({"steps": self.steps, "forward_calls": CALLS[0]}, f)
+
+
+CALLS = [0]
+
+
+def forward(model, batch):
+    CALLS[0] += 1
+    return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+
+def build():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    ds = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    return hpc_jabas.Task(m, torch.optim.SGD(m.parameters(), lr=0.1), ds, forward_fn=forward, callbacks=[Count()])
+'''
+
+
+def test_the_launcher_passes_forward_fn_and_callbacks_to_the_trainer(tmp_path):
+    """One process, no Slurm: the job's launcher builds the Trainer from the Task, with its forward_fn and its
+    callbacks (beside the launcher's own)."""
+    import json
+    import subprocess
+    (tmp_path / "hjhooks.py").write_text(TASK_WITH_HOOKS)
+    (tmp_path / "job.toml").write_text(f'[job]\ntask = "hjhooks:build"\nchain_dir = "{tmp_path}/chain"\n'
+                                       f'pythonpath = ["{tmp_path}"]\n[train]\nepochs = 1\nbatch = 16\n'
+                                       'emulate = true\ngpu_types = ["v100"]\n[autoscale]\nenabled = false\n')
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "HJ_OUT": str(tmp_path / "o")}
+    out = subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.launch", str(tmp_path / "job.toml")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads((tmp_path / "o").read_text())
+    assert got["steps"] == 4 and got["forward_calls"] >= 4, got
