@@ -41,9 +41,8 @@ def build(lr: float = 0.05):
     torch.manual_seed(0)
     train, test = make_data()
     model = make_model()
-    return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9),
-            "dataset": train, "loss_fn": nn.CrossEntropyLoss(),
-            "eval_fn": lambda m: {"test_acc": accuracy(m, test)}}
+    return hpc_jabas.Task(model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9), train,
+                          nn.CrossEntropyLoss(), eval_fn=lambda m: {"test_acc": accuracy(m, test)})
 
 
 def main(argv=None):

@@ -106,9 +106,8 @@ def build(n: int = 2048, lr: float = 3e-3):
     """The task for Slurm jobs (`hpc-jabas submit --task examples.train_lm:build`)."""
     from hpc_jabas import DistributedEval
     model = make_model()
-    return {"model": model, "optimizer": make_optimizer("adamw", model, lr), "dataset": make_data(n),
-            "loss_fn": None, "forward_fn": lm_forward,
-            "eval_fn": DistributedEval(make_data(n // 8, seed=1), metric_fn=lm_metric, batch_size=64)}
+    return hpc_jabas.Task(model, make_optimizer("adamw", model, lr), make_data(n), forward_fn=lm_forward,
+                          eval_fn=DistributedEval(make_data(n // 8, seed=1), metric_fn=lm_metric, batch_size=64))
 
 
 def main(argv=None):

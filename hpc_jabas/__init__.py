@@ -31,6 +31,7 @@ if TYPE_CHECKING:      # the lazy names below, for type checkers and editors
     from hpc_jabas.runtime.evaluate import DistributedEval
     from hpc_jabas.runtime.hooks import Callback, Controller, EpochEndHook
     from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+    from hpc_jabas.runtime.task import Task
     from hpc_jabas.runtime.trainer import Trainer
     from hpc_jabas.runtime.world import World
     from hpc_jabas.slurm.executor import Submission, submit
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Trainer": "hpc_jabas.runtime.trainer",
     "World": "hpc_jabas.runtime.world",
+    "Task": "hpc_jabas.runtime.task",              # what a Slurm job's task callable returns
     "DistributedEval": "hpc_jabas.runtime.evaluate",
     "HeterogeneousOptimizer": "hpc_jabas.runtime.optim",
     "HeterogeneousSampler": "hpc_jabas.core.sampler",
@@ -57,7 +59,7 @@ _LAZY = {
 
 __all__ = [
     # training
-    "Trainer", "JobConfig", "World", "DistributedEval", "ArgumentParser", "add_arguments", "config_from_args",
+    "Trainer", "JobConfig", "Task", "World", "DistributedEval", "ArgumentParser", "add_arguments", "config_from_args",
     "run_main",
     "report_throughput",
     # Slurm

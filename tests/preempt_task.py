@@ -6,10 +6,11 @@ same run in one process, so a preempted and resumed chain can be checked against
 from reference import make_data, make_model, make_optimizer
 from torch import nn
 
+import hpc_jabas
+
 N, LR, OPT = 240, 0.01, "adam"
 
 
 def build():
     model = make_model()
-    return {"model": model, "optimizer": make_optimizer(OPT, model.parameters(), LR), "dataset": make_data(N),
-            "loss_fn": nn.CrossEntropyLoss()}
+    return hpc_jabas.Task(model, make_optimizer(OPT, model.parameters(), LR), make_data(N), nn.CrossEntropyLoss())

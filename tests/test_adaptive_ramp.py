@@ -1,6 +1,7 @@
 """The ramp policy (a batch-size warm-up schedule) and the optional weight-decay rule."""
 import pytest
 import torch
+from fake_trainer import FakeTrainer
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.perfmodel import PerfModel
@@ -84,20 +85,19 @@ def test_controller_scales_weight_decay_with_B_and_survives_a_resume():
     p = torch.nn.Parameter(torch.ones(3))
     opt = _Opt(torch.optim.AdamW([p], lr=0.1, weight_decay=0.01))
 
-    class T:
-        B = 32
-    ctrl.trainer = T()
+    tr = FakeTrainer(cfg, B=32)
+    ctrl.trainer = tr
     ctrl._apply_wd(opt)
     assert opt.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.01)
-    T.B = 128
+    tr.B = 128
     ctrl._apply_wd(opt)
     ctrl._apply_wd(opt)                                              # no compounding
     assert opt.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.04)
     # a resume: the optimizer's saved state holds the scaled value, the controller its base
     again = AdaptiveController(cfg, space=BatchSpace.integers(32, 256))
     again.load_state_dict(ctrl.state_dict())
-    again.trainer = T()
-    T.B = 64
+    again.trainer = tr
+    tr.B = 64
     again._apply_wd(opt)
     assert opt.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.02)
     opt.optimizer.param_groups[0]["weight_decay"] = 0.5              # the user changes it: the new base

@@ -418,19 +418,19 @@ def test_dry_run_checks_the_types_of_the_task_parts():
     """A task returning model="resnet" is refused by submit's dry run (not by every job of the chain)."""
     import torch
 
-    from hpc_jabas.cli.submit import _check_parts
+    from hpc_jabas import Task
     from hpc_jabas.errors import ConfigError
     m = torch.nn.Linear(2, 2)
     ok = {"model": m, "optimizer": torch.optim.SGD(m.parameters(), lr=0.1),
           "dataset": torch.utils.data.TensorDataset(torch.zeros(4, 2)), "loss_fn": torch.nn.MSELoss()}
-    _check_parts("t:ok", ok)
-    _check_parts("t:ok", dict(ok, dataset=torch.utils.data.DataLoader(ok["dataset"])))
+    Task.from_parts(ok, "t:ok")
+    Task.from_parts(dict(ok, dataset=torch.utils.data.DataLoader(ok["dataset"])), "t:ok")
     for key, value, say in (("model", "resnet", "model=builtins.str ('resnet'); it must be a torch.nn.Module"),
                             ("optimizer", m, "it must be a torch.optim.Optimizer"),
                             ("dataset", 5, "it must be a map-style Dataset"),
                             ("loss_fn", "mse", "loss_fn=builtins.str ('mse'); it must be callable")):
         with pytest.raises(ConfigError) as e:
-            _check_parts("t:bad", dict(ok, **{key: value}))
+            Task.from_parts(dict(ok, **{key: value}), "t:bad")
         assert say in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 

@@ -1,13 +1,11 @@
 """Epoch-end auto-scaler adapter with a stub cluster view: forecast, pricing, choice, forecast error."""
-from types import SimpleNamespace
-
 import pytest
+from fake_trainer import FakeTrainer
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import MoveDecision
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler, epoch_time_fn, expand_mix
 
@@ -18,21 +16,11 @@ class View:
     billing = {"a100": 4.0, "v100": 2.0, "rtx2060": 1.0}
 
 
-class Metrics:
-    def __init__(self):
-        self.recs = []
-
-    def write(self, r):
-        self.recs.append(r)
-
-
 def stub_trainer(epochs=3, policy="similarity"):
     cfg = JobConfig(epochs=epochs, batch=64, batch_min=32, batch_max=256, policy=policy, p=5, planner="optimal",
                     emulate=True).validate()
-    s = HeterogeneousSampler(1000)
     traj = [(0, 64), (5, 80), (10, 96), (15, 112)]
-    return SimpleNamespace(cfg=cfg, sampler=s, iteration=16, B=64, metrics=Metrics(), traj=traj,
-                           b_trajectory=lambda: list(traj), last_checkpoint_time=None)
+    return FakeTrainer(cfg, iteration=16, B=64, num_samples=1000, trajectory=traj)
 
 
 def spec(objective, **kw):
@@ -76,7 +64,7 @@ def test_last_epoch_does_not_move_and_forecast_error_is_scored():
     a.decide(tr, epoch=0)
     fc = a.state.forecast
     tr.iteration = fc["start"] + 3 * fc["p"]
-    tr.traj.append((fc["start"], 128))
+    tr.trajectory.append((fc["start"], 128))
     d = a.decide(tr, epoch=1)
     assert d == MoveDecision.stay("last epoch") and tr.metrics.recs[-1]["reason"] == "last epoch"
     assert tr.metrics.recs[-1]["forecast_error"] >= 0.0

@@ -2,10 +2,9 @@
 runtime/planning.py builds the trainer's planner from the config, the model and the GPU types."""
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
+from fake_trainer import FakeTrainer
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, job_perf_model
@@ -23,7 +22,8 @@ def planner_of(model: torch.nn.Module, gpu_types: list[str], **cfg):
             pm["m"] = job_perf_model(c, gpu_types)
         return pm["m"]
     fn, identical, declared = default_planner(c, model, gpu_types, perf_model)
-    return fn, types.SimpleNamespace(identical_b=identical, declared_speed_factors=declared, perf_model=perf_model)
+    return fn, FakeTrainer(c, gpu_types=gpu_types, identical_b=identical, declared_speed_factors=declared,
+                           perf_model=perf_model, planner_fn=fn)
 
 
 def mlp(batchnorm: bool = False) -> torch.nn.Module:

@@ -11,9 +11,10 @@ import pytest
 import hpc_jabas
 
 ROOT = Path(__file__).resolve().parents[1]
-NEEDED = ["Trainer", "JobConfig", "World", "submit", "wait_chain", "JobSpec", "DistributedEval", "configure_logging",
-          "add_arguments", "config_from_args", "run_main", "JabasError", "ConfigError", "SlurmError",
-          "CheckpointError", "InfeasibleError", "Callback", "Controller", "EpochEndHook", "Decision", "MoveDecision"]
+NEEDED = ["Trainer", "JobConfig", "Task", "World", "submit", "wait_chain", "JobSpec", "DistributedEval",
+          "configure_logging", "add_arguments", "config_from_args", "run_main", "JabasError", "ConfigError",
+          "SlurmError", "CheckpointError", "InfeasibleError", "Callback", "Controller", "EpochEndHook", "Decision",
+          "MoveDecision"]
 
 
 def deep_imports(source: str) -> list[str]:

@@ -101,3 +101,33 @@ def test_one_minute_job_is_resubmitted_at_its_time_limit_until_the_run_finishes(
     for name, want in ref.items():
         err = float((state["model"][name] - want).abs().max() / (want.abs().max() + 1e-12))
         assert err <= 1e-6, f"{name}: relative difference {err:.2e} to the uninterrupted run"
+
+
+def test_a_job_that_fails_twice_of_the_same_error_is_not_resubmitted_again(slurm_cluster, slurm_tmp):
+    """A task whose builder raises the same error every time: the first failure is resubmitted (it may be a
+    one-off), the second, with the same signature (type, message, place), is not; its end event and the job's
+    output say why, in one line. Two allocations, not 1 + max_failures."""
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import wait_chain
+    (slurm_tmp / "hjdetfail.py").write_text("def build():\n    raise RuntimeError('no such file: data.npz')\n")
+    chain = slurm_tmp / "chain-detfail"
+    spec = JobSpec(task="hjdetfail:build", config=dict(CHAIN_CFG, slurm={"time_min": 15, "max_failures": 3}),
+                   chain_dir=str(chain), mix={"rtx2060": 2}, method="sbatch",
+                   pythonpath=[str(ROOT), str(ROOT / "tests"), str(slurm_tmp)], python=PY)
+    first = submit(spec).job_id
+    res = wait_chain(chain, first, timeout=240, poll_s=0.5)
+    ev = chainlog.read(chain)
+    slurm_cluster.cancel(*res["jobs"])
+    assert not res["ok"] and len(res["jobs"]) == 2, (res, json.dumps(ev))
+    second = res["jobs"][1]
+    (req,) = [e for e in ev if e["event"] == "requeue"]
+    assert req["reason"] == "failure" and str(req["from_job"]) == first and str(req["to_job"]) == second
+    sig = req["signature"]
+    assert sig["type"] == "builtins.RuntimeError" and sig["where"].endswith("hjdetfail.py:2"), sig
+    ends = [e for e in ev if e["event"] == "end"]
+    assert [e["state"] for e in ends] == ["failed", "failed"] and all(e["signature"] == sig for e in ends)
+    assert ends[-1]["resubmitted"] is False and f"same error as job {first}" in ends[-1]["message"]
+    assert {str(e["job_id"]) for e in ev if e["event"] == "error"} == {first, second}
+    out = (chain / "jobs" / f"sbatch-{second}.out").read_text()
+    assert sum("not resubmitted" in ln for ln in out.splitlines()) == 1, out

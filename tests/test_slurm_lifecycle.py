@@ -147,8 +147,8 @@ def replay_reference(chain_dir) -> dict:
     recs = [json.loads(ln) for ln in (Path(chain_dir) / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     its = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["it"])
     assert [r["it"] for r in its] == list(range(len(its))), "iteration records missing or repeated"
-    parts = build()
-    model, opt, ds, loss_fn = parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"]
+    task = build()
+    model, opt, ds, loss_fn = task.model, task.optimizer, task.dataset, task.loss_fn
     base = [g["lr"] for g in opt.param_groups]
     assert base == [0.05]
     X, y = ds.tensors

@@ -44,38 +44,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-JOB_KEYS = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
-
-
 def _check_job_table(path: str) -> dict:
-    """The raw [job] table; unknown keys (e.g. config keys written after the [job] header, which
-    TOML puts inside that table) are an error here, not silently ignored."""
+    """The raw [job] table, checked (core/jobspec.check_job_table: unknown keys, values of the wrong type)."""
     import tomllib
     try:
         job = tomllib.loads(Path(path).read_text()).get("job") or {}
     except (OSError, tomllib.TOMLDecodeError):
         return {}      # spec_from_file has said what is wrong
-    if not isinstance(job, dict):
-        raise ConfigError(f"job = {job!r} in {path} must be a [job] table")
-    bad = [k for k in job if k not in JOB_KEYS]
-    if bad:
-        raise ConfigError(f"unknown [job] key {bad[0]!r} in {path}; valid: {', '.join(JOB_KEYS)} (training keys go "
-                          "before the [job] header or in a [train] table: after a header TOML puts keys in that table)")
-    for k in ("task", "chain_dir", "method", "python"):
-        if k in job and not isinstance(job[k], str):
-            raise ConfigError(f"[job] {k} = {job[k]!r} in {path} must be a string in quotes, e.g. "
-                              f"{k} = {JOB_EXAMPLES[k]}")
-    pp = job.get("pythonpath")
-    if pp is not None and not (isinstance(pp, str) or isinstance(pp, list) and all(isinstance(x, str) for x in pp)):
-        raise ConfigError(f"[job] pythonpath = {pp!r} in {path} must be a list of directories in quotes, "
-                          'e.g. pythonpath = ["/home/me/project"]')
-    if "mix" in job and not isinstance(job["mix"], dict):
-        raise ConfigError(f"[job] mix = {job['mix']!r} in {path} must be a table, e.g. mix = {{ a100 = 1, v100 = 2 }}")
-    return job
-
-
-JOB_EXAMPLES = {"task": '"mymodule:build"', "chain_dir": '"/scratch/me/chain"', "method": '"sbatch"',
-                "python": '"/home/me/venv/bin/python"'}
+    from hpc_jabas.core.jobspec import check_job_table
+    return check_job_table(job, path)
 
 
 def _check_dirs(spec) -> None:
@@ -109,9 +86,6 @@ def _check_spec(spec) -> None:
                           "add its directory to [job] pythonpath or PYTHONPATH")
 
 
-TASK_KEYS = ("model", "optimizer", "dataset", "loss_fn")
-
-
 def _trust_group(spec) -> None:
     """The job's trust_group (group-writable chain records and checkpoints accepted) for what submit reads."""
     from hpc_jabas.core.config import flatten
@@ -120,27 +94,9 @@ def _trust_group(spec) -> None:
     set_trust_group(flat.get("trust_group") is True)
 
 
-def _check_parts(task: str, parts: dict) -> None:
-    """What the Trainer needs of the task's parts, checked here rather than in every job of the chain."""
-    import torch
-    from torch.utils.data import DataLoader
-    model, opt, ds, loss = (parts[k] for k in TASK_KEYS)
-
-    def bad(key: str, want: str, got: object) -> ConfigError:
-        return ConfigError(f"task {task!r} returned {key}={type(got).__module__}.{type(got).__qualname__}"
-                           f"{f' ({got!r})' if isinstance(got, (str, int, float)) else ''}; it must be {want}")
-    if not isinstance(model, torch.nn.Module):
-        raise bad("model", "a torch.nn.Module", model)
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise bad("optimizer", "a torch.optim.Optimizer (over the model's parameters)", opt)
-    if not isinstance(ds, DataLoader) and not (hasattr(ds, "__len__") and hasattr(ds, "__getitem__")):
-        raise bad("dataset", "a map-style Dataset (__len__ and __getitem__) or a DataLoader over one", ds)
-    if not callable(loss):
-        raise bad("loss_fn", "callable (e.g. torch.nn.CrossEntropyLoss())", loss)
-
-
 def _check_task(spec, dry_run: bool = True) -> None:
-    """The task callable resolves and (dry run) returns a dict with model, optimizer, dataset and loss_fn."""
+    """The task callable resolves and (dry run) returns a valid hpc_jabas.Task (or the older dict): the
+    same check (runtime/task.py, ``Task.from_parts``) as the job's launcher makes."""
     from hpc_jabas.core.loader import load_callable, one_line
     from hpc_jabas.slurm.sbatch import job_pythonpath
     added = [p for p in job_pythonpath(spec) if p not in sys.path]
@@ -156,12 +112,8 @@ def _check_task(spec, dry_run: bool = True) -> None:
     finally:
         for p in added:
             sys.path.remove(p)
-    if not isinstance(parts, dict) or any(k not in parts for k in TASK_KEYS):
-        got = f"a dict without {', '.join(k for k in TASK_KEYS if k not in parts)}" if isinstance(parts, dict) \
-            else type(parts).__name__
-        raise ConfigError(f"task {spec.task!r} returned {got}; it must return a dict with "
-                          f"{', '.join(TASK_KEYS)} (optional: scheduler, eval_fn, scheduler_step)")
-    _check_parts(spec.task, parts)
+    from hpc_jabas.runtime.task import Task
+    Task.from_parts(parts, spec.task)
 
 
 def _check_mix(spec, view) -> None:
@@ -291,6 +243,12 @@ def _describe(e: dict) -> str:
                 f"({e.get('reason')}): cancelled; job {e.get('to_job')} on {mix_label(e.get('mix') or {})}")
     if ev == "replan_wait":
         return f"{t} waiting {e.get('message')}"
+    if ev == "error":
+        sig = e.get("signature") or {}
+        return (f"{t} error   job {e.get('job_id')} rank {e.get('rank')}: {sig.get('type')}: {sig.get('message')} "
+                f"at {sig.get('where')}")
+    if ev == "end" and e.get("message"):
+        return f"{t} end     job {e.get('job_id')}: {e.get('state')}: {e.get('message')}"
     if ev == "end":
         return (f"{t} end     job {e.get('job_id')}: {e.get('state')} after {e.get('wall_s', 0):.1f} s, "
                 f"epochs {e.get('epochs')}, cost {e.get('cost', 0):.4g}")

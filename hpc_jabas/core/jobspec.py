@@ -10,10 +10,38 @@ from typing import Any
 
 from hpc_jabas.errors import ConfigError
 
+#: the keys of a job file's [job] table
+JOB_KEYS = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
+JOB_EXAMPLES = {"task": '"mymodule:build"', "chain_dir": '"/scratch/me/chain"', "method": '"sbatch"',
+                "python": '"/home/me/venv/bin/python"'}
+
+
+def check_job_table(job: Any, path: str | Path) -> dict[str, Any]:
+    """A job file's raw [job] table: unknown keys (e.g. config keys written after the [job] header, which TOML
+    puts inside that table) and values of the wrong type are one ConfigError line each, not a traceback later.
+    ``hpc-jabas submit`` and the job's launcher both check it here."""
+    if not isinstance(job, dict):
+        raise ConfigError(f"job = {job!r} in {path} must be a [job] table")
+    bad = [k for k in job if k not in JOB_KEYS]
+    if bad:
+        raise ConfigError(f"unknown [job] key {bad[0]!r} in {path}; valid: {', '.join(JOB_KEYS)} (training keys go "
+                          "before the [job] header or in a [train] table: after a header TOML puts keys in that table)")
+    for k in ("task", "chain_dir", "method", "python"):
+        if k in job and not isinstance(job[k], str):
+            raise ConfigError(f"[job] {k} = {job[k]!r} in {path} must be a string in quotes, e.g. "
+                              f"{k} = {JOB_EXAMPLES[k]}")
+    pp = job.get("pythonpath")
+    if pp is not None and not (isinstance(pp, str) or isinstance(pp, list) and all(isinstance(x, str) for x in pp)):
+        raise ConfigError(f"[job] pythonpath = {pp!r} in {path} must be a list of directories in quotes, "
+                          'e.g. pythonpath = ["/home/me/project"]')
+    if "mix" in job and not isinstance(job["mix"], dict):
+        raise ConfigError(f"[job] mix = {job['mix']!r} in {path} must be a table, e.g. mix = {{ a100 = 1, v100 = 2 }}")
+    return job
+
 
 @dataclass
 class JobSpec:
-    task: str                          # "module:callable" -> dict(model, optimizer, dataset, loss_fn[, ...])
+    task: str                          # "module:callable" -> a hpc_jabas.Task (or the older dict)
     config: dict[str, Any]                     # JobConfig as a dict (its autoscale table drives the epoch-end choice)
     chain_dir: str                     # shared directory: run/ (metrics, checkpoints), chain.jsonl, jobs/
     mix: dict[str, int]                # partition -> GPUs this job runs on

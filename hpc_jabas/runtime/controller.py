@@ -21,13 +21,12 @@ from hpc_jabas.runtime.hooks import Controller
 
 def announce_at(trainer) -> int:
     """The iteration a decision made now takes effect at: the next one, past the loader's lookahead."""
-    return int(trainer.iteration) + int(getattr(trainer, "decision_lead", 0))
+    return int(trainer.iteration) + int(trainer.decision_lead)
 
 
 def announced(trainer) -> tuple[int, Plan, float]:
     """(B, plan, lr_scale) with every decision announced so far (pending ones included)."""
-    f = getattr(trainer, "announced", None)
-    return f() if f is not None else (trainer.B, trainer.plan, trainer.lr_scale)
+    return trainer.announced()
 
 
 class BaseController(Controller):
@@ -91,7 +90,7 @@ class ScriptedController(BaseController):
 
     def attach(self, trainer) -> None:
         super().attach(trainer)
-        self.lead = int(getattr(trainer, "decision_lead", 0))
+        self.lead = int(trainer.decision_lead)
         early = [k for k in self.schedule if trainer.iteration < k <= self.lead]
         if early:
             raise ConfigError(f"scripted change at iteration {min(early)} cannot be announced {self.lead} iterations "
@@ -139,8 +138,6 @@ class AdaptiveController(BaseController):
     def __init__(self, cfg, space=None):
         """``space``: the BatchSpace to snap into (tests); default: built from the trainer at attach."""
         from hpc_jabas.core.policy import (
-            DEFAULT_RAMP_AT,
-            DEFAULT_RAMP_FACTOR,
             canonical_policy,
             make_lr_rule,
             make_policy,
@@ -157,11 +154,10 @@ class AdaptiveController(BaseController):
         elif self.policy_name == "noise-scale":
             kw.update(B0=cfg.batch)
         elif self.policy_name == "ramp":
-            kw.update(B0=cfg.batch, at=list(getattr(cfg, "ramp_at", DEFAULT_RAMP_AT)),
-                      factor=getattr(cfg, "ramp_factor", DEFAULT_RAMP_FACTOR))
+            kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
         self.policy = make_policy(self.policy_name, **kw)
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
-        self.wd_rule = make_wd_rule(getattr(cfg, "wd_rule", "none"), B_ref=cfg.batch_ref or cfg.batch)
+        self.wd_rule = make_wd_rule(cfg.wd_rule, B_ref=cfg.batch_ref or cfg.batch)
         self._wd_hook = None
         self._wd_base = None      # list[float]: the optimizer's own weight decay per param group
         self._wd_set = None       # list[float]: what the rule last set (a change elsewhere is a new base)
@@ -183,8 +179,8 @@ class AdaptiveController(BaseController):
             from hpc_jabas.core.snapping import job_batch_space
             self.space = job_batch_space(cfg, trainer.gpu_types, trainer.perf_model(),
                                          plan_fn=lambda B: trainer.planner_fn(B, None),
-                                         per_rank=not getattr(trainer, "identical_b", True),
-                                         speed_factors=getattr(trainer, "declared_speed_factors", None))
+                                         per_rank=not trainer.identical_b,
+                                         speed_factors=trainer.declared_speed_factors)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
@@ -219,9 +215,9 @@ class AdaptiveController(BaseController):
 
     def progress(self, trainer) -> float | None:
         """The fraction of the configured run done, in samples (what the ramp policy reads)."""
-        sampler, epochs = getattr(trainer, "sampler", None), getattr(self.cfg, "epochs", None)
-        n = getattr(sampler, "num_samples", None)
-        if sampler is None or not epochs or not n:
+        sampler, epochs = trainer.sampler, self.cfg.epochs
+        n = sampler.num_samples
+        if not epochs or not n:
             return None
         return (sampler.epoch + sampler.cursor / n) / epochs
 
@@ -269,7 +265,7 @@ class AdaptiveController(BaseController):
 
     def _measure(self, trainer) -> dict:
         gpu = trainer.gpu_types[trainer.rank]
-        declared = getattr(trainer, "declared_speed_factors", None)   # factors are relative to the declared speed
+        declared = trainer.declared_speed_factors     # factors are relative to the declared speed
         sf = declared[trainer.rank] if declared else 1.0
         meas = exp = 0.0
         for r in self._window:

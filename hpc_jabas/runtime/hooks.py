@@ -1,7 +1,9 @@
 """The trainer's typed extension points: controllers, the epoch-end hook, callbacks.
 
 ``trainer`` arguments are ``hpc_jabas.runtime.trainer.Trainer`` (typed ``Any`` here so that this
-module, which the trainer imports, does not import it back).
+module, which the trainer imports, does not import it back). What controllers, hooks and callbacks may
+read of it is ``TrainerView``; tests fake a trainer with a class that has these attributes
+(tests/fake_trainer.py), and a test checks that the Trainer has every one of them.
 
 - ``Controller`` (a Protocol; ``runtime.controller.BaseController`` implements it): called on
   every rank after every iteration; on its decision rounds it runs the decision protocol
@@ -16,12 +18,70 @@ module, which the trainer imports, does not import it back).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Literal, Protocol, runtime_checkable
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from hpc_jabas.core.decision import Decision, MoveDecision
+from hpc_jabas.core.plan import Plan
+
+if TYPE_CHECKING:
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.sampler import HeterogeneousSampler
 
 SchedulerStep = Literal["epoch", "iteration"]
 SCHEDULER_STEPS: tuple[SchedulerStep, ...] = ("epoch", "iteration")
+
+
+class TrainerView(Protocol):
+    """What controllers, epoch-end hooks and callbacks may read of the trainer (every rank has them all).
+
+    ``Trainer`` satisfies it; the attributes are plain (no ``getattr`` probes needed). Writing to the
+    trainer is the trainer's business: decisions go through ``decisions`` and come back as a Decision."""
+
+    # the world
+    rank: int
+    world: int                                   # the rank count
+    gpu_types: list[str]                         # one per rank
+    device: Any                                  # this rank's torch.device
+    cfg: JobConfig
+    # the state in force (applied decisions)
+    iteration: int                               # iterations done
+    B: int
+    plan: Plan
+    lr_scale: float
+    sampler: HeterogeneousSampler                # epoch and cursor
+    decision_lead: int                           # a decision made now takes effect this many iterations later
+    # the planner the trainer built
+    planner_fn: Callable[[int, list[float] | None], Plan]
+    identical_b: bool                            # one micro-batch size on every rank (else per-rank b)
+    declared_speed_factors: list[float] | None   # the config's speeds relative to the perf model
+    # the parts around the loop
+    opt: Any                                     # the HeterogeneousOptimizer
+    controller: Controller | None
+    decisions: Any                               # the decision protocol (runtime/protocol.py DecisionChannel)
+    metrics: Any                                 # metrics.jsonl writer (rank 0; a no-op elsewhere): .write(dict)
+    run_dir: Path
+    resumed_from: str | None
+    last_checkpoint_time: float | None
+    moved_to: MoveDecision | None
+    samples_local: int                           # samples this rank computed in this job
+    compute_local_s: float
+
+    def perf_model(self) -> Any:
+        """The job's performance model (core/perfmodel.py), built on first use."""
+
+    def announced(self) -> tuple[int, Plan, float]:
+        """(B, plan, lr_scale) with every decision announced so far (pending ones included)."""
+
+    def b_trajectory(self) -> list[tuple[int, int]]:
+        """(iteration, B) at every change of B so far."""
+
+    def check_decision(self, d: Decision) -> None:
+        """Raise on a decision this trainer cannot apply."""
+
+    def noop_decision(self, reason: str = "") -> Decision:
+        """The decision that changes nothing, at the next iteration."""
 
 
 @runtime_checkable

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.jobspec import JobSpec, check_job_table
 from hpc_jabas.core.loader import load_callable
 from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger
@@ -45,13 +45,10 @@ def spec_from_file(path: str) -> JobSpec:
     from hpc_jabas.core.config import read_toml
     d = read_toml(p, "job file")
     job = d.pop("job", None)
+    if job is not None:
+        check_job_table(job, path)         # unknown keys, a value of the wrong type: one line (as submit says it)
     if not job or "task" not in job or "chain_dir" not in job:
         raise ConfigError(f"job file {path!r} needs a [job] table with task = 'module:callable' and chain_dir")
-    valid = ("task", "chain_dir", "method", "pythonpath", "python", "mix")
-    bad = [k for k in job if k not in valid]
-    if bad:
-        raise ConfigError(f"job file {path!r}: unknown [job] key {bad[0]!r} (valid: {', '.join(valid)}); "
-                          "training keys go in another table, e.g. [train]")
     where = "top level" if "run_dir" in d else next((f"[{k}]" for k, v in d.items() if isinstance(v, dict)
                                                       and k not in ("autoscale", "slowdown") and "run_dir" in v), None)
     if where is not None:      # a chain's run directory is <chain_dir>/run: a run_dir here would be ignored
@@ -59,7 +56,8 @@ def spec_from_file(path: str) -> JobSpec:
                           f"is <chain_dir>/run; remove run_dir, or give the job its own chain_dir")
     return JobSpec(task=job["task"], config=d, chain_dir=str(Path(job["chain_dir"]).resolve()),
                    mix=job.get("mix") or {"unknown": 1}, method=job.get("method", "sbatch"),
-                   pythonpath=job.get("pythonpath", []), python=job.get("python"))
+                   pythonpath=[pp] if isinstance(pp := job.get("pythonpath", []), str) else list(pp),
+                   python=job.get("python"))
 
 
 def current_mix(comm) -> dict[str, int]:
@@ -69,8 +67,21 @@ def current_mix(comm) -> dict[str, int]:
 
 
 def run_job(spec: JobSpec | dict) -> dict | None:
+    """The job on this rank (srun's ``python -m hpc_jabas.runtime.launch`` and submitit's entry point alike).
+    An exception other than a JabasError (which says why in one line) is recorded in the chain first
+    (``record_error``): the failure path reads it."""
     if isinstance(spec, dict):
         spec = JobSpec.from_dict(spec)
+    try:
+        return _run_job(spec)
+    except JabasError:
+        raise
+    except Exception as e:                     # the user's code (or ours) failed: the traceback follows
+        record_error(spec, e)
+        raise
+
+
+def _run_job(spec: JobSpec) -> dict | None:
     for p in spec.pythonpath:
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -78,9 +89,11 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     from hpc_jabas.runtime import comm
     from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
     from hpc_jabas.runtime.safepoint import stop_signals
+    from hpc_jabas.runtime.task import Task
     from hpc_jabas.runtime.trainer import Trainer
     stop_signals().install()                       # from here on a stop signal is a flag (safe points)
-    parts = load_callable(spec.task, "task")()     # before Horovod's background thread starts polling
+    # before Horovod's background thread starts polling; a Task or the older dict, checked (one line, exit 2)
+    task = Task.from_parts(load_callable(spec.task, "task")(), spec.task)
     comm.init()
     rank = comm.rank()
     mix = current_mix(comm)
@@ -98,9 +111,9 @@ def run_job(spec: JobSpec | dict) -> dict | None:
     hook = EpochEndAutoscaler(spec, submit_fn=submit_fn, job_id=job_id)
     t0 = time.time()
     restart = RestartOverheadCallback(spec.chain_dir, job_id, hook, trainer_start=t0)
-    tr = Trainer(parts["model"], parts["optimizer"], parts["dataset"], parts["loss_fn"], config=cfg,
-                 scheduler=parts.get("scheduler"), eval_fn=parts.get("eval_fn"), epoch_end_hook=hook,
-                 scheduler_step=parts.get("scheduler_step", "epoch"), callbacks=[restart])
+    kw = task.trainer_kwargs()
+    kw["callbacks"] = [restart, *kw["callbacks"]]
+    tr = Trainer(task.model, task.optimizer, task.dataset, task.loss_fn, config=cfg, epoch_end_hook=hook, **kw)
     from hpc_jabas.runtime.dirlock import lock_on_rank0
     wait_s = _predecessor_wait(spec.chain_dir, job_id) if rank == 0 else 0.0
     lock_on_rank0(spec.chain_dir, rank, "chain directory", wait_s=wait_s)    # one job of a chain at a time
@@ -185,6 +198,20 @@ def requeue_after_stop(spec: JobSpec, job_id: str, mix: dict[str, int], stopped:
     return {"requeued": True, "to_job": str(new_id), "reason": reason}
 
 
+def record_error(spec: JobSpec, exc: BaseException) -> None:
+    """This rank's exception that ends the job, as a chain event ``error`` with its signature (type, message,
+    innermost frame): the failure path (``resubmit_after_failure``) does not resubmit the same error twice.
+    Never masks the exception itself."""
+    job_id = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
+    rank = next((os.environ[k] for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+                 if os.environ.get(k)), "0")
+    try:
+        chainlog.append(spec.chain_dir, "error", job_id=job_id, rank=int(rank),
+                        signature=chainlog.failure_signature(exc))
+    except (OSError, ValueError, JabasError) as e:
+        log.warning("the error could not be recorded in the chain (%s)", e)
+
+
 def failure_backoff_s(attempt: int) -> float:
     """Seconds to wait before the ``attempt``-th resubmission of a failed job (1, 2, ...)."""
     return min(60.0, 5.0 * 2 ** (attempt - 1))
@@ -195,7 +222,10 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
     """The batch shell of a method-"sbatch" job whose srun failed (a killed rank, a lost node): unless the job
     ended on its own (an ``end`` event), submit its successor onto the same mix, to resume from the last good
     checkpoint, after a backoff, at most ``max_failures`` times per chain. Chain events: ``end`` (state
-    failed, the iterations lost since that checkpoint) and ``requeue`` (reason failure). The new job id, or None."""
+    failed, the iterations lost since that checkpoint, the error's ``signature`` that a rank recorded, see
+    ``record_error``) and ``requeue`` (reason failure). Not resubmitted when the chain's previous failure had
+    the same signature (the same exception type and message at the same place: it would fail again); the
+    ``end`` event then says why (``message``). The new job id, or None."""
     from hpc_jabas.errors import CheckpointError
     from hpc_jabas.runtime import checkpoint as ckpt
     from hpc_jabas.slurm.cluster import mix_from_env
@@ -219,8 +249,19 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
         found = None
     at = int(found[0]["iteration"]) if found else 0
     lost = max(0, (max(its) + 1 if its else 0) - at)
-    chainlog.append(spec.chain_dir, "end", job_id=job_id, state="failed", exit_code=rc, iteration=at,
-                    lost_iterations=lost)
+    started = _started(ev, job_id)
+    sig = chainlog.job_failure_signature(ev, job_id, since=started)     # None: no rank said (killed, node lost)
+    end = {"job_id": job_id, "state": "failed", "exit_code": rc, "iteration": at, "lost_iterations": lost,
+           "signature": sig}
+    same = chainlog.repeated_failure(ev, sig, before=started)
+    if same is not None:                 # the same error at the same place as the failure before: not again
+        msg = (f"job {job_id} failed (exit {rc}) of the same error as job {same.get('job_id')} before it "
+               f"({chainlog.signature_text(sig or {})}): not resubmitted, it would fail again; fix it and submit "
+               f"again (the checkpoint at iteration {at} is kept)")
+        chainlog.append(spec.chain_dir, "end", **end, resubmitted=False, message=msg)
+        log.error("%s", msg)
+        return None
+    chainlog.append(spec.chain_dir, "end", **end)
     if failures >= slurm_option(spec, "max_failures"):
         log.error("job %s failed (exit %s); the chain has been resubmitted after %d failures already "
                   "(max_failures): not again; the checkpoint at iteration %d is kept", job_id, rc, failures, at)
@@ -233,7 +274,7 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
                                                                                f"--exclude={','.join(bad)}"]})
     new_id = (submit or submit_job)(spec.with_mix(mix))
     chainlog.append(spec.chain_dir, "requeue", from_job=job_id, to_job=new_id, reason="failure", exit_code=rc,
-                    excluded=bad,
+                    excluded=bad, signature=sig,
                     iteration=at, lost_iterations=lost, attempt=failures + 1, method=spec.method,
                     checkpoint_time=(found[1].stat().st_mtime if found else time.time()))
     log.warning("job %s failed (exit %s): resubmitted as %s from the checkpoint at iteration %d (%d iterations "
@@ -335,7 +376,7 @@ def main(argv=None) -> int:
     try:
         out = run_job(spec_from_file(argv[0]))
     except JabasError as e:
-        if not getattr(e, "quiet", False):     # rank 0 has said it already
+        if not e.quiet:                        # rank 0 has said it already
             log.error("%s", e)
         return 2
     if out and (out.get("requeue") or {}).get("message"):

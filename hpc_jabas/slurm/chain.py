@@ -1,13 +1,15 @@
 """The resubmission chain's record: chain.jsonl in the chain directory (append-only, one event a line).
 
 Events: submit (job id, mix, by whom), start (job id, mix, world, epoch, iteration, wall time),
-move (from job, to job, new mix, epoch, checkpoint time), end (job id, epochs, wall_s, cost).
+move (from job, to job, new mix, epoch, checkpoint time), end (job id, epochs, wall_s, cost), error (a rank's
+exception that ended the job: its ``signature``, see ``failure_signature``).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+import traceback
 from pathlib import Path
 
 from hpc_jabas.errors import ConfigError
@@ -84,3 +86,43 @@ def summarize(events: list[dict]) -> list[dict]:
                 j.update(epochs=e.get("epochs"), wall_s=e.get("wall_s"), cost=e.get("cost"),
                          state=j.get("state") if j.get("state") == "moved" else e.get("state", "finished"))
     return [jobs[j] for j in order]
+
+
+#: a failure signature's message is cut to this many characters
+SIGNATURE_MESSAGE_CHARS = 300
+
+
+def failure_signature(exc: BaseException) -> dict:
+    """What identifies a deterministic error: the exception's type, its message (one line) and the innermost
+    frame of its traceback (file:line) -- the same three for the same bug on the same input."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    message = " ".join(str(exc).split())[:SIGNATURE_MESSAGE_CHARS]
+    return {"type": f"{type(exc).__module__}.{type(exc).__qualname__}", "message": message, "where": where}
+
+
+def signature_text(sig: dict) -> str:
+    return f"{sig.get('type')}: {sig.get('message')} at {sig.get('where')}"
+
+
+def job_failure_signature(events: list[dict], job_id: str, since: float = 0.0) -> dict | None:
+    """The signature of the error that ended this run of the job (its first ``error`` event since ``since``,
+    its start): the rank that failed first. None when no rank reported one (a killed rank, a lost node)."""
+    for e in events:
+        if (e.get("event") == "error" and str(e.get("job_id")) == str(job_id)
+                and float(e.get("time", 0)) >= since and isinstance(e.get("signature"), dict)):
+            return e["signature"]
+    return None
+
+
+def repeated_failure(events: list[dict], signature: dict | None, before: float) -> dict | None:
+    """The chain's previous failure (its last ``end`` event with state failed, recorded before ``before``) when
+    it had the same signature: the same error at the same place again, which a resubmission would repeat.
+    None otherwise (no signature, no earlier failure, or a different one)."""
+    if not signature:
+        return None
+    failed = [e for e in events if e.get("event") == "end" and e.get("state") == "failed"
+              and float(e.get("time", 0)) < before]
+    if failed and failed[-1].get("signature") == signature:
+        return failed[-1]
+    return None

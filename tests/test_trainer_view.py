@@ -1,0 +1,63 @@
+"""TrainerView (runtime/hooks.py): the one list of what controllers, hooks and callbacks may read of the
+trainer. The real Trainer and the tests' fake (tests/fake_trainer.py) both have every attribute and method,
+and the controller reads them plainly (no getattr probes)."""
+import ast
+import inspect
+from pathlib import Path
+
+from fake_trainer import FakeTrainer
+
+from hpc_jabas.runtime.hooks import TrainerView
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def view_names() -> tuple[set[str], set[str]]:
+    """(attributes, methods) that TrainerView declares."""
+    attrs = set(TrainerView.__annotations__)
+    methods = {n for n, v in vars(TrainerView).items() if inspect.isfunction(v) and not n.startswith("_")}
+    return attrs, methods
+
+
+def trainer_instance_attributes() -> set[str]:
+    """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods (the Trainer cannot be built without a
+    Horovod world, so its attributes are read from its source)."""
+    from hpc_jabas.runtime import trainer
+    tree = ast.parse(Path(trainer.__file__).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
+    out = set()
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for t in targets:
+            for e in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+                    out.add(e.attr)
+    return out
+
+
+def test_the_view_lists_what_the_runtime_reads():
+    attrs, methods = view_names()
+    assert {"rank", "world", "iteration", "B", "plan", "gpu_types", "cfg", "metrics", "identical_b",
+            "declared_speed_factors", "decision_lead", "sampler", "planner_fn"} <= attrs
+    assert {"perf_model", "announced", "b_trajectory", "check_decision", "noop_decision"} <= methods
+
+
+def test_the_real_trainer_has_every_attribute_and_method_of_the_view():
+    from hpc_jabas.runtime.trainer import Trainer
+    attrs, methods = view_names()
+    assert attrs - trainer_instance_attributes() == set()
+    assert {m for m in methods if not callable(getattr(Trainer, m, None))} == set()
+
+
+def test_the_fake_trainer_has_every_attribute_and_method_of_the_view():
+    attrs, methods = view_names()
+    fake = FakeTrainer()
+    assert {a for a in attrs if not hasattr(fake, a)} == set()
+    assert {m for m in methods if not callable(getattr(fake, m, None))} == set()
+    assert fake.noop_decision("x").kind == "noop" and fake.announced()[0] == fake.B
+
+
+def test_the_controller_reads_the_trainer_without_getattr_probes():
+    src = (ROOT / "hpc_jabas" / "runtime" / "controller.py").read_text()
+    assert "getattr(trainer" not in src and "getattr(cfg" not in src
