@@ -1,4 +1,4 @@
-"""Online calibration on 3 emulated Horovod ranks (issue 23): a rank slowed 2x without telling the
+"""Online calibration on 3 emulated Horovod ranks: a rank slowed 2x without telling the
 planner (an injected, unannounced slowdown) is calibrated to the true factor within 5%; the others
 stay at 1; predicted vs measured iteration time is in metrics.jsonl; the calibration survives a
 checkpoint and resume exactly."""
