@@ -14,3 +14,12 @@ N, LR, OPT = 240, 0.01, "adam"
 def build():
     model = make_model()
     return hpc_jabas.Task(model, make_optimizer(OPT, model.parameters(), LR), make_data(N), nn.CrossEntropyLoss())
+
+
+def build_loader():
+    """The same run fed by a DataLoader with 2 worker processes (the commonest real job): the workers get
+    Slurm's TERM too, and must not kill the ranks before their safe point."""
+    import torch
+    task = build()
+    task.dataset = torch.utils.data.DataLoader(task.dataset, num_workers=2, persistent_workers=True)
+    return task

@@ -303,3 +303,14 @@ def test_requeue_restarts_the_job_and_sacct_sees_it(slurm_cluster, slurm_tmp):
     finally:
         slurm_cluster.cancel(jid)
     assert slurm_cluster.wait_state(jid, timeout=30).startswith("CANCELLED")
+
+
+def test_hidden_partition_is_not_offered():
+    """A Hidden partition (the local cluster's higher-tier "urgent" over the rtx2060 node, as a site's
+    preemptor or admin queue) is listed to root by scontrol, but the view, and so the auto-scaler, skips it."""
+    nodes = [_node("r1", "gpu:rtx2060:4", parts="rtx2060,urgent")]
+    parts = [_part("rtx2060", "r1"), _part("urgent", "r1") + " PriorityTier=10 Hidden=YES"]
+    v = cluster.build_view(nodes, parts)
+    assert v.types == {"rtx2060": "rtx2060"} and v.partition("rtx2060").gpus_free == 4
+    shown = cluster.build_view(nodes, [_part("rtx2060", "r1"), _part("urgent", "r1") + " Hidden=NO"])
+    assert shown.types == {"rtx2060": "rtx2060", "urgent": "rtx2060"}

@@ -182,7 +182,8 @@ def build_view(node_lines: Iterable[str], part_lines: Iterable[str], gres_used: 
         if not line.strip():
             continue
         d = parse_oneliner(line)
-        if d.get("PartitionName"):
+        # a Hidden partition (root sees it anyway) is the site's, not the job's: never offered to the auto-scaler
+        if d.get("PartitionName") and (d.get("Hidden") or "NO").upper() != "YES":
             pdefs[d["PartitionName"]] = d
 
     mapping: dict[str, str] = {}

@@ -93,6 +93,10 @@ gen_configs() {  # gen_configs DIR
     echo "MpiDefault=pmix"
     echo "ReturnToService=2"
     echo "JobRequeue=1"
+    # Real preemption (tests/test_preemption.py): a job of a higher PriorityTier partition preempts the jobs of
+    # the GPU partitions on its nodes; they get TERM, GraceTime seconds to checkpoint, and are requeued.
+    echo "PreemptType=preempt/partition_prio"
+    echo "PreemptMode=REQUEUE"
     echo "DefMemPerNode=$JABAS_DEF_MEM_MB"
     echo "KillWait=5"
     echo "MinJobAge=600"
@@ -119,9 +123,14 @@ gen_configs() {  # gen_configs DIR
       nodes=$(IFS=,; echo "${pnodes[*]}")
       w=${JABAS_GPU_WEIGHT[$p]}
       local def=NO; [[ $p == "$JABAS_DEFAULT_PARTITION" ]] && def=YES
-      echo "PartitionName=$p Nodes=$nodes Default=$def MaxTime=INFINITE State=UP" \
+      echo "PartitionName=$p Nodes=$nodes Default=$def MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30" \
            "TRESBillingWeights=\"CPU=0.0,GRES/gpu=$w\""
     done
+    # "urgent": the higher tier on the rtx2060 node, hidden (sinfo/scontrol and so the auto-scaler do not list it)
+    pnodes=()
+    for n in "${JABAS_NODES[@]}"; do [[ $(jnode_field "$n" 1) == rtx2060 ]] && pnodes+=("$(jnode_name "$n")"); done
+    echo "PartitionName=urgent Nodes=$(IFS=,; echo "${pnodes[*]}") Default=NO MaxTime=INFINITE State=UP" \
+         "PriorityTier=10 Hidden=YES PreemptMode=OFF"
   } > "$out/slurm.conf"
   {
     echo "# Fake typed GPUs: File= must stat as a character device, so these are links to /dev/null."
