@@ -1,5 +1,6 @@
 """The runtime's choice of plan kind and its use of declared speeds, without Horovod ranks:
-runtime/planning.py builds the trainer's planner from the config, the model and the GPU types."""
+core/planning/planner.py (make_planner) builds the trainer's planner from the config, the model's
+batch-coupled layers (runtime/batchnorm.py) and the GPU types."""
 from __future__ import annotations
 
 import types
@@ -9,8 +10,9 @@ import torch
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, job_perf_model
+from hpc_jabas.core.planning import make_planner
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.planning import batch_coupled_layers, default_planner
+from hpc_jabas.runtime.batchnorm import batch_coupled_layers
 
 
 def planner_of(model: torch.nn.Module, gpu_types: list[str], **cfg):
@@ -22,8 +24,9 @@ def planner_of(model: torch.nn.Module, gpu_types: list[str], **cfg):
         if "m" not in pm:
             pm["m"] = job_perf_model(c, gpu_types)
         return pm["m"]
-    fn, identical, declared = default_planner(c, model, gpu_types, perf_model)
-    return fn, types.SimpleNamespace(identical_b=identical, declared_speed_factors=declared, perf_model=perf_model)
+    planner = make_planner(c, gpu_types, perf_model, batch_coupled_layers(model))
+    return planner.plan, types.SimpleNamespace(identical_b=planner.identical_b,
+                                               declared_speed_factors=planner.declared_factors, perf_model=perf_model)
 
 
 def mlp(batchnorm: bool = False) -> torch.nn.Module:
@@ -61,7 +64,7 @@ def test_declared_speeds_change_the_optimal_plan(identical):
     assert plain.xs[0] == plain.xs[1] == plain.xs[2] or max(plain.xs) - min(plain.xs) <= max(plain.bs)
     assert declared.xs[0] > declared.xs[1] > declared.xs[2]
     # the same plan as handing the planner the factors directly; balancing factors multiply them
-    from hpc_jabas.core.planner import plan_batch
+    from hpc_jabas.core.planning import plan_batch
     m = t.perf_model()
     assert declared == plan_batch(448, same, m, speed_factors=[1.0, 0.5, 0.25], per_rank=identical == "false")
     assert fn(448, [0.25, 1.0, 1.0]) == plan_batch(448, same, m, speed_factors=[0.25, 0.5, 0.25],
