@@ -89,3 +89,23 @@ def test_lbbsp_per_rank_is_plain_lbbsp_within_memory_caps():
     p = fn(700)
     assert p.xs == (400, 200, 100) and p.n[0] == 1 and p.n[1] == 1
     assert p.n[2] == 2 and max(p.micro_sizes(2)) <= 96       # the rtx2060's memory cap forces two
+
+
+def test_make_planner_plans_and_gives_the_controllers_batch_space():
+    from hpc_jabas.core.planning import job_batch_space, plan_batch
+    c = JobConfig(batch=480, batch_min=240, batch_max=960).validate()
+    pm = job_perf_model(c, MIX)
+    p = make_planner(c, MIX, pm)
+    assert not p.identical_b and p.declared_factors is None
+    assert p.plan(480) == plan_batch(480, MIX, pm, per_rank=True)
+    assert p.batch_space(c.B_min, c.B_max).table() == job_batch_space(c, MIX, pm, per_rank=True).table()
+
+
+def test_lbbsp_refuses_declared_speeds_that_do_not_fit_the_ranks():
+    from hpc_jabas.core.planning import lbbsp_speeds
+    c = JobConfig(batch=480, planner="lbbsp", speeds=[1.0, 0.5]).validate()
+    with pytest.raises(ConfigError) as e:
+        make_planner(c, MIX, lambda: job_perf_model(c, MIX))
+    assert "2 values" in str(e.value) and "3 ranks" in str(e.value) and "\n" not in str(e.value)
+    # another mix, priced by the auto-scaler: the catalog's speeds
+    assert lbbsp_speeds(MIX, [1.0, 0.5]) == lbbsp_speeds(MIX)

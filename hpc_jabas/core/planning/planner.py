@@ -72,10 +72,16 @@ def wants_identical_b(cfg: Any, coupled_layers: Sequence[str] = ()) -> bool:
     return mode == "true" or bool(cfg.micro_batch) or bool(coupled_layers)
 
 
-def lbbsp_speeds(gpus: Sequence[str], speeds: Sequence[float] | None = None) -> list[float]:
-    """The speeds the lbbsp planner splits B by: the declared ones when they fit, else the catalog's."""
+def lbbsp_speeds(gpus: Sequence[str], speeds: Sequence[float] | None = None, *, strict: bool = False) -> list[float]:
+    """The speeds the lbbsp planner splits B by: the declared ones when they fit, else the catalog's.
+
+    ``strict``: declared speeds that do not fit the ranks are an error (the job's own ranks), not
+    replaced by the catalog's (another mix, priced by the auto-scaler)."""
     if speeds and len(speeds) == len(gpus):
         return [float(s) for s in speeds]
+    if speeds and strict:
+        raise ConfigError(f"speeds lists {len(speeds)} values but the job has {len(gpus)} ranks; "
+                          "give one speed per rank")
     return [catalog.get(g).relative_speed for g in gpus]
 
 
@@ -191,7 +197,8 @@ class OptimalPlanner(_JobPlanner):
 
 def make_planner(cfg: Any, gpu_types: Sequence[str], perf_model: ModelSource, coupled_layers: Sequence[str] = (),
                  *, plan_fn: PlannerFn | None = None, identical_b: bool | None = None,
-                 speed_factors: Sequence[float] | None | Literal["declared"] = "declared") -> Planner:
+                 speed_factors: Sequence[float] | None | Literal["declared"] = "declared",
+                 strict_speeds: bool = True) -> Planner:
     """The job's planner (module docstring): ``cfg`` gives planner, micro_batch, speeds, plan,
     identical_micro_batch and emulate; ``gpu_types`` one type per rank; ``perf_model`` the model or a
     function that builds it (called only by the kinds that need it).
@@ -201,6 +208,8 @@ def make_planner(cfg: Any, gpu_types: Sequence[str], perf_model: ModelSource, co
     user's own); the kind then only gives the batch space, no check runs, plans count as identical b
     and no declared factors apply unless given. ``identical_b`` / ``speed_factors``: the plan kind and
     the declared speed factors when already known (the controller's and the auto-scaler's spaces).
+    ``strict_speeds``: lbbsp refuses declared speeds that do not fit ``gpu_types`` (False: it uses
+    the catalog's speeds then, for a mix other than the job's).
     """
     kind = getattr(cfg, "planner", "optimal")
     mb = getattr(cfg, "micro_batch", None)
@@ -219,7 +228,7 @@ def make_planner(cfg: Any, gpu_types: Sequence[str], perf_model: ModelSource, co
             fixed = Plan.parse(cfg.plan)
         return FixedPlanner(fixed, types, perf_model, identical_b, None, plan_fn)
     if kind == "lbbsp":
-        speeds = None if custom else lbbsp_speeds(types, getattr(cfg, "speeds", None))
+        speeds = None if custom else lbbsp_speeds(types, getattr(cfg, "speeds", None), strict=strict_speeds)
         return LbbspPlanner(mb or 1, speeds, types, perf_model, identical_b, given, plan_fn)
     if speed_factors == "declared" and not custom:
         pm = perf_model if isinstance(perf_model, PerfModel) else perf_model()
@@ -244,5 +253,5 @@ def job_batch_space(cfg: Any, gpus: Sequence[str], model: PerfModel, plan_fn: Ca
     fn: PlannerFn | None = None if one is None else (lambda B, factors=None: one(B))
     # lbbsp's default plan is the identical-b split in micro-batch units whatever per_rank says
     identical = not per_rank or kind == "lbbsp"
-    return make_planner(cfg, gpus, model, plan_fn=fn, identical_b=identical,
-                        speed_factors=speed_factors).batch_space(cfg.B_min, cfg.B_max)
+    return make_planner(cfg, gpus, model, plan_fn=fn, identical_b=identical, speed_factors=speed_factors,
+                        strict_speeds=False).batch_space(cfg.B_min, cfg.B_max)
