@@ -217,7 +217,8 @@ def make_planner(cfg: Any, gpu_types: Sequence[str], perf_model: ModelSource, co
     custom = plan_fn is not None
     if identical_b is None:
         identical_b = True if custom else wants_identical_b(cfg, coupled_layers)
-    given = None if speed_factors == "declared" else (list(speed_factors) if speed_factors else None)
+    derive = isinstance(speed_factors, str)          # "declared": from cfg.speeds (optimal only)
+    given = None if isinstance(speed_factors, str) or not speed_factors else list(speed_factors)
     if kind == "fixed":
         fixed = None
         if not custom:
@@ -230,7 +231,7 @@ def make_planner(cfg: Any, gpu_types: Sequence[str], perf_model: ModelSource, co
     if kind == "lbbsp":
         speeds = None if custom else lbbsp_speeds(types, getattr(cfg, "speeds", None), strict=strict_speeds)
         return LbbspPlanner(mb or 1, speeds, types, perf_model, identical_b, given, plan_fn)
-    if speed_factors == "declared" and not custom:
+    if derive and not custom:
         pm = perf_model if isinstance(perf_model, PerfModel) else perf_model()
         given = declared_speed_factors(getattr(cfg, "speeds", None), types, pm)
     return OptimalPlanner(mb, types, perf_model, identical_b, given, plan_fn)
