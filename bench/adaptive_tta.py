@@ -254,7 +254,7 @@ def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]
     import json
 
     from hpc_jabas.core.perfmodel import PerfModel
-    from hpc_jabas.core.plan import Plan
+    from hpc_jabas.core.planning import Plan
     rows: dict[tuple[int, str], list[float]] = {}
     modelled: dict[int, float] = {}
     try:

@@ -6,7 +6,7 @@ a ResNet-50-like V100 at ~390 images/s; ResNet-50-sized gradients, 10 GB/s allre
 of a mix is priced like ``autoscale.epoch_time_fn``: each forecast period's B is snapped to a B = b * M
 the optimal planner realises on the mix (every rank runs: M >= #GPUs), nearest the forecast, near-ties
 (2.5%) to the higher throughput, and priced by the planner's exact makespan
-(``planner_solve.makespan_all`` on the rank groups) plus the allreduce tail. It differs from
+(``planning.slots.makespan_all`` on the rank groups) plus the allreduce tail. It differs from
 ``epoch_time_fn`` in working on the groups instead of 4,096 per-rank plans (which take seconds per mix
 at this size) and in its b candidates (8..512). The search bound is ``mixsearch.perf_bound`` of the same
 model; the bench checks that it holds on sampled mixes. Decisions: the four objectives from two current
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hpc_jabas.core import autoscale, mixsearch  # noqa: E402
 from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
-from hpc_jabas.core.planner_solve import makespan_all  # noqa: E402
+from hpc_jabas.core.planning.slots import makespan_all  # noqa: E402
 
 TYPES8 = ["v100", "p100", "a100", "h100", "rtx3090", "titan-rtx", "rtx2060", "l40s"]
 B_LIST = [8, 16, 32, 64, 128, 256, 512]

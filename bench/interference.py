@@ -47,9 +47,10 @@ from torch import nn  # noqa: E402
 from hpc_jabas.core import gpus  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
-from hpc_jabas.runtime import comm, profiler  # noqa: E402
+from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.emulate import Emulator  # noqa: E402
-from hpc_jabas.runtime.profiling.load import check_bundle  # noqa: E402
+from hpc_jabas.runtime.profiling.compute import measure_compute  # noqa: E402
+from hpc_jabas.runtime.profiling.load import check_bundle, grad_bytes  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -187,11 +188,11 @@ def hog_setup():
     """Pin, profile every rank (hog off), then rank 0 again with the hog on. Saved as the job's profiles."""
     os.sched_setaffinity(0, {0} if rank == 0 else {min(1, NCPU - 1)})
     m, loss, sample, _ = real_bundle()
-    off = profiler.measure_compute(check_bundle((m, loss, sample)), [4, 8, 16], warmup=3, repeats=15)
+    off = measure_compute(check_bundle((m, loss, sample)), [4, 8, 16], warmup=3, repeats=15)
     log = tempfile.mktemp(prefix="hj-hog-cal-")
     p = hog_start([[30.0, 0.0]], log) if rank == 0 else None
     time.sleep(0.3)
-    on = profiler.measure_compute(check_bundle(real_bundle()[:3]), [b], warmup=3, repeats=15)
+    on = measure_compute(check_bundle(real_bundle()[:3]), [b], warmup=3, repeats=15)
     if p is not None:
         p.kill()
         p.wait()
@@ -203,7 +204,7 @@ def hog_setup():
         profs = {TYPES[i]: ComputeProfile(gpu=TYPES[i], b=e[0], t=e[1], update_s=e[2], max_b=1024, emulated=False,
                                           source=f"measured: real CPU compute of rank {i}")
                  for i, e in enumerate(every)}
-        PerfModel(profs, grad_bytes=profiler.grad_bytes(m)).save(d)
+        PerfModel(profs, grad_bytes=grad_bytes(m)).save(d)
     comm.allgather_object(None, name="if.saved")
     k = every[0][0].index(b)
     HOG_STATE.update(dir=d, t_off=[e[1][k] for e in every], t0_on=every[0][3])

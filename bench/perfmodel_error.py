@@ -88,9 +88,11 @@ def child(R: int) -> None:
 
     from hpc_jabas.core.config import JobConfig
     from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel
-    from hpc_jabas.core.plan import Plan
-    from hpc_jabas.runtime import comm, profiler
-    from hpc_jabas.runtime.profiling.load import check_bundle
+    from hpc_jabas.core.planning import Plan
+    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.profiling.allreduce import fit_allreduce, measure_allreduce
+    from hpc_jabas.runtime.profiling.compute import measure_compute
+    from hpc_jabas.runtime.profiling.load import check_bundle, grad_bytes
     from hpc_jabas.runtime.trainer import Trainer
 
     torch.set_num_threads(1)
@@ -104,13 +106,13 @@ def child(R: int) -> None:
             print(msg, flush=True)
 
     # 1. profile: every rank at once, pooled
-    meas = profiler.measure_compute(check_bundle(profile_bundle()), PROFILED, warmup=2, repeats=7)
+    meas = measure_compute(check_bundle(profile_bundle()), PROFILED, warmup=2, repeats=7)
     every = comm.allgather_object((meas.t, meas.update_s), name="pm.prof")
     t_pool = [statistics.median(e[0][k] for e in every) for k in range(len(PROFILED))]
     upd = statistics.median(e[1] for e in every)
-    grad = profiler.grad_bytes(make_model())
+    grad = grad_bytes(make_model())
     if R > 1:
-        ar = profiler.fit_allreduce(profiler.measure_allreduce([64 << 10, 1 << 20, 4 << 20, grad], repeats=10))
+        ar = fit_allreduce(measure_allreduce([64 << 10, 1 << 20, 4 << 20, grad], repeats=10))
     else:
         from hpc_jabas.core.perfmodel import AllreduceModel
         ar = AllreduceModel()

@@ -9,7 +9,7 @@ ratio; the PerfModel.emulated defaults; --base-s / --per-sample-s change them) a
 digits MLP (examples/models.py) with the real Trainer (planner="fixed").
 
 Fit once, then predict:
-  1. profile (hpc_jabas.runtime.profiler; saved with PerfModel.save and read back with PerfModel.load):
+  1. profile (hpc_jabas.runtime.profiling; saved with PerfModel.save and read back with PerfModel.load):
      the model's real compute on this CPU (rank 0 alone: it must stay below the emulated
      times, and gives update_s); the emulated profiles of the 3 types with the same base_s /
      per_sample_s as the run, plus the emulation overhead per micro-batch (sleep overshoot +
@@ -50,11 +50,16 @@ from torch import nn  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
-from hpc_jabas.core.plan import Plan  # noqa: E402
-from hpc_jabas.runtime import (  # noqa: E402
-    comm,
-    profiler,  # noqa: E402
+from hpc_jabas.core.planning import Plan  # noqa: E402
+from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.profiling.allreduce import fit_allreduce, measure_allreduce  # noqa: E402
+from hpc_jabas.runtime.profiling.compute import measure_compute  # noqa: E402
+from hpc_jabas.runtime.profiling.emulated import (  # noqa: E402
+    EmulationOverhead,
+    emulated_profile,
+    measure_emulation_overhead,
 )
+from hpc_jabas.runtime.profiling.load import grad_bytes, load_model  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 ap = argparse.ArgumentParser(description="perf-model error: predicted vs measured iteration time")
@@ -86,28 +91,28 @@ def say(msg):
 
 
 # -- 1. profile --------------------------------------------------------------------------------
-bundle = profiler.load_model(MODEL)
-grad = profiler.grad_bytes(bundle.model)
+bundle = load_model(MODEL)
+grad = grad_bytes(bundle.model)
 meas = None
 for turn in range(3):                       # rank 0 measures the real compute alone
     if turn == rank == 0:
-        meas = profiler.measure_compute(profiler.load_model(MODEL), sorted({Plan.parse(p).b for p in PLANS}),
+        meas = measure_compute(load_model(MODEL), sorted({Plan.parse(p).b for p in PLANS}),
                                         warmup=2, repeats=7)
     comm.allgather_object(None, name=f"bench.turn{turn}")
-ov = profiler.measure_emulation_overhead(profiler.load_model(MODEL), TYPES[rank], base_s=BASE, per_sample_s=PER,
+ov = measure_emulation_overhead(load_model(MODEL), TYPES[rank], base_s=BASE, per_sample_s=PER,
                                          b_list=(2, 8, 32), warmup=2, repeats=15)
 ovs = comm.allgather_object(ov, name="bench.ov")
 # The overshoot is a property of this machine's scheduler, not of the type: pool the 3 ranks'
 # micro-batches (a burst of load that hits one rank's measurement window moves it little).
 pooled = max(statistics.median(x for o in ovs for x in o.excess), 0.0)
-ovs_used = [profiler.EmulationOverhead(o.gpu, pooled, o.per_b, o.threads) for o in ovs]
-samples = profiler.measure_allreduce(AR_SIZES + [grad], repeats=10)
-ar = profiler.fit_allreduce(samples)
+ovs_used = [EmulationOverhead(o.gpu, pooled, o.per_b, o.threads) for o in ovs]
+samples = measure_allreduce(AR_SIZES + [grad], repeats=10)
+ar = fit_allreduce(samples)
 run_dir = tempfile.mkdtemp(prefix="hj-bench-perfmodel-") if rank == 0 else None
 run_dir = comm.broadcast_object(run_dir, name="bench.rundir")
 prof_dir = os.path.join(run_dir, "profile")
 if rank == 0:   # written as `hpc-jabas profile` does, read back by every rank
-    profs = {o.gpu: profiler.emulated_profile(o.gpu, meas, base_s=BASE, per_sample_s=PER, overhead=o)
+    profs = {o.gpu: emulated_profile(o.gpu, meas, base_s=BASE, per_sample_s=PER, overhead=o)
              for o in ovs_used}
     PerfModel(profs, ar, grad, 0.0).save(prof_dir)
 comm.allgather_object(None, name="bench.saved")

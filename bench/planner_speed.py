@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
-from hpc_jabas.core.planner import plan_batch, plan_range, snap_batch  # noqa: E402
+from hpc_jabas.core.planning import plan_batch, plan_range, snap_batch  # noqa: E402
 
 TYPES = {"v100": 160, "p100": 160, "a100": 128, "h100": 64, "rtx3090": 128,
          "titan-rtx": 128, "titan-v": 128, "p4000": 128}

@@ -42,8 +42,7 @@ from torch import nn  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
-from hpc_jabas.core.plan import split_proportional  # noqa: E402
-from hpc_jabas.core.planner import plan_batch  # noqa: E402
+from hpc_jabas.core.planning import plan_batch, split_proportional  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.emulate import Emulator  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402

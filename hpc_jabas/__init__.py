@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
 from hpc_jabas.core.config import from_args as config_from_args
 from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.plan import Plan, proportional_plan
+from hpc_jabas.core.planning import Plan, proportional_plan
 from hpc_jabas.errors import (
     CheckpointError,
     ConfigError,

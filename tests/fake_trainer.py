@@ -8,7 +8,7 @@ from typing import Any
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
 
 

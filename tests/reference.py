@@ -2,7 +2,7 @@
 import torch
 from torch import nn
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
 
 

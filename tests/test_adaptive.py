@@ -56,8 +56,8 @@ def test_decisions_apply_everywhere_at_the_announced_iteration(tmp_path, policy,
         # the goodput policy chose the argmax of (B / t_iter(B)) * E(B) over what lbbsp realises here
         from hpc_jabas.core.config import JobConfig
         from hpc_jabas.core.perfmodel import job_perf_model
+        from hpc_jabas.core.planning import job_batch_space
         from hpc_jabas.core.policy import goodput
-        from hpc_jabas.core.snapping import job_batch_space
         cfg = JobConfig(batch=32, batch_min=16, batch_max=96, **{k: v for k, v in ADAPTIVE.items()
                                                                   if k not in ("batch_min", "batch_max")})
         gpus = ["v100"] * 3

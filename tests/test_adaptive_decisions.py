@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from hpc_jabas.core import gpus as catalog
 from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.planning import BatchSpace, optimal_space, snap_nearest
 from hpc_jabas.core.policy import GoodputPolicy, PolicyState, SimilarityPolicy
-from hpc_jabas.core.snapping import BatchSpace, optimal_space, snap_nearest
 from hpc_jabas.core.stats import NoiseWindow, noise_scale_terms
 
 B_LIST = [1, 2, 4, 8, 16, 32, 64, 128, 256]
@@ -48,7 +48,7 @@ def test_alternating_grow_shrink_follows_the_exact_product(kind, alpha):
             B = pol.decide(PolicyState(B=B, similarity=0.9), space).B      # above gamma: shrink
         want = B0 * ((1 + alpha) * (1 - alpha)) ** 20
         lo, hi = neighbours(space, want)
-        if space.grain:       # identical b, default candidates: the roundest B within 2.5% (snapping.py)
+        if space.grain:       # identical b, default candidates: the roundest B within 2.5% (planning/space.py)
             assert abs(B - want) <= 0.025 * want + 1, (kind, alpha, B0, B, want)
         else:
             assert B in (lo, hi), (kind, alpha, B0, B, want)
@@ -119,7 +119,7 @@ def test_issue_example_target_190_is_realised_alike():
     a = _space(["v100", "p100", "rtx2060"], 8, 24, 512)
     b = _space(["a100", "a100", "v100"], 8, 24, 512)
     for direction, B in (("grow", 152), ("shrink", 256)):
-        from hpc_jabas.core.snapping import snap_toward
+        from hpc_jabas.core.planning import snap_toward
         assert snap_toward(a, B, direction, 190.0).B == snap_toward(b, B, direction, 190.0).B == 192
 
 

@@ -18,10 +18,9 @@ from torch import nn
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.perfmodel import job_perf_model
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan, job_batch_space
 from hpc_jabas.core.policy import PolicyState, SimilarityPolicy
 from hpc_jabas.core.sampler import HeterogeneousSampler
-from hpc_jabas.core.snapping import job_batch_space
 
 GPUS = ["v100", "p100", "rtx2060"]
 SIM = {"gpu_types": GPUS, "emulate": True, "policy": "similarity", "p": 5, "batch": 64,

@@ -5,6 +5,7 @@ from fake_trainer import FakeTrainer
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.planning import BatchSpace, optimal_space
 from hpc_jabas.core.policy import (
     AUTO_LR_RULE,
     LinearScaling,
@@ -16,7 +17,6 @@ from hpc_jabas.core.policy import (
     make_policy,
     make_wd_rule,
 )
-from hpc_jabas.core.snapping import BatchSpace, optimal_space
 from hpc_jabas.errors import ConfigError
 
 

@@ -303,8 +303,7 @@ def _model():
 
 
 def test_forecast_is_snapped_so_mixes_are_feasible_with_micro_batch_set():
-    from hpc_jabas.core.planner import plan_batch
-    from hpc_jabas.core.snapping import job_batch_space, snap_nearest
+    from hpc_jabas.core.planning import job_batch_space, plan_batch, snap_nearest
     model = _model()
     fc = [70.4, 77.4, 85.2, 93.7]                      # a forecast: no multiple of b = 8 among them
     free = {"a100": 1, "v100": 2, "rtx2060": 3}
@@ -338,7 +337,7 @@ def test_forecast_is_snapped_so_mixes_are_feasible_with_micro_batch_set():
 
 
 def test_forecast_snapping_avoids_pricing_odd_B_at_tiny_micro_batches():
-    from hpc_jabas.core.planner import plan_batch
+    from hpc_jabas.core.planning import plan_batch
     model = _model()
     gl = ["v100", "v100", "rtx2060"]
     raw = plan_batch(131, gl, model)                    # 131 is prime: only b = 1 realises it

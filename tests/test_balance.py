@@ -8,8 +8,7 @@ import pytest
 
 from hpc_jabas.core.balance import Rebalancer, interpolate_plan
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.plan import Plan, proportional_plan
-from hpc_jabas.core.planner import plan_batch
+from hpc_jabas.core.planning import Plan, plan_batch, proportional_plan
 from hpc_jabas.core.predictor import RankPredictors
 from hpc_jabas.errors import ConfigError, StateError
 

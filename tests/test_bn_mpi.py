@@ -8,7 +8,7 @@ import torch
 from mpi_util import run_ranks
 from torch import nn
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))

@@ -5,7 +5,7 @@ import torch
 from mpi_util import run_ranks
 from reference import reference_run
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 
 
 def assert_params_close(dist_params, ref, rel=1e-5):

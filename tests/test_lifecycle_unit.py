@@ -38,7 +38,7 @@ def test_epoch_time_more_gpus_is_faster_and_consumes_the_epoch():
     t1, t3 = fn({"rtx2060": 1}), fn({"rtx2060": 3})
     assert t3 < t1
     # one rtx2060: 5 its of 64 + the rest at 128: exactly the model's iteration times
-    from hpc_jabas.core.planner import plan_batch
+    from hpc_jabas.core.planning import plan_batch
     g = ["rtx2060"]
     expect = (5 * model.iteration_time(plan_batch(64, g, model), g)
               + 6 * model.iteration_time(plan_batch(128, g, model), g))

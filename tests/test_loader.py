@@ -9,7 +9,7 @@ from mpi_util import run_ranks
 from reference import reference_run
 from test_equivalence import assert_params_close
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.data import HeterogeneousBatchSampler, check_input, loader_kwargs

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from test_sampler import per_rank_plans
 
-from hpc_jabas.core.plan import Plan, half_split
+from hpc_jabas.core.planning import Plan, half_split
 from hpc_jabas.core.stats import noise_scale_terms
 
 

@@ -10,7 +10,7 @@ from mpi_util import run_ranks
 from reference import make_data, make_model
 from torch import nn
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
 
 SIZES = [[5, 3], [7], [2, 4, 6]]            # as in the worker, rank-major global order

@@ -1,5 +1,6 @@
 """The runtime's choice of plan kind and its use of declared speeds, without Horovod ranks:
-runtime/planning.py builds the trainer's planner from the config, the model and the GPU types."""
+core/planning/planner.py (make_planner) builds the trainer's planner from the config, the model's
+batch-coupled layers (runtime/batchnorm.py) and the GPU types."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,9 @@ from fake_trainer import FakeTrainer
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, job_perf_model
+from hpc_jabas.core.planning import make_planner
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.planning import batch_coupled_layers, default_planner
+from hpc_jabas.runtime.batchnorm import batch_coupled_layers
 
 
 def planner_of(model: torch.nn.Module, gpu_types: list[str], **cfg):
@@ -21,9 +23,10 @@ def planner_of(model: torch.nn.Module, gpu_types: list[str], **cfg):
         if "m" not in pm:
             pm["m"] = job_perf_model(c, gpu_types)
         return pm["m"]
-    fn, identical, declared = default_planner(c, model, gpu_types, perf_model)
-    return fn, FakeTrainer(c, gpu_types=gpu_types, identical_b=identical, declared_speed_factors=declared,
-                           perf_model=perf_model, planner_fn=fn)
+    planner = make_planner(c, gpu_types, perf_model, batch_coupled_layers(model))
+    return planner.plan, FakeTrainer(c, gpu_types=gpu_types, identical_b=planner.identical_b,
+                                     declared_speed_factors=planner.declared_factors, perf_model=perf_model,
+                                     planner_fn=planner.plan)
 
 
 def mlp(batchnorm: bool = False) -> torch.nn.Module:
@@ -61,7 +64,7 @@ def test_declared_speeds_change_the_optimal_plan(identical):
     assert plain.xs[0] == plain.xs[1] == plain.xs[2] or max(plain.xs) - min(plain.xs) <= max(plain.bs)
     assert declared.xs[0] > declared.xs[1] > declared.xs[2]
     # the same plan as handing the planner the factors directly; balancing factors multiply them
-    from hpc_jabas.core.planner import plan_batch
+    from hpc_jabas.core.planning import plan_batch
     m = t.perf_model()
     assert declared == plan_batch(448, same, m, speed_factors=[1.0, 0.5, 0.25], per_rank=identical == "false")
     assert fn(448, [0.25, 1.0, 1.0]) == plan_batch(448, same, m, speed_factors=[0.25, 0.5, 0.25],
@@ -86,3 +89,23 @@ def test_lbbsp_per_rank_is_plain_lbbsp_within_memory_caps():
     p = fn(700)
     assert p.xs == (400, 200, 100) and p.n[0] == 1 and p.n[1] == 1
     assert p.n[2] == 2 and max(p.micro_sizes(2)) <= 96       # the rtx2060's memory cap forces two
+
+
+def test_make_planner_plans_and_gives_the_controllers_batch_space():
+    from hpc_jabas.core.planning import job_batch_space, plan_batch
+    c = JobConfig(batch=480, batch_min=240, batch_max=960).validate()
+    pm = job_perf_model(c, MIX)
+    p = make_planner(c, MIX, pm)
+    assert not p.identical_b and p.declared_factors is None
+    assert p.plan(480) == plan_batch(480, MIX, pm, per_rank=True)
+    assert p.batch_space(c.B_min, c.B_max).table() == job_batch_space(c, MIX, pm, per_rank=True).table()
+
+
+def test_lbbsp_refuses_declared_speeds_that_do_not_fit_the_ranks():
+    from hpc_jabas.core.planning import lbbsp_speeds
+    c = JobConfig(batch=480, planner="lbbsp", speeds=[1.0, 0.5]).validate()
+    with pytest.raises(ConfigError) as e:
+        make_planner(c, MIX, lambda: job_perf_model(c, MIX))
+    assert "2 values" in str(e.value) and "3 ranks" in str(e.value) and "\n" not in str(e.value)
+    # another mix, priced by the auto-scaler: the catalog's speeds
+    assert lbbsp_speeds(MIX, [1.0, 0.5]) == lbbsp_speeds(MIX)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from hpc_jabas.core import gpus
 from hpc_jabas.core.perfmodel import EMU_MEM_SAMPLES_PER_GB, AllreduceModel, ComputeProfile, PerfModel, emulated_time
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.errors import ConfigError
 
 
@@ -257,8 +257,8 @@ def test_load_errors(tmp_path):
 
 def test_perfmodel_is_pure():
     import hpc_jabas.core.perfmodel as pm
-    import hpc_jabas.core.planner as pl
-    import hpc_jabas.core.planner_solve as ps
+    import hpc_jabas.core.planning.identical as pl
+    import hpc_jabas.core.planning.slots as ps
     for mod in (pm, pl, ps):
         src = open(mod.__file__).read()
         for bad in ("import torch", "import horovod", "subprocess", "import time", "from time"):

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from hpc_jabas.cli import plan as cli_plan
 from hpc_jabas.core.perfmodel import AllreduceModel, ComputeProfile, PerfModel
-from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner import plan_batch, plan_range, snap_batch
+from hpc_jabas.core.planning import Plan, plan_batch, plan_range, snap_batch
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 TYPES = ["v100", "p100", "rtx2060", "titan-v", "a100"]

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from test_planner import instances
 
 from hpc_jabas.core.perfmodel import AllreduceModel, ComputeProfile, PerfModel, rank_time
-from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner import plan_batch
+from hpc_jabas.core.planning import Plan, plan_batch
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 
@@ -143,7 +142,7 @@ def test_per_rank_like_brute_force_curved_profiles(inst, B):
 @given(instances(max_gpus=6), st.integers(1, 30))
 def test_numpy_slot_counts_equal_the_python_ones(inst, B):
     """Many groups (1024 ranks, each its own speed factor) run the slot counts in numpy: same plans."""
-    from hpc_jabas.core import planner_solve
+    from hpc_jabas.core.planning import slots as planner_solve
     model, gpus, sf, cands, drop = inst
 
     def both():
@@ -165,7 +164,7 @@ def test_numpy_slot_counts_equal_the_python_ones(inst, B):
 @settings(deadline=None, max_examples=100)
 @given(instances(max_gpus=5, drop=False), st.integers(1, 20), st.integers(0, 40))
 def test_per_rank_range_times_equal_single_plans(inst, lo, width):
-    from hpc_jabas.core.planner_prices import per_rank_times
+    from hpc_jabas.core.planning import per_rank_times
     model, gpus, sf, _, _ = inst
     try:
         rows = per_rank_times(lo, lo + width, gpus, model, speed_factors=sf)
@@ -178,7 +177,7 @@ def test_per_rank_range_times_equal_single_plans(inst, lo, width):
 
 
 def test_per_rank_batch_space_every_B_with_per_rank_times():
-    from hpc_jabas.core.snapping import GROW, job_batch_space, snap_toward
+    from hpc_jabas.core.planning import GROW, job_batch_space, snap_toward
     g = ["v100", "p100", "rtx2060"]
     m = PerfModel.emulated(g)
     cfg = type("C", (), {"planner": "optimal", "micro_batch": None, "B_min": 2, "B_max": 300})()
@@ -214,7 +213,7 @@ def bumpy(draw):
 def test_non_monotone_profiles_plan_and_price_alike(inst, lo, width):
     """On any measured profile the per-rank plan is never slower than the identical-b plan,
     and per_rank_times (what the batch space and the auto-scaler read) is the returned plan's price."""
-    from hpc_jabas.core.planner_prices import per_rank_times
+    from hpc_jabas.core.planning import per_rank_times
     model, gpus, sf, cands = inst
     try:
         rows = per_rank_times(lo, lo + width, gpus, model, b_candidates=cands, speed_factors=sf)
@@ -234,7 +233,7 @@ def test_non_monotone_profiles_plan_and_price_alike(inst, lo, width):
 def test_issue_example_non_monotone_profile():
     """b = [1, 4, 8], t = [1.0, 3.0, 2.5] on 2 ranks: the old per-rank plan cost 5.50 s at B = 24
     against 5.00 s for identical b, and per_rank_times said 6.00 s at B = 32 for a 5.00 s plan."""
-    from hpc_jabas.core.planner_prices import per_rank_times
+    from hpc_jabas.core.planning import per_rank_times
     m = PerfModel({"v100": ComputeProfile("v100", b=[1, 4, 8], t=[1.0, 3.0, 2.5])}, AllreduceModel(1e-3, 0.0, 1.0),
                   grad_bytes=1.0)
     g = ["v100", "v100"]

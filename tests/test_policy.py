@@ -4,6 +4,7 @@ import math
 import pytest
 
 from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.planning import BatchSpace, optimal_space
 from hpc_jabas.core.policy import (
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
@@ -21,7 +22,6 @@ from hpc_jabas.core.policy import (
     make_policy,
     statistical_efficiency,
 )
-from hpc_jabas.core.snapping import BatchSpace, optimal_space
 from hpc_jabas.errors import ConfigError
 
 

@@ -14,6 +14,7 @@ from mpi_util import ROOT, mpi_env
 
 from hpc_jabas.cli.main import main as cli_main
 from hpc_jabas.core import gpus
+from hpc_jabas.core.loader import load_callable
 from hpc_jabas.core.perfmodel import (
     ALLREDUCE_FILE,
     EMU_BASE_S,
@@ -24,7 +25,12 @@ from hpc_jabas.core.perfmodel import (
     emulated_time,
 )
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime import profiler
+from hpc_jabas.runtime.profiling.allreduce import fit_allreduce
+from hpc_jabas.runtime.profiling.compute import ComputeMeasurement, measure_compute, measured_profile
+from hpc_jabas.runtime.profiling.defaults import DEFAULT_B_LIMIT, DEFAULT_B_LIST
+from hpc_jabas.runtime.profiling.emulated import EmulationOverhead, emulated_profile, measure_emulation_overhead
+from hpc_jabas.runtime.profiling.load import load_model
+from hpc_jabas.runtime.profiling.memory import search_max_b
 
 MODEL = "examples.models:digits_mlp"
 MLP_PARAMS = 64 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10
@@ -42,7 +48,7 @@ def cpu_meas():
     os.chdir(ROOT)
     try:
         torch.set_num_threads(1)
-        yield profiler.measure_compute(profiler.load_model(MODEL), [1, 16, 128, 512], warmup=2, repeats=7)
+        yield measure_compute(load_model(MODEL), [1, 16, 128, 512], warmup=2, repeats=7)
     finally:
         os.chdir(here)
 
@@ -75,14 +81,14 @@ def test_cpu_measurement_is_sane(cpu_meas):
 
 def test_cpu_memory_cap_from_declared_memory(cpu_meas):
     per, fixed = cpu_meas.bytes_per_sample, cpu_meas.fixed_bytes
-    p = profiler.measured_profile("v100", cpu_meas, memory_gb=0.001)
+    p = measured_profile("v100", cpu_meas, memory_gb=0.001)
     assert p.max_b == int((0.001 * 2**30 - fixed) // per) and 1 <= p.max_b < 4096
     assert p.b == [b for b in [1, 16, 128, 512] if b <= p.max_b]
     assert "declared memory 0.001 GiB" in p.source and not p.emulated
-    cat = profiler.measured_profile("rtx2060", cpu_meas)           # catalog: 6 GiB -> the b_limit cap
-    assert cat.max_b == profiler.DEFAULT_B_LIMIT and "catalog memory 6 GiB" in cat.source
+    cat = measured_profile("rtx2060", cpu_meas)           # catalog: 6 GiB -> the b_limit cap
+    assert cat.max_b == DEFAULT_B_LIMIT and "catalog memory 6 GiB" in cat.source
     with pytest.raises(ConfigError) as e:
-        profiler.measured_profile("v100", cpu_meas, memory_gb=1e-7)
+        measured_profile("v100", cpu_meas, memory_gb=1e-7)
     assert "holds no sample" in one_line(e)
 
 
@@ -92,11 +98,11 @@ def test_max_b_search_doubling_then_bisection():
     def fits(b):
         calls.append(b)
         return b <= 300
-    assert profiler.search_max_b(fits, 4096) == (300, False)
+    assert search_max_b(fits, 4096) == (300, False)
     assert calls[:10] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-    assert profiler.search_max_b(lambda b: True, 1000) == (1000, True)
+    assert search_max_b(lambda b: True, 1000) == (1000, True)
     with pytest.raises(ConfigError):
-        profiler.search_max_b(lambda b: False, 64)
+        search_max_b(lambda b: False, 64)
 
 
 # -- emulated profiles --------------------------------------------------------------------------
@@ -104,7 +110,7 @@ def test_max_b_search_doubling_then_bisection():
 def test_emulated_profile_equals_the_formula(cpu_meas):
     base, per = 0.002, 0.0002
     for g in ("v100", "p100", "rtx2060"):
-        p = profiler.emulated_profile(g, cpu_meas, base_s=base, per_sample_s=per)
+        p = emulated_profile(g, cpu_meas, base_s=base, per_sample_s=per)
         speed = gpus.get(g).relative_speed
         assert p.emulated and p.formula == {"base_s": base, "per_sample_s": per, "speed": speed}
         for b in (1, 3, 16, 100, 512, 1000):
@@ -112,25 +118,25 @@ def test_emulated_profile_equals_the_formula(cpu_meas):
         assert p.t == [emulated_time(b, base, per, speed) for b in p.b]
         assert f"emulated {g}" in p.source and "catalog FP32 speed" in p.source
         assert p.update_s == cpu_meas.update_s
-    dflt = profiler.emulated_profile("rtx2060", speed=0.5)          # the emulator's defaults
+    dflt = emulated_profile("rtx2060", speed=0.5)          # the emulator's defaults
     assert dflt.time(8) == emulated_time(8, EMU_BASE_S, EMU_PER_SAMPLE_S, 0.5)
 
 
 def test_emulated_profile_overrun_and_overhead(cpu_meas):
-    slow = profiler.ComputeMeasurement(**{**cpu_meas.to_dict(), "t": [1.0] * len(cpu_meas.b)})
-    p = profiler.emulated_profile("v100", slow)
+    slow = ComputeMeasurement(**{**cpu_meas.to_dict(), "t": [1.0] * len(cpu_meas.b)})
+    p = emulated_profile("v100", slow)
     assert p.formula is None and p.t == [1.0] * len(p.b) and "overruns" in p.source
-    ov = profiler.EmulationOverhead("p100", 0.0007, {8: 0.0007}, 1)
-    q = profiler.emulated_profile("p100", cpu_meas, overhead=ov)
+    ov = EmulationOverhead("p100", 0.0007, {8: 0.0007}, 1)
+    q = emulated_profile("p100", cpu_meas, overhead=ov)
     s = gpus.get("p100").relative_speed
     assert q.time(8) == pytest.approx(emulated_time(8, EMU_BASE_S, EMU_PER_SAMPLE_S, s) + 0.0007, rel=1e-12)
     assert "measured emulation overhead of 0.7 ms" in q.source
     with pytest.raises(ConfigError):
-        profiler.emulated_profile("v100", cpu_meas, overhead=ov)
+        emulated_profile("v100", cpu_meas, overhead=ov)
 
 
 def test_emulation_overhead_is_measured():
-    ov = profiler.measure_emulation_overhead(profiler.load_model(MODEL), "v100", base_s=0.001, per_sample_s=0.0,
+    ov = measure_emulation_overhead(load_model(MODEL), "v100", base_s=0.001, per_sample_s=0.0,
                                              b_list=(1, 2), warmup=1, repeats=3)
     assert ov.gpu == "v100" and set(ov.per_b) == {1, 2} and 0.0 <= ov.overhead_s < 0.05
 
@@ -174,7 +180,7 @@ def test_cli_profile_writes_versioned_json_that_loads(tmp_path, capsys):
 ])
 def test_bad_model_callable_is_one_config_error(spec, msg):
     with pytest.raises(ConfigError) as e:
-        profiler.load_model(spec)
+        load_model(spec)
     assert msg in one_line(e)
 
 
@@ -192,7 +198,7 @@ def test_cli_misuse_is_one_line_exit_2(tmp_path, capsys):
 def test_cli_module_stays_light():
     from hpc_jabas.cli import profile as cli_profile
     from hpc_jabas.runtime.profiling import defaults
-    assert cli_profile.DEFAULT_B_LIST is defaults.DEFAULT_B_LIST is profiler.DEFAULT_B_LIST
+    assert cli_profile.DEFAULT_B_LIST is defaults.DEFAULT_B_LIST is DEFAULT_B_LIST
     assert cli_profile.OPTIMIZERS is defaults.OPTIMIZERS
     code = "import sys, hpc_jabas.cli.profile; print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, text=True, env=mpi_env())
@@ -202,7 +208,7 @@ def test_cli_module_stays_light():
 def test_fit_allreduce_reports_effective_bandwidth():
     truth = AllreduceModel(1.0, 0.001, 2e9)
     samples = [(nb, 3, truth.time(nb, 3)) for nb in (4096, 1 << 16, 1 << 20, 1 << 23)]
-    fit = profiler.fit_allreduce(samples)
+    fit = fit_allreduce(samples)
     assert fit.a == 1.0 and fit.c == pytest.approx(0.001) and fit.bandwidth == pytest.approx(2e9, rel=1e-6)
 
 
@@ -287,7 +293,7 @@ def test_to_device_handles_containers_and_objects():
 
 def test_profiler_runner_runs_the_trainer_step():
     from hpc_jabas.runtime.profiling.timing import Runner
-    bundle = profiler.load_model(MODEL)
+    bundle = load_model(MODEL)
     runner = Runner(bundle, torch.device("cpu"), "sgd")
     batch = runner.batch(8)
     loss = runner.micro(batch)
@@ -304,12 +310,12 @@ def test_profiler_runner_runs_the_trainer_step():
 
 
 def test_one_loader_for_tasks_and_models():
-    fn = profiler.load_callable("examples.train_digits:build", "task")
+    fn = load_callable("examples.train_digits:build", "task")
     from examples.train_digits import build
     assert fn is build
     with pytest.raises(ConfigError) as e:
-        profiler.load_callable("examples.train_digits", "task")
+        load_callable("examples.train_digits", "task")
     assert one_line(e).startswith("task 'examples.train_digits' must be MODULE:CALLABLE")
     with pytest.raises(ConfigError) as e:
-        profiler.load_callable("examples.train_digits:nope", "task")
+        load_callable("examples.train_digits:nope", "task")
     assert "task 'examples.train_digits:nope': module 'examples.train_digits' has no attribute 'nope'" == one_line(e)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core.plan import Plan, proportional_plan, split_proportional
+from hpc_jabas.core.planning import Plan, proportional_plan, split_proportional
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.runtime.checkpoint import load_latest

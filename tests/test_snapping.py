@@ -1,4 +1,4 @@
-"""The direction-preserving snap (core/snapping.py): a property test over catalog mixes and both
+"""The direction-preserving snap (core/planning/space.py): a property test over catalog mixes and both
 planners, plus the cases the issue names."""
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -6,13 +6,13 @@ from hypothesis import strategies as st
 
 from hpc_jabas.core import gpus as catalog
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.plan import proportional_plan
-from hpc_jabas.core.planner import plan_batch
-from hpc_jabas.core.snapping import (
+from hpc_jabas.core.planning import (
     BatchSpace,
     job_batch_space,
     lbbsp_speeds,
     optimal_space,
+    plan_batch,
+    proportional_plan,
     snap_nearest,
     snap_toward,
 )
@@ -94,7 +94,7 @@ def test_every_decision_keeps_its_direction(gpus, planner, micro_batch, B_min, w
 
 
 def oracle(cands, t, B, grain):
-    """The snap rule written out (module docstring of snapping.py)."""
+    """The snap rule written out (module docstring of planning/space.py)."""
     d = lambda x: round(abs(x - t), 6)   # noqa: E731
     if grain:
         band = min(d(x) for x in cands) + 0.025 * max(t, 1.0) + 1e-6

@@ -18,8 +18,7 @@ from pathlib import Path
 
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import EMU_GRAD_BYTES, PerfModel
-from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner import plan_batch, plan_range
+from hpc_jabas.core.planning import Plan, plan_batch, plan_range
 from hpc_jabas.errors import ConfigError, JabasError
 
 

@@ -226,7 +226,7 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     """Predicted time of one epoch on a mix, pricing what the trainer would run there.
 
     The forecast B of each period of ``period`` iterations is first snapped to a B the job's planner
-    realises on that mix (``snapping.snap_nearest``: the nearest realisable B in [B_min, B_max],
+    realises on that mix (``planning.space.snap_nearest``: the nearest realisable B in [B_min, B_max],
     near-ties to the faster; default bounds: the forecast's own range), then that B's plan is
     priced by the perf model, period after period until the epoch's samples are used. ``cands``:
     the job's micro-batch size as a one-element list, or None (the planner chooses);
@@ -234,7 +234,7 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     A mix with no realisable B in range is infeasible (InfeasibleError, which ``price`` records).
     """
     from hpc_jabas.core.grouptimes import group_space
-    from hpc_jabas.core.snapping import job_batch_space, snap_nearest
+    from hpc_jabas.core.planning import job_batch_space, snap_nearest
     if not forecast:
         raise ConfigError("the forecast B trajectory is empty; give at least one batch size")
     lo = int(B_min) if B_min is not None else max(1, math.floor(min(forecast)))

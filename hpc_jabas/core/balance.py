@@ -3,7 +3,7 @@
 LB-BSP (docs/formulas.md, section 6) keeps the global batch B fixed and re-splits it so that all
 ranks reach the barrier together, in proportion to predicted speeds; on GPUs it moves samples
 between workers and halves the step when the sizes oscillate. Here the split is a
-:class:`~hpc_jabas.core.plan.Plan` (b, n) and the decision is :meth:`Rebalancer.propose`:
+:class:`~hpc_jabas.core.planning.plan.Plan` (b, n) and the decision is :meth:`Rebalancer.propose`:
 
 1. **Candidate.** ``plan_fn(B, factors)`` - the planner, injected - gives the best plan for the
    predicted speed factors (per rank, > 1 faster than profiled, < 1 slower).
@@ -21,7 +21,7 @@ between workers and halves the step when the sizes oscillate. Here the split is 
    recovers as reversals age out of the history. If the damped move's gain is not above the
    threshold either, the current plan is kept.
 
-Per-rank plans (plan.py): shares are sample shares x_i / B; the damped plan interpolates the
+Per-rank plans (planning/plan.py): shares are sample shares x_i / B; the damped plan interpolates the
 sample counts x_i (largest remainder, sum B exactly, >= 1 on the candidate's running ranks) and
 runs them with the candidate's micro-batch sizes b_i (more micro-batches where x_i grew).
 
@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.errors import ConfigError, StateError
 
 STATE_VERSION = 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning.plan import Plan
 
 DecisionKind = Literal["batch", "rebalance", "noop"]
 KINDS: tuple[DecisionKind, ...] = ("batch", "rebalance", "noop")

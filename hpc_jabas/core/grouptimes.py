@@ -3,7 +3,7 @@
 ``snapping.optimal_space`` tabulates (B, seconds) from ``planner.plan_range``, which also builds one
 per-rank Plan for every realisable B: on 4,096 ranks that is most of the seconds a mix takes to price.
 The auto-scaler only needs the seconds. :func:`group_space` returns the same BatchSpace (same B, the same
-floating-point seconds: ``plan_range``'s own arithmetic on the rank groups, ``planner_solve.
+floating-point seconds: ``plan_range``'s own arithmetic on the rank groups, ``planning.slots.
 extra_slots_range``, without ``_bulk_plans``) for the identical-b optimal planner with every rank
 running (no drop, no per-rank b, no speed factors) - what ``autoscale.epoch_time_fn`` prices.
 tests/test_mixsearch.py checks the equality against ``optimal_space`` on random mixes and ranges.
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.planner import MAX_RANGE, _prepare
-from hpc_jabas.core.planner_solve import extra_slots_range
-from hpc_jabas.core.snapping import BatchSpace, Row
+from hpc_jabas.core.planning.identical import MAX_RANGE, _prepare
+from hpc_jabas.core.planning.slots import extra_slots_range
+from hpc_jabas.core.planning.space import BatchSpace, Row
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 

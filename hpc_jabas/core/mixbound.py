@@ -86,7 +86,7 @@ def perf_bound(model: PerfModel, types: Mapping[str, str], samples: int, B_max: 
                      lambda n: float(model.allreduce_tail(1)))
     iters: int | Callable[[int], int] = math.ceil(samples / max(1, B_max))
     if forecast and period:
-        from hpc_jabas.core.snapping import GRAIN_TOL, TIE_REL  # the widest band snap_nearest may pick from
+        from hpc_jabas.core.planning.space import GRAIN_TOL, TIE_REL  # the widest band snap_nearest may pick from
         b0 = micro_batch or max(min(model.profile(t).b) for t in set(types.values()))
         table: dict[int, int] = {}
         count = snapped_iterations(forecast, period, samples, B_min, B_max, b0, GRAIN_TOL + TIE_REL)

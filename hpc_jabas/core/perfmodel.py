@@ -18,7 +18,7 @@ The model follows IIDP/JABAS (docs/formulas.md, section 5):
       T_iter = max_{i: n_i > 0} (n_i * t_micro(gpu_i, b) + update_s(gpu_i))
                + (1 - overlap) * allreduce(grad_bytes, N)
 
-  A per-rank plan (b_i, n_i, x_i; plan.py) prices rank i's n_i - 1 full micro-batches at
+  A per-rank plan (b_i, n_i, x_i; planning/plan.py) prices rank i's n_i - 1 full micro-batches at
   t_micro(gpu_i, b_i) each and its last one at t_micro(gpu_i, r_i), r_i = x_i - (n_i - 1) b_i
   (``rank_time``).
 
@@ -36,7 +36,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -45,8 +45,10 @@ from hpc_jabas.core.compute_profile import FORMAT_VERSION as FORMAT_VERSION
 from hpc_jabas.core.compute_profile import ComputeProfile as ComputeProfile
 from hpc_jabas.core.compute_profile import check_int, check_num, check_version
 from hpc_jabas.core.compute_profile import emulated_time as emulated_time
-from hpc_jabas.core.plan import Plan
 from hpc_jabas.errors import ConfigError
+
+if TYPE_CHECKING:   # planning imports this module; the plan type is only named here
+    from hpc_jabas.core.planning.plan import Plan
 
 ALLREDUCE_FILE = "allreduce.json"
 
@@ -330,7 +332,7 @@ def rank_time(p: ComputeProfile, b: int, n: int, x: int, f: float = 1.0) -> floa
 
     Every micro-batch full (x == n b): ``n * (t(b) / f) + update_s``; else the n - 1 full ones and
     a last one of r = x - (n-1) b samples: ``(n-1) * (t(b) / f) + t(r) / f + update_s``. 0.0 when n == 0.
-    The planner evaluates exactly these expressions (planner_rank.py).
+    The planner evaluates exactly these expressions (per_rank.py).
     """
     if n == 0:
         return 0.0

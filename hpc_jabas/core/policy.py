@@ -1,7 +1,7 @@
 """Adaptive global-batch-size policies and learning-rate rules. Pure: plain Python.
 
 Every ``p`` iterations the rank-0 controller hands a policy a ``PolicyState`` (current B,
-iteration, latest statistics) and the job's ``BatchSpace`` (snapping.py: the B the planner
+iteration, latest statistics) and the job's ``BatchSpace`` (planning/space.py: the B the planner
 realises on this mix, with predicted iteration times) and gets a ``BatchDecision``:
 
 - ``FixedPolicy`` ("fixed"): stay.
@@ -28,7 +28,7 @@ realises on this mix, with predicted iteration times) and gets a ``BatchDecision
   keys ``ramp_factor``, ``ramp_at``). Its lr rule "auto" is sqrt.
 
 The policy's wish (a direction and a target, or a chosen B) becomes a realisable B' through
-``snapping.snap_toward``: grow gives B' > B unless B is the largest realisable B <= B_max,
+``planning.space.snap_toward``: grow gives B' > B unless B is the largest realisable B <= B_max,
 shrink gives B' < B unless B is the smallest >= B_min, stay gives B' == B. The decision's
 ``reason`` says what the policy asked, and when B could not move, why.
 
@@ -57,8 +57,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.planning.space import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
 from hpc_jabas.core.scaling import LinearScaling, LRRule, NoScaling, SqrtScaling
-from hpc_jabas.core.snapping import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
 from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
 from hpc_jabas.errors import ConfigError
 

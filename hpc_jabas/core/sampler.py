@@ -6,7 +6,7 @@ indices of the permutation and gives rank i the contiguous run of micro-batches
 advances by exactly the samples handed out, changing B, the plan or the rank count between
 iterations, or resuming from a saved (epoch, cursor), never skips or repeats a sample.
 
-Per-rank plans (plan.py): rank i's run is x_i samples, cut into micro-batches of b_i, the last
+Per-rank plans (planning/plan.py): rank i's run is x_i samples, cut into micro-batches of b_i, the last
 one the rest (``Plan.micro_sizes``). Both kinds of plan go through the same cursor.
 
 Epoch tail (the last r < B samples of an epoch), chosen by ``tail``:
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from hpc_jabas.core.plan import Plan, split_proportional
+from hpc_jabas.core.planning.plan import Plan, split_proportional
 from hpc_jabas.errors import ConfigError
 
 TAILS = ("shrink", "drop")

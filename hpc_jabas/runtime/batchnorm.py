@@ -7,7 +7,7 @@ running the same micro-batches one after another computes, whatever the mix of G
 depend on b: set ``micro_batch`` (config key ``[train] micro_batch``) to pin b, so that BN's
 behaviour does not drift when the adaptive policy changes B (the planner then changes only the
 number of micro-batches per rank). A model with BatchNorm layers gets one b on every rank by
-default (``identical_micro_batch = "auto"``, runtime/planning.py), so every micro-batch has b
+default (``identical_micro_batch = "auto"``, core/planning/planner.py), so every micro-batch has b
 samples; only the shrunk last iteration of an epoch (``tail = "shrink"``) can hold fewer.
 
 **Running buffers.** ``running_mean``/``running_var``/``num_batches_tracked`` are updated locally
@@ -27,6 +27,12 @@ from hpc_jabas.runtime import comm
 
 def batchnorm_modules(model: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:
     return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def batch_coupled_layers(model: torch.nn.Module) -> list[str]:
+    """Class names of the layers whose output depends on the batch's composition (BatchNorm): what
+    ``core.planning.make_planner`` takes as ``coupled_layers``."""
+    return sorted({type(m).__name__ for m in batchnorm_modules(model)})
 
 
 def running_buffers(model: torch.nn.Module) -> list[torch.Tensor]:

@@ -163,7 +163,7 @@ class Calibrator:
         ctrl = self.tr.controller
         if getattr(ctrl, "space", None) is None or getattr(ctrl, "policy_name", "fixed") != "noise-scale":
             return
-        from hpc_jabas.core.snapping import job_batch_space
+        from hpc_jabas.core.planning import job_batch_space
         tr = self.tr
         try:
             ctrl.space = job_batch_space(tr.cfg, tr.gpu_types, self.model(),

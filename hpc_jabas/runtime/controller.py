@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hpc_jabas.core.decision import Decision
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import Controller
 
@@ -176,7 +176,7 @@ class AdaptiveController(BaseController):
         cfg = self.cfg
         if self.space is None and self.policy_name != "fixed":
             # the B the trainer's planner realises on this mix, timed by the job's perf model
-            from hpc_jabas.core.snapping import job_batch_space
+            from hpc_jabas.core.planning import job_batch_space
             self.space = job_batch_space(cfg, trainer.gpu_types, trainer.perf_model(),
                                          plan_fn=lambda B: trainer.planner_fn(B, None),
                                          per_rank=not trainer.identical_b,
@@ -324,7 +324,7 @@ class AdaptiveController(BaseController):
         return self.decide(trainer, rec)
 
     def decide(self, trainer, rec):
-        """Rank 0: statistics -> policy wish -> direction-preserving snap (core/snapping.py) -> plan -> lr."""
+        """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
         from hpc_jabas.core.stats import noise_scale_terms
         st = rec.get("stats")

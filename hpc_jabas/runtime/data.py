@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.core.sampler import HeterogeneousSampler, IndexArray, IterationBatch
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger

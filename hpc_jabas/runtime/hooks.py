@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from hpc_jabas.core.decision import Decision, MoveDecision
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning.plan import Plan
 
 if TYPE_CHECKING:
     from hpc_jabas.core.config import JobConfig

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpc_jabas.core.decision import Decision
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 
 
 class PendingDecisions:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning import Plan
 from hpc_jabas.errors import CheckpointError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt

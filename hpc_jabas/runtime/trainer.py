@@ -23,7 +23,7 @@ import torch
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
-from hpc_jabas.core.plan import Plan, half_split
+from hpc_jabas.core.planning import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
@@ -169,11 +169,13 @@ class Trainer:
         return self._perf_model
 
     def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
-        """The job's planner (runtime/planning.py): identical or per-rank b, declared speeds used."""
-        from hpc_jabas.runtime.planning import default_planner
-        fn, self.identical_b, self.declared_speed_factors = default_planner(self.cfg, self.model, self.gpu_types,
-                                                                            self.perf_model)
-        return fn
+        """The job's planner (core/planning/planner.py, ``make_planner``): identical or per-rank b,
+        declared speeds used."""
+        from hpc_jabas.core.planning.planner import make_planner
+        from hpc_jabas.runtime.batchnorm import batch_coupled_layers
+        planner = make_planner(self.cfg, self.gpu_types, self.perf_model, batch_coupled_layers(self.model))
+        self.identical_b, self.declared_speed_factors = planner.identical_b, planner.declared_factors
+        return planner.plan
 
     def _initial_plan(self) -> Plan:
         plan = self.planner_fn(self.B, None)

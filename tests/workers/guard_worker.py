@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.plan import Plan  # noqa: E402
+from hpc_jabas.core.planning import Plan  # noqa: E402
 from hpc_jabas.errors import JabasError  # noqa: E402
 from hpc_jabas.runtime.hooks import Callback  # noqa: E402
 from hpc_jabas.runtime.safepoint import stop_signals  # noqa: E402

@@ -21,7 +21,7 @@ from reference import make_data, make_model, make_optimizer  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.decision import Decision  # noqa: E402
-from hpc_jabas.core.plan import Plan  # noqa: E402
+from hpc_jabas.core.planning import Plan  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 

@@ -209,7 +209,7 @@ def token_forward(m, batch):
 def trainer_run(name: str, model, ds, forward_fn, sc: dict) -> None:
     cfg = JobConfig(planner="fixed", plan=sc["plan"], batch=1, run_dir=f"{spec['out_dir']}/{name}", checkpoint=False,
                     epochs=1000, metrics_period=1, amp=sc.get("amp", "off"))
-    from hpc_jabas.core.plan import Plan
+    from hpc_jabas.core.planning import Plan
     cfg.batch = Plan.parse(sc["plan"]).B
     cfg.batch_min, cfg.batch_max = 1, 10**9
     opt = torch.optim.SGD(model.parameters(), lr=sc["lr"], momentum=0.9)

@@ -21,7 +21,7 @@ cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=spec.get("r
                 seed=spec.get("seed", 0), tail=spec.get("tail", "shrink"), epochs=spec.get("epochs", 1000),
                 emulate=spec.get("emulate", False), gpu_types=spec.get("gpu_types"),
                 metrics_period=spec.get("metrics_period", 10), checkpoint=spec.get("checkpoint", True))
-from hpc_jabas.core.plan import Plan  # noqa: E402
+from hpc_jabas.core.planning import Plan  # noqa: E402
 
 cfg.batch = Plan.parse(spec["plan"]).B
 cfg.batch_min, cfg.batch_max = 1, 10**9

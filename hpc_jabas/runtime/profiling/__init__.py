@@ -30,6 +30,6 @@ profile keeps the larger measured time at those b and drops the formula, and the
 Modules: :mod:`.defaults` (constants; no torch, for the CLI), :mod:`.load` (the one
 ``module:callable`` loader, the model bundle, devices), :mod:`.timing`, :mod:`.memory`,
 :mod:`.allreduce`, :mod:`.compute` (measurement -> profiles) and :mod:`.run` (``hpc-jabas
-profile``). ``hpc_jabas.runtime.profiler`` re-exports the public names. Only the allreduce part
+profile``); import the names from those modules. Only the allreduce part
 touches Horovod (``comm`` is imported lazily there).
 """

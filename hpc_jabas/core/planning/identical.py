@@ -51,13 +51,13 @@ groups (a handful) instead of ranks, and ``plan_range`` computes every makespan 
 as order statistics of the merged slot sequences (numpy), then builds all plans in bulk.
 
 Layout: this module checks the input, groups the ranks and chooses b; the slot arithmetic on the
-groups (``k_at``, ``first_slot``, ``fill_counts``, ...) is in planner_solve.py.
+groups (``k_at``, ``first_slot``, ``fill_counts``, ...) is in slots.py.
 
 Per-rank micro-batch sizes (``plan_batch(..., per_rank=True)``): each rank its own b_i, the last
-micro-batch partial; exact by a capacity bisection over the makespan, in planner_rank.py. Its
+micro-batch partial; exact by a capacity bisection over the makespan, in per_rank.py. Its
 allowed sizes include every identical-b candidate, so it is never slower than the identical-b plan.
-On a non-monotone profile planner_rank.py is exact for its running maximum only, so the result is
-the faster (model price) of that plan and the identical-b one; planner_prices.py prices ranges.
+On a non-monotone profile per_rank.py is exact for its running maximum only, so the result is
+the faster (model price) of that plan and the identical-b one; prices.py prices ranges.
 """
 from __future__ import annotations
 
@@ -70,9 +70,9 @@ import numpy as np
 
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, check_speed_factors
-from hpc_jabas.core.plan import Plan
-from hpc_jabas.core.planner_rank import RankGroup, TypeTable, is_monotone, plan_per_rank
-from hpc_jabas.core.planner_solve import (
+from hpc_jabas.core.planning.per_rank import RankGroup, TypeTable, is_monotone, plan_per_rank
+from hpc_jabas.core.planning.plan import Plan
+from hpc_jabas.core.planning.slots import (
     FloatArray,
     IntArray,
     best_with_drop,
@@ -295,7 +295,7 @@ def _nearest(ctx: _Ctx, B: float, lo: int, hi: int | None) -> int | None:
 
 
 def _rank_tables(ctx: _Ctx) -> tuple[list[TypeTable], list[RankGroup]]:
-    """Per-rank mode: each GPU type's allowed sizes A and tabulated times, and the groups (planner_rank.py).
+    """Per-rank mode: each GPU type's allowed sizes A and tabulated times, and the groups (per_rank.py).
 
     A: the candidates within the type's memory cap, plus the cap itself when the candidates are the
     default (the profiles' measured sizes), so every identical-b plan is also a per-rank one.
@@ -333,7 +333,7 @@ def plan_batch(B: int, gpus: Sequence[str], model: PerfModel, *, b_candidates: I
     (default: the measured b values of the used types' profiles that fit every rank's memory cap;
     with allow_drop, that fit some rank's cap). allow_drop: a rank may get n_i = 0 (and then its
     memory cap does not matter). speed_factors: per rank, divides its micro-batch time.
-    per_rank: each rank its own micro-batch size (planner_rank.py; every rank runs, allow_drop is
+    per_rank: each rank its own micro-batch size (per_rank.py; every rank runs, allow_drop is
     refused): the exact optimum over per-rank plans, never slower than the identical-b optimum.
     """
     B = _check_B(B)

@@ -1,6 +1,6 @@
-"""Per-rank plans' prices over a range of B, on every profile (planner.py's per-rank mode). Pure.
+"""Per-rank plans' prices over a range of B, on every profile (identical.py's per-rank mode). Pure.
 
-On a monotone profile ``planner_rank.makespans`` gives every T*(B) at once, and it is the model's
+On a monotone profile ``per_rank.makespans`` gives every T*(B) at once, and it is the model's
 price of the plan (the same floating-point expressions). On a measured dip the per-rank planner is
 exact only for the running maximum of the profile, so each B's result is the faster, as the perf
 model prices them, of that plan and the identical-b plan (which may use the dip); ``per_rank_times``
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.planner import MAX_RANGE, _check_B, _prepare, _rank_tables, identical_rows
-from hpc_jabas.core.planner_rank import is_monotone, makespans, plan_per_rank
+from hpc_jabas.core.planning.identical import MAX_RANGE, _check_B, _prepare, _rank_tables, identical_rows
+from hpc_jabas.core.planning.per_rank import is_monotone, makespans, plan_per_rank
 from hpc_jabas.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ def per_rank_times(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel
                    b_candidates: Iterable[int] | None = None,
                    speed_factors: Sequence[float] | None = None) -> list[tuple[int, float]]:
     """(B, predicted iteration seconds of ``plan_batch(B, ..., per_rank=True)``) for every B in
-    [max(B_min, #GPUs), B_max], all at once (planner_rank.makespans); what a batch space needs."""
+    [max(B_min, #GPUs), B_max], all at once (per_rank.makespans); what a batch space needs."""
     B_min = _check_B(B_min, "B_min")
     B_max = _check_B(B_max, "B_max")
     if B_max - B_min > MAX_RANGE:

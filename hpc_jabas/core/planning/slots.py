@@ -1,8 +1,8 @@
-"""Exact slot arithmetic of the planner (see planner.py's docstring for why it is optimal).
+"""Exact slot arithmetic of the planner (see identical.py's docstring for why it is optimal).
 
 A rank group is (t, u, c): micro-batch time t, update time u, c interchangeable ranks. Slot k of a
 rank is k*t + u, its finishing time with k micro-batches. Everything here works on the parallel
-lists ts, us, cs of the groups; planner.py does input checking, grouping and the choice of b.
+lists ts, us, cs of the groups; identical.py does input checking, grouping and the choice of b.
 Pure: plain Python + numpy.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning.plan import Plan
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -198,7 +198,7 @@ def extra_slots_range(q_lo: int, q_hi: int, ts: Floats, us: Floats, cs: Ints) ->
     """For Q = q_lo..q_hi: value of the Q-th smallest extra slot (k >= 2; 0.0 for Q = 0).
 
     The optimal makespan with every rank running M = R + Q micro-batches is max(T_lo, that value)
-    (see planner.py's docstring); one sort of the merged slot sequences serves every Q.
+    (see identical.py's docstring); one sort of the merged slot sequences serves every Q.
     """
     Qs = np.arange(q_lo, q_hi + 1)
     if q_hi <= 0:

@@ -4,8 +4,8 @@ A planner realises only some global batch sizes exactly (B = b * sum(n_i), b fro
 list, every rank running at least one micro-batch with the ``optimal`` planner; B a multiple of
 the micro-batch size with ``lbbsp``). ``BatchSpace`` is that set within [B_min, B_max] for one
 GPU mix, each B with the perf model's predicted iteration time of the plan the planner returns.
-Build one with ``job_batch_space`` (what the controller and the auto-scaler use), ``optimal_space``
-or ``planner_space``.
+Build one with a planner's ``batch_space`` (planning/planner.py: ``make_planner``; ``job_batch_space``
+for the controller and the auto-scaler), ``optimal_space`` or ``planner_space``.
 
 The direction-preserving rule (``snap_toward``), used for every planner:
 
@@ -44,10 +44,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning.identical import plan_range
+from hpc_jabas.core.planning.plan import Plan
+from hpc_jabas.core.planning.prices import per_rank_times
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 GROW, SHRINK, STAY, SET = "grow", "shrink", "stay", "set"
@@ -258,12 +259,10 @@ def snap_toward(space: BatchSpace, B: int, direction: str, target: float | None 
 def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
                   b_candidates: Sequence[int] | None = None, *, per_rank: bool = False,
                   speed_factors: Sequence[float] | None = None) -> BatchSpace:
-    """What ``planner.plan_batch`` realises on these ranks (every rank runs), with its times.
+    """What ``identical.plan_batch`` realises on these ranks (every rank runs), with its times.
 
-    per_rank: per-rank micro-batch sizes (every B >= #GPUs is realisable; ``planner.per_rank_times``).
+    per_rank: per-rank micro-batch sizes (every B >= #GPUs is realisable; ``prices.per_rank_times``).
     """
-    from hpc_jabas.core.planner import plan_range
-    from hpc_jabas.core.planner_prices import per_rank_times
     gl = list(gpus)
     cands = list(b_candidates) if b_candidates else None
     sf = list(speed_factors) if speed_factors else None
@@ -301,38 +300,3 @@ def planner_space(B_min: int, B_max: int, step: int, plan_fn: Callable[[int], Pl
                 out.append((B, time_fn(plan) if time_fn is not None else None))
         return out
     return BatchSpace(B_min, B_max, rows, label or f"multiples of {step}")
-
-
-def lbbsp_speeds(gpus: Sequence[str], speeds: Sequence[float] | None = None) -> list[float]:
-    """The speeds the lbbsp planner splits B by: the declared ones when they fit, else the catalog's."""
-    from hpc_jabas.core import gpus as catalog
-    if speeds and len(speeds) == len(gpus):
-        return [float(s) for s in speeds]
-    return [catalog.get(g).relative_speed for g in gpus]
-
-
-def job_batch_space(cfg: Any, gpus: Sequence[str], model: PerfModel,
-                    plan_fn: Callable[[int], Plan] | None = None, *, per_rank: bool = False,
-                    speed_factors: Sequence[float] | None = None) -> BatchSpace:
-    """The batch space of a job (``cfg``: planner, micro_batch, B_min, B_max, speeds) on ranks ``gpus``.
-
-    ``optimal``: ``optimal_space`` (b from ``micro_batch`` when set; ``per_rank``: per-rank sizes;
-    ``speed_factors``: the declared speeds' factors). ``lbbsp``: multiples of ``micro_batch`` (1 when
-    unset) planned by ``plan_fn`` (default: LB-BSP's proportional split by ``lbbsp_speeds``). Times
-    are ``model.iteration_time`` of the plan on ``gpus``.
-    """
-    gl = list(gpus)
-    planner = getattr(cfg, "planner", "optimal")
-    mb = getattr(cfg, "micro_batch", None)
-    if planner == "optimal":
-        return optimal_space(gl, model, cfg.B_min, cfg.B_max, [mb] if mb else None,
-                             per_rank=per_rank and not mb, speed_factors=speed_factors)
-    if planner == "lbbsp":
-        from hpc_jabas.core.plan import proportional_plan
-        b = mb or 1
-        sp = lbbsp_speeds(gl, getattr(cfg, "speeds", None))
-        fn = plan_fn or (lambda B: proportional_plan(B, b, sp))
-        sfl = list(speed_factors) if speed_factors else None
-        return planner_space(cfg.B_min, cfg.B_max, b, fn, lambda plan: model.iteration_time(plan, gl, sfl),
-                             f"lbbsp on {','.join(gl)}, b={b}")
-    raise ConfigError(f"planner={planner!r} cannot change the batch size; use 'optimal' or 'lbbsp'")

@@ -19,7 +19,7 @@ and any x with 1 <= x_i <= C_i(T*) and sum x = B has makespan <= T*. sum_i C_i i
 jumping only at the values time_i(x, b) ("events"), so T* is an event: bisection on T between a
 lower bound (the best per-sample rate of each rank) and an upper bound (its best full micro-batch),
 plus a walk to the next event above the infeasible end, which ends on the exact event, as
-planner.py does for identical b. C_i uses the same floating-point expressions as ``rank_time``.
+identical.py does for identical b. C_i uses the same floating-point expressions as ``rank_time``.
 
 Assignment at T*: every rank gets 1 sample; the other B - R are split over the groups in proportion
 to their spare capacity c_g (C_g - 1) (largest remainder, capped), a group's share evenly over its
@@ -30,7 +30,7 @@ group, so the work is per group x allowed b.
 Monotone t: the planner uses the running maximum of each profile's tabulated times (the profile
 itself for every emulated or monotone measured profile); on a measured dip the plan is optimal for
 that envelope only. ``makespans`` is then the envelope's makespan, not the model's price of the
-plan, so planner.py checks ``is_monotone`` and, on a dip, prices each plan with the model and
+plan, so identical.py checks ``is_monotone`` and, on a dip, prices each plan with the model and
 compares it with the identical-b plan (which may use the dip).
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hpc_jabas.core.plan import Plan
+from hpc_jabas.core.planning.plan import Plan
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
