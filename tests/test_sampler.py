@@ -2,7 +2,7 @@
 changes, B changes, rank-count changes and a mid-epoch resume (hypothesis)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hpc_jabas.core.planning import Plan, proportional_plan, split_proportional
@@ -27,6 +27,8 @@ plans = st.one_of(identical_plans, per_rank_plans())
 
 
 @settings(max_examples=200, deadline=None)
+@example(N=65, seed=0, first=Plan((2, 3, 1, 1, 1), (2, 2, 0, 0, 1), (3, 4, 0, 0, 1)), changes=[], resume_at=0,
+         tail="shrink")
 @given(N=st.integers(1, 400), seed=st.integers(0, 2**31), first=plans,
        changes=st.lists(st.tuples(st.integers(0, 40), plans), max_size=5),
        resume_at=st.integers(0, 40), tail=st.sampled_from(["shrink", "drop"]))
@@ -56,7 +58,10 @@ def test_every_sample_once_per_epoch(N, seed, first, changes, resume_at, tail):
             # the shrunk epoch tail, or the last iteration taking B + 1 (exactly B + 1 samples were left)
             assert ib.total < plan.B or (tail == "shrink" and ib.total == plan.B + 1 == s.cursor - ib.start
                                          and s.remaining == 0)
-            assert sum(max(0, len(ib.rank_indices(i)) - plan.xs[i]) for i in range(plan.world_size)) <= 1
+            # the documented bound is per rank (x_i + 1): the B + 1 iteration gives its last running rank the
+            # extra sample, and the no-single-sample rule may then move one sample between neighbouring ranks
+            # (N=65, b=2,3,1,1,1 n=2,2,0,0,1: x=3,4,0,0,1 runs as 4,3,0,0,2)
+            assert all(len(ib.rank_indices(i)) <= plan.xs[i] + 1 for i in range(plan.world_size))
             assert all(ib.plan.n[i] <= plan.n[i] + 1 for i in range(plan.world_size))
             for i in range(plan.world_size):
                 for m in ib.micro[i]:
