@@ -129,5 +129,6 @@ def test_a_job_that_fails_twice_of_the_same_error_is_not_resubmitted_again(slurm
     assert [e["state"] for e in ends] == ["failed", "failed"] and all(e["signature"] == sig for e in ends)
     assert ends[-1]["resubmitted"] is False and f"same error as job {first}" in ends[-1]["message"]
     assert {str(e["job_id"]) for e in ev if e["event"] == "error"} == {first, second}
-    out = (chain / "jobs" / f"sbatch-{second}.out").read_text()
-    assert sum("not resubmitted" in ln for ln in out.splitlines()) == 1, out
+    outs = {q.name: q.read_text() for q in (chain / "jobs").rglob("*") if q.is_file() and q.suffix in (".out", ".err")}
+    said = [ln for text in outs.values() for ln in text.splitlines() if "not resubmitted" in ln]
+    assert len(said) == 1 and f"job {second} failed" in said[0], (sorted(outs), said)

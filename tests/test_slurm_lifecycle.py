@@ -384,7 +384,7 @@ def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
              (["submit", str(job), "--mix", "rtx2060:1", "--time-min", "0"], "--time-min 0 must be >= 1"),
              (["submit", str(mb), "--mix", "rtx2060:1"], "micro_batch=1000 does not fit the memory of partition "
                                                          "'rtx2060'"),
-             (["submit", str(none_task), "--mix", "rtx2060:1"], "returned NoneType; it must return a dict"),
+             (["submit", str(none_task), "--mix", "rtx2060:1"], "returned NoneType; it must return a hpc_jabas.Task"),
              (["submit", str(no_callable), "--mix", "rtx2060:1"], "has no attribute 'nope'"),
              (["submit", str(job), "--mix", "a100:x"], "PARTITION:COUNT"),
              (["submit", str(job), "--mix", "h100:1"], "unknown partition 'h100'"),

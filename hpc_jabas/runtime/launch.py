@@ -253,7 +253,9 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
     sig = chainlog.job_failure_signature(ev, job_id, since=started)     # None: no rank said (killed, node lost)
     end = {"job_id": job_id, "state": "failed", "exit_code": rc, "iteration": at, "lost_iterations": lost,
            "signature": sig}
-    same = chainlog.repeated_failure(ev, sig, before=started)
+    # a job whose task failed to build never wrote a start event: its run began when it was submitted
+    seen = [float(e.get("time", 0)) for e in ev if str(job_id) in (str(e.get("job_id")), str(e.get("to_job")))]
+    same = chainlog.repeated_failure(ev, sig, before=started or (min(seen) if seen else 0.0))
     if same is not None:                 # the same error at the same place as the failure before: not again
         msg = (f"job {job_id} failed (exit {rc}) of the same error as job {same.get('job_id')} before it "
                f"({chainlog.signature_text(sig or {})}): not resubmitted, it would fail again; fix it and submit "
