@@ -19,8 +19,8 @@ def test_slowed_rank_loses_share_within_two_periods(tmp_path, mode):
     spec = {"optimizer": "momentum", "lr": 0.02, "plan": "b=4 n=22,15,11", "steps": 80, "n": 4096,
             "checkpoint": False, "run_dir": str(run_dir), "emulate": True, "gpu_types": TYPES,
             "config": {"planner": "lbbsp", "micro_batch": 4, "balance": mode, "p_balance": 10,
-                       "slowdown": {"0": "factor=3,start=50"}, "emulate_base_s": 0.001,
-                       "emulate_per_sample_s": 0.0002}}
+                       "slowdown": {"0": "factor=3,start=50"}, "emulate_base_s": 0.003,
+                       "emulate_per_sample_s": 0.0006}}   # modelled times well above the real compute
     res = run_ranks("train_worker.py", spec, np_=3)
     hist = res[0]["history"]
     for r in res[1:]:

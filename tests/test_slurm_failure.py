@@ -70,39 +70,6 @@ def test_submitit_job_with_a_killed_rank_is_resubmitted_from_the_last_checkpoint
         assert err <= 1e-6, f"{name}: relative difference {err:.2e} to the uninterrupted run"
 
 
-@pytest.mark.timeout(660)
-def test_one_minute_job_is_resubmitted_at_its_time_limit_until_the_run_finishes(slurm_cluster, slurm_tmp):
-    """time_min=1, signal_lead_s=30: Slurm signals each job (USR1 to its batch shell) 30 s before its limit; it
-    checkpoints at the next safe point and submits its successor (a time-out, counted against max_timeouts);
-    the chain finishes with the uninterrupted run's parameters."""
-    from hpc_jabas.core.jobspec import JobSpec
-    from hpc_jabas.runtime.checkpoint import load_latest
-    from hpc_jabas.slurm.executor import submit
-    from hpc_jabas.slurm.watch import wait_chain
-    chain = slurm_tmp / "chain"
-    # Slurm may send the --signal up to 60 s early (its event resolution), and a loaded machine spends much of a
-    # 1-minute job on start-up: a start can make little progress, so the chain gets more time-outs than the
-    # ideal 1 before it stops counting them (max_timeouts); what is checked is that none loses an iteration.
-    cfg = dict(CHAIN_CFG, emulate_base_s=1.0, slurm={"time_min": 1, "signal_lead_s": 30, "max_timeouts": 12})
-    spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix={"a100": 2},
-                   method="sbatch", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
-    first = submit(spec).job_id
-    res = wait_chain(chain, first, timeout=560, poll_s=1.0)
-    ev = chainlog.read(chain)
-    if not res["ok"]:
-        slurm_cluster.cancel(*res["jobs"])
-    assert res["ok"], (res, json.dumps(ev))
-    req = [e for e in ev if e["event"] == "requeue"]
-    assert req and all(e["reason"] == "timeout" and e["lost_iterations"] == 0 for e in req), req
-    assert len(res["jobs"]) == len(req) + 1 and [e["state"] for e in ev if e["event"] == "end"][-1] == "finished"
-    assert sorted(r["it"] for r in _iterations(chain)) == list(range(30))     # nothing lost, nothing repeated
-    state = load_latest(Path(chain) / "run" / "checkpoints")[0]
-    ref = reference_run({"optimizer": "adam", "lr": 0.01, "plan": PLAN, "steps": 30, "n": 240})
-    for name, want in ref.items():
-        err = float((state["model"][name] - want).abs().max() / (want.abs().max() + 1e-12))
-        assert err <= 1e-6, f"{name}: relative difference {err:.2e} to the uninterrupted run"
-
-
 def test_a_job_that_fails_twice_of_the_same_error_is_not_resubmitted_again(slurm_cluster, slurm_tmp):
     """A task whose builder raises the same error every time: the first failure is resubmitted (it may be a
     one-off), the second, with the same signature (type, message, place), is not; its end event and the job's
