@@ -18,6 +18,10 @@ def pytest_collection_modifyitems(config, items):
     cluster goes to one worker, in file order: they share one cluster, and some drain nodes or fill
     partitions on purpose. The other worker takes the rest (unit, hypothesis and multi-rank tests)."""
     import pytest
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    slurm = [it for it in items if "slurm_cluster" in getattr(it, "fixturenames", ())]
+    for item in slurm:
+        item.add_marker(pytest.mark.xdist_group("slurm"))
+    # the Slurm group is the longest unit of work: collected first, so one worker starts on it at once
+    # (their relative order, and the other tests' order, stay as collected)
+    ids = {id(it) for it in slurm}
+    items[:] = slurm + [it for it in items if id(it) not in ids]
