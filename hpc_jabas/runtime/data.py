@@ -354,8 +354,11 @@ class LoaderFeed:
             batch = next(self._it)
         except StopIteration:
             raise RuntimeError(f"rank {self.rank}: the DataLoader ended inside iteration {self._iteration}") from None
-        except RuntimeError as e:
-            if not (_worker_died(e) and _stop_signalled()):
+        except (RuntimeError, EOFError, OSError) as e:
+            # a worker killed while its batch was in flight fails the unpickling of that batch (EOFError,
+            # ConnectionError from the shared-memory handover) instead of PyTorch's "worker ... killed"
+            died = _worker_died(e) if isinstance(e, RuntimeError) else True
+            if not (died and _stop_signalled()):
                 raise
             log.warning("rank %d: a DataLoader worker died after the stop signal (%s); reading the rest of "
                         "iteration %d here, then stopping at the safe point", self.rank, e, self._iteration)
