@@ -1,0 +1,394 @@
+"""What the simulator reads: a cluster, a job, the gradient statistics over training, a queue model. Pure.
+
+``hpc-jabas simulate CLUSTER.toml JOB.toml`` (core/simulate.py runs it; docs/simulator.md). Every
+problem in a file is one ConfigError line naming the file, the key and what is valid.
+
+Cluster file: top-level ``name``, ``restart_s`` (checkpoint -> first iteration of the next job, what a
+move costs in time and, at the new mix's rate, in money); one ``[[partition]]`` table per partition
+(``name``, ``gpu`` a catalog type, ``nodes``, ``gpus_per_node``, ``rate`` per GPU-hour: a billing weight
+or a price, default the catalog's; ``wait``: its queue wait distribution); ``[queue]`` (``seed``,
+``period_s``: the queue state is redrawn every period of simulated time; ``trace``: a CSV of
+``time_s,partition,wait_s`` rows instead of the distributions; ``estimate``: what a queue-aware
+decision sees, ``exact`` (the wait the job then has: a perfect ``sbatch --test-only``) or ``mean``).
+
+Job file: the data (``samples`` per epoch, ``epochs``), the batch (``batch`` B0, ``batch_min``,
+``batch_max``, ``micro_batch``, ``p``), the initial ``mix`` (default: every GPU of the cluster),
+``stop`` ("progress": train until the statistical progress of ``epochs`` epochs at B0 is made,
+each sample counting E(B) = (B_noise + B0) / (B_noise + B); "samples": exactly ``epochs`` epochs),
+``seed``; ``[model]`` (the perf model: ``profile_dir``, or the emulated model of ``base_s``,
+``per_sample_s`` on a V100, ``b_list``, ``grad_mb``, ``bandwidth_gbs``, ``overlap`` and one relative
+speed per GPU type in ``[model.speeds]``); ``[gradstats]`` (the curve, below); ``[policy]``
+(``gamma``, ``alpha``, ``ramp_at``, ``ramp_factor``, ``warmup``); ``[autoscale]`` (``max_gpus``,
+``min_gpus``, ``max_partitions``, ``unit`` (0: whole nodes), ``exact_upto``, ``margin``,
+``restart_prior_s``, ``budget`` (default: the SimiGrad row's cost), ``max_queue_wait_s``,
+``max_nodes``, ``max_evals``: the search's work caps, ``forecast_history``: decisions the
+forecaster sees).
+
+Gradient statistics (``[gradstats] curve``), the noise scale B_noise(u) at training progress u in [0, 1]:
+
+- ``mccandlish``: B_noise grows as the loss falls (McCandlish et al. 2018, "An Empirical Model of
+  Large-Batch Training": B_noise ~ 1 / loss over a run). B_noise(u) = b_start / L(u), L(u) = l_end +
+  (1 - l_end) exp(-u / tau), l_end = b_start / b_end: b_start at the start, towards b_end at the end.
+- ``merrill``: the rise-then-plateau of the critical batch size that Merrill et al. (2025, "Critical
+  Batch Size Revisited") measured on OLMo: B(u) = b_min + (b_plateau - b_min) (1 - exp(-u / u_rise)).
+  The shape is theirs; the numbers are parameters, not their fit.
+- ``trace``: a recorded run's ``metrics.jsonl`` (``path``): its decision records' ``stats.b_noise``
+  (or, without one, the noise scale the similarity implies), u = iteration / last iteration.
+
+From B_noise the policies get what they measure: the goodput policy (|G|^2, tr(Sigma)) = (1, B_noise);
+the similarity policy the expected cosine of two half-batch means of B/2 samples each,
+B / (B + 2 B_noise); both times a lognormal measurement noise of ``noise`` (sigma, seeded).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import tomllib
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpc_jabas.core import gpus as catalog
+from hpc_jabas.errors import ConfigError
+
+CURVES = ("mccandlish", "merrill", "trace")
+WAIT_DISTS = ("none", "fixed", "exponential", "lognormal")
+STOPS = ("progress", "samples")
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(p)!r} does not exist; give a TOML file")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {str(p)!r} is not valid TOML ({e})") from None
+
+
+class _Keys:
+    """Typed reads of one TOML table; unknown keys are an error (a typo must not pass silently)."""
+
+    def __init__(self, d: Any, where: str, known: Sequence[str]) -> None:
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"{where} must be a table, got {d!r}")
+        bad = sorted(set(d) - set(known))
+        if bad:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(known)}")
+        self.d, self.where = d, where
+
+    def num(self, k: str, default: float | None, lo: float | None = 0.0, lo_open: bool = False) -> float | None:
+        v = self.d.get(k, default)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or (lo is not None and (v <= lo if lo_open else v < lo)):
+            cmp = ">" if lo_open else ">="
+            raise ConfigError(f"{self.where}: {k}={v!r} is invalid; it must be a number {cmp} {lo:g}")
+        return float(v)
+
+    def int(self, k: str, default: int | None, lo: int = 1) -> int | None:
+        v = self.d.get(k, default)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{self.where}: {k}={v!r} is invalid; it must be an integer >= {lo}")
+        return v
+
+    def str(self, k: str, default: str, choices: Sequence[str] | None = None) -> str:
+        v = self.d.get(k, default)
+        if not isinstance(v, str) or (choices and v not in choices):
+            valid = f"one of {', '.join(choices)}" if choices else "a string"
+            raise ConfigError(f"{self.where}: {k}={v!r} is invalid; it must be {valid}")
+        return v
+
+
+# ---------------------------------------------------------------- the queue
+
+@dataclass(frozen=True)
+class WaitDist:
+    """A partition's queue wait (s): none, fixed (``mean_s``), exponential (``mean_s``) or lognormal
+    (``median_s``, ``sigma``)."""
+
+    dist: str = "none"
+    mean_s: float = 0.0
+    median_s: float = 0.0
+    sigma: float = 1.0
+
+    def draw(self, rng: np.random.Generator) -> float:
+        if self.dist == "none":
+            return 0.0
+        if self.dist == "fixed":
+            return self.mean_s
+        if self.dist == "exponential":
+            return float(rng.exponential(self.mean_s)) if self.mean_s > 0 else 0.0
+        return float(self.median_s * math.exp(self.sigma * float(rng.standard_normal())))
+
+    @property
+    def mean(self) -> float:
+        if self.dist == "lognormal":
+            return self.median_s * math.exp(self.sigma ** 2 / 2)
+        return 0.0 if self.dist == "none" else self.mean_s
+
+
+def _wait(d: Any, where: str) -> WaitDist:
+    if d is None:
+        return WaitDist()
+    k = _Keys(d, where, ("dist", "mean_s", "median_s", "sigma"))
+    dist = k.str("dist", "none", WAIT_DISTS)
+    out = WaitDist(dist, k.num("mean_s", 0.0) or 0.0, k.num("median_s", 0.0) or 0.0, k.num("sigma", 1.0) or 0.0)
+    if dist in ("fixed", "exponential") and "mean_s" not in d or dist == "lognormal" and "median_s" not in d:
+        raise ConfigError(f"{where}: dist={dist!r} needs {'median_s' if dist == 'lognormal' else 'mean_s'}")
+    return out
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    rate: float
+    wait: WaitDist = field(default_factory=WaitDist)
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass
+class QueueModel:
+    """The wait a job submitted at simulated time t on a mix has: the largest of its partitions' waits
+    (a heterogeneous job starts when its last component does). The waits at t come from the partitions'
+    distributions, redrawn every ``period_s`` from a generator seeded by (seed, partition, period): the
+    same for every strategy at the same time (common random numbers), whatever was asked before. With a
+    ``trace`` (time_s, partition, wait_s rows), a partition's wait at t is its last row at or before t."""
+
+    partitions: dict[str, Partition]
+    seed: int = 0
+    period_s: float = 3600.0
+    trace: dict[str, tuple[list[float], list[float]]] | None = None
+    estimate: str = "exact"
+
+    def part_wait(self, part: str, t: float) -> float:
+        if self.trace is not None:
+            ts, ws = self.trace.get(part, ([], []))
+            i = bisect_right(ts, t) - 1
+            return ws[i] if i >= 0 else 0.0
+        k = int(t // self.period_s) if self.period_s > 0 else 0
+        idx = sorted(self.partitions).index(part)
+        rng = np.random.default_rng([self.seed, idx, k])
+        return self.partitions[part].wait.draw(rng)
+
+    def wait(self, mix: Mapping[str, int], t: float) -> float:
+        return max((self.part_wait(p, t) for p, n in mix.items() if n), default=0.0)
+
+    def expected(self, mix: Mapping[str, int], t: float) -> float:
+        """What a queue-aware decision sees at t: the wait itself ('exact') or the distributions' means."""
+        if self.estimate == "exact" or self.trace is not None:
+            return self.wait(mix, t)
+        return max((self.partitions[p].wait.mean for p, n in mix.items() if n), default=0.0)
+
+
+def _read_trace(path: Path, parts: Mapping[str, Partition]) -> dict[str, tuple[list[float], list[float]]]:
+    if not path.is_file():
+        raise ConfigError(f"queue trace {str(path)!r} does not exist; give a CSV of time_s,partition,wait_s rows")
+    rows: dict[str, list[tuple[float, float]]] = {}
+    with open(path, newline="") as f:
+        for i, row in enumerate(csv.reader(f), 1):
+            if not row or row[0].strip().startswith("#") or row[0].strip() == "time_s":
+                continue
+            try:
+                t, part, w = float(row[0]), row[1].strip(), float(row[2])
+            except (ValueError, IndexError):
+                raise ConfigError(f"queue trace {str(path)!r}, line {i}: {row!r} is not time_s,partition,wait_s") \
+                    from None
+            if part not in parts or not (w >= 0 and math.isfinite(w) and math.isfinite(t)):
+                raise ConfigError(f"queue trace {str(path)!r}, line {i}: unknown partition {part!r} or bad wait; "
+                                  f"partitions: {', '.join(sorted(parts))}")
+            rows.setdefault(part, []).append((t, w))
+    out = {}
+    for p, rs in rows.items():
+        rs.sort()
+        out[p] = ([t for t, _ in rs], [w for _, w in rs])
+    return out
+
+
+@dataclass
+class Cluster:
+    name: str
+    partitions: dict[str, Partition]
+    restart_s: float
+    queue: QueueModel
+
+    @property
+    def types(self) -> dict[str, str]:
+        return {p: q.gpu for p, q in sorted(self.partitions.items())}
+
+    @property
+    def capacity(self) -> dict[str, int]:
+        return {p: q.gpus for p, q in sorted(self.partitions.items())}
+
+    @property
+    def rates(self) -> dict[str, float]:
+        return {p: q.rate for p, q in sorted(self.partitions.items())}
+
+    @property
+    def units(self) -> dict[str, int]:
+        return {p: q.gpus_per_node for p, q in sorted(self.partitions.items())}
+
+
+def cluster_from_dict(d: Mapping[str, Any], where: str = "cluster", base: Path | None = None) -> Cluster:
+    k = _Keys(d, where, ("name", "restart_s", "partition", "queue"))
+    plist = d.get("partition")
+    if not isinstance(plist, list) or not plist:
+        raise ConfigError(f"{where}: no [[partition]] table; give at least one (name, gpu, nodes, gpus_per_node)")
+    parts: dict[str, Partition] = {}
+    for i, pd in enumerate(plist):
+        pw = f"{where}: partition {i + 1}"
+        pk = _Keys(pd, pw, ("name", "gpu", "nodes", "gpus_per_node", "rate", "wait"))
+        name = pk.str("name", "")
+        if not name or name in parts:
+            raise ConfigError(f"{pw}: name={name!r} is missing or repeated; every partition needs its own name")
+        gpu = catalog.normalize(pk.str("gpu", ""))
+        rate = pk.num("rate", catalog.get(gpu).price_per_hour)
+        parts[name] = Partition(name, gpu, pk.int("nodes", 1) or 1, pk.int("gpus_per_node", 4) or 4,
+                                float(rate or 0.0), _wait(pd.get("wait"), f"{pw} ({name}) wait"))
+    qk = _Keys(d.get("queue", {}), f"{where}: [queue]", ("seed", "period_s", "trace", "estimate"))
+    trace = None
+    if "trace" in d.get("queue", {}):
+        tp = Path(qk.str("trace", ""))
+        trace = _read_trace(tp if tp.is_absolute() or base is None else base / tp, parts)
+    queue = QueueModel(parts, qk.int("seed", 0, lo=0) or 0, qk.num("period_s", 3600.0, lo_open=True) or 3600.0,
+                       trace, qk.str("estimate", "exact", ("exact", "mean")))
+    return Cluster(k.str("name", "cluster"), parts, float(k.num("restart_s", 60.0) or 0.0), queue)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    return cluster_from_dict(read_toml(path, "cluster file"), f"cluster file {str(path)!r}", Path(path).parent)
+
+
+# ---------------------------------------------------------------- gradient statistics
+
+@dataclass(frozen=True)
+class NoiseCurve:
+    """B_noise at training progress u in [0, 1] (module docstring), plus the measurement noise."""
+
+    kind: str
+    params: dict[str, float]
+    noise: float = 0.2
+    trace: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+
+    def b_noise(self, u: float) -> float:
+        u = min(max(float(u), 0.0), 1.0)
+        q = self.params
+        if self.kind == "mccandlish":
+            l_end = q["b_start"] / q["b_end"]
+            return q["b_start"] / (l_end + (1.0 - l_end) * math.exp(-u / q["tau"]))
+        if self.kind == "merrill":
+            return q["b_min"] + (q["b_plateau"] - q["b_min"]) * (1.0 - math.exp(-u / q["u_rise"]))
+        assert self.trace is not None
+        us, bs = self.trace
+        return float(np.interp(u, us, bs))
+
+
+def read_noise_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(u, B_noise) of a run's metrics.jsonl decision records (module docstring)."""
+    if not path.is_file():
+        raise ConfigError(f"gradstats trace {str(path)!r} does not exist; give a run's metrics.jsonl")
+    pts: list[tuple[int, float]] = []
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue                                  # a torn last line of a live run
+        st = r.get("stats") if isinstance(r, dict) and r.get("type") == "decision" else None
+        if not isinstance(st, dict):
+            continue
+        it = r.get("at_iteration", r.get("it", 0))
+        bn, sim, B = st.get("b_noise"), st.get("similarity"), r.get("B")
+        if isinstance(bn, (int, float)) and math.isfinite(bn) and bn > 0:
+            pts.append((int(it), float(bn)))
+        elif isinstance(sim, (int, float)) and 0 < sim < 1 and isinstance(B, (int, float)):
+            pts.append((int(it), float(B) * (1 - sim) / (2 * sim)))
+    if len(pts) < 2:
+        raise ConfigError(f"gradstats trace {str(path)!r} has {len(pts)} decision(s) with a noise scale or a "
+                          "similarity; it needs at least 2")
+    pts.sort()
+    last = max(pts[-1][0], 1)
+    return tuple(i / last for i, _ in pts), tuple(b for _, b in pts)
+
+
+_CURVE_KEYS = {"mccandlish": {"b_start": 256.0, "b_end": 8192.0, "tau": 0.3},
+               "merrill": {"b_min": 64.0, "b_plateau": 4096.0, "u_rise": 0.15}, "trace": {}}
+
+
+def noise_curve(d: Any, where: str, base: Path | None = None) -> NoiseCurve:
+    d = d or {}
+    kind = _Keys({"curve": d.get("curve", "mccandlish")}, where, ("curve",)).str("curve", "mccandlish", CURVES)
+    k = _Keys(d, where, ("curve", "noise", "path", *_CURVE_KEYS[kind]))
+    params = {n: float(k.num(n, v, lo=0.0, lo_open=True) or v) for n, v in _CURVE_KEYS[kind].items()}
+    trace = None
+    if kind == "trace":
+        tp = Path(k.str("path", ""))
+        trace = read_noise_trace(tp if tp.is_absolute() or base is None else base / tp)
+    return NoiseCurve(kind, params, float(k.num("noise", 0.2) or 0.0), trace)
+
+
+# ---------------------------------------------------------------- the job
+
+@dataclass
+class Job:
+    samples: int
+    epochs: int
+    batch: int
+    batch_min: int
+    batch_max: int
+    micro_batch: int | None
+    p: int
+    mix: dict[str, int] | None
+    stop: str
+    seed: int
+    model: dict[str, Any]
+    gradstats: NoiseCurve
+    policy: dict[str, Any]
+    autoscale: dict[str, Any]
+    name: str = "job"
+
+
+_JOB_KEYS = ("name", "samples", "epochs", "batch", "batch_min", "batch_max", "micro_batch", "p", "mix", "stop",
+             "seed", "model", "gradstats", "policy", "autoscale")
+_MODEL_KEYS = ("profile_dir", "base_s", "per_sample_s", "b_list", "grad_mb", "bandwidth_gbs", "overlap", "speeds")
+_POLICY_KEYS = ("gamma", "alpha", "ramp_at", "ramp_factor", "warmup")
+_AUTOSCALE_KEYS = ("max_gpus", "min_gpus", "max_partitions", "unit", "exact_upto", "margin", "restart_prior_s",
+                   "budget", "max_queue_wait_s", "max_nodes", "max_evals", "forecast_history")
+
+
+def job_from_dict(d: Mapping[str, Any], where: str = "job", base: Path | None = None) -> Job:
+    k = _Keys(d, where, _JOB_KEYS)
+    B = k.int("batch", 256) or 256
+    lo, hi = k.int("batch_min", B) or B, k.int("batch_max", B) or B
+    if not lo <= B <= hi:
+        raise ConfigError(f"{where}: need batch_min <= batch <= batch_max, got {lo}, {B}, {hi}")
+    mix = d.get("mix")
+    if mix is not None and (not isinstance(mix, Mapping) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in mix.values())):
+        raise ConfigError(f"{where}: mix={mix!r} is invalid; give a table partition = GPU count")
+    model = dict(_Keys(d.get("model", {}), f"{where}: [model]", _MODEL_KEYS).d)
+    policy = dict(_Keys(d.get("policy", {}), f"{where}: [policy]", _POLICY_KEYS).d)
+    auto = dict(_Keys(d.get("autoscale", {}), f"{where}: [autoscale]", _AUTOSCALE_KEYS).d)
+    return Job(samples=k.int("samples", 50_000) or 1, epochs=k.int("epochs", 10) or 1, batch=B, batch_min=lo,
+               batch_max=hi, micro_batch=k.int("micro_batch", None), p=k.int("p", 100) or 100,
+               mix=None if mix is None else {str(p): int(n) for p, n in mix.items() if n},
+               stop=k.str("stop", "progress", STOPS), seed=k.int("seed", 0, lo=0) or 0, model=model,
+               gradstats=noise_curve(d.get("gradstats"), f"{where}: [gradstats]", base), policy=policy,
+               autoscale=auto, name=k.str("name", "job"))
+
+
+def load_job(path: str | Path) -> Job:
+    return job_from_dict(read_toml(path, "job file"), f"job file {str(path)!r}", Path(path).parent)

@@ -1,0 +1,401 @@
+"""Whole training jobs in simulated time, on the project's own decision core. Pure.
+
+The simulator owns no decision: every iteration time is the perf model's (core/perfmodel.py) for the plan
+the job's planner makes (core/planning: ``make_planner``; for the optimal identical-b planner the same
+times from ``grouptimes.group_space``, what the auto-scaler prices too), every B comes from a policy of
+core/policy.py (``make_policy``) fed with simulated gradient statistics (core/simconfig.py), every epoch
+end runs the forecaster (core/forecast.py) and the auto-scaler's search (core/mixsearch.py, pricing with
+``autoscale.epoch_time_fn`` and ``mixsearch.perf_bound``), and a move costs what it costs on the cluster:
+the restart time (at the new mix's rate) and the queue wait (unbilled). tests/test_simulate.py fails if
+this module defines its own version of any of them. The time line (docs/simulator.md):
+
+- an epoch is ``samples`` samples; iterations run in periods of ``p`` (the global iteration count, as
+  the trainer's); each period's iterations take ``space.iter_time(B)`` each, the epoch's last one a full
+  iteration of B (as ``autoscale.epoch_time_fn`` prices it) for the samples left;
+- at the end of every period the policy decides the next B from the statistics at the progress then;
+- ``stop = "progress"``: the run ends once the statistical progress of ``epochs`` epochs at B0 is made
+  (each sample counts E(B) = (B_noise + B0) / (B_noise + B), core/stats.py), possibly mid-epoch;
+  ``"samples"``: after exactly ``epochs`` epochs;
+- the first job waits in the queue for its mix; each move adds the new mix's wait, then ``restart_s``.
+
+Strategies (``STRATEGIES``), compared on the same job, cluster and seed:
+static (fixed B, equal local batches: plain Horovod/DDP), lbbsp (fixed B split in proportion to the
+perf model's per-type speeds), simigrad (the similarity policy, equal split, static allocation), jabas
+(similarity policy, optimal planner, time-minimising auto-scaling that ignores the restart overhead and
+the queue, no margin, as JABAS's released code), hpcjabas-cost (goodput policy, cost objective),
+hpcjabas-budget (goodput, least time under a budget: default the SimiGrad row's cost), hpcjabas-queue
+(goodput, time objective with the expected queue wait priced and ``max_queue_wait_s``), ramp (the
+ramp policy on the static allocation, optimal planner).
+
+No clock here: ``clock`` (a function returning seconds, e.g. ``time.perf_counter``) may be passed in
+to time the epoch-end decisions (``decision_ms``).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from hpc_jabas.core import autoscale, forecast, mixsearch
+from hpc_jabas.core.grouptimes import group_space
+from hpc_jabas.core.mixbound import peak_rate
+from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
+from hpc_jabas.core.planning import BatchSpace, make_planner, snap_nearest
+from hpc_jabas.core.policy import PolicyState, make_lr_rule, make_policy
+from hpc_jabas.core.simconfig import Cluster, Job
+from hpc_jabas.core.stats import statistical_efficiency
+from hpc_jabas.errors import ConfigError, InfeasibleError
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    policy: str                  # fixed | similarity | noise-scale | ramp
+    planner: str                 # equal | lbbsp | optimal
+    objective: str | None        # None: the initial mix throughout
+    queue_aware: bool = False
+    overhead_aware: bool = True  # False: JABAS (restart overhead priced 0, no margin)
+    label: str = ""
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("static", "fixed", "equal", None, label="static, fixed B, equal local batches"),
+    Strategy("lbbsp", "fixed", "lbbsp", None, label="LB-BSP: fixed B, speed-proportional split"),
+    Strategy("simigrad", "similarity", "equal", None, label="SimiGrad on the static allocation"),
+    Strategy("jabas", "similarity", "optimal", "time", overhead_aware=False,
+             label="JABAS: adaptive B + time-minimising auto-scaling"),
+    Strategy("hpcjabas-cost", "noise-scale", "optimal", "cost", label="hpc-jabas: goodput + cost objective"),
+    Strategy("hpcjabas-budget", "noise-scale", "optimal", "time-under-budget",
+             label="hpc-jabas: least time under a budget"),
+    Strategy("hpcjabas-queue", "noise-scale", "optimal", "time", queue_aware=True,
+             label="hpc-jabas: queue-aware moves"),
+    Strategy("ramp", "ramp", "optimal", None, label="ramp: B x2 at 25/50/75% of the run"),
+)}
+BASELINE = "simigrad"
+MAX_EPOCH_FACTOR = 10            # stop = "progress": give up after this many times the configured epochs
+
+
+def build_model(job: Job, types: Sequence[str]) -> PerfModel:
+    """The job's perf model: its ``profile_dir``, or the emulated model of its [model] table."""
+    m = job.model
+    if m.get("profile_dir"):
+        return PerfModel.load(str(m["profile_dir"]))
+    speeds = m.get("speeds") or {}
+    if not isinstance(speeds, Mapping):
+        raise ConfigError("job [model] speeds must be a table GPU type = speed relative to a V100")
+    b_list = m.get("b_list", [8, 16, 32, 64, 128, 256])
+    mb = job.micro_batch
+    bl = sorted(set(int(b) for b in b_list) | ({mb} if mb else set()))
+    ar = AllreduceModel(bandwidth=float(m.get("bandwidth_gbs", 10.0)) * 1e9)
+    return PerfModel.emulated(sorted(set(types)), bl, float(m.get("base_s", 0.004)),
+                              float(m.get("per_sample_s", 0.0025)), speeds={k: float(v) for k, v in speeds.items()},
+                              grad_bytes=float(m.get("grad_mb", 100.0)) * 1e6, allreduce=ar,
+                              overlap=float(m.get("overlap", 0.0)))
+
+
+@dataclass
+class Result:
+    """One strategy's run: per-epoch records, the B trajectory, the epoch-end decisions and the totals."""
+
+    strategy: str
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    trajectory: list[tuple[int, int]] = field(default_factory=list)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    totals: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "label": STRATEGIES[self.strategy].label if self.strategy in STRATEGIES
+                else self.strategy, "totals": self.totals, "epochs": self.epochs,
+                "trajectory": [list(x) for x in self.trajectory], "decisions": self.decisions}
+
+
+class Simulation:
+    """A job on a cluster; :meth:`run` plays one strategy, :meth:`compare` several."""
+
+    def __init__(self, cluster: Cluster, job: Job, model: PerfModel | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.cluster, self.job = cluster, job
+        self.types = cluster.types
+        self.model = model if model is not None else build_model(job, list(self.types.values()))
+        self.clock = clock
+        mix = job.mix if job.mix is not None else cluster.capacity
+        bad = [p for p in mix if p not in self.types or mix[p] > cluster.capacity[p]]
+        if bad or not mix:
+            raise ConfigError(f"initial mix {mix!r} names unknown partitions or more GPUs than they have "
+                              f"({', '.join(bad) or 'empty'}); partitions: {cluster.capacity}")
+        self.mix0 = autoscale._norm_mix(mix)
+        self._spaces: dict[tuple[Any, ...], BatchSpace] = {}
+        self.auto = dict(job.autoscale)
+        for t in set(self.types.values()):
+            self.model.profile(t)                                  # every type has a profile (one line if not)
+
+    # ---- the iteration times: the planner's plans priced by the perf model ------------------------
+    def speeds(self, gl: Sequence[str]) -> list[float]:
+        """Per rank: its type's samples/s at the job's micro-batch (LB-BSP splits by measured speeds)."""
+        b = self.job.micro_batch
+        out = []
+        for g in gl:
+            prof = self.model.profile(g)
+            out.append(b / prof.time(b) if b else peak_rate(self.model, g))
+        return out
+
+    def space(self, mix: Mapping[str, int], planner: str, lo: int, hi: int) -> BatchSpace:
+        key = (autoscale.mix_key(mix), planner, lo, hi)
+        if key not in self._spaces:
+            gl = autoscale.expand_mix(mix, self.types)
+            mb = self.job.micro_batch
+            if planner == "optimal":           # the identical-b optimal planner's times, without 4,096-rank plans
+                sp = group_space(gl, self.model, lo, hi, [mb] if mb else None)
+            else:
+                speeds = [1.0] * len(gl) if planner == "equal" else self.speeds(gl)
+                cfg = SimpleNamespace(planner="lbbsp", micro_batch=mb or 1, speeds=speeds, plan=None,
+                                      identical_micro_batch="true", emulate=False)
+                sp = make_planner(cfg, gl, self.model, identical_b=True, speed_factors=None).batch_space(lo, hi)
+            self._spaces[key] = sp
+        return self._spaces[key]
+
+    # ---- one strategy --------------------------------------------------------------------------
+    def run(self, name: str, budget: float | None = None) -> Result:
+        if name not in STRATEGIES:
+            raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
+        st, job, cl = STRATEGIES[name], self.job, self.cluster
+        N, p, B0 = job.samples, job.p, job.batch
+        adaptive = st.policy != "fixed"
+        lo, hi = (job.batch_min, job.batch_max) if adaptive else (B0, B0)
+        pol = job.policy
+        kw: dict[str, Any] = {"B_min": lo, "B_max": hi, "p": p}
+        if st.policy == "similarity":
+            kw.update(gamma=pol.get("gamma", 0.1), alpha=pol.get("alpha", 0.1))
+        elif st.policy == "noise-scale":
+            kw.update(B0=B0, warmup=pol.get("warmup", 3))
+        elif st.policy == "ramp":
+            kw.update(B0=B0, at=pol.get("ramp_at", [0.25, 0.5, 0.75]), factor=pol.get("ramp_factor", 2.0))
+        policy = make_policy(st.policy, **kw)
+        lr_rule = make_lr_rule("auto", B0, st.policy)
+        rng = np.random.default_rng([job.seed, sorted(STRATEGIES).index(name)])
+        curve = job.gradstats
+        res = Result(name)
+        mix = dict(self.mix0)
+        space = self.space(mix, st.planner, lo, hi)
+        B = snap_nearest(space, B0)
+        res.trajectory.append((0, B))
+        target = float(job.epochs * N)
+        done_eff = 0.0                                   # statistical progress, in samples at B0
+        t = wait0 = cl.queue.wait(mix, 0.0)
+        cost = gpu_h = 0.0
+        restarts, qwait, it = 0, wait0, 0
+        overhead = autoscale.RestartOverhead(float(self.auto.get("restart_prior_s", autoscale.RESTART_PRIOR_S)))
+        budget_total = self.auto.get("budget", budget)
+        max_epochs = job.epochs if job.stop == "samples" else job.epochs * MAX_EPOCH_FACTOR
+        last_stay: Any = None
+        for epoch in range(max_epochs):
+            rate = autoscale.mix_rate(mix, cl.rates)
+            gpus = sum(mix.values())
+            left, ep_t, ep_samples, B_start = N, 0.0, 0, B
+            sw = 0.0
+            while left > 0:
+                u = min(done_eff / target, 1.0)
+                T = space.iter_time(B)
+                assert T is not None
+                its = min(p - it % p, math.ceil(left / B))
+                eff = statistical_efficiency(B, curve.b_noise(u), B0) if job.stop == "progress" else 1.0
+                if job.stop == "progress":
+                    its = min(its, max(1, math.ceil((target - done_eff) / (B * eff))))
+                n = min(its * B, left)
+                ep_t += its * T
+                left -= n
+                ep_samples += n
+                sw += n * B
+                done_eff += n * eff
+                it += its
+                if job.stop == "progress" and done_eff >= target * (1 - 1e-12):
+                    break
+                if adaptive and it % p == 0:
+                    B = self._decide(policy, B, it, min(done_eff / target, 1.0), space, rng, res)
+            cost += ep_t * rate / 3600.0
+            gpu_h += ep_t * gpus / 3600.0
+            t += ep_t
+            rec: dict[str, Any] = {
+                "epoch": epoch, "mix": autoscale.mix_label(mix), "gpus": gpus, "B_start": B_start, "B_end": B,
+                "B_mean": round(sw / ep_samples, 1) if ep_samples else B, "lr_scale": round(lr_rule.lr_scale(B), 4),
+                "samples": ep_samples, "time_s": round(ep_t, 3), "cost": round(ep_t * rate / 3600.0, 6),
+                "progress": round(min(done_eff / target, 1.0), 6), "restart": False, "queue_wait_s": 0.0,
+                "wall_s": round(t, 3)}
+            res.epochs.append(rec)
+            finished = (job.stop == "progress" and done_eff >= target * (1 - 1e-12)) or \
+                (job.stop == "samples" and epoch + 1 >= job.epochs)
+            if finished or st.objective is None:
+                if finished:
+                    break
+                continue
+            # ---- epoch end: forecast, search, maybe move -----------------------------------------
+            u = min(done_eff / target, 1.0)
+            if job.stop == "samples":
+                R = float(job.epochs - epoch - 1)
+            else:
+                R = max(0.05, (target - done_eff) / (N * statistical_efficiency(B, curve.b_noise(u), B0)))
+            spent = cost
+            choice, ms = self._autoscale(st, mix, res.trajectory, it, R, t, overhead,
+                                         None if budget_total is None else float(budget_total) - spent, last_stay)
+            res.decisions.append({"epoch": epoch, "it": it, "move": choice.move, "mix": autoscale.mix_label(choice.mix),
+                                  "reason": choice.reason, "decision_ms": ms, "remaining_epochs": round(R, 3)})
+            if not choice.move:
+                last_stay = self._stay_key
+                continue
+            last_stay = None
+            new = dict(choice.mix)
+            w = cl.queue.wait(new, t)
+            new_rate = autoscale.mix_rate(new, cl.rates)
+            t += w + cl.restart_s
+            cost += cl.restart_s * new_rate / 3600.0
+            gpu_h += cl.restart_s * sum(new.values()) / 3600.0
+            restarts += 1
+            qwait += w
+            if st.overhead_aware:
+                overhead.record(cl.restart_s)
+            rec.update(restart=True, queue_wait_s=round(w, 3), moved_to=autoscale.mix_label(new))
+            mix = new
+            space = self.space(mix, st.planner, lo, hi)
+            nb = snap_nearest(space, B, ref=B)
+            if nb != B:
+                B = nb
+                res.trajectory.append((it, B))
+            if hasattr(policy, "last"):
+                policy.last = None                          # B set from outside: the similarity policy restarts
+        res.totals = {"time_s": round(t, 3), "cost": round(cost, 4), "gpu_hours": round(gpu_h, 4),
+                      "restarts": restarts, "queue_wait_s": round(qwait, 3), "epochs": len(res.epochs),
+                      "samples": sum(e["samples"] for e in res.epochs), "iterations": it,
+                      "progress": round(min(done_eff / target, 1.0), 6), "final_mix": autoscale.mix_label(mix),
+                      "decision_ms_max": max((d["decision_ms"] or 0.0 for d in res.decisions), default=0.0)}
+        return res
+
+    def _decide(self, policy: Any, B: int, it: int, u: float, space: BatchSpace, rng: np.random.Generator,
+                res: Result) -> int:
+        """The policy's decision on simulated statistics (simconfig.py's module docstring)."""
+        curve = self.job.gradstats
+        bn = curve.b_noise(u)
+        z = rng.standard_normal(2) * curve.noise
+        g2, s = math.exp(float(z[0])), bn * math.exp(float(z[1]))
+        sim = B / (B + 2.0 * s / g2)
+        d = policy.decide(PolicyState(B=B, iteration=it, similarity=sim, g2=g2, s=s, progress=u), space)
+        if d.B != B:
+            res.trajectory.append((it, d.B))
+        return int(d.B)
+
+    def _autoscale(self, st: Strategy, mix: Mix, traj: list[tuple[int, int]], it: int, R: float, t: float,
+                   overhead: autoscale.RestartOverhead, budget_left: float | None,
+                   last_stay: Any) -> tuple[autoscale.Choice, float | None]:
+        job, cl, a = self.job, self.cluster, self.auto
+        N, p = job.samples, job.p
+        lo, hi = job.batch_min, job.batch_max
+        t0 = self.clock() if self.clock else None
+        hist = traj[-int(a.get("forecast_history", 64)):]
+        fp = p if st.policy != "fixed" else max(1, math.ceil(N / traj[-1][1]))
+        fc = forecast.forecast_next_epoch(hist, lambda b: math.ceil(N / b), period_p=fp, B_min=lo, B_max=hi,
+                                          start_iter=it)
+        mb = job.micro_batch
+        obj = st.objective or "time"
+        prior = overhead.seconds if st.overhead_aware else 0.0
+        self._stay_key = (autoscale.mix_key(mix), tuple(fc), prior)
+        if obj in ("time", "cost") and not st.queue_aware and last_stay == self._stay_key:
+            # the same forecast, mix and overhead as a decision that stayed: with fewer epochs left a move
+            # pays off less (the overhead is amortised over less), so the search would stay again
+            return (autoscale.Choice(dict(mix), "inputs unchanged since the last decision, which stayed", []),
+                    None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0))
+        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, [mb] if mb else None, planner="optimal",
+                                     B_min=lo, B_max=hi)
+        bound = mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo, micro_batch=mb)
+        unit = int(a.get("unit", 0))
+        units: int | dict[str, int] = cl.units if unit == 0 else unit
+        wait_fn = (lambda m: cl.queue.expected(m, t)) if st.queue_aware else None
+        kw: dict[str, Any] = {}
+        if obj == "time-under-budget":
+            kw["budget"] = max(0.0, budget_left if budget_left is not None else math.inf)
+        caps = {k: int(a[k]) for k in ("max_nodes", "max_evals") if k in a}
+        try:
+            ch = mixsearch.search(
+                mix, cl.capacity, self.types, fn, cl.rates, obj, prior, bound,
+                max_gpus=int(a.get("max_gpus", sum(cl.capacity.values()))), min_gpus=int(a.get("min_gpus", 1)),
+                max_partitions=a.get("max_partitions"), unit=units, exact_upto=int(a.get("exact_upto", 0)),
+                margin=float(a.get("margin", 0.05)) if st.overhead_aware else 0.0, remaining_epochs=R,
+                wait_fn=wait_fn, max_queue_wait_s=a.get("max_queue_wait_s") if st.queue_aware else None,
+                **caps, **kw)
+        except InfeasibleError as e:
+            ch = autoscale.Choice(dict(mix), f"skipped: {e}", [])
+        ms = None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0)
+        return ch, ms
+
+    _stay_key: Any = None
+
+    # ---- several strategies ------------------------------------------------------------------------
+    def compare(self, names: Sequence[str] | None = None) -> dict[str, Result]:
+        """Every named strategy (default: all) on the same job, cluster and seed; the budget of
+        hpcjabas-budget defaults to the SimiGrad row's cost (run first when needed)."""
+        names = list(names or STRATEGIES)
+        bad = [n for n in names if n not in STRATEGIES]
+        if bad:
+            raise ConfigError(f"unknown strategy {', '.join(bad)}; valid: {', '.join(STRATEGIES)}")
+        out: dict[str, Result] = {}
+        need_base = BASELINE in names or ("hpcjabas-budget" in names and "budget" not in self.auto)
+        if need_base:
+            out[BASELINE] = self.run(BASELINE)
+        for n in names:
+            if n in out:
+                continue
+            out[n] = self.run(n, budget=out[BASELINE].totals["cost"] if BASELINE in out else None)
+        return {n: out[n] for n in names} | ({BASELINE: out[BASELINE]} if BASELINE in out else {})
+
+
+Mix = dict[str, int]
+COLUMNS = ("time_s", "cost", "gpu_hours", "restarts", "queue_wait_s")
+
+
+def relative(results: Mapping[str, Result], base: str = BASELINE) -> dict[str, dict[str, float | None]]:
+    """Each strategy's totals relative to ``base``'s (ratio; None when the base's value is 0)."""
+    ref = results[base].totals if base in results else None
+    out: dict[str, dict[str, float | None]] = {}
+    for n, r in results.items():
+        row: dict[str, float | None] = {}
+        for c in COLUMNS:
+            v = float(r.totals[c])
+            b = float(ref[c]) if ref else 0.0
+            row[c] = v / b if b else None
+        out[n] = row
+    return out
+
+
+def table(results: Mapping[str, Result], base: str = BASELINE) -> str:
+    """The comparison table: totals, each relative to the base row (x1.00 = same as SimiGrad)."""
+    rel = relative(results, base)
+    head = f"{'strategy':<16} {'time':>14} {'cost':>16} {'GPU-h':>16} {'restarts':>12} {'queue wait':>16} {'epochs':>6}"
+    lines = [head, "-" * len(head)]
+
+    def cell(v: float, r: float | None, fmt: str, w: int) -> str:
+        s = format(v, fmt) + (f" x{r:.2f}" if r is not None else "      ")
+        return f"{s:>{w}}"
+    for n, r in results.items():
+        tt, rr = r.totals, rel[n]
+        lines.append(f"{n:<16} {cell(tt['time_s'] / 3600, rr['time_s'], '.2f', 12)}h "
+                     f"{cell(tt['cost'], rr['cost'], '.2f', 16)} {cell(tt['gpu_hours'], rr['gpu_hours'], '.1f', 16)} "
+                     f"{cell(tt['restarts'], rr['restarts'], 'd', 12)} "
+                     f"{cell(tt['queue_wait_s'] / 3600, rr['queue_wait_s'], '.2f', 15)}h {tt['epochs']:>6}")
+    return "\n".join(lines)
+
+
+def epoch_table(res: Result) -> str:
+    """One strategy's epochs: B trajectory, allocation, epoch time, cost, restarts and queue wait."""
+    head = f"{'epoch':>5} {'mix':<28} {'B start->end':>15} {'B mean':>9} {'time s':>10} {'cost':>9} " \
+           f"{'restart':>7} {'wait s':>8}"
+    lines = [f"strategy {res.strategy}", head]
+    for e in res.epochs:
+        lines.append(f"{e['epoch']:>5} {e['mix'][:28]:<28} {str(e['B_start']) + '->' + str(e['B_end']):>15} "
+                     f"{e['B_mean']:>9.0f} {e['time_s']:>10.1f} {e['cost']:>9.3f} {'yes' if e['restart'] else '':>7} "
+                     f"{e['queue_wait_s']:>8.0f}")
+    tt = res.totals
+    lines.append(f"total: {tt['time_s']:.1f} s, cost {tt['cost']:.3f}, {tt['gpu_hours']:.2f} GPU-h, "
+                 f"{tt['restarts']} restarts, queue wait {tt['queue_wait_s']:.0f} s, final mix {tt['final_mix']}")
+    return "\n".join(lines)
