@@ -15,7 +15,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-SUBCOMMANDS = ("plan", "report", "status", "profile", "submit", "export")
+SUBCOMMANDS = ("plan", "report", "status", "profile", "submit", "export", "simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

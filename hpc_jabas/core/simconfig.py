@@ -157,7 +157,7 @@ class Partition:
     wait: WaitDist = field(default_factory=WaitDist)
 
     @property
-    def gpus(self) -> int:
+    def size(self) -> int:
         return self.nodes * self.gpus_per_node
 
 
@@ -232,7 +232,7 @@ class Cluster:
 
     @property
     def capacity(self) -> dict[str, int]:
-        return {p: q.gpus for p, q in sorted(self.partitions.items())}
+        return {p: q.size for p, q in sorted(self.partitions.items())}
 
     @property
     def rates(self) -> dict[str, float]:
@@ -284,7 +284,7 @@ class NoiseCurve:
     noise: float = 0.2
     trace: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
-    def b_noise(self, u: float) -> float:
+    def at(self, u: float) -> float:
         u = min(max(float(u), 0.0), 1.0)
         q = self.params
         if self.kind == "mccandlish":
@@ -366,7 +366,7 @@ _JOB_KEYS = ("name", "samples", "epochs", "batch", "batch_min", "batch_max", "mi
 _MODEL_KEYS = ("profile_dir", "base_s", "per_sample_s", "b_list", "grad_mb", "bandwidth_gbs", "overlap", "speeds")
 _POLICY_KEYS = ("gamma", "alpha", "ramp_at", "ramp_factor", "warmup")
 _AUTOSCALE_KEYS = ("max_gpus", "min_gpus", "max_partitions", "unit", "exact_upto", "margin", "restart_prior_s",
-                   "budget", "max_queue_wait_s", "max_nodes", "max_evals", "forecast_history")
+                   "budget", "max_queue_wait_s", "max_nodes", "max_evals", "brute_max", "forecast_history")
 
 
 def job_from_dict(d: Mapping[str, Any], where: str = "job", base: Path | None = None) -> Job:

@@ -202,7 +202,7 @@ class Simulation:
                 T = space.iter_time(B)
                 assert T is not None
                 its = min(p - it % p, math.ceil(left / B))
-                eff = statistical_efficiency(B, curve.b_noise(u), B0) if job.stop == "progress" else 1.0
+                eff = statistical_efficiency(B, curve.at(u), B0) if job.stop == "progress" else 1.0
                 if job.stop == "progress":
                     its = min(its, max(1, math.ceil((target - done_eff) / (B * eff))))
                 n = min(its * B, left)
@@ -237,9 +237,9 @@ class Simulation:
             if job.stop == "samples":
                 R = float(job.epochs - epoch - 1)
             else:
-                R = max(0.05, (target - done_eff) / (N * statistical_efficiency(B, curve.b_noise(u), B0)))
+                R = max(0.05, (target - done_eff) / (N * statistical_efficiency(B, curve.at(u), B0)))
             spent = cost
-            choice, ms = self._autoscale(st, mix, res.trajectory, it, R, t, overhead,
+            choice, ms = self._epoch_end(st, mix, res.trajectory, it, R, t, overhead,
                                          None if budget_total is None else float(budget_total) - spent, last_stay)
             res.decisions.append({"epoch": epoch, "it": it, "move": choice.move, "mix": autoscale.mix_label(choice.mix),
                                   "reason": choice.reason, "decision_ms": ms, "remaining_epochs": round(R, 3)})
@@ -266,7 +266,7 @@ class Simulation:
                 res.trajectory.append((it, B))
             if hasattr(policy, "last"):
                 policy.last = None                          # B set from outside: the similarity policy restarts
-        res.totals = {"time_s": round(t, 3), "cost": round(cost, 4), "gpu_hours": round(gpu_h, 4),
+        res.totals = {"time_s": round(t, 6), "cost": round(cost, 9), "gpu_hours": round(gpu_h, 9),
                       "restarts": restarts, "queue_wait_s": round(qwait, 3), "epochs": len(res.epochs),
                       "samples": sum(e["samples"] for e in res.epochs), "iterations": it,
                       "progress": round(min(done_eff / target, 1.0), 6), "final_mix": autoscale.mix_label(mix),
@@ -277,7 +277,7 @@ class Simulation:
                 res: Result) -> int:
         """The policy's decision on simulated statistics (simconfig.py's module docstring)."""
         curve = self.job.gradstats
-        bn = curve.b_noise(u)
+        bn = curve.at(u)
         z = rng.standard_normal(2) * curve.noise
         g2, s = math.exp(float(z[0])), bn * math.exp(float(z[1]))
         sim = B / (B + 2.0 * s / g2)
@@ -286,14 +286,14 @@ class Simulation:
             res.trajectory.append((it, d.B))
         return int(d.B)
 
-    def _autoscale(self, st: Strategy, mix: Mix, traj: list[tuple[int, int]], it: int, R: float, t: float,
+    def _epoch_end(self, st: Strategy, mix: Mix, traj: list[tuple[int, int]], it: int, R: float, t: float,
                    overhead: autoscale.RestartOverhead, budget_left: float | None,
                    last_stay: Any) -> tuple[autoscale.Choice, float | None]:
         job, cl, a = self.job, self.cluster, self.auto
         N, p = job.samples, job.p
         lo, hi = job.batch_min, job.batch_max
         t0 = self.clock() if self.clock else None
-        hist = traj[-int(a.get("forecast_history", 64)):]
+        hist = traj[-int(a.get("forecast_history", 32)):]
         fp = p if st.policy != "fixed" else max(1, math.ceil(N / traj[-1][1]))
         fc = forecast.forecast_next_epoch(hist, lambda b: math.ceil(N / b), period_p=fp, B_min=lo, B_max=hi,
                                           start_iter=it)
@@ -316,6 +316,7 @@ class Simulation:
         if obj == "time-under-budget":
             kw["budget"] = max(0.0, budget_left if budget_left is not None else math.inf)
         caps = {k: int(a[k]) for k in ("max_nodes", "max_evals") if k in a}
+        caps["brute_max"] = int(a.get("brute_max", 0))     # 0: branch-and-bound even on small clusters (exact)
         try:
             ch = mixsearch.search(
                 mix, cl.capacity, self.types, fn, cl.rates, obj, prior, bound,
@@ -368,10 +369,11 @@ def relative(results: Mapping[str, Result], base: str = BASELINE) -> dict[str, d
     return out
 
 
-def table(results: Mapping[str, Result], base: str = BASELINE) -> str:
+def comparison_table(results: Mapping[str, Result], base: str = BASELINE) -> str:
     """The comparison table: totals, each relative to the base row (x1.00 = same as SimiGrad)."""
     rel = relative(results, base)
-    head = f"{'strategy':<16} {'time':>14} {'cost':>16} {'GPU-h':>16} {'restarts':>12} {'queue wait':>16} {'epochs':>6}"
+    head = (f"{'strategy':<16} {'time h':>13} {'cost':>15} {'GPU-h':>15} {'restarts':>13} {'queue wait h':>13} "
+            f"{'epochs':>6}")
     lines = [head, "-" * len(head)]
 
     def cell(v: float, r: float | None, fmt: str, w: int) -> str:
@@ -379,10 +381,10 @@ def table(results: Mapping[str, Result], base: str = BASELINE) -> str:
         return f"{s:>{w}}"
     for n, r in results.items():
         tt, rr = r.totals, rel[n]
-        lines.append(f"{n:<16} {cell(tt['time_s'] / 3600, rr['time_s'], '.2f', 12)}h "
-                     f"{cell(tt['cost'], rr['cost'], '.2f', 16)} {cell(tt['gpu_hours'], rr['gpu_hours'], '.1f', 16)} "
-                     f"{cell(tt['restarts'], rr['restarts'], 'd', 12)} "
-                     f"{cell(tt['queue_wait_s'] / 3600, rr['queue_wait_s'], '.2f', 15)}h {tt['epochs']:>6}")
+        lines.append(f"{n:<16} {cell(tt['time_s'] / 3600, rr['time_s'], '.2f', 13)} "
+                     f"{cell(tt['cost'], rr['cost'], '.2f', 15)} {cell(tt['gpu_hours'], rr['gpu_hours'], '.1f', 15)} "
+                     f"{cell(tt['restarts'], rr['restarts'], 'd', 13)} "
+                     f"{cell(tt['queue_wait_s'] / 3600, rr['queue_wait_s'], '.2f', 13)} {tt['epochs']:>6}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,232 @@
+"""The simulator (core/simulate.py, core/simconfig.py, `hpc-jabas simulate`): the closed form, determinism,
+bad input, the gradient-statistic curves and the queue model, and that it decides with the core's own
+perf model, planner, policies, forecaster and auto-scaler (it defines none of its own)."""
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from hpc_jabas.cli.main import main
+from hpc_jabas.core import autoscale, forecast, grouptimes, mixbound, mixsearch, perfmodel, policy, simulate, stats
+from hpc_jabas.core import planning
+from hpc_jabas.core.planning import proportional_plan
+from hpc_jabas.core.simconfig import NoiseCurve, QueueModel, cluster_from_dict, job_from_dict, read_noise_trace
+from hpc_jabas.core.simulate import STRATEGIES, Simulation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cluster(parts=(("v100", "v100", 1), ("p100", "p100", 1)), wait=None, restart_s=30.0, seed=0):
+    return cluster_from_dict({"name": "t", "restart_s": restart_s, "queue": {"seed": seed, "period_s": 600.0},
+                              "partition": [{"name": n, "gpu": g, "nodes": k, "gpus_per_node": 4,
+                                             **({"wait": wait[n]} if wait and n in wait else {})}
+                                            for n, g, k in parts]})
+
+
+def job(**kw):
+    d = {"samples": 20_000, "epochs": 3, "batch": 128, "batch_min": 64, "batch_max": 2048, "micro_batch": 16,
+         "p": 10, "stop": "progress", "seed": 0,
+         "gradstats": {"curve": "mccandlish", "b_start": 128, "b_end": 2048, "tau": 0.3},
+         "autoscale": {"max_partitions": 2, "exact_upto": 2, "restart_prior_s": 30}}
+    d.update(kw)
+    return job_from_dict(d)
+
+
+# ---------------------------------------------------------------- the closed form
+
+@settings(max_examples=15, deadline=None)
+@given(k=hs.integers(1, 16), samples=hs.integers(500, 30_000), epochs=hs.integers(1, 4),
+       strategy=hs.sampled_from(["static", "lbbsp"]))
+def test_one_type_fixed_b_matches_the_perf_model_closed_form(k, samples, epochs, strategy):
+    B = 64 * k                                    # 4 ranks x micro-batches of 16
+    sim = Simulation(cluster((("v100", "v100", 1),)),
+                     job(samples=samples, epochs=epochs, batch=B, batch_min=B, batch_max=B, stop="samples"))
+    res = sim.run(strategy)
+    gl = ["v100"] * 4
+    plan = proportional_plan(B, 16, [1.0] * 4)
+    T = sim.model.iteration_time(plan, gl)
+    prof = sim.model.profile("v100")
+    closed = (B // 64) * prof.time(16) + prof.update_s + sim.model.allreduce_tail(4)   # n t(b) + u + tail
+    assert T == pytest.approx(closed, rel=1e-12)
+    assert res.totals["time_s"] == pytest.approx(epochs * math.ceil(samples / B) * closed, rel=1e-9, abs=1e-3)
+    assert res.totals["restarts"] == 0 and res.totals["queue_wait_s"] == 0.0
+    assert res.totals["samples"] == epochs * samples
+    assert res.totals["cost"] == pytest.approx(res.totals["time_s"] / 3600 * 4 * sim.cluster.rates["v100"], rel=1e-3)
+
+
+# ---------------------------------------------------------------- determinism, the comparison
+
+def test_strategies_are_deterministic_under_a_seed():
+    wait = {"v100": {"dist": "lognormal", "median_s": 300, "sigma": 1.0},
+            "p100": {"dist": "exponential", "mean_s": 60}}
+    a = Simulation(cluster(wait=wait), job()).compare()
+    b = Simulation(cluster(wait=wait), job()).compare()
+    assert set(a) == set(STRATEGIES)
+    for n in STRATEGIES:
+        assert a[n].totals == b[n].totals, n
+        assert a[n].trajectory == b[n].trajectory, n
+    assert a["simigrad"].totals["time_s"] > 0
+    c = Simulation(cluster(wait=wait), job(seed=7)).run("simigrad")
+    assert c.trajectory != a["simigrad"].trajectory          # the seed is the measurement noise's
+    rel = simulate.relative(a)
+    assert rel["simigrad"]["time_s"] == 1.0
+    assert "x1.00" in simulate.comparison_table(a)
+    for n in ("static", "lbbsp", "simigrad", "ramp"):          # static allocations never move
+        assert a[n].totals["restarts"] == 0
+
+
+def test_the_budget_row_spends_at_most_about_the_simigrad_cost():
+    res = Simulation(cluster(), job()).compare(["hpcjabas-budget"])
+    assert set(res) == {"hpcjabas-budget", "simigrad"}       # the baseline ran: it sets the budget
+    assert res["hpcjabas-budget"].totals["cost"] <= res["simigrad"].totals["cost"] * 1.10
+
+
+def test_queue_aware_never_moves_onto_a_wait_above_the_limit():
+    wait = {"p100": {"dist": "fixed", "mean_s": 50_000}}
+    j = job(mix={"p100": 4}, autoscale={"max_partitions": 2, "exact_upto": 2, "max_queue_wait_s": 1000})
+    res = Simulation(cluster(wait=wait), j).run("hpcjabas-queue")
+    assert res.totals["queue_wait_s"] == 50_000.0             # only the first job's own wait
+    assert all("p100" not in e.get("moved_to", "") for e in res.epochs)
+
+
+def test_queue_waits_are_common_to_every_strategy_and_seeded():
+    c = cluster(wait={"v100": {"dist": "lognormal", "median_s": 300, "sigma": 1.0}})
+    q: QueueModel = c.queue
+    assert q.wait({"v100": 4}, 1234.0) == q.wait({"v100": 4, "p100": 1}, 1234.0) > 0
+    assert q.wait({"v100": 4}, 100.0) == q.wait({"v100": 4}, 500.0)          # same 600 s period
+    assert q.wait({"p100": 4}, 100.0) == 0.0
+    other = cluster(wait={"v100": {"dist": "lognormal", "median_s": 300, "sigma": 1.0}}, seed=1).queue
+    assert other.wait({"v100": 4}, 100.0) != q.wait({"v100": 4}, 100.0)
+
+
+# ---------------------------------------------------------------- gradient statistics
+
+@settings(max_examples=30, deadline=None)
+@given(a=hs.floats(0, 1), b=hs.floats(0, 1), start=hs.floats(16, 1e3), grow=hs.floats(1.5, 100))
+def test_the_curves_rise_monotonically_between_their_ends(a, b, start, grow):
+    u, v = sorted((a, b))
+    mc = NoiseCurve("mccandlish", {"b_start": start, "b_end": start * grow, "tau": 0.3})
+    me = NoiseCurve("merrill", {"b_min": start, "b_plateau": start * grow, "u_rise": 0.1})
+    for c in (mc, me):
+        assert c.at(u) <= c.at(v) * (1 + 1e-12)
+        assert start * (1 - 1e-9) <= c.at(u) <= start * grow * (1 + 1e-9)
+    assert mc.at(0.0) == pytest.approx(start)
+    assert me.at(1.0) == pytest.approx(start + (start * grow - start) * (1 - math.exp(-10)))
+
+
+def test_a_recorded_run_gives_the_noise_trace(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    rows = [{"type": "decision", "at_iteration": 10, "B": 64, "stats": {"b_noise": 100.0}},
+            {"type": "iteration", "it": 11},
+            {"type": "decision", "at_iteration": 20, "B": 100, "stats": {"b_noise": None, "similarity": 0.2}}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n{torn")
+    us, bs = read_noise_trace(f)
+    assert us == (0.5, 1.0) and bs == (100.0, 100 * 0.8 / 0.4)
+    j = job(gradstats={"curve": "trace", "path": str(f)})
+    assert j.gradstats.at(0.75) == pytest.approx(150.0)
+
+
+# ---------------------------------------------------------------- bad input, the CLI
+
+@pytest.mark.parametrize("args, text", [
+    (["simulate", "nope.toml", "examples/sim/job_resnet50.toml"], "does not exist"),
+    (["simulate", "examples/sim/cluster_a.toml", "examples/sim/job_resnet50.toml", "--epochs", "0"], ">= 1"),
+    (["simulate", "examples/sim/cluster_a.toml", "examples/sim/job_resnet50.toml", "--strategy", "x"],
+     "unknown strategy"),
+    (["simulate", "examples/sim/cluster_a.toml", "examples/sim/job_resnet50.toml", "--compare",
+      "--strategies", "static,bogus"], "unknown strategy"),
+    (["simulate", "examples/sim/cluster_a.toml"], "required"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, text, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(args) == 2 if args[-1] != "examples/sim/cluster_a.toml" else _exits_2(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and text in err[0] and err[0].startswith("hpc-jabas: error:")
+
+
+def _exits_2(args):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    return e.value.code == 2
+
+
+@pytest.mark.parametrize("d, text", [
+    ({"partition": [{"name": "a", "gpu": "v100", "nodez": 1}]}, "unknown key(s) nodez"),
+    ({"partition": [{"name": "a", "gpu": "nosuchgpu"}]}, "unknown GPU type"),
+    ({"partition": []}, "no [[partition]]"),
+    ({"partition": [{"name": "a", "gpu": "v100", "wait": {"dist": "lognormal"}}]}, "needs median_s"),
+])
+def test_bad_cluster_files_name_the_key(d, text):
+    with pytest.raises(simulate.ConfigError, match=None) as e:
+        cluster_from_dict(d)
+    assert text in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_writes_a_run_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    rc = main(["simulate", "examples/sim/cluster_a.toml", "examples/sim/job_resnet50.toml", "--epochs", "1",
+               "--strategy", "lbbsp", "--out", str(tmp_path / "sim")])
+    assert rc == 0
+    doc = json.loads((tmp_path / "sim" / "simulation.json").read_text())
+    ep = doc["results"]["lbbsp"]["epochs"]
+    assert len(ep) == 1 and ep[0]["samples"] == 1_281_167 and ep[0]["time_s"] > 0
+    assert "epoch" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- no own copy of the decision core
+
+CORE = [perfmodel, policy, forecast, autoscale, mixsearch, mixbound, grouptimes, stats,
+        *[m for _, m in inspect.getmembers(planning, inspect.ismodule)]]
+
+
+def _defined(module) -> set[str]:
+    tree = ast.parse(Path(module.__file__).read_text())
+    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+
+
+def test_the_simulator_defines_no_own_perf_model_planner_policy_forecaster_or_autoscaler():
+    from hpc_jabas.core import simconfig
+    core_names = set().union(*(_defined(m) for m in CORE)) - {"__init__", "__post_init__", "to_dict", "from_dict",
+                                                              "state_dict", "load_state_dict", "rows", "fn", "run",
+                                                              "cell", "key", "_int", "_check"}
+    own = _defined(simulate) | _defined(simconfig)
+    clash = sorted(own & core_names)
+    assert clash == [], f"the simulator redefines {clash}"
+    forbidden = ("Planner", "Policy", "Forecast", "PerfModel", "Autoscal", "Search", "Bound", "plan_", "forecast_",
+                 "choose", "price", "snap")
+    assert not [n for n in own if any(f.lower() in n.lower() for f in forbidden)], sorted(own)
+    # what it decides with is the core's, by identity
+    assert simulate.make_planner is planning.make_planner
+    assert simulate.make_policy is policy.make_policy and simulate.PolicyState is policy.PolicyState
+    assert simulate.forecast is forecast and simulate.mixsearch is mixsearch and simulate.autoscale is autoscale
+    assert simulate.group_space is grouptimes.group_space and simulate.PerfModel is perfmodel.PerfModel
+    assert simulate.statistical_efficiency is stats.statistical_efficiency
+    assert simulate.snap_nearest is planning.snap_nearest
+
+
+def test_the_simulator_calls_the_core_at_run_time(monkeypatch):
+    calls = {"forecast": 0, "search": 0, "epoch_time_fn": 0, "decide": 0}
+
+    def wrap(mod, name, key):
+        real = getattr(mod, name)
+
+        def w(*a, **k):
+            calls[key] += 1
+            return real(*a, **k)
+        monkeypatch.setattr(mod, name, w)
+    wrap(forecast, "forecast_next_epoch", "forecast")
+    wrap(mixsearch, "search", "search")
+    wrap(autoscale, "epoch_time_fn", "epoch_time_fn")
+    wrap(policy.GoodputPolicy, "decide", "decide")
+    res = Simulation(cluster(), job()).run("hpcjabas-cost")
+    searched = [d for d in res.decisions if not d["reason"].startswith("inputs unchanged")]
+    assert calls["forecast"] == len(res.decisions) >= 2
+    assert calls["search"] == calls["epoch_time_fn"] == len(searched) >= 1
+    assert calls["decide"] >= 10
