@@ -14,8 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from hpc_jabas.cli.main import main
-from hpc_jabas.core import autoscale, forecast, grouptimes, mixbound, mixsearch, perfmodel, policy, simulate, stats
-from hpc_jabas.core import planning
+from hpc_jabas.core import (
+    autoscale,
+    forecast,
+    grouptimes,
+    mixbound,
+    mixsearch,
+    perfmodel,
+    planning,
+    policy,
+    simulate,
+    stats,
+)
 from hpc_jabas.core.planning import proportional_plan
 from hpc_jabas.core.simconfig import NoiseCurve, QueueModel, cluster_from_dict, job_from_dict, read_noise_trace
 from hpc_jabas.core.simulate import STRATEGIES, Simulation

@@ -25,7 +25,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "simulate", help="simulate whole training jobs on a described cluster and compare strategies",
         description="Run a job in simulated time on a cluster file (partitions, GPUs, rates, queue model) "
                     "with the project's own perf model, planner, policies, forecaster and auto-scaler.")
-    p.add_argument("cluster", metavar="CLUSTER.toml", help="the cluster: partitions, GPU types and counts, rates, queue")
+    p.add_argument("cluster", metavar="CLUSTER.toml", help="the cluster: partitions, GPU types, counts, rates, queue")
     p.add_argument("job", metavar="JOB.toml", help="the job: data, batch range, perf model, gradient statistics")
     p.add_argument("--compare", action="store_true", help="run every strategy and print one table")
     p.add_argument("--strategy", default="hpcjabas-cost", metavar="NAME",

@@ -315,7 +315,7 @@ class Simulation:
         kw: dict[str, Any] = {}
         if obj == "time-under-budget":
             kw["budget"] = max(0.0, budget_left if budget_left is not None else math.inf)
-        caps = {k: int(a[k]) for k in ("max_nodes", "max_evals") if k in a}
+        caps: dict[str, Any] = {k: int(a[k]) for k in ("max_nodes", "max_evals") if k in a}
         caps["brute_max"] = int(a.get("brute_max", 0))     # 0: branch-and-bound even on small clusters (exact)
         try:
             ch = mixsearch.search(
