@@ -25,3 +25,27 @@ def pytest_collection_modifyitems(config, items):
     # (their relative order, and the other tests' order, stay as collected)
     ids = {id(it) for it in slurm}
     items[:] = slurm + [it for it in items if id(it) not in ids]
+
+
+# ---- optional: CPU seconds per test (HPC_JABAS_TEST_CPU=FILE appends one JSON line per test) ------
+# The test process's own CPU plus that of the children it waited for (mpirun and its ranks, CLI
+# subprocesses); a Slurm job's ranks run under slurmd and are not counted. For sizing the suite.
+_CPU_FILE = os.environ.get("HPC_JABAS_TEST_CPU")
+if _CPU_FILE:
+    import json
+    import resource
+    import time
+
+    import pytest
+
+    def _cpu() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        c0, t0 = _cpu(), time.time()
+        yield
+        with open(_CPU_FILE, "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu() - c0, 2),
+                                "wall_s": round(time.time() - t0, 2)}) + "\n")

@@ -20,9 +20,25 @@ def mpi_env():
     return env
 
 
-def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", timeout: int = 300) -> list[dict]:
+def run_ranks_cases(worker: str, specs: list[dict], np_: int = 3, timeout: int = 300) -> list[list[dict]]:
+    """Several specs in ONE launch of `np_` ranks (the worker runs its "cases" one after another): per spec,
+    each rank's JSON result. A launch costs every rank its torch/Horovod start-up (seconds of CPU each), so
+    the cases of one test module that need the same worker and rank count share it."""
+    with tempfile.TemporaryDirectory() as td:
+        cases = []
+        for k, s in enumerate(specs):
+            (Path(td) / f"case{k}").mkdir()
+            cases.append(dict(s, out_dir=str(Path(td) / f"case{k}")))
+        run_ranks(worker, {"cases": cases}, np_=np_, timeout=timeout, _out_dir=td)
+        return [[json.loads((Path(c["out_dir"]) / f"rank{r}.json").read_text()) for r in range(np_)] for c in cases]
+
+
+def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", timeout: int = 300,
+              _out_dir: str | None = None) -> list[dict]:
     """Start `np_` ranks of tests/workers/<worker> with spec (JSON); return each rank's JSON result."""
     with tempfile.TemporaryDirectory() as td:
+        if _out_dir is not None:
+            td = _out_dir
         spec = dict(spec, out_dir=td)
         sp = Path(td) / "spec.json"
         sp.write_text(json.dumps(spec))
@@ -38,6 +54,8 @@ def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", t
         if p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-6000:]}")
         out = []
+        if _out_dir is not None:             # run_ranks_cases reads the cases' results
+            return out
         for r in range(np_):
             f = Path(td) / f"rank{r}.json"
             assert f.exists(), f"rank {r} wrote no result\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"

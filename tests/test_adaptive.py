@@ -1,9 +1,10 @@
 """Invariant 4 (one decision, everywhere, at the same iteration) and invariant 1 across B
 changes made by the adaptive controller, on 3 real Horovod ranks."""
 import json
+from pathlib import Path
 
 import pytest
-from mpi_util import run_ranks
+from mpi_util import run_ranks_cases
 from reference import reference_run
 from test_equivalence import assert_params_close
 
@@ -11,14 +12,28 @@ ADAPTIVE = {"planner": "lbbsp", "micro_batch": 4, "speeds": [1.0, 0.5, 0.25], "p
             "batch_min": 16, "batch_max": 96, "lr_rule": "sqrt"}
 
 
-@pytest.mark.parametrize("policy,extra", [("similarity", {"gamma": 0.9, "alpha": 0.25}),
-                                          ("noise-scale", {})])
-def test_decisions_apply_everywhere_at_the_announced_iteration(tmp_path, policy, extra):
-    run_dir = tmp_path / "run"
-    spec = {"optimizer": "momentum", "lr": 0.05, "plan": "b=4 n=4,2,2", "steps": 30, "n": 512,
-            "checkpoint": False, "run_dir": str(run_dir), "metrics_period": 3,
-            "config": dict(ADAPTIVE, policy=policy, **extra)}
-    res = run_ranks("train_worker.py", spec, np_=3)
+POLICIES = [("similarity", {"gamma": 0.9, "alpha": 0.25}), ("noise-scale", {})]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> list[tuple[dict, list[dict]]]:
+    """The module's three runs in one 3-rank launch: each policy, then the reference-checked one."""
+    base = tmp_path_factory.mktemp("adaptive")
+    specs = [{"optimizer": "momentum", "lr": 0.05, "plan": "b=4 n=4,2,2", "steps": 30, "n": 512,
+              "checkpoint": False, "run_dir": str(base / f"run{k}"), "metrics_period": 3,
+              "config": dict(ADAPTIVE, policy=policy, **extra)} for k, (policy, extra) in enumerate(POLICIES)]
+    specs.append({"optimizer": "adam", "lr": 0.01, "plan": "b=4 n=4,2,2", "steps": 25, "n": 512,
+                  "checkpoint": False, "run_dir": str(base / "ref"),
+                  "config": dict(ADAPTIVE, policy="similarity", gamma=0.9, alpha=0.25)})
+    return list(zip(specs, run_ranks_cases("train_worker.py", specs, np_=3)))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k", range(len(POLICIES)), ids=[p for p, _ in POLICIES])
+def test_decisions_apply_everywhere_at_the_announced_iteration(runs, k):
+    policy = POLICIES[k][0]
+    spec, res = runs[k]
+    run_dir = Path(spec["run_dir"])
     hist = [r["history"] for r in res]
     assert len(hist[0]) == 30
     # the same (B, plan, lr) on every rank at every iteration
@@ -84,10 +99,9 @@ def test_decisions_apply_everywhere_at_the_announced_iteration(tmp_path, policy,
         assert checked >= 2
 
 
-def test_adaptive_run_equals_single_process_on_same_trajectory(tmp_path):
-    spec = {"optimizer": "adam", "lr": 0.01, "plan": "b=4 n=4,2,2", "steps": 25, "n": 512, "checkpoint": False,
-            "run_dir": str(tmp_path / "run"), "config": dict(ADAPTIVE, policy="similarity", gamma=0.9, alpha=0.25)}
-    res = run_ranks("train_worker.py", spec, np_=3)
+@pytest.mark.mpi
+def test_adaptive_run_equals_single_process_on_same_trajectory(runs):
+    spec, res = runs[len(POLICIES)]
     hist = res[0]["history"]
     sched = {str(h["it"]): h["plan"] for h in hist}
     lrs = {str(h["it"]): h["lr_scale"] for h in hist}

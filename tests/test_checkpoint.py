@@ -3,7 +3,7 @@ import os
 
 import pytest
 import torch
-from mpi_util import run_ranks
+from mpi_util import run_ranks, run_ranks_cases
 from reference import reference_run
 from test_equivalence import assert_params_close
 
@@ -46,13 +46,28 @@ def test_keep_prunes_old(tmp_path):
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [ckpt.name_for(0, 4), ckpt.name_for(0, 5)]
 
 
-@pytest.mark.parametrize("resume_np,resume_plan", [(3, "b=4 n=1,3,4"), (2, "b=4 n=3,5")])
-def test_resume_is_exact(tmp_path, resume_np, resume_plan):
+RESUMES = [(3, "b=4 n=1,3,4"), (2, "b=4 n=3,5")]
+
+
+def _base(run_dir) -> dict:
+    return {"optimizer": "adam", "lr": 0.01, "plan": "b=4 n=1,3,4", "steps": 20, "n": 256, "run_dir": str(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory) -> list[tuple[dict, list[dict]]]:
+    """One 3-rank launch stops a run at iteration 11 in one run directory per resume case."""
+    root = tmp_path_factory.mktemp("resume")
+    bases = [_base(root / f"run{k}") for k in range(len(RESUMES))]
+    return list(zip(bases, run_ranks_cases("train_worker.py", [dict(b, stop_at=11) for b in bases], np_=3)))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k", range(len(RESUMES)), ids=[f"{n}-{p}" for n, p in RESUMES])
+def test_resume_is_exact(stopped, k):
     """Stop mid-epoch at iteration 11, resume (same or other rank count, same B) to 20:
     parameters equal those of the uninterrupted single-process run."""
-    base = {"optimizer": "adam", "lr": 0.01, "plan": "b=4 n=1,3,4", "steps": 20, "n": 256,
-            "run_dir": str(tmp_path / "run")}
-    first = run_ranks("train_worker.py", dict(base, stop_at=11), np_=3)
+    resume_np, resume_plan = RESUMES[k]
+    base, first = stopped[k]
     assert all(r["iterations"] == 11 for r in first)
     assert first[0]["sampler"]["cursor"] == 3 * 32 and first[0]["sampler"]["epoch"] == 1
     second = run_ranks("train_worker.py", dict(base, plan=resume_plan, resume=True), np_=resume_np)

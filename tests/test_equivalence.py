@@ -2,7 +2,7 @@
 B samples, with SGD+momentum and Adam, across plan and B changes, with gradient accumulation."""
 import pytest
 import torch
-from mpi_util import run_ranks
+from mpi_util import run_ranks_cases
 from reference import reference_run
 
 from hpc_jabas.core.planning import Plan
@@ -24,11 +24,30 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("optimizer,schedule,lr_scales", CASES)
-def test_distributed_equals_single_process(optimizer, schedule, lr_scales):
-    spec = {"optimizer": optimizer, "lr": 0.05 if optimizer != "adam" else 0.01, "plan": "b=4 n=1,3,4",
+def case_spec(optimizer, schedule, lr_scales) -> dict:
+    return {"optimizer": optimizer, "lr": 0.05 if optimizer != "adam" else 0.01, "plan": "b=4 n=1,3,4",
             "steps": 20, "schedule": schedule, "lr_scales": lr_scales, "n": 256, "checkpoint": False}
-    res = run_ranks("train_worker.py", spec, np_=3)
+
+
+#: per-rank b_i with partial last micro-batches, a plan change at the same B at step 6 and a B change at step 12
+#: (534 samples: no epoch tail)
+PER_RANK = {"optimizer": "momentum", "lr": 0.05, "plan": "b=16,5,3 n=1,2,3 x=13,9,7", "steps": 18,
+            "schedule": {"6": "b=6,6,6 n=2,2,1 x=11,12,6", "12": "b=20,3,4 n=1,3,1 x=20,8,3"},
+            "lr_scales": {"12": 1.2}, "n": 600, "checkpoint": False}
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[list[dict]]:
+    """All cases of this module in one 3-rank launch (one Trainer after another per rank)."""
+    return run_ranks_cases("train_worker.py", [case_spec(*c) for c in CASES] + [PER_RANK], np_=3)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k", range(len(CASES)), ids=[f"{c[0]}-{'schedule' if c[1] else 'fixed'}" for c in CASES])
+def test_distributed_equals_single_process(runs, k):
+    optimizer, schedule, lr_scales = CASES[k]
+    spec = case_spec(optimizer, schedule, lr_scales)
+    res = runs[k]
     ref = reference_run(spec)
     for r in res:
         assert r["iterations"] == 20
@@ -42,13 +61,12 @@ def test_distributed_equals_single_process(optimizer, schedule, lr_scales):
         assert [r["samples_local"] for r in res] == [4 * 20, 12 * 20, 16 * 20]
 
 
-def test_per_rank_micro_batches_equal_single_process():
+@pytest.mark.mpi
+def test_per_rank_micro_batches_equal_single_process(runs):
     """Per-rank b_i with partial last micro-batches (docs/invariants.md, invariant 2), a plan change at the same
     B at step 6 and a B change at step 12: still the single-process update."""
-    spec = {"optimizer": "momentum", "lr": 0.05, "plan": "b=16,5,3 n=1,2,3 x=13,9,7", "steps": 18,
-            "schedule": {"6": "b=6,6,6 n=2,2,1 x=11,12,6", "12": "b=20,3,4 n=1,3,1 x=20,8,3"},
-            "lr_scales": {"12": 1.2}, "n": 600, "checkpoint": False}       # 534 samples: no epoch tail
-    res = run_ranks("train_worker.py", spec, np_=3)
+    spec = PER_RANK
+    res = runs[len(CASES)]
     ref = reference_run(spec)
     for r in res:
         assert r["iterations"] == 18

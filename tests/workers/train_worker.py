@@ -1,4 +1,7 @@
-"""Trainer on every rank from a JSON spec; rank r writes rank<r>.json (params, per-iteration history)."""
+"""Trainer on every rank from a JSON spec; rank r writes rank<r>.json (params, per-iteration history).
+
+A spec with "cases" (a list of specs, each with its own out_dir) runs them one after another in this one
+launch (mpi_util.run_ranks_cases): a fresh model, optimizer, data and Trainer per case."""
 import json
 import sys
 from pathlib import Path
@@ -10,24 +13,9 @@ from reference import make_data, make_model, make_optimizer  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.decision import Decision  # noqa: E402
+from hpc_jabas.core.planning import Plan  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
-
-spec = json.loads(Path(sys.argv[1]).read_text())
-ds = make_data(spec.get("n", 240))
-model = make_model()
-opt = make_optimizer(spec["optimizer"], model.parameters(), spec["lr"])
-cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=spec.get("run_dir") or spec["out_dir"] + "/run",
-                seed=spec.get("seed", 0), tail=spec.get("tail", "shrink"), epochs=spec.get("epochs", 1000),
-                emulate=spec.get("emulate", False), gpu_types=spec.get("gpu_types"),
-                metrics_period=spec.get("metrics_period", 10), checkpoint=spec.get("checkpoint", True))
-from hpc_jabas.core.planning import Plan  # noqa: E402
-
-cfg.batch = Plan.parse(spec["plan"]).B
-cfg.batch_min, cfg.batch_max = 1, 10**9
-for k, v in spec.get("config", {}).items():   # adaptive runs: policy, p, gamma, planner, ...
-    setattr(cfg, k, {int(r): x for r, x in v.items()} if k == "slowdown" else v)
-cfg.validate()
 
 
 class LrScripted(ScriptedController):
@@ -42,18 +30,37 @@ class LrScripted(ScriptedController):
         return Decision(d.at_iteration, d.B, d.plan, float(self.lrs.get(trainer.iteration, d.lr_scale)), d.reason)
 
 
-ctrl = None
-if spec.get("schedule"):
-    lrs = {int(k): v for k, v in (spec.get("lr_scales") or {}).items()}
-    ctrl = LrScripted(spec["schedule"], lrs) if lrs else ScriptedController(spec["schedule"])
-tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)
-stop_at = spec.get("stop_at")
-res = tr.fit(max_iterations=stop_at or spec["steps"], resume=spec.get("resume", False))
-if stop_at:
-    tr.save_checkpoint()
-out = {"rank": tr.rank, "params": {k: v.tolist() for k, v in model.state_dict().items()},
-       "history": list(tr.history), "iterations": tr.iteration, "samples_local": tr.samples_local,
-       "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
-       "sampler": tr.sampler.state_dict(), "result": res,
-       "trajectory": tr.controller.b_trajectory() if tr.controller is not None else None}
-(Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
+def run(spec: dict) -> None:
+    ds = make_data(spec.get("n", 240))
+    model = make_model()
+    opt = make_optimizer(spec["optimizer"], model.parameters(), spec["lr"])
+    run_dir = spec.get("run_dir") or spec["out_dir"] + "/run"
+    cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=run_dir,
+                    seed=spec.get("seed", 0), tail=spec.get("tail", "shrink"), epochs=spec.get("epochs", 1000),
+                    emulate=spec.get("emulate", False), gpu_types=spec.get("gpu_types"),
+                    metrics_period=spec.get("metrics_period", 10), checkpoint=spec.get("checkpoint", True))
+    cfg.batch = Plan.parse(spec["plan"]).B
+    cfg.batch_min, cfg.batch_max = 1, 10**9
+    for k, v in spec.get("config", {}).items():   # adaptive runs: policy, p, gamma, planner, ...
+        setattr(cfg, k, {int(r): x for r, x in v.items()} if k == "slowdown" else v)
+    cfg.validate()
+    ctrl = None
+    if spec.get("schedule"):
+        lrs = {int(k): v for k, v in (spec.get("lr_scales") or {}).items()}
+        ctrl = LrScripted(spec["schedule"], lrs) if lrs else ScriptedController(spec["schedule"])
+    tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)
+    stop_at = spec.get("stop_at")
+    res = tr.fit(max_iterations=stop_at or spec["steps"], resume=spec.get("resume", False))
+    if stop_at:
+        tr.save_checkpoint()
+    out = {"rank": tr.rank, "params": {k: v.tolist() for k, v in model.state_dict().items()},
+           "history": list(tr.history), "iterations": tr.iteration, "samples_local": tr.samples_local,
+           "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
+           "sampler": tr.sampler.state_dict(), "result": res,
+           "trajectory": tr.controller.b_trajectory() if tr.controller is not None else None}
+    (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
+
+
+main_spec = json.loads(Path(sys.argv[1]).read_text())
+for one in main_spec.get("cases") or [main_spec]:
+    run(one)
