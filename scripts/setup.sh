@@ -27,7 +27,8 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$REQ_HASH" ]]; then
   log "installing Python dependencies (background; log $PIP_LOG)"
   ( "$VPY" -m pip install -q --upgrade pip wheel setuptools
     "$VPY" -m pip install -q "torch==2.13.0"
-    "$VPY" -m pip install -q numpy cloudpickle psutil pyyaml packaging "submitit==1.5.4" pytest pytest-xdist \
+    # pytest 8: pytest-xdist 3.8's xdist_group (tests/conftest.py) renames node ids, which pytest 9 ignores
+    "$VPY" -m pip install -q numpy cloudpickle psutil pyyaml packaging "submitit==1.5.4" "pytest==8.4.2" pytest-xdist \
         hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy ) >"$PIP_LOG" 2>&1 &
   PIP_PID=$!
 fi

@@ -2,27 +2,44 @@
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from slurm_env import slurm_cluster, slurm_tmp  # noqa: E402,F401  (fixtures shared by the Slurm tests)
+from slurm_env import cluster_lock, slurm_cluster, slurm_tmp  # noqa: E402,F401  (fixtures shared by the Slurm tests)
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "mpi: starts several Horovod ranks (mpirun or horovodrun --gloo)")
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (started by the fixture)")
+    config.addinivalue_line("markers", "slurm_exclusive: changes what other Slurm tests see (drains, fills or "
+                            "preempts a partition, counts free GPUs): holds the cluster's test lock exclusively")
 
 
+@pytest.fixture(autouse=True)
+def _slurm_test_lock(request):
+    """Slurm tests share the cluster, on every xdist worker at once: shared lock, or exclusive when marked."""
+    if "slurm_cluster" not in request.fixturenames:
+        yield
+        return
+    with cluster_lock(request.getfixturevalue("slurm_cluster"),
+                      exclusive=request.node.get_closest_marker("slurm_exclusive") is not None):
+        yield
+
+
+@pytest.hookimpl(tryfirst=True)          # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``) every test that uses the local Slurm
-    cluster goes to one worker, in file order: they share one cluster, and some drain nodes or fill
-    partitions on purpose. The other worker takes the rest (unit, hypothesis and multi-rank tests)."""
-    import pytest
+    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``): a module-scoped fixture (one launch or
+    one Slurm chain shared by the module's tests) runs once per worker that gets one of its tests, so such a
+    module's tests stay on one worker. The Slurm tests are collected first (the longest ones start at once);
+    they run on both workers, under the cluster's test lock (_slurm_test_lock)."""
+    for item in items:
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope == "module" and getattr(d.func, "__module__", None) == item.module.__name__
+               for ds in defs.values() for d in ds):
+            item.add_marker(pytest.mark.xdist_group(f"module-{item.module.__name__}"))
     slurm = [it for it in items if "slurm_cluster" in getattr(it, "fixturenames", ())]
-    for item in slurm:
-        item.add_marker(pytest.mark.xdist_group("slurm"))
-    # the Slurm group is the longest unit of work: collected first, so one worker starts on it at once
-    # (their relative order, and the other tests' order, stay as collected)
     ids = {id(it) for it in slurm}
     items[:] = slurm + [it for it in items if id(it) not in ids]
 
@@ -36,8 +53,6 @@ if _CPU_FILE:
     import resource
     import time
 
-    import pytest
-
     def _cpu() -> float:
         s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
@@ -49,3 +64,4 @@ if _CPU_FILE:
         with open(_CPU_FILE, "a") as f:
             f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu() - c0, 2),
                                 "wall_s": round(time.time() - t0, 2)}) + "\n")
+

@@ -9,16 +9,23 @@ only if it started it and no other live session holds a lease on it (localcluste
 Without root or the Debian packages it fails with the reason (never skips): `make test` sets up
 everything these tests need, so a missing piece is a set-up failure.
 
+The Slurm tests run on every xdist worker at once, beside each other and the multi-rank tests: a test
+holds the cluster's test lock shared for its duration (conftest's autouse fixture), and one that changes
+what the others see (drains a node, fills or preempts a partition, counts free GPUs) is marked
+``slurm_exclusive`` and holds it exclusively (:func:`cluster_lock`).
+
 Job files must live on a path every node sees: /tmp is private per node (pytest's tmp_path is
 under /tmp!). Use ``slurm_tmp`` (a fresh directory under the cluster's shared/ dir) or the repo.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +102,18 @@ def _unavailable(reason: str):
     # `make test` installs and starts everything these tests need, so a missing piece is a
     # set-up failure, never a skip.
     pytest.fail(f"local Slurm cluster unavailable: {reason}", pytrace=False)
+
+
+@contextmanager
+def cluster_lock(cluster: SlurmCluster, exclusive: bool):
+    """The readers-writer lock of the tests on this cluster (flock on a file in its state directory; released
+    when the holder exits, so a killed test session never leaves it held)."""
+    fd = os.open(cluster.state_dir / ".test-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture(scope="session")

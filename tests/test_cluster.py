@@ -208,6 +208,7 @@ def _wait_free(partition, want, timeout=30):
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_exclusive
 def test_free_gpus_drop_while_a_job_holds_them(slurm_cluster):
     _wait_free("v100", 4)
     jid = slurm_cluster.sbatch("-p", "v100", "--gres=gpu:v100:2", "-n1", "--mem=100M", "-o", "/dev/null",
@@ -224,6 +225,7 @@ def test_free_gpus_drop_while_a_job_holds_them(slurm_cluster):
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_exclusive
 def test_drained_node_is_not_free(slurm_cluster):
     _wait_free("v100", 4)
     slurm_cluster.run("scontrol", "update", "nodename=gpuv2", "state=drain", "reason=test")

@@ -299,6 +299,7 @@ def test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly(slurm_clu
 
 @pytest.mark.slurm
 @pytest.mark.timeout(420)
+@pytest.mark.slurm_exclusive
 def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm_cluster, slurm_tmp):
     """Slurm's own preemption: the chain (sbatch, DataLoader with 2 workers) runs on the rtx2060 node; a job of
     the higher-tier hidden partition "urgent" (slurm/local/up.sh: PreemptType=preempt/partition_prio,

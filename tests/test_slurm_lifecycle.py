@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from slurm_env import cluster_lock
 
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.core.planning import Plan
@@ -209,7 +210,8 @@ def submitit_chain(slurm_cluster):
         return w, subs[w].job_id
 
     t0 = time.time()
-    out = run_chain(slurm_cluster, "chain-submitit", start, {"rtx2060": 2})
+    with cluster_lock(slurm_cluster, exclusive=False):      # a module fixture: the test lock by hand
+        out = run_chain(slurm_cluster, "chain-submitit", start, {"rtx2060": 2})
     out.update(dir=out["chain"], submission=subs[out["work"]], wall_s=time.time() - t0)
     yield out
     _settle(slurm_cluster, out["follow"]["jobs"])
@@ -280,7 +282,8 @@ def hand_chain(slurm_cluster):
         assert r.returncode == 0, r.stderr
         return w / "chain", r.stdout.strip().split(";")[0]
 
-    out = run_chain(slurm_cluster, "chain-hand", start, {"v100": 3})
+    with cluster_lock(slurm_cluster, exclusive=False):
+        out = run_chain(slurm_cluster, "chain-hand", start, {"v100": 3})
     out["dir"] = out["work"]
     yield out
     _settle(slurm_cluster, out["follow"]["jobs"])

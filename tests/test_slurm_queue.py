@@ -20,6 +20,7 @@ def epoch_time(mix):
     return WORK / sum(n * SPEED[p] for p, n in mix.items())
 
 
+@pytest.mark.slurm_exclusive
 def test_queue_aware_choice_avoids_a_busy_partition(slurm_cluster, slurm_tmp):  # noqa: F811
     env = slurm_cluster.env
     blocker = slurm_cluster.sbatch("--partition=rtx2060", "--gres=gpu:rtx2060:4", "--ntasks=1", "--mem=256M",

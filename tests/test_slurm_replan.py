@@ -81,6 +81,7 @@ def test_no_feasible_mix_waits_with_backoff_and_keeps_the_job(tmp_path, monkeypa
 
 
 @pytest.mark.slurm
+@pytest.mark.slurm_exclusive
 def test_successor_pending_on_drained_partition_is_cancelled_and_replanned(slurm_cluster, slurm_tmp):
     """A chain on v100:2; once iteration k is on record both v100 nodes are drained and the job is told to stop
     (USR1 to its batch shell): it checkpoints and submits its successor onto v100:2, which pends. The watcher
