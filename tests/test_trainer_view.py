@@ -20,12 +20,13 @@ def view_names() -> tuple[set[str], set[str]]:
 
 
 def trainer_instance_attributes() -> set[str]:
-    """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods (the Trainer cannot be built without a
-    Horovod world, so its attributes are read from its source)."""
+    """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods and every property of the class (the
+    attributes are read from its source, so that no world is built here)."""
     from hpc_jabas.runtime import trainer
     tree = ast.parse(Path(trainer.__file__).read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
-    out = set()
+    out = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)      # a property reads the TrainState
+           and any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)}
     for node in ast.walk(cls):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
             if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []

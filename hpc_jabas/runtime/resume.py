@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpc_jabas.core.planning import Plan
 from hpc_jabas.errors import CheckpointError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt
@@ -61,8 +60,7 @@ def state_dict(tr: Trainer, cuda_rng: list | None = None) -> dict:
         cuda_rng = [cuda_rng_state()]
     return {"model": tr.model.state_dict(), "optimizer": tr.opt.optimizer.state_dict(),
             "scheduler": tr.scheduler.state_dict() if tr.scheduler is not None else None,
-            "sampler": tr.sampler.state_dict(), "iteration": tr.iteration, "B": tr.B,
-            "plan": tr.plan.to_dict(), "lr_scale": tr.lr_scale, "pending": tr.pending.state_dict(),
+            **tr.state.state_dict(),      # sampler, iteration, B, plan, lr_scale, pending (runtime/state.py)
             "controller": tr.controller.state_dict() if tr.controller is not None else None,
             "world": tr.world, "gpu_types": tr.gpu_types, "decisions": tr.decisions.state_dict(),
             "lifecycle": tr.epoch_end_hook.state_dict() if tr.epoch_end_hook is not None else None,
@@ -76,17 +74,7 @@ def load_state_dict(tr: Trainer, st: dict) -> None:
     tr.opt.optimizer.load_state_dict(st["optimizer"])
     if tr.scheduler is not None and st.get("scheduler") is not None:
         tr.scheduler.load_state_dict(st["scheduler"])
-    tr.sampler.load_state_dict(st["sampler"])
-    tr.iteration = int(st["iteration"])
-    tr.B = int(st["B"])
-    tr.lr_scale = float(st["lr_scale"])
-    plan = Plan.from_dict(st["plan"])
-    if plan.world_size != tr.world:
-        # a different allocation: same B, re-planned for the new ranks
-        plan = tr.planner_fn(tr.B, None)
-    tr.plan = plan
-    # decisions announced ahead of the loader, not in force yet (the sampler above is the trainer's position)
-    tr.pending.load_state_dict(st.get("pending") or [], tr.world, replan=lambda B: tr.planner_fn(B, None))
+    tr.state.load_state_dict(st, tr.world, replan=lambda B: tr.planner_fn(B, None))
     if tr.controller is not None and st.get("controller") is not None:
         tr.controller.load_state_dict(st["controller"])
     if tr.epoch_end_hook is not None and st.get("lifecycle"):

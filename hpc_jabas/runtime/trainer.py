@@ -39,6 +39,7 @@ from hpc_jabas.runtime.pending import PendingDecisions
 from hpc_jabas.runtime.progress import default_callbacks
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
+from hpc_jabas.runtime.state import TrainState
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
 from hpc_jabas.runtime.world import World
 from hpc_jabas.trust import set_trust_group
@@ -104,18 +105,15 @@ class Trainer:
         self.feed = data.make_feed(dataset, self.rank, self.cfg.seed, self.cfg.tail)
         self.dataset = self.feed.dataset
         self.fetch = self.feed.fetch
-        self.sampler = HeterogeneousSampler(len(self.dataset), seed=self.cfg.seed, tail=self.cfg.tail)
+        sampler = HeterogeneousSampler(len(self.dataset), seed=self.cfg.seed, tail=self.cfg.tail)
         self.decision_lead = data.agreed_lead(self.feed.lead)   # decisions announced this far ahead
-        self.pending = PendingDecisions()                        # announced, not in force yet
-        self.feed.attach(lambda it: self.pending.plan_at(it, self.plan))
+        self.feed.attach(lambda it: self.state.plan_at(it))
         self.run_dir = Path(self.cfg.run_dir)
         self.callbacks += default_callbacks(self)     # rank 0: the tqdm bar (on a terminal), progress.json
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
         self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
         self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
-        self.iteration = 0
-        self.lr_scale = 1.0
         self.gpu_types = list(self.world_info.gpu_types)
         self._perf_model: Any = None          # built on first use (perf_model())
         self.calib = Calibrator(self)         # online calibration of that model (runtime/calibrate.py)
@@ -123,8 +121,7 @@ class Trainer:
         self.declared_speed_factors: list[float] | None = None   # cfg.speeds vs the perf model (optimal)
         self.emulator = self._emulator()
         self.planner_fn = planner_fn or self._default_planner()
-        self.B = self.cfg.batch
-        self.plan = self._initial_plan()
+        self.state = TrainState(*self._initial_plan(), sampler=sampler)    # B, plan, sampler, iteration, ...
         if controller is None and (self.cfg.policy != "fixed" or self.cfg.balance != "off"):
             if self.cfg.planner == "fixed":
                 raise ConfigError(f"policy={self.cfg.policy!r} / balance={self.cfg.balance!r} re-plan, which a "
@@ -177,13 +174,53 @@ class Trainer:
         self.identical_b, self.declared_speed_factors = planner.identical_b, planner.declared_factors
         return planner.plan
 
-    def _initial_plan(self) -> Plan:
-        plan = self.planner_fn(self.B, None)
+    def _initial_plan(self) -> tuple[int, Plan]:
+        plan = self.planner_fn(self.cfg.batch, None)
         if plan.world_size != self.world:
             raise ConfigError(f"plan {plan} has {plan.world_size} ranks but the job has {self.world}; "
                               "give one micro-batch count per rank")
-        self.B = plan.B
-        return plan
+        return plan.B, plan
+
+    # ---- the state in force (a TrainState, runtime/state.py) -------------------------------
+    @property
+    def iteration(self) -> int:
+        return self.state.iteration
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.state.iteration = value
+
+    @property
+    def B(self) -> int:
+        return self.state.B
+
+    @B.setter
+    def B(self, value: int) -> None:
+        self.state.B = value
+
+    @property
+    def plan(self) -> Plan:
+        return self.state.plan
+
+    @plan.setter
+    def plan(self, value: Plan) -> None:
+        self.state.plan = value
+
+    @property
+    def lr_scale(self) -> float:
+        return self.state.lr_scale
+
+    @lr_scale.setter
+    def lr_scale(self, value: float) -> None:
+        self.state.lr_scale = value
+
+    @property
+    def sampler(self) -> HeterogeneousSampler:
+        return self.state.sampler
+
+    @property
+    def pending(self) -> PendingDecisions:
+        return self.state.pending
 
     # ---- decisions -------------------------------------------------------------------------
     def check_decision(self, d: Decision) -> None:
@@ -205,8 +242,7 @@ class Trainer:
 
     def announced(self) -> tuple[int, Plan, float]:
         """(B, plan, lr_scale) as announced so far: the last pending decision's, else those in force."""
-        d = self.pending.latest()
-        return (d.B, d.plan, d.lr_scale) if d is not None else (self.B, self.plan, self.lr_scale)
+        return self.state.announced()
 
     def apply(self, d: Decision) -> None:
         """Every rank: ``d`` is in force from ``d.at_iteration`` (now, or when the trainer gets there)."""
@@ -214,12 +250,8 @@ class Trainer:
         if d.kind == "noop":
             return
         self.feed.check_ahead(d.at_iteration)     # the loader has not read that iteration's plan yet
-        self.pending.add(d)
-        self._apply_due()
-
-    def _apply_due(self) -> None:
-        for d in self.pending.due(self.iteration):
-            self.B, self.plan, self.lr_scale = d.B, d.plan, d.lr_scale
+        self.state.add(d)
+        self.state.apply_due()
 
     def b_trajectory(self) -> list[tuple[int, int]]:
         """(iteration, B) at every change of B (the controller's record; the start B without one)."""
@@ -229,7 +261,7 @@ class Trainer:
     # ---- one iteration ----------------------------------------------------------------------
     def train_step(self) -> dict:
         t_it = time.perf_counter()
-        self._apply_due()
+        self.state.apply_due()
         measure = bool(self.controller is not None and self.controller.wants_stats(self.iteration))
         if self.sampler.epoch_done(self.plan.B):   # only when driven outside fit(): no epoch-end work
             self.sampler.new_epoch()
@@ -284,7 +316,7 @@ class Trainer:
             d = self.controller.after_step(self, rec)
             if d is not None:
                 self.apply(d)
-        self._apply_due()                           # decisions announced earlier for this iteration
+        self.state.apply_due()                           # decisions announced earlier for this iteration
         for cb in self.callbacks:
             cb.on_step_end(self, rec)
         if len(self._iter_metrics) >= self.cfg.metrics_period:
