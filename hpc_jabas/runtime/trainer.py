@@ -27,7 +27,7 @@ from hpc_jabas.core.planning import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm, data, evaluate, resume
+from hpc_jabas.runtime import comm, data, evaluate
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.calibrate import Calibrator
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
@@ -36,9 +36,9 @@ from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, Epoch
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.pending import PendingDecisions
-from hpc_jabas.runtime.progress import default_callbacks
+from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
 from hpc_jabas.runtime.protocol import DecisionChannel
-from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
+from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.state import TrainState
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
 from hpc_jabas.runtime.world import World
@@ -131,6 +131,7 @@ class Trainer:
         self.controller: Controller | None = controller
         if controller is not None:
             controller.attach(self)
+        self.checkpointer = self._checkpointer()
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self.resumed_from: str | None = None
         self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
@@ -327,28 +328,44 @@ class Trainer:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them."""
         self._iter_metrics.flush()
 
-    # ---- state, checkpoints, resume (runtime/resume.py) --------------------------------------
+    # ---- state, checkpoints, resume (the Checkpointer, runtime/resume.py) ---------------------
+    def _checkpointer(self) -> Checkpointer:
+        return Checkpointer(self.state, self.model, self.opt.optimizer, ckpt_dir=self.ckpt_dir, rank=self.rank,
+                            gpu_types=self.gpu_types, replan=lambda B: self.planner_fn(B, None),
+                            metrics=self.metrics, enabled=self.cfg.checkpoint, keep=self.cfg.keep_checkpoints,
+                            scheduler=self.scheduler, controller=self.controller, decisions=self.decisions,
+                            hook=self.epoch_end_hook, calibration=self.calib)
+
     def state_dict(self) -> dict:
-        return resume.state_dict(self)
+        return self.checkpointer.state_dict()
 
     def load_state_dict(self, st: dict) -> None:
-        resume.load_state_dict(self, st)
+        self.checkpointer.load_state_dict(st)
 
     def save_checkpoint(self) -> str | None:
         """All ranks call; rank 0 writes (the state is identical on every rank)."""
         self.calib.sync(write=self.cfg.checkpoint)        # every rank's fit in the checkpoint and calibration.json
-        return resume.save_checkpoint(self)
-
-    def _save_hook_state(self, checkpoint: str | None) -> None:
-        resume.save_hook_state(self, checkpoint)
+        self.flush_metrics()
+        path = self.checkpointer.save(self.samples_local)
+        self.last_checkpoint_time = self.checkpointer.saved_at
+        self._periodic.mark(self.iteration)
+        return path
 
     def lock_run_dir(self, wait_s: float = 0.0) -> None:
         """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
-        resume.lock_run_dir(self, wait_s)
+        from hpc_jabas.runtime.dirlock import lock_on_rank0
+        lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
 
     def maybe_resume(self, epochs: int | None = None) -> bool:
         """Resume from the run_dir's latest checkpoint; a finished one stops the job (progress.refuse_finished)."""
-        return resume.maybe_resume(self, epochs)
+        self.lock_run_dir()
+        source = self.checkpointer.resume()
+        if source is None:
+            return False
+        self.resumed_from = source
+        refuse_finished(self, epochs or self.cfg.epochs)
+        self.checkpointer.announce_resume(source)
+        return True
 
     # ---- epochs ------------------------------------------------------------------------------
     def fit(self, epochs: int | None = None, max_iterations: int | None = None, resume: bool = True) -> dict:
@@ -399,7 +416,7 @@ class Trainer:
         """Returns True when the job should stop (moved to another allocation)."""
         epoch = self.sampler.epoch
         self.sampler.new_epoch()
-        resume.bn_average(self)          # BatchNorm running buffers: sample-weighted mean over ranks
+        self.checkpointer.average_buffers(self.samples_local)    # BatchNorm buffers: sample-weighted mean
         ev = self.eval_fn(self.model) if self.eval_fn is not None else None
         if evaluate.is_plateau(self.scheduler):     # ReduceLROnPlateau: rank 0's eval metric, every rank
             evaluate.step_plateau(self.scheduler, ev, self.cfg.eval_metric, self.rank)
@@ -417,7 +434,7 @@ class Trainer:
 
         def decide() -> MoveDecision:
             d = hook.decide(self, epoch)
-            self._save_hook_state(path)      # its state (forecast, ...) for the job that resumes from `path`
+            self.checkpointer.save_hook_state(path)     # its state (forecast, ...) for the job resuming from `path`
             return d
         d = self.decisions.run("epoch_end.decide", self.iteration, decide, MoveDecision.from_dict,
                                noop=lambda: MoveDecision.stay("contained error in the epoch-end decision"))
