@@ -20,12 +20,13 @@ def view_names() -> tuple[set[str], set[str]]:
 
 
 def trainer_instance_attributes() -> set[str]:
-    """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods (the Trainer cannot be built without a
-    Horovod world, so its attributes are read from its source)."""
+    """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods and every property of the class (the
+    attributes are read from its source, so that no world is built here)."""
     from hpc_jabas.runtime import trainer
     tree = ast.parse(Path(trainer.__file__).read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
-    out = set()
+    out = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)      # a property reads the TrainState
+           and any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)}
     for node in ast.walk(cls):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
             if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
@@ -61,3 +62,25 @@ def test_the_fake_trainer_has_every_attribute_and_method_of_the_view():
 def test_the_controller_reads_the_trainer_without_getattr_probes():
     src = (ROOT / "hpc_jabas" / "runtime" / "controller.py").read_text()
     assert "getattr(trainer" not in src and "getattr(cfg" not in src
+
+
+def test_a_trainer_is_composed_from_a_world_without_a_collective(tmp_path, monkeypatch):
+    import torch
+
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.trainer import Trainer
+    from hpc_jabas.runtime.world import World
+
+    def no_collective(*a, **k):
+        raise AssertionError("the constructor ran a collective")
+    for name in ("init", "allgather_object", "broadcast_object", "broadcast_parameters"):
+        monkeypatch.setattr(comm, name, no_collective)
+    ds = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
+    model = torch.nn.Linear(3, 2)
+    tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), ds, torch.nn.CrossEntropyLoss(),
+                 config=JobConfig(batch=8, run_dir=str(tmp_path)),
+                 world=World(rank=1, size=2, gpu_types=("v100", "p100")))
+    assert (tr.rank, tr.world, tr.gpu_types, tr.B, tr.iteration) == (1, 2, ["v100", "p100"], 8, 0)
+    assert tr.plan.world_size == 2 and tr.state.plan is tr.plan and tr.announced() == (8, tr.plan, 1.0)
+    assert not tr._set_up and tr.checkpointer.state is tr.state

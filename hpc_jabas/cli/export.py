@@ -7,11 +7,9 @@ newest good checkpoint). OUT is never overwritten without ``--force``. Bad input
 """
 from __future__ import annotations
 
-import io
-import os
 from pathlib import Path
 
-from hpc_jabas.errors import CheckpointError, ConfigError
+from hpc_jabas.errors import ConfigError
 
 
 def add_parser(sub):
@@ -36,38 +34,16 @@ def _resolve(src: Path) -> Path:
     return src
 
 
-def model_state(path: Path) -> dict:
-    """The ``model`` entry of a verified checkpoint (ConfigError when it is not a Trainer checkpoint)."""
-    import torch
-
-    from hpc_jabas.runtime import checkpoint as ckpt
-    try:
-        st = ckpt.load(path)
-    except CheckpointError as e:
-        raise ConfigError(str(e)) from None
-    model = st.get("model") if isinstance(st, dict) else None
-    if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
-        raise ConfigError(f"{str(path)!r} is not an hpc-jabas training checkpoint (no 'model' state_dict in it)")
-    return model
-
-
 def run(args) -> int:
-    import torch
-
     from hpc_jabas.log import get_logger
+    from hpc_jabas.runtime.resume import Checkpointer
     out = Path(args.out)
     if out.exists() and not args.force:
         raise ConfigError(f"{str(out)!r} exists; pass --force to overwrite it")
     if out.is_dir():
         raise ConfigError(f"{str(out)!r} is a directory; give a file name such as model.pt")
     src = _resolve(Path(args.checkpoint))
-    state = model_state(src)
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, out)
+    state = Checkpointer.export(src, out)      # runtime/resume.py: verified, then written atomically
     n = sum(int(v.numel()) for v in state.values())
     get_logger(__name__).info("wrote %s: %d tensors, %d values, from %s", out, len(state), n, src)
     return 0

@@ -89,7 +89,7 @@ class Controller(Protocol):
     """What the trainer needs from a batch-size / balancing controller."""
 
     def attach(self, trainer: Any) -> None:
-        """Called once by the trainer's constructor, on every rank."""
+        """Called once by the trainer's ``setup()`` (its first fit, resume, checkpoint or step), on every rank."""
 
     def wants_stats(self, iteration: int) -> bool:
         """Should iteration ``iteration`` measure the gradient statistics (same answer on every rank)?"""

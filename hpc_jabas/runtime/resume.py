@@ -1,8 +1,11 @@
-"""The Trainer's state, checkpoints and resume (a mixin of runtime/trainer.Trainer).
+"""The Checkpointer: one job's checkpoints, saved, loaded, resumed from and exported.
 
-``state_dict``/``load_state_dict`` hold everything a resume needs (model, optimizer, scheduler,
-sampler cursor, iteration, B, plan, controller, decisions, lifecycle hook, RNG states); rank 0
-writes checkpoints (runtime/checkpoint.py), every rank resumes from the one rank 0 found.
+A checkpoint holds the model, the optimizer, the lr scheduler, the TrainState (runtime/state.py:
+iteration, B, plan, lr scale, pending decisions, the sampler's epoch and cursor), the controller's, the
+decision protocol's, the epoch-end hook's and the calibration's states, and the RNG states. The
+:class:`Checkpointer` is built from exactly these parts (typed; it never reads the trainer); rank 0
+writes the file (runtime/checkpoint.py: atomic, checksummed, readable by ``torch.load(weights_only=True)``),
+every rank resumes from the one rank 0 found.
 
 RNG states: torch's CPU generator, numpy and Python's ``random`` are rank 0's (restored on every
 rank). The CUDA generators are per rank: ``st["rng"]["cuda"]`` is the list of every rank's
@@ -13,26 +16,39 @@ buffers are averaged over the ranks (runtime/batchnorm.py), so the checkpoint ho
 """
 from __future__ import annotations
 
+import io
+import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from hpc_jabas.core.planning import Plan
-from hpc_jabas.errors import CheckpointError
+from hpc_jabas.errors import CheckpointError, ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime import comm
-from hpc_jabas.runtime.progress import refuse_finished
+from hpc_jabas.runtime.batchnorm import BufferAverager
+from hpc_jabas.runtime.state import Replan, TrainState
 from hpc_jabas.trust import UntrustedFileError
-
-Trainer = Any      # runtime/trainer.Trainer (not imported: the trainer imports this module)
 
 log = get_logger(__name__)
 HOOK_STATE = "hook-state.pt"     # the epoch-end hook's state after its decide step (next to the checkpoints)
+
+
+class Stateful(Protocol):
+    """A part whose state rides in the checkpoint."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
+
+
+class Metrics(Protocol):
+    def write(self, rec: dict[str, Any]) -> None: ...
 
 
 def cuda_rng_state() -> torch.Tensor | None:
@@ -46,60 +62,6 @@ def gather_cuda_rng() -> list[torch.Tensor | None] | None:
     return None if all(s is None for s in states) else states
 
 
-def bn_average(tr: Trainer) -> bool:
-    """Collective: the BatchNorm running buffers averaged over ranks by samples (runtime/batchnorm.py)."""
-    from hpc_jabas.runtime.batchnorm import BufferAverager
-    avg = tr.__dict__.get("_bn_averager")
-    if avg is None or avg.model is not tr.model:
-        avg = tr.__dict__["_bn_averager"] = BufferAverager(tr.model)
-    return bool(avg(tr.samples_local, tr.iteration))
-
-
-def state_dict(tr: Trainer, cuda_rng: list | None = None) -> dict:
-    """``cuda_rng``: every rank's CUDA RNG state (gather_cuda_rng); by default this rank's only."""
-    if cuda_rng is None and torch.cuda.is_available():
-        cuda_rng = [cuda_rng_state()]
-    return {"model": tr.model.state_dict(), "optimizer": tr.opt.optimizer.state_dict(),
-            "scheduler": tr.scheduler.state_dict() if tr.scheduler is not None else None,
-            "sampler": tr.sampler.state_dict(), "iteration": tr.iteration, "B": tr.B,
-            "plan": tr.plan.to_dict(), "lr_scale": tr.lr_scale, "pending": tr.pending.state_dict(),
-            "controller": tr.controller.state_dict() if tr.controller is not None else None,
-            "world": tr.world, "gpu_types": tr.gpu_types, "decisions": tr.decisions.state_dict(),
-            "lifecycle": tr.epoch_end_hook.state_dict() if tr.epoch_end_hook is not None else None,
-            "calibration": tr.calib.state_dict() if getattr(tr, "calib", None) is not None else None,
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                    "cuda": cuda_rng}}
-
-
-def load_state_dict(tr: Trainer, st: dict) -> None:
-    tr.model.load_state_dict(st["model"])
-    tr.opt.optimizer.load_state_dict(st["optimizer"])
-    if tr.scheduler is not None and st.get("scheduler") is not None:
-        tr.scheduler.load_state_dict(st["scheduler"])
-    tr.sampler.load_state_dict(st["sampler"])
-    tr.iteration = int(st["iteration"])
-    tr.B = int(st["B"])
-    tr.lr_scale = float(st["lr_scale"])
-    plan = Plan.from_dict(st["plan"])
-    if plan.world_size != tr.world:
-        # a different allocation: same B, re-planned for the new ranks
-        plan = tr.planner_fn(tr.B, None)
-    tr.plan = plan
-    # decisions announced ahead of the loader, not in force yet (the sampler above is the trainer's position)
-    tr.pending.load_state_dict(st.get("pending") or [], tr.world, replan=lambda B: tr.planner_fn(B, None))
-    if tr.controller is not None and st.get("controller") is not None:
-        tr.controller.load_state_dict(st["controller"])
-    if tr.epoch_end_hook is not None and st.get("lifecycle"):
-        tr.epoch_end_hook.load_state_dict(dict(st["lifecycle"]))
-    tr.decisions.load_state_dict(st.get("decisions") or {})
-    if getattr(tr, "calib", None) is not None:
-        tr.calib.load_state_dict(st.get("calibration"))
-    torch.set_rng_state(st["rng"]["torch"])
-    np.random.set_state(st["rng"]["numpy"])
-    random.setstate(st["rng"]["python"])
-    restore_cuda_rng(st["rng"].get("cuda"), tr.rank)
-
-
 def restore_cuda_rng(states: list | None, rank: int) -> bool:
     """Rank ``rank``'s saved CUDA generator state back into its device; False when there is none to restore."""
     if not states or not torch.cuda.is_available() or rank >= len(states) or states[rank] is None:
@@ -108,89 +70,175 @@ def restore_cuda_rng(states: list | None, rank: int) -> bool:
     return True
 
 
-def finite_weights(tr: Trainer) -> bool:
+def finite_weights(model: torch.nn.Module) -> bool:
     """Every parameter and buffer is finite (one host read; identical on every rank after the step)."""
-    ts = [t.detach() for t in tr.model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()]
+    ts = [t.detach() for t in model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()]
     if not ts:
         return True
     return bool(torch.stack([torch.isfinite(t).all() for t in ts]).all())
 
 
-def save_checkpoint(tr: Trainer) -> str | None:
-    """All ranks call; rank 0 writes (the state is identical on every rank). Non-finite weights are never
-    written: every rank stops (safepoint.NonFiniteError) and the last finite checkpoint stays."""
-    tr.flush_metrics()
-    bn_average(tr)                      # every rank the same BatchNorm buffers in the checkpoint
-    if tr.cfg.checkpoint and not finite_weights(tr):
-        from hpc_jabas.runtime.dirlock import rank_error
-        from hpc_jabas.runtime.safepoint import NonFiniteError, last_checkpoint_name
-        if tr.rank == 0:
-            tr.metrics.write({"type": "nonfinite_stop", "it": tr.iteration, "weights": True})
-        raise rank_error(NonFiniteError, f"training diverged: the weights after iteration {tr.iteration - 1} are "
-                         f"not finite numbers; stopped without checkpointing them ({last_checkpoint_name(tr)}); "
-                         "lower the learning rate, check the data, or use clip_grad_norm", tr.rank)
-    cuda_rng = gather_cuda_rng() if tr.cfg.checkpoint else None
-    path = None
-    tr.last_checkpoint_time = time.time()
-    tr._periodic.mark(tr.iteration)
-    if tr.rank == 0 and tr.cfg.checkpoint:
-        path = ckpt.save_in(tr.ckpt_dir, state_dict(tr, cuda_rng), tr.sampler.epoch, tr.iteration,
-                            keep=tr.cfg.keep_checkpoints)
-    return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
+class Checkpointer:
+    """Saves, loads and resumes one job's state; ``export`` writes a checkpoint's model weights alone.
 
+    ``state``, ``model``, ``optimizer`` (the torch optimizer) and the optional ``scheduler``,
+    ``controller``, ``decisions``, ``hook`` (the epoch-end hook) and ``calibration`` are the parts saved;
+    ``gpu_types`` (one per rank) the world they were saved on; ``replan(B)`` plans B for this world when a
+    checkpoint comes from another rank count. ``enabled=False`` (``checkpoint = false``): nothing is
+    written, the collectives still run on every rank."""
 
-def save_hook_state(tr: Trainer, checkpoint: str | None) -> None:
-    """Rank 0, after the epoch-end hook decided: its state, tied to the checkpoint it follows."""
-    if tr.epoch_end_hook is not None and checkpoint is not None:
-        ckpt.save(tr.ckpt_dir / HOOK_STATE, {"checkpoint": Path(checkpoint).name,
-                                               "state": tr.epoch_end_hook.state_dict()})
+    def __init__(self, state: TrainState, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                 ckpt_dir: Path, rank: int, gpu_types: Sequence[str], replan: Replan,
+                 metrics: Metrics, enabled: bool = True, keep: int = 3, scheduler: Any = None,
+                 controller: Stateful | None = None, decisions: Stateful | None = None,
+                 hook: Stateful | None = None, calibration: Stateful | None = None) -> None:
+        self.state, self.model, self.optimizer, self.scheduler = state, model, optimizer, scheduler
+        self.controller, self.decisions, self.hook, self.calibration = controller, decisions, hook, calibration
+        self.ckpt_dir, self.rank, self.gpu_types = Path(ckpt_dir), rank, list(gpu_types)
+        self.replan, self.metrics, self.enabled, self.keep = replan, metrics, enabled, keep
+        self.bn = BufferAverager(model)
+        self.saved_at: float | None = None      # wall clock of the last save (every rank)
 
+    @property
+    def world(self) -> int:
+        return len(self.gpu_types)
 
-def load_hook_state(tr: Trainer, st: dict, path: Path) -> None:
-    """Rank 0, on resume: the hook's post-decide state replaces the checkpoint's when it follows it."""
-    side = tr.ckpt_dir / HOOK_STATE
-    if not side.exists():
-        return
-    try:
-        hs = ckpt.load(side)
-    except CheckpointError as e:
-        log.warning("ignoring the epoch-end hook's state: %s", e)
-        return
-    if hs.get("checkpoint") == path.name:
-        st["lifecycle"] = hs["state"]
+    # ---- the state --------------------------------------------------------------------------
+    def state_dict(self, cuda_rng: list | None = None) -> dict[str, Any]:
+        """``cuda_rng``: every rank's CUDA RNG state (gather_cuda_rng); by default this rank's only."""
+        if cuda_rng is None and torch.cuda.is_available():
+            cuda_rng = [cuda_rng_state()]
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                **self.state.state_dict(),       # sampler, iteration, B, plan, lr_scale, pending
+                "controller": self.controller.state_dict() if self.controller is not None else None,
+                "world": self.world, "gpu_types": self.gpu_types,
+                "decisions": self.decisions.state_dict() if self.decisions is not None else {},
+                "lifecycle": self.hook.state_dict() if self.hook is not None else None,
+                "calibration": self.calibration.state_dict() if self.calibration is not None else None,
+                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                        "cuda": cuda_rng}}
 
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self.model.load_state_dict(st["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        if self.scheduler is not None and st.get("scheduler") is not None:
+            self.scheduler.load_state_dict(st["scheduler"])
+        self.state.load_state_dict(st, self.world, self.replan)
+        if self.controller is not None and st.get("controller") is not None:
+            self.controller.load_state_dict(st["controller"])
+        if self.hook is not None and st.get("lifecycle"):
+            self.hook.load_state_dict(dict(st["lifecycle"]))
+        if self.decisions is not None:
+            self.decisions.load_state_dict(st.get("decisions") or {})
+        if self.calibration is not None:
+            self.calibration.load_state_dict(st.get("calibration"))
+        torch.set_rng_state(st["rng"]["torch"])
+        np.random.set_state(st["rng"]["numpy"])
+        random.setstate(st["rng"]["python"])
+        restore_cuda_rng(st["rng"].get("cuda"), self.rank)
 
-def lock_run_dir(tr: Trainer, wait_s: float = 0.0) -> None:
-    """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
-    from hpc_jabas.runtime.dirlock import lock_on_rank0
-    lock_on_rank0(tr.run_dir, tr.rank, "run directory", wait_s=wait_s)
+    # ---- saving -----------------------------------------------------------------------------
+    def average_buffers(self, samples_local: int) -> bool:
+        """Collective: the BatchNorm running buffers averaged over ranks by samples (runtime/batchnorm.py)."""
+        return bool(self.bn(samples_local, self.state.iteration))
 
+    def save(self, samples_local: int) -> str | None:
+        """All ranks call; rank 0 writes (the state is identical on every rank); the path, on every rank.
+        Non-finite weights are never written: every rank stops (safepoint.NonFiniteError), the last finite
+        checkpoint stays."""
+        it = self.state.iteration
+        self.average_buffers(samples_local)        # every rank the same BatchNorm buffers in the checkpoint
+        if self.enabled and not finite_weights(self.model):
+            from hpc_jabas.runtime.dirlock import rank_error
+            from hpc_jabas.runtime.safepoint import NonFiniteError, last_checkpoint_name
+            if self.rank == 0:
+                self.metrics.write({"type": "nonfinite_stop", "it": it, "weights": True})
+            raise rank_error(NonFiniteError, f"training diverged: the weights after iteration {it - 1} are not "
+                             f"finite numbers; stopped without checkpointing them "
+                             f"({last_checkpoint_name(self.ckpt_dir, self.enabled)}); lower the learning rate, check "
+                             "the data, or use clip_grad_norm", self.rank)
+        cuda_rng = gather_cuda_rng() if self.enabled else None
+        path = None
+        self.saved_at = time.time()
+        if self.rank == 0 and self.enabled:
+            path = ckpt.save_in(self.ckpt_dir, self.state_dict(cuda_rng), self.state.epoch, it, keep=self.keep)
+        return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
 
-def maybe_resume(tr: Trainer, epochs: int | None = None) -> bool:
-    """Resume from the run_dir's latest checkpoint; a finished one stops the job (progress.refuse_finished)."""
-    tr.lock_run_dir()
-    found, err = None, None
-    if tr.rank == 0:
+    def save_hook_state(self, checkpoint: str | None) -> None:
+        """Rank 0, after the epoch-end hook decided: its state, tied to the checkpoint it follows."""
+        if self.hook is not None and checkpoint is not None:
+            ckpt.save(self.ckpt_dir / HOOK_STATE, {"checkpoint": Path(checkpoint).name,
+                                                   "state": self.hook.state_dict()})
+
+    def _hook_state(self, st: dict[str, Any], path: Path) -> None:
+        """Rank 0, on resume: the hook's post-decide state replaces the checkpoint's when it follows it."""
+        side = self.ckpt_dir / HOOK_STATE
+        if not side.exists():
+            return
         try:
-            found = ckpt.load_latest(tr.ckpt_dir, log=log.warning)
-            if found:
-                load_hook_state(tr, found[0], found[1])
-        except (CheckpointError, UntrustedFileError) as e:
-            # every checkpoint bad, or one that others could have written: every rank stops with rank 0's line
-            err = (type(e).__name__, str(e))
-    st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
-    if err:
-        from hpc_jabas.runtime.dirlock import rank_error
-        raise rank_error(UntrustedFileError if err[0] == "UntrustedFileError" else CheckpointError, err[1], tr.rank)
-    if st is None:
-        return False
-    tr.load_state_dict(st)
-    tr.resumed_from = str(found[1]) if found else "broadcast"
-    refuse_finished(tr, epochs or tr.cfg.epochs)
-    if tr.rank == 0:
-        log.info("resumed from %s at epoch %d, cursor %d, iteration %d, B=%d", tr.resumed_from,
-                 tr.sampler.epoch, tr.sampler.cursor, tr.iteration, tr.B)
-        tr.metrics.write({"type": "resume", "it": tr.iteration, "epoch": tr.sampler.epoch,
-                            "cursor": tr.sampler.cursor, "world": tr.world, "B": tr.B,
-                            "plan": str(tr.plan), "from": tr.resumed_from})
-    return True
+            hs = ckpt.load(side)
+        except CheckpointError as e:
+            log.warning("ignoring the epoch-end hook's state: %s", e)
+            return
+        if hs.get("checkpoint") == path.name:
+            st["lifecycle"] = hs["state"]
+
+    # ---- resuming ---------------------------------------------------------------------------
+    def resume(self) -> str | None:
+        """Collective: load the newest good checkpoint rank 0 finds (every rank the same); where it came from,
+        None when there is none. Every checkpoint bad, or one others could have written: every rank raises
+        with rank 0's line."""
+        found, err = None, None
+        if self.rank == 0:
+            try:
+                found = ckpt.load_latest(self.ckpt_dir, log=log.warning)
+                if found:
+                    self._hook_state(found[0], found[1])
+            except (CheckpointError, UntrustedFileError) as e:
+                err = (type(e).__name__, str(e))
+        st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
+        if err:
+            from hpc_jabas.runtime.dirlock import rank_error
+            raise rank_error(UntrustedFileError if err[0] == "UntrustedFileError" else CheckpointError, err[1],
+                             self.rank)
+        if st is None:
+            return None
+        self.load_state_dict(st)
+        return str(found[1]) if found else "broadcast"
+
+    def announce_resume(self, source: str) -> None:
+        """Rank 0: the log line and the ``resume`` record of metrics.jsonl."""
+        if self.rank != 0:
+            return
+        s = self.state
+        log.info("resumed from %s at epoch %d, cursor %d, iteration %d, B=%d", source, s.epoch, s.cursor,
+                 s.iteration, s.B)
+        self.metrics.write({"type": "resume", "it": s.iteration, "epoch": s.epoch, "cursor": s.cursor,
+                            "world": self.world, "B": s.B, "plan": str(s.plan), "from": source})
+
+    # ---- exporting --------------------------------------------------------------------------
+    @staticmethod
+    def model_weights(path: Path) -> dict[str, torch.Tensor]:
+        """The ``model`` entry of a verified checkpoint (ConfigError when it is not a Trainer checkpoint)."""
+        try:
+            st = ckpt.load(path)
+        except CheckpointError as e:
+            raise ConfigError(str(e)) from None
+        model = st.get("model") if isinstance(st, dict) else None
+        if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
+            raise ConfigError(f"{str(path)!r} is not an hpc-jabas training checkpoint (no 'model' state_dict in it)")
+        return model
+
+    @classmethod
+    def export(cls, path: Path, out: Path) -> dict[str, torch.Tensor]:
+        """Checkpoint ``path``'s model weights to ``out`` as a plain ``torch.save`` of the state_dict (replaced
+        atomically); ``model.load_state_dict(torch.load(out, weights_only=True))`` reads it."""
+        state = cls.model_weights(path)
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, out)
+        return state

@@ -17,7 +17,7 @@ iteration anyway) rides in the same vector, so no extra host sync; every rank th
 :class:`NonFiniteError` (one line, exit 2, never resubmitted) without checkpointing: the last
 checkpoint on disk is the last finite one. An fp16 step that the loss scaler skipped is not an error
 (the scaler backs off). A checkpoint is never written from non-finite weights either
-(runtime/resume.py checks the parameters before writing).
+(the Checkpointer, runtime/resume.py, checks the parameters before writing).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -176,9 +177,10 @@ def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
     return False
 
 
-def last_checkpoint_name(trainer: Any) -> str:
+def last_checkpoint_name(ckpt_dir: Path, enabled: bool) -> str:
+    """What a stop without checkpointing leaves on disk, for its message."""
     from hpc_jabas.runtime import checkpoint as ckpt
-    found = ckpt.list_checkpoints(trainer.ckpt_dir) if trainer.cfg.checkpoint else []
+    found = ckpt.list_checkpoints(ckpt_dir) if enabled else []
     return f"the last checkpoint {str(found[-1])!r} is kept" if found else "no checkpoint was written"
 
 
@@ -187,8 +189,9 @@ def stop_nonfinite(trainer: Any, ranks: int) -> None:
     metrics so far are written (the loss as null), nothing is checkpointed, NonFiniteError is raised."""
     it = trainer.iteration - 1
     trainer.flush_metrics()
+    kept = last_checkpoint_name(trainer.ckpt_dir, trainer.cfg.checkpoint)
     msg = (f"training diverged: the loss of iteration {it} is not a finite number on {ranks} of {trainer.world} "
-           f"rank(s); stopped without checkpointing ({last_checkpoint_name(trainer)}); lower the learning rate, "
+           f"rank(s); stopped without checkpointing ({kept}); lower the learning rate, "
            "check the data, or use clip_grad_norm")
     if trainer.rank == 0:
         trainer.metrics.write({"type": "nonfinite_stop", "it": it, "ranks": ranks})

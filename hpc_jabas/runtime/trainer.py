@@ -27,7 +27,7 @@ from hpc_jabas.core.planning import Plan, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm, data, evaluate, resume
+from hpc_jabas.runtime import comm, data, evaluate
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.calibrate import Calibrator
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
@@ -36,14 +36,31 @@ from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, Epoch
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.pending import PendingDecisions
-from hpc_jabas.runtime.progress import default_callbacks
+from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
 from hpc_jabas.runtime.protocol import DecisionChannel
-from hpc_jabas.runtime.resume import HOOK_STATE  # noqa: F401  (re-exported)
+from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
+from hpc_jabas.runtime.state import TrainState
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
 from hpc_jabas.runtime.world import World
 from hpc_jabas.trust import set_trust_group
 
 log = get_logger(__name__)
+
+
+def check_parts(dataset, scheduler, scheduler_step: str, controller, epoch_end_hook, callbacks) -> None:
+    """The Trainer's arguments, checked before anything is built (ConfigError, or TypeError for a wrong type)."""
+    if scheduler_step not in SCHEDULER_STEPS:
+        raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
+    if scheduler_step == "iteration" and evaluate.is_plateau(scheduler):
+        raise ConfigError("scheduler_step='iteration' cannot drive ReduceLROnPlateau (it steps on the "
+                          "evaluation metric at each epoch end); use scheduler_step='epoch'")
+    if controller is not None and not isinstance(controller, Controller):
+        raise TypeError(f"controller {controller!r} does not implement hpc_jabas.runtime.hooks.Controller")
+    if epoch_end_hook is not None and not isinstance(epoch_end_hook, EpochEndHook):
+        raise TypeError(f"epoch_end_hook {epoch_end_hook!r} is not an hpc_jabas.runtime.hooks.EpochEndHook")
+    if not all(isinstance(cb, Callback) for cb in callbacks):
+        raise TypeError("callbacks must be hpc_jabas.runtime.hooks.Callback instances")
+    data.check_input(dataset)          # a map-style Dataset or a DataLoader over one (runtime/data.py)
 
 
 class Trainer:
@@ -59,6 +76,10 @@ class Trainer:
     (hooks.Callback) are the extension points; ``history`` keeps the last ``history_len``
     iterations' (it, B, plan, lr_scale) of this rank. ``world`` (runtime/world.World): ranks, device and GPU
     types; by default ``World.detect`` from the config's (or ``gpu_types``') types, Slurm or the CUDA device.
+
+    The constructor only composes the parts (docs/design.md, section 1); ``setup()`` runs the collectives,
+    once, and the first ``fit`` calls it. The state in force (iteration, B, plan, lr scale, pending
+    decisions, sampler) is ``state``, a TrainState (runtime/state.py); ``checkpointer`` saves and resumes it.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, loss_fn,
@@ -68,81 +89,76 @@ class Trainer:
                  planner_fn: Callable | None = None, gpu_types: list[str] | None = None,
                  callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
                  history_len: int = 100_000, world: World | None = None):
-        self.cfg = (config or JobConfig()).validate()
-        set_trust_group(self.cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
-        if scheduler_step not in SCHEDULER_STEPS:
-            raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
-        if scheduler_step == "iteration" and evaluate.is_plateau(scheduler):
-            raise ConfigError("scheduler_step='iteration' cannot drive ReduceLROnPlateau (it steps on the "
-                              "evaluation metric at each epoch end); use scheduler_step='epoch'")
-        if controller is not None and not isinstance(controller, Controller):
-            raise TypeError(f"controller {controller!r} does not implement hpc_jabas.runtime.hooks.Controller")
-        if epoch_end_hook is not None and not isinstance(epoch_end_hook, EpochEndHook):
-            raise TypeError(f"epoch_end_hook {epoch_end_hook!r} is not an hpc_jabas.runtime.hooks.EpochEndHook")
-        if not all(isinstance(cb, Callback) for cb in callbacks):
-            raise TypeError("callbacks must be hpc_jabas.runtime.hooks.Callback instances")
-        data.check_input(dataset)          # a map-style Dataset or a DataLoader over one (runtime/data.py)
-        comm.init()
-        self.world_info = world if world is not None else World.detect(gpu_types or self.cfg.gpu_types,
-                                                                       emulate=self.cfg.emulate)
-        self.rank, self.world = comm.rank(), comm.size()       # self.world: the rank count
-        if (self.world_info.rank, self.world_info.size) != (self.rank, self.world):
-            raise ConfigError(f"world= says rank {self.world_info.rank} of {self.world_info.size}; "
-                              f"Horovod says rank {self.rank} of {self.world}")
-        self.device = comm.device() if world is None else torch.device(world.device)
+        self.cfg = cfg = (config or JobConfig()).validate()
+        set_trust_group(cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
+        check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
+        self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
+        self.rank, self.world = self.world_info.rank, self.world_info.size     # self.world: the rank count
+        self.gpu_types, self.device = list(self.world_info.gpu_types), torch.device(self.world_info.device)
         self.model = model.to(self.device)
-        self.loss_fn = loss_fn
+        self.loss_fn, self.scheduler, self.scheduler_step, self.eval_fn = loss_fn, scheduler, scheduler_step, eval_fn
         self.forward_fn = forward_fn or (lambda m, batch: loss_fn(m(batch[0]), batch[1]))
-        self.scheduler = scheduler
-        self.scheduler_step: SchedulerStep = scheduler_step
-        self.eval_fn = eval_fn
         self.epoch_end_hook = epoch_end_hook
-        self.callbacks: list[Callback] = list(callbacks)
-        self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), clip_grad_norm=self.cfg.clip_grad_norm,
-                                          amp=self.cfg.amp)
+        self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), clip_grad_norm=cfg.clip_grad_norm,
+                                          amp=cfg.amp)
         # a Dataset (fetched on this thread) or a DataLoader (its workers fetch ahead): runtime/data.py
-        self.feed = data.make_feed(dataset, self.rank, self.cfg.seed, self.cfg.tail)
-        self.dataset = self.feed.dataset
-        self.fetch = self.feed.fetch
-        self.sampler = HeterogeneousSampler(len(self.dataset), seed=self.cfg.seed, tail=self.cfg.tail)
-        self.decision_lead = data.agreed_lead(self.feed.lead)   # decisions announced this far ahead
-        self.pending = PendingDecisions()                        # announced, not in force yet
-        self.feed.attach(lambda it: self.pending.plan_at(it, self.plan))
-        self.run_dir = Path(self.cfg.run_dir)
-        self.callbacks += default_callbacks(self)     # rank 0: the tqdm bar (on a terminal), progress.json
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)
+        self.dataset, self.fetch = self.feed.dataset, self.feed.fetch
+        self.decision_lead = self.feed.lead        # decisions announced this far ahead (setup() agrees the job's)
+        self.feed.attach(lambda it: self.state.plan_at(it))
+        self.run_dir, self.ckpt_dir = Path(cfg.run_dir), Path(cfg.run_dir) / "checkpoints"
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
         self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
         self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
-        self.iteration = 0
-        self.lr_scale = 1.0
-        self.gpu_types = list(self.world_info.gpu_types)
         self._perf_model: Any = None          # built on first use (perf_model())
         self.calib = Calibrator(self)         # online calibration of that model (runtime/calibrate.py)
-        self.identical_b = True               # set by _default_planner: one b on every rank, or per-rank b
-        self.declared_speed_factors: list[float] | None = None   # cfg.speeds vs the perf model (optimal)
         self.emulator = self._emulator()
-        self.planner_fn = planner_fn or self._default_planner()
-        self.B = self.cfg.batch
-        self.plan = self._initial_plan()
-        if controller is None and (self.cfg.policy != "fixed" or self.cfg.balance != "off"):
-            if self.cfg.planner == "fixed":
-                raise ConfigError(f"policy={self.cfg.policy!r} / balance={self.cfg.balance!r} re-plan, which a "
-                                  "fixed plan cannot follow; use planner='optimal' or 'lbbsp'")
-            from hpc_jabas.runtime.controller import AdaptiveController
-            controller = AdaptiveController(self.cfg)
-        self.controller: Controller | None = controller
-        if controller is not None:
-            controller.attach(self)
+        self.planner_fn = self._planner(planner_fn)      # sets identical_b, declared_speed_factors
+        sampler = HeterogeneousSampler(len(self.dataset), seed=cfg.seed, tail=cfg.tail)
+        self.state = TrainState(*self._initial_plan(), sampler=sampler)    # B, plan, sampler, iteration, ...
+        self.controller: Controller | None = controller if controller is not None else self._default_controller()
+        self.callbacks: list[Callback] = [*callbacks, *default_callbacks(self)]   # rank 0: tqdm bar, progress.json
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
+        self._start_records()
+        self.checkpointer = self._checkpointer()
+        self._set_up = False                            # setup() (collective) not run yet
+    # ---- set-up helpers ----------------------------------------------------------------
+    def _start_records(self) -> None:
+        """What this job has done so far: nothing (a resume restores the TrainState, not these)."""
         self.resumed_from: str | None = None
         self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
+        self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
         self._periodic = sp.PeriodicCheckpoint(self.cfg.checkpoint_every, self.cfg.checkpoint_minutes)
         self.samples_local = 0
         self.compute_local_s = 0.0
         self.last_checkpoint_time: float | None = None   # wall clock of the last checkpoint (every rank)
         self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
+
+    def _default_controller(self) -> Controller | None:
+        """The adaptive controller when the config adapts B or balances; None otherwise."""
+        if self.cfg.policy == "fixed" and self.cfg.balance == "off":
+            return None
+        if self.cfg.planner == "fixed":
+            raise ConfigError(f"policy={self.cfg.policy!r} / balance={self.cfg.balance!r} re-plan, which a "
+                              "fixed plan cannot follow; use planner='optimal' or 'lbbsp'")
+        from hpc_jabas.runtime.controller import AdaptiveController
+        return AdaptiveController(self.cfg)
+
+    def setup(self) -> None:
+        """Collective, once (idempotent; the first ``fit``, ``maybe_resume``, ``save_checkpoint`` or
+        ``train_step`` calls it): Horovod's rank and size checked against the world, the decision lead agreed
+        (the largest loader lookahead of any rank), the controller attached, rank 0's parameters broadcast and
+        a user-loaded optimizer state sent to every rank."""
+        if self._set_up:
+            return
+        comm.init()
+        if (self.rank, self.world) != (comm.rank(), comm.size()):
+            raise ConfigError(f"world= says rank {self.rank} of {self.world}; "
+                              f"Horovod says rank {comm.rank()} of {comm.size()}")
+        self.decision_lead = data.agreed_lead(self.feed.lead)
+        if self.controller is not None:
+            self.controller.attach(self)
         comm.broadcast_parameters(self.model.state_dict(), root_rank=0)
         # Horovod's broadcast_optimizer_state initialises an empty state with a zero-gradient
         # step, which shifts Adam's step count; a fresh optimizer is identical everywhere, so
@@ -151,8 +167,8 @@ class Trainer:
         if has_state:
             sd = comm.broadcast_object(self.opt.optimizer.state_dict() if self.rank == 0 else None, name="hj.opt")
             self.opt.optimizer.load_state_dict(sd)
+        self._set_up = True
 
-    # ---- set-up helpers ----------------------------------------------------------------
     def _emulator(self) -> Emulator | None:
         if not self.cfg.emulate:
             return None
@@ -168,22 +184,66 @@ class Trainer:
             self._perf_model = self.calib.model()
         return self._perf_model
 
-    def _default_planner(self) -> Callable[[int, list[float] | None], Plan]:
-        """The job's planner (core/planning/planner.py, ``make_planner``): identical or per-rank b,
-        declared speeds used."""
+    def _planner(self, planner_fn: Callable | None) -> Callable[[int, list[float] | None], Plan]:
+        """The job's planner: the user's ``planner_fn`` (one b on every rank assumed), else the one
+        ``make_planner`` builds (core/planning/planner.py): identical or per-rank b, declared speeds used."""
+        self.identical_b = True                                     # one b on every rank, or per-rank b
+        self.declared_speed_factors: list[float] | None = None     # cfg.speeds vs the perf model (optimal)
+        if planner_fn is not None:
+            return planner_fn
         from hpc_jabas.core.planning.planner import make_planner
         from hpc_jabas.runtime.batchnorm import batch_coupled_layers
         planner = make_planner(self.cfg, self.gpu_types, self.perf_model, batch_coupled_layers(self.model))
         self.identical_b, self.declared_speed_factors = planner.identical_b, planner.declared_factors
         return planner.plan
 
-    def _initial_plan(self) -> Plan:
-        plan = self.planner_fn(self.B, None)
+    def _initial_plan(self) -> tuple[int, Plan]:
+        plan = self.planner_fn(self.cfg.batch, None)
         if plan.world_size != self.world:
             raise ConfigError(f"plan {plan} has {plan.world_size} ranks but the job has {self.world}; "
                               "give one micro-batch count per rank")
-        self.B = plan.B
-        return plan
+        return plan.B, plan
+
+    # ---- the state in force (a TrainState, runtime/state.py) -------------------------------
+    @property
+    def iteration(self) -> int:
+        return self.state.iteration
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.state.iteration = value
+
+    @property
+    def B(self) -> int:
+        return self.state.B
+
+    @B.setter
+    def B(self, value: int) -> None:
+        self.state.B = value
+
+    @property
+    def plan(self) -> Plan:
+        return self.state.plan
+
+    @plan.setter
+    def plan(self, value: Plan) -> None:
+        self.state.plan = value
+
+    @property
+    def lr_scale(self) -> float:
+        return self.state.lr_scale
+
+    @lr_scale.setter
+    def lr_scale(self, value: float) -> None:
+        self.state.lr_scale = value
+
+    @property
+    def sampler(self) -> HeterogeneousSampler:
+        return self.state.sampler
+
+    @property
+    def pending(self) -> PendingDecisions:
+        return self.state.pending
 
     # ---- decisions -------------------------------------------------------------------------
     def check_decision(self, d: Decision) -> None:
@@ -205,8 +265,7 @@ class Trainer:
 
     def announced(self) -> tuple[int, Plan, float]:
         """(B, plan, lr_scale) as announced so far: the last pending decision's, else those in force."""
-        d = self.pending.latest()
-        return (d.B, d.plan, d.lr_scale) if d is not None else (self.B, self.plan, self.lr_scale)
+        return self.state.announced()
 
     def apply(self, d: Decision) -> None:
         """Every rank: ``d`` is in force from ``d.at_iteration`` (now, or when the trainer gets there)."""
@@ -214,12 +273,8 @@ class Trainer:
         if d.kind == "noop":
             return
         self.feed.check_ahead(d.at_iteration)     # the loader has not read that iteration's plan yet
-        self.pending.add(d)
-        self._apply_due()
-
-    def _apply_due(self) -> None:
-        for d in self.pending.due(self.iteration):
-            self.B, self.plan, self.lr_scale = d.B, d.plan, d.lr_scale
+        self.state.add(d)
+        self.state.apply_due()
 
     def b_trajectory(self) -> list[tuple[int, int]]:
         """(iteration, B) at every change of B (the controller's record; the start B without one)."""
@@ -228,8 +283,9 @@ class Trainer:
 
     # ---- one iteration ----------------------------------------------------------------------
     def train_step(self) -> dict:
+        self.setup()
         t_it = time.perf_counter()
-        self._apply_due()
+        self.state.apply_due()
         measure = bool(self.controller is not None and self.controller.wants_stats(self.iteration))
         if self.sampler.epoch_done(self.plan.B):   # only when driven outside fit(): no epoch-end work
             self.sampler.new_epoch()
@@ -284,7 +340,7 @@ class Trainer:
             d = self.controller.after_step(self, rec)
             if d is not None:
                 self.apply(d)
-        self._apply_due()                           # decisions announced earlier for this iteration
+        self.state.apply_due()                           # decisions announced earlier for this iteration
         for cb in self.callbacks:
             cb.on_step_end(self, rec)
         if len(self._iter_metrics) >= self.cfg.metrics_period:
@@ -295,32 +351,51 @@ class Trainer:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them."""
         self._iter_metrics.flush()
 
-    # ---- state, checkpoints, resume (runtime/resume.py) --------------------------------------
+    # ---- state, checkpoints, resume (the Checkpointer, runtime/resume.py) ---------------------
+    def _checkpointer(self) -> Checkpointer:
+        return Checkpointer(self.state, self.model, self.opt.optimizer, ckpt_dir=self.ckpt_dir, rank=self.rank,
+                            gpu_types=self.gpu_types, replan=lambda B: self.planner_fn(B, None),
+                            metrics=self.metrics, enabled=self.cfg.checkpoint, keep=self.cfg.keep_checkpoints,
+                            scheduler=self.scheduler, controller=self.controller, decisions=self.decisions,
+                            hook=self.epoch_end_hook, calibration=self.calib)
+
     def state_dict(self) -> dict:
-        return resume.state_dict(self)
+        return self.checkpointer.state_dict()
 
     def load_state_dict(self, st: dict) -> None:
-        resume.load_state_dict(self, st)
+        self.checkpointer.load_state_dict(st)
 
     def save_checkpoint(self) -> str | None:
         """All ranks call; rank 0 writes (the state is identical on every rank)."""
+        self.setup()
         self.calib.sync(write=self.cfg.checkpoint)        # every rank's fit in the checkpoint and calibration.json
-        return resume.save_checkpoint(self)
-
-    def _save_hook_state(self, checkpoint: str | None) -> None:
-        resume.save_hook_state(self, checkpoint)
+        self.flush_metrics()
+        path = self.checkpointer.save(self.samples_local)
+        self.last_checkpoint_time = self.checkpointer.saved_at
+        self._periodic.mark(self.iteration)
+        return path
 
     def lock_run_dir(self, wait_s: float = 0.0) -> None:
         """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
-        resume.lock_run_dir(self, wait_s)
+        from hpc_jabas.runtime.dirlock import lock_on_rank0
+        lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
 
     def maybe_resume(self, epochs: int | None = None) -> bool:
         """Resume from the run_dir's latest checkpoint; a finished one stops the job (progress.refuse_finished)."""
-        return resume.maybe_resume(self, epochs)
+        self.setup()                                # before the load: a resumed state is not broadcast over
+        self.lock_run_dir()
+        source = self.checkpointer.resume()
+        if source is None:
+            return False
+        self.resumed_from = source
+        refuse_finished(self, epochs or self.cfg.epochs)
+        self.checkpointer.announce_resume(source)
+        return True
 
     # ---- epochs ------------------------------------------------------------------------------
     def fit(self, epochs: int | None = None, max_iterations: int | None = None, resume: bool = True) -> dict:
         epochs = epochs or self.cfg.epochs
+        self.setup()
         self.lock_run_dir()
         installed_here = not sp.stop_signals().installed and sp.stop_signals().install()
         self.stop_reason = None
@@ -367,7 +442,7 @@ class Trainer:
         """Returns True when the job should stop (moved to another allocation)."""
         epoch = self.sampler.epoch
         self.sampler.new_epoch()
-        resume.bn_average(self)          # BatchNorm running buffers: sample-weighted mean over ranks
+        self.checkpointer.average_buffers(self.samples_local)    # BatchNorm buffers: sample-weighted mean
         ev = self.eval_fn(self.model) if self.eval_fn is not None else None
         if evaluate.is_plateau(self.scheduler):     # ReduceLROnPlateau: rank 0's eval metric, every rank
             evaluate.step_plateau(self.scheduler, ev, self.cfg.eval_metric, self.rank)
@@ -385,7 +460,7 @@ class Trainer:
 
         def decide() -> MoveDecision:
             d = hook.decide(self, epoch)
-            self._save_hook_state(path)      # its state (forecast, ...) for the job that resumes from `path`
+            self.checkpointer.save_hook_state(path)     # its state (forecast, ...) for the job resuming from `path`
             return d
         d = self.decisions.run("epoch_end.decide", self.iteration, decide, MoveDecision.from_dict,
                                noop=lambda: MoveDecision.stay("contained error in the epoch-end decision"))
