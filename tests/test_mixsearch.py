@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import autoscale, mixsearch
+from hpc_jabas.core import autoscale, mixbound, mixsearch
 from hpc_jabas.core.autoscale import choose
 from hpc_jabas.core.mixsearch import Bound, all_mixes, allowed_counts, partition_counts, search
 from hpc_jabas.errors import ConfigError
@@ -223,6 +224,20 @@ def test_snapped_iterations_never_grow_with_more_gpus(fc, period, samples, lo, w
     its = mixsearch.snapped_iterations(fc, period, samples, lo, lo + width, b0, 0.025)
     counts = [its(n) for n in (1, 2, 8, 64, 512, 4096)]
     assert counts == sorted(counts, reverse=True) and counts[-1] >= math.ceil(samples / (lo + width))
+
+
+@given(fc=st.lists(st.floats(1.0, 5000.0), min_size=1, max_size=6), period=st.integers(1, 20),
+       samples=st.integers(1, 100_000), lo=st.integers(1, 64), width=st.integers(0, 4000), b0=st.integers(1, 32),
+       tol=st.sampled_from([0.0, 0.025, 0.5]))
+def test_vectorised_snapped_iterations_equal_the_scalar_counts(fc, period, samples, lo, width, b0, tol):
+    its = mixsearch.snapped_iterations(fc, period, samples, lo, lo + width, b0, tol)
+    vec = mixbound.snapped_iterations_vec(fc, period, samples, lo, lo + width, b0, tol)
+    ns = np.array([1, 2, 3, 7, 8, 64, 100, 511, 512, 4096], dtype=np.int64)
+    assert vec(ns).tolist() == [its(int(n)) for n in ns]
+    b = Bound(float(samples), {"v100": 1.0}, its, iters_vec=vec)
+    assert b.iters_table(70).tolist() == [float(its(max(n, 1))) for n in range(71)]
+    assert Bound(float(samples), {"v100": 1.0}, its).iters_table(9).tolist() == [float(its(max(n, 1)))
+                                                                                 for n in range(10)]
 
 
 @settings(max_examples=40, deadline=None)

@@ -92,6 +92,36 @@ def test_strategies_are_deterministic_under_a_seed():
         assert a[n].totals["restarts"] == 0
 
 
+def _decided(res):
+    """Everything a run decided and recorded, less the decisions' wall-clock timings."""
+    out = {}
+    for n, r in res.items():
+        d = r.to_dict()
+        d["totals"].pop("decision_ms_max")
+        for x in d["decisions"]:
+            x.pop("decision_ms")
+        out[n] = d
+    return out
+
+
+def test_the_decision_caches_change_no_decision(monkeypatch):
+    """Reused spaces, bounds, epoch times and forecaster fits: the same per-epoch records, B trajectories and
+    decisions (reasons included) as a run that recomputes every one of them."""
+    wait = {"v100": {"dist": "lognormal", "median_s": 300, "sigma": 1.0}}
+    parts = (("v100", "v100", 2), ("p100", "p100", 2), ("a100", "a100", 1))
+    j = dict(epochs=4, autoscale={"max_partitions": 3, "exact_upto": 2, "restart_prior_s": 30, "max_evals": 40})
+    clock = iter(range(10**6)).__next__
+    on = Simulation(cluster(parts, wait=wait), job(**j), clock=clock).compare()
+    forecast._fits.clear()
+    monkeypatch.setattr(forecast, "FIT_CACHE_SIZE", 0)
+    off_sim = Simulation(cluster(parts, wait=wait), job(**j), clock=clock, cache=False)
+    off = off_sim.compare()
+    assert not off_sim._epoch_times and not off_sim._bounds and not off_sim._price_spaces and not forecast._fits
+    assert _decided(on) == _decided(off)
+    assert sum(len(r.decisions) for r in on.values()) > 10
+    assert any(e["restart"] for r in on.values() for e in r.epochs)          # moves were decided, too
+
+
 def test_the_budget_row_spends_at_most_about_the_simigrad_cost():
     res = Simulation(cluster(), job()).compare(["hpcjabas-budget"])
     assert set(res) == {"hpcjabas-budget", "simigrad"}       # the baseline ran: it sets the budget

@@ -117,7 +117,7 @@ class Simulation:
     """A job on a cluster; :meth:`run` plays one strategy, :meth:`compare` several."""
 
     def __init__(self, cluster: Cluster, job: Job, model: PerfModel | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, cache: bool = True) -> None:
         self.cluster, self.job = cluster, job
         self.types = cluster.types
         self.model = model if model is not None else build_model(job, list(self.types.values()))
@@ -129,6 +129,14 @@ class Simulation:
                               f"({', '.join(bad) or 'empty'}); partitions: {cluster.capacity}")
         self.mix0 = autoscale._norm_mix(mix)
         self._spaces: dict[tuple[Any, ...], BatchSpace] = {}
+        # the epoch-end decisions' reuse (``cache``; the same decisions without, tests/test_simulate.py): each
+        # mix's batch space across decisions, and per exact pricing input (forecast, period, range) its bound
+        # and every mix's epoch time, across decisions and strategies; the forecaster reuses a fit of the
+        # same history. Every entry is a pure function of its key.
+        self.cache = cache
+        self._price_spaces: dict[Any, Any] = {}
+        self._bounds: dict[tuple[Any, ...], mixsearch.Bound] = {}
+        self._epoch_times: dict[tuple[Any, ...], dict[tuple[tuple[str, int], ...], Any]] = {}
         self.auto = dict(job.autoscale)
         for t in set(self.types.values()):
             self.model.profile(t)                                  # every type has a profile (one line if not)
@@ -176,6 +184,8 @@ class Simulation:
             kw.update(B0=B0, at=pol.get("ramp_at", [0.25, 0.5, 0.75]), factor=pol.get("ramp_factor", 2.0))
         policy = make_policy(st.policy, **kw)
         lr_rule = make_lr_rule("auto", B0, st.policy)
+        if st.objective is not None:
+            forecast.preload()          # the import, once per process, is not part of a timed decision
         rng = np.random.default_rng([job.seed, sorted(STRATEGIES).index(name)])
         curve = job.gradstats
         res = Result(name)
@@ -296,7 +306,7 @@ class Simulation:
         hist = traj[-int(a.get("forecast_history", 32)):]
         fp = p if st.policy != "fixed" else max(1, math.ceil(N / traj[-1][1]))
         fc = forecast.forecast_next_epoch(hist, lambda b: math.ceil(N / b), period_p=fp, B_min=lo, B_max=hi,
-                                          start_iter=it)
+                                          start_iter=it, reuse_fit=self.cache)
         mb = job.micro_batch
         obj = st.objective or "time"
         prior = overhead.seconds if st.overhead_aware else 0.0
@@ -306,9 +316,7 @@ class Simulation:
             # pays off less (the overhead is amortised over less), so the search would stay again
             return (autoscale.Choice(dict(mix), "inputs unchanged since the last decision, which stayed", []),
                     None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0))
-        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, [mb] if mb else None, planner="optimal",
-                                     B_min=lo, B_max=hi)
-        bound = mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo, micro_batch=mb)
+        fn, bound = self._pricing(fc, fp)
         unit = int(a.get("unit", 0))
         units: int | dict[str, int] = cl.units if unit == 0 else unit
         wait_fn = (lambda m: cl.queue.expected(m, t)) if st.queue_aware else None
@@ -331,6 +339,33 @@ class Simulation:
         return ch, ms
 
     _stay_key: Any = None
+
+    def _pricing(self, fc: list[int], fp: int) -> tuple[autoscale.EpochTimeFn, mixsearch.Bound]:
+        """The search's ``epoch_time_fn`` and bound for a forecast; with ``cache``, reused for the same inputs."""
+        N, lo, hi, mb = self.job.samples, self.job.batch_min, self.job.batch_max, self.job.micro_batch
+        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, [mb] if mb else None, planner="optimal",
+                                     B_min=lo, B_max=hi, spaces=self._price_spaces if self.cache else None)
+        if not self.cache:
+            return fn, mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
+                                            micro_batch=mb)
+        key = (tuple(fc), fp)
+        if key not in self._bounds:
+            self._bounds[key] = mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
+                                                     micro_batch=mb)
+        memo = self._epoch_times.setdefault(key, {})
+
+        def priced(mix: Mix) -> float | None:
+            k = autoscale.mix_key(mix)
+            if k not in memo:
+                try:
+                    memo[k] = fn(mix)
+                except InfeasibleError as e:
+                    memo[k] = e
+            v = memo[k]
+            if isinstance(v, InfeasibleError):
+                raise v
+            return v  # type: ignore[no-any-return]
+        return priced, self._bounds[key]
 
     # ---- several strategies ------------------------------------------------------------------------
     def compare(self, names: Sequence[str] | None = None) -> dict[str, Result]:
