@@ -307,7 +307,6 @@ class Simulation:
         fp = p if st.policy != "fixed" else max(1, math.ceil(N / traj[-1][1]))
         fc = forecast.forecast_next_epoch(hist, lambda b: math.ceil(N / b), period_p=fp, B_min=lo, B_max=hi,
                                           start_iter=it, reuse_fit=self.cache)
-        mb = job.micro_batch
         obj = st.objective or "time"
         prior = overhead.seconds if st.overhead_aware else 0.0
         self._stay_key = (autoscale.mix_key(mix), tuple(fc), prior)
