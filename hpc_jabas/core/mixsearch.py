@@ -94,6 +94,7 @@ MAX_WAITS = 24          # wait_fn calls per decision (each may be an `sbatch --t
 SHORTLIST = 12          # priced mixes handed to choose (and kept in its table)
 BRUTE_MAX = 256         # up to this many mixes (and no queue wait to ask): price them all, list them all
 _REL = 1e-9             # pruning tolerance: ties are never pruned
+NODE_CACHE_MAX = 20_000  # nodes a node_cache keeps per bound, granularity and objective
 
 
 def _pos_int(x: Any, name: str, lo: int = 1) -> int:
@@ -171,7 +172,7 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
            budget: float | None = None, deadline_s: float | None = None, remaining_epochs: float = 1,
            wait_fn: WaitFn | None = None, max_queue_wait_s: float | None = None,
            max_nodes: int = MAX_NODES, max_evals: int = MAX_EVALS, max_waits: int = MAX_WAITS,
-           brute_max: int = BRUTE_MAX) -> Choice:
+           brute_max: int = BRUTE_MAX, node_cache: dict[Any, Any] | None = None) -> Choice:
     """``choose`` over every mix of :func:`partition_counts`, by branch-and-bound (module docstring).
 
     The arguments are ``choose``'s plus the cluster (``free``, ``types``, the limits and granularity), the
@@ -180,7 +181,11 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
     and the best priced mixes (up to SHORTLIST; with ``wait_fn``, those whose wait was asked), and the
     reason ends with what the search did (mixes priced, nodes, queue estimates, exact or the proven gap).
     ``wait_fn`` is asked only of mixes that could still win, at most ``max_waits`` times (each may be an
-    ``sbatch --test-only``)."""
+    ``sbatch --test-only``). ``node_cache``: a dict the caller keeps across decisions; the search keeps in it,
+    for the ``bound`` it was last given (another bound empties it), each expanded node's children and their
+    bounds before R, the overhead and the limits enter (up to NODE_CACHE_MAX nodes per granularity and
+    objective), so a later decision on the same bound and cluster reads them instead of recomputing them:
+    the same values, the same decision (tests/test_mixsearch.py)."""
     obj = str(objective).strip().lower().replace("_", "-")
     if obj not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
@@ -336,6 +341,13 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         best: list[Any] = [None, None]          # key, rank tuple
         lim_kind, lim = limit if limit is not None else ("", math.inf)
         need_cost = primary == "cost" or lim_kind == "cost"
+        nodes: dict[tuple[int, ...], Any] | None = None
+        if node_cache is not None:             # what the children's A and C depend on besides the node itself
+            if node_cache.get("bound") is not bound:
+                node_cache.clear()
+                node_cache["bound"] = bound
+            ctx = (primary, need_cost, max_gpus, min_gpus, maxp, tuple((p, tuple(counts[p]), rate[p]) for p in order))
+            nodes = node_cache.setdefault(ctx, {})
 
         def rank(key: tuple[tuple[str, int], ...], tc: tuple[float, float]) -> tuple[Any, ...]:
             t, c = tc
@@ -369,11 +381,11 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         chains: list[tuple[Any, ...]] = []
         heap: list[tuple[float, int, int, int]] = []      # (bound, -depth, chain, position)
 
-        def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, fl0: float, used: int,
-                   here: bool) -> int | None:
-            """Sort the children of a node into a chain; its index (None: no child is left). The children are
-            a slice of the partition's sorted counts; per child the bounds of every threshold f at once (the
-            numpy errors are silenced around the whole search)."""
+        def children(i: int, n: int, theta: float, rt: float, fl0: float, used: int) -> tuple[Any, ...] | None:
+            """The children of a node and their bounds before R, the restart overhead and any limit enter:
+            per child the least over the thresholds f of the time A and the cost C of one epoch (see ``expand``).
+            The children are a slice of the partition's sorted counts, every threshold f at once (the numpy
+            errors are silenced around the whole search). None: no child."""
             p = order[i]
             cl = count_list[p]
             a = bisect.bisect_left(cl, min_gpus - n - caps[i + 1])     # below: no mix can reach min_gpus
@@ -407,25 +419,46 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
             tails = tail_n * its
             S = bound.samples
             base = S / fill if S > 0 else np.where(fill > 0, S / fill, np.inf)   # S > 0: S / 0 is inf
+            A = (np.maximum(base, F_its) + tails).min(axis=0)
+            C = None
+            if need_cost:
+                own = rr / th
+                if zero and theta == 0.0:                              # no GPU at all yet: no rate per sample
+                    own[0] = np.inf
+                ratio = np.minimum(own, ratios[j0:, None])
+                ratio = np.where(np.isfinite(ratio), ratio, 0.0)
+                C = (np.maximum(S * ratio, F_its * rr) + tails * rr).min(axis=0)
+            return K, th, rr, fmax, fl0 if zero else fmax, A, C
+
+        def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, fl0: float, used: int,
+                   here: bool) -> int | None:
+            """Sort the children of a node into a chain; its index (None: no child is left). A child's time key
+            is R * A + the move's overhead, its cost key R * C / 3600 + the overhead's cost: the least over f
+            of R * A_f + o is R * min_f A_f + o exactly (R > 0: rounding is monotone). With ``node_cache``
+            the children's values come from an earlier search on the same bound when it reached the node."""
+            if nodes is not None and fixed in nodes:
+                ent = nodes[fixed]
+            else:
+                ent = children(i, n, theta, rt, fl0, used)
+                if nodes is not None and len(nodes) < NODE_CACHE_MAX:
+                    nodes[fixed] = ent
+            if ent is None:
+                return None
+            K, th, rr, fmax, fl_first, A, C = ent
             on: Any = None
             if here:                                                   # the subtree still holds the current mix
                 on = K == cur_at[i]
                 move_t: Any = np.where(on, 0.0, overhead)
             else:
                 move_t = overhead
-            lt = (R * (np.maximum(base, F_its) + tails) + move_t).min(axis=0)
+            lt = R * A + move_t
             if need_cost:
                 move_c: Any = overhead * rr / 3600
                 if on is not None:
                     move_c = np.where(on, 0.0, move_c)
-                own = rr / th
-                if zero and theta == 0.0:                              # no GPU at all yet: no rate per sample
-                    own[0] = np.inf
-                ratio = np.minimum(own, ratios[j0:, None])
-                ratio = np.where(np.isfinite(ratio), ratio, 0.0)
-                lc = (R * (np.maximum(S * ratio, F_its * rr) + tails * rr) / 3600.0 + move_c).min(axis=0)
+                lc = R * C / 3600.0 + move_c
             else:
-                lc = np.zeros(b - a)                                   # time alone: no cost bound needed
+                lc = np.zeros(len(K))                                  # time alone: no cost bound needed
             key, key2 = (lt, lc) if primary == "time" else (lc, lt)
             if lim_kind:
                 sel = np.nonzero((lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9)[0]
@@ -436,7 +469,7 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
                 srt = np.lexsort((-K if primary == "time" else K, key2, key))
             # sorted bounds as lists (the heap's keys); the rest is read per visited child only
             chains.append((i + 1, fixed, srt.tolist(), key[srt].tolist(), key2[srt].tolist(), K, th, rr, fmax,
-                           fl0 if zero else fmax, on, n))
+                           fl_first, on, n))
             return len(chains) - 1
 
         frontier = math.inf
