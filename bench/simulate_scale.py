@@ -11,7 +11,10 @@ a cut search is).
 
 Last line: gpus=4096 partitions=8 epochs=100 sim_s=... decision_ms_max=... validation_error=not_measured
 jabas_time_vs_simigrad=... hpcjabas_cost_vs_simigrad=... queue_aware_time_vs_jabas=... (sim_s: wall time of
-the whole comparison; decision_ms_max: the slowest epoch-end decision, forecast + search, wall clock).
+the whole comparison, scikit-learn's one-time import included; decision_ms_max: the slowest epoch-end
+decision, forecast + search, wall clock, after that import). The simulator reuses what its decisions compute
+when the inputs are exactly the same (``Simulation(cache=True)``; tests/test_simulate.py checks a run decides
+the same without).
 Before it: the comparison table.
 
 Run: .venv/bin/python bench/simulate_scale.py

@@ -88,6 +88,21 @@ def test_deterministic():
     assert forecast_next_epoch(hist, 2000, period_p=P) == forecast_next_epoch(list(hist), 2000, period_p=P)
 
 
+def test_a_reused_fit_forecasts_as_a_refit(monkeypatch):
+    from hpc_jabas.core import forecast
+    rng = np.random.default_rng(5)
+    hist = [(i * P, 300 + 20 * i + rng.normal(0, 9)) for i in range(30)]
+    forecast._fits.clear()
+    for start in (3000, 3100, 5000):           # the same history forecast from later and later iterations
+        fresh = forecast_next_epoch(hist, lambda b: 60_000 // b + 1, period_p=P, start_iter=start, reuse_fit=False)
+        assert forecast_next_epoch(hist, lambda b: 60_000 // b + 1, period_p=P, start_iter=start) == fresh
+    assert len(forecast._fits) == 1                 # one fit, reused
+    monkeypatch.setattr(forecast, "FIT_CACHE_SIZE", 0)
+    forecast._fits.clear()
+    forecast_next_epoch(hist, 2000, period_p=P)
+    assert not forecast._fits
+
+
 def test_components():
     y = [10.0, 12.0, 14.0, 16.0, 18.0]
     assert holt_forecast(y, np.array([1.0, 2.0])) == pytest.approx([20.0, 22.0], abs=0.5)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import autoscale, mixsearch
+from hpc_jabas.core import autoscale, mixbound, mixsearch
 from hpc_jabas.core.autoscale import choose
 from hpc_jabas.core.mixsearch import Bound, all_mixes, allowed_counts, partition_counts, search
 from hpc_jabas.errors import ConfigError
@@ -129,6 +130,34 @@ def test_search_equals_brute_force_on_the_real_epoch_time():
         assert got.mix == want.mix and "exact" in got.reason, (obj, got.reason, want.reason)
 
 
+def test_a_node_cache_changes_no_decision():
+    """Decisions that share a node_cache (same bound, other R, overhead, budget, current mix, caps) choose,
+    explain and price exactly as fresh searches; another bound empties the cache."""
+    from hpc_jabas.core.perfmodel import PerfModel
+    types = {p: p for p in ("a100", "v100", "rtx2060", "p100")}
+    model = PerfModel.emulated(sorted(types.values()), [1, 2, 4, 8, 16, 32, 64], 0.002, 0.0002)
+    fc, N = [70.4, 77.4, 85.2, 93.7], 4000
+    fn = autoscale.epoch_time_fn(model, types, fc, 5, N, None, B_min=32, B_max=256)
+    bound = mixsearch.perf_bound(model, types, N, 256, forecast=fc, period=5, B_min=32)
+    free = {"a100": 8, "v100": 16, "rtx2060": 12, "p100": 8}
+    rates = autoscale.catalog_rates(types)
+    cache: dict = {}
+    n_cached = 0
+    for obj, kw in (("time", {}), ("cost", {}), ("time-under-budget", {"budget": 0.05}),
+                    ("time-under-budget", {"budget": 0.02}), ("cost-under-deadline", {"deadline_s": 30.0})):
+        for cur, R, over, caps in (({"v100": 2}, 3, 30.0, {}), ({"v100": 4, "a100": 2}, 0.7, 5.0, {}),
+                                   ({"p100": 8}, 11, 0.0, {"max_nodes": 40}), ({"v100": 2}, 3, 30.0, {})):
+            args = dict(max_gpus=24, remaining_epochs=R, brute_max=0, unit=2, exact_upto=1, **caps, **kw)
+            want = search(cur, free, types, fn, rates, obj, over, bound, **args)
+            got = search(cur, free, types, fn, rates, obj, over, bound, node_cache=cache, **args)
+            assert (got.mix, got.reason, got.move, got.table) == (want.mix, want.reason, want.move, want.table)
+            n_cached = max(n_cached, sum(len(v) for k, v in cache.items() if k != "bound"))
+    assert n_cached > 10
+    other = mixsearch.perf_bound(model, types, N, 256, forecast=[200.0], period=5, B_min=32)
+    search({"v100": 2}, free, types, fn, rates, "time", 1.0, other, max_gpus=24, brute_max=0, node_cache=cache)
+    assert cache["bound"] is other and all(len(v) <= 5000 for k, v in cache.items() if k != "bound")
+
+
 def test_granularity_counts():
     assert allowed_counts(10, 4) == [0, 4, 8]
     assert allowed_counts(10, 4, exact_upto=2) == [0, 1, 2, 4, 8]
@@ -223,6 +252,20 @@ def test_snapped_iterations_never_grow_with_more_gpus(fc, period, samples, lo, w
     its = mixsearch.snapped_iterations(fc, period, samples, lo, lo + width, b0, 0.025)
     counts = [its(n) for n in (1, 2, 8, 64, 512, 4096)]
     assert counts == sorted(counts, reverse=True) and counts[-1] >= math.ceil(samples / (lo + width))
+
+
+@given(fc=st.lists(st.floats(1.0, 5000.0), min_size=1, max_size=6), period=st.integers(1, 20),
+       samples=st.integers(1, 100_000), lo=st.integers(1, 64), width=st.integers(0, 4000), b0=st.integers(1, 32),
+       tol=st.sampled_from([0.0, 0.025, 0.5]))
+def test_vectorised_snapped_iterations_equal_the_scalar_counts(fc, period, samples, lo, width, b0, tol):
+    its = mixsearch.snapped_iterations(fc, period, samples, lo, lo + width, b0, tol)
+    vec = mixbound.snapped_iterations_vec(fc, period, samples, lo, lo + width, b0, tol)
+    ns = np.array([1, 2, 3, 7, 8, 64, 100, 511, 512, 4096], dtype=np.int64)
+    assert vec(ns).tolist() == [its(int(n)) for n in ns]
+    b = Bound(float(samples), {"v100": 1.0}, its, iters_vec=vec)
+    assert b.iters_table(70).tolist() == [float(its(max(n, 1))) for n in range(71)]
+    assert Bound(float(samples), {"v100": 1.0}, its).iters_table(9).tolist() == [float(its(max(n, 1)))
+                                                                                 for n in range(10)]
 
 
 @settings(max_examples=40, deadline=None)

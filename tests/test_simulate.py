@@ -92,6 +92,36 @@ def test_strategies_are_deterministic_under_a_seed():
         assert a[n].totals["restarts"] == 0
 
 
+def _decided(res):
+    """Everything a run decided and recorded, less the decisions' wall-clock timings."""
+    out = {}
+    for n, r in res.items():
+        d = r.to_dict()
+        d["totals"].pop("decision_ms_max")
+        for x in d["decisions"]:
+            x.pop("decision_ms")
+        out[n] = d
+    return out
+
+
+def test_the_decision_caches_change_no_decision(monkeypatch):
+    """Reused spaces, bounds, epoch times and forecaster fits: the same per-epoch records, B trajectories and
+    decisions (reasons included) as a run that recomputes every one of them."""
+    wait = {"v100": {"dist": "lognormal", "median_s": 300, "sigma": 1.0}}
+    parts = (("v100", "v100", 2), ("p100", "p100", 2), ("a100", "a100", 1))
+    j = dict(epochs=4, autoscale={"max_partitions": 3, "exact_upto": 2, "restart_prior_s": 30, "max_evals": 40})
+    clock = iter(range(10**6)).__next__
+    on = Simulation(cluster(parts, wait=wait), job(**j), clock=clock).compare()
+    forecast._fits.clear()
+    monkeypatch.setattr(forecast, "FIT_CACHE_SIZE", 0)
+    off_sim = Simulation(cluster(parts, wait=wait), job(**j), clock=clock, cache=False)
+    off = off_sim.compare()
+    assert not off_sim._epoch_times and not off_sim._bounds and not off_sim._price_spaces and not forecast._fits
+    assert _decided(on) == _decided(off)
+    assert sum(len(r.decisions) for r in on.values()) > 10
+    assert any(e["restart"] for r in on.values() for e in r.epochs)          # moves were decided, too
+
+
 def test_the_budget_row_spends_at_most_about_the_simigrad_cost():
     res = Simulation(cluster(), job()).compare(["hpcjabas-budget"])
     assert set(res) == {"hpcjabas-budget", "simigrad"}       # the baseline ran: it sets the budget
@@ -188,6 +218,39 @@ def test_cli_writes_a_run_directory(tmp_path, capsys, monkeypatch):
     ep = doc["results"]["lbbsp"]["epochs"]
     assert len(ep) == 1 and ep[0]["samples"] == 1_281_167 and ep[0]["time_s"] > 0
     assert "epoch" in capsys.readouterr().out
+
+
+def test_report_renders_a_simulation_directory(tmp_path, capsys):
+    """`hpc-jabas report SIM_DIR` draws a simulation like a run: non-empty PNGs of B and lr over time, the
+    allocation, the cost per epoch and the per-type throughput, and a Markdown summary."""
+    import time
+
+    from PIL import Image
+    parts = (("v100", "v100", 1), ("p100", "p100", 1), ("a100", "a100", 1))
+    c = cluster(parts, wait={"a100": {"dist": "fixed", "mean_s": 120}})
+    res = Simulation(c, job(epochs=3, autoscale={"max_partitions": 3, "exact_upto": 2, "restart_prior_s": 30}))\
+        .compare(["static", "simigrad", "jabas", "hpcjabas-cost"])
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    (sim / "simulation.json").write_text(json.dumps(
+        {"cluster": "t", "job": "j", "epochs": 3, "seed": 0, "results": {n: r.to_dict() for n, r in res.items()}}))
+    t0 = time.perf_counter()
+    assert main(["report", str(sim), "--out", str(tmp_path / "rep")]) == 0
+    assert time.perf_counter() - t0 < 10
+    assert "4 strategies" in capsys.readouterr().out
+    for png in ("b_lr.png", "allocation.png", "cost.png", "throughput.png"):
+        with Image.open(tmp_path / "rep" / png) as im:
+            assert im.size[0] > 300 and im.size[1] > 200
+            lo, hi = im.convert("L").getextrema()
+            assert hi - lo > 100, png                      # something is drawn, not a blank canvas
+        assert (tmp_path / "rep" / png).stat().st_size > 5000
+    from hpc_jabas.cli.simreport import SUMMARY
+    md = (tmp_path / "rep" / SUMMARY).read_text()
+    assert "| jabas |" in md and "(x1.00)" in md and "![allocation per epoch](allocation.png)" in md
+    ep = res["jabas"].epochs[0]                            # what the throughput plot reads
+    assert sum(ep["by_type"].values()) == pytest.approx(ep["samples_per_s"], rel=1e-3)
+    assert res["jabas"].timeline[0][2] == res["jabas"].trajectory[0][1]
+    assert main(["report", str(tmp_path / "nothing")]) == 2
 
 
 # ---------------------------------------------------------------- no own copy of the decision core

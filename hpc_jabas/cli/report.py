@@ -1,5 +1,8 @@
 """`hpc-jabas report RUN_DIR`: the run's trajectory as a PNG (B, lr scale, statistics, throughput, and the
-perf model's predicted vs measured iteration time at every calibration round)."""
+perf model's predicted vs measured iteration time at every calibration round).
+
+`hpc-jabas report SIM_DIR` (the --out DIR of `hpc-jabas simulate`, holding simulation.json): the
+simulation drawn like a run, as PNGs and a Markdown summary in SIM_DIR or --out DIR (cli/simreport.py)."""
 from __future__ import annotations
 
 import json
@@ -9,9 +12,10 @@ from hpc_jabas.errors import ConfigError
 
 
 def add_parser(sub):
-    p = sub.add_parser("report", help="draw B, lr, gradient statistics and throughput of a run as a PNG")
-    p.add_argument("run_dir")
-    p.add_argument("--out", help="PNG path (default RUN_DIR/report.png)")
+    p = sub.add_parser("report", help="draw B, lr, gradient statistics and throughput of a run (or a simulation)")
+    p.add_argument("run_dir", help="a run directory (metrics.jsonl) or a simulation's (simulation.json)")
+    p.add_argument("--out", help="PNG path (default RUN_DIR/report.png); for a simulation a directory "
+                                 "(default SIM_DIR)")
     p.set_defaults(func=run)
     return p
 
@@ -81,6 +85,12 @@ def draw(recs: list[dict], out: Path) -> Path:
 
 
 def run(args) -> int:
+    from hpc_jabas.cli import simreport
+    if simreport.is_simulation(args.run_dir):
+        paths = simreport.render(args.run_dir, args.out)
+        doc = simreport.load(args.run_dir)
+        print(f"wrote {', '.join(str(p) for p in paths)}: {len(doc['results'])} strategies")
+        return 0
     recs = load_metrics(args.run_dir)
     out = Path(args.out) if args.out else Path(args.run_dir) / "report.png"
     if out.is_dir():

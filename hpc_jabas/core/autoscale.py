@@ -222,7 +222,8 @@ def expand_mix(mix: Mapping[str, int], types: Mapping[str, str]) -> list[str]:
 
 def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float], period: int, num_samples: int,
                   cands: Sequence[int] | None = None, *, planner: str = "optimal", B_min: int | None = None,
-                  B_max: int | None = None, speeds: Sequence[float] | None = None) -> EpochTimeFn:
+                  B_max: int | None = None, speeds: Sequence[float] | None = None,
+                  spaces: dict[Any, Any] | None = None) -> EpochTimeFn:
     """Predicted time of one epoch on a mix, pricing what the trainer would run there.
 
     The forecast B of each period of ``period`` iterations is first snapped to a B the job's planner
@@ -232,6 +233,9 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     the job's micro-batch size as a one-element list, or None (the planner chooses);
     ``planner``: 'optimal' or 'lbbsp' (``speeds``: declared per-rank speeds, used when they fit).
     A mix with no realisable B in range is infeasible (InfeasibleError, which ``price`` records).
+    ``spaces``: a dict the caller keeps across calls with the same ``model`` and ``types`` (e.g. successive
+    epoch-end decisions) in which each mix's batch space is kept and reused: a space depends only on the
+    mix, the model, the planner and the range, never on the forecast, so reuse prices exactly as a fresh one.
     """
     from hpc_jabas.core.grouptimes import group_space
     from hpc_jabas.core.planning import job_batch_space, snap_nearest
@@ -245,8 +249,13 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
         gl = expand_mix(mix, types)
         if not gl:
             return None
-        space = group_space(gl, model, lo, hi, [cfg.micro_batch] if cfg.micro_batch else None) \
-            if planner == "optimal" else job_batch_space(cfg, gl, model)   # optimal: no per-rank plans (grouptimes)
+        skey = (mix_key(mix), planner, cfg.micro_batch, lo, hi, None if speeds is None else tuple(speeds))
+        space = None if spaces is None else spaces.get(skey)
+        if space is None:
+            space = group_space(gl, model, lo, hi, [cfg.micro_batch] if cfg.micro_batch else None) \
+                if planner == "optimal" else job_batch_space(cfg, gl, model)   # optimal: no per-rank plans
+            if spaces is not None:
+                spaces[skey] = space
         total, left, k = 0.0, num_samples, 0
         while left > 0:
             B = snap_nearest(space, float(forecast[min(k, len(forecast) - 1)]))

@@ -11,13 +11,15 @@ for the next epoch (docs/formulas.md, section 7). Like JABAS, the forecast blend
 
 With fewer than 3 decisions the forecast is the last value. Only the most recent MAX_HISTORY
 decisions are used. Everything is clipped to
-[B_min, B_max] and rounded to integers. Deterministic: same input, same output.
+[B_min, B_max] and rounded to integers. Deterministic: same input, same output; a fit is therefore
+reused for the same history (FIT_CACHE_SIZE most recent), whatever iteration is forecast from.
 """
 from __future__ import annotations
 
 import contextlib
 import math
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -68,17 +70,26 @@ def _holt(y: FloatArray, alpha: float, beta: float, phi: float) -> tuple[float, 
     return level, trend, sse
 
 
+def _holt_fit(ya: FloatArray) -> tuple[float, float, float]:
+    """(level, trend, phi) of the grid's best damped Holt fit (least one-step error; ties: the order below)."""
+    best = min(_HOLT_GRID, key=lambda g: (_holt(ya, *g)[2], -g[0], g[1], -g[2]))
+    level, trend, _ = _holt(ya, *best)
+    return level, trend, best[2]
+
+
+def _holt_eval(fit: tuple[float, float, float], h: FloatArray) -> FloatArray:
+    level, trend, phi = fit
+    damp: FloatArray = h if phi == 1.0 else phi * (1 - phi ** h) / (1 - phi)
+    return level + damp * trend
+
+
 def holt_forecast(y: npt.ArrayLike, steps: npt.ArrayLike) -> FloatArray:
     """Damped-trend Holt smoothing of an equally spaced series, forecast ``steps`` ahead (>= 0, may be fractional)."""
     ya = np.asarray(y, dtype=np.float64)
     h = np.asarray(steps, dtype=np.float64)
     if len(ya) < 2:
         return np.full(len(h), float(ya[-1]))
-    best = min(_HOLT_GRID, key=lambda g: (_holt(ya, *g)[2], -g[0], g[1], -g[2]))
-    level, trend, _ = _holt(ya, *best)
-    phi = best[2]
-    damp: FloatArray = h if phi == 1.0 else phi * (1 - phi ** h) / (1 - phi)
-    return level + damp * trend
+    return _holt_eval(_holt_fit(ya), h)
 
 
 def _one_thread() -> AbstractContextManager[Any]:
@@ -134,13 +145,39 @@ class _Model:
         step = float(np.median(gaps)) if len(gaps) else 1.0
         self.step = step if step > 0 else 1.0
         self.gp: Callable[[FloatArray], FloatArray] | None = None if self.short else _fit_gp(ts, ys)
+        self.holt = None if self.short else _holt_fit(ys)      # len(ys) >= MIN_POINTS >= 2
 
     def __call__(self, tq: npt.ArrayLike) -> FloatArray:
         tqa = np.asarray(tq, dtype=np.float64)
-        if self.gp is None:
+        if self.gp is None or self.holt is None:
             return np.full(len(tqa), float(self.ys[-1]))
         steps = np.maximum(tqa - self.ts[-1], 0.0) / self.step
-        return 0.5 * self.gp(tqa) + 0.5 * holt_forecast(self.ys, steps)
+        return 0.5 * self.gp(tqa) + 0.5 * _holt_eval(self.holt, steps)
+
+
+#: fitted models kept for reuse, keyed on the exact history they were fitted on (the fit is deterministic:
+#: the same points give the same model, so a hit decides exactly as a refit). 0: no reuse.
+FIT_CACHE_SIZE = 128
+_fits: OrderedDict[tuple[bytes, bytes], _Model] = OrderedDict()
+
+
+def _model(ts: FloatArray, ys: FloatArray) -> _Model:
+    if FIT_CACHE_SIZE <= 0:
+        return _Model(ts, ys)
+    key = (ts.tobytes(), ys.tobytes())
+    m = _fits.get(key)
+    if m is None:
+        m = _fits[key] = _Model(ts, ys)
+        while len(_fits) > FIT_CACHE_SIZE:
+            _fits.popitem(last=False)
+    else:
+        _fits.move_to_end(key)
+    return m
+
+
+def preload() -> None:
+    """Import scikit-learn's GP now (seconds, once per process), so that a timed decision does not pay it."""
+    from sklearn.gaussian_process import GaussianProcessRegressor  # noqa: F401
 
 
 def _check_int(name: str, value: object, low: int) -> int:
@@ -155,7 +192,7 @@ def forecast_next_epoch(history: Sequence[tuple[int, float]],
                         period_p: int = 100,
                         B_min: int = 1,
                         B_max: int | None = None,
-                        *, start_iter: int | None = None) -> list[int]:
+                        *, start_iter: int | None = None, reuse_fit: bool = True) -> list[int]:
     """One forecast B per decision period of the next epoch, clipped to [B_min, B_max].
 
     ``history``: the (iteration, B) decisions so far, in iteration order (global iteration
@@ -165,8 +202,9 @@ def forecast_next_epoch(history: Sequence[tuple[int, float]],
     epoch ends once the forecast periods have consumed one epoch of data (sum of p / f(B_k) >= 1).
     ``horizon_iters``: optional cap on the iterations forecast (None: the whole epoch).
     ``period_p``: iterations between decisions. ``start_iter``: the first iteration of the next
-    epoch (default: last decision + period_p). Returns ``[B_0, B_1, ...]`` for the periods starting
-    at start_iter, start_iter + p, ...
+    epoch (default: last decision + period_p). ``reuse_fit``: take the fitted model of the same history
+    from the cache (FIT_CACHE_SIZE) instead of refitting; the result is the same either way. Returns
+    ``[B_0, B_1, ...]`` for the periods starting at start_iter, start_iter + p, ...
     """
     p = _check_int("period_p", period_p, 1)
     lo = _check_int("B_min", B_min, 1)
@@ -180,7 +218,7 @@ def forecast_next_epoch(history: Sequence[tuple[int, float]],
     ts, ys = _clean_history(history)
     ts, ys = ts[-MAX_HISTORY:], ys[-MAX_HISTORY:]
     start = float(ts[-1] + p) if start_iter is None else float(start_iter)
-    model = _Model(ts, ys)
+    model = _model(ts, ys) if reuse_fit else _Model(ts, ys)
 
     def finish(v: FloatArray) -> list[int]:
         v = np.maximum(v, lo)

@@ -9,6 +9,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from hpc_jabas.core.perfmodel import PerfModel
 
 
@@ -23,9 +26,20 @@ class Bound:
     iters: int | Callable[[int], int] = 0
     tail: Callable[[int], float] | None = None
     floor: Mapping[str, float] = field(default_factory=dict)   # partition -> least compute s per iteration
+    #: optional: ``iters`` of an integer array at once (the same counts, element by element)
+    iters_vec: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]] | None = None
 
     def iters_at(self, n: int) -> int:
         return self.iters(n) if callable(self.iters) else int(self.iters)
+
+    def iters_table(self, n_max: int) -> npt.NDArray[np.float64]:
+        """``iters_at(max(n, 1))`` for n = 0..n_max, as floats (what the search tabulates)."""
+        ns = np.maximum(np.arange(n_max + 1, dtype=np.int64), 1)
+        if self.iters_vec is not None:
+            return np.asarray(self.iters_vec(ns), dtype=np.float64)
+        if not callable(self.iters):
+            return np.full(n_max + 1, float(int(self.iters)))
+        return np.array([self.iters_at(int(n)) for n in ns], dtype=np.float64)
 
     def epoch_s(self, theta: float, n: int, floor: float = 0.0) -> float:
         """The bound for a mix of n GPUs, sum n_p peak_p = theta, largest floor of its partitions ``floor``."""
@@ -71,6 +85,34 @@ def snapped_iterations(forecast: Sequence[float], period: int, samples: int, B_m
     return iters
 
 
+def snapped_iterations_vec(forecast: Sequence[float], period: int, samples: int, B_min: int, B_max: int,
+                           b0: int, tie_tol: float) -> Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
+    """:func:`snapped_iterations` for an array of N at once: the same float64 arithmetic, step by step, per
+    element (tests/test_mixsearch.py checks the equality)."""
+    fs = [float(x) for x in forecast]
+
+    def iters(ns: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        nb = np.asarray(ns, dtype=np.int64) * b0
+        total = np.zeros(len(nb), dtype=np.int64)
+        left = np.full(len(nb), float(samples))
+        k = 0
+        act = left > 0
+        while act.any():
+            last = k >= len(fs) - 1
+            f = fs[min(k, len(fs) - 1)]
+            c = min(max(f, B_min), B_max)
+            Bh = np.minimum(float(B_max), np.maximum(c + b0, nb[act].astype(np.float64)) + tie_tol * max(f, 1.0))
+            its = np.ceil(left[act] / Bh)
+            if not last:
+                its = np.minimum(float(period), its)
+            total[act] += its.astype(np.int64)
+            left[act] = left[act] - its * Bh
+            k += 1
+            act = left > 0
+        return total
+    return iters
+
+
 def perf_bound(model: PerfModel, types: Mapping[str, str], samples: int, B_max: int,
                every_rank_runs: bool = True, *, forecast: Sequence[float] | None = None, period: int | None = None,
                B_min: int = 1, micro_batch: int | None = None) -> Bound:
@@ -85,6 +127,7 @@ def perf_bound(model: PerfModel, types: Mapping[str, str], samples: int, B_max: 
         return Bound(float(samples), {p: peaks[t] for p, t in types.items()}, math.ceil(samples / max(1, B_max)),
                      lambda n: float(model.allreduce_tail(1)))
     iters: int | Callable[[int], int] = math.ceil(samples / max(1, B_max))
+    vec = None
     if forecast and period:
         from hpc_jabas.core.planning.space import GRAIN_TOL, TIE_REL  # the widest band snap_nearest may pick from
         b0 = micro_batch or max(min(model.profile(t).b) for t in set(types.values()))
@@ -96,10 +139,11 @@ def perf_bound(model: PerfModel, types: Mapping[str, str], samples: int, B_max: 
                 table[n] = count(n)
             return table[n]
         iters = iters_fn
+        vec = snapped_iterations_vec(forecast, period, samples, B_min, B_max, b0, GRAIN_TOL + TIE_REL)
     b_lo = micro_batch or min(min(model.profile(t).b) for t in set(types.values()))
     floors = {t: _floor(model, t, b_lo) for t in set(types.values())}
     return Bound(float(samples), {p: peaks[t] for p, t in types.items()}, iters, model.allreduce_tail,
-                 {p: floors[t] for p, t in types.items()})
+                 {p: floors[t] for p, t in types.items()}, vec)
 
 
 def _floor(model: PerfModel, gpu_type: str, b_lo: int) -> float:

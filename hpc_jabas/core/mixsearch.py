@@ -63,6 +63,7 @@ ranking is lexicographic). bench/autoscale_search.py shows the 4,096-GPU figures
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -93,6 +94,7 @@ MAX_WAITS = 24          # wait_fn calls per decision (each may be an `sbatch --t
 SHORTLIST = 12          # priced mixes handed to choose (and kept in its table)
 BRUTE_MAX = 256         # up to this many mixes (and no queue wait to ask): price them all, list them all
 _REL = 1e-9             # pruning tolerance: ties are never pruned
+NODE_CACHE_MAX = 20_000  # nodes a node_cache keeps per bound, granularity and objective
 
 
 def _pos_int(x: Any, name: str, lo: int = 1) -> int:
@@ -170,7 +172,7 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
            budget: float | None = None, deadline_s: float | None = None, remaining_epochs: float = 1,
            wait_fn: WaitFn | None = None, max_queue_wait_s: float | None = None,
            max_nodes: int = MAX_NODES, max_evals: int = MAX_EVALS, max_waits: int = MAX_WAITS,
-           brute_max: int = BRUTE_MAX) -> Choice:
+           brute_max: int = BRUTE_MAX, node_cache: dict[Any, Any] | None = None) -> Choice:
     """``choose`` over every mix of :func:`partition_counts`, by branch-and-bound (module docstring).
 
     The arguments are ``choose``'s plus the cluster (``free``, ``types``, the limits and granularity), the
@@ -179,7 +181,11 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
     and the best priced mixes (up to SHORTLIST; with ``wait_fn``, those whose wait was asked), and the
     reason ends with what the search did (mixes priced, nodes, queue estimates, exact or the proven gap).
     ``wait_fn`` is asked only of mixes that could still win, at most ``max_waits`` times (each may be an
-    ``sbatch --test-only``)."""
+    ``sbatch --test-only``). ``node_cache``: a dict the caller keeps across decisions; the search keeps in it,
+    for the ``bound`` it was last given (another bound empties it), each expanded node's children and their
+    bounds before R, the overhead and the limits enter (up to NODE_CACHE_MAX nodes per granularity and
+    objective), so a later decision on the same bound and cluster reads them instead of recomputing them:
+    the same values, the same decision (tests/test_mixsearch.py)."""
     obj = str(objective).strip().lower().replace("_", "-")
     if obj not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
@@ -253,11 +259,17 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
     parts = list(counts)
     peak = {p: float(bound.peak[p]) for p in parts}
     floor = {p: float(bound.floor.get(p, 0.0)) for p in parts}
-    count_arr = {p: np.array(counts[p], dtype=np.int64) for p in parts}
+    count_arr = {p: np.array(counts[p], dtype=np.int64) for p in parts}      # ascending (allowed_counts)
+    count_list = {p: [int(c) for c in counts[p]] for p in parts}
+    # u when a partition's counts are 0, u, 2u, ... (whole units, no exact counts): its lookups are strided views
+    step = {p: (cl[1] if len(cl) > 1 and cl == list(range(0, cl[-1] + 1, cl[1])) else 0)
+            for p, cl in count_list.items()}
     rate = {p: float(mix_rate({p: 1}, rates)) for p in parts}
+    peak_k = {p: count_arr[p] * peak[p] for p in parts}     # per count: its sum of peaks and its rate
+    rate_k = {p: count_arr[p] * rate[p] for p in parts}
 
     tail_tab = np.array([bound.tail(max(n, 1)) if bound.tail is not None else 0.0 for n in range(max_gpus + 1)])
-    iters_tab = np.array([bound.iters_at(max(n, 1)) for n in range(max_gpus + 1)], dtype=float)
+    iters_tab = bound.iters_table(max_gpus)
 
     def probes(order: list[str]) -> list[tuple[tuple[str, int], ...]]:
         """Mixes that fill partitions in ``order`` (the search's: fastest or cheapest per sample first) up to
@@ -305,9 +317,12 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         # peak: concave piecewise linear), their GPUs, their least rate/peak. A completion whose added
         # partitions have largest floor f* is bounded with the least threshold >= f*.
         caps = [sum(max(counts[p]) for p in order[i:]) for i in range(P + 1)]
-        levels: list[list[tuple[float, Any, Any, int, float]]] = []
+        # per level: the thresholds f, F(room) tabulated for every room 0..max_gpus (one row per f; the same
+        # np.interp values as at each node's rooms), the GPUs each f lets add, their least rate/peak
+        levels: list[tuple[Any, list[float], Any, Any, Any]] = []      # (fs, fs as a list, F, iters, ratios)
+        rooms = np.arange(max_gpus + 1)
         for i in range(P + 1):
-            rows = []
+            fs, tabs, capf, ratios = [], [], [], []
             for f in sorted({0.0} | {floor[p] for p in order[i:]}):
                 sub = [p for p in order[i:] if floor[p] <= f]
                 items = sorted(((peak[p], max(counts[p])) for p in sub), reverse=True)
@@ -315,13 +330,24 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
                 for pk, cap in items:
                     xs.append(xs[-1] + cap)
                     ys.append(ys[-1] + cap * pk)
-                rows.append((f, np.array(xs), np.array(ys), int(xs[-1]),
-                             min([rate[p] / peak[p] for p in sub], default=math.inf)))
-            levels.append(rows)
+                fs.append(f)
+                tabs.append(np.interp(rooms, np.array(xs), np.array(ys)))
+                capf.append(int(xs[-1]))
+                ratios.append(min([rate[p] / peak[p] for p in sub], default=math.inf))
+            # per f and GPU count m: the fewest iterations once f's partitions are added, iters(min(m + cap_f, max))
+            its_tab = iters_tab[np.minimum(rooms + np.array(capf, dtype=np.int64)[:, None], max_gpus)]
+            levels.append((np.array(fs), fs, np.array(tabs), its_tab, np.array(ratios)))
         cur_at = [cur.get(p, 0) for p in order]
         best: list[Any] = [None, None]          # key, rank tuple
         lim_kind, lim = limit if limit is not None else ("", math.inf)
         need_cost = primary == "cost" or lim_kind == "cost"
+        nodes: dict[tuple[int, ...], Any] | None = None
+        if node_cache is not None:             # what the children's A and C depend on besides the node itself
+            if node_cache.get("bound") is not bound:
+                node_cache.clear()
+                node_cache["bound"] = bound
+            ctx = (primary, need_cost, max_gpus, min_gpus, maxp, tuple((p, tuple(counts[p]), rate[p]) for p in order))
+            nodes = node_cache.setdefault(ctx, {})
 
         def rank(key: tuple[tuple[str, int], ...], tc: tuple[float, float]) -> tuple[Any, ...]:
             t, c = tc
@@ -349,55 +375,101 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
             return best[1] is not None and v >= best[1][0] and bool(v2 > best[1][1] * (1 + _REL) + 1e-12)
 
         # a chain: the children of one node (partition order[i] at each allowed count), sorted by bound
-        chains: list[tuple[int, tuple[int, ...], Any, Any, Any, Any, Any, Any, Any, Any]] = []
+        # a chain: (depth, fixed, order of the children, their keys, secondary keys (lists, sorted), and per
+        # child in count order: K, theta, rate, the floor (fl_first for the first child when it adds 0 GPUs,
+        # else fmax), on (None: no child holds the current mix), the parent's GPUs n)
+        chains: list[tuple[Any, ...]] = []
         heap: list[tuple[float, int, int, int]] = []      # (bound, -depth, chain, position)
+
+        def children(i: int, n: int, theta: float, rt: float, fl0: float, used: int) -> tuple[Any, ...] | None:
+            """The children of a node and their bounds before R, the restart overhead and any limit enter:
+            per child the least over the thresholds f of the time A and the cost C of one epoch (see ``expand``).
+            The children are a slice of the partition's sorted counts, every threshold f at once (the numpy
+            errors are silenced around the whole search). None: no child."""
+            p = order[i]
+            cl = count_list[p]
+            a = bisect.bisect_left(cl, min_gpus - n - caps[i + 1])     # below: no mix can reach min_gpus
+            b = bisect.bisect_right(cl, max_gpus - n)
+            if maxp is not None and used >= maxp:
+                b = min(b, 1) if cl[0] == 0 else 0                     # only the count 0 is left
+            if a >= b:
+                return None
+            zero = cl[a] == 0                                          # the first child adds no GPU
+            K = count_arr[p][a:b]
+            th = theta + peak_k[p][a:b]
+            rr = rt + rate_k[p][a:b]
+            fmax = max(fl0, floor[p])
+            fs, fs_list, tabs, its_tab, ratios = levels[i + 1]
+            j0 = bisect.bisect_right(fs_list, fl0 if zero else fmax) - 1   # below it: a smaller set, the same floor
+            u = step[p]
+            if u:                                  # counts 0, u, 2u, ...: every lookup is a strided view
+                lo_n, hi_n = n + cl[a], n + cl[b - 1]
+                N2: Any = slice(lo_n, hi_n + 1, u)
+                r0, r1 = max_gpus - lo_n, max_gpus - hi_n              # rooms, descending; r1 >= 0
+                room: Any = slice(r0, r1 - 1 if r1 > 0 else None, -u)
+            else:
+                N2 = n + K
+                room = max_gpus - N2                                   # >= 0: K <= max_gpus - n
+            tail_n = tail_tab[N2]
+            fill = th + tabs[j0:, room]            # one row per threshold f >= fs[j0], one column per child
+            its = its_tab[j0:, N2]                 # the most GPUs: the fewest iterations
+            F_its = np.maximum(fs[j0:, None], fmax) * its
+            if zero:
+                F_its[:, 0] = np.maximum(fs[j0:], fl0) * its[:, 0]
+            tails = tail_n * its
+            S = bound.samples
+            base = S / fill if S > 0 else np.where(fill > 0, S / fill, np.inf)   # S > 0: S / 0 is inf
+            A = (np.maximum(base, F_its) + tails).min(axis=0)
+            C = None
+            if need_cost:
+                own = rr / th
+                if zero and theta == 0.0:                              # no GPU at all yet: no rate per sample
+                    own[0] = np.inf
+                ratio = np.minimum(own, ratios[j0:, None])
+                ratio = np.where(np.isfinite(ratio), ratio, 0.0)
+                C = (np.maximum(S * ratio, F_its * rr) + tails * rr).min(axis=0)
+            return K, th, rr, fmax, fl0 if zero else fmax, A, C
 
         def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, fl0: float, used: int,
                    here: bool) -> int | None:
-            """Sort the children of a node into a chain; its index (None: no child is left)."""
-            p = order[i]
-            K = count_arr[p]
-            K = K[(K <= max_gpus - n) & (K >= min_gpus - n - caps[i + 1])]   # below: no mix can reach min_gpus
-            if maxp is not None and used >= maxp:
-                K = K[K == 0]
-            N2 = n + K
-            if not len(K):
+            """Sort the children of a node into a chain; its index (None: no child is left). A child's time key
+            is R * A + the move's overhead, its cost key R * C / 3600 + the overhead's cost: the least over f
+            of R * A_f + o is R * min_f A_f + o exactly (R > 0: rounding is monotone). With ``node_cache``
+            the children's values come from an earlier search on the same bound when it reached the node."""
+            if nodes is not None and fixed in nodes:
+                ent = nodes[fixed]
+            else:
+                ent = children(i, n, theta, rt, fl0, used)
+                if nodes is not None and len(nodes) < NODE_CACHE_MAX:
+                    nodes[fixed] = ent
+            if ent is None:
                 return None
-            th = theta + K * peak[p]
-            fl = np.where(K > 0, max(fl0, floor[p]), fl0)
-            rr = rt + K * rate[p]
-            on = here & (K == cur_at[i])                  # the subtree still holds the current mix (no move)
-            lt = np.full(len(K), np.inf)
-            lc = np.full(len(K), np.inf) if need_cost else np.zeros(len(K))   # time alone: no cost bound needed
-            move_t, move_c = np.where(on, 0.0, overhead), np.where(on, 0.0, overhead * rr / 3600)
-            tail_n = tail_tab[N2]
-            room = np.maximum(max_gpus - N2, 0)
-            fl_lo = float(fl.min())
-            with np.errstate(divide="ignore", invalid="ignore"):
-                own = np.where(th > 0, rr / th, np.inf)
-                rows = levels[i + 1]
-                j0 = max(k for k, r in enumerate(rows) if r[0] <= fl_lo)   # below it: a smaller set, the same floor
-                for f, xs, ys, cap_f, ratio_f in rows[j0:]:
-                    fill = th + np.interp(room, xs, ys)
-                    its = iters_tab[np.minimum(N2 + cap_f, max_gpus)]        # the most GPUs: the fewest iterations
-                    F_its = np.maximum(fl, f) * its
-                    tails = tail_n * its
-                    lt = np.minimum(lt, R * (np.maximum(np.where(fill > 0, bound.samples / fill, np.inf), F_its)
-                                             + tails) + move_t)
-                    if need_cost:
-                        ratio = np.minimum(own, ratio_f)
-                        ratio = np.where(np.isfinite(ratio), ratio, 0.0)
-                        lc = np.minimum(lc, R * (np.maximum(bound.samples * ratio, F_its * rr) + tails * rr) / 3600.0
-                                        + move_c)
-            keep = np.ones(len(K), dtype=bool)
-            if lim_kind:
-                keep &= (lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9
+            K, th, rr, fmax, fl_first, A, C = ent
+            on: Any = None
+            if here:                                                   # the subtree still holds the current mix
+                on = K == cur_at[i]
+                move_t: Any = np.where(on, 0.0, overhead)
+            else:
+                move_t = overhead
+            lt = R * A + move_t
+            if need_cost:
+                move_c: Any = overhead * rr / 3600
+                if on is not None:
+                    move_c = np.where(on, 0.0, move_c)
+                lc = R * C / 3600.0 + move_c
+            else:
+                lc = np.zeros(len(K))                                  # time alone: no cost bound needed
             key, key2 = (lt, lc) if primary == "time" else (lc, lt)
-            sel = np.nonzero(keep)[0]
-            if not len(sel):
-                return None
-            sel = sel[np.lexsort((-K[sel] if primary == "time" else K[sel], key2[sel], key[sel]))]
-            chains.append((i + 1, fixed, K[sel], N2[sel], th[sel], rr[sel], fl[sel], on[sel], key[sel], key2[sel]))
+            if lim_kind:
+                sel = np.nonzero((lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9)[0]
+                if not len(sel):
+                    return None
+                srt = sel[np.lexsort((-K[sel] if primary == "time" else K[sel], key2[sel], key[sel]))]
+            else:
+                srt = np.lexsort((-K if primary == "time" else K, key2, key))
+            # sorted bounds as lists (the heap's keys); the rest is read per visited child only
+            chains.append((i + 1, fixed, srt.tolist(), key[srt].tolist(), key2[srt].tolist(), K, th, rr, fmax,
+                           fl_first, on, n))
             return len(chains) - 1
 
         frontier = math.inf
@@ -408,35 +480,39 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         for key in probes(by_peak) + probes(by_ratio) + scaled_current():   # more incumbents
             if key not in priced and key not in epoch_memo:
                 consider(key)
-        root = expand(0, (), 0, 0.0, 0.0, 0.0, 0, True) if P else None
-        if root is not None:
-            heapq.heappush(heap, (float(chains[root][8][0]), -1, root, 0))
-        while heap:
-            v, _, cid, j = heapq.heappop(heap)
-            if beaten(v):
-                break                              # every bound left is worse than the best found: exact
-            while True:                            # dive: the first child of each chain, down to a leaf
-                depth, fixed, K, N2, th, rr, fl, on, key, key2 = chains[cid]
-                if j + 1 < len(K):                 # the next sibling (its bound is >= this one's) waits
-                    heapq.heappush(heap, (float(key[j + 1]), -depth, cid, j + 1))
-                if tied_and_worse(float(key[j]), float(key2[j])):
-                    break
-                if stats["nodes"] >= max_nodes or (depth == P and stats["evals"] >= max_evals):
-                    stats["cut"] = 1
-                    frontier = v                   # nothing left unexplored is below v
-                    heap.clear()
-                    break
-                stats["nodes"] += 1
-                node = fixed + (int(K[j]),)
-                if depth == P:
-                    if int(N2[j]) >= max(1, min_gpus):
-                        consider(tuple(sorted((order[q], c) for q, c in enumerate(node) if c)))
-                    break
-                used = sum(1 for c in node if c)
-                nxt = expand(depth, node, int(N2[j]), float(th[j]), float(rr[j]), float(fl[j]), used, bool(on[j]))
-                if nxt is None or beaten(float(chains[nxt][8][0])):
-                    break                          # no child left, or all are worse than the best (sorted)
-                cid, j = nxt, 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            root = expand(0, (), 0, 0.0, 0.0, 0.0, 0, True) if P else None
+            if root is not None:
+                heapq.heappush(heap, (chains[root][3][0], -1, root, 0))
+            while heap:
+                v, _, cid, j = heapq.heappop(heap)
+                if beaten(v):
+                    break                          # every bound left is worse than the best found: exact
+                while True:                        # dive: the first child of each chain, down to a leaf
+                    depth, fixed, srt, key, key2, K, th, rr, fmax, fl_first, on, n = chains[cid]
+                    if j + 1 < len(srt):           # the next sibling (its bound is >= this one's) waits
+                        heapq.heappush(heap, (key[j + 1], -depth, cid, j + 1))
+                    if tied_and_worse(key[j], key2[j]):
+                        break
+                    if stats["nodes"] >= max_nodes or (depth == P and stats["evals"] >= max_evals):
+                        stats["cut"] = 1
+                        frontier = v               # nothing left unexplored is below v
+                        heap.clear()
+                        break
+                    stats["nodes"] += 1
+                    c = srt[j]
+                    k = int(K[c])
+                    node = fixed + (k,)
+                    if depth == P:
+                        if n + k >= max(1, min_gpus):
+                            consider(tuple(sorted((order[q], c) for q, c in enumerate(node) if c)))
+                        break
+                    used = sum(1 for c in node if c)
+                    nxt = expand(depth, node, n + k, float(th[c]), float(rr[c]), fl_first if c == 0 else fmax, used,
+                                 False if on is None else bool(on[c]))
+                    if nxt is None or beaten(chains[nxt][3][0]):
+                        break                      # no child left, or all are worse than the best (sorted)
+                    cid, j = nxt, 0
         return best[0], frontier
 
     def primary_of(o: str) -> str:

@@ -76,6 +76,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("ramp", "ramp", "optimal", None, label="ramp: B x2 at 25/50/75% of the run"),
 )}
 BASELINE = "simigrad"
+NODE_CACHES = 4                  # the search's node caches kept (one per recent forecast)
 MAX_EPOCH_FACTOR = 10            # stop = "progress": give up after this many times the configured epochs
 
 
@@ -104,20 +105,22 @@ class Result:
     strategy: str
     epochs: list[dict[str, Any]] = field(default_factory=list)
     trajectory: list[tuple[int, int]] = field(default_factory=list)
+    timeline: list[tuple[float, int, int, float]] = field(default_factory=list)   # (wall s, iteration, B, lr scale)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     totals: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "label": STRATEGIES[self.strategy].label if self.strategy in STRATEGIES
                 else self.strategy, "totals": self.totals, "epochs": self.epochs,
-                "trajectory": [list(x) for x in self.trajectory], "decisions": self.decisions}
+                "trajectory": [list(x) for x in self.trajectory], "timeline": [list(x) for x in self.timeline],
+                "decisions": self.decisions}
 
 
 class Simulation:
     """A job on a cluster; :meth:`run` plays one strategy, :meth:`compare` several."""
 
     def __init__(self, cluster: Cluster, job: Job, model: PerfModel | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, cache: bool = True) -> None:
         self.cluster, self.job = cluster, job
         self.types = cluster.types
         self.model = model if model is not None else build_model(job, list(self.types.values()))
@@ -129,6 +132,16 @@ class Simulation:
                               f"({', '.join(bad) or 'empty'}); partitions: {cluster.capacity}")
         self.mix0 = autoscale._norm_mix(mix)
         self._spaces: dict[tuple[Any, ...], BatchSpace] = {}
+        # the epoch-end decisions' reuse (``cache``; the same decisions without, tests/test_simulate.py): each
+        # mix's batch space across decisions, and per exact pricing input (forecast, period, range) its bound
+        # and every mix's epoch time, across decisions and strategies; the search's expanded nodes (its
+        # node_cache); the forecaster reuses a fit of the
+        # same history. Every entry is a pure function of its key.
+        self.cache = cache
+        self._price_spaces: dict[Any, Any] = {}
+        self._bounds: dict[tuple[Any, ...], mixsearch.Bound] = {}
+        self._epoch_times: dict[tuple[Any, ...], dict[tuple[tuple[str, int], ...], Any]] = {}
+        self._node_caches: dict[tuple[Any, ...], dict[Any, Any]] = {}     # the search's, per forecast (LRU)
         self.auto = dict(job.autoscale)
         for t in set(self.types.values()):
             self.model.profile(t)                                  # every type has a profile (one line if not)
@@ -142,6 +155,17 @@ class Simulation:
             prof = self.model.profile(g)
             out.append(b / prof.time(b) if b else peak_rate(self.model, g))
         return out
+
+    def type_shares(self, mix: Mapping[str, int], planner: str) -> dict[str, float]:
+        """GPU type -> the share of each global batch its ranks process (the per-type throughput of the
+        report): equal split, its GPU count; LB-BSP and the optimal planner, in proportion to its GPUs'
+        speeds (``speeds``; the optimal planner's rounding to whole micro-batches is not modelled)."""
+        w: dict[str, float] = {}
+        for part, n in mix.items():
+            g = self.types[part]
+            w[g] = w.get(g, 0.0) + n * (1.0 if planner == "equal" else self.speeds([g])[0])
+        tot = sum(w.values())
+        return {g: v / tot for g, v in sorted(w.items())} if tot > 0 else {}
 
     def space(self, mix: Mapping[str, int], planner: str, lo: int, hi: int) -> BatchSpace:
         key = (autoscale.mix_key(mix), planner, lo, hi)
@@ -176,6 +200,8 @@ class Simulation:
             kw.update(B0=B0, at=pol.get("ramp_at", [0.25, 0.5, 0.75]), factor=pol.get("ramp_factor", 2.0))
         policy = make_policy(st.policy, **kw)
         lr_rule = make_lr_rule("auto", B0, st.policy)
+        if st.objective is not None:
+            forecast.preload()          # the import, once per process, is not part of a timed decision
         rng = np.random.default_rng([job.seed, sorted(STRATEGIES).index(name)])
         curve = job.gradstats
         res = Result(name)
@@ -186,6 +212,7 @@ class Simulation:
         target = float(job.epochs * N)
         done_eff = 0.0                                   # statistical progress, in samples at B0
         t = wait0 = cl.queue.wait(mix, 0.0)
+        res.timeline.append((round(t, 3), 0, B, round(lr_rule.lr_scale(B), 4)))
         cost = gpu_h = 0.0
         restarts, qwait, it = 0, wait0, 0
         overhead = autoscale.RestartOverhead(float(self.auto.get("restart_prior_s", autoscale.RESTART_PRIOR_S)))
@@ -215,7 +242,10 @@ class Simulation:
                 if job.stop == "progress" and done_eff >= target * (1 - 1e-12):
                     break
                 if adaptive and it % p == 0:
-                    B = self._decide(policy, B, it, min(done_eff / target, 1.0), space, rng, res)
+                    nb = self._decide(policy, B, it, min(done_eff / target, 1.0), space, rng, res)
+                    if nb != B:
+                        res.timeline.append((round(t + ep_t, 3), it, nb, round(lr_rule.lr_scale(nb), 4)))
+                    B = nb
             cost += ep_t * rate / 3600.0
             gpu_h += ep_t * gpus / 3600.0
             t += ep_t
@@ -224,7 +254,10 @@ class Simulation:
                 "B_mean": round(sw / ep_samples, 1) if ep_samples else B, "lr_scale": round(lr_rule.lr_scale(B), 4),
                 "samples": ep_samples, "time_s": round(ep_t, 3), "cost": round(ep_t * rate / 3600.0, 6),
                 "progress": round(min(done_eff / target, 1.0), 6), "restart": False, "queue_wait_s": 0.0,
-                "wall_s": round(t, 3)}
+                "wall_s": round(t, 3), "iterations": it,
+                "samples_per_s": round(ep_samples / ep_t, 3) if ep_t > 0 else 0.0,
+                "by_type": {g: round(ep_samples / ep_t * f, 3) if ep_t > 0 else 0.0
+                            for g, f in self.type_shares(mix, st.planner).items()}}
             res.epochs.append(rec)
             finished = (job.stop == "progress" and done_eff >= target * (1 - 1e-12)) or \
                 (job.stop == "samples" and epoch + 1 >= job.epochs)
@@ -264,6 +297,7 @@ class Simulation:
             if nb != B:
                 B = nb
                 res.trajectory.append((it, B))
+                res.timeline.append((round(t, 3), it, B, round(lr_rule.lr_scale(B), 4)))
             if hasattr(policy, "last"):
                 policy.last = None                          # B set from outside: the similarity policy restarts
         res.totals = {"time_s": round(t, 6), "cost": round(cost, 9), "gpu_hours": round(gpu_h, 9),
@@ -296,8 +330,7 @@ class Simulation:
         hist = traj[-int(a.get("forecast_history", 32)):]
         fp = p if st.policy != "fixed" else max(1, math.ceil(N / traj[-1][1]))
         fc = forecast.forecast_next_epoch(hist, lambda b: math.ceil(N / b), period_p=fp, B_min=lo, B_max=hi,
-                                          start_iter=it)
-        mb = job.micro_batch
+                                          start_iter=it, reuse_fit=self.cache)
         obj = st.objective or "time"
         prior = overhead.seconds if st.overhead_aware else 0.0
         self._stay_key = (autoscale.mix_key(mix), tuple(fc), prior)
@@ -306,9 +339,7 @@ class Simulation:
             # pays off less (the overhead is amortised over less), so the search would stay again
             return (autoscale.Choice(dict(mix), "inputs unchanged since the last decision, which stayed", []),
                     None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0))
-        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, [mb] if mb else None, planner="optimal",
-                                     B_min=lo, B_max=hi)
-        bound = mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo, micro_batch=mb)
+        fn, bound, nodes = self._pricing(fc, fp)
         unit = int(a.get("unit", 0))
         units: int | dict[str, int] = cl.units if unit == 0 else unit
         wait_fn = (lambda m: cl.queue.expected(m, t)) if st.queue_aware else None
@@ -324,13 +355,45 @@ class Simulation:
                 max_partitions=a.get("max_partitions"), unit=units, exact_upto=int(a.get("exact_upto", 0)),
                 margin=float(a.get("margin", 0.05)) if st.overhead_aware else 0.0, remaining_epochs=R,
                 wait_fn=wait_fn, max_queue_wait_s=a.get("max_queue_wait_s") if st.queue_aware else None,
-                **caps, **kw)
+                node_cache=nodes, **caps, **kw)
         except InfeasibleError as e:
             ch = autoscale.Choice(dict(mix), f"skipped: {e}", [])
         ms = None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0)
         return ch, ms
 
     _stay_key: Any = None
+
+    def _pricing(self, fc: list[int], fp: int) -> tuple[autoscale.EpochTimeFn, mixsearch.Bound, dict[Any, Any] | None]:
+        """The search's ``epoch_time_fn``, bound and node cache for a forecast; with ``cache``, reused for the
+        same inputs (the node caches of the NODE_CACHES most recent forecasts are kept)."""
+        N, lo, hi, mb = self.job.samples, self.job.batch_min, self.job.batch_max, self.job.micro_batch
+        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, [mb] if mb else None, planner="optimal",
+                                     B_min=lo, B_max=hi, spaces=self._price_spaces if self.cache else None)
+        if not self.cache:
+            return fn, mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
+                                            micro_batch=mb), None
+        key = (tuple(fc), fp)
+        nodes = self._node_caches.pop(key, {})
+        self._node_caches[key] = nodes                        # the most recent last
+        while len(self._node_caches) > NODE_CACHES:
+            self._node_caches.pop(next(iter(self._node_caches)))
+        if key not in self._bounds:
+            self._bounds[key] = mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
+                                                     micro_batch=mb)
+        memo = self._epoch_times.setdefault(key, {})
+
+        def memo_time(mix: Mix) -> float | None:
+            k = autoscale.mix_key(mix)
+            if k not in memo:
+                try:
+                    memo[k] = fn(mix)
+                except InfeasibleError as e:
+                    memo[k] = e
+            v = memo[k]
+            if isinstance(v, InfeasibleError):
+                raise v
+            return v  # type: ignore[no-any-return]
+        return memo_time, self._bounds[key], nodes
 
     # ---- several strategies ------------------------------------------------------------------------
     def compare(self, names: Sequence[str] | None = None) -> dict[str, Result]:
