@@ -28,20 +28,31 @@ def _slurm_test_lock(request):
         yield
 
 
+#: the Slurm modules that take longest (minutes), started first
+LONGEST_FIRST = {"test_readme": 0, "test_demo": 1, "test_slurm_lifecycle": 2, "test_slurm_failure": 3}
+
+
 @pytest.hookimpl(tryfirst=True)          # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``): a module-scoped fixture (one launch or
-    one Slurm chain shared by the module's tests) runs once per worker that gets one of its tests, so such a
-    module's tests stay on one worker. The Slurm tests are collected first (the longest ones start at once);
-    they run on both workers, under the cluster's test lock (_slurm_test_lock)."""
+    """Under pytest-xdist (`make test` runs ``-n 2 --dist loadgroup``):
+    - a module-scoped fixture (one launch or one Slurm chain shared by the module's tests) runs once per worker
+      that gets one of its tests, so such a module's tests stay on one worker;
+    - the Slurm tests run on both workers under the cluster's test lock (_slurm_test_lock): the shared ones
+      first (the longest units of work start at once), the exclusive ones last, in one group, when the shared
+      ones are done and so do not leave a worker waiting for the lock; the rest in between."""
     for item in items:
         defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
         if any(d.scope == "module" and getattr(d.func, "__module__", None) == item.module.__name__
                for ds in defs.values() for d in ds):
             item.add_marker(pytest.mark.xdist_group(f"module-{item.module.__name__}"))
-    slurm = [it for it in items if "slurm_cluster" in getattr(it, "fixturenames", ())]
-    ids = {id(it) for it in slurm}
-    items[:] = slurm + [it for it in items if id(it) not in ids]
+    uses = [("slurm_cluster" in getattr(it, "fixturenames", ()), it.get_closest_marker("slurm_exclusive") is not None)
+            for it in items]
+    shared = [it for it, (s, x) in zip(items, uses) if s and not x]
+    shared.sort(key=lambda it: LONGEST_FIRST.get(it.module.__name__, len(LONGEST_FIRST)))   # stable
+    exclusive = [it for it, (s, x) in zip(items, uses) if s and x]
+    for item in exclusive:
+        item.add_marker(pytest.mark.xdist_group("slurm-exclusive"))
+    items[:] = shared + [it for it, (s, _) in zip(items, uses) if not s] + exclusive
 
 
 # ---- optional: CPU seconds per test (HPC_JABAS_TEST_CPU=FILE appends one JSON line per test) ------
