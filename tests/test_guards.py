@@ -127,6 +127,13 @@ def test_an_fp16_step_the_scaler_skips_is_not_an_error(tmp_path, amp):
 LOADER = dict(BASE, plan="b=4 n=4", num_workers=2, prefetch_factor=1)      # 4 micro-batches an iteration
 
 
+@pytest.fixture(scope="module")
+def loader_reference(tmp_path_factory) -> dict:
+    """The uninterrupted loader-fed run (one process, 8 iterations): what every stopped and resumed run ends at."""
+    tmp = tmp_path_factory.mktemp("loader-ref")
+    return _run(dict(LOADER, steps=8, run_dir=str(tmp / "ref")), tmp, "ref")
+
+
 def test_quiet_worker_init_ignores_the_stop_signals_and_chains_the_users(tmp_path):
     import signal
 
@@ -147,7 +154,7 @@ def test_quiet_worker_init_ignores_the_stop_signals_and_chains_the_users(tmp_pat
     {"it": 2, "to": "both"},                                           # TERM to the process group, at a boundary
     {"it": 1, "to": "both", "where": "forward", "kill_workers": "all"},   # mid-iteration, then the workers die
 ])
-def test_stop_signal_with_loader_workers_checkpoints_and_resumes_exactly(tmp_path, case):
+def test_stop_signal_with_loader_workers_checkpoints_and_resumes_exactly(tmp_path, case, loader_reference):
     run = str(tmp_path / "run")
     first = _run(dict(LOADER, steps=8, run_dir=run, signal_at=case), tmp_path, "a")
     assert first["error"] is None, first
@@ -159,9 +166,8 @@ def test_stop_signal_with_loader_workers_checkpoints_and_resumes_exactly(tmp_pat
     if case.get("kill_workers"):
         assert "a DataLoader worker died after the stop signal" in first["stderr"]
     second = _run(dict(LOADER, steps=8, run_dir=run, resume=True), tmp_path, "b")
-    ref = _run(dict(LOADER, steps=8, run_dir=str(tmp_path / "ref")), tmp_path, "c")
     assert second["error"] is None and second["resumed_from"] and second["iterations"] == 8
-    _same_params(second["params"], ref["params"])
+    _same_params(second["params"], loader_reference["params"])
 
 
 def test_a_dead_worker_without_a_stop_signal_is_still_an_error(tmp_path):
@@ -190,9 +196,10 @@ def test_a_nan_on_one_rank_stops_every_rank_at_the_same_iteration(tmp_path):
 
 
 @pytest.mark.mpi
-def test_term_on_one_rank_with_loader_workers_stops_both_ranks_and_resumes_exactly(tmp_path):
+def test_term_on_one_rank_with_loader_workers_stops_both_ranks_and_resumes_exactly(tmp_path, loader_reference):
     """Rank 0 and its workers get TERM (rank 1 gets nothing): both ranks stop at the same safe point, the workers
-    live on, and the resumed run ends equal to the uninterrupted one."""
+    live on, and the resumed 2-rank run ends equal to the uninterrupted one-process run on the same B = 16
+    (invariant 1; equal up to the summation order of the allreduce)."""
     from mpi_util import run_ranks
     spec = dict(LOADER, plan="b=4 n=2,2", steps=8, run_dir=str(tmp_path / "run"))
     first = run_ranks("guard_worker.py", dict(spec, signal_at={"it": 2, "to": "both", "rank": 0}), np_=2)
@@ -200,8 +207,9 @@ def test_term_on_one_rank_with_loader_workers_stops_both_ranks_and_resumes_exact
         assert r["error"] is None and r["stopped"]["signal"] == "TERM" and r["iterations"] == 2, r
     assert first[0]["alive_after_signal"] == [True, True]
     second = run_ranks("guard_worker.py", dict(spec, resume=True), np_=2)
-    ref = run_ranks("guard_worker.py", dict(spec, run_dir=str(tmp_path / "ref")), np_=2)
-    for r, want in zip(second, ref):
+    want = loader_reference["params"]
+    for r in second:
         assert r["resumed_from"] and r["iterations"] == 8
-        for k, v in want["params"].items():
-            assert np.allclose(np.array(r["params"][k]), np.array(v), rtol=1e-12, atol=1e-14), k
+        for k, v in want.items():
+            assert np.allclose(np.array(r["params"][k]), np.array(v), rtol=1e-10, atol=1e-12), k
+    assert second[0]["params"] == second[1]["params"]                  # every rank holds the same weights
