@@ -223,7 +223,6 @@ def test_cli_writes_a_run_directory(tmp_path, capsys, monkeypatch):
 def test_report_renders_a_simulation_directory(tmp_path, capsys):
     """`hpc-jabas report SIM_DIR` draws a simulation like a run: non-empty PNGs of B and lr over time, the
     allocation, the cost per epoch and the per-type throughput, and a Markdown summary."""
-    import time
 
     from PIL import Image
     parts = (("v100", "v100", 1), ("p100", "p100", 1), ("a100", "a100", 1))
@@ -234,9 +233,7 @@ def test_report_renders_a_simulation_directory(tmp_path, capsys):
     sim.mkdir()
     (sim / "simulation.json").write_text(json.dumps(
         {"cluster": "t", "job": "j", "epochs": 3, "seed": 0, "results": {n: r.to_dict() for n, r in res.items()}}))
-    t0 = time.perf_counter()
     assert main(["report", str(sim), "--out", str(tmp_path / "rep")]) == 0
-    assert time.perf_counter() - t0 < 10
     assert "4 strategies" in capsys.readouterr().out
     for png in ("b_lr.png", "allocation.png", "cost.png", "throughput.png"):
         with Image.open(tmp_path / "rep" / png) as im:

@@ -15,6 +15,8 @@ from hpc_jabas.slurm.cluster import read_cluster
 SPEED = {"a100": 4.0, "v100": 2.0, "rtx2060": 1.5}
 WORK = 36_000.0
 
+pytestmark = pytest.mark.slurm
+
 
 def epoch_time(mix):
     return WORK / sum(n * SPEED[p] for p, n in mix.items())
