@@ -130,6 +130,14 @@ def test_choices_and_defaults_have_one_definition():
     e = emulate.Emulator("v100", log=lambda m: None)
     assert (e.base_s, e.per_sample_s) == (EMU_BASE_S, EMU_PER_SAMPLE_S)
     assert cfg.autoscale.restart_prior_s == C.RESTART_PRIOR_S
+    # the implementation modules use the config's own definitions (core/defaults.py)
+    from hpc_jabas.core import autoscale, defaults, perfmodel, policy, sampler
+    assert (policy.POLICIES, policy.LR_RULES, policy.WD_RULES) == (defaults.POLICIES, defaults.LR_RULES,
+                                                                   defaults.WD_RULES)
+    assert policy.canonical_policy is defaults.canonical_policy and sampler.TAILS is defaults.TAILS
+    assert (autoscale.OBJECTIVES, autoscale.RESTART_PRIOR_S) == (defaults.OBJECTIVES, defaults.RESTART_PRIOR_S)
+    assert (perfmodel.EMU_BASE_S, perfmodel.EMU_PER_SAMPLE_S) == (defaults.EMU_BASE_S, defaults.EMU_PER_SAMPLE_S)
+    assert (cfg.p, cfg.alpha, cfg.gamma) == (policy.DEFAULT_P, policy.DEFAULT_ALPHA, policy.DEFAULT_GAMMA)
 
 
 @pytest.mark.parametrize("d,needle", [

@@ -5,6 +5,8 @@ metadata). From those fields come the validation (:func:`check_fields`), the com
 (:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key) and the
 configuration reference in the README (:func:`config_reference`). Unknown keys and impossible values
 raise ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
+The choices and default values come from :mod:`hpc_jabas.core.defaults`, so this module imports no
+implementation module.
 
 A TOML file may put the job keys at top level or in any table (``[train]``, ``[adaptive]``, ...: the
 table name only groups them; every key name is unique); the ``[autoscale]`` table holds the
@@ -23,10 +25,25 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar, overload
 
 from hpc_jabas.core import gpus
-from hpc_jabas.core.autoscale import OBJECTIVES, RESTART_PRIOR_S
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.policy import DEFAULT_RAMP_AT, DEFAULT_RAMP_FACTOR, LR_RULES, POLICIES, WD_RULES, canonical_policy
-from hpc_jabas.core.sampler import TAILS
+from hpc_jabas.core.defaults import (
+    AMP_MODES,
+    BALANCE_MODES,
+    DEFAULT_ALPHA,
+    DEFAULT_GAMMA,
+    DEFAULT_P,
+    DEFAULT_RAMP_AT,
+    DEFAULT_RAMP_FACTOR,
+    EMU_BASE_S,
+    EMU_PER_SAMPLE_S,
+    LR_RULES,
+    OBJECTIVES,
+    PLANNERS,
+    POLICIES,
+    RESTART_PRIOR_S,
+    TAILS,
+    WD_RULES,
+    canonical_policy,
+)
 from hpc_jabas.core.schema import (
     check_fields,
     default_text,
@@ -39,13 +56,8 @@ from hpc_jabas.core.schema import (
 from hpc_jabas.core.slowdown import Slowdown
 from hpc_jabas.errors import ConfigError
 
-PLANNERS = ("optimal", "lbbsp", "fixed")
-AMP_MODES = ("off", "bf16", "fp16")
-BALANCE_MODES = ("off", "reactive", "predictive")
-#: Restart overhead assumed by the epoch-end auto-scaler until this chain has measured one (s).
 README_START = "<!-- config-reference:start (generated: hpc_jabas.core.config.update_readme) -->"
 README_END = "<!-- config-reference:end -->"
-
 
 def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is one clear ConfigError."""
@@ -117,9 +129,9 @@ class AdaptiveConfig:
     policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
                                 "ramp: B x ramp_factor at each ramp_at)",
                       choices=POLICIES)
-    p: int = key(100, "iterations between batch-size decisions", lo=1)
-    alpha: float = key(0.1, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    gamma: float = key(0.1, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
+    p: int = key(DEFAULT_P, "iterations between batch-size decisions", lo=1)
+    alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)
     batch_min: int | None = key(None, "smallest global batch B", lo=1, shown="batch")
     batch_max: int | None = key(None, "largest global batch B", lo=1, shown="batch")
