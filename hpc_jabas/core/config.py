@@ -2,8 +2,9 @@
 
 Every key is a field of one section dataclass, with its type, default and help text (field
 metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
-(:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key) and the
-configuration reference in the README (:func:`config_reference`). Unknown keys and impossible values
+(:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
+attributes of :class:`JobConfig` and the configuration reference in the README
+(:func:`config_reference`). Unknown keys and impossible values
 raise ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
 The choices and default values come from :mod:`hpc_jabas.core.defaults`, so this module imports no
 implementation module.
@@ -22,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from hpc_jabas.core import gpus
 from hpc_jabas.core.defaults import (
@@ -241,39 +242,42 @@ class AutoscaleConfig:
         return dataclasses.asdict(self)
 
 
-#: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups).
-SECTIONS: dict[str, type] = {"train": TrainConfig, "planning": PlanningConfig, "emulation": EmulationConfig,
-                             "adaptive": AdaptiveConfig, "balancing": BalancingConfig, "output": OutputConfig,
-                             "slurm": SlurmJobConfig}
-_SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
-#: tables whose value is the key's own value, not a group of keys
-_TABLE_KEYS = ("slowdown", "autoscale")
+class _Flat:
+    """``cfg.batch`` reads and writes ``cfg.train.batch``: the flat name of a section's key. One per key,
+    made from the section dataclasses' fields by :func:`_with_flat_keys`."""
 
-T = TypeVar("T")
+    def __init__(self, section: str, name: str) -> None:
+        self.section, self.name = section, name
 
-
-class _Flat(Generic[T]):
-    """``cfg.batch`` reads and writes ``cfg.train.batch``: the flat name of a section's key."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.section = name, _SECTION_OF[name]
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> _Flat[T]: ...
-    @overload
-    def __get__(self, obj: JobConfig, owner: type) -> T: ...
-
-    def __get__(self, obj: JobConfig | None, owner: type) -> T | _Flat[T]:
+    def __get__(self, obj: object | None, owner: type) -> Any:
         if obj is None:
             return self
-        return typing.cast(T, getattr(getattr(obj, self.section), self.name))
+        return getattr(getattr(obj, self.section), self.name)
 
-    def __set__(self, obj: JobConfig, value: T) -> None:
+    def __set__(self, obj: object, value: Any) -> None:
         setattr(getattr(obj, self.section), self.name, value)
 
 
-@dataclass(init=False)
-class JobConfig:
+if typing.TYPE_CHECKING:
+    class _FlatKeys(TrainConfig, PlanningConfig, EmulationConfig, AdaptiveConfig, BalancingConfig, OutputConfig,
+                    SlurmJobConfig):
+        """What a type checker sees of the flat keys: every section's fields, with their types. At run time
+        they are the :class:`_Flat` attributes that :func:`_with_flat_keys` adds."""
+else:
+    _FlatKeys = object
+
+
+def _with_flat_keys(cls: type[JobConfig]) -> type[JobConfig]:
+    """Add a :class:`_Flat` attribute to JobConfig for every field of every section."""
+    for name, section in _SECTION_OF.items():
+        if name in vars(cls):
+            raise TypeError(f"JobConfig.{name} would hide the key {section}.{name}")
+        setattr(cls, name, _Flat(section, name))
+    return cls
+
+
+@dataclass(init=False, kw_only=True)     # kw_only: for a type checker, after the keys' defaults
+class JobConfig(_FlatKeys):
     """One job's configuration: the sections, plus every key as a flat attribute.
 
     ``JobConfig(batch=512, policy="similarity")`` takes flat keys (or whole sections); it does not
@@ -287,52 +291,6 @@ class JobConfig:
     output: OutputConfig
     slurm: SlurmJobConfig
     autoscale: AutoscaleConfig
-
-    epochs = _Flat[int]()
-    batch = _Flat[int]()
-    eval_metric = _Flat[str]()
-    micro_batch = _Flat[int | None]()
-    seed = _Flat[int]()
-    tail = _Flat[str]()
-    clip_grad_norm = _Flat[float | None]()
-    amp = _Flat[str]()
-    planner = _Flat[str]()
-    identical_micro_batch = _Flat[str]()
-    plan = _Flat[str | None]()
-    gpu_types = _Flat[list[str] | None]()
-    speeds = _Flat[list[float] | None]()
-    profile_dir = _Flat[str | None]()
-    emulate = _Flat[bool]()
-    emulate_base_s = _Flat[float]()
-    emulate_per_sample_s = _Flat[float]()
-    slowdown = _Flat[dict[int, str]]()
-    policy = _Flat[str]()
-    p = _Flat[int]()
-    alpha = _Flat[float]()
-    gamma = _Flat[float]()
-    batch_min = _Flat[int | None]()
-    batch_max = _Flat[int | None]()
-    lr_rule = _Flat[str]()
-    batch_ref = _Flat[int | None]()
-    ramp_at = _Flat[list[float]]()
-    ramp_factor = _Flat[float]()
-    wd_rule = _Flat[str]()
-    balance = _Flat[str]()
-    p_balance = _Flat[int]()
-    balance_threshold = _Flat[float]()
-    calibrate = _Flat[bool]()
-    run_dir = _Flat[str]()
-    metrics_period = _Flat[int]()
-    checkpoint = _Flat[bool]()
-    keep_checkpoints = _Flat[int]()
-    resume_finished = _Flat[bool]()
-    checkpoint_every = _Flat[int | None]()
-    checkpoint_minutes = _Flat[float | None]()
-    trust_group = _Flat[bool]()
-    time_min = _Flat[int]()
-    signal_lead_s = _Flat[int]()
-    max_timeouts = _Flat[int]()
-    max_failures = _Flat[int]()
 
     def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:
         sections = {s: kw.pop(s) for s in list(kw) if s in SECTIONS}
@@ -404,6 +362,17 @@ class JobConfig:
         out = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v) for k, v in out.items()}
         out["autoscale"] = self.autoscale.to_dict()
         return out
+
+
+#: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups): the
+#: fields JobConfig declares, but autoscale (a table of its own, with its own flags)
+SECTIONS: dict[str, type] = {name: tp for name, tp in typing.get_type_hints(JobConfig).items()
+                             if name != "autoscale"}
+#: job key -> its section
+_SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
+#: tables whose value is the key's own value, not a group of keys
+_TABLE_KEYS = ("slowdown", "autoscale")
+_with_flat_keys(JobConfig)
 
 
 def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
