@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import shlex
 import tomllib
@@ -222,6 +223,33 @@ def test_reference_notices_a_change(tmp_path):
     assert "| `[adaptive]` | `p` | int | `100` |" in text
     with pytest.raises(ConfigError):
         C.replace_reference("no markers")
+
+
+def test_policy_aliases_are_canonical_when_assigned_and_validate_changes_nothing():
+    cfg = C.JobConfig(policy="goodput", speeds="1,0.5", batch=64)
+    assert cfg.policy == cfg.adaptive.policy == "noise-scale" and cfg.speeds == [1.0, 0.5]
+    cfg.policy = " SimiGrad "
+    assert cfg.adaptive.policy == "similarity"
+    cfg.adaptive.policy = "batch-warmup"
+    assert cfg.policy == "ramp"
+    assert C.AdaptiveConfig(policy="pollux").policy == "noise-scale"
+    assert C.JobConfig.from_dict({"policy": "jabas"}).policy == "similarity"
+    cfg.autoscale.restart_prior_s = 5
+    assert isinstance(cfg.autoscale.restart_prior_s, float)
+    before = copy.deepcopy(cfg)
+    assert cfg.validate() is cfg and cfg == before and cfg.to_dict() == before.to_dict()
+    # an invalid value is kept as given, and validate names it
+    cfg.policy = "greedy"
+    cfg.batch = "64"
+    assert (cfg.policy, cfg.batch) == ("greedy", "64")
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert one_line(e) == "batch='64' must be an integer >= 1"
+    cfg.batch = 64
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert one_line(e) == f"policy='greedy' is unknown; valid: {', '.join(POLICIES)}"
+    assert cfg.policy == "greedy"
 
 
 def test_add_arguments_leaves_the_users_parser_alone_and_ArgumentParser_gives_one_line(capsys):

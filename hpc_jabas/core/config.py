@@ -4,8 +4,9 @@ Every key is a field of one section dataclass, with its type, default and help t
 metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
 (:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
 attributes of :class:`JobConfig` and the configuration reference in the README
-(:func:`config_reference`). Unknown keys and impossible values
-raise ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
+(:func:`config_reference`). A value is normalised when it is assigned (a policy alias becomes its
+canonical name); :meth:`JobConfig.validate` only checks. Unknown keys and impossible values raise
+ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
 The choices and default values come from :mod:`hpc_jabas.core.defaults`, so this module imports no
 implementation module.
 
@@ -43,9 +44,10 @@ from hpc_jabas.core.defaults import (
     RESTART_PRIOR_S,
     TAILS,
     WD_RULES,
-    canonical_policy,
+    policy_name,
 )
 from hpc_jabas.core.schema import (
+    Section,
     check_fields,
     default_text,
     field_types,
@@ -78,7 +80,7 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
 # ---- the sections -----------------------------------------------------------------------------
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """[train] the data and the loop."""
     epochs: int = key(1, "epochs to train", lo=1)
     batch: int = key(256, "initial global batch size B", lo=1)
@@ -95,7 +97,7 @@ class TrainConfig:
 
 
 @dataclass
-class PlanningConfig:
+class PlanningConfig(Section):
     """[plan] how B is split into micro-batches per rank."""
     planner: str = key("optimal", "optimal (perf model + exact planner), lbbsp (B split in proportion to speeds) "
                                   "or fixed (the plan key)", choices=PLANNERS)
@@ -113,7 +115,7 @@ class PlanningConfig:
 
 
 @dataclass
-class EmulationConfig:
+class EmulationConfig(Section):
     """[emulation] CPU ranks that stand for GPU types."""
     emulate: bool = key(False, "emulate the GPU types on CPU ranks: t(b) = (emulate_base_s + "
                                "emulate_per_sample_s * b) / speed per micro-batch")
@@ -125,11 +127,11 @@ class EmulationConfig:
 
 
 @dataclass
-class AdaptiveConfig:
+class AdaptiveConfig(Section):
     """[adaptive] the batch-size policy and the lr rule."""
     policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
                                 "ramp: B x ramp_factor at each ramp_at)",
-                      choices=POLICIES)
+                      choices=POLICIES, canon=policy_name)
     p: int = key(DEFAULT_P, "iterations between batch-size decisions", lo=1)
     alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
@@ -148,7 +150,7 @@ class AdaptiveConfig:
 
 
 @dataclass
-class BalancingConfig:
+class BalancingConfig(Section):
     """[balance] online load balancing."""
     balance: str = key("off", "online load balancing: reactive (last measured speed) or predictive (NARX-style "
                               "RLS on past speeds and load signals)", choices=BALANCE_MODES)
@@ -159,7 +161,7 @@ class BalancingConfig:
 
 
 @dataclass
-class OutputConfig:
+class OutputConfig(Section):
     """[run] metrics and checkpoints."""
     run_dir: str = key("runs/latest", "directory of metrics.jsonl and checkpoints", metavar="DIR")
     metrics_period: int = key(10, "iterations between metric flushes", lo=1)
@@ -176,7 +178,7 @@ class OutputConfig:
 
 
 @dataclass
-class SlurmJobConfig:
+class SlurmJobConfig(Section):
     """[slurm] the Slurm jobs of a chain: time limit, signals, requeues."""
     time_min: int = key(60, "time limit of every Slurm job of the chain (minutes)", lo=1)
     signal_lead_s: int = key(60, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
@@ -188,7 +190,7 @@ class SlurmJobConfig:
 
 
 @dataclass
-class AutoscaleConfig:
+class AutoscaleConfig(Section):
     """[autoscale] epoch-end choice of the partition mix (Slurm jobs)."""
     objective: str = key("time", "what the mix minimises", choices=OBJECTIVES)
     max_gpus: int = key(8, "most GPUs in a mix", lo=1)
@@ -310,11 +312,7 @@ class JobConfig(_FlatKeys):
             self.autoscale = AutoscaleConfig(**norm)
 
     def validate(self) -> JobConfig:
-        if isinstance(self.adaptive.policy, str):
-            try:                              # aliases (goodput, noise_scale, simigrad, ...) -> one name
-                self.adaptive.policy = canonical_policy(self.adaptive.policy)
-            except ConfigError:
-                pass                          # the choices check below names the valid ones
+        """``self`` if every key is valid (unchanged), else one ConfigError line."""
         for s in SECTIONS:
             check_fields(getattr(self, s))
         self.autoscale.validate()

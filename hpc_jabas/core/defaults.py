@@ -6,6 +6,8 @@ implementation module. Only names and numbers live here, and the alias table of 
 """
 from __future__ import annotations
 
+from typing import Any
+
 from hpc_jabas.errors import ConfigError
 
 # ---- [train] ----------------------------------------------------------------------------------
@@ -48,6 +50,11 @@ def canonical_policy(name: str) -> str:
     if key is None:
         raise ConfigError(f"unknown batch policy {name!r}; valid policies: {', '.join(POLICIES)}")
     return key
+
+
+def policy_name(value: Any) -> Any:
+    """The canonical name of a known policy alias; any other value unchanged (the check names it)."""
+    return POLICY_ALIASES.get(value.strip().lower(), value) if isinstance(value, str) else value
 
 
 # ---- [autoscale] ------------------------------------------------------------------------------
