@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import importlib.util
 import shlex
 import tomllib
 
@@ -204,25 +205,39 @@ def test_repo_configs_still_load():
     assert cfg.validate().adaptive.batch_max == 10**9
 
 
+def _gen_table():
+    spec = importlib.util.spec_from_file_location("gen_config_table", ROOT / "scripts" / "gen_config_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_readme_reference_is_the_generated_one():
+    gen = _gen_table()
     text = (ROOT / "README.md").read_text()
-    assert C.README_START in text and C.README_END in text
-    assert C.replace_reference(text) == text, (
-        "README.md's configuration table is stale; regenerate it with: .venv/bin/python -c "
-        "\"from hpc_jabas.core.config import update_readme; update_readme('README.md')\"")
-    table = text.split(C.README_START)[1].split(C.README_END)[0]
+    assert gen.README_START in text and gen.README_END in text
+    assert gen.replace_reference(text) == text, (
+        "README.md's configuration table is stale; regenerate it with: .venv/bin/python scripts/gen_config_table.py")
+    table = text.split(gen.README_START)[1].split(gen.README_END)[0]
+    assert table == "\n" + C.config_reference()
     assert table.count("\n| `[") == len(C._all_fields())
 
 
-def test_reference_notices_a_change(tmp_path):
+def test_reference_notices_a_change(tmp_path, capsys):
+    gen = _gen_table()
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{C.README_START}\n| old |\n{C.README_END}\nrest\n")
-    C.update_readme(readme)
+    readme.write_text(f"intro\n{gen.README_START}\n| old |\n{gen.README_END}\nrest\n")
+    assert gen.main([str(readme), "--check"]) == 1
+    assert gen.main([str(readme)]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n") and "| old |" not in text
     assert "| `[adaptive]` | `p` | int | `100` |" in text
+    assert gen.main([str(readme), "--check"]) == 0
     with pytest.raises(ConfigError):
-        C.replace_reference("no markers")
+        gen.replace_reference("no markers")
+    (tmp_path / "plain.txt").write_text("no markers\n")
+    assert gen.main([str(tmp_path / "plain.txt")]) == 2
+    assert "gen_config_table: error: README has no" in capsys.readouterr().err
 
 
 def test_policy_aliases_are_canonical_when_assigned_and_validate_changes_nothing():

@@ -4,9 +4,10 @@ Every key is a field of one section dataclass, with its type, default and help t
 metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
 (:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
 attributes of :class:`JobConfig` and the configuration reference in the README
-(:func:`config_reference`). A value is normalised when it is assigned (a policy alias becomes its
-canonical name); :meth:`JobConfig.validate` only checks. Unknown keys and impossible values raise
-ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
+(:func:`config_reference`, written by scripts/gen_config_table.py). A value is normalised when it is
+assigned (a policy alias becomes its canonical name); :meth:`JobConfig.validate` only checks. Unknown
+keys and impossible values raise ConfigError with one line naming the key, the value and what is valid
+(docs/invariants.md, invariant 11).
 The choices and default values come from :mod:`hpc_jabas.core.defaults`, so this module imports no
 implementation module.
 
@@ -59,8 +60,6 @@ from hpc_jabas.core.schema import (
 from hpc_jabas.core.slowdown import Slowdown
 from hpc_jabas.errors import ConfigError
 
-README_START = "<!-- config-reference:start (generated: hpc_jabas.core.config.update_readme) -->"
-README_END = "<!-- config-reference:end -->"
 
 def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is one clear ConfigError."""
@@ -477,18 +476,3 @@ def config_reference() -> str:
         rows.append(f"| `[{s}]` | `{f.name}` | {kind.replace('|', '&#124;')} | {default} | "
                     f"{m['help'].replace('|', '&#124;')} |")
     return "\n".join(rows) + "\n"
-
-
-def replace_reference(text: str) -> str:
-    """``text`` (the README) with the table between the reference markers regenerated."""
-    head, sep, rest = text.partition(README_START)
-    _, sep2, tail = rest.partition(README_END)
-    if not sep or not sep2:
-        raise ConfigError(f"README has no {README_START!r} ... {README_END!r} markers")
-    return f"{head}{README_START}\n{config_reference()}{README_END}{tail}"
-
-
-def update_readme(path: str | Path = "README.md") -> None:
-    """Rewrite the configuration reference in the README at ``path``."""
-    p = Path(path)
-    p.write_text(replace_reference(p.read_text()))
