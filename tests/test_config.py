@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import importlib.util
 import shlex
 import tomllib
 
@@ -130,6 +132,14 @@ def test_choices_and_defaults_have_one_definition():
     e = emulate.Emulator("v100", log=lambda m: None)
     assert (e.base_s, e.per_sample_s) == (EMU_BASE_S, EMU_PER_SAMPLE_S)
     assert cfg.autoscale.restart_prior_s == C.RESTART_PRIOR_S
+    # the implementation modules use the config's own definitions (core/defaults.py)
+    from hpc_jabas.core import autoscale, defaults, perfmodel, policy, sampler
+    assert (policy.POLICIES, policy.LR_RULES, policy.WD_RULES) == (defaults.POLICIES, defaults.LR_RULES,
+                                                                   defaults.WD_RULES)
+    assert policy.canonical_policy is defaults.canonical_policy and sampler.TAILS is defaults.TAILS
+    assert (autoscale.OBJECTIVES, autoscale.RESTART_PRIOR_S) == (defaults.OBJECTIVES, defaults.RESTART_PRIOR_S)
+    assert (perfmodel.EMU_BASE_S, perfmodel.EMU_PER_SAMPLE_S) == (defaults.EMU_BASE_S, defaults.EMU_PER_SAMPLE_S)
+    assert (cfg.p, cfg.alpha, cfg.gamma) == (policy.DEFAULT_P, policy.DEFAULT_ALPHA, policy.DEFAULT_GAMMA)
 
 
 @pytest.mark.parametrize("d,needle", [
@@ -195,25 +205,66 @@ def test_repo_configs_still_load():
     assert cfg.validate().adaptive.batch_max == 10**9
 
 
+def _gen_table():
+    spec = importlib.util.spec_from_file_location("gen_config_table", ROOT / "scripts" / "gen_config_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_readme_reference_is_the_generated_one():
+    gen = _gen_table()
     text = (ROOT / "README.md").read_text()
-    assert C.README_START in text and C.README_END in text
-    assert C.replace_reference(text) == text, (
-        "README.md's configuration table is stale; regenerate it with: .venv/bin/python -c "
-        "\"from hpc_jabas.core.config import update_readme; update_readme('README.md')\"")
-    table = text.split(C.README_START)[1].split(C.README_END)[0]
+    assert gen.README_START in text and gen.README_END in text
+    assert gen.replace_reference(text) == text, (
+        "README.md's configuration table is stale; regenerate it with: .venv/bin/python scripts/gen_config_table.py")
+    table = text.split(gen.README_START)[1].split(gen.README_END)[0]
+    assert table == "\n" + C.config_reference()
     assert table.count("\n| `[") == len(C._all_fields())
 
 
-def test_reference_notices_a_change(tmp_path):
+def test_reference_notices_a_change(tmp_path, capsys):
+    gen = _gen_table()
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{C.README_START}\n| old |\n{C.README_END}\nrest\n")
-    C.update_readme(readme)
+    readme.write_text(f"intro\n{gen.README_START}\n| old |\n{gen.README_END}\nrest\n")
+    assert gen.main([str(readme), "--check"]) == 1
+    assert gen.main([str(readme)]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n") and "| old |" not in text
     assert "| `[adaptive]` | `p` | int | `100` |" in text
+    assert gen.main([str(readme), "--check"]) == 0
     with pytest.raises(ConfigError):
-        C.replace_reference("no markers")
+        gen.replace_reference("no markers")
+    (tmp_path / "plain.txt").write_text("no markers\n")
+    assert gen.main([str(tmp_path / "plain.txt")]) == 2
+    assert "gen_config_table: error: README has no" in capsys.readouterr().err
+
+
+def test_policy_aliases_are_canonical_when_assigned_and_validate_changes_nothing():
+    cfg = C.JobConfig(policy="goodput", speeds="1,0.5", batch=64)
+    assert cfg.policy == cfg.adaptive.policy == "noise-scale" and cfg.speeds == [1.0, 0.5]
+    cfg.policy = " SimiGrad "
+    assert cfg.adaptive.policy == "similarity"
+    cfg.adaptive.policy = "batch-warmup"
+    assert cfg.policy == "ramp"
+    assert C.AdaptiveConfig(policy="pollux").policy == "noise-scale"
+    assert C.JobConfig.from_dict({"policy": "jabas"}).policy == "similarity"
+    cfg.autoscale.restart_prior_s = 5
+    assert isinstance(cfg.autoscale.restart_prior_s, float)
+    before = copy.deepcopy(cfg)
+    assert cfg.validate() is cfg and cfg == before and cfg.to_dict() == before.to_dict()
+    # an invalid value is kept as given, and validate names it
+    cfg.policy = "greedy"
+    cfg.batch = "64"
+    assert (cfg.policy, cfg.batch) == ("greedy", "64")
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert one_line(e) == "batch='64' must be an integer >= 1"
+    cfg.batch = 64
+    with pytest.raises(ConfigError) as e:
+        cfg.validate()
+    assert one_line(e) == f"policy='greedy' is unknown; valid: {', '.join(POLICIES)}"
+    assert cfg.policy == "greedy"
 
 
 def test_add_arguments_leaves_the_users_parser_alone_and_ArgumentParser_gives_one_line(capsys):

@@ -5,6 +5,8 @@ Every import counts, lazy ones inside functions included:
   from the package;
 - slurm/ never imports runtime/ or cli/; runtime/ never imports cli/;
 - exactly one module imports horovod (runtime/comm.py);
+- core/config.py imports no implementation module: its choices and defaults come from core/defaults.py,
+  and besides that it uses only the schema and leaf modules (the GPU catalog, the slowdown spec);
 - no import cycle between the package's modules;
 - no module over MAX_LINES lines: a backstop against a module that holds everything, not a target. A module
   is split where it has a seam (a concern of its own, with its own tests), never only to get under a number.
@@ -84,6 +86,19 @@ def test_layers_point_down():
 def test_one_module_imports_horovod():
     users = sorted(n for n in MODS if any(m.split(".")[0] == "horovod" for m in _imports(n, MODS[n])))
     assert users == ["hpc_jabas.runtime.comm"], users
+
+
+#: what core/config.py may import from the package: its defaults, its generic half (the schema) and two
+#: leaves it validates with (GPU type names, slowdown specs)
+CONFIG_MAY_IMPORT = {"hpc_jabas.core.defaults", "hpc_jabas.core.schema", "hpc_jabas.core.gpus",
+                     "hpc_jabas.core.slowdown"}
+
+
+def test_config_imports_no_implementation_module():
+    core = {m for m in _internal("hpc_jabas.core.config") if m not in ("hpc_jabas.core", "hpc_jabas.errors")}
+    assert core <= CONFIG_MAY_IMPORT, f"core/config.py imports {sorted(core - CONFIG_MAY_IMPORT)}"
+    for leaf in CONFIG_MAY_IMPORT:      # none of them pulls an implementation module in behind config's back
+        assert _internal(leaf) <= {"hpc_jabas.errors"}, f"{leaf} imports {sorted(_internal(leaf))}"
 
 
 def test_no_import_cycle():

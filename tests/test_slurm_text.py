@@ -16,7 +16,7 @@ from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc, sbatch, text, watch
 from hpc_jabas.slurm.cluster import ClusterView, NodeView, PartitionView
-from hpc_jabas.slurm.components import Component, components, parse_mix
+from hpc_jabas.slurm.components import Component, SlurmOptions, components, parse_mix, slurm_option
 
 PY = "/opt/py/bin/python"
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -373,3 +373,19 @@ def test_entry_point_is_a_name_resolved_when_called():
     ep = EntryPoint("json:dumps")
     assert pickle.loads(cloudpickle.dumps(ep)) == ep and ep([1, 2]) == "[1, 2]"
     assert EntryPoint().target == sbatch.JOB_ENTRY == "hpc_jabas.runtime.launch:run_job"
+
+
+def test_slurm_options_are_typed_and_checked_once(tmp_path):
+    assert SlurmOptions.of(_spec(tmp_path, {"v100": 1})) == SlurmOptions(60, 60, 3, 2, 512)
+    spec = JobSpec(task="examples.train_digits:build", config={"slurm": {"time_min": 30, "max_failures": 4}},
+                   chain_dir=str(tmp_path), mix={"v100": 1}, extra={"max_failures": "5", "mem_per_task_mb": 1024.0})
+    assert SlurmOptions.of(spec) == SlurmOptions(30, 60, 3, 5, 1024)       # extra over the config over defaults
+    assert slurm_option(spec, "time_min") == 30
+    for bad, needle in (({"time_min": "soon"}, "time_min='soon' must be an integer >= 1"),
+                        ({"signal_lead_s": 0}, "signal_lead_s=0 must be an integer >= 1"),
+                        ({"max_timeouts": 1.5}, "max_timeouts=1.5 must be an integer >= 0"),
+                        ({"max_failures": True}, "max_failures=True must be an integer >= 0"),
+                        ({"mem_per_task_mb": "lots"}, "mem_per_task_mb='lots' must be an integer >= 1")):
+        with pytest.raises(ConfigError) as e:
+            SlurmOptions.of(_spec(tmp_path, {"v100": 1}, **bad))
+        assert str(e.value) == needle and "\n" not in str(e.value)

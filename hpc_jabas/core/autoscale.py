@@ -30,15 +30,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_jabas.core.defaults import OBJECTIVES as OBJECTIVES
+from hpc_jabas.core.defaults import RESTART_PRIOR_S as RESTART_PRIOR_S
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 Mix = dict[str, int]
 EpochTimeFn = Callable[[Mix], "float | None"]
 
 WaitFn = Callable[[Mix], "float | None"]
-
-OBJECTIVES = ("time", "cost", "time-under-budget", "cost-under-deadline")
-
 
 def _norm_mix(mix: Mapping[str, int]) -> Mix:
     if not isinstance(mix, Mapping):
@@ -289,10 +288,6 @@ class Choice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"mix": dict(self.mix), "reason": self.reason, "move": self.move, "table": self.table}
-
-
-#: restart overhead (s) assumed until one is measured on the chain (the one definition)
-RESTART_PRIOR_S = 30.0
 
 
 class RestartOverhead:

@@ -2,9 +2,14 @@
 
 Every key is a field of one section dataclass, with its type, default and help text (field
 metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
-(:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key) and the
-configuration reference in the README (:func:`config_reference`). Unknown keys and impossible values
-raise ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
+(:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
+attributes of :class:`JobConfig` and the configuration reference in the README
+(:func:`config_reference`, written by scripts/gen_config_table.py). A value is normalised when it is
+assigned (a policy alias becomes its canonical name); :meth:`JobConfig.validate` only checks. Unknown
+keys and impossible values raise ConfigError with one line naming the key, the value and what is valid
+(docs/invariants.md, invariant 11).
+The choices and default values come from :mod:`hpc_jabas.core.defaults`, so this module imports no
+implementation module.
 
 A TOML file may put the job keys at top level or in any table (``[train]``, ``[adaptive]``, ...: the
 table name only groups them; every key name is unique); the ``[autoscale]`` table holds the
@@ -20,14 +25,30 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from hpc_jabas.core import gpus
-from hpc_jabas.core.autoscale import OBJECTIVES, RESTART_PRIOR_S
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.policy import DEFAULT_RAMP_AT, DEFAULT_RAMP_FACTOR, LR_RULES, POLICIES, WD_RULES, canonical_policy
-from hpc_jabas.core.sampler import TAILS
+from hpc_jabas.core.defaults import (
+    AMP_MODES,
+    BALANCE_MODES,
+    DEFAULT_ALPHA,
+    DEFAULT_GAMMA,
+    DEFAULT_P,
+    DEFAULT_RAMP_AT,
+    DEFAULT_RAMP_FACTOR,
+    EMU_BASE_S,
+    EMU_PER_SAMPLE_S,
+    LR_RULES,
+    OBJECTIVES,
+    PLANNERS,
+    POLICIES,
+    RESTART_PRIOR_S,
+    TAILS,
+    WD_RULES,
+    policy_name,
+)
 from hpc_jabas.core.schema import (
+    Section,
     check_fields,
     default_text,
     field_types,
@@ -38,13 +59,6 @@ from hpc_jabas.core.schema import (
 )
 from hpc_jabas.core.slowdown import Slowdown
 from hpc_jabas.errors import ConfigError
-
-PLANNERS = ("optimal", "lbbsp", "fixed")
-AMP_MODES = ("off", "bf16", "fp16")
-BALANCE_MODES = ("off", "reactive", "predictive")
-#: Restart overhead assumed by the epoch-end auto-scaler until this chain has measured one (s).
-README_START = "<!-- config-reference:start (generated: hpc_jabas.core.config.update_readme) -->"
-README_END = "<!-- config-reference:end -->"
 
 
 def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
@@ -65,7 +79,7 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
 # ---- the sections -----------------------------------------------------------------------------
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Section):
     """[train] the data and the loop."""
     epochs: int = key(1, "epochs to train", lo=1)
     batch: int = key(256, "initial global batch size B", lo=1)
@@ -82,7 +96,7 @@ class TrainConfig:
 
 
 @dataclass
-class PlanningConfig:
+class PlanningConfig(Section):
     """[plan] how B is split into micro-batches per rank."""
     planner: str = key("optimal", "optimal (perf model + exact planner), lbbsp (B split in proportion to speeds) "
                                   "or fixed (the plan key)", choices=PLANNERS)
@@ -100,7 +114,7 @@ class PlanningConfig:
 
 
 @dataclass
-class EmulationConfig:
+class EmulationConfig(Section):
     """[emulation] CPU ranks that stand for GPU types."""
     emulate: bool = key(False, "emulate the GPU types on CPU ranks: t(b) = (emulate_base_s + "
                                "emulate_per_sample_s * b) / speed per micro-batch")
@@ -112,14 +126,14 @@ class EmulationConfig:
 
 
 @dataclass
-class AdaptiveConfig:
+class AdaptiveConfig(Section):
     """[adaptive] the batch-size policy and the lr rule."""
     policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
                                 "ramp: B x ramp_factor at each ramp_at)",
-                      choices=POLICIES)
-    p: int = key(100, "iterations between batch-size decisions", lo=1)
-    alpha: float = key(0.1, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    gamma: float = key(0.1, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
+                      choices=POLICIES, canon=policy_name)
+    p: int = key(DEFAULT_P, "iterations between batch-size decisions", lo=1)
+    alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)
     batch_min: int | None = key(None, "smallest global batch B", lo=1, shown="batch")
     batch_max: int | None = key(None, "largest global batch B", lo=1, shown="batch")
@@ -135,7 +149,7 @@ class AdaptiveConfig:
 
 
 @dataclass
-class BalancingConfig:
+class BalancingConfig(Section):
     """[balance] online load balancing."""
     balance: str = key("off", "online load balancing: reactive (last measured speed) or predictive (NARX-style "
                               "RLS on past speeds and load signals)", choices=BALANCE_MODES)
@@ -146,7 +160,7 @@ class BalancingConfig:
 
 
 @dataclass
-class OutputConfig:
+class OutputConfig(Section):
     """[run] metrics and checkpoints."""
     run_dir: str = key("runs/latest", "directory of metrics.jsonl and checkpoints", metavar="DIR")
     metrics_period: int = key(10, "iterations between metric flushes", lo=1)
@@ -163,7 +177,7 @@ class OutputConfig:
 
 
 @dataclass
-class SlurmJobConfig:
+class SlurmJobConfig(Section):
     """[slurm] the Slurm jobs of a chain: time limit, signals, requeues."""
     time_min: int = key(60, "time limit of every Slurm job of the chain (minutes)", lo=1)
     signal_lead_s: int = key(60, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
@@ -175,7 +189,7 @@ class SlurmJobConfig:
 
 
 @dataclass
-class AutoscaleConfig:
+class AutoscaleConfig(Section):
     """[autoscale] epoch-end choice of the partition mix (Slurm jobs)."""
     objective: str = key("time", "what the mix minimises", choices=OBJECTIVES)
     max_gpus: int = key(8, "most GPUs in a mix", lo=1)
@@ -229,39 +243,42 @@ class AutoscaleConfig:
         return dataclasses.asdict(self)
 
 
-#: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups).
-SECTIONS: dict[str, type] = {"train": TrainConfig, "planning": PlanningConfig, "emulation": EmulationConfig,
-                             "adaptive": AdaptiveConfig, "balancing": BalancingConfig, "output": OutputConfig,
-                             "slurm": SlurmJobConfig}
-_SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
-#: tables whose value is the key's own value, not a group of keys
-_TABLE_KEYS = ("slowdown", "autoscale")
+class _Flat:
+    """``cfg.batch`` reads and writes ``cfg.train.batch``: the flat name of a section's key. One per key,
+    made from the section dataclasses' fields by :func:`_with_flat_keys`."""
 
-T = TypeVar("T")
+    def __init__(self, section: str, name: str) -> None:
+        self.section, self.name = section, name
 
-
-class _Flat(Generic[T]):
-    """``cfg.batch`` reads and writes ``cfg.train.batch``: the flat name of a section's key."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.section = name, _SECTION_OF[name]
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> _Flat[T]: ...
-    @overload
-    def __get__(self, obj: JobConfig, owner: type) -> T: ...
-
-    def __get__(self, obj: JobConfig | None, owner: type) -> T | _Flat[T]:
+    def __get__(self, obj: object | None, owner: type) -> Any:
         if obj is None:
             return self
-        return typing.cast(T, getattr(getattr(obj, self.section), self.name))
+        return getattr(getattr(obj, self.section), self.name)
 
-    def __set__(self, obj: JobConfig, value: T) -> None:
+    def __set__(self, obj: object, value: Any) -> None:
         setattr(getattr(obj, self.section), self.name, value)
 
 
-@dataclass(init=False)
-class JobConfig:
+if typing.TYPE_CHECKING:
+    class _FlatKeys(TrainConfig, PlanningConfig, EmulationConfig, AdaptiveConfig, BalancingConfig, OutputConfig,
+                    SlurmJobConfig):
+        """What a type checker sees of the flat keys: every section's fields, with their types. At run time
+        they are the :class:`_Flat` attributes that :func:`_with_flat_keys` adds."""
+else:
+    _FlatKeys = object
+
+
+def _with_flat_keys(cls: type[JobConfig]) -> type[JobConfig]:
+    """Add a :class:`_Flat` attribute to JobConfig for every field of every section."""
+    for name, section in _SECTION_OF.items():
+        if name in vars(cls):
+            raise TypeError(f"JobConfig.{name} would hide the key {section}.{name}")
+        setattr(cls, name, _Flat(section, name))
+    return cls
+
+
+@dataclass(init=False, kw_only=True)     # kw_only: for a type checker, after the keys' defaults
+class JobConfig(_FlatKeys):
     """One job's configuration: the sections, plus every key as a flat attribute.
 
     ``JobConfig(batch=512, policy="similarity")`` takes flat keys (or whole sections); it does not
@@ -275,52 +292,6 @@ class JobConfig:
     output: OutputConfig
     slurm: SlurmJobConfig
     autoscale: AutoscaleConfig
-
-    epochs = _Flat[int]()
-    batch = _Flat[int]()
-    eval_metric = _Flat[str]()
-    micro_batch = _Flat[int | None]()
-    seed = _Flat[int]()
-    tail = _Flat[str]()
-    clip_grad_norm = _Flat[float | None]()
-    amp = _Flat[str]()
-    planner = _Flat[str]()
-    identical_micro_batch = _Flat[str]()
-    plan = _Flat[str | None]()
-    gpu_types = _Flat[list[str] | None]()
-    speeds = _Flat[list[float] | None]()
-    profile_dir = _Flat[str | None]()
-    emulate = _Flat[bool]()
-    emulate_base_s = _Flat[float]()
-    emulate_per_sample_s = _Flat[float]()
-    slowdown = _Flat[dict[int, str]]()
-    policy = _Flat[str]()
-    p = _Flat[int]()
-    alpha = _Flat[float]()
-    gamma = _Flat[float]()
-    batch_min = _Flat[int | None]()
-    batch_max = _Flat[int | None]()
-    lr_rule = _Flat[str]()
-    batch_ref = _Flat[int | None]()
-    ramp_at = _Flat[list[float]]()
-    ramp_factor = _Flat[float]()
-    wd_rule = _Flat[str]()
-    balance = _Flat[str]()
-    p_balance = _Flat[int]()
-    balance_threshold = _Flat[float]()
-    calibrate = _Flat[bool]()
-    run_dir = _Flat[str]()
-    metrics_period = _Flat[int]()
-    checkpoint = _Flat[bool]()
-    keep_checkpoints = _Flat[int]()
-    resume_finished = _Flat[bool]()
-    checkpoint_every = _Flat[int | None]()
-    checkpoint_minutes = _Flat[float | None]()
-    trust_group = _Flat[bool]()
-    time_min = _Flat[int]()
-    signal_lead_s = _Flat[int]()
-    max_timeouts = _Flat[int]()
-    max_failures = _Flat[int]()
 
     def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:
         sections = {s: kw.pop(s) for s in list(kw) if s in SECTIONS}
@@ -340,11 +311,7 @@ class JobConfig:
             self.autoscale = AutoscaleConfig(**norm)
 
     def validate(self) -> JobConfig:
-        if isinstance(self.adaptive.policy, str):
-            try:                              # aliases (goodput, noise_scale, simigrad, ...) -> one name
-                self.adaptive.policy = canonical_policy(self.adaptive.policy)
-            except ConfigError:
-                pass                          # the choices check below names the valid ones
+        """``self`` if every key is valid (unchanged), else one ConfigError line."""
         for s in SECTIONS:
             check_fields(getattr(self, s))
         self.autoscale.validate()
@@ -392,6 +359,17 @@ class JobConfig:
         out = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v) for k, v in out.items()}
         out["autoscale"] = self.autoscale.to_dict()
         return out
+
+
+#: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups): the
+#: fields JobConfig declares, but autoscale (a table of its own, with its own flags)
+SECTIONS: dict[str, type] = {name: tp for name, tp in typing.get_type_hints(JobConfig).items()
+                             if name != "autoscale"}
+#: job key -> its section
+_SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
+#: tables whose value is the key's own value, not a group of keys
+_TABLE_KEYS = ("slowdown", "autoscale")
+_with_flat_keys(JobConfig)
 
 
 def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -498,18 +476,3 @@ def config_reference() -> str:
         rows.append(f"| `[{s}]` | `{f.name}` | {kind.replace('|', '&#124;')} | {default} | "
                     f"{m['help'].replace('|', '&#124;')} |")
     return "\n".join(rows) + "\n"
-
-
-def replace_reference(text: str) -> str:
-    """``text`` (the README) with the table between the reference markers regenerated."""
-    head, sep, rest = text.partition(README_START)
-    _, sep2, tail = rest.partition(README_END)
-    if not sep or not sep2:
-        raise ConfigError(f"README has no {README_START!r} ... {README_END!r} markers")
-    return f"{head}{README_START}\n{config_reference()}{README_END}{tail}"
-
-
-def update_readme(path: str | Path = "README.md") -> None:
-    """Rewrite the configuration reference in the README at ``path``."""
-    p = Path(path)
-    p.write_text(replace_reference(p.read_text()))

@@ -45,6 +45,8 @@ from hpc_jabas.core.compute_profile import FORMAT_VERSION as FORMAT_VERSION
 from hpc_jabas.core.compute_profile import ComputeProfile as ComputeProfile
 from hpc_jabas.core.compute_profile import check_int, check_num, check_version
 from hpc_jabas.core.compute_profile import emulated_time as emulated_time
+from hpc_jabas.core.defaults import EMU_BASE_S as EMU_BASE_S
+from hpc_jabas.core.defaults import EMU_PER_SAMPLE_S as EMU_PER_SAMPLE_S
 from hpc_jabas.errors import ConfigError
 
 if TYPE_CHECKING:   # planning imports this module; the plan type is only named here
@@ -53,11 +55,9 @@ if TYPE_CHECKING:   # planning imports this module; the plan type is only named 
 ALLREDUCE_FILE = "allreduce.json"
 
 #: Defaults of :meth:`PerfModel.emulated` (also what ``hpc-jabas plan`` uses without --profile). EMU_BASE_S
-#: and EMU_PER_SAMPLE_S are also the emulator's defaults (job keys emulate_base_s, emulate_per_sample_s,
-#: ``hpc-jabas profile --emulate``): the one definition of the emulated GPU times.
+#: and EMU_PER_SAMPLE_S (defined in core/defaults.py) are also the emulator's defaults (job keys
+#: emulate_base_s, emulate_per_sample_s, ``hpc-jabas profile --emulate``).
 EMU_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-EMU_BASE_S = 0.002            # fixed cost of one micro-batch on a V100 (kernel launches, ...)
-EMU_PER_SAMPLE_S = 0.0002     # seconds per sample on a V100
 EMU_GRAD_BYTES = 100e6        # ~ ResNet-50 fp32 gradients
 EMU_BANDWIDTH = 10e9          # bytes/s of the allreduce links
 EMU_MEM_SAMPLES_PER_GB = 16.0  # max_b = int(memory_gb * this): RTX 2060 (6 GB) 96, V100 (32 GB) 512

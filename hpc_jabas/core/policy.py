@@ -57,20 +57,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.defaults import DEFAULT_ALPHA as DEFAULT_ALPHA
+from hpc_jabas.core.defaults import DEFAULT_GAMMA as DEFAULT_GAMMA
+from hpc_jabas.core.defaults import DEFAULT_P as DEFAULT_P
+from hpc_jabas.core.defaults import DEFAULT_RAMP_AT as DEFAULT_RAMP_AT
+from hpc_jabas.core.defaults import DEFAULT_RAMP_FACTOR as DEFAULT_RAMP_FACTOR
+from hpc_jabas.core.defaults import LR_RULES as LR_RULES
+from hpc_jabas.core.defaults import POLICIES as POLICIES
+from hpc_jabas.core.defaults import WD_RULES as WD_RULES
+from hpc_jabas.core.defaults import canonical_policy as canonical_policy
 from hpc_jabas.core.planning.space import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
 from hpc_jabas.core.scaling import LinearScaling, LRRule, NoScaling, SqrtScaling
 from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
 from hpc_jabas.errors import ConfigError
 
-POLICIES = ("fixed", "similarity", "noise-scale", "ramp")
-_POLICY_ALIASES = {
-    "fixed": "fixed", "none": "fixed", "constant": "fixed",
-    "similarity": "similarity", "simigrad": "similarity", "jabas": "similarity",
-    "noise-scale": "noise-scale", "noise_scale": "noise-scale", "noisescale": "noise-scale",
-    "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
-    "ramp": "ramp", "batch-ramp": "ramp", "batch-warmup": "ramp",
-}
-LR_RULES = ("auto", "sqrt", "linear", "none")
 #: what lr_rule = "auto" (the default) means for each policy: JABAS pairs its similarity rule with
 #: sqrt scaling; Pollux pairs goodput with AdaScale, whose gain is ~B/B_ref while B << B_noise (the
 #: regime goodput picks), so linear scaling is the closest rule we offer (bench/adaptive_tta.py: with
@@ -88,21 +88,6 @@ DEFAULT_GOODPUT_WARMUP = 3
 DEFAULT_GOODPUT_MAX_STEP = 2.0
 #: the goodput policy averages the |G|^2 and tr(Sigma) estimates of its last this many measurements
 DEFAULT_GOODPUT_WINDOW = 20
-DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
-DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
-DEFAULT_P = 100         # JABAS: iterations between decisions
-#: the ramp policy multiplies the initial B by DEFAULT_RAMP_FACTOR at each of these fractions of the run
-DEFAULT_RAMP_AT = (0.25, 0.5, 0.75)
-DEFAULT_RAMP_FACTOR = 2.0
-WD_RULES = ("none", "linear")
-
-
-def canonical_policy(name: str) -> str:
-    """'fixed', 'similarity', 'noise-scale' or 'ramp' for a policy name or alias (e.g. 'goodput')."""
-    key = _POLICY_ALIASES.get(str(name).strip().lower())
-    if key is None:
-        raise ConfigError(f"unknown batch policy {name!r}; valid policies: {', '.join(POLICIES)}")
-    return key
 
 
 @dataclass(frozen=True)

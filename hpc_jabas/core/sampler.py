@@ -47,10 +47,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hpc_jabas.core.defaults import TAILS as TAILS
 from hpc_jabas.core.planning.plan import Plan, split_proportional
 from hpc_jabas.errors import ConfigError
-
-TAILS = ("shrink", "drop")
 
 IndexArray = npt.NDArray[np.int64]
 

@@ -1,5 +1,6 @@
 """Typed config fields: declaration (:func:`key`: default, help, constraints as field metadata),
-checking and normalising a dataclass's values (:func:`check_fields`), and their TOML text.
+normalising a value when it is assigned (:class:`Section`), checking a dataclass's values
+(:func:`check_fields`), and their TOML text.
 
 The generic half of :mod:`hpc_jabas.core.config`, which declares the job's sections with it. Every
 problem is one ConfigError line naming the key, the value and what is valid.
@@ -11,7 +12,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Any
 
@@ -20,10 +21,11 @@ from hpc_jabas.errors import ConfigError
 
 def key(default: Any, help: str, *, choices: Sequence[str] | None = None, lo: float | None = None,
         hi: float | None = None, lo_open: bool = False, hi_open: bool = False, shown: str | None = None,
-        metavar: str | None = None) -> Any:
-    """A config field: default, help text and constraints (``lo``/``hi`` bounds, each element of a list)."""
+        metavar: str | None = None, canon: Callable[[Any], Any] | None = None) -> Any:
+    """A config field: default, help text and constraints (``lo``/``hi`` bounds, each element of a list);
+    ``canon`` maps an alias to its canonical name (any other value unchanged) before the checks."""
     meta = {"help": help, "choices": tuple(choices) if choices else None, "lo": lo, "hi": hi,
-            "lo_open": lo_open, "hi_open": hi_open, "shown": shown, "metavar": metavar}
+            "lo_open": lo_open, "hi_open": hi_open, "shown": shown, "metavar": metavar, "canon": canon}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -107,6 +109,9 @@ def _mapping_items(name: str, v: Any, metavar: str) -> list[tuple[str, Any]]:
 def convert(name: str, v: Any, tp: Any, m: Mapping[str, Any]) -> Any:
     """The value of field ``name`` (type ``tp``, metadata ``m``) checked and normalised: a list may be
     given as a comma-separated string, a table as 'K:V' items (the flag forms)."""
+    canon = m.get("canon")
+    if canon is not None:
+        v = canon(v)
     base, opt = split_optional(tp)
     if v is None:
         if opt:
@@ -138,11 +143,39 @@ def convert(name: str, v: Any, tp: Any, m: Mapping[str, Any]) -> Any:
     return _scalar(name, v, base, m)
 
 
+_KEYS: dict[type, dict[str, tuple[Any, Mapping[str, Any]]]] = {}
+
+
+def _keys_of(cls: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
+    """name -> (type, metadata) of every field of a section dataclass (made once per class)."""
+    keys = _KEYS.get(cls)
+    if keys is None:
+        tps = field_types(cls)
+        keys = _KEYS[cls] = {f.name: (tps[f.name], f.metadata) for f in dataclasses.fields(cls)}
+    return keys
+
+
+class Section:
+    """Base of a section dataclass: a value assigned to a key (in the constructor too) is stored
+    normalised when it is valid (an alias as its canonical name, a comma-separated list as a list, an
+    int as a float, ...) and as given when it is not, for :func:`check_fields` to name the problem."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        tm = _keys_of(type(self)).get(name)
+        if tm is not None:
+            try:
+                value = convert(name, value, *tm)
+            except ConfigError:
+                pass
+        object.__setattr__(self, name, value)
+
+
 def check_fields(obj: Any, prefix: str = "") -> None:
-    """Check and normalise every field of a section dataclass in place (one ConfigError line)."""
-    tps = field_types(type(obj))
-    for f in dataclasses.fields(obj):
-        setattr(obj, f.name, convert(prefix + f.name, getattr(obj, f.name), tps[f.name], f.metadata))
+    """Check every field of a section dataclass: the first bad one is one ConfigError line. The values are
+    not changed (a :class:`Section` normalised them when they were assigned)."""
+    for name, (tp, m) in _keys_of(type(obj)).items():
+        convert(prefix + name, getattr(obj, name), tp, m)
+
 
 def default_of(f: dataclasses.Field[Any]) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.core.config import AMP_MODES
+from hpc_jabas.core.defaults import AMP_MODES
 from hpc_jabas.runtime import comm
 
 SCALER_KEY = "hj_grad_scaler"

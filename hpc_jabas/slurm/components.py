@@ -7,11 +7,13 @@ assumes), started with ``srun --het-group=0,..,k`` so that one MPI/Horovod world
 Per component: ``--partition``, ``--ntasks`` = GPUs (one rank per GPU), the partition's typed GPUs
 (``--gres=gpu:<type>:<n>`` on one node; ``--nodes=N --gpus-per-task=<type>:1`` when the count needs
 more GPUs than one node of the partition holds), ``--mem`` (so that jobs share nodes). Options of
-``spec.extra`` read here: ``mem_per_task_mb``, ``account``, ``qos``, ``sbatch_args``, and the [slurm] keys
-``time_min``, ``signal_lead_s``, ``max_timeouts`` (:func:`slurm_option`: extra, else the job's config).
+``spec.extra`` read here: ``account``, ``qos``, ``sbatch_args``, and the numbers of :class:`SlurmOptions`
+(``mem_per_task_mb`` and the [slurm] keys ``time_min``, ``signal_lead_s``, ``max_timeouts``, ``max_failures``:
+extra, else the job's config, else the default), each checked once, with one error line for a bad value.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 from collections.abc import Mapping
@@ -111,16 +113,48 @@ def extra(spec: JobSpec, key: str, default: Any = None) -> Any:
     return (spec.extra or {}).get(key, default)
 
 
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The numbers a job's Slurm submissions use, typed and checked: the [slurm] keys and the memory per rank."""
+    time_min: int
+    signal_lead_s: int
+    max_timeouts: int
+    max_failures: int
+    mem_per_task_mb: int = DEFAULT_MEM_PER_TASK_MB
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> SlurmOptions:
+        """From ``spec.extra`` (the submit command's flags, submit()'s keywords) first, then the job's config
+        (any table), then the defaults. A bad value is one ConfigError line naming the key and the value."""
+        from hpc_jabas.core.config import SlurmJobConfig, flatten
+        flat, _ = flatten(spec.config or {})
+        out: dict[str, int] = {}
+        defaults = SlurmJobConfig()
+        for f in dataclasses.fields(SlurmJobConfig):
+            v = extra(spec, f.name)
+            if v is None:
+                v = flat.get(f.name)
+            out[f.name] = _whole(f.name, getattr(defaults, f.name) if v is None else v, f.metadata["lo"])
+        mem = extra(spec, "mem_per_task_mb")
+        out["mem_per_task_mb"] = _whole("mem_per_task_mb", DEFAULT_MEM_PER_TASK_MB if mem is None else mem, 1)
+        return cls(**out)
+
+
+def _whole(name: str, v: Any, lo: int) -> int:
+    """``v`` as an int >= lo: an int, a whole float or a string of digits ("60")."""
+    n = v.strip() if isinstance(v, str) else v
+    if isinstance(n, str) and n.lstrip("-").isdigit():
+        n = int(n)
+    elif isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, int) or n < lo:
+        raise ConfigError(f"{name}={v!r} must be an integer >= {lo}")
+    return n
+
+
 def slurm_option(spec: JobSpec, key: str) -> int:
-    """A [slurm] key of the job (time_min, signal_lead_s, max_timeouts): ``spec.extra`` (the submit
-    command's flags) first, then the job's config (any table), then the key's default."""
-    from hpc_jabas.core.config import SlurmJobConfig, flatten
-    if extra(spec, key) is not None:
-        return int(extra(spec, key))
-    flat, _ = flatten(spec.config or {})
-    if flat.get(key) is not None:
-        return int(flat[key])
-    return int(getattr(SlurmJobConfig(), key))
+    """One number of :class:`SlurmOptions` (time_min, signal_lead_s, max_timeouts, max_failures, mem_per_task_mb)."""
+    return int(getattr(SlurmOptions.of(spec), key))
 
 
 def per_component_options(spec: JobSpec) -> dict[str, str]:

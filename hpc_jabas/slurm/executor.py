@@ -55,7 +55,6 @@ from hpc_jabas.errors import ConfigError, JabasError, SlurmError
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.components import (
-    DEFAULT_MEM_PER_TASK_MB,
     Component,
     components,
     extra,
@@ -264,7 +263,7 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     pt = (spec.config.get("autoscale") or {}).get("partition_types") if isinstance(spec.config, dict) else None
     if view is None:
         view = partition_view(pt)
-    mem = int(extra(spec, "mem_per_task_mb", DEFAULT_MEM_PER_TASK_MB))
+    mem = slurm_option(spec, "mem_per_task_mb")
     comps = components(spec.mix, view, mem_per_task_mb=mem)
     spec = dataclasses.replace(spec, mix={c.partition: c.ntasks for c in comps})
     job: JabasSlurmJob | None = None

@@ -24,7 +24,13 @@ from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.log import get_logger
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.cluster import ClusterView
-from hpc_jabas.slurm.components import DEFAULT_MEM_PER_TASK_MB, components, extra, extra_args, per_component_options
+from hpc_jabas.slurm.components import (
+    DEFAULT_MEM_PER_TASK_MB,
+    components,
+    extra_args,
+    per_component_options,
+    slurm_option,
+)
 from hpc_jabas.slurm.sbatch import submission_env
 
 log = get_logger(__name__)
@@ -70,7 +76,7 @@ def wait_from_output(text: str, now: float) -> float | None:
 
 def test_only_args(mix: Mapping[str, int], view: ClusterView, spec: JobSpec | None = None) -> list[str]:
     """``sbatch --test-only`` with the options of the chain's job on ``mix``, components split by ':'."""
-    comps = components(dict(mix), view, mem_per_task_mb=int(extra(spec, "mem_per_task_mb", DEFAULT_MEM_PER_TASK_MB))
+    comps = components(dict(mix), view, mem_per_task_mb=slurm_option(spec, "mem_per_task_mb")
                        if spec is not None else DEFAULT_MEM_PER_TASK_MB)
     more = per_component_options(spec) if spec is not None else {}
     user = extra_args(spec) if spec is not None else []        # sbatch_args: every component, as in the job

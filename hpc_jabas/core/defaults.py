@@ -1,0 +1,63 @@
+"""The configuration's choices and default values: the one definition of each.
+
+:mod:`hpc_jabas.core.config` declares the job keys with these; the modules that implement the
+keys (policy, sampler, perfmodel, autoscale) import them from here, so the config depends on no
+implementation module. Only names and numbers live here, and the alias table of the batch policies.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hpc_jabas.errors import ConfigError
+
+# ---- [train] ----------------------------------------------------------------------------------
+#: epoch tail: the last iteration takes the r < B samples left (shrink) or they are dropped
+TAILS = ("shrink", "drop")
+AMP_MODES = ("off", "bf16", "fp16")
+
+# ---- [planning], [balancing] ------------------------------------------------------------------
+PLANNERS = ("optimal", "lbbsp", "fixed")
+BALANCE_MODES = ("off", "reactive", "predictive")
+
+# ---- [emulation] ------------------------------------------------------------------------------
+#: the emulated GPU times, t(b) = (EMU_BASE_S + EMU_PER_SAMPLE_S * b) / speed: defaults of the job keys
+#: emulate_base_s, emulate_per_sample_s, of ``PerfModel.emulated`` and of ``hpc-jabas profile --emulate``
+EMU_BASE_S = 0.002            # fixed cost of one micro-batch on a V100 (kernel launches, ...)
+EMU_PER_SAMPLE_S = 0.0002     # seconds per sample on a V100
+
+# ---- [adaptive] -------------------------------------------------------------------------------
+POLICIES = ("fixed", "similarity", "noise-scale", "ramp")
+POLICY_ALIASES = {
+    "fixed": "fixed", "none": "fixed", "constant": "fixed",
+    "similarity": "similarity", "simigrad": "similarity", "jabas": "similarity",
+    "noise-scale": "noise-scale", "noise_scale": "noise-scale", "noisescale": "noise-scale",
+    "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
+    "ramp": "ramp", "batch-ramp": "ramp", "batch-warmup": "ramp",
+}
+DEFAULT_P = 100         # JABAS: iterations between decisions
+DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
+DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
+LR_RULES = ("auto", "sqrt", "linear", "none")
+WD_RULES = ("none", "linear")
+#: the ramp policy multiplies the initial B by DEFAULT_RAMP_FACTOR at each of these fractions of the run
+DEFAULT_RAMP_AT = (0.25, 0.5, 0.75)
+DEFAULT_RAMP_FACTOR = 2.0
+
+
+def canonical_policy(name: str) -> str:
+    """'fixed', 'similarity', 'noise-scale' or 'ramp' for a policy name or alias (e.g. 'goodput')."""
+    key = POLICY_ALIASES.get(str(name).strip().lower())
+    if key is None:
+        raise ConfigError(f"unknown batch policy {name!r}; valid policies: {', '.join(POLICIES)}")
+    return key
+
+
+def policy_name(value: Any) -> Any:
+    """The canonical name of a known policy alias; any other value unchanged (the check names it)."""
+    return POLICY_ALIASES.get(value.strip().lower(), value) if isinstance(value, str) else value
+
+
+# ---- [autoscale] ------------------------------------------------------------------------------
+OBJECTIVES = ("time", "cost", "time-under-budget", "cost-under-deadline")
+#: restart overhead (s) assumed until one is measured on the chain
+RESTART_PRIOR_S = 30.0

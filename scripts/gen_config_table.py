@@ -1,0 +1,63 @@
+"""Regenerate the configuration table in README.md from the config's fields.
+
+    .venv/bin/python scripts/gen_config_table.py            # rewrite README.md
+    .venv/bin/python scripts/gen_config_table.py --check    # exit 1 if README.md's table is stale
+
+The table sits between the two markers below; everything outside them is left as it is. The rows come
+from ``hpc_jabas.core.config.config_reference()`` (one per key: section, key, type, default, meaning).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hpc_jabas.core.config import config_reference  # noqa: E402
+from hpc_jabas.errors import ConfigError  # noqa: E402
+
+README_START = "<!-- config-reference:start (generated: scripts/gen_config_table.py) -->"
+README_END = "<!-- config-reference:end -->"
+
+
+def replace_reference(text: str) -> str:
+    """``text`` (the README) with the table between the reference markers regenerated."""
+    head, sep, rest = text.partition(README_START)
+    _, sep2, tail = rest.partition(README_END)
+    if not sep or not sep2:
+        raise ConfigError(f"README has no {README_START!r} ... {README_END!r} markers")
+    return f"{head}{README_START}\n{config_reference()}{README_END}{tail}"
+
+
+def update_readme(path: str | Path = ROOT / "README.md") -> bool:
+    """Rewrite the configuration table in the README at ``path``; True if it changed."""
+    p = Path(path)
+    text = p.read_text()
+    new = replace_reference(text)
+    if new != text:
+        p.write_text(new)
+    return new != text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("readme", nargs="?", default=str(ROOT / "README.md"), help="the README (default: README.md)")
+    ap.add_argument("--check", action="store_true", help="only say whether the table is stale (exit code 1)")
+    args = ap.parse_args(argv)
+    try:
+        if args.check:
+            text = Path(args.readme).read_text()
+            stale = replace_reference(text) != text
+            print(f"{args.readme}: configuration table is {'stale' if stale else 'up to date'}")
+            return int(stale)
+        print(f"{args.readme}: {'rewritten' if update_readme(args.readme) else 'already up to date'}")
+    except (ConfigError, OSError) as e:
+        print(f"gen_config_table: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
