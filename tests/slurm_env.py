@@ -104,6 +104,21 @@ def _unavailable(reason: str):
     pytest.fail(f"local Slurm cluster unavailable: {reason}", pytrace=False)
 
 
+def _quiesce(cluster: SlurmCluster, timeout: float = 90) -> None:
+    """With the lock held exclusively no other test runs, but the jobs of finished ones may still be ending
+    (a chain's last job exits after its end record): let them end, then cancel what is left."""
+    end = time.time() + timeout
+    while time.time() < end:
+        left = cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        if not left:
+            return
+        time.sleep(1.0)
+    cluster.cancel(*left)
+    end = time.time() + 30
+    while time.time() < end and cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split():
+        time.sleep(0.5)
+
+
 @contextmanager
 def cluster_lock(cluster: SlurmCluster, exclusive: bool):
     """The readers-writer lock of the tests on this cluster (flock on a file in its state directory; released
@@ -111,6 +126,8 @@ def cluster_lock(cluster: SlurmCluster, exclusive: bool):
     fd = os.open(cluster.state_dir / ".test-lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if exclusive:
+            _quiesce(cluster)
         yield
     finally:
         os.close(fd)

@@ -141,6 +141,7 @@ def test_missing_slurm_conf(tmp_path):
 
 # ---- against the real cluster ----------------------------------------------------------------------
 @pytest.mark.slurm
+@pytest.mark.slurm_exclusive
 def test_partitions_types_totals_billing(slurm_cluster):
     v = cluster.read_cluster()
     assert set(v.partitions) == set(LAYOUT)
