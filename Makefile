@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
+# mypy's and ruff's caches live with the Horovod wheel (scripts/setup.sh), so a fresh clone reuses them
+CACHE := $(or $(HPC_JABAS_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hpc-jabas)
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
@@ -14,8 +16,8 @@ setup:
 	@bash scripts/setup.sh
 
 lint: setup
-	$(VENV)/bin/ruff check hpc_jabas tests bench scripts examples
-	$(VENV)/bin/mypy hpc_jabas
+	$(VENV)/bin/ruff check --cache-dir $(CACHE)/ruff hpc_jabas tests bench scripts examples
+	$(VENV)/bin/mypy --cache-dir $(CACHE)/mypy hpc_jabas
 
 # Two pytest-xdist workers: one runs every test on the local Slurm cluster (one xdist group, in order;
 # tests/conftest.py), the other the rest. --durations=15 prints the slowest 15 tests.

@@ -25,11 +25,11 @@ PIP_PID=""
 PIP_LOG="$VENV/.pip-install.log"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$REQ_HASH" ]]; then
   log "installing Python dependencies (background; log $PIP_LOG)"
-  ( "$VPY" -m pip install -q --upgrade pip wheel setuptools
-    "$VPY" -m pip install -q "torch==2.13.0"
-    # pytest 8: pytest-xdist 3.8's xdist_group (tests/conftest.py) renames node ids, which pytest 9 ignores
-    "$VPY" -m pip install -q numpy cloudpickle psutil pyyaml packaging "submitit==1.5.4" "pytest==8.4.2" pytest-xdist \
-        hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy ) >"$PIP_LOG" 2>&1 &
+  # one pip run (one resolution) for all of them; pytest 8: pytest-xdist 3.8's xdist_group (tests/conftest.py)
+  # renames node ids, which pytest 9 ignores
+  ( "$VPY" -m pip install -q --upgrade wheel setuptools "torch==2.13.0" numpy cloudpickle psutil pyyaml packaging \
+        "submitit==1.5.4" "pytest==8.4.2" pytest-xdist hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout \
+        ruff mypy ) >"$PIP_LOG" 2>&1 &
   PIP_PID=$!
 fi
 

@@ -1,9 +1,19 @@
-"""Run a worker script on several Horovod ranks (mpirun or horovodrun --gloo) and collect JSON."""
+"""Run a worker script on several Horovod ranks (mpirun or horovodrun --gloo) and collect JSON.
+
+A launch costs every rank its torch/Horovod start-up (about 5 s of CPU each on this machine), which made rank
+starts most of the suite's time. So the worker scripts in POOL_WORKERS run on a warm pool of mpirun ranks
+(RankPool, tests/workers/pool_worker.py), one pool per rank count and test process, started on first use: each
+script runs there as ``python SCRIPT SPEC`` would, one at a time. Scripts that signal or kill their own ranks
+always get a launch of their own, and so does everything when HPC_JABAS_TEST_POOL=0.
+"""
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,6 +28,87 @@ def mpi_env():
                OMPI_MCA_mpi_yield_when_idle="1")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+#: the worker scripts that run on a warm pool: none signals, kills or exits its own ranks
+POOL_WORKERS = frozenset({"train_worker.py", "protocol_worker.py", "optim_worker.py", "model_eval.py", "model_bn.py",
+                          "adaptive_worker.py", "calib_worker.py", "comm_worker.py", "loader_worker.py"})
+
+
+class RankPool:
+    """``np_`` mpirun ranks that run worker scripts on request (tests/workers/pool_worker.py)."""
+
+    def __init__(self, np_: int):
+        self.np = np_
+        self.dir = Path(tempfile.mkdtemp(prefix=f"hj-pool{np_}-"))
+        self.k = 0
+        self.log = open(self.dir / "mpirun.log", "w")
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), PY,
+               str(WORKERS / "pool_worker.py"), str(self.dir), str(os.getpid())]
+        self.proc = subprocess.Popen(cmd, env=mpi_env(), stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=str(ROOT), start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, script: str, spec_path: Path, log_dir: Path, timeout: float) -> None:
+        """Run one script on every rank; AssertionError (with the ranks' output) when a rank fails. A pool whose
+        ranks did not all come back (one raised while the others wait in a collective) is closed."""
+        k, self.k = self.k, self.k + 1
+        req = {"script": script, "spec": str(spec_path), "log_dir": str(log_dir)}
+        tmp = self.dir / f".req{k}.tmp"
+        tmp.write_text(json.dumps(req))
+        tmp.rename(self.dir / f"req{k}.json")
+        done: dict[int, dict] = {}
+        end, grace_end = time.time() + timeout, None
+        while len(done) < self.np:
+            for r in range(self.np):
+                f = self.dir / f"done{k}-{r}.json"
+                if r not in done and f.exists():
+                    done[r] = json.loads(f.read_text())
+                    if not done[r]["ok"] and grace_end is None:
+                        grace_end = time.time() + 5.0       # the others may fail alike, or hang
+            now = time.time()
+            if len(done) < self.np and (not self.alive() or now > end or (grace_end and now > grace_end)):
+                break
+            time.sleep(0.02)
+        if len(done) == self.np and all(d["ok"] for d in done.values()):
+            return
+        why = "timed out" if time.time() > end else "a rank failed" if done else "the pool died"
+        self.close()
+        logs = "\n".join(f"--- rank {r}\n{(log_dir / f'rank{r}.log').read_text()[-3000:]}"
+                         for r in range(self.np) if (log_dir / f"rank{r}.log").exists())
+        mp = (self.dir / "mpirun.log").read_text()[-2000:] if (self.dir / "mpirun.log").exists() else ""
+        raise AssertionError(f"{Path(script).name} {spec_path} on the {self.np}-rank pool: {why} "
+                             f"(done: {sorted(done)}):\n{logs}\n--- mpirun\n{mp}")
+
+    def close(self) -> None:
+        if self.alive():
+            (self.dir / "stop").touch()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_POOLS: dict[int, RankPool] = {}
+
+
+def _pool(np_: int) -> RankPool:
+    p = _POOLS.get(np_)
+    if p is None or not p.alive():
+        p = _POOLS[np_] = RankPool(np_)
+    return p
+
+
+@atexit.register
+def _close_pools() -> None:
+    for p in list(_POOLS.values()):
+        p.close()
+    _POOLS.clear()
 
 
 def run_ranks_cases(worker: str, specs: list[dict], np_: int = 3, timeout: int = 300) -> list[list[dict]]:
@@ -43,6 +134,13 @@ def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", t
         sp = Path(td) / "spec.json"
         sp.write_text(json.dumps(spec))
         script = str(WORKERS / worker)
+        if launcher == "mpirun" and worker in POOL_WORKERS and os.environ.get("HPC_JABAS_TEST_POOL", "1") != "0":
+            logs = Path(td) / "logs"
+            logs.mkdir(exist_ok=True)
+            _pool(np_).run(script, sp, logs, timeout)
+            return [] if _out_dir is not None else _results(td, np_, "\n".join(
+                f"--- rank {r}\n{(logs / f'rank{r}.log').read_text()[-3000:]}" for r in range(np_)
+                if (logs / f"rank{r}.log").exists()))
         if launcher == "mpirun":
             cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), PY, script, str(sp)]
         elif launcher == "gloo":
@@ -53,11 +151,15 @@ def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", t
         p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
         if p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-6000:]}")
-        out = []
         if _out_dir is not None:             # run_ranks_cases reads the cases' results
-            return out
-        for r in range(np_):
-            f = Path(td) / f"rank{r}.json"
-            assert f.exists(), f"rank {r} wrote no result\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-            out.append(json.loads(f.read_text()))
-        return out
+            return []
+        return _results(td, np_, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+
+
+def _results(td: str, np_: int, output: str) -> list[dict]:
+    out = []
+    for r in range(np_):
+        f = Path(td) / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no result\n{output}"
+        out.append(json.loads(f.read_text()))
+    return out

@@ -33,6 +33,15 @@ def init() -> None:
         set_rank(hvd.rank())          # log lines carry the rank; INFO from rank 0 only
 
 
+def shutdown() -> None:
+    """Stop Horovod in this process; a later :func:`init` starts it again. (Under MPI that needs MPI to have
+    been initialised by someone else, e.g. mpi4py: Horovod finalises an MPI it initialised itself.)"""
+    global _initialized
+    if _initialized:
+        hvd.shutdown()
+        _initialized = False
+
+
 def rank() -> int:
     return hvd.rank()
 
