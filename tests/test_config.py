@@ -197,7 +197,7 @@ def test_repo_configs_still_load():
     raw = tomllib.loads((ROOT / "slurm" / "digits.toml").read_text())
     raw.pop("job")
     cfg = C.JobConfig.from_dict(raw)
-    assert (cfg.epochs, cfg.batch, cfg.policy, cfg.p, cfg.emulate) == (3, 128, "similarity", 4, True)
+    assert (cfg.epochs, cfg.batch, cfg.policy, cfg.p, cfg.emulate) == (2, 128, "similarity", 4, True)
     assert (cfg.autoscale.objective, cfg.autoscale.max_gpus, cfg.autoscale.restart_prior_s) == ("cost", 4, 20.0)
     # the flat constructor the benchmarks and workers use, then attribute writes, then validate
     cfg = C.JobConfig(planner="fixed", plan="b=4 n=1,1", batch=1)
