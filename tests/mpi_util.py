@@ -106,9 +106,76 @@ def _pool(np_: int) -> RankPool:
 
 @atexit.register
 def _close_pools() -> None:
-    for p in list(_POOLS.values()):
+    for p in [*_POOLS.values(), *_SERVER]:
         p.close()
     _POOLS.clear()
+    _SERVER.clear()
+
+
+class ForkServer:
+    """One-process scripts forked from a warm process (tests/workers/fork_server.py), one server per test process."""
+
+    def __init__(self):
+        self.dir = Path(tempfile.mkdtemp(prefix="hj-fork-"))
+        self.k = 0
+        self.log = open(self.dir / "server.log", "w")
+        self.proc = subprocess.Popen([PY, str(WORKERS / "fork_server.py"), str(self.dir), str(os.getpid())],
+                                     env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
+                                     start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, args: list[str], env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
+        k, self.k = self.k, self.k + 1
+        out, err = self.dir / f"out{k}", self.dir / f"err{k}"
+        req = {"script": args[0], "args": list(args[1:]), "env": dict(env), "cwd": str(cwd), "stdout": str(out),
+               "stderr": str(err)}
+        (self.dir / f".req{k}.tmp").write_text(json.dumps(req))
+        (self.dir / f".req{k}.tmp").rename(self.dir / f"req{k}.json")
+        end = time.time() + timeout
+        done = self.dir / f"done{k}.json"
+        while not done.exists():
+            if not self.alive():
+                raise AssertionError(f"the fork server died:\n{(self.dir / 'server.log').read_text()[-3000:]}")
+            if time.time() > end:
+                pid = self.dir / f"pid{k}"
+                if pid.exists():
+                    os.kill(int(pid.read_text()), 9)
+                raise subprocess.TimeoutExpired([PY, *args], timeout)
+            time.sleep(0.01)
+        rc = json.loads(done.read_text())["returncode"]
+        res = subprocess.CompletedProcess([PY, *args], rc, out.read_text(errors="replace"),
+                                          err.read_text(errors="replace"))
+        out.unlink()
+        err.unlink()
+        return res
+
+    def close(self) -> None:
+        if self.alive():
+            (self.dir / "stop").touch()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_SERVER: list[ForkServer] = []
+
+
+def run_script(args: list[str], env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run([python, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)``
+    for a one-process script, forked from a warm process unless HPC_JABAS_TEST_POOL=0 (or the script needs
+    other OpenMP threads than the tests' one)."""
+    if os.environ.get("HPC_JABAS_TEST_POOL", "1") == "0" or env.get("OMP_NUM_THREADS") != "1":
+        return subprocess.run([PY, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if not _SERVER or not _SERVER[0].alive():
+        _SERVER[:] = [ForkServer()]
+    return _SERVER[0].run(args, env, cwd, timeout)
 
 
 def run_ranks_cases(worker: str, specs: list[dict], np_: int = 3, timeout: int = 300) -> list[list[dict]]:

@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from mpi_util import ROOT, WORKERS
+from mpi_util import ROOT, WORKERS, run_script
 
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime.metrics import MetricsWriter, json_safe
@@ -34,8 +32,7 @@ def _run(spec: dict, tmp_path: Path, name: str = "out") -> dict:
     sp = out / "spec.json"
     sp.write_text(json.dumps(dict(spec, out_dir=str(out))))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(WORKERS / "guard_worker.py"), str(sp)], env=env, cwd=str(ROOT),
-                       capture_output=True, text=True, timeout=240)
+    r = run_script([str(WORKERS / "guard_worker.py"), str(sp)], env=env, cwd=str(ROOT), timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((out / "rank0.json").read_text())
     res["stderr"] = r.stderr
@@ -177,8 +174,7 @@ def test_a_dead_worker_without_a_stop_signal_is_still_an_error(tmp_path):
                 signal_at={"it": 1, "to": "none", "where": "forward", "kill_workers": "all"})
     (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(WORKERS / "guard_worker.py"), str(out / "spec.json")], env=env,
-                       cwd=str(ROOT), capture_output=True, text=True, timeout=240)
+    r = run_script([str(WORKERS / "guard_worker.py"), str(out / "spec.json")], env=env, cwd=str(ROOT), timeout=240)
     # PyTorch's error (raised from its SIGCHLD handler wherever the training thread is: the traceback may be
     # garbled) ends the run: it is not turned into a stop
     assert r.returncode != 0 and not (out / "rank0.json").exists(), r.stderr[-2000:]

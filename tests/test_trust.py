@@ -9,14 +9,12 @@ import io
 import json
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from mpi_util import ROOT, WORKERS
+from mpi_util import ROOT, WORKERS, run_script
 
 from hpc_jabas import trust
 from hpc_jabas.errors import CheckpointError, ConfigError
@@ -352,8 +350,7 @@ def _run(spec: dict, tmp_path: Path) -> dict:
     sp = out / "spec.json"
     sp.write_text(json.dumps(dict(spec, out_dir=str(out))))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, str(WORKERS / "guard_worker.py"), str(sp)], env=env, cwd=str(ROOT),
-                       capture_output=True, text=True, timeout=240)
+    r = run_script([str(WORKERS / "guard_worker.py"), str(sp)], env=env, cwd=str(ROOT), timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((out / "rank0.json").read_text())
 
