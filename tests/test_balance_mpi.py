@@ -18,7 +18,7 @@ MODES = ("reactive", "predictive")
 
 
 def spec_for(mode: str, run_dir) -> dict:
-    return {"optimizer": "momentum", "lr": 0.02, "plan": "b=4 n=22,15,11", "steps": 44, "n": 4096,
+    return {"optimizer": "momentum", "lr": 0.02, "plan": "b=4 n=22,15,11", "steps": 41, "n": 4096,
             "checkpoint": False, "run_dir": str(run_dir), "emulate": True, "gpu_types": TYPES,
             "config": {"planner": "lbbsp", "micro_batch": 4, "balance": mode, "p_balance": 10,
                        "slowdown": {"0": "factor=3,start=20"}, "emulate_base_s": 0.016,
