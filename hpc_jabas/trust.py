@@ -118,11 +118,5 @@ def private_dir(path: str | os.PathLike) -> Path:
         q = q.parent
     p.mkdir(parents=True, exist_ok=True)
     for d in missing:
-        try:
-            mode = stat.S_IMODE(os.stat(d).st_mode)
-            strip = stat.S_IWOTH | (0 if trust_group() else stat.S_IWGRP)
-            if mode & strip:
-                os.chmod(d, mode & ~strip)
-        except OSError:
-            pass
+        make_private(d)
     return p

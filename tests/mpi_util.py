@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -35,7 +36,32 @@ POOL_WORKERS = frozenset({"train_worker.py", "protocol_worker.py", "optim_worker
                           "adaptive_worker.py", "calib_worker.py", "comm_worker.py", "loader_worker.py"})
 
 
-class RankPool:
+class _Warm:
+    """A warm helper process (rank pool, fork server) serving requests through files in ``self.dir``."""
+    dir: Path
+    log: Any
+    proc: subprocess.Popen
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request(self, k: int, req: dict) -> None:
+        (self.dir / f".req{k}.tmp").write_text(json.dumps(req))
+        (self.dir / f".req{k}.tmp").rename(self.dir / f"req{k}.json")
+
+    def close(self) -> None:
+        if self.alive():
+            (self.dir / "stop").touch()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)         # started in a session of its own
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RankPool(_Warm):
     """``np_`` mpirun ranks that run worker scripts on request (tests/workers/pool_worker.py)."""
 
     def __init__(self, np_: int):
@@ -48,17 +74,12 @@ class RankPool:
         self.proc = subprocess.Popen(cmd, env=mpi_env(), stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=str(ROOT), start_new_session=True)
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def run(self, script: str, spec_path: Path, log_dir: Path, timeout: float) -> None:
         """Run one script on every rank; AssertionError (with the ranks' output) when a rank fails. A pool whose
         ranks did not all come back (one raised while the others wait in a collective) is closed."""
         k, self.k = self.k, self.k + 1
         req = {"script": script, "spec": str(spec_path), "log_dir": str(log_dir)}
-        tmp = self.dir / f".req{k}.tmp"
-        tmp.write_text(json.dumps(req))
-        tmp.rename(self.dir / f"req{k}.json")
+        self.request(k, req)
         done: dict[int, dict] = {}
         end, grace_end = time.time() + timeout, None
         while len(done) < self.np:
@@ -82,17 +103,6 @@ class RankPool:
         raise AssertionError(f"{Path(script).name} {spec_path} on the {self.np}-rank pool: {why} "
                              f"(done: {sorted(done)}):\n{logs}\n--- mpirun\n{mp}")
 
-    def close(self) -> None:
-        if self.alive():
-            (self.dir / "stop").touch()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
 
 _POOLS: dict[int, RankPool] = {}
 
@@ -112,7 +122,7 @@ def _close_pools() -> None:
     _SERVER.clear()
 
 
-class ForkServer:
+class ForkServer(_Warm):
     """One-process scripts forked from a warm process (tests/workers/fork_server.py), one server per test process."""
 
     def __init__(self):
@@ -124,16 +134,12 @@ class ForkServer:
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
                                      start_new_session=True)
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def run(self, args: list[str], env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
         k, self.k = self.k, self.k + 1
         out, err = self.dir / f"out{k}", self.dir / f"err{k}"
         req = {"script": args[0], "args": list(args[1:]), "env": dict(env), "cwd": str(cwd), "stdout": str(out),
                "stderr": str(err)}
-        (self.dir / f".req{k}.tmp").write_text(json.dumps(req))
-        (self.dir / f".req{k}.tmp").rename(self.dir / f"req{k}.json")
+        self.request(k, req)
         end = time.time() + timeout
         done = self.dir / f"done{k}.json"
         while not done.exists():
@@ -151,17 +157,6 @@ class ForkServer:
         out.unlink()
         err.unlink()
         return res
-
-    def close(self) -> None:
-        if self.alive():
-            (self.dir / "stop").touch()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _SERVER: list[ForkServer] = []

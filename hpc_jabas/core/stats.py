@@ -127,12 +127,7 @@ class NoiseScale:
 
     @property
     def b_noise(self) -> float | None:
-        g2, s = self.g2.value, self.s.value
-        if g2 is None or s is None:
-            return None
-        if g2 <= 0.0:
-            return math.inf
-        return max(0.0, s) / g2
+        return noise_ratio(self.g2.value, self.s.value)
 
     def state_dict(self) -> dict[str, Any]:
         return {"g2": self.g2.state_dict(), "s": self.s.state_dict()}
@@ -181,12 +176,7 @@ class NoiseWindow:
 
     @property
     def b_noise(self) -> float | None:
-        g2, s = self.G2, self.S
-        if g2 is None or s is None:
-            return None
-        if g2 <= 0.0:
-            return math.inf
-        return max(0.0, s) / g2
+        return noise_ratio(self.G2, self.S)
 
     def state_dict(self) -> dict[str, Any]:
         return {"size": self.size, "g2": list(self._g2), "s": list(self._s)}
@@ -195,6 +185,16 @@ class NoiseWindow:
         self.size = int(state.get("size", self.size))
         self._g2 = [float(x) for x in state["g2"]][-self.size:]
         self._s = [float(x) for x in state["s"]][-self.size:]
+
+
+def noise_ratio(g2: float | None, s: float | None) -> float | None:
+    """B_noise = tr(Sigma) / |G|^2 from the two estimates: None without both, ``math.inf`` while |G|^2 <= 0
+    (unresolved: the noise dominates), never negative."""
+    if g2 is None or s is None:
+        return None
+    if g2 <= 0.0:
+        return math.inf
+    return max(0.0, s) / g2
 
 
 def statistical_efficiency(B: float, b_noise: float, B0: float) -> float:

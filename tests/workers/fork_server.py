@@ -9,30 +9,22 @@ Protocol (files in the server directory): request ``req<k>.json`` {"script", "ar
 {"returncode"} (negative: the signal that ended it, as subprocess reports it). A file ``stop`` or the death of
 the test process ends the server.
 """
-import json
 import os
 import runpy
 import sys
-import time
 import traceback
 from pathlib import Path
 
 import torch
 
+BASE_PATH = list(sys.path[1:])          # what a fresh interpreter has beyond its script's directory
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from warm import answer, next_request  # noqa: E402
+
 import hpc_jabas.runtime.trainer  # noqa: E402,F401  (the start-up every script would otherwise pay)
 
 torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)    # imports torch._dynamo once, here
 server, owner = Path(sys.argv[1]), int(sys.argv[2])
-BASE_PATH = list(sys.path[1:])          # without the server's own script directory
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
 
 
 def _child(r: dict) -> None:
@@ -64,19 +56,12 @@ def _child(r: dict) -> None:
 
 k = 0
 while True:
-    req = server / f"req{k}.json"
-    while not req.exists():
-        if (server / "stop").exists() or not _alive(owner):
-            sys.exit(0)
-        time.sleep(0.01)
-    r = json.loads(req.read_text())
+    r = next_request(server, k, owner)
     pid = os.fork()
     if pid == 0:
         _child(r)
     (server / f"pid{k}").write_text(str(pid))
     _, status = os.waitpid(pid, 0)
     rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    tmp = server / f".done{k}.tmp"
-    tmp.write_text(json.dumps({"returncode": rc}))
-    tmp.rename(server / f"done{k}.json")
+    answer(server, f"done{k}.json", {"returncode": rc})
     k += 1

@@ -9,11 +9,9 @@ A file ``stop`` (or the death of the test process) ends the pool. Between script
 up, initialised by mpi4py), so that an idle pool takes no CPU and each script starts Horovod as a new process
 would.
 """
-import json
 import os
 import runpy
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -25,28 +23,17 @@ rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from warm import answer, next_request  # noqa: E402
+
 from hpc_jabas.runtime import comm, dirlock  # noqa: E402
 
 _opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)    # imports torch._dynamo once, here
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
-
-
 k = 0
 out_fd, err_fd = os.dup(1), os.dup(2)
 while True:
-    req = pool / f"req{k}.json"
-    while not req.exists():
-        if (pool / "stop").exists() or not _alive(owner):
-            sys.exit(0)
-        time.sleep(0.02)
-    r = json.loads(req.read_text())
+    r = next_request(pool, k, owner)
     log = open(Path(r["log_dir"]) / f"rank{rank}.log", "w")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -76,7 +63,5 @@ while True:
         # Horovod stopped between scripts: an idle Horovod's background thread polls MPI (about half a core
         # per rank here), and the next script's comm.init() starts it afresh, as in a new process
         comm.shutdown()
-    tmp = pool / f".done{k}-{rank}.tmp"
-    tmp.write_text(json.dumps({"ok": ok, "error": error}))
-    tmp.rename(pool / f"done{k}-{rank}.json")
+    answer(pool, f"done{k}-{rank}.json", {"ok": ok, "error": error})
     k += 1
