@@ -20,13 +20,16 @@ def view_names() -> tuple[set[str], set[str]]:
 
 
 def trainer_instance_attributes() -> set[str]:
-    """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods and every property of the class (the
+    """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods, every property of the class and every
+    TrainState field it exposes (``X: _InState[T] = _InState()``) (the
     attributes are read from its source, so that no world is built here)."""
     from hpc_jabas.runtime import trainer
     tree = ast.parse(Path(trainer.__file__).read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
     out = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)      # a property reads the TrainState
            and any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)}
+    out |= {f.target.id for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
+            and isinstance(f.value, ast.Call) and getattr(f.value.func, "id", "") == "_InState"}   # TrainState fields
     for node in ast.walk(cls):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
             if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -61,6 +61,24 @@ def check_parts(dataset, scheduler, scheduler_step: str, controller, epoch_end_h
     if not all(isinstance(cb, Callback) for cb in callbacks):
         raise TypeError("callbacks must be hpc_jabas.runtime.hooks.Callback instances")
     data.check_input(dataset)          # a map-style Dataset or a DataLoader over one (runtime/data.py)
+
+
+_T = TypeVar("_T")
+
+
+class _InState(Generic[_T]):
+    """A Trainer attribute that is the field of the same name of its TrainState (read and written there)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> _T:
+        if trainer is None:                      # looked up on the class (help(), introspection)
+            return self  # type: ignore[return-value]
+        return getattr(trainer.state, self.name)
+
+    def __set__(self, trainer: Any, value: _T) -> None:
+        setattr(trainer.state, self.name, value)
 
 
 class Trainer:
@@ -205,37 +223,10 @@ class Trainer:
         return plan.B, plan
 
     # ---- the state in force (a TrainState, runtime/state.py) -------------------------------
-    @property
-    def iteration(self) -> int:
-        return self.state.iteration
-
-    @iteration.setter
-    def iteration(self, value: int) -> None:
-        self.state.iteration = value
-
-    @property
-    def B(self) -> int:
-        return self.state.B
-
-    @B.setter
-    def B(self, value: int) -> None:
-        self.state.B = value
-
-    @property
-    def plan(self) -> Plan:
-        return self.state.plan
-
-    @plan.setter
-    def plan(self, value: Plan) -> None:
-        self.state.plan = value
-
-    @property
-    def lr_scale(self) -> float:
-        return self.state.lr_scale
-
-    @lr_scale.setter
-    def lr_scale(self, value: float) -> None:
-        self.state.lr_scale = value
+    iteration: _InState[int] = _InState()
+    B: _InState[int] = _InState()
+    plan: _InState[Plan] = _InState()
+    lr_scale: _InState[float] = _InState()
 
     @property
     def sampler(self) -> HeterogeneousSampler:
