@@ -99,12 +99,13 @@ def normalize(spec: JobSpec, method: str | None) -> JobSpec:
 
 #: Slurm 22.05: srun of a heterogeneous step can hang for ever in the PMIx plugin's abort agent
 #: (pmixp_abort_agent_stop joining its thread) after every task has exited and slurmctld has
-#: recorded the step COMPLETED; seen here about one run in eight. hj_srun runs srun in the
+#: recorded the step COMPLETED; seen here about one run in twelve. hj_srun runs srun in the
 #: background and, once slurmctld lists no running step of this job for HJ_SRUN_GRACE_S, stops
-#: it and returns the steps' own outcome (0 when every step of the job COMPLETED).
+#: it and returns the steps' own outcome from sacct: 0 when every step of the job COMPLETED, 1 when
+#: one did not, and 1 too when sacct cannot tell within HJ_SRUN_ACCT_S (never a guessed success).
 HJ_SRUN = r"""hj_srun() {
   "$@" &
-  local pid=$! seen=0 gone=0 grace=${HJ_SRUN_GRACE_S:-6}
+  local pid=$! seen=0 gone=0 grace=${HJ_SRUN_GRACE_S:-6} rows i
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     if squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -vqE '\.(batch|extern|interactive)$'; then
@@ -114,8 +115,16 @@ HJ_SRUN = r"""hj_srun() {
       if ((gone >= grace)); then
         echo "hpc-jabas: srun still running ${grace} s after its step ended (Slurm het-step PMIx hang); stopping it" >&2
         kill "$pid" 2>/dev/null || true; sleep 1; kill -9 "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
-        sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State | grep -E '\.[0-9]+\|' | grep -vq '|COMPLETED$' && return 1
-        return 0
+        for ((i = 0; i < ${HJ_SRUN_ACCT_S:-20}; i++)); do
+          rows=$(sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State 2>/dev/null | grep -E '\.[0-9]+\|') || rows=""
+          if [[ -n $rows ]] && ! grep -qE '\|(PENDING|RUNNING|COMPLETING|SUSPENDED|REQUEUED)' <<<"$rows"; then
+            grep -vq '|COMPLETED$' <<<"$rows" && return 1
+            return 0
+          fi
+          sleep 1
+        done
+        echo "hpc-jabas: sacct does not tell how the steps of job $SLURM_JOB_ID ended; counting it as failed" >&2
+        return 1
       fi
     fi
   done

@@ -107,7 +107,7 @@ gen_configs() {  # gen_configs DIR
     echo "MessageTimeout=10"
     echo "TmpFS=/tmp"
     echo "AccountingStorageType=accounting_storage/slurmdbd"
-    echo "AccountingStorageHost=localhost"
+    echo "AccountingStorageHost=$JABAS_BRIDGE_ADDR"   # jobs run sacct from the nodes (hj_srun)
     echo "AccountingStoragePort=$JABAS_DBD_PORT"
     echo "AccountingStorageTRES=gres/gpu"
     echo "JobCompType=jobcomp/none"
@@ -279,6 +279,12 @@ fi
   GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
   GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';" || jdie "could not create the accounting database user"
 
+# ---- 5a. the bridge first: the daemons and client commands reach slurmdbd at its address, as jobs on the nodes do
+if ! ip link show "$JABAS_BRIDGE" >/dev/null 2>&1; then
+  ip link add "$JABAS_BRIDGE" type bridge
+fi
+grep -q "inet $JABAS_BRIDGE_ADDR/24" <<<"$(ip addr show dev "$JABAS_BRIDGE")" || ip addr add "$JABAS_BRIDGE_ADDR/24" dev "$JABAS_BRIDGE"
+ip link set "$JABAS_BRIDGE" up
 # ---- 5. slurmdbd -----------------------------------------------------------------------------
 if ! pid_alive "$DBD_PID"; then
   (cd / && slurmdbd </dev/null >>"$LOG/slurmdbd.out" 2>&1) || jdie "slurmdbd failed to start; see $LOG/slurmdbd.log"
@@ -292,12 +298,7 @@ if ! grep -qx "$JABAS_CLUSTER_NAME" <<<"$(sacctmgr -n -P show cluster format=clu
   sacctmgr -i add cluster "$JABAS_CLUSTER_NAME" >/dev/null || jdie "sacctmgr add cluster failed"
 fi
 
-# ---- 6. network: bridge + one namespace and veth per node ------------------------------------
-if ! ip link show "$JABAS_BRIDGE" >/dev/null 2>&1; then
-  ip link add "$JABAS_BRIDGE" type bridge
-fi
-grep -q "inet $JABAS_BRIDGE_ADDR/24" <<<"$(ip addr show dev "$JABAS_BRIDGE")" || ip addr add "$JABAS_BRIDGE_ADDR/24" dev "$JABAS_BRIDGE"
-ip link set "$JABAS_BRIDGE" up
+# ---- 6. network: one namespace and veth per node on the bridge ------------------------------
 for n in "${JABAS_NODES[@]}"; do
   nn=$(jnode_name "$n"); ns=$(jnetns "$nn"); veth=$(jveth "$nn"); addr=$(jnode_addr "$n")
   [[ -e /run/netns/$ns ]] || ip netns add "$ns"
