@@ -6,10 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from hpc_jabas.core.balance import Rebalancer, interpolate_plan
+from hpc_jabas.core.balancing import RankPredictors, Rebalancer, interpolate_plan
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.planning import Plan, plan_batch, proportional_plan
-from hpc_jabas.core.predictor import RankPredictors
 from hpc_jabas.errors import ConfigError, StateError
 
 GPUS = ["v100"] * 4

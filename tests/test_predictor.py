@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from hpc_jabas.core.predictor import LastValuePredictor, NarxPredictor, RankPredictors
+from hpc_jabas.core.balancing import LastValuePredictor, NarxPredictor, RankPredictors
 from hpc_jabas.errors import ConfigError
 
 T = 300

@@ -318,7 +318,7 @@ class RestartOverhead:
         self.measured = [self._check(x, "measured restart") for x in state.get("measured", [])]
 
 
-def _num(x: float | None) -> float | None:
+def _rounded(x: float | None) -> float | None:
     return None if x is None else round(float(x), 6)
 
 
@@ -380,16 +380,16 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
             est = Estimate(None, None, False, "cannot start: the queue gives no expected start" if wait is None
                            else f"expected queue wait {wait:.0f} s > max_queue_wait_s {max_queue_wait_s:g}")
         row = {"mix": dict(c.mix), "label": str(c), "gpus": c.gpus, "current": stay,
-               "time_s": _num(est.time_s), "cost": _num(est.cost), "rate_per_hour": _num(est.rate_per_hour),
+               "time_s": _rounded(est.time_s), "cost": _rounded(est.cost), "rate_per_hour": _rounded(est.rate_per_hour),
                "feasible": est.feasible, "total_time_s": None, "total_cost": None,
                "within_limit": None, "chosen": False, "note": est.note}
         if wait_fn is not None:
-            row["wait_s"] = _num(wait)
+            row["wait_s"] = _rounded(wait)
         if est.feasible and est.time_s is not None and est.cost is not None:
             move_t = 0.0 if stay else overhead
             total_t = R * est.time_s + move_t + (wait or 0.0)
             total_c = R * est.cost + move_t / 3600.0 * est.rate_per_hour
-            row["total_time_s"], row["total_cost"] = _num(total_t), _num(total_c)
+            row["total_time_s"], row["total_cost"] = _rounded(total_t), _rounded(total_c)
             row["_t"], row["_c"] = total_t, total_c
             if obj == "time-under-budget":
                 row["within_limit"] = total_c <= float(budget or 0.0) + 1e-12

@@ -13,7 +13,7 @@ that the profile leaves out (data path, launch overhead). Fitted by recursive le
 exponential forgetting (``forgetting``: ~1/(1-lambda) iterations of memory, so a drift is followed)
 in normalised coordinates theta = [factor, offset / scale] (``scale``: the profile's time of one
 call at the first observation), robust to outliers (Huber weights on the a-priori residual, against
-a running mean of |residual|), with the wind-up guard of speed_models.py (no direction more
+a running mean of |residual|), with the wind-up guard of balancing/speed_models.py (no direction more
 uncertain than the prior) in the prior's whitened coordinates. The prior is theta = [1, 0] with
 variances ``delta`` and ``delta * offset_prior``: when every iteration has the same x / n (one
 plan, one b) factor and offset cannot be told apart, and the prior puts the difference into the
@@ -41,6 +41,7 @@ import numpy as np
 
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.compute_profile import ComputeProfile
+from hpc_jabas.core.validate import number
 from hpc_jabas.errors import ConfigError
 
 CALIBRATION_FILE = "calibration.json"
@@ -49,31 +50,25 @@ CHANGE_STREAK = 3                 # consecutive one-sided large residuals that m
 FACTOR_RANGE = (0.02, 50.0)        # a fit outside is clipped when used (numerical trouble, not a speed)
 
 
-def _num(x: Any, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(float(x)):
-        raise ConfigError(f"{what}={x!r} is invalid; it must be a finite number")
-    return float(x)
-
-
 class RankCalibration:
     """One rank's fit of ``y = factor * x + offset * n`` (module docstring)."""
 
     def __init__(self, gpu: str, *, forgetting: float = 0.98, delta: float = 10.0, offset_prior: float = 0.01,
                  huber: float = 3.0, factor: float = 1.0, offset: float = 0.0, scale: float | None = None) -> None:
         self.gpu = _gpus.normalize(gpu)
-        self.forgetting = _num(forgetting, "forgetting")
+        self.forgetting = number(forgetting, "forgetting")
         if not 0.5 <= self.forgetting <= 1.0:
             raise ConfigError(f"forgetting={forgetting!r} is invalid; it must be in [0.5, 1]")
-        self.delta = _num(delta, "delta")
-        self.offset_prior = _num(offset_prior, "offset_prior")
-        self.huber = _num(huber, "huber")
+        self.delta = number(delta, "delta")
+        self.offset_prior = number(offset_prior, "offset_prior")
+        self.huber = number(huber, "huber")
         if self.delta <= 0 or self.offset_prior <= 0 or self.huber <= 0:
             raise ConfigError("delta, offset_prior and huber must be > 0")
-        self.scale = None if scale is None else _num(scale, "scale")
+        self.scale = None if scale is None else number(scale, "scale")
         if self.scale is not None and self.scale <= 0:
             raise ConfigError(f"scale={scale!r} must be > 0")
-        self._f0 = _num(factor, "factor")
-        self._o0 = _num(offset, "offset")
+        self._f0 = number(factor, "factor")
+        self._o0 = number(offset, "offset")
         self.prior = np.array([self.delta, self.delta * self.offset_prior])
         self.theta = np.array([self._f0, 0.0])
         self.P = np.diag(self.prior)
@@ -99,7 +94,7 @@ class RankCalibration:
 
     def update(self, x: float, n: int, y: float) -> None:
         """One iteration of this rank: profile time x of its n calls, measured seconds y."""
-        x, y = _num(x, "profile time x"), _num(y, "measured time y")
+        x, y = number(x, "profile time x"), number(y, "measured time y")
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1 or x <= 0 or y < 0:
             raise ConfigError(f"calibration sample (x={x}, n={n}, y={y}) is invalid; need x > 0, n >= 1, y >= 0")
         if self.scale is None:
@@ -164,7 +159,7 @@ class RankCalibration:
             new = cls(str(st["gpu"]), scale=st["scale"], **dict(st["config"]))
             theta = np.asarray(st["theta"], dtype=float)
             P = np.asarray(st["P"], dtype=float)
-            new.resid = _num(st["resid"], "resid")
+            new.resid = number(st["resid"], "resid")
             new.n_obs = int(st["n_obs"])
             new.streak = int(st.get("streak", 0))
             new.n_resets = int(st.get("n_resets", 0))
@@ -184,8 +179,8 @@ class RankCalibration:
 
 def corrected_profile(p: ComputeProfile, factor: float, offset: float) -> ComputeProfile:
     """``p`` with t'(b) = factor * t(b) + offset (kept positive); update_s and max_b unchanged."""
-    f = min(max(_num(factor, "factor"), FACTOR_RANGE[0]), FACTOR_RANGE[1])
-    o = _num(offset, "offset")
+    f = min(max(number(factor, "factor"), FACTOR_RANGE[0]), FACTOR_RANGE[1])
+    o = number(offset, "offset")
     src = f"{p.source} | calibrated: x{f:.4g} {o:+.3g}s/call"
     if p.formula is not None:
         fm = p.formula
@@ -219,7 +214,7 @@ class Calibration:
                  tail_scale: float = 1.0) -> None:
         self.ranks = list(ranks)
         #: measured / modelled tail of an iteration (allreduce + update + synchronisation), a running mean
-        self.tail_scale = max(0.0, _num(tail_scale, "tail_scale"))
+        self.tail_scale = max(0.0, number(tail_scale, "tail_scale"))
         self.declared = [1.0] * len(self.ranks) if declared is None else [float(v) for v in declared]
         if len(self.declared) != len(self.ranks):
             raise ConfigError(f"{len(self.declared)} declared speed factors for {len(self.ranks)} ranks")

@@ -7,7 +7,6 @@ whole model shares. Pure (plain Python + numpy).
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import gpus as _gpus
+from hpc_jabas.core.validate import integer, number
 from hpc_jabas.errors import ConfigError
 
 FORMAT_VERSION = 1
@@ -26,30 +26,6 @@ def emulated_time(b: int, base_s: float, per_sample_s: float, speed: float) -> f
     The one formula shared by :meth:`PerfModel.emulated` and the emulator that sleeps to it.
     """
     return (base_s + per_sample_s * b) / speed
-
-
-def check_num(x: Any, what: str, *, lo: float | None = None, lo_open: bool = False,
-              hi: float | None = None) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
-        raise ConfigError(f"{what}={x!r} is not a number")
-    v = float(x)
-    if not math.isfinite(v):
-        raise ConfigError(f"{what}={x!r} must be a finite number")
-    if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ConfigError(f"{what}={x!r} must be {'>' if lo_open else '>='} {lo:g}")
-    if hi is not None and v > hi:
-        raise ConfigError(f"{what}={x!r} must be <= {hi:g}")
-    return v
-
-
-def check_int(x: Any, what: str, lo: int = 1) -> int:
-    if isinstance(x, bool):
-        raise ConfigError(f"{what}={x!r} must be an integer >= {lo}")
-    if isinstance(x, (float, np.floating)) and float(x).is_integer():
-        x = int(x)
-    if not isinstance(x, (int, np.integer)) or int(x) < lo:
-        raise ConfigError(f"{what}={x!r} must be an integer >= {lo}")
-    return int(x)
 
 
 def check_version(d: Mapping[str, Any], where: str) -> None:
@@ -90,8 +66,8 @@ class ComputeProfile:
         self.gpu = _gpus.normalize(self.gpu)
         if isinstance(self.b, (str, bytes)) or not isinstance(self.b, Iterable):
             raise ConfigError(f"profile {self.gpu}: b={self.b!r} must be a list of micro-batch sizes")
-        bs = [check_int(x, f"profile {self.gpu}: measured micro-batch b") for x in self.b]
-        ts = [check_num(x, f"profile {self.gpu}: measured time t", lo=0.0, lo_open=True) for x in self.t]
+        bs = [integer(x, f"profile {self.gpu}: measured micro-batch b", lo=1) for x in self.b]
+        ts = [number(x, f"profile {self.gpu}: measured time t", lo=0.0, lo_open=True) for x in self.t]
         if not bs:
             raise ConfigError(f"profile {self.gpu}: no measured point; give at least one (b, t) pair")
         if len(bs) != len(ts):
@@ -104,16 +80,16 @@ class ComputeProfile:
                                   "give each size once")
         self.b = [p[0] for p in pairs]
         self.t = [p[1] for p in pairs]
-        self.update_s = check_num(self.update_s, f"profile {self.gpu}: update_s", lo=0.0)
-        self.max_b = self.b[-1] if self.max_b is None else check_int(self.max_b, f"profile {self.gpu}: max_b")
+        self.update_s = number(self.update_s, f"profile {self.gpu}: update_s", lo=0.0)
+        self.max_b = self.b[-1] if self.max_b is None else integer(self.max_b, f"profile {self.gpu}: max_b", lo=1)
         self.emulated = bool(self.emulated)
         self.source = str(self.source)
         if self.formula is not None:
             f = dict(self.formula)
             try:
-                self.formula = {"base_s": check_num(f["base_s"], "formula base_s", lo=0.0),
-                                "per_sample_s": check_num(f["per_sample_s"], "formula per_sample_s", lo=0.0),
-                                "speed": check_num(f["speed"], "formula speed", lo=0.0, lo_open=True)}
+                self.formula = {"base_s": number(f["base_s"], "formula base_s", lo=0.0),
+                                "per_sample_s": number(f["per_sample_s"], "formula per_sample_s", lo=0.0),
+                                "speed": number(f["speed"], "formula speed", lo=0.0, lo_open=True)}
             except KeyError as e:
                 raise ConfigError(f"profile {self.gpu}: formula lacks {e.args[0]!r}; "
                                   "it needs base_s, per_sample_s and speed") from None

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hpc_jabas.core.validate import integer
 from hpc_jabas.errors import ConfigError
 
 MIN_POINTS = 3
@@ -180,12 +181,6 @@ def preload() -> None:
     from sklearn.gaussian_process import GaussianProcessRegressor  # noqa: F401
 
 
-def _check_int(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ConfigError(f"{name}={value!r} is invalid; it must be an integer >= {low}")
-    return int(value)
-
-
 def forecast_next_epoch(history: Sequence[tuple[int, float]],
                         iters_per_epoch: int | Callable[[int], int],
                         horizon_iters: int | None = None,
@@ -206,13 +201,13 @@ def forecast_next_epoch(history: Sequence[tuple[int, float]],
     from the cache (FIT_CACHE_SIZE) instead of refitting; the result is the same either way. Returns
     ``[B_0, B_1, ...]`` for the periods starting at start_iter, start_iter + p, ...
     """
-    p = _check_int("period_p", period_p, 1)
-    lo = _check_int("B_min", B_min, 1)
-    hi = None if B_max is None else _check_int("B_max", B_max, 1)
+    p = integer(period_p, "period_p", lo=1)
+    lo = integer(B_min, "B_min", lo=1)
+    hi = None if B_max is None else integer(B_max, "B_max", lo=1)
     if hi is not None and lo > hi:
         raise ConfigError(f"B_min={B_min} is larger than B_max={B_max}; need 1 <= B_min <= B_max")
     if horizon_iters is not None:
-        _check_int("horizon_iters", horizon_iters, 1)
+        integer(horizon_iters, "horizon_iters", lo=1)
     if not history:
         raise ConfigError("history is empty; give at least the initial (iteration, B) decision")
     ts, ys = _clean_history(history)
@@ -247,7 +242,7 @@ def forecast_next_epoch(history: Sequence[tuple[int, float]],
             raise ConfigError(f"the next epoch needs more than {MAX_POINTS} decision periods; "
                               "check iters_per_epoch and period_p")
         return out
-    n_iter = _check_int("iters_per_epoch", iters_per_epoch, 1)
+    n_iter = integer(iters_per_epoch, "iters_per_epoch", lo=1)
     if horizon_iters is not None:
         n_iter = min(n_iter, horizon_iters)
     n = math.ceil(n_iter / p)

@@ -86,6 +86,7 @@ from hpc_jabas.core.mixbound import Bound as Bound
 from hpc_jabas.core.mixbound import peak_rate as peak_rate
 from hpc_jabas.core.mixbound import perf_bound as perf_bound
 from hpc_jabas.core.mixbound import snapped_iterations as snapped_iterations
+from hpc_jabas.core.validate import integer
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 MAX_NODES = 5_000       # search-tree nodes per decision
@@ -97,22 +98,17 @@ _REL = 1e-9             # pruning tolerance: ties are never pruned
 NODE_CACHE_MAX = 20_000  # nodes a node_cache keeps per bound, granularity and objective
 
 
-def _pos_int(x: Any, name: str, lo: int = 1) -> int:
-    if isinstance(x, bool) or not isinstance(x, int) or x < lo:
-        raise ConfigError(f"{name}={x!r} is invalid; it must be an integer >= {lo}")
-    return x
-
-
 def allowed_counts(free: int, unit: int = 1, exact_upto: int = 0) -> list[int]:
     """The GPU counts a partition offers: 0, the multiples of ``unit`` <= free, and 1..exact_upto (<= free)."""
-    free, unit, exact_upto = _pos_int(free, "free", 0), _pos_int(unit, "unit"), _pos_int(exact_upto, "exact_upto", 0)
+    free, unit = integer(free, "free", lo=0), integer(unit, "unit", lo=1)
+    exact_upto = integer(exact_upto, "exact_upto", lo=0)
     return sorted(set(range(0, free + 1, unit)) | set(range(1, min(free, exact_upto) + 1)))
 
 
 def _units(unit: int | Mapping[str, int], parts: Iterable[str]) -> dict[str, int]:
     if isinstance(unit, Mapping):
-        return {p: _pos_int(int(unit.get(p, 1)), f"unit[{p!r}]") for p in parts}
-    return {p: _pos_int(unit, "unit") for p in parts}
+        return {p: integer(int(unit.get(p, 1)), f"unit[{p!r}]", lo=1) for p in parts}
+    return {p: integer(unit, "unit", lo=1) for p in parts}
 
 
 def partition_counts(free: Mapping[str, int], types: Mapping[str, str], max_gpus: int,
@@ -123,7 +119,7 @@ def partition_counts(free: Mapping[str, int], types: Mapping[str, str], max_gpus
     from hpc_jabas.core.autoscale import enumerate_mixes
     enumerate_mixes({p: 0 for p in free}, types, max_gpus, allowed=allowed)     # the same checks and messages
     for part, n in free.items():
-        _pos_int(n, f"free GPU count for partition {part!r}", 0)
+        integer(n, f"free GPU count for partition {part!r}", lo=0)
     parts = sorted(free)
     if allowed is not None:
         names = {str(a) for a in allowed}
@@ -189,8 +185,8 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
     obj = str(objective).strip().lower().replace("_", "-")
     if obj not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
-    max_gpus, min_gpus = _pos_int(max_gpus, "max_gpus"), _pos_int(min_gpus, "min_gpus")
-    maxp = None if max_partitions is None else _pos_int(max_partitions, "max_partitions")
+    max_gpus, min_gpus = integer(max_gpus, "max_gpus", lo=1), integer(min_gpus, "min_gpus", lo=1)
+    maxp = None if max_partitions is None else integer(max_partitions, "max_partitions", lo=1)
     counts = partition_counts(free, types, max_gpus, allowed, unit, exact_upto)
     overhead = restart_overhead_s.seconds if isinstance(restart_overhead_s, RestartOverhead) else \
         RestartOverhead._check(restart_overhead_s, "restart_overhead_s")

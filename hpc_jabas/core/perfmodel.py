@@ -43,10 +43,11 @@ import numpy as np
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.compute_profile import FORMAT_VERSION as FORMAT_VERSION
 from hpc_jabas.core.compute_profile import ComputeProfile as ComputeProfile
-from hpc_jabas.core.compute_profile import check_int, check_num, check_version
+from hpc_jabas.core.compute_profile import check_version
 from hpc_jabas.core.compute_profile import emulated_time as emulated_time
 from hpc_jabas.core.defaults import EMU_BASE_S as EMU_BASE_S
 from hpc_jabas.core.defaults import EMU_PER_SAMPLE_S as EMU_PER_SAMPLE_S
+from hpc_jabas.core.validate import integer, number
 from hpc_jabas.errors import ConfigError
 
 if TYPE_CHECKING:   # planning imports this module; the plan type is only named here
@@ -80,9 +81,9 @@ class AllreduceModel:
     bandwidth: float = EMU_BANDWIDTH
 
     def __post_init__(self) -> None:
-        self.a = check_num(self.a, "allreduce a", lo=0.0)
-        self.c = check_num(self.c, "allreduce c", lo=0.0)
-        self.bandwidth = check_num(self.bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
+        self.a = number(self.a, "allreduce a", lo=0.0)
+        self.c = number(self.c, "allreduce c", lo=0.0)
+        self.bandwidth = number(self.bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
 
     def ideal(self, nbytes: float, n: int) -> float:
         if n <= 1:
@@ -98,11 +99,11 @@ class AllreduceModel:
         rows = [tuple(s) for s in samples]
         if any(len(r) != 3 for r in rows):
             raise ConfigError("allreduce samples must be (nbytes, N, seconds) triples")
-        bw = check_num(bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
+        bw = number(bandwidth, "allreduce bandwidth (bytes/s)", lo=0.0, lo_open=True)
         probe = cls(1.0, 0.0, bw)
-        x = np.array([probe.ideal(check_num(nb, "allreduce sample nbytes", lo=0.0),
-                                  check_int(n, "allreduce sample N")) for nb, n, _ in rows], dtype=float)
-        y = np.array([check_num(s, "allreduce sample seconds", lo=0.0) for _, _, s in rows], dtype=float)
+        x = np.array([probe.ideal(number(nb, "allreduce sample nbytes", lo=0.0),
+                                  integer(n, "allreduce sample N", lo=1)) for nb, n, _ in rows], dtype=float)
+        y = np.array([number(s, "allreduce sample seconds", lo=0.0) for _, _, s in rows], dtype=float)
         if len(np.unique(x)) < 2:
             raise ConfigError(f"allreduce fit needs samples at >= 2 different sizes or rank counts; "
                               f"got {len(rows)} sample(s) with {len(np.unique(x))} distinct ideal time(s)")
@@ -149,8 +150,8 @@ class PerfModel:
         self.profiles = profs
         if not isinstance(self.allreduce, AllreduceModel):
             raise ConfigError(f"allreduce is a {type(self.allreduce).__name__}, not an AllreduceModel")
-        self.grad_bytes = check_num(self.grad_bytes, "grad_bytes", lo=0.0)
-        self.overlap = check_num(self.overlap, "overlap", lo=0.0, hi=1.0)
+        self.grad_bytes = number(self.grad_bytes, "grad_bytes", lo=0.0)
+        self.overlap = number(self.overlap, "overlap", lo=0.0, hi=1.0)
 
     # -- lookups ---------------------------------------------------------------------------
     def profile(self, gpu: str) -> ComputeProfile:
@@ -215,14 +216,14 @@ class PerfModel:
         speed = ``gpus.get(g).relative_speed`` (FP32 TFLOPS vs a V100) unless ``speeds`` gives it;
         update_s per type = update_s / speed; max_b = int(memory_gb * mem_samples_per_gb).
         """
-        base_s = check_num(base_s, "base_s", lo=0.0)
-        per_sample_s = check_num(per_sample_s, "per_sample_s", lo=0.0)
-        msg = check_num(mem_samples_per_gb, "mem_samples_per_gb", lo=0.0, lo_open=True)
-        upd = check_num(update_s, "update_s", lo=0.0)
-        bl = sorted({check_int(b, "emulated micro-batch b") for b in b_list})
+        base_s = number(base_s, "base_s", lo=0.0)
+        per_sample_s = number(per_sample_s, "per_sample_s", lo=0.0)
+        msg = number(mem_samples_per_gb, "mem_samples_per_gb", lo=0.0, lo_open=True)
+        upd = number(update_s, "update_s", lo=0.0)
+        bl = sorted({integer(b, "emulated micro-batch b", lo=1) for b in b_list})
         if not bl:
             raise ConfigError("b_list is empty; give the micro-batch sizes to profile, e.g. 8,16,32")
-        sp = {_gpus.normalize(k): check_num(v, f"speed of {k}", lo=0.0, lo_open=True)
+        sp = {_gpus.normalize(k): number(v, f"speed of {k}", lo=0.0, lo_open=True)
               for k, v in (speeds or {}).items()}
         profiles: dict[str, ComputeProfile] = {}
         for g in gpus:
@@ -352,7 +353,7 @@ def check_speed_factors(speed_factors: Sequence[float] | None, n: int) -> list[f
         arr = np.asarray(sf)
         if bool(np.all(np.isfinite(arr) & (arr > 0))):
             return sf
-    return [check_num(x, f"speed factor of rank {i}", lo=0.0, lo_open=True) for i, x in enumerate(sf)]
+    return [number(x, f"speed factor of rank {i}", lo=0.0, lo_open=True) for i, x in enumerate(sf)]
 
 
 DEFAULT_B_LIST = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -422,5 +423,5 @@ def declared_speed_factors(speeds: Sequence[float] | None, gpu_types: Sequence[s
         if p.formula is None:
             raise ConfigError(f"speeds are declared but the perf model of {p.gpu} is a measured profile, which "
                               "already gives its speed; drop speeds, or plan with the emulated model")
-        out.append(check_num(v, f"speed of rank {i}", lo=0.0, lo_open=True) / p.formula["speed"])
+        out.append(number(v, f"speed of rank {i}", lo=0.0, lo_open=True) / p.formula["speed"])
     return out

@@ -69,6 +69,7 @@ from hpc_jabas.core.defaults import canonical_policy as canonical_policy
 from hpc_jabas.core.planning.space import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
 from hpc_jabas.core.scaling import LinearScaling, LRRule, NoScaling, SqrtScaling
 from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
+from hpc_jabas.core.validate import integer, is_number
 from hpc_jabas.errors import ConfigError
 
 #: what lr_rule = "auto" (the default) means for each policy: JABAS pairs its similarity rule with
@@ -146,16 +147,8 @@ class BatchDecision:
                 "reason": self.reason}
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
-def _int_at_least(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not (isinstance(value, float) and value.is_integer()):
-        raise ConfigError(f"{name}={value!r} is invalid; it must be an integer >= {low}")
-    if value < low:
-        raise ConfigError(f"{name}={value!r} is invalid; it must be an integer >= {low}")
-    return int(value)
 
 
 class BatchPolicy:
@@ -164,11 +157,11 @@ class BatchPolicy:
     name = "base"
 
     def __init__(self, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P) -> None:
-        self.B_min = _int_at_least("B_min", B_min, 1)
-        self.B_max = None if B_max is None else _int_at_least("B_max", B_max, 1)
+        self.B_min = integer(B_min, "B_min", lo=1)
+        self.B_max = None if B_max is None else integer(B_max, "B_max", lo=1)
         if self.B_max is not None and self.B_min > self.B_max:
             raise ConfigError(f"B_min={B_min} is larger than B_max={B_max}; need 1 <= B_min <= B_max")
-        self.p = _int_at_least("p", p, 1)
+        self.p = integer(p, "p", lo=1)
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         return Wish(STAY, float(state.B), "keep B")
@@ -185,7 +178,7 @@ class BatchPolicy:
     def decide(self, state: PolicyState | Mapping[str, Any], space: BatchSpace | None = None) -> BatchDecision:
         """The policy's wish, realised with ``snap_toward`` on ``space`` (default: every integer in range)."""
         st = PolicyState.coerce(state)
-        _int_at_least("B", st.B, 1)
+        integer(st.B, "B", lo=1)
         sp = self._space(st, space)
         w = self.wish(st, sp)
         tgt = min(max(w.target, float(sp.B_min)), float(sp.B_max))
@@ -221,9 +214,9 @@ class SimilarityPolicy(BatchPolicy):
     def __init__(self, gamma: float = DEFAULT_GAMMA, alpha: float = DEFAULT_ALPHA, B_min: int = 1,
                  B_max: int | None = None, p: int = DEFAULT_P) -> None:
         super().__init__(B_min, B_max, p)
-        if not _is_number(gamma) or not -1.0 < gamma < 1.0:
+        if not is_number(gamma, nan=False) or not -1.0 < gamma < 1.0:
             raise ConfigError(f"gamma={gamma!r} is invalid; the similarity target must be in (-1, 1), e.g. 0.1")
-        if not _is_number(alpha) or not 0.0 < alpha < 1.0:
+        if not is_number(alpha, nan=False) or not 0.0 < alpha < 1.0:
             raise ConfigError(f"alpha={alpha!r} is invalid; the step must be in (0, 1), e.g. 0.1")
         self.gamma = float(gamma)
         self.alpha = float(alpha)
@@ -240,7 +233,7 @@ class SimilarityPolicy(BatchPolicy):
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         sim, B = state.similarity, int(state.B)
         base = self._base(B)
-        if sim is None or not _is_number(sim):
+        if sim is None or not is_number(sim, nan=False):
             return Wish(STAY, float(B), "similarity not measured; keep B")
         if sim < self.gamma:
             return Wish(GROW, base * (1.0 + self.alpha), f"similarity={sim:.3f} < gamma={self.gamma:g}: grow")
@@ -294,13 +287,13 @@ class GoodputPolicy(BatchPolicy):
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
                  window: int = DEFAULT_GOODPUT_WINDOW) -> None:
         super().__init__(B_min, B_max, p)
-        self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
-        self.warmup = _int_at_least("warmup", warmup, 0)
-        if not _is_number(max_step) or not max_step > 1.0:
+        self.B0 = self.B_min if B0 is None else integer(B0, "B0", lo=1)
+        self.warmup = integer(warmup, "warmup", lo=0)
+        if not is_number(max_step, nan=False) or not max_step > 1.0:
             raise ConfigError(f"max_step={max_step!r} is invalid; the largest factor per decision must be > 1, "
                               "e.g. 2 (math.inf: no limit)")
         self.max_step = float(max_step)
-        self.window = _int_at_least("window", window, 1)
+        self.window = integer(window, "window", lo=1)
         self.noise = NoiseWindow(self.window)
         self.seen = 0
 
@@ -308,11 +301,11 @@ class GoodputPolicy(BatchPolicy):
         """Take this state's fresh measurement, if any; the noise scale to decide on (None: none)."""
         g2, s = state.g2, state.s
         if g2 is not None or s is not None:
-            if g2 is not None and s is not None and _is_number(g2) and _is_number(s) \
+            if g2 is not None and s is not None and is_number(g2, nan=False) and is_number(s, nan=False) \
                     and math.isfinite(g2) and math.isfinite(s):
                 self.noise.add(float(g2), float(s))
                 self.seen += 1
-        elif state.b_noise is not None and _is_number(state.b_noise) and state.b_noise >= 0 \
+        elif state.b_noise is not None and is_number(state.b_noise, nan=False) and state.b_noise >= 0 \
                 and not self.noise.count:
             self.seen += 1                         # a caller's smoothed estimate: one measurement per call
             return float(state.b_noise)
@@ -391,14 +384,14 @@ class RampPolicy(BatchPolicy):
     def __init__(self, B0: int | None = None, at: Any = DEFAULT_RAMP_AT, factor: float = DEFAULT_RAMP_FACTOR,
                  B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P) -> None:
         super().__init__(B_min, B_max, p)
-        self.B0 = self.B_min if B0 is None else _int_at_least("B0", B0, 1)
+        self.B0 = self.B_min if B0 is None else integer(B0, "B0", lo=1)
         if isinstance(at, (str, bytes)) or not hasattr(at, "__iter__"):
             raise ConfigError(f"ramp at={at!r} is invalid; give fractions of the run, e.g. [0.25, 0.5, 0.75]")
         fr = list(at)
-        if not all(_is_number(f) and 0.0 < f < 1.0 for f in fr) or fr != sorted(fr) or len(set(fr)) != len(fr):
+        if not all(is_number(f) and 0.0 < f < 1.0 for f in fr) or fr != sorted(fr) or len(set(fr)) != len(fr):
             raise ConfigError(f"ramp at={fr!r} is invalid; give increasing fractions of the run in (0, 1), "
                               "e.g. [0.25, 0.5, 0.75]")
-        if not _is_number(factor) or not factor > 0 or factor == 1.0 or math.isinf(factor):
+        if not is_number(factor, nan=False) or not factor > 0 or factor == 1.0 or math.isinf(factor):
             raise ConfigError(f"ramp factor={factor!r} is invalid; B is multiplied by it at each stage, e.g. 2")
         self.at = tuple(float(f) for f in fr)
         self.factor = float(factor)
@@ -409,7 +402,7 @@ class RampPolicy(BatchPolicy):
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         pr = state.progress
-        if pr is None or not _is_number(pr):
+        if pr is None or not is_number(pr, nan=False):
             return Wish(STAY, float(state.B), "run progress unknown; keep B")
         k = self.stage(float(pr))
         tgt = self.B0 * self.factor ** k

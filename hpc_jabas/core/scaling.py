@@ -9,11 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hpc_jabas.core.validate import is_number
 from hpc_jabas.errors import ConfigError
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 class LRRule:
@@ -22,12 +19,12 @@ class LRRule:
     name = "base"
 
     def __init__(self, B_ref: int) -> None:
-        if isinstance(B_ref, bool) or not _is_number(B_ref) or not B_ref >= 1 or math.isinf(B_ref):
+        if isinstance(B_ref, bool) or not is_number(B_ref, nan=False) or not B_ref >= 1 or math.isinf(B_ref):
             raise ConfigError(f"B_ref={B_ref!r} is invalid; the reference batch size must be a number >= 1")
         self.B_ref = float(B_ref)
 
     def _scale(self, B: float) -> float:
-        if isinstance(B, bool) or not _is_number(B) or not B > 0 or math.isinf(B):
+        if isinstance(B, bool) or not is_number(B, nan=False) or not B > 0 or math.isinf(B):
             raise ConfigError(f"B={B!r} is invalid; the global batch size must be a number > 0")
         return float(B) / self.B_ref
 

@@ -18,17 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from hpc_jabas.core.validate import positive
 from hpc_jabas.errors import ConfigError
-
-
-def _positive(name: str, value: float) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r} is not a number; it must be a number > 0") from None
-    if not v > 0 or math.isinf(v):
-        raise ConfigError(f"{name}={value!r} is invalid; it must be a finite number > 0")
-    return v
 
 
 def noise_scale_terms(b_small: float, sq_small: float, b_big: float, sq_big: float) -> tuple[float, float]:
@@ -43,8 +34,8 @@ def noise_scale_terms(b_small: float, sq_small: float, b_big: float, sq_big: flo
     Either value may come out negative for one sample; smooth before taking a ratio.
     Raises ConfigError unless 0 < b_small < b_big.
     """
-    bs = _positive("b_small", b_small)
-    bb = _positive("b_big", b_big)
+    bs = positive(b_small, "b_small")
+    bb = positive(b_big, "b_big")
     if not bb > bs:
         raise ConfigError(f"noise scale needs b_small < b_big, got b_small={b_small!r}, b_big={b_big!r}")
     ss, sb = float(sq_small), float(sq_big)

@@ -17,6 +17,7 @@ from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.planning import Plan
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import Controller
+from hpc_jabas.runtime.telemetry import HostTelemetry
 
 
 def announce_at(trainer) -> int:
@@ -169,7 +170,7 @@ class AdaptiveController(BaseController):
         self.predictors = None
         self.rebalancer = None
         self._window: list[dict] = []
-        self._nvml = None
+        self._telemetry: HostTelemetry | None = None
 
     def attach(self, trainer) -> None:
         super().attach(trainer)
@@ -186,18 +187,14 @@ class AdaptiveController(BaseController):
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
             self._wd_hook = trainer.opt.add_pre_step_hook(self._apply_wd)
         if self.balance:
-            from hpc_jabas.core.balance import Rebalancer
-            from hpc_jabas.core.predictor import RankPredictors
+            from hpc_jabas.core.balancing import RankPredictors, Rebalancer
             self.model = trainer.perf_model()
             if self.predictors is None or self.predictors.n_ranks != trainer.world:
                 self.predictors = RankPredictors(trainer.world, kind="narx" if cfg.balance == "predictive" else "last")
                 self.rebalancer = Rebalancer(threshold=cfg.balance_threshold)
                 self.factors = None
-            try:
-                import psutil
-                psutil.cpu_percent(interval=None)      # prime the counter
-            except Exception:
-                pass
+            if self._telemetry is None:
+                self._telemetry = HostTelemetry()
 
     def _apply_wd(self, opt) -> None:
         """Every step: each param group's weight decay = its own weight decay x the wd rule at the B in force."""
@@ -228,41 +225,6 @@ class AdaptiveController(BaseController):
         return (self.cfg.policy != "fixed" and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
 
     # ---- balancing measurements (every rank) -------------------------------------------------
-    def _exo(self, trainer) -> dict:
-        """Signals measured on this rank's host over the window that just ended (no injected factor)."""
-        import os
-        import time
-        x = {}
-        try:
-            import psutil
-            x["cpu"] = psutil.cpu_percent(interval=None) / 100.0
-            x["mem"] = psutil.virtual_memory().percent / 100.0
-        except Exception:
-            pass
-        try:
-            x["load1"] = os.getloadavg()[0] / (os.cpu_count() or 1)
-        except (OSError, AttributeError):
-            pass
-        # this process's CPU share since the last window: a co-located hog takes it away
-        now, cpu = time.monotonic(), time.process_time()
-        prev = getattr(self, "_exo_clock", None)
-        if prev is not None and now > prev[0]:
-            x["proc_cpu"] = (cpu - prev[1]) / (now - prev[0])
-        self._exo_clock = (now, cpu)
-        if trainer.device.type == "cuda":
-            try:
-                if self._nvml is None:
-                    import pynvml
-                    pynvml.nvmlInit()
-                    self._nvml = pynvml.nvmlDeviceGetHandleByIndex(trainer.device.index or 0)
-                import pynvml
-                x["gpu_util"] = pynvml.nvmlDeviceGetUtilizationRates(self._nvml).gpu / 100.0
-                x["sm_clock"] = pynvml.nvmlDeviceGetClockInfo(self._nvml, pynvml.NVML_CLOCK_SM) / 1000.0
-                x["power"] = pynvml.nvmlDeviceGetPowerUsage(self._nvml) / 1e5
-            except Exception:
-                pass
-        return x
-
     def _measure(self, trainer) -> dict:
         gpu = trainer.gpu_types[trainer.rank]
         declared = trainer.declared_speed_factors     # factors are relative to the declared speed
@@ -279,7 +241,8 @@ class AdaptiveController(BaseController):
             except Exception:
                 exp += r["compute_s"]
         self._window = []
-        return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": self._exo(trainer)}
+        exo = self._telemetry.sample(trainer.device) if self._telemetry is not None else {}
+        return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": exo}
 
     def after_step(self, trainer, rec: dict):
         if self.balance:

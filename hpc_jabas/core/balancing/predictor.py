@@ -26,7 +26,7 @@ to hand the predictor signals of the window it predicts: on the real path nobody
 controller measures a window's signals when the window has ended), and a benchmark or test that
 passes them scores an oracle, not the predictor.
 
-The models (speed_models.py): ``LastValuePredictor`` (the baseline) and ``NarxPredictor`` (linear
+The models (balancing/speed_models.py): ``LastValuePredictor`` (the baseline) and ``NarxPredictor`` (linear
 NARX in increments fitted by recursive least squares with forgetting; the docstring of
 speed_models.py explains the model, the normalisation and the fallbacks of ``predict``).
 
@@ -39,12 +39,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
-from hpc_jabas.core.speed_models import MAX_LAGS as MAX_LAGS
-from hpc_jabas.core.speed_models import STATE_VERSION as STATE_VERSION
-from hpc_jabas.core.speed_models import LastValuePredictor as LastValuePredictor
-from hpc_jabas.core.speed_models import NarxPredictor as NarxPredictor
-from hpc_jabas.core.speed_models import SpeedModel as SpeedModel
-from hpc_jabas.core.speed_models import check_speed, check_state, exo_dict, int_param
+from hpc_jabas.core.balancing.speed_models import (
+    STATE_VERSION,
+    LastValuePredictor,
+    NarxPredictor,
+    SpeedModel,
+    check_state,
+    exo_dict,
+)
+from hpc_jabas.core.validate import integer, positive
 from hpc_jabas.errors import ConfigError, StateError
 
 # ---------------------------------------------------------------------------------------------
@@ -69,7 +72,7 @@ class RankPredictors:
     """
 
     def __init__(self, n_ranks: int, kind: str = "narx", **kwargs: Any) -> None:
-        self.n_ranks = int_param(n_ranks, "n_ranks", 1, 1_000_000)
+        self.n_ranks = integer(n_ranks, "n_ranks", lo=1, hi=1_000_000)
         if kind not in _KINDS:
             raise ConfigError(f"predictor kind={kind!r} is unknown; use one of: {', '.join(_KINDS)}")
         if kind == "last" and kwargs:
@@ -103,7 +106,7 @@ class RankPredictors:
         """Measured speed of every rank for the window that just ended (None: not measured)."""
         if isinstance(speeds, (str, bytes)) or not isinstance(speeds, Sequence) or len(speeds) != self.n_ranks:
             raise ConfigError(f"speeds={speeds!r} is invalid; give a list of {self.n_ranks} speeds (one per rank)")
-        vs = [None if s is None else check_speed(s, f"speed of rank {i}") for i, s in enumerate(speeds)]
+        vs = [None if s is None else positive(s, f"speed of rank {i}") for i, s in enumerate(speeds)]
         xs = self._per_rank(exo, "exo")
         for i, x in enumerate(xs):
             exo_dict(x, f"exo of rank {i}")
@@ -133,7 +136,7 @@ class RankPredictors:
             if r.last is None:
                 if default is None:
                     raise ConfigError(f"rank {i} has no observed speed yet; update() it first or pass default=")
-                out.append(check_speed(default, "default"))
+                out.append(positive(default, "default"))
                 pend.append(None)
                 lasts.append(None)
                 continue

@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpc_jabas.core.planning.plan import Plan
+from hpc_jabas.core.validate import positive
 from hpc_jabas.errors import ConfigError, StateError
 
 STATE_VERSION = 1
@@ -59,18 +60,6 @@ TimeFn = Callable[[Plan, list[float]], float]
 # ---------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------
-
-def _pos(x: Any, what: str) -> float:
-    if isinstance(x, (bool, str, bytes)):
-        raise ConfigError(f"{what}={x!r} is not a number; it must be a finite number > 0")
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what}={x!r} is not a number; it must be a finite number > 0") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ConfigError(f"{what}={x!r} is invalid; it must be a finite number > 0")
-    return v
-
 
 def _round_to_sum(targets: Sequence[float], total: int, mins: Sequence[int]) -> list[int]:
     """Integers close to targets (largest remainder), each >= its min, summing to total exactly.
@@ -199,7 +188,7 @@ class Rebalancer:
         sf = list(predicted_speed_factors)
         if len(sf) != R:
             raise ConfigError(f"{len(sf)} predicted speed factors for {R} ranks; give one per rank")
-        sf = [_pos(f, f"predicted speed factor of rank {i}") for i, f in enumerate(sf)]
+        sf = [positive(f, f"predicted speed factor of rank {i}") for i, f in enumerate(sf)]
         if self.world_size != R:
             self.reset()
             self.world_size = R
@@ -211,8 +200,8 @@ class Rebalancer:
         if cand.B != B or cand.world_size != R:
             raise ConfigError(f"plan_fn returned {cand} (B={cand.B}, {cand.world_size} ranks) for B={B} on "
                               f"{R} ranks; it must keep B and give one count per rank")
-        t_cur = _pos(time_fn(current_plan, list(sf)), "time_fn(current plan)")
-        t_cand = _pos(time_fn(cand, list(sf)), "time_fn(candidate plan)")
+        t_cur = positive(time_fn(current_plan, list(sf)), "time_fn(current plan)")
+        t_cand = positive(time_fn(cand, list(sf)), "time_fn(candidate plan)")
         gain = 1.0 - t_cand / t_cur
         info: dict[str, Any] = {"gain": gain, "gain_applied": 0.0, "t_current": t_cur, "t_candidate": t_cand,
                                 "t_new": t_cur, "candidate": str(cand), "current": str(current_plan),
@@ -250,7 +239,7 @@ class Rebalancer:
         info["step"] = step
 
         new = cand if step >= 1.0 else interpolate_plan(current_plan, cand, step)
-        t_new = t_cand if new is cand else _pos(time_fn(new, list(sf)), "time_fn(damped plan)")
+        t_new = t_cand if new is cand else positive(time_fn(new, list(sf)), "time_fn(damped plan)")
         g_new = 1.0 - t_new / t_cur
         info["damped"] = new is not cand
         if new == current_plan or not g_new > self.threshold:

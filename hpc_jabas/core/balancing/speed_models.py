@@ -1,6 +1,6 @@
 """Per-rank speed models for LB-BSP: the last-value baseline and NARX + RLS. Pure: plain Python + numpy.
 
-What is predicted, the update/predict protocol and the ``exo`` signals: see predictor.py, which
+What is predicted, the update/predict protocol and the ``exo`` signals: see balancing/predictor.py, which
 also keeps one of these models per rank (``RankPredictors``).
 
 NarxPredictor: the model
@@ -53,6 +53,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from hpc_jabas.core.validate import integer, is_number, number, positive
 from hpc_jabas.errors import ConfigError
 
 STATE_VERSION = 2          # 2: signals lag one window (predict() takes none)
@@ -62,33 +63,6 @@ MAX_LAGS = 64
 # ---------------------------------------------------------------------------------------------
 # checking
 # ---------------------------------------------------------------------------------------------
-
-def is_num(x: Any) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, complex)
-
-
-def check_speed(v: Any, what: str = "speed") -> float:
-    if isinstance(v, bool) or not is_num(v) or not math.isfinite(float(v)) or float(v) <= 0:
-        raise ConfigError(f"{what}={v!r} is invalid; a speed must be a finite number > 0")
-    return float(v)
-
-
-def int_param(x: Any, what: str, lo: int, hi: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or not lo <= int(x) <= hi:
-        raise ConfigError(f"{what}={x!r} is invalid; it must be an integer in {lo}..{hi}")
-    return int(x)
-
-
-def float_param(x: Any, what: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
-    ok = not isinstance(x, bool) and is_num(x) and math.isfinite(float(x))
-    if ok:
-        v = float(x)
-        ok = (v > lo if lo_open else v >= lo) and v <= hi
-    if not ok:
-        rng = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        raise ConfigError(f"{what}={x!r} is invalid; it must be a number in {rng}")
-    return float(x)
-
 
 def exo_dict(exo: Any, what: str = "exo") -> dict[str, float]:
     """Validated signals: name -> float, non-finite values dropped (treated as missing)."""
@@ -100,7 +74,7 @@ def exo_dict(exo: Any, what: str = "exo") -> dict[str, float]:
     for k, v in exo.items():
         if not isinstance(k, str) or not k:
             raise ConfigError(f"{what} signal name {k!r} is invalid; names must be non-empty strings")
-        if not is_num(v):
+        if not is_number(v):
             raise ConfigError(f"{what} signal {k!r}={v!r} is not a number")
         if math.isfinite(float(v)):
             out[k] = float(v)
@@ -131,7 +105,7 @@ class LastValuePredictor:
         self.n_obs = 0
 
     def update(self, speed: float, exo: Mapping[str, float] | None = None) -> None:
-        v = check_speed(speed)
+        v = positive(speed, "speed")
         exo_dict(exo)
         self.last = v
         self.n_obs += 1
@@ -147,8 +121,8 @@ class LastValuePredictor:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         st = check_state(state, self.kind)
         last = st.get("last")
-        self.last = None if last is None else check_speed(last, "state last")
-        self.n_obs = int_param(st.get("n_obs", 0), "state n_obs", 0, 2**62)
+        self.last = None if last is None else positive(last, "state last")
+        self.n_obs = integer(st.get("n_obs", 0), "state n_obs", lo=0, hi=2**62)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,17 +145,17 @@ class NarxPredictor:
     def __init__(self, d: int = 3, d_exo: int = 1, forgetting: float = 0.97, *, delta: float = 10.0,
                  min_train: int | None = None, clip: tuple[float, float] = (0.25, 4.0),
                  exo_names: Sequence[str] | None = None, max_exo: int = 16) -> None:
-        self.d = int_param(d, "d (speed lags)", 1, MAX_LAGS)
-        self.d_exo = int_param(d_exo, "d_exo (exogenous lags)", 0, MAX_LAGS)
-        self.forgetting = float_param(forgetting, "forgetting", 0.5, 1.0)
-        self.delta = float_param(delta, "delta", 0.0, 1e12, lo_open=True)
-        self.min_train = None if min_train is None else int_param(min_train, "min_train", 1, 2**31)
+        self.d = integer(d, "d (speed lags)", lo=1, hi=MAX_LAGS)
+        self.d_exo = integer(d_exo, "d_exo (exogenous lags)", lo=0, hi=MAX_LAGS)
+        self.forgetting = number(forgetting, "forgetting", lo=0.5, hi=1.0)
+        self.delta = number(delta, "delta", lo=0.0, hi=1e12, lo_open=True)
+        self.min_train = None if min_train is None else integer(min_train, "min_train", lo=1, hi=2**31)
         if not isinstance(clip, (tuple, list)) or len(clip) != 2:
             raise ConfigError(f"clip={clip!r} is invalid; give (lo, hi) with 0 < lo <= 1 <= hi, e.g. (0.25, 4)")
-        lo = float_param(clip[0], "clip lo", 0.0, 1.0, lo_open=True)
-        hi = float_param(clip[1], "clip hi", 1.0, 1e6)
+        lo = number(clip[0], "clip lo", lo=0.0, hi=1.0, lo_open=True)
+        hi = number(clip[1], "clip hi", lo=1.0, hi=1e6)
         self.clip = (lo, hi)
-        self.max_exo = int_param(max_exo, "max_exo", 0, 1024)
+        self.max_exo = integer(max_exo, "max_exo", lo=0, hi=1024)
         if exo_names is not None:
             if isinstance(exo_names, str):
                 exo_names = [exo_names]
@@ -290,7 +264,7 @@ class NarxPredictor:
     # -- API -------------------------------------------------------------------------------
     def update(self, speed: float, exo: Mapping[str, float] | None = None) -> None:
         """Record the measured speed of the window that just ended and the signals during it."""
-        v = check_speed(speed)
+        v = positive(speed, "speed")
         known = set(self.names)
         xnow = self._resolve(exo_dict(exo), learn=True)
         S_new = max(self.yscale, v)
@@ -383,7 +357,7 @@ class NarxPredictor:
                 new.xscale[n] = float(st["xscale"][n])
                 new.xhist[n] = [float(x) for x in st["xhist"][n]]
             new.yscale = float(st["yscale"])
-            new.y = [check_speed(x, "state speed") for x in st["y"]]
+            new.y = [positive(x, "state speed") for x in st["y"]]
             theta = np.asarray(st["theta"], dtype=float)
             P = np.asarray(st["P"], dtype=float)
             new.n_obs = int(st["n_obs"])
