@@ -389,3 +389,36 @@ def test_slurm_options_are_typed_and_checked_once(tmp_path):
         with pytest.raises(ConfigError) as e:
             SlurmOptions.of(_spec(tmp_path, {"v100": 1}, **bad))
         assert str(e.value) == needle and "\n" not in str(e.value)
+
+
+def test_account_qos_and_sbatch_args_are_checked_before_any_script_or_submission(tmp_path):
+    """A value that would break or inject into an #SBATCH line, or override what the plan sets, is one line; the
+    submission stops before it writes anything or calls sbatch (sbatch is not even looked up: no Slurm needed)."""
+    from hpc_jabas.slurm import executor
+    from hpc_jabas.slurm.components import check_extra, extra_args, per_component_options
+    ok = _spec(tmp_path, {"v100": 1}, account="proj-1", qos="low", sbatch_args="--constraint=ib --exclusive")
+    check_extra(ok)
+    assert per_component_options(ok) == {"time": "60", "account": "proj-1", "qos": "low"}
+    assert extra_args(ok) == ["--constraint=ib", "--exclusive"]
+    for bad, needle in (
+            ({"account": "proj\n#SBATCH --wrap=x"}, "account='proj\\n#SBATCH --wrap=x' is invalid; it must be a Slurm "
+                                                    "account name"),
+            ({"qos": "hi gh"}, "qos='hi gh' is invalid; it must be a Slurm qos name"),
+            ({"account": 7}, "account=7 is invalid"),
+            ({"sbatch_args": ["--constraint=a\nrm -rf /"]}, "sbatch_args item '--constraint=a\\nrm -rf /' is invalid"),
+            ({"sbatch_args": ["-C", "ib"]}, "sbatch_args item '-C' is invalid; each must be --flag or --flag=value, "
+                                            "long form"),
+            ({"sbatch_args": "--comment='a"}, "sbatch_args=\"--comment='a\" is invalid (No closing quotation)"),
+            ({"sbatch_args": 5}, "sbatch_args=5 is invalid; give a list"),
+            ({"sbatch_args": ["--time=10"]}, "sbatch_args item '--time=10' is refused: hpc-jabas sets --time itself, "
+                                             "from time_min"),
+            ({"sbatch_args": ["--partition=a100"]}, "hpc-jabas sets --partition itself, from the mix"),
+            ({"sbatch_args": ["--output=/tmp/x"]}, "hpc-jabas sets --output itself, from the chain directory")):
+        spec = _spec(tmp_path / "c", {"v100": 1}, **bad)
+        with pytest.raises(ConfigError) as e:
+            check_extra(spec)
+        assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+        with pytest.raises(ConfigError) as e2:
+            executor.submit(spec, env={"PATH": ""})
+        assert str(e2.value) == str(e.value)
+    assert not (tmp_path / "c").exists()

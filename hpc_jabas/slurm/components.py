@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -157,21 +158,75 @@ def slurm_option(spec: JobSpec, key: str) -> int:
     return int(getattr(SlurmOptions.of(spec), key))
 
 
+#: What account and qos may be: Slurm's own names (letters, digits and _ . + -), so nothing else reaches a
+#: ``#SBATCH`` line or sbatch's argument list.
+_SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+#: The options hpc-jabas sets itself from the mix and the [slurm] keys: given again in sbatch_args they would
+#: override the plan (a partition the ranks are not planned for, a time limit the signal lead does not fit) or
+#: the job's own files, so they are refused with the key that sets them instead.
+MANAGED_OPTIONS = {
+    "partition": "the mix", "p": "the mix", "ntasks": "the mix", "n": "the mix", "nodes": "the mix", "N": "the mix",
+    "gres": "the mix", "gpus": "the mix", "gpus-per-task": "the mix", "G": "the mix", "mem": "mem_per_task_mb",
+    "time": "time_min", "t": "time_min", "signal": "signal_lead_s", "chdir": "the chain directory",
+    "D": "the chain directory", "output": "the chain directory", "o": "the chain directory",
+    "error": "the chain directory", "e": "the chain directory", "array": "nothing (one job per chain step)",
+    "a": "nothing (one job per chain step)", "parsable": "nothing (hpc-jabas reads the job id itself)",
+    "wrap": "nothing (hpc-jabas writes the job script)", "hetjob": "the mix", "het-job": "the mix",
+    "job-name": "job_name", "J": "job_name",
+}
+
+
+def _name(spec: JobSpec, key: str) -> str | None:
+    v = extra(spec, key)
+    if v is None or v == "":
+        return None
+    if not isinstance(v, str) or not _SLURM_NAME.fullmatch(v):
+        raise ConfigError(f"{key}={v!r} is invalid; it must be a Slurm {key} name (letters, digits, _ . + -)")
+    return v
+
+
+def _sbatch_args(spec: JobSpec) -> tuple[str, ...]:
+    a = extra(spec, "sbatch_args", []) or []
+    if isinstance(a, str):
+        try:
+            a = shlex.split(a)
+        except ValueError as e:
+            raise ConfigError(f"sbatch_args={a!r} is invalid ({e}); give --flag or --flag=value items") from e
+    if not isinstance(a, (list, tuple)):
+        raise ConfigError(f"sbatch_args={a!r} is invalid; give a list of --flag or --flag=value strings")
+    out = []
+    for x in a:
+        if not isinstance(x, str) or not x.startswith("--") or len(x) < 3 or any(c.isspace() for c in x) \
+                or any(ord(c) < 32 for c in x):
+            raise ConfigError(f"sbatch_args item {x!r} is invalid; each must be --flag or --flag=value, long form, "
+                              "without spaces or control characters (it goes on an #SBATCH line)")
+        flag = x[2:].partition("=")[0]
+        if flag in MANAGED_OPTIONS:
+            raise ConfigError(f"sbatch_args item {x!r} is refused: hpc-jabas sets --{flag} itself, from "
+                              f"{MANAGED_OPTIONS[flag]}")
+        out.append(x)
+    return tuple(out)
+
+
 def per_component_options(spec: JobSpec) -> dict[str, str]:
     """Options each component of a heterogeneous job needs for itself (time, account, qos)."""
     o = {"time": str(slurm_option(spec, "time_min"))}
     for k in ("account", "qos"):
-        if extra(spec, k):
-            o[k] = str(extra(spec, k))
+        name = _name(spec, k)
+        if name:
+            o[k] = name
     return o
 
 
 def extra_args(spec: JobSpec) -> list[str]:
-    """``spec.extra["sbatch_args"]`` (a list, or one shell-quoted string) as a list of strings."""
-    a = extra(spec, "sbatch_args", []) or []
-    if isinstance(a, str):
-        a = shlex.split(a)
-    return [str(x) for x in a]
+    """``spec.extra["sbatch_args"]`` (a list, or one shell-quoted string) as a checked list of ``--flag[=value]``."""
+    return list(_sbatch_args(spec))
+
+
+def check_extra(spec: JobSpec) -> None:
+    """Every option of ``spec.extra`` this module reads, checked at once: what submit calls before Slurm."""
+    SlurmOptions.of(spec)
+    _name(spec, "account"), _name(spec, "qos"), _sbatch_args(spec)
 
 
 def parse_mix(text: str) -> dict[str, int]:

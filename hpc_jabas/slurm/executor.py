@@ -56,10 +56,12 @@ from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.components import (
     Component,
+    check_extra,
     components,
     extra,
     extra_args,
     partition_view,
+    per_component_options,
     slurm_option,
 )
 from hpc_jabas.slurm.sbatch import (
@@ -195,9 +197,9 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
                             max_num_timeout=slurm_option(spec, "max_timeouts"))
     c0 = comps[0]
     add: dict[str, object] = {"chdir": str(workdir(spec))}
-    for k in ("account", "qos"):
-        if extra(spec, k):
-            add[k] = str(extra(spec, k))
+    for k, v in per_component_options(spec).items():
+        if k != "time":
+            add[k] = v
     for a in extra_args(spec):
         k, _, v = a.lstrip("-").partition("=")
         add[k] = v if v else True
@@ -258,6 +260,7 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
            env: Mapping[str, str] | None = None) -> Submission:
     """Submit ``run_job(spec)`` onto ``spec.mix``; append a ``submit`` event to the chain."""
     spec = normalize(spec, method)
+    check_extra(spec)                    # account, qos, sbatch_args and the numbers: refused before Slurm sees them
     sub_env = submission_env(env)
     proc.require(("sbatch", "srun"), sub_env)
     pt = (spec.config.get("autoscale") or {}).get("partition_types") if isinstance(spec.config, dict) else None
