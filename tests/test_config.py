@@ -139,7 +139,7 @@ def test_choices_and_defaults_have_one_definition():
     assert policy.canonical_policy is defaults.canonical_policy and sampler.TAILS is defaults.TAILS
     assert (autoscale.OBJECTIVES, autoscale.RESTART_PRIOR_S) == (defaults.OBJECTIVES, defaults.RESTART_PRIOR_S)
     assert (perfmodel.EMU_BASE_S, perfmodel.EMU_PER_SAMPLE_S) == (defaults.EMU_BASE_S, defaults.EMU_PER_SAMPLE_S)
-    assert (cfg.p, cfg.alpha, cfg.gamma) == (policy.DEFAULT_P, policy.DEFAULT_ALPHA, policy.DEFAULT_GAMMA)
+    assert (cfg.p, cfg.alpha, cfg.gamma) == (None, policy.DEFAULT_ALPHA, policy.DEFAULT_GAMMA)   # p: epoch/10
 
 
 @pytest.mark.parametrize("d,needle", [
@@ -231,7 +231,7 @@ def test_reference_notices_a_change(tmp_path, capsys):
     assert gen.main([str(readme)]) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n") and "| old |" not in text
-    assert "| `[adaptive]` | `p` | int | `100` |" in text
+    assert "| `[adaptive]` | `p` | int &#124; None | epoch/10 |" in text
     assert gen.main([str(readme), "--check"]) == 0
     with pytest.raises(ConfigError):
         gen.replace_reference("no markers")

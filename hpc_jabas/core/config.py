@@ -33,7 +33,6 @@ from hpc_jabas.core.defaults import (
     BALANCE_MODES,
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
-    DEFAULT_P,
     DEFAULT_RAMP_AT,
     DEFAULT_RAMP_FACTOR,
     EMU_BASE_S,
@@ -131,7 +130,8 @@ class AdaptiveConfig(Section):
     policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
                                 "ramp: B x ramp_factor at each ramp_at)",
                       choices=POLICIES, canon=policy_name)
-    p: int = key(DEFAULT_P, "iterations between batch-size decisions", lo=1)
+    p: int | None = key(None, "iterations between batch-size decisions (unset: a tenth of an epoch's iterations "
+                        "at the initial batch, at most 100)", lo=1, shown="epoch/10")
     alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)

@@ -34,7 +34,9 @@ POLICY_ALIASES = {
     "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
     "ramp": "ramp", "batch-ramp": "ramp", "batch-warmup": "ramp",
 }
-DEFAULT_P = 100         # JABAS: iterations between decisions
+DEFAULT_P = 100         # JABAS: iterations between decisions; also the cap of the epoch-relative default
+#: p unset: this many decisions per epoch at the initial B (at most DEFAULT_P iterations apart, at least 1)
+DECISIONS_PER_EPOCH = 10
 DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 LR_RULES = ("auto", "sqrt", "linear", "none")

@@ -57,6 +57,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.defaults import DECISIONS_PER_EPOCH
 from hpc_jabas.core.defaults import DEFAULT_ALPHA as DEFAULT_ALPHA
 from hpc_jabas.core.defaults import DEFAULT_GAMMA as DEFAULT_GAMMA
 from hpc_jabas.core.defaults import DEFAULT_P as DEFAULT_P
@@ -419,6 +420,17 @@ _POLICY_KEYS = {
     "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "window"},
     "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
+
+
+def decision_period(p: int | None, samples_per_epoch: int, batch: int) -> int:
+    """The iterations between decisions: ``p`` when set; unset, a tenth of an epoch's iterations at the initial
+    batch (DECISIONS_PER_EPOCH per epoch), at most JABAS's 100 (its p, for epochs of thousands of iterations) and
+    at least 1. It depends on the data and the initial B only, never on the mix, so every mix decides alike."""
+    if p is not None:
+        return integer(p, "p", lo=1)
+    n = integer(samples_per_epoch, "samples per epoch", lo=1)
+    b = integer(batch, "batch", lo=1)
+    return max(1, min(DEFAULT_P, round(math.ceil(n / b) / DECISIONS_PER_EPOCH)))
 
 
 def make_policy(name: str, **cfg: Any) -> BatchPolicy:

@@ -350,7 +350,7 @@ class Job:
     batch_min: int
     batch_max: int
     micro_batch: int | None
-    p: int
+    p: int | None
     mix: dict[str, int] | None
     stop: str
     seed: int
@@ -383,7 +383,7 @@ def job_from_dict(d: Mapping[str, Any], where: str = "job", base: Path | None = 
     policy = dict(_Keys(d.get("policy", {}), f"{where}: [policy]", _POLICY_KEYS).d)
     auto = dict(_Keys(d.get("autoscale", {}), f"{where}: [autoscale]", _AUTOSCALE_KEYS).d)
     return Job(samples=k.int("samples", 50_000) or 1, epochs=k.int("epochs", 10) or 1, batch=B, batch_min=lo,
-               batch_max=hi, micro_batch=k.int("micro_batch", None), p=k.int("p", 100) or 100,
+               batch_max=hi, micro_batch=k.int("micro_batch", None), p=k.int("p", None),
                mix=None if mix is None else {str(p): int(n) for p, n in mix.items() if n},
                stop=k.str("stop", "progress", STOPS), seed=k.int("seed", 0, lo=0) or 0, model=model,
                gradstats=noise_curve(d.get("gradstats"), f"{where}: [gradstats]", base), policy=policy,

@@ -45,7 +45,7 @@ from hpc_jabas.core.grouptimes import group_space
 from hpc_jabas.core.mixbound import peak_rate
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, make_planner, snap_nearest
-from hpc_jabas.core.policy import PolicyState, make_lr_rule, make_policy
+from hpc_jabas.core.policy import PolicyState, decision_period, make_lr_rule, make_policy
 from hpc_jabas.core.simconfig import Cluster, Job
 from hpc_jabas.core.stats import statistical_efficiency
 from hpc_jabas.errors import ConfigError, InfeasibleError
@@ -187,7 +187,8 @@ class Simulation:
         if name not in STRATEGIES:
             raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
         st, job, cl = STRATEGIES[name], self.job, self.cluster
-        N, p, B0 = job.samples, job.p, job.batch
+        N, B0 = job.samples, job.batch
+        p = decision_period(job.p, N, B0)
         adaptive = st.policy != "fixed"
         lo, hi = (job.batch_min, job.batch_max) if adaptive else (B0, B0)
         pol = job.policy
@@ -324,7 +325,7 @@ class Simulation:
                    overhead: autoscale.RestartOverhead, budget_left: float | None,
                    last_stay: Any) -> tuple[autoscale.Choice, float | None]:
         job, cl, a = self.job, self.cluster, self.auto
-        N, p = job.samples, job.p
+        N, p = job.samples, decision_period(job.p, job.samples, job.batch)
         lo, hi = job.batch_min, job.batch_max
         t0 = self.clock() if self.clock else None
         hist = traj[-int(a.get("forecast_history", 32)):]

@@ -139,6 +139,7 @@ class AdaptiveController(BaseController):
     def __init__(self, cfg, space=None):
         """``space``: the BatchSpace to snap into (tests); default: built from the trainer at attach."""
         from hpc_jabas.core.policy import (
+            DEFAULT_P,
             canonical_policy,
             make_lr_rule,
             make_policy,
@@ -146,10 +147,10 @@ class AdaptiveController(BaseController):
         )
         from hpc_jabas.core.stats import NoiseScale
         self.cfg = cfg
-        self.p = cfg.p
+        self.p = cfg.p or DEFAULT_P          # unset: resolved from the epoch's length at attach
         self.space = space
         self.policy_name = canonical_policy(cfg.policy)
-        kw = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": cfg.p}
+        kw = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": self.p}
         if self.policy_name == "similarity":
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
@@ -175,6 +176,8 @@ class AdaptiveController(BaseController):
     def attach(self, trainer) -> None:
         super().attach(trainer)
         cfg = self.cfg
+        from hpc_jabas.core.policy import decision_period
+        self.p = self.policy.p = decision_period(cfg.p, trainer.sampler.num_samples, cfg.batch)
         if self.space is None and self.policy_name != "fixed":
             # the B the trainer's planner realises on this mix, timed by the job's perf model
             from hpc_jabas.core.planning import job_batch_space

@@ -101,10 +101,12 @@ class EpochEndAutoscaler(EpochEndHook):
     def _decide(self, trainer, epoch: int) -> MoveDecision:
         from hpc_jabas.core import autoscale, forecast
         from hpc_jabas.core.perfmodel import job_perf_model
+        from hpc_jabas.core.policy import decision_period
         cfg, jc = self.cfg, trainer.cfg
         st = self.state
         traj = trainer.b_trajectory()
-        p = jc.p if jc.policy != "fixed" else max(1, trainer.sampler.iterations_left(trainer.B) or 1)
+        p = (decision_period(jc.p, trainer.sampler.num_samples, jc.batch) if jc.policy != "fixed"
+             else max(1, trainer.sampler.iterations_left(trainer.B) or 1))
         rec = {"type": "autoscale", "epoch": epoch, "it": trainer.iteration, "mix": self.mix}
         # 1. forecast error of the finished epoch
         last = st.forecast
