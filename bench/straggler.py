@@ -7,6 +7,13 @@ What a user could do instead, side by side (order rotated every round):
              exact big-batch mean (about three lines of user code);
   fastest    the fastest GPU alone: rank 0 runs all of B (micro-batches of its memory cap if B does
              not fit), the others idle;
+  lbbsp_real LB-BSP as its paper runs it on GPUs, by hand on plain Horovod, knowing no speed: it starts
+             from the equal split; every iteration each rank reports its measured compute time (one small
+             allgather), and the local batches move toward the split in proportion to the measured speeds
+             x_i / t_i, the step halved whenever a rank's batch reverses direction; a local batch over the
+             memory cap runs as accumulated micro-batches of at most cap (so it runs in mem_cap too);
+  hpc_jabas_reactive  the Trainer knowing no speed either (every rank declared alike) with balance = reactive
+             at its defaults (p_balance = 10, threshold 0.05): it re-plans from the measured speeds;
   hpc_jabas  the Trainer with the exact planner (plan_batch(per_rank=True): each rank its own
              micro-batch size; speeds declared as speed factors) on the job's emulated perf model;
              --identical-b plans with one micro-batch size for all ranks (IIDP's rule) instead.
@@ -23,8 +30,12 @@ equal split cannot run at all; fastest runs with accumulation). Throughput = B *
 time of the whole loop (data slicing, step, synchronisation), after a barrier, on rank 0.
 Emulated GPUs on a shared 2-core machine: the figures carry that machine's noise.
 
+The two measuring sides (lbbsp_real, hpc_jabas_reactive) get MEASURE_WARM warm-up iterations before the clock
+starts, to converge; the others WARM. The timed window is the steady state of each.
+
 Last line (medians over rounds, main case): speedup_vs_equal_split= speedup_vs_lbbsp_plain=
-speedup_vs_fastest= ideal_fraction= (+ per_call_* and mem_cap_*); the line before: min/max.
+speedup_vs_lbbsp_real= speedup_vs_fastest= ideal_fraction= reactive_vs_lbbsp_real= reactive_ideal_fraction=
+(+ per_call_* and mem_cap_*); the line before: min/max.
 """
 import argparse
 import statistics
@@ -57,6 +68,7 @@ PER_RANK = not args.identical_b
 SPEEDS = [1.0, 0.5, 0.25]
 R = 3
 WARM = 3
+MEASURE_WARM = 30
 # case -> (B, base_s, per_sample_s, cap)
 CASES = {"main": (512, 0.0002, 0.0005, 512), "per_call": (512, 0.005, 0.0001, 512),
          "mem_cap": (512, 0.0002, 0.0005, 64)}
@@ -87,13 +99,13 @@ def perf_model(base, per, cap):
                               b_list=[b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= cap])
 
 
-def timed_loop(step, B):
+def timed_loop(step, B, warm=WARM):
     """B * iterations / wall time of the whole loop on rank 0, after warm-up and a barrier."""
-    for it in range(WARM):
+    for it in range(warm):
         step(it)
     comm.allgather_object(None, name="t0")
     t0 = time.perf_counter()
-    for it in range(WARM, WARM + args.iters):
+    for it in range(warm, warm + args.iters):
         step(it)
     comm.allgather_object(None, name="t1")
     return B * args.iters / (time.perf_counter() - t0)
@@ -119,6 +131,73 @@ def plain(case, local):
             emu.wait_until(t0, x)
         opt.step()
     return timed_loop(step, B)
+
+
+def lbbsp_real(case):
+    """LB-BSP on measured times (module docstring): equal start, per-iteration re-split toward x_i / t_i, step
+    halved on a reversal (down to 1/16), micro-batches of at most cap accumulated; gradients summed by hand."""
+    B, base, per, cap = CASES[case]
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    comm.broadcast_parameters(m.state_dict())
+    emu = Emulator("v100", speed=SPEEDS[rank], base_s=base, per_sample_s=per, rank=rank, log=quiet)
+    st = {"x": [B // R + (1 if i < B % R else 0) for i in range(R)], "step": 1.0, "dir": [0] * R}
+    params = list(m.parameters())
+
+    def step(it):
+        x = st["x"]
+        start = (it * B) % (len(ds) - B)
+        o, left = start + sum(x[:rank]), x[rank]
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        emu.start()
+        while left > 0:
+            b = min(cap, left)
+            (loss_fn(m(X[o:o + b]), y[o:o + b]) * (b / B)).backward()
+            emu.wait_next(b)
+            o, left = o + b, left - b
+        tc = time.perf_counter() - t0
+        hs = [comm.allreduce_sum_async_(p.grad if p.grad is not None else torch.zeros_like(p), name=f"lb.g{i}")
+              for i, p in enumerate(params)]
+        for p, h in zip(params, hs):
+            p.grad = comm.synchronize(h)
+        opt.step()
+        ts = comm.allgather_object(tc, name="lb.t")           # the monitoring: every rank's compute time
+        v = [x[i] / ts[i] if ts[i] > 0 and x[i] > 0 else 0.0 for i in range(R)]
+        if min(v) <= 0:
+            return
+        target = split_proportional(B, v)
+        while True:
+            new = _toward(x, target, st["step"], B)
+            d = [(n > c) - (n < c) for n, c in zip(new, x)]
+            if st["step"] > 1 / 16 and any(di and pi and di != pi for di, pi in zip(d, st["dir"])):
+                st["step"] /= 2                                # oscillation: halve the step (LB-BSP)
+                continue
+            break
+        st["dir"] = [di or pi for di, pi in zip(d, st["dir"])]
+        st["x"] = new
+    rate = timed_loop(step, B, warm=MEASURE_WARM)
+    PLANS[f"{case}/lbbsp_real"] = ",".join(map(str, st["x"]))
+    return rate
+
+
+def _toward(cur, target, step, B):
+    """cur moved a fraction step of the way to target, integers >= 1 summing to B (largest remainder)."""
+    want = [c + step * (t - c) for c, t in zip(cur, target)]
+    base = [max(1, int(w)) for w in want]
+    extra = B - sum(base)
+    order = sorted(range(len(want)), key=lambda i: -(want[i] - int(want[i])))
+    i = 0
+    while extra != 0:
+        j = order[i % len(order)]
+        if extra > 0:
+            base[j] += 1
+            extra -= 1
+        elif base[j] > 1:
+            base[j] -= 1
+            extra += 1
+        i += 1
+    return base
 
 
 def fastest(case):
@@ -169,6 +248,28 @@ def hpc_jabas(case):
     return rate
 
 
+def hpc_jabas_reactive(case):
+    """The Trainer told nothing of the speeds (every rank alike), balance = reactive at its defaults."""
+    B, base, per, cap = CASES[case]
+    pm = perf_model(base, per, cap)
+    types = ["v100"] * R
+
+    def planner(Bq, factors=None):
+        return plan_batch(Bq, types, pm, speed_factors=list(factors) if factors else None, per_rank=PER_RANK)
+    m = model()
+    cfg = JobConfig(batch=B, planner="optimal", emulate=True, gpu_types=types, emulate_base_s=base,
+                    emulate_per_sample_s=per, checkpoint=False, run_dir=f"/tmp/hj-bench-straggler-r{rank}",
+                    metrics_period=100000, epochs=1000, balance="reactive")
+    tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg,
+                 planner_fn=planner, gpu_types=types)
+    tr.emulator = Emulator("v100", speed=SPEEDS[rank], base_s=base, per_sample_s=per, rank=rank, log=quiet)
+    rate = timed_loop(lambda it: tr.train_step(), B, warm=MEASURE_WARM)
+    PLANS[f"{case}/reactive"] = str(tr.plan)
+    tr._pending = []
+    tr.opt.remove_hooks()
+    return rate
+
+
 def fluid_capacity(T, base, per, s, cap):
     """Most samples a rank can process within T at its best allowed micro-batch size, fractional calls allowed."""
     if T <= t_of(0, base, per, s):
@@ -189,7 +290,8 @@ def ideal(case):
 
 SIDES = {"equal": lambda c: plain(c, [CASES[c][0] // R + (1 if i < CASES[c][0] % R else 0) for i in range(R)]),
          "lbbsp": lambda c: plain(c, split_proportional(CASES[c][0], SPEEDS)),
-         "fastest": fastest, "hpc_jabas": hpc_jabas}
+         "lbbsp_real": lbbsp_real, "fastest": fastest, "hpc_jabas": hpc_jabas,
+         "hpc_jabas_reactive": hpc_jabas_reactive}
 res = {c: {s: [] for s in SIDES} for c in CASES}
 for rnd in range(args.rounds):
     names = list(SIDES)
@@ -201,11 +303,12 @@ for rnd in range(args.rounds):
             r = res[case]
             print(f"round {rnd} {case:<8} order={','.join(order)} " + " ".join(
                 f"{s}={r[s][-1]:.0f}" if r[s][-1] is not None else f"{s}=cannot_run" for s in SIDES)
-                + f" ideal={ideal(case):.0f} samples/s  plan={PLANS.get(case)}", flush=True)
+                + f" ideal={ideal(case):.0f} samples/s  plan={PLANS.get(case)} "
+                f"lbbsp_real={PLANS.get(case + '/lbbsp_real')} reactive={PLANS.get(case + '/reactive')}", flush=True)
 
 
-def ratios(case, den):
-    ours = res[case]["hpc_jabas"]
+def ratios(case, den, side="hpc_jabas"):
+    ours = res[case][side]
     if den == "ideal":
         return [o / ideal(case) for o in ours]
     d = res[case][den]
@@ -218,9 +321,14 @@ if rank == 0:
     keys = {"main": "", "per_call": "per_call_", "mem_cap": "mem_cap_"}
     last, spread = [], []
     for case, pre in keys.items():
-        for den, name in (("equal", "speedup_vs_equal_split"), ("lbbsp", "speedup_vs_lbbsp_plain"),
-                          ("fastest", "speedup_vs_fastest"), ("ideal", "ideal_fraction")):
-            r = ratios(case, den)
+        for side, den, name in (("hpc_jabas", "equal", "speedup_vs_equal_split"),
+                                ("hpc_jabas", "lbbsp", "speedup_vs_lbbsp_plain"),
+                                ("hpc_jabas", "lbbsp_real", "speedup_vs_lbbsp_real"),
+                                ("hpc_jabas", "fastest", "speedup_vs_fastest"),
+                                ("hpc_jabas", "ideal", "ideal_fraction"),
+                                ("hpc_jabas_reactive", "lbbsp_real", "reactive_vs_lbbsp_real"),
+                                ("hpc_jabas_reactive", "ideal", "reactive_ideal_fraction")):
+            r = ratios(case, den, side)
             if r is None:
                 last.append(f"{pre}{name}=cannot_run")
                 continue
