@@ -7,11 +7,11 @@ What a user could do instead, side by side (order rotated every round):
              exact big-batch mean (about three lines of user code);
   fastest    the fastest GPU alone: rank 0 runs all of B (micro-batches of its memory cap if B does
              not fit), the others idle;
-  lbbsp_real LB-BSP as its paper runs it on GPUs, by hand on plain Horovod, knowing no speed: it starts
-             from the equal split; every iteration each rank reports its measured compute time (one small
-             allgather), and the local batches move toward the split in proportion to the measured speeds
-             x_i / t_i, the step halved whenever a rank's batch reverses direction; a local batch over the
-             memory cap runs as accumulated micro-batches of at most cap (so it runs in mem_cap too);
+  lbbsp_real LB-BSP as its paper runs it on GPUs (bench/_lbbsp.py), by hand on plain Horovod, knowing no
+             speed: it starts from the equal split; every iteration each rank reports its measured compute
+             time (one small allgather), and the local batches move toward the split in proportion to the
+             measured speeds x_i / t_i, the step halved whenever a rank's batch reverses direction; a local
+             batch over the memory cap runs as accumulated micro-batches of at most cap (so it runs in mem_cap);
   hpc_jabas_reactive  the Trainer knowing no speed either (every rank declared alike) with balance = reactive
              at its defaults (p_balance = 10, threshold 0.05): it re-plans from the measured speeds;
   hpc_jabas  the Trainer with the exact planner (plan_batch(per_rank=True): each rank its own
@@ -34,7 +34,7 @@ The two measuring sides (lbbsp_real, hpc_jabas_reactive) get MEASURE_WARM warm-u
 starts, to converge; the others WARM. The timed window is the steady state of each.
 
 Last line (medians over rounds, main case): speedup_vs_equal_split= speedup_vs_lbbsp_plain=
-speedup_vs_lbbsp_real= speedup_vs_fastest= ideal_fraction= reactive_vs_lbbsp_real= reactive_ideal_fraction=
+speedup_vs_lbbsp_measured= speedup_vs_fastest= ideal_fraction= reactive_vs_lbbsp_measured= reactive_ideal_fraction=
 (+ per_call_* and mem_cap_*); the line before: min/max.
 """
 import argparse
@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _launch import ensure_ranks, load_note  # noqa: E402
+from _lbbsp import LBBSP  # noqa: E402
 
 ensure_ranks(3)
 
@@ -134,18 +135,19 @@ def plain(case, local):
 
 
 def lbbsp_real(case):
-    """LB-BSP on measured times (module docstring): equal start, per-iteration re-split toward x_i / t_i, step
-    halved on a reversal (down to 1/16), micro-batches of at most cap accumulated; gradients summed by hand."""
+    """LB-BSP on measured times (bench/_lbbsp.py): equal start, a re-split toward x_i / t_i after every iteration,
+    the step halved on a reversal; micro-batches of at most cap accumulated (so no headroom rule binds);
+    gradients summed by hand after the backward, since the number of micro-batches changes."""
     B, base, per, cap = CASES[case]
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     comm.broadcast_parameters(m.state_dict())
     emu = Emulator("v100", speed=SPEEDS[rank], base_s=base, per_sample_s=per, rank=rank, log=quiet)
-    st = {"x": [B // R + (1 if i < B % R else 0) for i in range(R)], "step": 1.0, "dir": [0] * R}
+    lb = LBBSP(B, R)
     params = list(m.parameters())
 
     def step(it):
-        x = st["x"]
+        x = lb.x
         start = (it * B) % (len(ds) - B)
         o, left = start + sum(x[:rank]), x[rank]
         opt.zero_grad()
@@ -162,42 +164,10 @@ def lbbsp_real(case):
         for p, h in zip(params, hs):
             p.grad = comm.synchronize(h)
         opt.step()
-        ts = comm.allgather_object(tc, name="lb.t")           # the monitoring: every rank's compute time
-        v = [x[i] / ts[i] if ts[i] > 0 and x[i] > 0 else 0.0 for i in range(R)]
-        if min(v) <= 0:
-            return
-        target = split_proportional(B, v)
-        while True:
-            new = _toward(x, target, st["step"], B)
-            d = [(n > c) - (n < c) for n, c in zip(new, x)]
-            if st["step"] > 1 / 16 and any(di and pi and di != pi for di, pi in zip(d, st["dir"])):
-                st["step"] /= 2                                # oscillation: halve the step (LB-BSP)
-                continue
-            break
-        st["dir"] = [di or pi for di, pi in zip(d, st["dir"])]
-        st["x"] = new
+        lb.update(comm.allgather_object(tc, name="lb.t"))     # the monitoring: every rank's compute time
     rate = timed_loop(step, B, warm=MEASURE_WARM)
-    PLANS[f"{case}/lbbsp_real"] = ",".join(map(str, st["x"]))
+    PLANS[f"{case}/lbbsp_real"] = ",".join(map(str, lb.x)) + f" halvings={lb.halvings}"
     return rate
-
-
-def _toward(cur, target, step, B):
-    """cur moved a fraction step of the way to target, integers >= 1 summing to B (largest remainder)."""
-    want = [c + step * (t - c) for c, t in zip(cur, target)]
-    base = [max(1, int(w)) for w in want]
-    extra = B - sum(base)
-    order = sorted(range(len(want)), key=lambda i: -(want[i] - int(want[i])))
-    i = 0
-    while extra != 0:
-        j = order[i % len(order)]
-        if extra > 0:
-            base[j] += 1
-            extra -= 1
-        elif base[j] > 1:
-            base[j] -= 1
-            extra += 1
-        i += 1
-    return base
 
 
 def fastest(case):
@@ -323,10 +293,10 @@ if rank == 0:
     for case, pre in keys.items():
         for side, den, name in (("hpc_jabas", "equal", "speedup_vs_equal_split"),
                                 ("hpc_jabas", "lbbsp", "speedup_vs_lbbsp_plain"),
-                                ("hpc_jabas", "lbbsp_real", "speedup_vs_lbbsp_real"),
+                                ("hpc_jabas", "lbbsp_real", "speedup_vs_lbbsp_measured"),
                                 ("hpc_jabas", "fastest", "speedup_vs_fastest"),
                                 ("hpc_jabas", "ideal", "ideal_fraction"),
-                                ("hpc_jabas_reactive", "lbbsp_real", "reactive_vs_lbbsp_real"),
+                                ("hpc_jabas_reactive", "lbbsp_real", "reactive_vs_lbbsp_measured"),
                                 ("hpc_jabas_reactive", "ideal", "reactive_ideal_fraction")):
             r = ratios(case, den, side)
             if r is None:
