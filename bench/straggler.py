@@ -15,7 +15,8 @@ What a user could do instead, side by side (order rotated every round):
   hpc_jabas_reactive  the Trainer knowing no speed either (every rank declared alike) with balance = reactive
              at its defaults (p_balance = 10, threshold 0.05): it re-plans from the measured speeds;
   hpc_jabas  the Trainer with the exact planner (plan_batch(per_rank=True): each rank its own
-             micro-batch size; speeds declared as speed factors) on the job's emulated perf model;
+             micro-batch size; speeds declared as speed factors) on the case's measured profile
+             (`hpc-jabas profile --emulate` before the MPI world starts, its memory cap as --b-limit);
              --identical-b plans with one micro-batch size for all ranks (IIDP's rule) instead.
 The ideal is the fluid optimum: B / T*, T* the smallest makespan at which the ranks, each at its
 best allowed micro-batch size (at most its memory cap; fractional micro-batch counts allowed) and
@@ -38,17 +39,51 @@ speedup_vs_lbbsp_measured= speedup_vs_fastest= ideal_fraction= reactive_vs_lbbsp
 (+ per_call_* and mem_cap_*); the line before: min/max.
 """
 import argparse
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _launch import ROOT as REPO  # noqa: E402
 from _launch import ensure_ranks, load_note  # noqa: E402
 from _lbbsp import LBBSP  # noqa: E402
 
+# case -> (B, base_s, per_sample_s, cap)
+CASES = {"main": (512, 0.0002, 0.0005, 512), "per_call": (512, 0.005, 0.0001, 512),
+         "mem_cap": (512, 0.0002, 0.0005, 64)}
+PROFILES = Path("/tmp/hj-bench-straggler-profiles")
+
+
+def profile_cases() -> None:
+    """Before the MPI world starts: `hpc-jabas profile --emulate` of the model on the 3 ranks for each case (its
+    emulated cost, its memory cap as --b-limit, the allreduce over Horovod), as a user profiles once. hpc-jabas's
+    sides plan with these measured profiles, not with the emulator's formula. A failure stops the benchmark."""
+    shutil.rmtree(PROFILES, ignore_errors=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+               OMPI_MCA_mpi_yield_when_idle="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    for case, (_, base, per, cap) in CASES.items():
+        bl = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= cap)
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "3", sys.executable, "-m", "hpc_jabas.cli",
+               "profile", "--quiet", "--model", "_straggler_model:bundle", "--emulate", "--gpu-type", "v100,v100,v100",
+               "--base-s", str(base), "--per-sample-s", str(per), "--b-list", bl, "--b-limit", str(cap),
+               "--out", str(PROFILES / case)]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"straggler: profiling case {case} failed (rc={r.returncode}): "
+                             f"{(r.stderr.strip().splitlines() or [''])[-1]}")
+
+
+if "OMPI_COMM_WORLD_SIZE" not in os.environ and "HOROVOD_RANK" not in os.environ:
+    profile_cases()
 ensure_ranks(3)
 
+import _straggler_model  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -70,10 +105,6 @@ SPEEDS = [1.0, 0.5, 0.25]
 R = 3
 WARM = 3
 MEASURE_WARM = 30
-# case -> (B, base_s, per_sample_s, cap)
-CASES = {"main": (512, 0.0002, 0.0005, 512), "per_call": (512, 0.005, 0.0001, 512),
-         "mem_cap": (512, 0.0002, 0.0005, 64)}
-
 torch.set_num_threads(1)
 comm.init()
 rank = comm.rank()
@@ -85,19 +116,16 @@ quiet = lambda m: None  # noqa: E731
 loss_fn = nn.CrossEntropyLoss()
 
 
-def model():
-    torch.manual_seed(1)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 2))
+model = _straggler_model.model
 
 
 def t_of(b, base, per, s):
     return (base + per * b) / s
 
 
-def perf_model(base, per, cap):
-    # one type, the three ranks differ by declared speed (the planner's speed factors)
-    return PerfModel.emulated(["v100"], base_s=base, per_sample_s=per, mem_samples_per_gb=cap / 32.0,
-                              b_list=[b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= cap])
+def perf_model(case):
+    """The case's measured profile (profile_cases): one type, the three ranks differ by declared speed factors."""
+    return PerfModel.load(PROFILES / case)
 
 
 def timed_loop(step, B, warm=WARM):
@@ -198,7 +226,7 @@ PLANS = {}
 
 def hpc_jabas(case):
     B, base, per, cap = CASES[case]
-    pm = perf_model(base, per, cap)
+    pm = perf_model(case)
     types = ["v100"] * R
 
     def planner(Bq, factors=None):
@@ -207,7 +235,7 @@ def hpc_jabas(case):
     m = model()
     cfg = JobConfig(batch=B, planner="optimal", emulate=True, gpu_types=types, emulate_base_s=base,
                     emulate_per_sample_s=per, checkpoint=False, run_dir=f"/tmp/hj-bench-straggler-{rank}",
-                    metrics_period=100000, epochs=1000)
+                    metrics_period=100000, epochs=1000, profile_dir=str(PROFILES / case))
     tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg,
                  planner_fn=planner, gpu_types=types)
     tr.emulator = Emulator("v100", speed=SPEEDS[rank], base_s=base, per_sample_s=per, rank=rank, log=quiet)
@@ -221,7 +249,7 @@ def hpc_jabas(case):
 def hpc_jabas_reactive(case):
     """The Trainer told nothing of the speeds (every rank alike), balance = reactive at its defaults."""
     B, base, per, cap = CASES[case]
-    pm = perf_model(base, per, cap)
+    pm = perf_model(case)
     types = ["v100"] * R
 
     def planner(Bq, factors=None):
@@ -229,7 +257,7 @@ def hpc_jabas_reactive(case):
     m = model()
     cfg = JobConfig(batch=B, planner="optimal", emulate=True, gpu_types=types, emulate_base_s=base,
                     emulate_per_sample_s=per, checkpoint=False, run_dir=f"/tmp/hj-bench-straggler-r{rank}",
-                    metrics_period=100000, epochs=1000, balance="reactive")
+                    metrics_period=100000, epochs=1000, balance="reactive", profile_dir=str(PROFILES / case))
     tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg,
                  planner_fn=planner, gpu_types=types)
     tr.emulator = Emulator("v100", speed=SPEEDS[rank], base_s=base, per_sample_s=per, rank=rank, log=quiet)
