@@ -8,7 +8,8 @@ and run in chunks of CHUNK iterations, alternating (each chunk between barriers,
 summed), so that all three see the same load of this shared machine.
 - theirs: a hand-written ``hvd.DistributedOptimizer`` loop (one seeded permutation per epoch, b samples
   per rank per iteration), the strongest simple alternative;
-- ours: the Trainer with the fixed policy, plan b=32 n=1,1,1 -> ``overhead_ratio`` = ours / theirs;
+- ours: the Trainer's ``train_step`` (no safe point: ``fit()`` adds it) with the fixed policy, plan b=32 n=1,1,1
+  -> ``overhead_ratio`` = ours / theirs;
 - adaptive: the Trainer with policy = "similarity" at p = 100 and the defaults otherwise (batch_min =
   batch_max = batch: B stays at 96), planner lbbsp (equal speeds: the same b=32 n=1,1,1 plan; the fixed
   planner refuses an adaptive policy); ITERS = 100 holds one measurement iteration and one decision
@@ -17,7 +18,13 @@ summed), so that all three see the same load of this shared machine.
   iteration timed alone between barriers; median(measurement iterations) / median(normal ones).
 REPEATS rounds (fresh loops each), the order of the three loops rotated every round; each ratio's
 median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubscribe it): noisy, see the load note.
-Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z``.
+- whole loops, the ones a user runs: ``Trainer.fit(max_iterations=100)`` (setup collectives, the safe point's
+  agreement at every iteration boundary, metrics, controller), fixed and similarity at p = 100, each against the
+  hand-written loop's 100 iterations as one block (its broadcast included), order rotated each round ->
+  ``overhead_ratio_fit``, ``overhead_ratio_fit_adaptive``.
+
+Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z overhead_ratio_fit=F
+overhead_ratio_fit_adaptive=G``.
 """
 import statistics
 import sys
@@ -134,9 +141,36 @@ def measure_ratio() -> float:
     return statistics.median(times[True]) / statistics.median(times[False])
 
 
+def theirs_whole() -> float:
+    """The hand-written loop as one block: broadcast, ITERS iterations, between barriers (rank 0's seconds)."""
+    barrier("w0")
+    t0 = time.perf_counter()
+    step, _ = theirs()
+    for _ in range(ITERS):
+        step()
+    barrier("w1")
+    return comm.broadcast_object(time.perf_counter() - t0, name="oh.wdt")
+
+
+def fit_whole(policy: str) -> float:
+    """``Trainer.fit(max_iterations=ITERS)`` as one block: setup collectives, safe points at every boundary,
+    metrics and the controller included; the Trainer is built before the clock, as the model is for theirs."""
+    tr = trainer(policy)
+    barrier("f0")
+    t0 = time.perf_counter()
+    out = tr.fit(max_iterations=ITERS, resume=False)
+    barrier("f1")
+    dt = comm.broadcast_object(time.perf_counter() - t0, name="oh.fdt")
+    assert out["iterations"] == ITERS, out
+    tr.opt.remove_hooks()
+    return dt
+
+
 setups = {"theirs": theirs, "ours": lambda: ours("fixed"), "adaptive": lambda: ours("similarity")}
 order = list(setups)
-res: dict[str, list[float]] = {"overhead_ratio": [], "overhead_ratio_adaptive": [], "measure_iteration_ratio": []}
+res: dict[str, list[float]] = {"overhead_ratio": [], "overhead_ratio_adaptive": [], "measure_iteration_ratio": [],
+                               "overhead_ratio_fit": [], "overhead_ratio_fit_adaptive": []}
+whole = {"theirs": theirs_whole, "fit": lambda: fit_whole("fixed"), "fit_adaptive": lambda: fit_whole("similarity")}
 if rank == 0:
     print(f"model: {PARAMS / 1e6:.2f}M parameters, b={b} per rank, {ITERS} iterations per loop, run in chunks of "
           f"{CHUNK} alternating between the loops", flush=True)
@@ -156,11 +190,17 @@ for r in range(REPEATS):
     res["overhead_ratio"].append(t["ours"] / t["theirs"])
     res["overhead_ratio_adaptive"].append(t["adaptive"] / t["theirs"])
     res["measure_iteration_ratio"].append(measure_ratio())
+    wnames = list(whole)[k:] + list(whole)[:k]
+    w = {name: whole[name]() for name in wnames}
+    res["overhead_ratio_fit"].append(w["fit"] / w["theirs"])
+    res["overhead_ratio_fit_adaptive"].append(w["fit_adaptive"] / w["theirs"])
     if rank == 0:
         print(f"round {r} (order {', '.join(names)}): hvd.DistributedOptimizer "
               f"{t['theirs'] / ITERS * 1e3:.1f} ms/it  hpc-jabas fixed {t['ours'] / ITERS * 1e3:.1f} ms/it  "
               f"similarity p=100 {t['adaptive'] / ITERS * 1e3:.1f} ms/it  measurement/normal iteration "
-              f"{res['measure_iteration_ratio'][-1]:.3f}", flush=True)
+              f"{res['measure_iteration_ratio'][-1]:.3f}; whole loops (order {', '.join(wnames)}): theirs "
+              f"{w['theirs']:.2f} s, fit() fixed {w['fit']:.2f} s, fit() similarity p=100 {w['fit_adaptive']:.2f} s",
+              flush=True)
 if rank == 0:
     print(f"rounds={REPEATS} ({load_note()}) " + " ".join(f"{k}_min={min(v):.3f} {k}_max={max(v):.3f}"
                                                           for k, v in res.items()))
