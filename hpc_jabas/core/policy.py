@@ -148,10 +148,6 @@ class BatchDecision:
                 "reason": self.reason}
 
 
-
-
-
-
 class BatchPolicy:
     """Base: bounds [B_min, B_max] and the decision period p. Subclasses implement ``wish``."""
 
