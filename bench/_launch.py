@@ -7,16 +7,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def ensure_ranks(n: int) -> None:
-    """If not already inside an MPI world, re-exec this script as `mpirun -np n` and exit with its code."""
-    if "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ:
-        return
+def in_mpi_world() -> bool:
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "HOROVOD_RANK" in os.environ
+
+
+def _mpi_env() -> dict:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HPC_JABAS_PROGRESS="0",
                OMPI_MCA_mpi_yield_when_idle="1")
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(n), sys.executable, sys.argv[0], *sys.argv[1:]]
-    sys.exit(subprocess.call(cmd, env=env))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _mpirun(n: int) -> list[str]:
+    return ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(n), sys.executable]
+
+
+def ensure_ranks(n: int) -> None:
+    """If not already inside an MPI world, re-exec this script as `mpirun -np n` and exit with its code."""
+    if in_mpi_world():
+        return
+    sys.exit(subprocess.call([*_mpirun(n), sys.argv[0], *sys.argv[1:]], env=_mpi_env()))
+
+
+def profile_emulated(what: str, model: str, gpu_types: list[str], base_s: float, per_sample_s: float, out: Path,
+                     *extra: str) -> None:
+    """`hpc-jabas profile --emulate` of MODULE:CALLABLE ``model`` over one rank per GPU type, written to ``out``:
+    what a user runs once per model and cluster, so a benchmark plans on a measured profile. Run it before the
+    benchmark's own MPI world starts. A failure stops the benchmark with one line naming ``what``."""
+    cmd = [*_mpirun(len(gpu_types)), "-m", "hpc_jabas.cli", "profile", "--quiet", "--model", model, "--emulate",
+           "--gpu-type", ",".join(gpu_types), "--base-s", str(base_s), "--per-sample-s", str(per_sample_s),
+           *extra, "--out", str(out)]
+    r = subprocess.run(cmd, env=_mpi_env(), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{Path(sys.argv[0]).stem}: profiling {what} failed (rc={r.returncode}): "
+                         f"{(r.stderr.strip().splitlines() or [''])[-1]}")
 
 
 def load_note() -> str:

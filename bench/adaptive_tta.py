@@ -45,7 +45,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -53,8 +52,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _launch import ROOT as REPO  # noqa: E402
-from _launch import ensure_ranks  # noqa: E402
+from _launch import ensure_ranks, in_mpi_world, profile_emulated  # noqa: E402
 
 RANKS = 3
 TYPES = ["v100", "p100", "rtx2060"]
@@ -72,23 +70,14 @@ def profile_cluster() -> None:
     allreduce measured over Horovod here. Outside the benchmark clock. A failure stops the benchmark: planning
     with anything but a measured profile is not this protocol."""
     shutil.rmtree(PROFILES, ignore_errors=True)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-               OMPI_MCA_mpi_yield_when_idle="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
     for name, bundle in BUNDLES.items():
         for regime in TASK_REGIMES[name]:
             emu = REGIMES[regime]
-            cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(RANKS), sys.executable, "-m",
-                   "hpc_jabas.cli", "profile", "--quiet", "--model", bundle, "--emulate", "--gpu-type", ",".join(TYPES),
-                   "--base-s", str(emu["emulate_base_s"]), "--per-sample-s", str(emu["emulate_per_sample_s"]),
-                   "--out", str(PROFILES / regime / name)]
-            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SystemExit(f"adaptive_tta: profiling {bundle} ({regime}) failed (rc={r.returncode}): "
-                                 f"{(r.stderr.strip().splitlines() or [''])[-1]}")
+            profile_emulated(f"{bundle} ({regime})", bundle, TYPES, emu["emulate_base_s"], emu["emulate_per_sample_s"],
+                             PROFILES / regime / name)
 
 
-if "OMPI_COMM_WORLD_SIZE" not in os.environ and "HOROVOD_RANK" not in os.environ:
+if not in_mpi_world():
     profile_cluster()
 ensure_ranks(RANKS)
 

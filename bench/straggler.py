@@ -39,18 +39,15 @@ speedup_vs_lbbsp_measured= speedup_vs_fastest= ideal_fraction= reactive_vs_lbbsp
 (+ per_call_* and mem_cap_*); the line before: min/max.
 """
 import argparse
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _launch import ROOT as REPO  # noqa: E402
-from _launch import ensure_ranks, load_note  # noqa: E402
+from _launch import ensure_ranks, in_mpi_world, load_note, profile_emulated  # noqa: E402
 from _lbbsp import LBBSP  # noqa: E402
 
 # case -> (B, base_s, per_sample_s, cap)
@@ -64,22 +61,13 @@ def profile_cases() -> None:
     emulated cost, its memory cap as --b-limit, the allreduce over Horovod), as a user profiles once. hpc-jabas's
     sides plan with these measured profiles, not with the emulator's formula. A failure stops the benchmark."""
     shutil.rmtree(PROFILES, ignore_errors=True)
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
-               OMPI_MCA_mpi_yield_when_idle="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")]))
     for case, (_, base, per, cap) in CASES.items():
         bl = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= cap)
-        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "3", sys.executable, "-m", "hpc_jabas.cli",
-               "profile", "--quiet", "--model", "_straggler_model:bundle", "--emulate", "--gpu-type", "v100,v100,v100",
-               "--base-s", str(base), "--per-sample-s", str(per), "--b-list", bl, "--b-limit", str(cap),
-               "--out", str(PROFILES / case)]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"straggler: profiling case {case} failed (rc={r.returncode}): "
-                             f"{(r.stderr.strip().splitlines() or [''])[-1]}")
+        profile_emulated(f"case {case}", "_straggler_model:bundle", ["v100"] * 3, base, per, PROFILES / case,
+                         "--b-list", bl, "--b-limit", str(cap))
 
 
-if "OMPI_COMM_WORLD_SIZE" not in os.environ and "HOROVOD_RANK" not in os.environ:
+if not in_mpi_world():
     profile_cases()
 ensure_ranks(3)
 

@@ -163,16 +163,15 @@ def slurm_option(spec: JobSpec, key: str) -> int:
 _SLURM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 #: The options hpc-jabas sets itself from the mix and the [slurm] keys: given again in sbatch_args they would
 #: override the plan (a partition the ranks are not planned for, a time limit the signal lead does not fit) or
-#: the job's own files, so they are refused with the key that sets them instead.
+#: the job's own files, so they are refused with the key that sets them instead. (Only long forms are checked:
+#: a short one such as -p is refused before, as every sbatch_args item must be --flag or --flag=value.)
 MANAGED_OPTIONS = {
-    "partition": "the mix", "p": "the mix", "ntasks": "the mix", "n": "the mix", "nodes": "the mix", "N": "the mix",
-    "gres": "the mix", "gpus": "the mix", "gpus-per-task": "the mix", "G": "the mix", "mem": "mem_per_task_mb",
-    "time": "time_min", "t": "time_min", "signal": "signal_lead_s", "chdir": "the chain directory",
-    "D": "the chain directory", "output": "the chain directory", "o": "the chain directory",
-    "error": "the chain directory", "e": "the chain directory", "array": "nothing (one job per chain step)",
-    "a": "nothing (one job per chain step)", "parsable": "nothing (hpc-jabas reads the job id itself)",
-    "wrap": "nothing (hpc-jabas writes the job script)", "hetjob": "the mix", "het-job": "the mix",
-    "job-name": "job_name", "J": "job_name",
+    "partition": "the mix", "ntasks": "the mix", "nodes": "the mix", "gres": "the mix", "gpus": "the mix",
+    "gpus-per-task": "the mix", "hetjob": "the mix", "het-job": "the mix", "mem": "mem_per_task_mb",
+    "time": "time_min", "signal": "signal_lead_s", "chdir": "the chain directory", "output": "the chain directory",
+    "error": "the chain directory", "array": "nothing (one job per chain step)",
+    "parsable": "nothing (hpc-jabas reads the job id itself)", "wrap": "nothing (hpc-jabas writes the job script)",
+    "job-name": "job_name",
 }
 
 
@@ -226,7 +225,9 @@ def extra_args(spec: JobSpec) -> list[str]:
 def check_extra(spec: JobSpec) -> None:
     """Every option of ``spec.extra`` this module reads, checked at once: what submit calls before Slurm."""
     SlurmOptions.of(spec)
-    _name(spec, "account"), _name(spec, "qos"), _sbatch_args(spec)
+    for key in ("account", "qos"):
+        _name(spec, key)
+    _sbatch_args(spec)
 
 
 def parse_mix(text: str) -> dict[str, int]:
