@@ -1,13 +1,16 @@
 """Files others can write are not trusted: the owner and mode checks OpenSSH's StrictModes does on keys.
 
 Before hpc-jabas reads a file whose content decides what runs or what is restored (a checkpoint and its
-``.sha256`` sidecar, a chain's ``chain.jsonl``, a submitit result pickle), :func:`check_file` refuses it
-when
+``.sha256`` sidecar, a chain's ``chain.jsonl``, a job spec ``<chain_dir>/jobs/<n>.json``, a run's
+``calibration.json``, ``progress.json`` and ``metrics.jsonl`` read back, a submitit result pickle),
+:func:`check_file` refuses it when
 
 - another user owns it (not this process's effective user and not root), or
 - anyone may write it (world-writable), or
 - its group may write it, unless group trust is on (config key ``trust_group = true``, or
-  :func:`set_trust_group`; a project space shared by a group is common on clusters), or
+  :func:`set_trust_group`, or ``HPC_JABAS_TRUST_GROUP=1`` in the environment, which the job scripts of a
+  ``trust_group`` job export so that the launcher trusts the group before it has read the job's config; a
+  project space shared by a group is common on clusters), or
 - its directory is writable by others (the file could be replaced), the same way; a sticky
   world-writable directory (``/tmp``) counts as safe, as for OpenSSH.
 
@@ -24,6 +27,8 @@ from pathlib import Path
 from hpc_jabas.errors import ConfigError
 
 _TRUST_GROUP = False
+#: set to 1 by the job scripts of a job with trust_group = true (slurm/sbatch.py: setup_lines)
+TRUST_GROUP_ENV = "HPC_JABAS_TRUST_GROUP"
 
 
 class UntrustedFileError(ConfigError):
@@ -37,7 +42,7 @@ def set_trust_group(on: bool) -> None:
 
 
 def trust_group() -> bool:
-    return _TRUST_GROUP
+    return _TRUST_GROUP or os.environ.get(TRUST_GROUP_ENV) == "1"
 
 
 def _problem(st: os.stat_result, is_dir: bool, group_ok: bool) -> tuple[str, str] | None:
@@ -60,7 +65,7 @@ def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | Non
     """Refuse ``path`` (UntrustedFileError, one line) when another user owns it or others may write it or
     its directory. A missing file is not checked here (the reader reports it)."""
     p = Path(path)
-    gok = _TRUST_GROUP if group_ok is None else group_ok
+    gok = trust_group() if group_ok is None else group_ok
     try:
         st = os.stat(p)
     except OSError:
@@ -83,7 +88,22 @@ def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | Non
 def open_private(path: str | os.PathLike, flags: int) -> int:
     """``os.open`` of a file hpc-jabas writes and later trusts (checkpoints, sidecars, chain.jsonl): created
     0o644 at most (0o664 with group trust), whatever the umask."""
-    return os.open(path, flags | os.O_CREAT, 0o664 if _TRUST_GROUP else 0o644)
+    return os.open(path, flags | os.O_CREAT, 0o664 if trust_group() else 0o644)
+
+
+def make_private(path: str | os.PathLike) -> Path:
+    """A file hpc-jabas has just written and later trusts (a job spec, metrics.jsonl, progress.json,
+    calibration.json): its world write, and its group write unless group trust is on, removed, so that a
+    umask of 002 does not make it one that :func:`check_file` refuses."""
+    p = Path(path)
+    try:
+        mode = stat.S_IMODE(os.stat(p).st_mode)
+        strip = stat.S_IWOTH | (0 if trust_group() else stat.S_IWGRP)
+        if mode & strip:
+            os.chmod(p, mode & ~strip)
+    except OSError:
+        pass
+    return p
 
 
 def private_dir(path: str | os.PathLike) -> Path:
@@ -100,7 +120,7 @@ def private_dir(path: str | os.PathLike) -> Path:
     for d in missing:
         try:
             mode = stat.S_IMODE(os.stat(d).st_mode)
-            strip = stat.S_IWOTH | (0 if _TRUST_GROUP else stat.S_IWGRP)
+            strip = stat.S_IWOTH | (0 if trust_group() else stat.S_IWGRP)
             if mode & strip:
                 os.chmod(d, mode & ~strip)
         except OSError:

@@ -1,6 +1,7 @@
-"""Files others can write are not trusted (hpc_jabas/trust.py): checkpoints, their sidecars, chain records and
-submitit result pickles are refused before they are read when another user owns them or others may write them;
-a checkpoint is never code (weights_only loading); new run and chain directories have no world write."""
+"""Files others can write are not trusted (hpc_jabas/trust.py): checkpoints, their sidecars, chain records, job
+specs, calibration.json, progress.json, metrics.jsonl read back and submitit result pickles are refused before
+they are read when another user owns them or others may write them; a checkpoint is never code (weights_only
+loading); new run and chain directories have no world write."""
 from __future__ import annotations
 
 import hashlib
@@ -200,6 +201,149 @@ def test_submitit_result_pickle_is_checked_before_it_is_unpickled(tmp_path):
     with pytest.raises(UntrustedFileError, match="submitit result .*owned by uid 12345"):
         job._get_outcome_and_result()
     assert not marker.exists()
+
+
+# ---- every other file of a run or chain directory that is read back ----------------------------------------
+def _spec(tmp_path: Path, **config):
+    from hpc_jabas.core.jobspec import JobSpec
+    return JobSpec(task="preempt_task:build", config=dict(config), chain_dir=str(tmp_path / "chain"),
+                   mix={"v100": 2}, method="sbatch")
+
+
+def _job_spec_by_launch(tmp_path: Path):
+    from hpc_jabas.runtime.launch import spec_from_file
+    f = _spec(tmp_path).save(tmp_path / "chain" / "jobs" / "1.json")
+    return f, lambda: spec_from_file(str(f)).mix == {"v100": 2}
+
+
+def _job_spec_by_replan(tmp_path: Path):
+    from hpc_jabas.slurm.replan import _spec_of
+    f = _spec(tmp_path).save(tmp_path / "chain" / "jobs" / "submitit" / "spec-1.json")
+    ev = [{"event": "submit", "job_id": "5", "spec": str(f)}]
+    return f, lambda: _spec_of(tmp_path / "chain", "5", ev).mix == {"v100": 2}
+
+
+def _calibration(tmp_path: Path):
+    from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.runtime.calibrate import check_calibration
+    (tmp_path / "run").mkdir()
+    f = Path(Calibration.fresh(["v100"]).save(tmp_path / "run" / CALIBRATION_FILE))
+    cfg = JobConfig(run_dir=str(tmp_path / "run"), calibrate=True)
+
+    def read():
+        check_calibration(cfg)
+        return Calibration.load(f).ranks[0].gpu == "v100"
+    return f, read
+
+
+def _plan_calibration(tmp_path: Path):
+    import argparse
+
+    from hpc_jabas.cli.plan import _model
+    from hpc_jabas.core.calibration import Calibration
+    f = Path(Calibration.fresh(["v100"]).save(tmp_path / "calibration.json"))
+    args = argparse.Namespace(profile=None, emulated=True, grad_mb=None, calibration=str(f))
+    return f, lambda: "calibrated by" in _model(args, ["v100"])[1]
+
+
+def _progress(tmp_path: Path):
+    from hpc_jabas.runtime import progress
+    (tmp_path / "run").mkdir()
+    f = tmp_path / "run" / progress.PROGRESS_FILE
+    f.write_text(json.dumps({"job_id": "5", "time": 1.0}))
+    return f, lambda: progress.read(tmp_path / "run")["job_id"] == "5"
+
+
+def _metrics_file(tmp_path: Path) -> Path:
+    (tmp_path / "chain" / "run").mkdir(parents=True)
+    f = tmp_path / "chain" / "run" / "metrics.jsonl"
+    recs = [{"type": "iteration", "it": 0},
+            {"type": "autoscale", "table": [{"mix": "v100:2"}], "choice": {"v100": 2}}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return f
+
+
+def _metrics_by_launch(tmp_path: Path):
+    from hpc_jabas.runtime.launch import _metrics
+    f = _metrics_file(tmp_path)
+    return f, lambda: len(_metrics(_spec(tmp_path))) == 2
+
+
+def _metrics_by_replan(tmp_path: Path):
+    from hpc_jabas.slurm.replan import _last_table
+    f = _metrics_file(tmp_path)
+    return f, lambda: _last_table(_spec(tmp_path), {"v100": 2}) == [{"mix": "v100:2"}]
+
+
+def _metrics_by_report(tmp_path: Path):
+    from hpc_jabas.cli.report import load_metrics
+    f = _metrics_file(tmp_path)
+    return f, lambda: len(load_metrics(f.parent)) == 2
+
+
+READ_BACK = {"job spec (launcher)": (_job_spec_by_launch, "job spec"),
+             "job spec (re-plan)": (_job_spec_by_replan, "job spec"),
+             "calibration.json (perf model)": (_calibration, "calibration"),
+             "calibration (plan --calibration)": (_plan_calibration, "calibration"),
+             "progress.json (status)": (_progress, "progress record"),
+             "metrics.jsonl (lost iterations)": (_metrics_by_launch, "metrics record"),
+             "metrics.jsonl (next mix)": (_metrics_by_replan, "metrics record"),
+             "metrics.jsonl (report)": (_metrics_by_report, "metrics record")}
+
+
+@pytest.mark.parametrize("row", list(READ_BACK))
+def test_files_read_back_are_refused_when_others_can_write_them(tmp_path, row, capsys):
+    make, what = READ_BACK[row]
+    f, read = make(tmp_path)
+    os.chmod(f, 0o644)
+    assert read() is True                                          # a normal one still loads
+    os.chmod(f, 0o666)
+    with pytest.raises(UntrustedFileError) as e:
+        read()
+    msg = _one_line(e.value)
+    assert msg.startswith(f"refusing to read {what} {str(f)!r}") and f"chmod o-w {f}" in msg, msg
+    os.chmod(f, 0o644)
+    os.chown(f, OTHER_UID, -1)
+    with pytest.raises(UntrustedFileError, match=f"{what} .*owned by uid {OTHER_UID}"):
+        read()
+    os.chown(f, os.geteuid(), -1)
+    os.chmod(f, 0o664)                                             # group-writable: only with group trust
+    with pytest.raises(UntrustedFileError, match="writable by its group"):
+        read()
+    trust.set_trust_group(True)
+    assert read() is True
+
+
+def test_a_trust_group_job_tells_its_launcher_through_the_job_script(tmp_path, monkeypatch):
+    """The launcher reads the job spec before the job's config: a trust_group job's script exports
+    HPC_JABAS_TRUST_GROUP=1 (Slurm keeps its own copy of the script)."""
+    from hpc_jabas.slurm.sbatch import setup_lines
+    assert f"export {trust.TRUST_GROUP_ENV}=1" in setup_lines(_spec(tmp_path, trust_group=True))
+    assert not any(trust.TRUST_GROUP_ENV in ln for ln in setup_lines(_spec(tmp_path)))
+    f = tmp_path / "f.json"
+    f.write_text("{}")
+    os.chmod(f, 0o664)
+    with pytest.raises(UntrustedFileError):
+        trust.check_file(f)
+    monkeypatch.setenv(trust.TRUST_GROUP_ENV, "1")
+    trust.check_file(f)
+
+
+def test_our_own_read_back_files_are_trusted_under_a_umask_of_002(tmp_path):
+    from hpc_jabas.runtime.metrics import MetricsWriter
+    old = os.umask(0o002)
+    try:
+        w = MetricsWriter(tmp_path / "run" / "metrics.jsonl")
+        w.write({"type": "iteration", "it": 0})
+        w.close()
+        jobs = trust.private_dir(tmp_path / "jobs")                 # as the executor writes a job spec
+        spec = trust.make_private(_spec(tmp_path).save(jobs / "1.json"))
+    finally:
+        os.umask(old)
+    for f in (tmp_path / "run" / "metrics.jsonl", spec):
+        assert not f.stat().st_mode & 0o022, f
+        trust.check_file(f)
 
 
 def _run(spec: dict, tmp_path: Path) -> dict:

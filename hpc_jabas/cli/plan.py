@@ -108,6 +108,8 @@ def _model(args, gpu_list: list[str]) -> tuple[PerfModel, str]:
     if getattr(args, "calibration", None):          # a run's calibration.json (core/calibration.py)
         from hpc_jabas.core.calibration import Calibration
         from hpc_jabas.core.perfmodel import calibrate_model
+        from hpc_jabas.trust import check_file
+        check_file(args.calibration, "calibration")
         calibrate_model(model, Calibration.load(args.calibration))
         what += f", calibrated by {args.calibration}"
     return model, what

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.trust import check_file
 
 
 def add_parser(sub):
@@ -25,6 +26,7 @@ def load_metrics(run_dir: str | Path) -> list[dict]:
     f = d / "metrics.jsonl" if d.is_dir() else d
     if not f.exists():
         raise ConfigError(f"no metrics at {str(f)!r}; give a run directory that holds metrics.jsonl")
+    check_file(f, "metrics record")
     recs = []
     for ln in f.read_text().splitlines():
         try:

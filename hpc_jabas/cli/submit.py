@@ -120,11 +120,13 @@ def _check_mix(spec, view) -> None:
     """Every partition of the mix holds GPUs of one known type, and micro_batch fits their memory."""
     from hpc_jabas.core.config import JobConfig
     from hpc_jabas.core.perfmodel import job_perf_model
+    from hpc_jabas.runtime.calibrate import check_calibration
     types = {part: view.gpu_partition(part).gpu_type for part in spec.mix}      # ConfigError: unknown, untyped
     cfgd = dict(spec.config)
     cfgd.pop("job", None)
     cfg = JobConfig.from_dict(cfgd)
     if cfg.micro_batch:
+        check_calibration(cfg)           # job_perf_model (pure) reads the run's calibration.json: checked here
         model = job_perf_model(cfg, sorted(set(types.values())))
         for part, g in sorted(types.items()):
             cap = model.profile(g).max_b

@@ -20,8 +20,17 @@ from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibr
 from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
+from hpc_jabas.trust import check_file, make_private
 
 log = get_logger(__name__)
+
+
+def check_calibration(cfg: Any) -> None:
+    """Before ``core.perfmodel.job_perf_model`` (pure: no owner checks there) reads ``cfg``'s run's
+    ``calibration.json``: refused (UntrustedFileError) when another user owns it or others may write it."""
+    run_dir = getattr(cfg, "run_dir", None)
+    if getattr(cfg, "calibrate", False) and isinstance(run_dir, str):
+        check_file(os.path.join(run_dir, CALIBRATION_FILE), "calibration")
 WARMUP_ITERATIONS = 2       # the first iterations of a process (lazy initialisation) are not fitted
 
 
@@ -56,6 +65,7 @@ class Calibrator:
         path = os.path.join(str(self.tr.cfg.run_dir), CALIBRATION_FILE)
         cal = None
         if os.path.isfile(path):
+            check_file(path, "calibration")      # it steers the plans: refused (not ignored) when others can write it
             try:
                 cal = Calibration.load(path).seeded(self.tr.gpu_types)
                 log.info("calibration seeded from %s", path)
@@ -124,7 +134,7 @@ class Calibrator:
         self._refresh_space()
         if write and self.tr.rank == 0:
             try:
-                self.cal.save(os.path.join(str(self.tr.cfg.run_dir), CALIBRATION_FILE))
+                make_private(self.cal.save(os.path.join(str(self.tr.cfg.run_dir), CALIBRATION_FILE)))
             except OSError as e:
                 log.warning("calibration not written: %s", e)
 

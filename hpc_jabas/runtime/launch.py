@@ -30,6 +30,7 @@ from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.hooks import Callback
 from hpc_jabas.slurm import chain as chainlog
+from hpc_jabas.trust import check_file
 
 log = get_logger(__name__)
 #: a chain's next job waits this long for the job before it to release the run directory
@@ -40,7 +41,8 @@ TIMEOUT_SLACK_S = 60.0
 
 def spec_from_file(path: str) -> JobSpec:
     p = Path(path)
-    if p.suffix == ".json":
+    if p.suffix == ".json":        # written by submit into <chain_dir>/jobs/: it names the code that runs
+        check_file(p, "job spec")
         return JobSpec.load(p)
     from hpc_jabas.core.config import read_toml
     d = read_toml(p, "job file")
@@ -304,6 +306,7 @@ def _started(ev: list[dict], job_id: str) -> float:
 def _metrics(spec: JobSpec) -> list[dict]:
     import json
     p = Path(spec.run_dir) / "metrics.jsonl"
+    check_file(p, "metrics record")     # the lost iterations recorded in the chain are counted from it
     out = []
     for ln in (p.read_text().splitlines() if p.exists() else []):
         try:

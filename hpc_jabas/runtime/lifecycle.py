@@ -129,6 +129,8 @@ class EpochEndAutoscaler(EpochEndHook):
         # what this job holds comes back when it moves, but only on nodes that are not drained or down
         from hpc_jabas.slurm.cluster import available_gpus, job_nodes
         free = available_gpus(view, self.mix, job_nodes())
+        from hpc_jabas.runtime.calibrate import check_calibration
+        check_calibration(jc)               # job_perf_model (pure) reads the run's calibration.json
         model = job_perf_model(jc, types.values())
         fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None,
                            planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds)

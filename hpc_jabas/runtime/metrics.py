@@ -48,9 +48,10 @@ class MetricsWriter:
         self._f: IO[str] | None = None
         if path is not None:
             try:
-                from hpc_jabas.trust import private_dir
+                from hpc_jabas.trust import make_private, private_dir
                 private_dir(path.parent)
                 self._f = open(path, "a", buffering=1)
+                make_private(path)              # read back (lost iterations, the next mix): hpc_jabas/trust.py
             except OSError as e:      # a file where the run directory should be, no permission, /proc...
                 from hpc_jabas.errors import ConfigError
                 raise ConfigError(f"run_dir {str(path.parent)!r} cannot be written: {e.strerror or e}; "

@@ -28,6 +28,7 @@ from typing import IO, Any, TypeVar
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_console_writer
 from hpc_jabas.runtime.hooks import Callback
+from hpc_jabas.trust import check_file, make_private
 
 PROGRESS_FILE = "progress.json"
 T = TypeVar("T")
@@ -186,15 +187,19 @@ class ProgressFile(Callback):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(self.path.name + ".tmp")
             tmp.write_text(json.dumps(self.snapshot(trainer)))
+            make_private(tmp)
             os.replace(tmp, self.path)
         except OSError:
             pass        # progress is informative only; a full disk shows up in the checkpoint instead
 
 
 def read(run_dir: str | Path) -> dict[str, Any] | None:
-    """The last ``progress.json`` of a run directory (None when there is none or it is unreadable)."""
+    """The last ``progress.json`` of a run directory (None when there is none or it is unreadable; UntrustedFileError
+    when others can write it, hpc_jabas/trust.py)."""
+    p = Path(run_dir) / PROGRESS_FILE
+    check_file(p, "progress record")
     try:
-        d = json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
+        d = json.loads(p.read_text())
     except (OSError, ValueError):
         return None
     return d if isinstance(d, dict) else None

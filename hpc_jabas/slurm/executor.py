@@ -77,7 +77,7 @@ from hpc_jabas.slurm.sbatch import (
 )
 from hpc_jabas.slurm.text import parse_sbatch_id
 from hpc_jabas.slurm.watch import fold_state
-from hpc_jabas.trust import check_file
+from hpc_jabas.trust import check_file, make_private, private_dir
 
 SBATCH_TIMEOUT_S = 60.0
 
@@ -225,7 +225,7 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
 
 # ---- method "sbatch" ---------------------------------------------------------------------------
 def _next_job_file(jobs: Path) -> tuple[int, Path]:
-    jobs.mkdir(parents=True, exist_ok=True)
+    private_dir(jobs)
     n = 1 + max((int(p.stem) for p in jobs.glob("*.sbatch") if p.stem.isdigit()), default=0)
     while True:
         p = jobs / f"{n}.sbatch"
@@ -240,7 +240,7 @@ def _next_job_file(jobs: Path) -> tuple[int, Path]:
 def _submit_sbatch(spec: JobSpec, comps: list[Component], env: Mapping[str, str]) -> tuple[str, Path, Path]:
     jobs = Path(spec.chain_dir) / "jobs"
     n, script = _next_job_file(jobs)
-    spec_path = spec.save(jobs / f"{n}.json")
+    spec_path = make_private(spec.save(jobs / f"{n}.json"))
     script.write_text(render_sbatch(spec, comps, spec_path, jobs / f"{n}-%j.out"))
     return run_sbatch(script, env), script, spec_path
 
@@ -271,7 +271,8 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     script: Path | None = None
     if spec.method == "submitit":
         # the spec as submitted, for whoever re-plans a job that pends on unavailable nodes (slurm/replan.py)
-        spec_path = spec.save(Path(spec.chain_dir) / "jobs" / "submitit" / f"spec-{uuid.uuid4().hex[:12]}.json")
+        spec_dir = private_dir(Path(spec.chain_dir) / "jobs" / "submitit")
+        spec_path = make_private(spec.save(spec_dir / f"spec-{uuid.uuid4().hex[:12]}.json"))
         try:
             job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env, spec_path).submit(EntryPoint(), spec))
         except JabasError:

@@ -31,6 +31,7 @@ from hpc_jabas.log import get_logger
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.text import expand_hostlist
+from hpc_jabas.trust import check_file
 
 log = get_logger(__name__)
 #: squeue reasons meaning the job's nodes are not there (Slurm 22.05 names; the head before any ',' or ':')
@@ -98,6 +99,7 @@ def _spec_of(chain_dir: str | Path, job_id: str, events: list[dict]) -> JobSpec 
     p = (sub or {}).get("spec")
     if not p or not Path(p).exists():
         return None
+    check_file(p, "job spec")           # the successor is built from it
     return JobSpec.load(p)
 
 
@@ -106,6 +108,7 @@ def _last_table(spec: JobSpec, mix: Mapping[str, int]) -> list[dict] | None:
     p = Path(spec.run_dir) / "metrics.jsonl"
     if not p.exists():
         return None
+    check_file(p, "metrics record")     # its priced table picks the next mix
     table = None
     want = autoscale.mix_key(mix)
     for ln in p.read_text().splitlines():

@@ -25,6 +25,7 @@ from pathlib import Path
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.components import Component, extra, extra_args, het_groups, per_component_options, slurm_option
+from hpc_jabas.trust import TRUST_GROUP_ENV
 
 METHODS = ("submitit", "sbatch")
 ROOT = Path(__file__).resolve().parents[2]        # the directory holding the hpc_jabas package
@@ -148,7 +149,15 @@ def setup_lines(spec: JobSpec) -> list[str]:
         'export HOROVOD_STALL_CHECK_TIME_SECONDS="${HOROVOD_STALL_CHECK_TIME_SECONDS:-60}"',
         'export HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="${HOROVOD_STALL_SHUTDOWN_TIME_SECONDS:-300}"',
         HJ_SRUN,
-    ]
+    ] + ([f"export {TRUST_GROUP_ENV}=1"] if _trusts_group(spec) else [])
+
+
+def _trusts_group(spec: JobSpec) -> bool:
+    """The job's ``trust_group = true``: its launcher then accepts the group-writable job spec and chain record it
+    reads before the config (hpc_jabas/trust.py). The script is the user's, written by submit; Slurm keeps a copy."""
+    from hpc_jabas.core.config import flatten
+    cfg = spec.config if isinstance(spec.config, Mapping) else {}
+    return flatten(cfg)[0].get("trust_group") is True
 
 
 # ---- #SBATCH blocks ---------------------------------------------------------------------------
