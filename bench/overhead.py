@@ -1,23 +1,29 @@
 """Overhead benchmark: 3 ranks of equal speed and equal batches, no emulation,
 a ~5M-parameter MLP (512 -> 2048 -> 2048 -> 10, fp32), b = 32 samples per rank and iteration.
 
-Each figure is the wall clock of a WHOLE loop of ITERS iterations (after WARM warm-up ones, rank 0's
-clock): data selection, forward/backward, allreduce, step, the metrics' flushes, the controller and its
-decision protocol, all included (not the per-iteration ``iter_s``). The three loops live side by side
-and run in chunks of CHUNK iterations, alternating (each chunk between barriers, the chunks of a loop
-summed), so that all three see the same load of this shared machine.
+Each figure is the wall clock of a WHOLE run of ITERS iterations (after WARM warm-up ones, rank 0's clock,
+between barriers): for hpc-jabas one ``Trainer.fit(max_iterations=...)`` call, so data selection,
+forward/backward, allreduce, step, the metrics' flushes, the safe points, the controller and its decision
+protocol and fit's own start and end are all included (not the per-iteration ``iter_s``).
 - theirs: a hand-written ``hvd.DistributedOptimizer`` loop (one seeded permutation per epoch, b samples
   per rank per iteration), the strongest simple alternative;
-- ours: the Trainer with the fixed policy, plan b=32 n=1,1,1 -> ``overhead_ratio`` = ours / theirs;
-- adaptive: the Trainer with policy = "similarity" at p = 100 and the defaults otherwise (batch_min =
+- ours: ``fit()`` with the fixed policy, plan b=32 n=1,1,1 and the default safe points (the agreement
+  started at a boundary and read at the next) -> ``overhead_ratio`` = ours / theirs;
+- blocking: the same with the earlier safe point, a blocking allreduce at every boundary;
+- off: the same with no agreement at all (no stop possible: measurement only)
+  -> ``safepoint_ratio`` = ours / off and ``safepoint_blocking_ratio`` = blocking / off;
+- adaptive: ``fit()`` with policy = "similarity" at p = 100 and the defaults otherwise (batch_min =
   batch_max = batch: B stays at 96), planner lbbsp (equal speeds: the same b=32 n=1,1,1 plan; the fixed
   planner refuses an adaptive policy); ITERS = 100 holds one measurement iteration and one decision
   round -> ``overhead_ratio_adaptive`` = adaptive / theirs.
 - ``measure_iteration_ratio``: the Trainer with a controller that measures every other iteration; each
-  iteration timed alone between barriers; median(measurement iterations) / median(normal ones).
-REPEATS rounds (fresh loops each), the order of the three loops rotated every round; each ratio's
-median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubscribe it): noisy, see the load note.
-Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z``.
+  iteration (``train_step``) timed alone between barriers; median(measurement iterations) / median(normal ones).
+REPEATS rounds (fresh runs each), the order of the runs rotated every round; each ratio's median over the
+rounds with its min/max, and "not separated" when [min, max] holds 1.0. Shared 2-core machine (3 ranks
+oversubscribe it): noisy, see the load note.
+Last line: ``overhead_ratio=.. overhead_ratio_adaptive=.. safepoint_ratio=.. safepoint_blocking_ratio=..
+measure_iteration_ratio=..``, each followed by its ``_min``, ``_max`` and ``_vs_parity`` (separated or
+not_separated), then ``rounds`` and the load.
 """
 import statistics
 import sys
@@ -36,7 +42,7 @@ from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
-b, ITERS, CHUNK, WARM, REPEATS, MEASURE_PAIRS = 32, 100, 10, 3, 3, 15
+b, ITERS, WARM, REPEATS, MEASURE_PAIRS = 32, 100, 3, 5, 15
 B = 3 * b
 torch.set_num_threads(1)
 comm.init()
@@ -60,12 +66,11 @@ def barrier(tag: str) -> None:
     comm.allgather_object(None, name=f"oh.{tag}")
 
 
-def timed_chunk(step, n: int) -> float:
-    """Seconds for n iterations of ``step``, between barriers, as rank 0 measured them."""
+def timed(fn) -> float:
+    """Seconds of ``fn()`` on every rank, between barriers, as rank 0 measured them."""
     barrier("t0")
     t0 = time.perf_counter()
-    for _ in range(n):
-        step()
+    fn()
     barrier("t1")
     return comm.broadcast_object(time.perf_counter() - t0, name="oh.dt")
 
@@ -84,7 +89,13 @@ def theirs():
         opt.zero_grad()
         loss_fn(m(X[idx]), y[idx]).backward()
         opt.step()
-    return step, lambda: None
+    for _ in range(WARM):
+        step()
+
+    def run() -> None:
+        for _ in range(ITERS):
+            step()
+    return run, lambda: None
 
 
 def trainer(policy: str, controller=None) -> Trainer:
@@ -96,14 +107,16 @@ def trainer(policy: str, controller=None) -> Trainer:
                    config=cfg, controller=controller)
 
 
-def ours(policy: str):
+def ours(policy: str, safe_points: str = "overlap"):
     tr = trainer(policy)
+    tr.safe_points.mode = safe_points
     assert str(tr.plan) == f"b={b} n=1,1,1", tr.plan
+    tr.fit(max_iterations=WARM, resume=False)
 
-    def close() -> None:
-        tr.flush_metrics()
-        tr.opt.remove_hooks()
-    return tr.train_step, close
+    def run() -> None:
+        tr.fit(max_iterations=WARM + ITERS, resume=False)
+        assert tr.iteration == WARM + ITERS and tr.stop_reason is None, (tr.iteration, tr.stop_reason)
+    return run, tr.opt.remove_hooks
 
 
 class EveryOther:
@@ -134,34 +147,41 @@ def measure_ratio() -> float:
     return statistics.median(times[True]) / statistics.median(times[False])
 
 
-setups = {"theirs": theirs, "ours": lambda: ours("fixed"), "adaptive": lambda: ours("similarity")}
+setups = {"theirs": theirs, "ours": lambda: ours("fixed"), "blocking": lambda: ours("fixed", "blocking"),
+          "off": lambda: ours("fixed", "off"), "adaptive": lambda: ours("similarity")}
 order = list(setups)
-res: dict[str, list[float]] = {"overhead_ratio": [], "overhead_ratio_adaptive": [], "measure_iteration_ratio": []}
+res: dict[str, list[float]] = {"overhead_ratio": [], "overhead_ratio_adaptive": [], "safepoint_ratio": [],
+                               "safepoint_blocking_ratio": [], "measure_iteration_ratio": []}
 if rank == 0:
-    print(f"model: {PARAMS / 1e6:.2f}M parameters, b={b} per rank, {ITERS} iterations per loop, run in chunks of "
-          f"{CHUNK} alternating between the loops", flush=True)
+    print(f"model: {PARAMS / 1e6:.2f}M parameters, b={b} per rank, {ITERS} iterations per run, {REPEATS} rounds "
+          "in rotated order", flush=True)
 for r in range(REPEATS):
     k = r % len(order)
     names = order[k:] + order[:k]
-    loops = {name: setups[name]() for name in names}
-    for name in names:
-        for _ in range(WARM):
-            loops[name][0]()
-    t = dict.fromkeys(names, 0.0)
-    for _ in range(ITERS // CHUNK):
-        for name in names:
-            t[name] += timed_chunk(loops[name][0], CHUNK)
-    for name in names:
-        loops[name][1]()
+    t = {}
+    for name in names:                   # each run built (and warmed up) just before it is timed
+        run, close = setups[name]()
+        t[name] = timed(run)
+        close()
     res["overhead_ratio"].append(t["ours"] / t["theirs"])
     res["overhead_ratio_adaptive"].append(t["adaptive"] / t["theirs"])
+    res["safepoint_ratio"].append(t["ours"] / t["off"])
+    res["safepoint_blocking_ratio"].append(t["blocking"] / t["off"])
     res["measure_iteration_ratio"].append(measure_ratio())
     if rank == 0:
-        print(f"round {r} (order {', '.join(names)}): hvd.DistributedOptimizer "
-              f"{t['theirs'] / ITERS * 1e3:.1f} ms/it  hpc-jabas fixed {t['ours'] / ITERS * 1e3:.1f} ms/it  "
-              f"similarity p=100 {t['adaptive'] / ITERS * 1e3:.1f} ms/it  measurement/normal iteration "
+        per_it = "  ".join(f"{n} {t[n] / ITERS * 1e3:.1f} ms/it" for n in order)
+        print(f"round {r} (order {', '.join(names)}): {per_it}  measurement/normal iteration "
               f"{res['measure_iteration_ratio'][-1]:.3f}", flush=True)
+
+
+def vs_parity(v: list[float]) -> str:
+    return "not_separated" if min(v) <= 1.0 <= max(v) else "separated"
+
+
 if rank == 0:
-    print(f"rounds={REPEATS} ({load_note()}) " + " ".join(f"{k}_min={min(v):.3f} {k}_max={max(v):.3f}"
-                                                          for k, v in res.items()))
-    print(" ".join(f"{k}={statistics.median(v):.3f}" for k, v in res.items()))
+    for key, v in res.items():
+        print(f"{key}: median {statistics.median(v):.4f} [{min(v):.4f}, {max(v):.4f}] over {len(v)} rounds"
+              + ("" if key == "measure_iteration_ratio" else f", {vs_parity(v).replace('_', ' ')}"))
+    print(" ".join(f"{key}={statistics.median(v):.4f} {key}_min={min(v):.4f} {key}_max={max(v):.4f} "
+                   f"{key}_vs_parity={vs_parity(v)}" for key, v in res.items())
+          + f" rounds={REPEATS} {load_note()}")
