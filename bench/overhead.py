@@ -22,9 +22,14 @@ median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubs
   agreement at every iteration boundary, metrics, controller), fixed and similarity at p = 100, each against the
   hand-written loop's 100 iterations as one block (its broadcast included), order rotated each round ->
   ``overhead_ratio_fit``, ``overhead_ratio_fit_adaptive``.
+- the safe point (runtime/safepoint.py) in the same whole-loop rounds: the fixed-plan ``fit()`` with its
+  agreement overlapped (the default), blocking (an allreduce waited for at every boundary, the earlier safe
+  point) and off (no agreement: no stop, for measuring only) -> ``safepoint_ratio`` = overlapped / off,
+  ``safepoint_blocking_ratio`` = blocking / off, ``overhead_ratio_fit_safepoint_off`` = off / theirs (what
+  ``fit()`` adds besides the safe point).
 
 Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z overhead_ratio_fit=F
-overhead_ratio_fit_adaptive=G``.
+overhead_ratio_fit_adaptive=G overhead_ratio_fit_safepoint_off=H safepoint_ratio=S safepoint_blocking_ratio=T``.
 """
 import statistics
 import sys
@@ -152,10 +157,12 @@ def theirs_whole() -> float:
     return comm.broadcast_object(time.perf_counter() - t0, name="oh.wdt")
 
 
-def fit_whole(policy: str) -> float:
+def fit_whole(policy: str, safe_points: str = "overlap") -> float:
     """``Trainer.fit(max_iterations=ITERS)`` as one block: setup collectives, safe points at every boundary,
-    metrics and the controller included; the Trainer is built before the clock, as the model is for theirs."""
+    metrics and the controller included; the Trainer is built before the clock, as the model is for theirs.
+    ``safe_points``: the agreement's mode (runtime/safepoint.py: "overlap" the default, "blocking", "off")."""
     tr = trainer(policy)
+    tr.safe_points.mode = safe_points
     barrier("f0")
     t0 = time.perf_counter()
     out = tr.fit(max_iterations=ITERS, resume=False)
@@ -169,8 +176,11 @@ def fit_whole(policy: str) -> float:
 setups = {"theirs": theirs, "ours": lambda: ours("fixed"), "adaptive": lambda: ours("similarity")}
 order = list(setups)
 res: dict[str, list[float]] = {"overhead_ratio": [], "overhead_ratio_adaptive": [], "measure_iteration_ratio": [],
-                               "overhead_ratio_fit": [], "overhead_ratio_fit_adaptive": []}
-whole = {"theirs": theirs_whole, "fit": lambda: fit_whole("fixed"), "fit_adaptive": lambda: fit_whole("similarity")}
+                               "overhead_ratio_fit": [], "overhead_ratio_fit_adaptive": [],
+                               "overhead_ratio_fit_safepoint_off": [], "safepoint_ratio": [],
+                               "safepoint_blocking_ratio": []}
+whole = {"theirs": theirs_whole, "fit": lambda: fit_whole("fixed"), "fit_adaptive": lambda: fit_whole("similarity"),
+         "fit_blocking": lambda: fit_whole("fixed", "blocking"), "fit_off": lambda: fit_whole("fixed", "off")}
 if rank == 0:
     print(f"model: {PARAMS / 1e6:.2f}M parameters, b={b} per rank, {ITERS} iterations per loop, run in chunks of "
           f"{CHUNK} alternating between the loops", flush=True)
@@ -194,12 +204,16 @@ for r in range(REPEATS):
     w = {name: whole[name]() for name in wnames}
     res["overhead_ratio_fit"].append(w["fit"] / w["theirs"])
     res["overhead_ratio_fit_adaptive"].append(w["fit_adaptive"] / w["theirs"])
+    res["overhead_ratio_fit_safepoint_off"].append(w["fit_off"] / w["theirs"])
+    res["safepoint_ratio"].append(w["fit"] / w["fit_off"])
+    res["safepoint_blocking_ratio"].append(w["fit_blocking"] / w["fit_off"])
     if rank == 0:
         print(f"round {r} (order {', '.join(names)}): hvd.DistributedOptimizer "
               f"{t['theirs'] / ITERS * 1e3:.1f} ms/it  hpc-jabas fixed {t['ours'] / ITERS * 1e3:.1f} ms/it  "
               f"similarity p=100 {t['adaptive'] / ITERS * 1e3:.1f} ms/it  measurement/normal iteration "
               f"{res['measure_iteration_ratio'][-1]:.3f}; whole loops (order {', '.join(wnames)}): theirs "
-              f"{w['theirs']:.2f} s, fit() fixed {w['fit']:.2f} s, fit() similarity p=100 {w['fit_adaptive']:.2f} s",
+              f"{w['theirs']:.2f} s, fit() fixed {w['fit']:.2f} s, fit() similarity p=100 {w['fit_adaptive']:.2f} s, "
+              f"fit() fixed with the blocking safe point {w['fit_blocking']:.2f} s, without one {w['fit_off']:.2f} s",
               flush=True)
 if rank == 0:
     print(f"rounds={REPEATS} ({load_note()}) " + " ".join(f"{k}_min={min(v):.3f} {k}_max={max(v):.3f}"

@@ -157,7 +157,9 @@ def test_stop_signal_with_loader_workers_checkpoints_and_resumes_exactly(tmp_pat
     assert first["error"] is None, first
     assert len(first["worker_pids"]) == 2                              # the user's worker_init_fn ran in each
     assert first["alive_after_signal"] == [True, True]                 # TERM did not kill a worker
-    stop_it = case["it"] if case.get("where") != "forward" else case["it"] + 1
+    # the agreement travels during the next iteration (safepoint.SafePoints): a signal after iteration it-1 (at its
+    # step's end) stops every rank after iteration it; one inside iteration it, after it+1 (no epoch end between)
+    stop_it = case["it"] + 1 if case.get("where") != "forward" else case["it"] + 2
     assert first["stopped"]["signal"] == "TERM" and first["iterations"] == stop_it, first
     assert Path(first["stopped"]["checkpoint"]).name == ckpt.name_for(0, stop_it)
     if case.get("kill_workers"):
@@ -200,7 +202,7 @@ def test_term_on_one_rank_with_loader_workers_stops_both_ranks_and_resumes_exact
     spec = dict(LOADER, plan="b=4 n=2,2", steps=8, run_dir=str(tmp_path / "run"))
     first = run_ranks("guard_worker.py", dict(spec, signal_at={"it": 2, "to": "both", "rank": 0}), np_=2)
     for r in first:
-        assert r["error"] is None and r["stopped"]["signal"] == "TERM" and r["iterations"] == 2, r
+        assert r["error"] is None and r["stopped"]["signal"] == "TERM" and r["iterations"] == 3, r
     assert first[0]["alive_after_signal"] == [True, True]
     second = run_ranks("guard_worker.py", dict(spec, resume=True), np_=2)
     want = loader_reference["params"]

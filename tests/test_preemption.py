@@ -20,6 +20,7 @@ from test_equivalence import assert_params_close
 
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.dirlock import DirLock
 from hpc_jabas.runtime.safepoint import Agreement, PeriodicCheckpoint, agree
 
@@ -46,6 +47,98 @@ def test_agreement_one_allreduce_any_rank_stops_all():
     assert p.due_by_clock()
     p.mark(5)
     assert not p.due_by_clock() and not p.due_by_iterations(9) and p.due_by_iterations(10)
+
+
+class _Ranks:
+    """Two ranks' safe points in one process: rank 0 is driven, ``other`` holds rank 1's flags per call."""
+
+    def __init__(self):
+        self.other = torch.zeros(6, dtype=torch.float64)
+        self.ops: list[str] = []
+
+    def allreduce(self, t, name):
+        self.ops.append("blocking")
+        return t + self.other
+
+    def start(self, t, name):
+        self.ops.append("launch")
+        return t + self.other          # the other rank's flags as they were when it launched
+
+    def sync(self, h):
+        self.ops.append("read")
+        return h
+
+
+class _Sampler:
+    epoch = 0
+
+    def __init__(self, per_epoch):
+        self.per_epoch, self.it = per_epoch, [0]
+
+    def epoch_done(self, B):
+        return self.it[0] % self.per_epoch == 0
+
+
+class _Trainer:
+    def __init__(self, ranks, per_epoch=100):
+        self.safe_points = sp.SafePoints(allreduce=ranks.allreduce, allreduce_async=ranks.start,
+                                         synchronize=ranks.sync)
+        self.sampler = _Sampler(per_epoch)
+        self.plan = type("P", (), {"B": 4})()
+        self.iteration, self.rank, self.world = 0, 0, 2
+        self.stop_requested = self.nonfinite_loss = False
+        self.stop_reason: dict | None = None
+        self.saved: list[int] = []
+        self.metrics = type("M", (), {"write": lambda self, r: None})()
+
+    def step(self):
+        self.iteration += 1
+        self.sampler.it[0] = self.iteration
+
+    def save_checkpoint(self):
+        self.saved.append(self.iteration)
+        return f"ckpt-{self.iteration}"
+
+
+def test_the_agreement_travels_during_the_next_iteration_and_checkpoint_boundaries_agree_blocking():
+    ranks = _Ranks()
+    tr, periodic = _Trainer(ranks, per_epoch=6), PeriodicCheckpoint(every=None, minutes=None)
+    for _ in range(2):
+        tr.step()
+        assert not sp.safe_point(tr, periodic)
+    assert ranks.ops == ["launch", "read", "launch"] and tr.safe_points.in_flight
+    ranks.other[2] = 1.0                        # rank 1 got TERM after iteration 2: sent at boundary 3
+    tr.step()
+    assert not sp.safe_point(tr, periodic)     # read at boundary 3: its flags are boundary 2's
+    ranks.other[2] = 0.0
+    tr.step()
+    assert sp.safe_point(tr, periodic)         # boundary 4: every rank stops here, after a blocking agreement
+    assert ranks.ops[-2:] == ["read", "blocking"] and tr.saved == [4] and not tr.safe_points.in_flight
+    assert tr.stop_reason["signal"] == "TERM" and tr.stop_reason["iteration"] == 4
+    # a signal that reaches a boundary which ends an epoch stops there (the boundary agrees blocking anyway)
+    ranks2 = _Ranks()
+    tr2 = _Trainer(ranks2, per_epoch=3)
+    for _ in range(2):
+        tr2.step()
+        assert not sp.safe_point(tr2, periodic)
+    ranks2.other[0] = 1.0
+    tr2.step()
+    assert sp.safe_point(tr2, periodic) and tr2.saved == [3] and tr2.stop_reason["signal"] == "USR1"
+    assert tr2.safe_points.blocking_count == 1
+
+
+def test_blocking_and_off_modes():
+    ranks = _Ranks()
+    tr, periodic = _Trainer(ranks), PeriodicCheckpoint(every=None, minutes=None)
+    tr.safe_points.mode = "blocking"
+    ranks.other[3] = 1.0                        # rank 1 asks to stop
+    tr.step()
+    assert sp.safe_point(tr, periodic) and tr.stop_reason["signal"] == "request" and ranks.ops == ["blocking"]
+    tr.safe_points.mode = "off"
+    tr.step()
+    assert not sp.safe_point(tr, periodic) and ranks.ops == ["blocking"]
+    with pytest.raises(ValueError):
+        sp.SafePoints("sometimes")
 
 
 def test_second_writer_refused_naming_the_holder(tmp_path):
@@ -113,17 +206,19 @@ def _run_expect_kill(spec: dict, np_: int = 3) -> None:
 
 @pytest.mark.mpi
 def test_signal_on_one_rank_stops_all_at_a_safe_point_and_resume_is_exact(tmp_path):
-    """USR1 to rank 1 only, at a random iteration: all ranks agree and checkpoint at that iteration
-    (no work lost); the resumed run (2 ranks, another plan of the same B) equals the uninterrupted run."""
+    """USR1 to rank 1 only, at a random iteration: all ranks agree and checkpoint at the same iteration, the next
+    one (the agreement travels during it), or that one when it ends an epoch (a checkpoint boundary agrees
+    blocking); no work lost; the resumed run (2 ranks, another plan of the same B) equals the uninterrupted run."""
     k = random.Random(os.getpid()).randint(3, 20)
     spec = dict(BASE, run_dir=str(tmp_path / "run"), signal_at={"it": k, "rank": 1, "signal": "USR1"})
     first = run_ranks("preempt_worker.py", spec, np_=3)
     assert [r["stopped"]["signal"] for r in first] == ["USR1"] * 3
-    assert [r["iterations"] for r in first] == [k] * 3
-    assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name.endswith(f"-{k:09d}.pt")
+    stop_it = k if k % 8 == 0 else k + 1                          # 8 iterations an epoch
+    assert [r["iterations"] for r in first] == [stop_it] * 3
+    assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name.endswith(f"-{stop_it:09d}.pt")
     second = run_ranks("preempt_worker.py", dict(spec, plan="b=4 n=3,5", resume=True), np_=2)
     ref = reference_run(BASE)
-    assert second[0]["resumed_from"].endswith(f"-{k:09d}.pt")
+    assert second[0]["resumed_from"].endswith(f"-{stop_it:09d}.pt")
     for r in second:
         assert r["iterations"] == BASE["steps"] and not r["stopped"]
         assert_params_close(r["params"], ref, rel=1e-6)

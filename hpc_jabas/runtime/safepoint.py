@@ -6,11 +6,20 @@ scripts, forwarded to the ranks by the batch shell), ``USR2`` (submitit's ``--si
 the first signal and returns: no collective, no file write, no logging inside a handler (Lightning's
 checkpoint-in-the-handler hangs and corrupts checkpoints).
 
-At every iteration boundary the trainer calls :func:`agree`: ONE allreduce of a small vector (the stop
-signals each rank saw, whether rank 0's clock says a periodic checkpoint is due, and whether a rank's
-loss of this iteration was not finite) gives every rank the same answer, so all ranks checkpoint (and
-stop) at the same iteration, even when only one rank got the signal. Its cost is one tiny allreduce per
-iteration (or per ``every`` iterations).
+At every iteration boundary the ranks agree through ONE allreduce of a small vector (the stop signals each
+rank saw, a programmatic stop request, whether rank 0's clock says a periodic checkpoint is due, and whether
+a rank's loss of the iteration was not finite): every rank gets the same answer, so all ranks checkpoint
+(and stop) at the same iteration, even when only one rank got the signal.
+
+That allreduce does not block the loop (:class:`SafePoints`, mode ``"overlap"``, the default): it is started
+asynchronously at one boundary and read at the next, so it travels while the next iteration computes and
+reduces its gradients; the ranks act on it one iteration later, all at the same iteration. A boundary that
+writes a checkpoint anyway (a stop agreed, a periodic checkpoint due, the epoch's end) agrees blocking on the
+current flags instead, so that nothing is written from an iteration whose loss was not finite and a stop
+that reaches such a boundary is not put off. A stop signal therefore stops the job at the next boundary that
+checkpoints anyway, or one iteration after it arrived. Mode ``"blocking"`` is the earlier one (a blocking
+allreduce at every boundary, a stop at the boundary right after the signal); ``"off"`` agrees nothing (no
+stop, no clock-driven checkpoint: for measuring the cost only, ``bench/overhead.py``).
 
 Numbers that make no sense stop the run: a non-finite loss (the host float the trainer reads once per
 iteration anyway) rides in the same vector, so no extra host sync; every rank then raises
@@ -118,20 +127,85 @@ class Agreement:
     nonfinite: int = 0          # ranks whose loss of this iteration was not finite (0: none)
 
 
-def agree(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
-          allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
-          nonfinite: bool = False) -> Agreement:
-    """Collective (every rank, same iteration): one allreduce-sum of
-    [USR1, USR2, TERM, request, due, nonfinite] flags (``due`` counts only rank 0's)."""
+NOTHING = Agreement(stop=False, signal=None, checkpoint_due=False)
+SAFEPOINT_NAME = "hj.safepoint"
+MODES = ("overlap", "blocking", "off")
+
+
+def local_vector(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
+                 nonfinite: bool = False) -> torch.Tensor:
+    """This rank's [USR1, USR2, TERM, request, due, nonfinite] flags (``due`` counts only rank 0's)."""
     v = [1.0 if local_signal == int(s) else 0.0 for s in STOP_SIGNALS]
     v += [1.0 if local_request else 0.0, 1.0 if (due_on_rank0 and rank == 0) else 0.0, 1.0 if nonfinite else 0.0]
-    red = (allreduce or comm.allreduce_sum)(torch.tensor(v, dtype=torch.float64), "hj.safepoint")
-    vals = red.tolist()
+    return torch.tensor(v, dtype=torch.float64)
+
+
+def decode(reduced: torch.Tensor) -> Agreement:
+    """The Agreement of a summed flag vector (local_vector's layout)."""
+    vals = reduced.tolist()
     got = [float(x) > 0 for x in vals]
     sig = next((signal_name(int(s)) for s, on in zip(STOP_SIGNALS, got[:3]) if on), None)
     if sig is None and got[3]:
         sig = "request"
     return Agreement(stop=sig is not None, signal=sig, checkpoint_due=got[4], nonfinite=int(round(vals[5])))
+
+
+def agree(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
+          allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+          nonfinite: bool = False) -> Agreement:
+    """Collective (every rank, same iteration), blocking: one allreduce-sum of the flag vector."""
+    v = local_vector(local_signal, local_request, due_on_rank0, rank, nonfinite)
+    return decode((allreduce or comm.allreduce_sum)(v, SAFEPOINT_NAME))
+
+
+def merge(earlier: Agreement, now: Agreement) -> Agreement:
+    """An agreement read late (``earlier``) together with the one of this boundary: stop and due when either
+    says so, the earlier stop's signal first; ``nonfinite`` is this boundary's (the earlier one is acted on
+    before a blocking agreement is made)."""
+    return Agreement(stop=earlier.stop or now.stop, signal=earlier.signal or now.signal,
+                     checkpoint_due=earlier.checkpoint_due or now.checkpoint_due, nonfinite=now.nonfinite)
+
+
+class SafePoints:
+    """The trainer's agreement channel (one per Trainer): ``mode`` is one of :data:`MODES`. In ``"overlap"`` mode
+    at most one allreduce is in flight (name ``hj.safepoint``): :meth:`launch` starts it, :meth:`collect` reads
+    it at the next boundary (every rank, in the same order: the ranks' boundaries are the same)."""
+
+    def __init__(self, mode: str = "overlap",
+                 allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+                 allreduce_async: Callable[[torch.Tensor, str], Any] | None = None,
+                 synchronize: Callable[[Any], torch.Tensor] | None = None):
+        if mode not in MODES:
+            raise ValueError(f"safe point mode {mode!r}: use one of {', '.join(MODES)}")
+        self.mode = mode
+        self._allreduce = allreduce
+        self._async = allreduce_async
+        self._sync = synchronize
+        self._handle: Any = None
+        self._from: int | None = None        # the iteration whose flags are in flight
+        self.blocking_count = 0               # blocking agreements made (the overlap mode's checkpoint boundaries)
+
+    @property
+    def in_flight(self) -> bool:
+        return self._handle is not None
+
+    def blocking(self, v: torch.Tensor) -> Agreement:
+        self.blocking_count += 1
+        return decode((self._allreduce or comm.allreduce_sum)(v, SAFEPOINT_NAME))
+
+    def launch(self, v: torch.Tensor, iteration: int) -> None:
+        """Start the allreduce of ``v`` (the flags after ``iteration``); read by the next :meth:`collect`."""
+        self.collect()                        # never two in flight under one name
+        start = self._async or (lambda t, name: comm.allreduce_sum_async_(t, name=name))
+        self._handle, self._from = start(v, SAFEPOINT_NAME), iteration
+
+    def collect(self) -> tuple[Agreement | None, int | None]:
+        """(the agreement in flight, the iteration of its flags), or (None, None) when none is."""
+        if self._handle is None:
+            return None, None
+        h, it = self._handle, self._from
+        self._handle, self._from = None, None
+        return decode((self._sync or comm.synchronize)(h)), it
 
 
 class PeriodicCheckpoint:
@@ -153,14 +227,31 @@ class PeriodicCheckpoint:
 
 
 def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
-    """Every rank of ``trainer``, at an iteration boundary: one allreduce agrees on stop signals (USR1, USR2,
-    TERM, ``trainer.stop_requested``) and rank 0's periodic-checkpoint clock. On a stop every rank
-    checkpoints, ``trainer.stop_reason`` is set, and True is returned; a due periodic checkpoint is written
-    (not at an epoch's last iteration: the epoch end checkpoints anyway)."""
-    a = agree(stop_signals().signum, trainer.stop_requested, periodic.due_by_clock(), trainer.rank,
-              nonfinite=bool(getattr(trainer, "nonfinite_loss", False)))
+    """Every rank of ``trainer``, at an iteration boundary: agree (``trainer.safe_points``, a SafePoints) on stop
+    signals (USR1, USR2, TERM, ``trainer.stop_requested``), rank 0's periodic-checkpoint clock and non-finite
+    losses. On a stop every rank checkpoints, ``trainer.stop_reason`` is set, and True is returned; a due
+    periodic checkpoint is written (not at an epoch's last iteration: the epoch end checkpoints anyway)."""
+    ch: SafePoints = trainer.safe_points
+    if ch.mode == "off":
+        return False
+    v = local_vector(stop_signals().signum, trainer.stop_requested, periodic.due_by_clock(), trainer.rank,
+                     nonfinite=bool(getattr(trainer, "nonfinite_loss", False)))
+    last = trainer.iteration - 1                           # the iteration these flags are about
+    if ch.mode == "blocking":
+        a = ch.blocking(v)
+    else:
+        late, late_it = ch.collect()                       # started at the previous boundary
+        if late is not None and late.nonfinite:
+            stop_nonfinite(trainer, late.nonfinite, late_it)
+        late = late or NOTHING
+        writes = late.stop or late.checkpoint_due or periodic.due_by_iterations(trainer.iteration) \
+            or trainer.sampler.epoch_done(trainer.plan.B)
+        if not writes:
+            ch.launch(v, last)                             # read at the next boundary
+            return False
+        a = merge(late, ch.blocking(v))                    # a checkpoint follows: agree on this iteration too
     if a.nonfinite:
-        stop_nonfinite(trainer, a.nonfinite)
+        stop_nonfinite(trainer, a.nonfinite, last)
     if a.stop:
         path = trainer.save_checkpoint()
         trainer.stop_reason = {"signal": a.signal, "iteration": trainer.iteration, "epoch": trainer.sampler.epoch,
@@ -177,6 +268,14 @@ def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
     return False
 
 
+def finish(trainer: Any) -> None:
+    """Every rank, when fit's loop ends: the agreement still in flight (overlap mode) is read; a non-finite loss
+    it reports stops the run as at a safe point (a stop signal is not acted on: the job ends anyway)."""
+    late, late_it = trainer.safe_points.collect()
+    if late is not None and late.nonfinite:
+        stop_nonfinite(trainer, late.nonfinite, late_it)
+
+
 def last_checkpoint_name(ckpt_dir: Path, enabled: bool) -> str:
     """What a stop without checkpointing leaves on disk, for its message."""
     from hpc_jabas.runtime import checkpoint as ckpt
@@ -184,10 +283,11 @@ def last_checkpoint_name(ckpt_dir: Path, enabled: bool) -> str:
     return f"the last checkpoint {str(found[-1])!r} is kept" if found else "no checkpoint was written"
 
 
-def stop_nonfinite(trainer: Any, ranks: int) -> None:
-    """Every rank (agreed at a safe point): the iteration's loss was not finite on ``ranks`` ranks. The
-    metrics so far are written (the loss as null), nothing is checkpointed, NonFiniteError is raised."""
-    it = trainer.iteration - 1
+def stop_nonfinite(trainer: Any, ranks: int, iteration: int | None = None) -> None:
+    """Every rank (agreed at a safe point): the loss of ``iteration`` (default: the last one) was not finite on
+    ``ranks`` ranks. The metrics so far are written (the loss as null), nothing is checkpointed, NonFiniteError
+    is raised."""
+    it = trainer.iteration - 1 if iteration is None else iteration
     trainer.flush_metrics()
     kept = last_checkpoint_name(trainer.ckpt_dir, trainer.cfg.checkpoint)
     msg = (f"training diverged: the loss of iteration {it} is not a finite number on {ranks} of {trainer.world} "

@@ -148,6 +148,7 @@ class Trainer:
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
         self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
         self._periodic = sp.PeriodicCheckpoint(self.cfg.checkpoint_every, self.cfg.checkpoint_minutes)
+        self.safe_points = sp.SafePoints()             # the boundary agreement, overlapped with the next iteration
         self.samples_local = 0
         self.compute_local_s = 0.0
         self.last_checkpoint_time: float | None = None   # wall clock of the last checkpoint (every rank)
@@ -416,6 +417,7 @@ class Trainer:
                 break
             if self._safe_point():
                 break
+        sp.finish(self)                                  # an agreement still in flight is read
         self.flush_metrics()
         self.calib.sync(write=True)
         self.feed.close()
