@@ -9,8 +9,9 @@ mix 64 V100 + 64 P100. Every strategy of core/simulate.py runs (``Simulation.com
 searches take the default work caps except ``max_evals = 60`` (their reasons say how close to the optimum
 a cut search is).
 
-Last line: gpus=4096 partitions=8 epochs=100 sim_s=... decision_ms_max=... validation_error=not_measured
-jabas_time_vs_simigrad=... hpcjabas_cost_vs_simigrad=... queue_aware_time_vs_jabas=... (sim_s: wall time of
+Last line: gpus=4096 partitions=8 epochs=100 sim_s=... decision_ms_max=... validation_error=bench/sim_validation.py
+jabas_time_vs_simigrad=... hpcjabas_cost_vs_simigrad=... queue_aware_time_vs_jabas=... (validation_error: the
+validation against real runs is bench/sim_validation.py's, which runs real ranks; sim_s: wall time of
 the whole comparison, scikit-learn's one-time import included; decision_ms_max: the slowest epoch-end
 decision, forecast + search, wall clock, after that import). The simulator reuses what its decisions compute
 when the inputs are exactly the same (``Simulation(cache=True)``; tests/test_simulate.py checks a run decides
@@ -56,7 +57,7 @@ def main() -> None:
     dms = max(r.totals["decision_ms_max"] for r in res.values())
     tt = {n: r.totals for n, r in res.items()}
     print(f"gpus=4096 partitions=8 epochs=100 sim_s={sim_s:.1f} decision_ms_max={dms:.0f} "
-          f"validation_error=not_measured "
+          f"validation_error=bench/sim_validation.py "
           f"jabas_time_vs_simigrad={tt['jabas']['time_s'] / tt['simigrad']['time_s']:.3f} "
           f"hpcjabas_cost_vs_simigrad={tt['hpcjabas-cost']['cost'] / tt['simigrad']['cost']:.3f} "
           f"queue_aware_time_vs_jabas={tt['hpcjabas-queue']['time_s'] / tt['jabas']['time_s']:.3f}")

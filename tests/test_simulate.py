@@ -27,8 +27,15 @@ from hpc_jabas.core import (
     stats,
 )
 from hpc_jabas.core.planning import proportional_plan
-from hpc_jabas.core.simconfig import NoiseCurve, QueueModel, cluster_from_dict, job_from_dict, read_noise_trace
-from hpc_jabas.core.simulate import STRATEGIES, Simulation
+from hpc_jabas.core.simconfig import (
+    NoiseCurve,
+    QueueModel,
+    cluster_from_dict,
+    job_from_dict,
+    read_noise_trace,
+    read_stats_trace,
+)
+from hpc_jabas.core.simulate import COMPARED, STRATEGIES, Simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,9 +83,13 @@ def test_one_type_fixed_b_matches_the_perf_model_closed_form(k, samples, epochs,
 def test_strategies_are_deterministic_under_a_seed():
     wait = {"v100": {"dist": "lognormal", "median_s": 300, "sigma": 1.0},
             "p100": {"dist": "exponential", "mean_s": 60}}
-    a = Simulation(cluster(wait=wait), job()).compare()
-    b = Simulation(cluster(wait=wait), job()).compare()
+    a = Simulation(cluster(wait=wait), job()).compare(list(STRATEGIES))
+    b = Simulation(cluster(wait=wait), job()).compare(list(STRATEGIES))
     assert set(a) == set(STRATEGIES)
+    default = Simulation(cluster(wait=wait), job()).compare()
+    assert list(default) == list(COMPARED) and "goodput" not in default    # eight rows, as the README says
+    for n in COMPARED:
+        assert default[n].totals == a[n].totals, n                       # the same streams as run alone
     for n in STRATEGIES:
         assert a[n].totals == b[n].totals, n
         assert a[n].trajectory == b[n].trajectory, n
@@ -171,6 +182,44 @@ def test_a_recorded_run_gives_the_noise_trace(tmp_path):
     assert us == (0.5, 1.0) and bs == (100.0, 100 * 0.8 / 0.4)
     j = job(gradstats={"curve": "trace", "path": str(f)})
     assert j.gradstats.at(0.75) == pytest.approx(150.0)
+
+
+def test_a_trace_is_placed_by_samples_and_replays_the_fresh_estimates(tmp_path):
+    # 4 iterations of 32 samples, then 4 of 128: the decision at iteration 4 comes after 128 of 640 samples
+    # (0.2, where iteration / last would say 0.5); the fresh g2/s are replayed, the smoothed G2/S_trace not
+    f = tmp_path / "metrics.jsonl"
+    rows = [{"type": "iteration", "it": i, "samples": 32 if i < 4 else 128} for i in range(8)]
+    rows.insert(4, {"type": "decision", "at_iteration": 4, "B": 128,
+                    "stats": {"b_noise": 50.0, "G2": 9.0, "S_trace": 9.0, "g2": 2.0, "s": 100.0}})
+    rows.append({"type": "decision", "at_iteration": 8, "B": 128,
+                 "stats": {"b_noise": 80.0, "G2": 9.0, "S_trace": 9.0, "g2": None, "s": None, "similarity": 0.5}})
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    us, bs, measured = read_stats_trace(f)
+    assert us == (0.2, 1.0) and bs == (50.0, 80.0)
+    assert measured == ((2.0, 100.0, None), (None, None, 0.5))
+    curve = job(gradstats={"curve": "trace", "path": str(f), "noise": 0.0}).gradstats
+    assert curve.measured_at(0.6) == (2.0, 100.0, 0.5)          # each term over the records that have it
+    assert curve.at(0.6) == pytest.approx(65.0)
+    # the policy gets them: a goodput run on this trace decides on g2 = 2, s = 100 (B_noise 50), not on G2/S (1)
+    sim = Simulation(cluster(), job(gradstats={"curve": "trace", "path": str(f), "noise": 0.0}, stop="samples",
+                                    epochs=1, batch=64, batch_min=64, batch_max=2048))
+    seen = []
+    real = sim._decide.__func__
+
+    def spy(self, policy, B, it, u, space, rng, res):
+        orig = policy.decide
+
+        def decide(state, sp):
+            seen.append((state.g2, state.s, state.similarity))
+            return orig(state, sp)
+        policy.decide = decide
+        try:
+            return real(self, policy, B, it, u, space, rng, res)
+        finally:
+            policy.decide = orig
+    sim._decide = spy.__get__(sim)
+    sim.run("goodput")
+    assert seen and all(g == pytest.approx(2.0) and s == pytest.approx(100.0) and m == 0.5 for g, s, m in seen)
 
 
 # ---------------------------------------------------------------- bad input, the CLI

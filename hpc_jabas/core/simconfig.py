@@ -33,7 +33,11 @@ Gradient statistics (``[gradstats] curve``), the noise scale B_noise(u) at train
   Batch Size Revisited") measured on OLMo: B(u) = b_min + (b_plateau - b_min) (1 - exp(-u / u_rise)).
   The shape is theirs; the numbers are parameters, not their fit.
 - ``trace``: a recorded run's ``metrics.jsonl`` (``path``): its decision records' ``stats.b_noise``
-  (or, without one, the noise scale the similarity implies), u = iteration / last iteration.
+  (or, without one, the noise scale the similarity implies), u = the share of the run's samples trained
+  before each decision (iteration / last iteration for a file without iteration records). The policies
+  then get the run's own measurements at that progress (the records' fresh ``g2``, ``s`` as the run's
+  policy got them, or in older files the smoothed ``G2``, ``S_trace``; and ``similarity``; interpolated
+  between records), not the model below.
 
 From B_noise the policies get what they measure: the goodput policy (|G|^2, tr(Sigma)) = (1, B_noise);
 the similarity policy the expected cosine of two half-batch means of B/2 samples each,
@@ -283,6 +287,22 @@ class NoiseCurve:
     params: dict[str, float]
     noise: float = 0.2
     trace: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    #: ``trace`` only: the recorded run's own measurements at the same points, (|G|^2, tr(Sigma), similarity)
+    #: per decision (None where a record lacks one), replayed as they were instead of modelled from B_noise
+    measured: tuple[tuple[float | None, float | None, float | None], ...] | None = None
+
+    def measured_at(self, u: float) -> tuple[float | None, float | None, float | None]:
+        """The recorded (|G|^2, tr(Sigma), similarity) at progress u, each interpolated over the records that
+        have it (None: no record has it, or not a trace)."""
+        if self.trace is None or self.measured is None:
+            return None, None, None
+        u = min(max(float(u), 0.0), 1.0)
+        out: list[float | None] = []
+        for j in range(3):
+            xs = [x for x, m in zip(self.trace[0], self.measured) if m[j] is not None]
+            vs = [float(v) for m in self.measured if (v := m[j]) is not None]
+            out.append(float(np.interp(u, xs, vs)) if xs else None)
+        return out[0], out[1], out[2]
 
     def at(self, u: float) -> float:
         u = min(max(float(u), 0.0), 1.0)
@@ -299,29 +319,64 @@ class NoiseCurve:
 
 def read_noise_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(u, B_noise) of a run's metrics.jsonl decision records (module docstring)."""
+    us, bs, _ = read_stats_trace(path)
+    return us, bs
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
+                                          tuple[tuple[float | None, float | None, float | None], ...]]:
+    """(u, B_noise, (|G|^2, tr(Sigma), similarity)) of a run's metrics.jsonl decision records. u is the share of
+    the run's samples trained before the decision (its iteration records' ``samples``: the progress the
+    simulator counts in), or iteration / last iteration when the file has no iteration records."""
     if not path.is_file():
         raise ConfigError(f"gradstats trace {str(path)!r} does not exist; give a run's metrics.jsonl")
-    pts: list[tuple[int, float]] = []
+    pts: list[tuple[int, float, tuple[float | None, float | None, float | None]]] = []
+    per_it: dict[int, int] = {}
     for line in path.read_text().splitlines():
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue                                  # a torn last line of a live run
-        st = r.get("stats") if isinstance(r, dict) and r.get("type") == "decision" else None
+        if not isinstance(r, dict):
+            continue
+        if r.get("type") == "iteration" and isinstance(r.get("it"), int) and isinstance(r.get("samples"), int):
+            per_it[r["it"]] = r["samples"]            # a resumed run's repeated iteration counts once
+        st = r.get("stats") if r.get("type") == "decision" else None
         if not isinstance(st, dict):
             continue
-        it = r.get("at_iteration", r.get("it", 0))
-        bn, sim, B = st.get("b_noise"), st.get("similarity"), r.get("B")
-        if isinstance(bn, (int, float)) and math.isfinite(bn) and bn > 0:
-            pts.append((int(it), float(bn)))
-        elif isinstance(sim, (int, float)) and 0 < sim < 1 and isinstance(B, (int, float)):
-            pts.append((int(it), float(B) * (1 - sim) / (2 * sim)))
+        it = r.get("at_iteration", r.get("it"))
+        if not isinstance(it, int):
+            continue
+        bn, sim, B = _finite(st.get("b_noise")), _finite(st.get("similarity")), r.get("B")
+        if "g2" in st or "s" in st:                   # the decision's fresh estimates, as its policy got them
+            g2, s = _finite(st.get("g2")), _finite(st.get("s"))
+        else:                                         # an older file: the controller's smoothed terms
+            g2, s = _finite(st.get("G2")), _finite(st.get("S_trace"))
+        meas = (g2, s, sim if sim is not None and 0 < sim < 1 else None)
+        if bn is not None and bn > 0:
+            pts.append((int(it), bn, meas))
+        elif sim is not None and 0 < sim < 1 and isinstance(B, (int, float)):
+            pts.append((int(it), float(B) * (1 - sim) / (2 * sim), meas))
     if len(pts) < 2:
         raise ConfigError(f"gradstats trace {str(path)!r} has {len(pts)} decision(s) with a noise scale or a "
                           "similarity; it needs at least 2")
-    pts.sort()
-    last = max(pts[-1][0], 1)
-    return tuple(i / last for i, _ in pts), tuple(b for _, b in pts)
+    pts.sort(key=lambda x: x[0])
+    total = sum(per_it.values())
+    if total > 0:
+        its = sorted(per_it)
+        cum, acc = {}, 0
+        for i in its:
+            cum[i] = acc                              # samples trained before iteration i
+            acc += per_it[i]
+        us = tuple(min(cum.get(i, acc if i > its[-1] else 0) / total, 1.0) for i, _, _ in pts)
+    else:
+        last = max(pts[-1][0], 1)
+        us = tuple(i / last for i, _, _ in pts)
+    return us, tuple(b for _, b, _ in pts), tuple(m for _, _, m in pts)
 
 
 _CURVE_KEYS = {"mccandlish": {"b_start": 256.0, "b_end": 8192.0, "tau": 0.3},
@@ -336,7 +391,8 @@ def noise_curve(d: Any, where: str, base: Path | None = None) -> NoiseCurve:
     trace = None
     if kind == "trace":
         tp = Path(k.str("path", ""))
-        trace = read_noise_trace(tp if tp.is_absolute() or base is None else base / tp)
+        us, bs, measured = read_stats_trace(tp if tp.is_absolute() or base is None else base / tp)
+        return NoiseCurve(kind, params, float(k.num("noise", 0.2) or 0.0), (us, bs), measured)
     return NoiseCurve(kind, params, float(k.num("noise", 0.2) or 0.0), trace)
 
 

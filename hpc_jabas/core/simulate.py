@@ -25,7 +25,9 @@ perf model's per-type speeds), simigrad (the similarity policy, equal split, sta
 the queue, no margin, as JABAS's released code), hpcjabas-cost (goodput policy, cost objective),
 hpcjabas-budget (goodput, least time under a budget: default the SimiGrad row's cost), hpcjabas-queue
 (goodput, time objective with the expected queue wait priced and ``max_queue_wait_s``), ramp (the
-ramp policy on the static allocation, optimal planner).
+ramp policy on the static allocation, optimal planner); not in the default comparison: goodput (the
+goodput policy on the static allocation, optimal planner: what the trainer runs with auto-scaling off,
+for validating the simulator against a real run).
 
 No clock here: ``clock`` (a function returning seconds, e.g. ``time.perf_counter``) may be passed in
 to time the epoch-end decisions (``decision_ms``).
@@ -74,7 +76,12 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("hpcjabas-queue", "noise-scale", "optimal", "time", queue_aware=True,
              label="hpc-jabas: queue-aware moves"),
     Strategy("ramp", "ramp", "optimal", None, label="ramp: B x2 at 25/50/75% of the run"),
+    Strategy("goodput", "noise-scale", "optimal", None,
+             label="hpc-jabas: goodput on the static allocation (the trainer without auto-scaling)"),
 )}
+#: the strategies ``--compare`` runs by default (``goodput`` is for validating against a real run,
+#: bench/sim_validation.py)
+COMPARED = ("static", "lbbsp", "simigrad", "jabas", "hpcjabas-cost", "hpcjabas-budget", "hpcjabas-queue", "ramp")
 BASELINE = "simigrad"
 NODE_CACHES = 4                  # the search's node caches kept (one per recent forecast)
 MAX_EPOCH_FACTOR = 10            # stop = "progress": give up after this many times the configured epochs
@@ -203,7 +210,8 @@ class Simulation:
         lr_rule = make_lr_rule("auto", B0, st.policy)
         if st.objective is not None:
             forecast.preload()          # the import, once per process, is not part of a timed decision
-        rng = np.random.default_rng([job.seed, sorted(STRATEGIES).index(name)])
+        # the measurement noise's stream per strategy (the compared ones' as before goodput was added)
+        rng = np.random.default_rng([job.seed, sorted(COMPARED).index(name) if name in COMPARED else len(COMPARED)])
         curve = job.gradstats
         res = Result(name)
         mix = dict(self.mix0)
@@ -316,6 +324,11 @@ class Simulation:
         z = rng.standard_normal(2) * curve.noise
         g2, s = math.exp(float(z[0])), bn * math.exp(float(z[1]))
         sim = B / (B + 2.0 * s / g2)
+        mg2, ms, msim = curve.measured_at(u)          # a trace: the recorded run's own measurements, as they were
+        if mg2 is not None and ms is not None:
+            g2, s = mg2 * math.exp(float(z[0])), ms * math.exp(float(z[1]))
+        if msim is not None:
+            sim = msim
         d = policy.decide(PolicyState(B=B, iteration=it, similarity=sim, g2=g2, s=s, progress=u), space)
         if d.B != B:
             res.trajectory.append((it, d.B))
@@ -398,9 +411,9 @@ class Simulation:
 
     # ---- several strategies ------------------------------------------------------------------------
     def compare(self, names: Sequence[str] | None = None) -> dict[str, Result]:
-        """Every named strategy (default: all) on the same job, cluster and seed; the budget of
-        hpcjabas-budget defaults to the SimiGrad row's cost (run first when needed)."""
-        names = list(names or STRATEGIES)
+        """Every named strategy (default: the eight of ``COMPARED``) on the same job, cluster and seed; the budget
+        of hpcjabas-budget defaults to the SimiGrad row's cost (run first when needed)."""
+        names = list(names or COMPARED)
         bad = [n for n in names if n not in STRATEGIES]
         if bad:
             raise ConfigError(f"unknown strategy {', '.join(bad)}; valid: {', '.join(STRATEGIES)}")

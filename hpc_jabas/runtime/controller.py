@@ -316,8 +316,11 @@ class AdaptiveController(BaseController):
         if plan.B != bd.B:
             raise RuntimeError(f"planner realised B={plan.B} for the decided B={bd.B} (batch space out of step)")
         lr = self.lr_rule.lr_scale(plan.B)
+        # G2/S_trace: the controller's smoothed terms; g2/s: this decision's fresh estimates as the policy got
+        # them (None: none), which a simulation replays ([gradstats] curve = "trace", core/simconfig.py)
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
-                 "direction": bd.direction, "target": bd.target, "moved": bd.moved, "B_before": B_now}
+                 "g2": g2, "s": s_tr, "direction": bd.direction, "target": bd.target, "moved": bd.moved,
+                 "B_before": B_now}
         win = getattr(self.policy, "noise", None)
         if win is not None:                # the goodput policy's own window: what it decided on
             stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None)

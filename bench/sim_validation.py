@@ -1,0 +1,148 @@
+"""The simulator against real runs: does ``hpc-jabas simulate`` predict what a real job then takes?
+
+    .venv/bin/python bench/sim_validation.py [--repeats 3] [--epochs 4] [--json FILE]
+
+Real side: 3 emulated Horovod ranks (v100, p100, rtx2060; mpirun, examples/train_digits.py, the
+default emulated speeds), each case run ``--repeats`` times in rotated order:
+- ``lbbsp``: fixed B = 96, LB-BSP split (planner lbbsp), micro-batch 8;
+- ``goodput``: the goodput (noise-scale) policy from B0 = 32 in [32, 512], the optimal planner with one
+  micro-batch size on every rank (what the simulator's optimal planner prices), auto-scaling off.
+Both plan on a profile measured once with ``hpc-jabas profile --emulate`` (micro-batch times and the
+allreduce fit over 3 ranks), never on the emulator's own formula.
+
+Simulated side: the same job (samples per epoch, epochs, B range, micro-batch) on a described cluster of
+three one-GPU partitions, no queue wait, ``[model] profile_dir`` = that profile, strategy ``lbbsp`` or
+``goodput`` (the goodput policy on the static allocation). For the goodput case the gradient statistics
+are the real run's own (``[gradstats] curve = "trace"`` on its metrics.jsonl, no added noise): the
+simulator's policy then sees the noise scale the real one saw at the same progress, not the decisions.
+
+Per case and run: ``error`` = |predicted - measured| / measured with measured = the whole ``fit()``
+(``summary.json``'s wall_s: iterations, evaluation, checkpoints, safe points); ``iteration_error`` the
+same against the sum of the run's iteration times (metrics.jsonl ``iter_s``, what the perf model prices);
+for goodput also the mean |B_sim - B_real| / B_real over the iterations (``b_error``). Medians over the
+repeats with min/max. Goal (issue): error <= 0.10.
+
+Last line: ``validation_error=X (max of the cases' medians) validation_error_lbbsp=.. validation_error_goodput=..
+iteration_error_lbbsp=.. iteration_error_goodput=.. b_error_goodput=..``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _launch import ROOT, _mpi_env, _mpirun, load_note, profile_emulated  # noqa: E402
+
+from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S  # noqa: E402
+from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict  # noqa: E402
+from hpc_jabas.core.simulate import Simulation  # noqa: E402
+
+TYPES = ["v100", "p100", "rtx2060"]
+CASES = {
+    "lbbsp": {"strategy": "lbbsp", "batch": 96, "lo": 96, "hi": 96, "micro_batch": 8,
+              "args": ["--planner", "lbbsp", "--micro-batch", "8", "--batch", "96"]},
+    "goodput": {"strategy": "goodput", "batch": 32, "lo": 32, "hi": 512, "micro_batch": None,
+                "args": ["--planner", "optimal", "--identical-micro-batch", "true", "--policy", "noise-scale",
+                         "--batch", "32", "--batch-min", "32", "--batch-max", "512"]},
+}
+
+
+def real_run(case: dict, profile: Path, run_dir: Path, epochs: int) -> dict:
+    summary = run_dir.parent / f"{run_dir.name}-summary.json"
+    cmd = [*_mpirun(len(TYPES)), str(ROOT / "examples" / "train_digits.py"), "-q", "--emulate",
+           "--gpu-types", ",".join(TYPES), "--profile-dir", str(profile), "--epochs", str(epochs),
+           "--run-dir", str(run_dir), "--summary", str(summary), *case["args"]]
+    r = subprocess.run(cmd, env=_mpi_env(), capture_output=True, text=True, cwd=ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"sim_validation: the real run failed (rc={r.returncode}): "
+                         f"{(r.stderr.strip().splitlines() or [''])[-1]}")
+    s = json.loads(summary.read_text())
+    recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    its = [x for x in recs if x.get("type") == "iteration"]
+    return {"wall_s": float(s["wall_s"]), "samples": int(s["samples"]), "iterations": int(s["iterations"]),
+            "iter_s": sum(float(x["iter_s"]) for x in its), "B": [int(x["B"]) for x in its]}
+
+
+def simulate(case: dict, profile: Path, run_dir: Path, epochs: int, samples_per_epoch: int):
+    cluster = cluster_from_dict({"name": "three-emulated-gpus", "restart_s": 0,
+                                 "partition": [{"name": t, "gpu": t, "nodes": 1, "gpus_per_node": 1}
+                                               for t in TYPES]})
+    job = {"name": "digits", "samples": samples_per_epoch, "epochs": epochs, "batch": case["batch"],
+           "batch_min": case["lo"], "batch_max": case["hi"], "stop": "samples", "model": {"profile_dir": str(profile)},
+           "gradstats": ({"curve": "trace", "path": str(run_dir / "metrics.jsonl"), "noise": 0.0}
+                         if case["strategy"] == "goodput" else {"curve": "mccandlish", "noise": 0.0})}
+    if case["micro_batch"]:
+        job["micro_batch"] = case["micro_batch"]
+    return Simulation(cluster, job_from_dict(job)).run(case["strategy"])
+
+
+def b_error(real_B: list[int], trajectory: list[tuple[int, int]]) -> float:
+    """Mean over the real run's iterations of |B_sim(it) - B_real(it)| / B_real(it)."""
+    out, k, B = [], 0, trajectory[0][1]
+    for it, br in enumerate(real_B):
+        while k + 1 < len(trajectory) and trajectory[k + 1][0] <= it:
+            k += 1
+            B = trajectory[k][1]
+        out.append(abs(B - br) / br)
+    return sum(out) / len(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--json", metavar="FILE")
+    a = ap.parse_args()
+    if a.repeats < 1 or a.epochs < 1:
+        print("sim_validation: --repeats and --epochs must be >= 1", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="sim-validation-"))
+    profile = work / "profile"
+    profile_emulated("examples.models:digits_mlp", "examples.models:digits_mlp", TYPES, EMU_BASE_S,
+                     EMU_PER_SAMPLE_S, profile)
+    names = list(CASES)
+    rows: dict[str, list[dict]] = {n: [] for n in names}
+    for r in range(a.repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            case = CASES[n]
+            run_dir = work / f"{n}-{r}"
+            real = real_run(case, profile, run_dir, a.epochs)
+            sim = simulate(case, profile, run_dir, a.epochs, real["samples"] // a.epochs)
+            pred = float(sim.totals["time_s"])
+            row = {"repeat": r, "predicted_s": pred, "fit_s": real["wall_s"], "iter_sum_s": real["iter_s"],
+                   "iterations_real": real["iterations"], "iterations_sim": int(sim.totals["iterations"]),
+                   "error": abs(pred - real["wall_s"]) / real["wall_s"],
+                   "iteration_error": abs(pred - real["iter_s"]) / real["iter_s"]}
+            if n == "goodput":
+                row["b_error"] = b_error(real["B"], sim.trajectory)
+                row["B_final_real"], row["B_final_sim"] = real["B"][-1], sim.trajectory[-1][1]
+            rows[n].append(row)
+            print(f"repeat {r} {n}: predicted {pred:.2f} s, fit() {real['wall_s']:.2f} s (error "
+                  f"{row['error']:.3f}), iterations {real['iter_s']:.2f} s (error {row['iteration_error']:.3f}), "
+                  f"iterations real/sim {row['iterations_real']}/{row['iterations_sim']}"
+                  + (f", B error {row['b_error']:.3f}, final B real/sim {row['B_final_real']}/{row['B_final_sim']}"
+                     if n == "goodput" else ""), flush=True)
+    figs: dict[str, float] = {}
+    spread = []
+    for n in names:
+        for key in ("error", "iteration_error", "b_error"):
+            vals = [x[key] for x in rows[n] if key in x]
+            if vals:
+                figs[f"{'validation_error' if key == 'error' else key}_{n}"] = statistics.median(vals)
+                spread.append(f"{key}_{n}_min={min(vals):.3f} {key}_{n}_max={max(vals):.3f}")
+    figs = {"validation_error": max(figs[f"validation_error_{n}"] for n in names), **figs}
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "figures": figs}, indent=1))
+    print(f"repeats={a.repeats} epochs={a.epochs} ({load_note()}) " + " ".join(spread))
+    print(" ".join(f"{k}={v:.3f}" for k, v in figs.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

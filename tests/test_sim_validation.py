@@ -1,0 +1,38 @@
+"""The simulator replays a real run (bench/sim_validation.py in test size): a real 3-rank emulated goodput run
+(examples/train_digits.py under mpirun, a measured profile), and the simulator on the same job, profile and the
+run's own gradient statistics (``[gradstats] curve = "trace"``). The simulator must take the same decisions the
+trainer took: the same B at every iteration and the same iteration count. Their times are compared by the
+benchmark, not here (tests do not assert on wall time)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import sim_validation as sv  # noqa: E402
+
+from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S  # noqa: E402
+from hpc_jabas.core.simconfig import read_stats_trace  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+
+def test_the_simulator_replays_a_real_goodput_run_decision_for_decision(tmp_path):
+    profile = tmp_path / "profile"
+    sv.profile_emulated("digits", "examples.models:digits_mlp", sv.TYPES, EMU_BASE_S, EMU_PER_SAMPLE_S, profile,
+                        "--repeats", "3", "--warmup", "1")
+    epochs, run_dir = 2, tmp_path / "goodput"
+    real = sv.real_run(sv.CASES["goodput"], profile, run_dir, epochs)
+    recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    moves = sorted({r["B"] for r in recs if r["type"] == "decision"})
+    assert len(moves) >= 2, moves                       # the run did move B: there is something to replay
+    us, _, measured = read_stats_trace(run_dir / "metrics.jsonl")
+    assert all(b > a for a, b in zip(us, us[1:]))       # progress in samples, strictly increasing
+    assert all(m[0] is not None for m in measured)      # every decision's fresh estimates are on record
+    sim = sv.simulate(sv.CASES["goodput"], profile, run_dir, epochs, real["samples"] // epochs)
+    assert sim.totals["iterations"] == real["iterations"]
+    assert sim.totals["samples"] == real["samples"]
+    assert sv.b_error(real["B"], sim.trajectory) == 0.0, (sim.trajectory, real["B"])
