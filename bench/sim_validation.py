@@ -16,14 +16,21 @@ three one-GPU partitions, no queue wait, ``[model] profile_dir`` = that profile,
 are the real run's own (``[gradstats] curve = "trace"`` on its metrics.jsonl, no added noise): the
 simulator's policy then sees the noise scale the real one saw at the same progress, not the decisions.
 
+What a run costs besides its iterations (``[model] measure_factor``: a measurement iteration's time over a
+normal one's; ``epoch_end_s``: evaluation, checkpoint and fit()'s own work per epoch) is measured once per
+case, the median over ``--calibration-runs`` runs of other seeds (``run_overheads``), as the profile is
+measured once.
+
 Per case and run: ``error`` = |predicted - measured| / measured with measured = the whole ``fit()``
-(``summary.json``'s wall_s: iterations, evaluation, checkpoints, safe points); ``iteration_error`` the
-same against the sum of the run's iteration times (metrics.jsonl ``iter_s``, what the perf model prices);
+(``summary.json``'s wall_s: iterations, evaluation, checkpoints, safe points) and predicted with those
+overheads; ``error_iterations_only`` the same for the prediction without them (the perf model's iterations
+alone); ``iteration_error`` that prediction against the sum of the run's iteration times (``iter_s``);
 for goodput also the mean |B_sim - B_real| / B_real over the iterations (``b_error``). Medians over the
 repeats with min/max. Goal (issue): error <= 0.10.
 
-Last line: ``validation_error=X (max of the cases' medians) validation_error_lbbsp=.. validation_error_goodput=..
-iteration_error_lbbsp=.. iteration_error_goodput=.. b_error_goodput=..``.
+Last line: ``validation_error=X (max of the cases' medians) validation_error_lbbsp=.. error_iterations_only_lbbsp=..
+iteration_error_lbbsp=.. validation_error_goodput=.. error_iterations_only_goodput=.. iteration_error_goodput=..
+b_error_goodput=..``.
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _launch import ROOT, _mpi_env, _mpirun, load_note, profile_emulated  # noqa: E402
 
 from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S  # noqa: E402
+from hpc_jabas.core.policy import decision_period  # noqa: E402
 from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict  # noqa: E402
 from hpc_jabas.core.simulate import Simulation  # noqa: E402
 
@@ -52,11 +60,11 @@ CASES = {
 }
 
 
-def real_run(case: dict, profile: Path, run_dir: Path, epochs: int) -> dict:
+def real_run(case: dict, profile: Path, run_dir: Path, epochs: int, seed: int = 0) -> dict:
     summary = run_dir.parent / f"{run_dir.name}-summary.json"
     cmd = [*_mpirun(len(TYPES)), str(ROOT / "examples" / "train_digits.py"), "-q", "--emulate",
            "--gpu-types", ",".join(TYPES), "--profile-dir", str(profile), "--epochs", str(epochs),
-           "--run-dir", str(run_dir), "--summary", str(summary), *case["args"]]
+           "--run-dir", str(run_dir), "--summary", str(summary), "--seed", str(seed), *case["args"]]
     r = subprocess.run(cmd, env=_mpi_env(), capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"sim_validation: the real run failed (rc={r.returncode}): "
@@ -65,15 +73,36 @@ def real_run(case: dict, profile: Path, run_dir: Path, epochs: int) -> dict:
     recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     its = [x for x in recs if x.get("type") == "iteration"]
     return {"wall_s": float(s["wall_s"]), "samples": int(s["samples"]), "iterations": int(s["iterations"]),
-            "iter_s": sum(float(x["iter_s"]) for x in its), "B": [int(x["B"]) for x in its]}
+            "iter_s": sum(float(x["iter_s"]) for x in its), "B": [int(x["B"]) for x in its],
+            "its": [(int(x["it"]), int(x["B"]), float(x["iter_s"])) for x in its]}
 
 
-def simulate(case: dict, profile: Path, run_dir: Path, epochs: int, samples_per_epoch: int):
+def run_overheads(real: dict, epochs: int, p: int | None) -> dict:
+    """What a run costs besides its iterations, from its own records (the simulator's [model] keys):
+    ``epoch_end_s`` = (fit() - the iterations' sum) / epochs; ``measure_factor`` = median iteration time of the
+    measurement iterations ((it + 1) % p == 0) / that of the others, at the B most iterations ran (1.0 when
+    the run did not measure)."""
+    out = {"epoch_end_s": max(real["wall_s"] - real["iter_s"], 0.0) / epochs, "measure_factor": 1.0}
+    if p:
+        by_b: dict[int, int] = {}
+        for _, B, _ in real["its"]:
+            by_b[B] = by_b.get(B, 0) + 1
+        B = max(by_b, key=lambda k: by_b[k])
+        meas = [t for it, b, t in real["its"] if b == B and (it + 1) % p == 0]
+        norm = [t for it, b, t in real["its"] if b == B and (it + 1) % p != 0]
+        if meas and norm:
+            out["measure_factor"] = max(1.0, statistics.median(meas) / statistics.median(norm))
+    return out
+
+
+def simulate(case: dict, profile: Path, run_dir: Path, epochs: int, samples_per_epoch: int,
+             overheads: dict | None = None):
     cluster = cluster_from_dict({"name": "three-emulated-gpus", "restart_s": 0,
                                  "partition": [{"name": t, "gpu": t, "nodes": 1, "gpus_per_node": 1}
                                                for t in TYPES]})
     job = {"name": "digits", "samples": samples_per_epoch, "epochs": epochs, "batch": case["batch"],
-           "batch_min": case["lo"], "batch_max": case["hi"], "stop": "samples", "model": {"profile_dir": str(profile)},
+           "batch_min": case["lo"], "batch_max": case["hi"], "stop": "samples",
+           "model": {"profile_dir": str(profile), **(overheads or {})},
            "gradstats": ({"curve": "trace", "path": str(run_dir / "metrics.jsonl"), "noise": 0.0}
                          if case["strategy"] == "goodput" else {"curve": "mccandlish", "noise": 0.0})}
     if case["micro_batch"]:
@@ -96,16 +125,31 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--calibration-runs", type=int, default=3,
+                    help="runs (seeds 1..N, not the validated seed 0) that measure the overheads; the median")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args()
-    if a.repeats < 1 or a.epochs < 1:
-        print("sim_validation: --repeats and --epochs must be >= 1", file=sys.stderr)
+    if a.repeats < 1 or a.epochs < 1 or a.calibration_runs < 1:
+        print("sim_validation: --repeats, --epochs and --calibration-runs must be >= 1", file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="sim-validation-"))
     profile = work / "profile"
     profile_emulated("examples.models:digits_mlp", "examples.models:digits_mlp", TYPES, EMU_BASE_S,
                      EMU_PER_SAMPLE_S, profile)
     names = list(CASES)
+    # what the runs cost besides their iterations, measured once per case on runs of other seeds (as the
+    # profile is measured once): the simulator's [model] measure_factor and epoch_end_s
+    over: dict[str, dict] = {}
+    for n in names:
+        got = []
+        for seed in range(1, a.calibration_runs + 1):
+            cal = real_run(CASES[n], profile, work / f"{n}-calibration-{seed}", a.epochs, seed=seed)
+            p = decision_period(None, cal["samples"] // a.epochs, CASES[n]["batch"]) \
+                if CASES[n]["strategy"] != "lbbsp" else None
+            got.append(run_overheads(cal, a.epochs, p))
+        over[n] = {k: statistics.median(g[k] for g in got) for k in got[0]}
+        print(f"{n}: measured on {a.calibration_runs} runs of seeds 1-{a.calibration_runs} (median): "
+              f"epoch_end_s={over[n]['epoch_end_s']:.4f} measure_factor={over[n]['measure_factor']:.3f}", flush=True)
     rows: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(a.repeats):
         order = names[r % len(names):] + names[:r % len(names)]
@@ -113,25 +157,30 @@ def main() -> int:
             case = CASES[n]
             run_dir = work / f"{n}-{r}"
             real = real_run(case, profile, run_dir, a.epochs)
-            sim = simulate(case, profile, run_dir, a.epochs, real["samples"] // a.epochs)
-            pred = float(sim.totals["time_s"])
-            row = {"repeat": r, "predicted_s": pred, "fit_s": real["wall_s"], "iter_sum_s": real["iter_s"],
+            sim = simulate(case, profile, run_dir, a.epochs, real["samples"] // a.epochs, over[n])
+            bare = simulate(case, profile, run_dir, a.epochs, real["samples"] // a.epochs)   # iterations only
+            pred, pred_bare = float(sim.totals["time_s"]), float(bare.totals["time_s"])
+            row = {"repeat": r, "predicted_s": pred, "predicted_iterations_only_s": pred_bare,
+                   "fit_s": real["wall_s"], "iter_sum_s": real["iter_s"],
                    "iterations_real": real["iterations"], "iterations_sim": int(sim.totals["iterations"]),
                    "error": abs(pred - real["wall_s"]) / real["wall_s"],
-                   "iteration_error": abs(pred - real["iter_s"]) / real["iter_s"]}
+                   "error_iterations_only": abs(pred_bare - real["wall_s"]) / real["wall_s"],
+                   "iteration_error": abs(pred_bare - real["iter_s"]) / real["iter_s"]}
             if n == "goodput":
                 row["b_error"] = b_error(real["B"], sim.trajectory)
                 row["B_final_real"], row["B_final_sim"] = real["B"][-1], sim.trajectory[-1][1]
             rows[n].append(row)
             print(f"repeat {r} {n}: predicted {pred:.2f} s, fit() {real['wall_s']:.2f} s (error "
-                  f"{row['error']:.3f}), iterations {real['iter_s']:.2f} s (error {row['iteration_error']:.3f}), "
+                  f"{row['error']:.3f}; iterations only {pred_bare:.2f} s, error {row['error_iterations_only']:.3f}), "
+                  f"iterations {real['iter_s']:.2f} s (error of the iterations-only prediction "
+                  f"{row['iteration_error']:.3f}), "
                   f"iterations real/sim {row['iterations_real']}/{row['iterations_sim']}"
                   + (f", B error {row['b_error']:.3f}, final B real/sim {row['B_final_real']}/{row['B_final_sim']}"
                      if n == "goodput" else ""), flush=True)
     figs: dict[str, float] = {}
     spread = []
     for n in names:
-        for key in ("error", "iteration_error", "b_error"):
+        for key in ("error", "error_iterations_only", "iteration_error", "b_error"):
             vals = [x[key] for x in rows[n] if key in x]
             if vals:
                 figs[f"{'validation_error' if key == 'error' else key}_{n}"] = statistics.median(vals)

@@ -196,9 +196,10 @@ def test_a_trace_is_placed_by_samples_and_replays_the_fresh_estimates(tmp_path):
     f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     us, bs, measured = read_stats_trace(f)
     assert us == (0.2, 1.0) and bs == (50.0, 80.0)
-    assert measured == ((2.0, 100.0, None), (None, None, 0.5))
+    assert measured == ((2.0, 100.0, None, True), (None, None, 0.5, False))
     curve = job(gradstats={"curve": "trace", "path": str(f), "noise": 0.0}).gradstats
-    assert curve.measured_at(0.6) == (2.0, 100.0, 0.5)          # each term over the records that have it
+    assert curve.measured_at(0.5) == (2.0, 100.0, 0.5, True)     # each term over the records that have it
+    assert curve.measured_at(0.7) == (None, None, 0.5, False)    # nearest the decision without a measurement
     assert curve.at(0.6) == pytest.approx(65.0)
     # the policy gets them: a goodput run on this trace decides on g2 = 2, s = 100 (B_noise 50), not on G2/S (1)
     sim = Simulation(cluster(), job(gradstats={"curve": "trace", "path": str(f), "noise": 0.0}, stop="samples",
@@ -219,7 +220,28 @@ def test_a_trace_is_placed_by_samples_and_replays_the_fresh_estimates(tmp_path):
             policy.decide = orig
     sim._decide = spy.__get__(sim)
     sim.run("goodput")
-    assert seen and all(g == pytest.approx(2.0) and s == pytest.approx(100.0) and m == 0.5 for g, s, m in seen)
+    assert seen and all((g, s, m) == (None, None, 0.5) or (g == pytest.approx(2.0) and s == pytest.approx(100.0)
+                                                          and m == 0.5) for g, s, m in seen)
+    assert {g is None for g, _, _ in seen} == {True, False}            # both kinds of decision were replayed
+
+
+def test_measured_overheads_price_only_what_runs():
+    """[model] measure_factor and epoch_end_s: the defaults price nothing; an epoch end adds its seconds once per
+    epoch; a measurement factor slows only a policy that measures, and by less than the factor itself."""
+    def run(strategy, **model):
+        j = job(stop="samples", epochs=3, model={"measure_factor": 1.0, "epoch_end_s": 0.0, **model})
+        return Simulation(cluster(), j).run(strategy)
+    base = {n: Simulation(cluster(), job(stop="samples", epochs=3)).run(n).totals for n in ("lbbsp", "goodput")}
+    assert run("lbbsp").totals == base["lbbsp"] and run("goodput").totals == base["goodput"]
+    ends = run("lbbsp", epoch_end_s=2.5)
+    assert ends.totals["time_s"] == pytest.approx(base["lbbsp"]["time_s"] + 3 * 2.5)
+    assert ends.totals["iterations"] == base["lbbsp"]["iterations"]
+    assert run("lbbsp", measure_factor=3.0).totals == base["lbbsp"]            # a fixed B measures nothing
+    slow = run("goodput", measure_factor=3.0).totals
+    assert slow["iterations"] == base["goodput"]["iterations"]                # the same decisions
+    assert base["goodput"]["time_s"] < slow["time_s"] < 3.0 * base["goodput"]["time_s"]
+    with pytest.raises(simulate.ConfigError, match="measure_factor"):
+        job(model={"measure_factor": 0.5})
 
 
 # ---------------------------------------------------------------- bad input, the CLI

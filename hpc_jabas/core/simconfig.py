@@ -17,7 +17,10 @@ Job file: the data (``samples`` per epoch, ``epochs``), the batch (``batch`` B0,
 each sample counting E(B) = (B_noise + B0) / (B_noise + B); "samples": exactly ``epochs`` epochs),
 ``seed``; ``[model]`` (the perf model: ``profile_dir``, or the emulated model of ``base_s``,
 ``per_sample_s`` on a V100, ``b_list``, ``grad_mb``, ``bandwidth_gbs``, ``overlap`` and one relative
-speed per GPU type in ``[model.speeds]``); ``[gradstats]`` (the curve, below); ``[policy]``
+speed per GPU type in ``[model.speeds]``; and what a run costs besides its iterations, measured on a
+run of the same job: ``measure_factor`` (>= 1, default 1: a measurement iteration of an adaptive policy
+takes this many times a normal one) and ``epoch_end_s`` (seconds per epoch end: evaluation, checkpoint;
+default 0)); ``[gradstats]`` (the curve, below); ``[policy]``
 (``gamma``, ``alpha``, ``ramp_at``, ``ramp_factor``, ``warmup``); ``[autoscale]`` (``max_gpus``,
 ``min_gpus``, ``max_partitions``, ``unit`` (0: whole nodes), ``exact_upto``, ``margin``,
 ``restart_prior_s``, ``budget`` (default: the SimiGrad row's cost), ``max_queue_wait_s``,
@@ -287,22 +290,29 @@ class NoiseCurve:
     params: dict[str, float]
     noise: float = 0.2
     trace: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-    #: ``trace`` only: the recorded run's own measurements at the same points, (|G|^2, tr(Sigma), similarity)
-    #: per decision (None where a record lacks one), replayed as they were instead of modelled from B_noise
-    measured: tuple[tuple[float | None, float | None, float | None], ...] | None = None
+    #: ``trace`` only: the recorded run's own measurements at the same points, (|G|^2, tr(Sigma), similarity,
+    #: fresh) per decision (None where a record lacks one; fresh: the decision had a new measurement),
+    #: replayed as they were instead of modelled from B_noise
+    measured: tuple[tuple[float | None, float | None, float | None, bool], ...] | None = None
 
-    def measured_at(self, u: float) -> tuple[float | None, float | None, float | None]:
-        """The recorded (|G|^2, tr(Sigma), similarity) at progress u, each interpolated over the records that
-        have it (None: no record has it, or not a trace)."""
+    def measured_at(self, u: float) -> tuple[float | None, float | None, float | None, bool]:
+        """The recorded (|G|^2, tr(Sigma), similarity, fresh) at progress u. ``fresh`` is the nearest record's:
+        a decision the run took without a new measurement is replayed without one (|G|^2 = tr(Sigma) = None,
+        its similarity as recorded); otherwise each term is interpolated over the records that have it (None:
+        no record has it, or not a trace)."""
         if self.trace is None or self.measured is None:
-            return None, None, None
+            return None, None, None, True
         u = min(max(float(u), 0.0), 1.0)
+        us = self.trace[0]
+        k = min(range(len(us)), key=lambda i: abs(us[i] - u))
+        if not self.measured[k][3]:
+            return None, None, self.measured[k][2], False
         out: list[float | None] = []
         for j in range(3):
-            xs = [x for x, m in zip(self.trace[0], self.measured) if m[j] is not None]
-            vs = [float(v) for m in self.measured if (v := m[j]) is not None]
+            xs = [x for x, m in zip(us, self.measured) if m[j] is not None and (j == 2 or m[3])]
+            vs = [float(v) for m in self.measured if (v := m[j]) is not None and (j == 2 or m[3])]
             out.append(float(np.interp(u, xs, vs)) if xs else None)
-        return out[0], out[1], out[2]
+        return out[0], out[1], out[2], True
 
     def at(self, u: float) -> float:
         u = min(max(float(u), 0.0), 1.0)
@@ -328,13 +338,14 @@ def _finite(x: Any) -> float | None:
 
 
 def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
-                                          tuple[tuple[float | None, float | None, float | None], ...]]:
-    """(u, B_noise, (|G|^2, tr(Sigma), similarity)) of a run's metrics.jsonl decision records. u is the share of
+                                          tuple[tuple[float | None, float | None, float | None, bool], ...]]:
+    """(u, B_noise, (|G|^2, tr(Sigma), similarity, fresh)) of a run's metrics.jsonl decision records (fresh:
+    the decision had a new measurement; always True in older files without ``g2``/``s``). u is the share of
     the run's samples trained before the decision (its iteration records' ``samples``: the progress the
     simulator counts in), or iteration / last iteration when the file has no iteration records."""
     if not path.is_file():
         raise ConfigError(f"gradstats trace {str(path)!r} does not exist; give a run's metrics.jsonl")
-    pts: list[tuple[int, float, tuple[float | None, float | None, float | None]]] = []
+    pts: list[tuple[int, float, tuple[float | None, float | None, float | None, bool]]] = []
     per_it: dict[int, int] = {}
     for line in path.read_text().splitlines():
         try:
@@ -354,9 +365,11 @@ def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
         bn, sim, B = _finite(st.get("b_noise")), _finite(st.get("similarity")), r.get("B")
         if "g2" in st or "s" in st:                   # the decision's fresh estimates, as its policy got them
             g2, s = _finite(st.get("g2")), _finite(st.get("s"))
+            fresh = g2 is not None and s is not None
         else:                                         # an older file: the controller's smoothed terms
             g2, s = _finite(st.get("G2")), _finite(st.get("S_trace"))
-        meas = (g2, s, sim if sim is not None and 0 < sim < 1 else None)
+            fresh = True
+        meas = (g2, s, sim if sim is not None and 0 < sim < 1 else None, fresh)
         if bn is not None and bn > 0:
             pts.append((int(it), bn, meas))
         elif sim is not None and 0 < sim < 1 and isinstance(B, (int, float)):
@@ -419,7 +432,8 @@ class Job:
 
 _JOB_KEYS = ("name", "samples", "epochs", "batch", "batch_min", "batch_max", "micro_batch", "p", "mix", "stop",
              "seed", "model", "gradstats", "policy", "autoscale")
-_MODEL_KEYS = ("profile_dir", "base_s", "per_sample_s", "b_list", "grad_mb", "bandwidth_gbs", "overlap", "speeds")
+_MODEL_KEYS = ("profile_dir", "base_s", "per_sample_s", "b_list", "grad_mb", "bandwidth_gbs", "overlap", "speeds",
+               "measure_factor", "epoch_end_s")
 _POLICY_KEYS = ("gamma", "alpha", "ramp_at", "ramp_factor", "warmup")
 _AUTOSCALE_KEYS = ("max_gpus", "min_gpus", "max_partitions", "unit", "exact_upto", "margin", "restart_prior_s",
                    "budget", "max_queue_wait_s", "max_nodes", "max_evals", "brute_max", "forecast_history")
@@ -435,7 +449,10 @@ def job_from_dict(d: Mapping[str, Any], where: str = "job", base: Path | None = 
     if mix is not None and (not isinstance(mix, Mapping) or not all(
             isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in mix.values())):
         raise ConfigError(f"{where}: mix={mix!r} is invalid; give a table partition = GPU count")
-    model = dict(_Keys(d.get("model", {}), f"{where}: [model]", _MODEL_KEYS).d)
+    mk = _Keys(d.get("model", {}), f"{where}: [model]", _MODEL_KEYS)
+    model = dict(mk.d)
+    model["measure_factor"] = mk.num("measure_factor", 1.0, lo=1.0)
+    model["epoch_end_s"] = mk.num("epoch_end_s", 0.0)
     policy = dict(_Keys(d.get("policy", {}), f"{where}: [policy]", _POLICY_KEYS).d)
     auto = dict(_Keys(d.get("autoscale", {}), f"{where}: [autoscale]", _AUTOSCALE_KEYS).d)
     return Job(samples=k.int("samples", 50_000) or 1, epochs=k.int("epochs", 10) or 1, batch=B, batch_min=lo,

@@ -13,6 +13,9 @@ this module defines its own version of any of them. The time line (docs/simulato
   the trainer's); each period's iterations take ``space.iter_time(B)`` each, the epoch's last one a full
   iteration of B (as ``autoscale.epoch_time_fn`` prices it) for the samples left;
 - at the end of every period the policy decides the next B from the statistics at the progress then;
+- a measurement iteration (one per period for the similarity and goodput policies) takes
+  ``[model] measure_factor`` times a normal one, and every epoch end adds ``[model] epoch_end_s`` (both
+  measured on a run of the job; defaults 1 and 0: not priced);
 - ``stop = "progress"``: the run ends once the statistical progress of ``epochs`` epochs at B0 is made
   (each sample counts E(B) = (B_noise + B0) / (B_noise + B), core/stats.py), possibly mid-epoch;
   ``"samples"``: after exactly ``epochs`` epochs;
@@ -228,6 +231,11 @@ class Simulation:
         budget_total = self.auto.get("budget", budget)
         max_epochs = job.epochs if job.stop == "samples" else job.epochs * MAX_EPOCH_FACTOR
         last_stay: Any = None
+        # what a run costs besides its iterations ([model], measured on a run of the job): the measurement
+        # iterations of a policy that measures (one per period, the trainer's (i + 1) % p == 0) and epoch ends
+        measures = st.policy in ("similarity", "noise-scale")
+        m_extra = float(job.model.get("measure_factor", 1.0) or 1.0) - 1.0
+        end_s = float(job.model.get("epoch_end_s", 0.0) or 0.0)
         for epoch in range(max_epochs):
             rate = autoscale.mix_rate(mix, cl.rates)
             gpus = sum(mix.values())
@@ -243,6 +251,8 @@ class Simulation:
                     its = min(its, max(1, math.ceil((target - done_eff) / (B * eff))))
                 n = min(its * B, left)
                 ep_t += its * T
+                if measures and m_extra > 0:
+                    ep_t += ((it + its) // p - it // p) * T * m_extra
                 left -= n
                 ep_samples += n
                 sw += n * B
@@ -255,6 +265,7 @@ class Simulation:
                     if nb != B:
                         res.timeline.append((round(t + ep_t, 3), it, nb, round(lr_rule.lr_scale(nb), 4)))
                     B = nb
+            ep_t += end_s
             cost += ep_t * rate / 3600.0
             gpu_h += ep_t * gpus / 3600.0
             t += ep_t
@@ -324,12 +335,19 @@ class Simulation:
         z = rng.standard_normal(2) * curve.noise
         g2, s = math.exp(float(z[0])), bn * math.exp(float(z[1]))
         sim = B / (B + 2.0 * s / g2)
-        mg2, ms, msim = curve.measured_at(u)          # a trace: the recorded run's own measurements, as they were
-        if mg2 is not None and ms is not None:
-            g2, s = mg2 * math.exp(float(z[0])), ms * math.exp(float(z[1]))
-        if msim is not None:
-            sim = msim
-        d = policy.decide(PolicyState(B=B, iteration=it, similarity=sim, g2=g2, s=s, progress=u), space)
+        g2_: float | None = g2
+        s_: float | None = s
+        sim_: float | None = sim
+        if curve.measured is not None:                # a trace: the recorded run's own measurements, as they were
+            mg2, ms, msim, fresh = curve.measured_at(u)
+            if not fresh:                             # that decision had no new measurement: neither has this one
+                g2_, s_, sim_ = None, None, msim
+            else:
+                if mg2 is not None and ms is not None:
+                    g2_, s_ = mg2 * math.exp(float(z[0])), ms * math.exp(float(z[1]))
+                if msim is not None:
+                    sim_ = msim
+        d = policy.decide(PolicyState(B=B, iteration=it, similarity=sim_, g2=g2_, s=s_, progress=u), space)
         if d.B != B:
             res.trajectory.append((it, d.B))
         return int(d.B)
