@@ -1,6 +1,6 @@
 """Faults on the local Slurm cluster: preemption, time limits, killed ranks, checkpoint writes, drains.
 
-    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--only preempt,timelimit,kill,corrupt,drain,bad]
+    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--only preempt,matrix,timelimit,kill,corrupt,drain,bad]
                                      [--json FILE]
 
 * preempt: tests/preempt_task.py (float64, Adam, fixed plan b=4 n=2,2 on 2 x rtx2060, 2 epochs = 30 iterations,
@@ -13,6 +13,15 @@
   Exact: the chain finishes and the
   final parameters equal the single-process uninterrupted run (tests/reference.py) to 1e-6 relative, with
   every iteration recorded once. Lost work: iterations between the stop and the checkpoint it resumed from.
+* matrix: signals away from iteration boundaries, per launcher, each the preemption signal (TERM at the
+  steps): at a random moment inside an iteration (iteration k on record, then a random delay within the
+  next 0.08 s iteration); right as a periodic checkpoint is written (k a multiple of checkpoint_every);
+  inside the epoch-end decision with the auto-scaler on (signalled as the epoch_end record appears; the
+  decision moves the chain from 2 rtx2060 to 2 v100, LB-BSP's same b=4 n=2,2; the signal ends the job as a
+  stop, or it reaches a job already ending with its move); three preemptions in a row (each sent to the
+  job of the next start). Exact as above, every signal one stop.
+* lost iterations, every case: counted from the run's own iteration records (an iteration recorded more
+  than once was run again), beside what the launcher claims (``lost_claimed``).
 * timelimit: the same task, 4 epochs of ~1 s iterations, ``time_min=1``, ``signal_lead_s=30``,
   ``max_timeouts=10``: recovered when the chain finishes exactly after at least one time-out requeue.
 * kill: ``kill -9`` of rank 1 mid-epoch (sbatch and submitit chains, alternating): recovered when the chain
@@ -26,7 +35,7 @@
 * bad: tests/test_bad_input.py's table of malformed inputs: clear when exit 2, one line on stderr, no
   traceback and no existing file modified.
 
-The last line: ``preempt_exact=N/N timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
+The last line: ``preempt_exact=N/N matrix_exact=N/N timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
 corrupt_detected=N/N bad_inputs_clear=N/N lost_iterations_max=N``.
 """
 from __future__ import annotations
@@ -88,8 +97,118 @@ def _exact(chain_dir: Path, steps: int, repeats: bool = False) -> tuple[bool, fl
 
 
 def _lost(events: list[dict]) -> int:
+    """What the launcher says it lost (its end/requeue records), for comparison with :func:`_lost_recorded`."""
     lost = [int(e.get("lost_iterations") or 0) for e in events if e.get("event") in ("end", "requeue", "resubmit")]
     return max(lost or [0])
+
+
+def _lost_recorded(chain_dir: Path) -> int:
+    """Iterations run again, counted from the run's own iteration records (metrics.jsonl, every job of the chain
+    appends to it): each record of an iteration beyond its first is work done twice."""
+    seen: dict[int, int] = {}
+    for r in _iterations(chain_dir):
+        seen[int(r["it"])] = seen.get(int(r["it"]), 0) + 1
+    return sum(c - 1 for c in seen.values())
+
+
+def _current_job(events: list[dict]) -> tuple[str | None, int]:
+    """The job id of the chain's newest start, and how many starts there were."""
+    starts = [e for e in events if e.get("event") == "start"]
+    return (str(starts[-1]["job_id"]) if starts else None), len(starts)
+
+
+def _epoch_ended(chain_dir: Path) -> bool:
+    p = chain_dir / "run" / "metrics.jsonl"
+    return p.exists() and any('"type": "epoch_end"' in ln for ln in p.read_text().splitlines())
+
+
+def run_chain_signals(cl: LocalCluster, work: Path, method: str, cfg: dict, points: list[tuple[int | str, float]],
+                      how: list[str], timeout: float = 400) -> dict:
+    """A chain signalled at each of ``points`` in turn, (iteration k, delay s): once iteration k is on record in
+    the i-th start of the chain (a requeued or resubmitted job counts as a new start), wait ``delay`` and send
+    the signal to the job then running; k = "epoch_end": once the first epoch_end record is written (the
+    trainer then checkpoints and runs the epoch-end decision). Exact and lost as :func:`run_chain`, lost
+    counted from the records."""
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.slurm.chain import read
+    from hpc_jabas.slurm.executor import submit
+    from hpc_jabas.slurm.watch import wait_chain
+    chain = work / "chain"
+    spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix={"rtx2060": 2}, method=method,
+                   pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+    t0 = time.time()
+    first = submit(spec).job_id
+    sent: list[dict] = []
+    for i, (k, delay) in enumerate(points):
+        end = time.time() + 200
+        while True:
+            ev = read(chain)
+            job, starts = _current_job(ev)
+            if starts >= i + 1 and (_epoch_ended(chain) if k == "epoch_end"
+                                    else any(r["it"] >= int(k) for r in _iterations(chain))):
+                break
+            if time.time() > end:
+                return {"ok": False, "why": f"never reached iteration {k} in start {i + 1}", "events": ev,
+                        "jobs": [first], "sent": sent, "wall_s": time.time() - t0, "lost": _lost_recorded(chain),
+                        "lost_claimed": _lost(ev)}
+            time.sleep(0.05)
+        time.sleep(delay)
+        subprocess.run(["scancel", *how, str(job)], env=cl.env, capture_output=True, timeout=30)
+        sent.append({"job": job, "k": k, "delay_s": round(delay, 3),
+                     "last_recorded": max((r["it"] for r in _iterations(chain)), default=-1)})
+    res = wait_chain(chain, first, timeout=timeout, poll_s=0.5)
+    ev = read(chain)
+    if not res["ok"]:
+        subprocess.run(["scancel", *res["jobs"]], env=cl.env, capture_output=True, timeout=30)
+    steps = cfg["epochs"] * 15
+    exact, err, why = (_exact(chain, steps) if res["ok"] else (False, float("inf"), f"chain {res['state']}"))
+    stops = [e for e in ev if e["event"] == "end" and e.get("state") == "stopped"]
+    return {"ok": bool(res["ok"] and exact), "rel_err": err, "why": why, "events": ev, "jobs": res["jobs"],
+            "wall_s": time.time() - t0, "lost": _lost_recorded(chain), "lost_claimed": _lost(ev), "sent": sent,
+            "stops": len(stops)}
+
+
+#: the preemption signal of each launcher (what Slurm's preemption and scancel send to the steps)
+PREEMPT_HOW = {"sbatch": ["--signal=TERM"], "submitit": ["--signal=TERM"]}
+#: an epoch-end decision that moves the chain (2 rtx2060 -> 2 v100), as fast as it can; the LB-BSP planner (the
+#: auto-scaler refuses a fixed plan) splits B = 16 into 8 + 8 on either pair, micro-batches of 4: the same
+#: b=4 n=2,2 as the fixed plan of the other cases, so the same reference
+MOVE_AUTOSCALE = {"enabled": True, "objective": "time", "allowed": ["v100"], "min_gpus": 2, "max_gpus": 2,
+                  "restart_prior_s": 0.0, "margin": 0.0}
+MOVE_CFG = {**{k: v for k, v in BASE_CFG.items() if k != "plan"}, "planner": "lbbsp", "micro_batch": 4,
+            "autoscale": MOVE_AUTOSCALE}
+
+
+def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> None:
+    """Signals away from iteration boundaries, per launcher: at a random moment inside an iteration; right as
+    a periodic checkpoint is written; inside the epoch-end decision with the auto-scaler on (it moves the
+    chain); three preemptions in a row. Exact, every stop once, lost iterations from the records."""
+    rows = out.setdefault("matrix", [])
+    for method in METHODS:
+        cases = [
+            ("random_moment", dict(BASE_CFG), [(rng.randint(3, 24), rng.uniform(0.0, 0.08))]),
+            ("at_checkpoint", dict(BASE_CFG), [(rng.choice([4, 8, 12, 16, 20]), 0.0)]),
+            ("epoch_end_decision", dict(MOVE_CFG), [("epoch_end", 0.0)]),
+            ("three_in_a_row", dict(BASE_CFG), [(rng.randint(2, 7), rng.uniform(0.0, 0.08)),
+                                                (rng.randint(10, 15), rng.uniform(0.0, 0.08)),
+                                                (rng.randint(18, 24), rng.uniform(0.0, 0.08))]),
+        ]
+        for name, cfg, points in cases:
+            w = shared / f"faults-{os.getpid()}-m{len(rows)}"
+            w.mkdir(parents=True, mode=0o777)
+            r = run_chain_signals(cl, w, method, cfg, points, PREEMPT_HOW[method])
+            moved = sum(1 for e in r["events"] if e.get("event") == "move")
+            # every signal one stop; a signal inside the epoch-end decision may instead end with the move it
+            # decided (the job ends anyway, its successor resumes from the epoch's checkpoint)
+            want = r.get("stops") == len(points) or (name == "epoch_end_decision" and r.get("stops", 0) + moved == 1)
+            r["ok"] = r["ok"] and want
+            rows.append({"case": name, "method": method, "points": points, "ok": r["ok"], "rel_err": r.get("rel_err"),
+                         "why": r["why"], "lost": r["lost"], "lost_claimed": r["lost_claimed"],
+                         "stops": r.get("stops"), "moves": moved, "sent": r["sent"], "wall_s": r["wall_s"]})
+            print(f"matrix {name:18s} {method:8s} points={[(k, round(d, 3)) for k, d in points]} ok={r['ok']} "
+                  f"stops={r.get('stops')} moves={moved} err={r.get('rel_err', float('inf')):.1e} "
+                  f"lost={r['lost']} (claimed {r['lost_claimed']}) {r['wall_s']:.0f}s {r['why']}", flush=True)
+            shutil.rmtree(w, ignore_errors=True)
 
 
 def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: int | None = None,
@@ -122,7 +241,7 @@ def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: i
     exact, err, why = (_exact(chain, steps, repeats=kill_at is not None) if res["ok"]
                        else (False, float("inf"), f"chain {res['state']}"))
     return {"ok": bool(res["ok"] and exact), "rel_err": err, "why": why, "events": ev, "jobs": res["jobs"],
-            "wall_s": time.time() - t0, "lost": _lost(ev)}
+            "wall_s": time.time() - t0, "lost": _lost_recorded(chain), "lost_claimed": _lost(ev)}
 
 
 def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:
@@ -137,7 +256,8 @@ def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dic
                 stops = [e for e in r["events"] if e["event"] == "end" and e.get("state") == "stopped"]
                 r.update(method=method, signal=sig, k=k, stopped_at=[e.get("iteration") for e in stops])
                 r["ok"] = r["ok"] and len(stops) == 1 and stops[0].get("signal") == sig
-                rows.append({x: r[x] for x in ("method", "signal", "k", "ok", "rel_err", "why", "lost", "stopped_at",
+                rows.append({x: r[x] for x in ("method", "signal", "k", "ok", "rel_err", "why", "lost", "lost_claimed",
+                                               "stopped_at",
                                                "wall_s", "jobs")})
                 print(f"preempt {method:8s} {sig:4s} k={k:2d} stop={r['stopped_at']} ok={r['ok']} "
                       f"err={r['rel_err']:.1e} lost={r['lost']} {r['wall_s']:.0f}s {r['why']}", flush=True)
@@ -302,7 +422,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 random iteration per case, one time-limit chain")
     ap.add_argument("--iterations", type=int, default=5, help="random iterations per preemption case (default 5)")
-    ap.add_argument("--only", default="preempt,timelimit,kill,corrupt,drain,bad")
+    ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,bad")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default="sbatch,submitit", help="launchers of the preemption cases")
     ap.add_argument("--signals", default="USR1,USR2,TERM", help="signals of the preemption cases")
@@ -326,14 +446,18 @@ def main() -> int:
             corrupt(cl.shared, 10, rng, out)
         if "preempt" in only:
             preempt(cl, cl.shared, n, rng, out)
+        if "matrix" in only:
+            matrix(cl, cl.shared, rng, out)
         if "timelimit" in only:
             timelimit(cl, cl.shared, out, ("sbatch",) if a.quick else ("sbatch", "submitit"))
         if "kill" in only:
             kill(cl, cl.shared, n, rng, out)
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1, default=str))
-    lost = [r.get("lost", 0) for k in ("preempt", "timelimit", "kill") for r in out.get(k, []) if r.get("ok")]
-    print(f"preempt_exact={frac(out.get('preempt'))} timelimit_recovered={frac(out.get('timelimit'))} "
+    lost = [r.get("lost", 0) for k in ("preempt", "matrix", "timelimit", "kill") for r in out.get(k, [])
+            if r.get("ok")]
+    print(f"preempt_exact={frac(out.get('preempt'))} matrix_exact={frac(out.get('matrix'))} "
+          f"timelimit_recovered={frac(out.get('timelimit'))} "
           f"kill_recovered={frac(out.get('kill'))} drain_avoided={frac(out.get('drain'))} "
           f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear={frac(out.get('bad_inputs'))} "
           f"lost_iterations_max={max(lost) if lost else 'n/a'}")
