@@ -19,7 +19,9 @@
   inside the epoch-end decision with the auto-scaler on (signalled as the epoch_end record appears; the
   decision moves the chain from 2 rtx2060 to 2 v100, LB-BSP's same b=4 n=2,2; the signal ends the job as a
   stop, or it reaches a job already ending with its move); three preemptions in a row (each sent to the
-  job of the next start). Exact as above, every signal one stop.
+  job of the next start); and Slurm's own preemption (a job of the higher-tier partition "urgent" takes
+  the chain's node; Slurm sends TERM to every process, DataLoader workers included), without and with 2
+  loader workers. Exact as above, every signal one stop.
 * lost iterations, every case: counted from the run's own iteration records (an iteration recorded more
   than once was run again), beside what the launcher claims (``lost_claimed``).
 * timelimit: the same task, 4 epochs of ~1 s iterations, ``time_min=1``, ``signal_lead_s=30``,
@@ -49,6 +51,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,18 +126,19 @@ def _epoch_ended(chain_dir: Path) -> bool:
 
 
 def run_chain_signals(cl: LocalCluster, work: Path, method: str, cfg: dict, points: list[tuple[int | str, float]],
-                      how: list[str], timeout: float = 400) -> dict:
+                      how: list[str], timeout: float = 400, task: str = "preempt_task:build",
+                      act: Callable[[str], None] | None = None) -> dict:
     """A chain signalled at each of ``points`` in turn, (iteration k, delay s): once iteration k is on record in
     the i-th start of the chain (a requeued or resubmitted job counts as a new start), wait ``delay`` and send
     the signal to the job then running; k = "epoch_end": once the first epoch_end record is written (the
     trainer then checkpoints and runs the epoch-end decision). Exact and lost as :func:`run_chain`, lost
-    counted from the records."""
+    counted from the records. ``act(job)``, when given, is done instead of the signal (a real preemption)."""
     from hpc_jabas.core.jobspec import JobSpec
     from hpc_jabas.slurm.chain import read
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     chain = work / "chain"
-    spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix={"rtx2060": 2}, method=method,
+    spec = JobSpec(task=task, config=cfg, chain_dir=str(chain), mix={"rtx2060": 2}, method=method,
                    pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
     t0 = time.time()
     first = submit(spec).job_id
@@ -153,7 +157,10 @@ def run_chain_signals(cl: LocalCluster, work: Path, method: str, cfg: dict, poin
                         "lost_claimed": _lost(ev)}
             time.sleep(0.05)
         time.sleep(delay)
-        subprocess.run(["scancel", *how, str(job)], env=cl.env, capture_output=True, timeout=30)
+        if act is not None:
+            act(str(job))
+        else:
+            subprocess.run(["scancel", *how, str(job)], env=cl.env, capture_output=True, timeout=30)
         sent.append({"job": job, "k": k, "delay_s": round(delay, 3),
                      "last_recorded": max((r["it"] for r in _iterations(chain)), default=-1)})
     res = wait_chain(chain, first, timeout=timeout, poll_s=0.5)
@@ -179,6 +186,20 @@ MOVE_CFG = {**{k: v for k, v in BASE_CFG.items() if k != "plan"}, "planner": "lb
             "autoscale": MOVE_AUTOSCALE}
 
 
+def urgent_job(cl: LocalCluster, out_dir: Path) -> Callable[[str], None]:
+    """Slurm's own preemption: a job of the higher-tier hidden partition "urgent" (slurm/local/up.sh:
+    PreemptType=preempt/partition_prio, PreemptMode=REQUEUE, GraceTime=30) asking for all 4 GPUs of the
+    rtx2060 node; Slurm sends TERM to every process of the chain's job there (DataLoader workers included)."""
+    def act(job: str) -> None:
+        subprocess.run(["sbatch", "--parsable", "-p", "urgent", "-N", "1", "-n", "1", "--gres=gpu:rtx2060:4",
+                        "-t", "2", "-o", str(out_dir / "urgent.out"), "--wrap", "sleep 4"], env=cl.env,
+                       capture_output=True, text=True, timeout=30, check=True)
+    return act
+
+
+MATRIX_CASES: list[str] = []        # --cases: the matrix's cases to run (empty: all)
+
+
 def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> None:
     """Signals away from iteration boundaries, per launcher: at a random moment inside an iteration; right as
     a periodic checkpoint is written; inside the epoch-end decision with the auto-scaler on (it moves the
@@ -193,10 +214,17 @@ def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> Non
                                                 (rng.randint(10, 15), rng.uniform(0.0, 0.08)),
                                                 (rng.randint(18, 24), rng.uniform(0.0, 0.08))]),
         ]
+        cases += [("real_preemption", dict(BASE_CFG), [(rng.randint(3, 24), 0.0)]),
+                  ("real_preemption_workers", dict(BASE_CFG), [(rng.randint(3, 24), 0.0)])]
         for name, cfg, points in cases:
+            if MATRIX_CASES and name not in MATRIX_CASES:
+                continue
             w = shared / f"faults-{os.getpid()}-m{len(rows)}"
             w.mkdir(parents=True, mode=0o777)
-            r = run_chain_signals(cl, w, method, cfg, points, PREEMPT_HOW[method])
+            real = name.startswith("real_preemption")
+            r = run_chain_signals(cl, w, method, cfg, points, PREEMPT_HOW[method],
+                                  task="preempt_task:build_loader" if name.endswith("workers") else
+                                  "preempt_task:build", act=urgent_job(cl, w) if real else None)
             moved = sum(1 for e in r["events"] if e.get("event") == "move")
             # every signal one stop; a signal inside the epoch-end decision may instead end with the move it
             # decided (the job ends anyway, its successor resumes from the epoch's checkpoint)
@@ -426,11 +454,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default="sbatch,submitit", help="launchers of the preemption cases")
     ap.add_argument("--signals", default="USR1,USR2,TERM", help="signals of the preemption cases")
+    ap.add_argument("--cases", default="", help="the matrix's cases, comma-separated (default: all): random_moment,"
+                    "at_checkpoint,epoch_end_decision,three_in_a_row,real_preemption,real_preemption_workers")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args()
     n = 1 if a.quick else a.iterations
     METHODS[:] = a.methods.split(",")
     SIGNALS[:] = a.signals.split(",")
+    MATRIX_CASES[:] = [c for c in a.cases.split(",") if c]
     only = set(a.only.split(","))
     rng = random.Random(a.seed)
     out: dict = {}
