@@ -1,7 +1,7 @@
 """Faults on the local Slurm cluster: preemption, time limits, killed ranks, checkpoint writes, drains.
 
-    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--only preempt,matrix,timelimit,kill,corrupt,drain,bad]
-                                     [--json FILE]
+    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--cases ...] [--json FILE]
+                                     [--only preempt,matrix,timelimit,kill,corrupt,drain,planted,bad]
 
 * preempt: tests/preempt_task.py (float64, Adam, fixed plan b=4 n=2,2 on 2 x rtx2060, 2 epochs = 30 iterations,
   periodic checkpoints every 4) is signalled once iteration k is on record, k random, for each signal (USR1,
@@ -37,7 +37,13 @@
 * bad: tests/test_bad_input.py's table of malformed inputs: clear when exit 2, one line on stderr, no
   traceback and no existing file modified.
 
-The last line: ``preempt_exact=N/N matrix_exact=N/N timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
+* planted: checkpoints another user could have planted as the newest in a run directory (a pickle payload
+  with a matching sidecar; the file owned by another uid; the file or its sidecar writable by every user):
+  refused (or, for the payload, skipped for the good one) without running code.
+
+The last line: ``preempt_real_exact=N/N preempt_real_loader_exact=N/N preempt_signal_exact=N/N
+preempt_counted_as_failure=0 planted_checkpoint_refused=N/N preempt_exact=N/N matrix_exact=N/N
+timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
 corrupt_detected=N/N bad_inputs_clear=N/N lost_iterations_max=N``.
 """
 from __future__ import annotations
@@ -103,6 +109,12 @@ def _lost(events: list[dict]) -> int:
     """What the launcher says it lost (its end/requeue records), for comparison with :func:`_lost_recorded`."""
     lost = [int(e.get("lost_iterations") or 0) for e in events if e.get("event") in ("end", "requeue", "resubmit")]
     return max(lost or [0])
+
+
+def _failures(events: list[dict]) -> int:
+    """Ends the chain counted as failures (a preemption must never be one)."""
+    return sum(1 for e in events if (e.get("event") == "requeue" and e.get("reason") == "failure")
+               or (e.get("event") == "end" and e.get("state") == "failed"))
 
 
 def _lost_recorded(chain_dir: Path) -> int:
@@ -172,7 +184,7 @@ def run_chain_signals(cl: LocalCluster, work: Path, method: str, cfg: dict, poin
     stops = [e for e in ev if e["event"] == "end" and e.get("state") == "stopped"]
     return {"ok": bool(res["ok"] and exact), "rel_err": err, "why": why, "events": ev, "jobs": res["jobs"],
             "wall_s": time.time() - t0, "lost": _lost_recorded(chain), "lost_claimed": _lost(ev), "sent": sent,
-            "stops": len(stops)}
+            "stops": len(stops), "failures": _failures(ev)}
 
 
 #: the preemption signal of each launcher (what Slurm's preemption and scancel send to the steps)
@@ -232,6 +244,7 @@ def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> Non
             r["ok"] = r["ok"] and want
             rows.append({"case": name, "method": method, "points": points, "ok": r["ok"], "rel_err": r.get("rel_err"),
                          "why": r["why"], "lost": r["lost"], "lost_claimed": r["lost_claimed"],
+                         "failures": r.get("failures", 0),
                          "stops": r.get("stops"), "moves": moved, "sent": r["sent"], "wall_s": r["wall_s"]})
             print(f"matrix {name:18s} {method:8s} points={[(k, round(d, 3)) for k, d in points]} ok={r['ok']} "
                   f"stops={r.get('stops')} moves={moved} err={r.get('rel_err', float('inf')):.1e} "
@@ -269,7 +282,8 @@ def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: i
     exact, err, why = (_exact(chain, steps, repeats=kill_at is not None) if res["ok"]
                        else (False, float("inf"), f"chain {res['state']}"))
     return {"ok": bool(res["ok"] and exact), "rel_err": err, "why": why, "events": ev, "jobs": res["jobs"],
-            "wall_s": time.time() - t0, "lost": _lost_recorded(chain), "lost_claimed": _lost(ev)}
+            "wall_s": time.time() - t0, "lost": _lost_recorded(chain), "lost_claimed": _lost(ev),
+            "failures": _failures(ev)}
 
 
 def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:
@@ -285,7 +299,7 @@ def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dic
                 r.update(method=method, signal=sig, k=k, stopped_at=[e.get("iteration") for e in stops])
                 r["ok"] = r["ok"] and len(stops) == 1 and stops[0].get("signal") == sig
                 rows.append({x: r[x] for x in ("method", "signal", "k", "ok", "rel_err", "why", "lost", "lost_claimed",
-                                               "stopped_at",
+                                               "failures", "stopped_at",
                                                "wall_s", "jobs")})
                 print(f"preempt {method:8s} {sig:4s} k={k:2d} stop={r['stopped_at']} ok={r['ok']} "
                       f"err={r['rel_err']:.1e} lost={r['lost']} {r['wall_s']:.0f}s {r['why']}", flush=True)
@@ -427,6 +441,63 @@ def replan(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> Non
     shutil.rmtree(w, ignore_errors=True)
 
 
+class _Payload:
+    """What a planted checkpoint would carry: code run on unpickling (writes its marker file)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "pwned"))
+
+
+def planted(work: Path, out: dict) -> None:
+    """Checkpoints another user could have planted in a run directory, each the newest, beside a good one:
+    a pickle payload with a matching sidecar (refused by weights_only loading, no code run: load_latest
+    falls back to the good one), the newest file owned by another uid, and the newest file or its sidecar
+    writable by every user (refused outright, naming the file: the directory is suspect)."""
+    import hashlib
+    import io
+
+    import torch
+
+    from hpc_jabas.errors import CheckpointError
+    from hpc_jabas.runtime import checkpoint as ckpt
+    from hpc_jabas.trust import UntrustedFileError
+    rows = out.setdefault("planted", [])
+    for case in ("pickle_payload", "other_owner", "world_writable", "world_writable_sidecar"):
+        d = work / f"planted-{case}"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        marker = d / "marker"
+        good = ckpt.save_in(d, {"it": 1}, epoch=0, iteration=1)
+        evil = d / ckpt.name_for(0, 2)
+        obj = {"model": _Payload(str(marker))} if case == "pickle_payload" else {"it": 2}
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        data = buf.getvalue()
+        evil.write_bytes(data)
+        ckpt.sidecar(evil).write_text(json.dumps({"format": ckpt.FORMAT, "sha256": hashlib.sha256(data).hexdigest(),
+                                                  "size": len(data)}) + "\n")
+        if case == "other_owner":
+            os.chown(evil, 12345, -1)
+        elif case == "world_writable":
+            os.chmod(evil, 0o666)
+        elif case == "world_writable_sidecar":
+            os.chmod(ckpt.sidecar(evil), 0o666)
+        try:
+            st, path = ckpt.load_latest(d, log=lambda m: None)
+            refused = case == "pickle_payload" and path == good and st == {"it": 1}
+            how = f"loaded {Path(path).name}"
+        except (UntrustedFileError, CheckpointError) as e:
+            refused = case != "pickle_payload" and str(evil) in str(e) and "\n" not in str(e)
+            how = f"refused: {type(e).__name__}"
+        ok = refused and not marker.exists()
+        rows.append({"case": case, "ok": ok, "how": how, "code_ran": marker.exists()})
+        print(f"planted {case:22s} ok={ok} {how} code_ran={marker.exists()}", flush=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def bad_inputs(shared: Path, out: dict) -> None:
     """tests/test_bad_input.py's table: exit 2, one line, no traceback, no existing file modified."""
     from test_bad_input import run_table
@@ -450,7 +521,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 random iteration per case, one time-limit chain")
     ap.add_argument("--iterations", type=int, default=5, help="random iterations per preemption case (default 5)")
-    ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,bad")
+    ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,planted,bad")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default="sbatch,submitit", help="launchers of the preemption cases")
     ap.add_argument("--signals", default="USR1,USR2,TERM", help="signals of the preemption cases")
@@ -475,6 +546,8 @@ def main() -> int:
             replan(cl, cl.shared, rng, out)
         if "corrupt" in only:
             corrupt(cl.shared, 10, rng, out)
+        if "planted" in only:
+            planted(cl.shared, out)
         if "preempt" in only:
             preempt(cl, cl.shared, n, rng, out)
         if "matrix" in only:
@@ -487,7 +560,16 @@ def main() -> int:
         Path(a.json).write_text(json.dumps(out, indent=1, default=str))
     lost = [r.get("lost", 0) for k in ("preempt", "matrix", "timelimit", "kill") for r in out.get(k, [])
             if r.get("ok")]
-    print(f"preempt_exact={frac(out.get('preempt'))} matrix_exact={frac(out.get('matrix'))} "
+    m = out.get("matrix", [])
+    real = [r for r in m if r["case"] == "real_preemption"]
+    real_loader = [r for r in m if r["case"] == "real_preemption_workers"]
+    signal = out.get("preempt", []) + [r for r in m if not r["case"].startswith("real_preemption")]
+    counted = sum(r.get("failures", 0) for r in out.get("preempt", []) + m)
+    print(f"preempt_real_exact={frac(real)} preempt_real_loader_exact={frac(real_loader)} "
+          f"preempt_signal_exact={frac(signal)} "
+          f"preempt_counted_as_failure={counted if out.get('preempt') or m else 'n/a'} "
+          f"planted_checkpoint_refused={frac(out.get('planted'))} "
+          f"preempt_exact={frac(out.get('preempt'))} matrix_exact={frac(out.get('matrix'))} "
           f"timelimit_recovered={frac(out.get('timelimit'))} "
           f"kill_recovered={frac(out.get('kill'))} drain_avoided={frac(out.get('drain'))} "
           f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear={frac(out.get('bad_inputs'))} "
