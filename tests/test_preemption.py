@@ -347,6 +347,8 @@ def check_exact(out: dict, k: int, signal_name: str) -> int:
     stops = [e for e in ev if e["event"] == "end" and e.get("state") == "stopped"]
     assert len(stops) == 1 and stops[0]["signal"] == signal_name and stops[0]["lost_iterations"] == 0, ev
     stop_it = stops[0]["iteration"]
+    # k is drawn with room before the end: the stop comes a few iterations after k (the signal's way through
+    # scancel and the batch shell, then the agreement travels during the next iteration, runtime/safepoint.py)
     assert k <= stop_it < 30, (k, stop_it)
     req = [e for e in ev if e["event"] == "requeue"]
     assert len(req) == 1 and req[0]["reason"] == "preempted" and req[0]["iteration"] == stop_it, ev
@@ -369,7 +371,7 @@ def test_submitit_job_preempted_by_usr2_requeues_and_finishes_exactly(slurm_clus
     """USR2 (submitit's signal) to every rank at a random iteration: all ranks checkpoint at the next safe
     point, submitit requeues the same job (scontrol requeue), it resumes and finishes with the parameters
     of the uninterrupted run."""
-    k = random.Random(os.getpid() + 2).randint(3, 24)
+    k = random.Random(os.getpid() + 2).randint(3, 16)
     out = preempt_chain(slurm_cluster, slurm_tmp / "chain", "submitit", k, ["--signal=USR2"])
     out["chain"] = slurm_tmp / "chain"
     check_exact(out, k, "USR2")
@@ -383,7 +385,7 @@ def test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly(slurm_clu
     """USR1 to the batch shell only (what --signal=B:USR1@lead sends): the job script's trap passes it to
     the ranks, they checkpoint at the next safe point, rank 0 submits the successor, which finishes with
     the parameters of the uninterrupted run."""
-    k = random.Random(os.getpid() + 1).randint(3, 24)
+    k = random.Random(os.getpid() + 1).randint(3, 16)
     out = preempt_chain(slurm_cluster, slurm_tmp / "chain", "sbatch", k, ["--batch", "--signal=USR1"])
     out["chain"] = slurm_tmp / "chain"
     check_exact(out, k, "USR1")
@@ -408,7 +410,7 @@ def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     chain = slurm_tmp / "chain"
-    k = random.Random(os.getpid() + 7).randint(3, 20)
+    k = random.Random(os.getpid() + 7).randint(3, 14)
     spec = JobSpec(task="preempt_task:build_loader", config=dict(CHAIN_CFG), chain_dir=str(chain),
                    mix={"rtx2060": 2}, method="sbatch", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
     first = submit(spec).job_id
