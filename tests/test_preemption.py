@@ -397,8 +397,10 @@ def test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly(slurm_clu
 @pytest.mark.slurm
 @pytest.mark.timeout(420)
 @pytest.mark.slurm_exclusive
-def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm_cluster, slurm_tmp):
-    """Slurm's own preemption: the chain (sbatch, DataLoader with 2 workers) runs on the rtx2060 node; a job of
+@pytest.mark.parametrize("method", ["sbatch", "submitit"])
+def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm_cluster, slurm_tmp, method):
+    """Slurm's own preemption, for each launcher (sbatch: the successor is a new job; submitit: the same job
+    requeued): the chain (DataLoader with 2 workers) runs on the rtx2060 node; a job of
     the higher-tier hidden partition "urgent" (slurm/local/up.sh: PreemptType=preempt/partition_prio,
     PreemptMode=REQUEUE, GraceTime=30) asks for all 4 GPUs of that node. Slurm sends TERM to every process of
     the job, workers included; the ranks stop at their next safe point, checkpoint, and the chain resumes after
@@ -412,7 +414,7 @@ def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm
     chain = slurm_tmp / "chain"
     k = random.Random(os.getpid() + 7).randint(3, 14)
     spec = JobSpec(task="preempt_task:build_loader", config=dict(CHAIN_CFG), chain_dir=str(chain),
-                   mix={"rtx2060": 2}, method="sbatch", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+                   mix={"rtx2060": 2}, method=method, pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
     first = submit(spec).job_id
     urgent = None
     try:

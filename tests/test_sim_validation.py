@@ -31,7 +31,9 @@ def test_the_simulator_replays_a_real_goodput_run_decision_for_decision(tmp_path
     assert len(moves) >= 2, moves                       # the run did move B: there is something to replay
     us, _, measured = read_stats_trace(run_dir / "metrics.jsonl")
     assert all(b > a for a, b in zip(us, us[1:]))       # progress in samples, strictly increasing
-    assert all(m[0] is not None for m in measured)      # every decision's fresh estimates are on record
+    # the decisions' fresh estimates are on record (a decision without a new measurement has none, and is
+    # replayed without one): at least the policy's warm-up of 3
+    assert sum(1 for m in measured if m[3] and m[0] is not None and m[1] is not None) >= 3, measured
     sim = sv.simulate(sv.CASES["goodput"], profile, run_dir, epochs, real["samples"] // epochs)
     assert sim.totals["iterations"] == real["iterations"]
     assert sim.totals["samples"] == real["samples"]
