@@ -441,25 +441,12 @@ def replan(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> Non
     shutil.rmtree(w, ignore_errors=True)
 
 
-class _Payload:
-    """What a planted checkpoint would carry: code run on unpickling (writes its marker file)."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.write_text, (Path(self.marker), "pwned"))
-
-
 def planted(work: Path, out: dict) -> None:
     """Checkpoints another user could have planted in a run directory, each the newest, beside a good one:
     a pickle payload with a matching sidecar (refused by weights_only loading, no code run: load_latest
     falls back to the good one), the newest file owned by another uid, and the newest file or its sidecar
     writable by every user (refused outright, naming the file: the directory is suspect)."""
-    import hashlib
-    import io
-
-    import torch
+    from test_trust import Payload, _plant  # the suite's own planting (a checkpoint with a matching sidecar)
 
     from hpc_jabas.errors import CheckpointError
     from hpc_jabas.runtime import checkpoint as ckpt
@@ -472,13 +459,7 @@ def planted(work: Path, out: dict) -> None:
         marker = d / "marker"
         good = ckpt.save_in(d, {"it": 1}, epoch=0, iteration=1)
         evil = d / ckpt.name_for(0, 2)
-        obj = {"model": _Payload(str(marker))} if case == "pickle_payload" else {"it": 2}
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        data = buf.getvalue()
-        evil.write_bytes(data)
-        ckpt.sidecar(evil).write_text(json.dumps({"format": ckpt.FORMAT, "sha256": hashlib.sha256(data).hexdigest(),
-                                                  "size": len(data)}) + "\n")
+        _plant(evil, {"model": Payload(str(marker))} if case == "pickle_payload" else {"it": 2})
         if case == "other_owner":
             os.chown(evil, 12345, -1)
         elif case == "world_writable":
