@@ -18,9 +18,9 @@ from torch import nn
 
 def digits_data(n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's bundled 8x8 digits (no download), scaled to [0, 1]: (x [N, 64], y [N])."""
-    from sklearn.datasets import load_digits
-    X, y = load_digits(return_X_y=True)
-    x = torch.tensor(X / 16.0, dtype=torch.float32)
+    from examples.digits import digits_all
+    X, y = digits_all()
+    x = torch.tensor(X, dtype=torch.float32)
     t = torch.tensor(y, dtype=torch.long)
     if n is not None:
         x, t = x[:n], t[:n]

@@ -9,18 +9,19 @@ A plain single-GPU PyTorch script; the lines marked  # hpc-jabas  are all it tak
 import json
 
 import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 
 import hpc_jabas  # hpc-jabas
 from hpc_jabas import add_verbosity_flags, configure_from_args
 
+try:                                   # as a module (examples.train_digits:build) or as a script
+    from examples.digits import digits_split
+except ImportError:
+    from digits import digits_split  # type: ignore[no-redef]
+
 
 def make_data(seed=0):
-    X, y = load_digits(return_X_y=True)
-    X = X / 16.0
-    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=seed, stratify=y)
+    Xtr, Xte, ytr, yte = digits_split(seed, test_size=0.25)   # scikit-learn's split, cached (examples/digits.py)
     t = lambda a, dt: torch.tensor(a, dtype=dt)
     return (torch.utils.data.TensorDataset(t(Xtr, torch.float32), t(ytr, torch.long)),
             (t(Xte, torch.float32), t(yte, torch.long)))
