@@ -4,20 +4,21 @@ Importing scikit-learn (and SciPy with it) costs about 1.5 s of CPU in every pro
 every run loads this data. So the first call loads the data with scikit-learn and makes the stratified
 split; the arrays are then kept in an ``.npz`` file in the user's cache (``$HPC_JABAS_CACHE``, else
 ``$XDG_CACHE_HOME/hpc-jabas``, else ``~/.cache/hpc-jabas``), which later processes read in milliseconds.
-The file holds numbers only and is read without pickle (``allow_pickle=False``), after
-:func:`hpc_jabas.trust.check_file`; one that does not hold what it should is rebuilt. Its name carries
-scikit-learn's version, the seed and the test fraction, so another version's split is never reused.
+The file holds numbers only and is read without pickle (``allow_pickle=False``), and only when this
+user owns it and nobody else may write it or its directory; one that does not hold what it should is
+rebuilt. Its name carries scikit-learn's version, the seed and the test fraction, so another version's
+split is never reused.
 """
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import stat
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
-
-from hpc_jabas.trust import UntrustedFileError, check_file
 
 N_SAMPLES, N_FEATURES, N_CLASSES = 1797, 64, 10
 KEYS = ("x", "y", "train_idx", "test_idx")
@@ -50,12 +51,22 @@ def _valid(d: dict[str, np.ndarray]) -> bool:
             and both.shape == (N_SAMPLES,) and bool((np.sort(both) == np.arange(N_SAMPLES)).all()))
 
 
+def _private(path: Path) -> bool:
+    """Owned by this user, and neither the file nor its directory writable by anyone else."""
+    for p in (path, path.parent):
+        st = os.stat(p)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
+    return True
+
+
 def _read(path: Path) -> dict[str, np.ndarray] | None:
     try:
-        check_file(path, "digits cache")
+        if not _private(path):
+            return None
         with np.load(path, allow_pickle=False) as z:
             d = {k: z[k] for k in KEYS}
-    except (OSError, ValueError, KeyError, UntrustedFileError):
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None
     return d if _valid(d) else None
 
@@ -70,7 +81,7 @@ def _load(seed: int, test_size: float) -> dict[str, np.ndarray]:
     if d is None:
         d = _compute(seed, test_size)
         try:                                            # atomic: concurrent first ranks each write a whole file
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".digits-", suffix=".npz")
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **d)
