@@ -397,10 +397,12 @@ def test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly(slurm_clu
 @pytest.mark.slurm
 @pytest.mark.timeout(420)
 @pytest.mark.slurm_exclusive
-@pytest.mark.parametrize("method", ["sbatch", "submitit"])
+@pytest.mark.parametrize("method", ["submitit"])
 def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm_cluster, slurm_tmp, method):
-    """Slurm's own preemption, for each launcher (sbatch: the successor is a new job; submitit: the same job
-    requeued): the chain (DataLoader with 2 workers) runs on the rtx2060 node; a job of
+    """Slurm's own preemption (here under submitit: the same job requeued; bench/faults.py runs it for both
+    launchers, with and without loader workers; the sbatch launcher's stop and successor are held by
+    test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly): the chain (DataLoader with 2
+    workers) runs on the rtx2060 node; a job of
     the higher-tier hidden partition "urgent" (slurm/local/up.sh: PreemptType=preempt/partition_prio,
     PreemptMode=REQUEUE, GraceTime=30) asks for all 4 GPUs of that node. Slurm sends TERM to every process of
     the job, workers included; the ranks stop at their next safe point, checkpoint, and the chain resumes after

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -162,12 +163,13 @@ def test_no_bar_under_mpirun_into_a_pipe(tmp_path):
     """Open MPI gives every rank a pseudo-terminal for stdout even when mpirun's own stdout is a pipe:
     the bar follows mpirun's stdout (here a pipe: no bar)."""
     env = dict(_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    probe = ("import sys; from hpc_jabas.runtime.progress import bar_wanted, launcher_stdout_is_tty; import os; "
-             "print(os.environ['OMPI_COMM_WORLD_RANK'], sys.stdout.isatty(), launcher_stdout_is_tty(dict(os.environ)), "
-             "bar_wanted())")
+    # one record per rank, delimited, in one write: the two ranks' output may arrive interleaved, even mid-line
+    probe = ("import sys, os; from hpc_jabas.runtime.progress import bar_wanted, launcher_stdout_is_tty; "
+             "sys.stdout.write(f\"<R{os.environ['OMPI_COMM_WORLD_RANK']} {sys.stdout.isatty()} "
+             "{launcher_stdout_is_tty(dict(os.environ))} {bar_wanted()}>\\n\"); sys.stdout.flush()")
     r = subprocess.run(["mpirun", "--oversubscribe", "-np", "2", PY, "-c", probe], capture_output=True, text=True,
                        env=env, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
-    rows = sorted(ln.split() for ln in r.stdout.splitlines() if ln[:1].isdigit())
+    rows = sorted(m.split() for m in re.findall(r"<R([^<>]*)>", r.stdout))
     assert [row[0] for row in rows] == ["0", "1"], r.stdout
     assert all(row[2:] == ["False", "False"] for row in rows), r.stdout
