@@ -5,7 +5,10 @@ It checks what the demo says it shows, on what it left behind, not on its wordin
   rank 0 at iteration 60 the controller rebalances (a balance record that changed the plan, with
   rank 0's measured speed factor below the others'); the report PNG is written and non-empty;
 - part 2 (the local Slurm cluster): the job is submitted, moved at an epoch end onto another mix,
-  the successor resumes from the checkpoint and the chain finishes all its epochs.
+  the successor resumes from the checkpoint and the chain finishes all its epochs: the chain's events in
+  order, each job on its mix, submitit's own job objects, and the final parameters equal to one process
+  replaying the recorded batches (tests/chain_checks.py). This is the suite's submitit chain with a move
+  (the sbatch one, by hand: tests/test_slurm_lifecycle.py).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from chain_checks import check_moves, check_parameters, events
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,18 +63,36 @@ def test_make_demo_runs_and_shows_what_it_promises(slurm_cluster, slurm_tmp):
     assert png.is_file() and png.stat().st_size > 10_000, png
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # part 2: submitted, moved at an epoch end, resumed, finished
-    chain = _records(run / "slurm" / "chain" / "chain.jsonl")
-    kinds = [e["event"] for e in chain]
-    assert "submit" in kinds and "move" in kinds, kinds
-    move = next(e for e in chain if e["event"] == "move")
-    starts = [e for e in chain if e["event"] == "start"]
-    assert any(str(s.get("job_id")) == str(move["to_job"]) for s in starts), chain
-    ends = [e for e in chain if e["event"] == "end"]
-    assert ends and ends[-1].get("state", "finished") == "finished", ends
-    srecs = _records(run / "slurm" / "chain" / "run" / "metrics.jsonl")
+    # part 2: submitted, moved at an epoch end (where the auto-scaler chose), resumed, finished: the chain's
+    # events in order, each job on its mix, and the final parameters those of one process fed the same batches
+    d = run / "slurm" / "chain"
+    jobs = check_moves(d, {"a100": 1, "v100": 2}, by_hand=False, epochs=4)
+    starts = [e for e in events(d) if e["event"] == "start"]
+    check_parameters(d, {s["world"] for s in starts}, b_changed=False)
+    srecs = _records(d / "run" / "metrics.jsonl")
     epochs = sorted({x["epoch"] for x in srecs if x["type"] == "epoch_end"})
-    assert epochs == list(range(len(epochs))) and len(epochs) == 4, epochs
-    assert (run / "slurm" / "chain" / "run" / "report.png").is_file()
+    assert epochs == [0, 1, 2, 3], epochs
+    assert (d / "run" / "report.png").is_file()
+    # submitit's own objects, rebuilt from the chain directory: each job's result (global rank 0's summary, the
+    # other ranks' None), its log and its final state; the successors' submissions carry no hetjob of the first
+    from hpc_jabas.slurm.executor import submitit_job
+    for k, (j, s) in enumerate(zip(jobs, starts)):
+        job = submitit_job(d, j)
+        assert slurm_cluster.wait_state(j, timeout=90) == "COMPLETED"    # the ranks exit after the result
+        res = job.results()
+        assert res[0]["job_id"] == j and res[0]["mix"] == s["mix"] and res[1:] == [None] * (s["world"] - 1), res
+        moved = res[0]["moved_to"]
+        if k == len(jobs) - 1:
+            assert moved is None and res[0]["epoch"] == 4, res
+        else:
+            assert moved["job_id"] == jobs[k + 1] and moved["mix"] == starts[k + 1]["mix"], res
+        assert "Job completed successfully" in job.stdout()
+        job.get_info(mode="force")
+        assert job.state == "COMPLETED" and job.done()
+        if k:
+            text = (d / "jobs" / "submitit" / f"{j}_submission.sh").read_text()
+            assert ("hetjob" in text) == (len(s["mix"]) > 1), text
+    acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State", "-j", jobs[0]).stdout
+    assert f"{jobs[0]}+0|a100|COMPLETED" in acct and f"{jobs[0]}+1|v100|COMPLETED" in acct, acct
     git_after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
     assert git_after == git_before, f"the demo wrote outside its run dir:\n{git_after}"

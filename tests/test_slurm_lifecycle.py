@@ -1,15 +1,15 @@
 """A resubmission chain on the real local Slurm cluster (slurm/local): submit, epoch-end move, resume.
 
-(a) submitit: digits on a heterogeneous job {a100:1, v100:2}, adaptive B (similarity policy), CPU
-    ranks emulating their partition's GPU type; the epoch-end auto-scaler (objective cost, limited
-    to 2 x rtx2060) moves it; the second job (2 ranks, submitted by rank 0 from inside the first)
-    finishes. Checked: chain events, the ranks' GPU types per job, submitit's job objects, and the
-    final parameters against one process replaying the same B trajectory (metrics.jsonl).
-(b) the same by hand: `sbatch slurm/jabas-hetjob.sbatch JOB.toml` after `module load hpc-jabas`,
-    moving to 3 x v100 (two nodes) through method sbatch.
-(c) `hpc-jabas status CHAIN_DIR` shows both jobs of each chain.
-Plus cheap checks: job scripts against the real cluster's view, one-line errors (the environment
-cleaning and the rest of the script text: tests/test_slurm_text.py).
+(b) by hand: `sbatch slurm/jabas-hetjob.sbatch JOB.toml` after `module load hpc-jabas`: digits on a
+    heterogeneous job {a100:1, v100:2}, adaptive B (similarity policy), CPU ranks emulating their
+    partition's GPU type; the epoch-end auto-scaler (objective cost, limited to 3 x v100) moves it through
+    method sbatch onto two nodes; the second job finishes. Checked: chain events, the ranks' GPU types per
+    job, the rendered job script, sacct, and the final parameters against one process replaying the same B
+    trajectory (metrics.jsonl; tests/chain_checks.py).
+(c) `hpc-jabas status CHAIN_DIR` shows both jobs of the chain.
+The same chain under submitit, submitted from Python, is the demo's (tests/test_demo.py: the same checks, and
+submitit's own job objects). Plus cheap checks: job scripts against the real cluster's view, one-line errors
+(the environment cleaning and the rest of the script text: tests/test_slurm_text.py).
 """
 from __future__ import annotations
 
@@ -17,20 +17,14 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
+from chain_checks import check_moves, check_parameters, events
 from slurm_env import cluster_lock
 
 from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError, SlurmError
-from hpc_jabas.runtime.checkpoint import load_latest
-from hpc_jabas.slurm import chain as chainlog
 
 pytestmark = pytest.mark.slurm
 
@@ -52,10 +46,6 @@ def autoscale_to(partition: str, n: int) -> dict:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-def events(chain_dir) -> list[dict]:
-    return chainlog.read(chain_dir)
-
-
 def follow(chain_dir, first_job: str, timeout: float = CHAIN_TIMEOUT_S) -> dict:
     from hpc_jabas.slurm.watch import wait_chain
     res = wait_chain(chain_dir, first_job, timeout=timeout, poll_s=0.5)
@@ -109,145 +99,12 @@ def _settle(cluster, jobs) -> None:
     cluster.cancel(*jobs)
 
 
-def check_chain(chain_dir, first_mix: dict, second_mix: dict, second_types: list[str], by_hand: bool) -> list[str]:
-    """submit/start/move/start/end in order; the second job on the new mix with its ranks' GPU types."""
-    ev = events(chain_dir)
-    kinds = [e["event"] for e in ev]
-    starts = [e for e in ev if e["event"] == "start"]
-    moves = [e for e in ev if e["event"] == "move"]
-    ends = [e for e in ev if e["event"] == "end"]
-    submits = [e for e in ev if e["event"] == "submit"]
-    assert len(starts) == 2 and len(moves) == 1 and len(ends) == 2, kinds
-    j1, j2 = str(starts[0]["job_id"]), str(starts[1]["job_id"])
-    assert j1 != j2
-    # order: [submit j1] start j1, submit j2, move j1->j2, end j1 (moved); move, start j2, end j2 (finished)
-    pos = {(e["event"], str(e.get("job_id") or e.get("from_job"))): i for i, e in enumerate(ev)}
-    first = [("start", j1), ("submit", j2), ("move", j1), ("end", j1)]
-    if not by_hand:
-        first.insert(0, ("submit", j1))
-    for seq in (first, [("move", j1), ("start", j2), ("restart", j2), ("end", j2)]):
-        idx = [pos.get(k) for k in seq]
-        assert None not in idx and idx == sorted(idx), (seq, kinds)
-    assert kinds.count("submit") == (1 if by_hand else 2), kinds
-    assert starts[0]["mix"] == first_mix and starts[0]["world"] == sum(first_mix.values())
-    assert str(moves[0]["to_job"]) == j2 and moves[0]["mix"] == second_mix and moves[0]["epoch"] == 1
-    assert submits[-1]["mix"] == second_mix and submits[-1]["by"] == f"job {j1}"
-    assert starts[1]["mix"] == second_mix and starts[1]["resumed"] is True and starts[1]["epoch"] == 1
-    assert starts[1]["gpu_types"] == second_types and starts[1]["world"] == len(second_types)
-    assert ends[0]["state"] == "moved" and ends[0]["epochs"] == 1
-    assert ends[1]["state"] == "finished" and ends[1]["epochs"] == 2
-    assert any(e["event"] == "restart" and str(e["job_id"]) == j2 and e["overhead_s"] > 0 for e in ev)
-    return [j1, j2]
-
-
-def replay_reference(chain_dir) -> dict:
-    """One process, plain SGD (momentum 0.9, lr 0.05 x lr_scale), over the B-sample batches that the
-    sampler gives for each recorded iteration plan (tests/reference.py's replay)."""
-    sys.path.insert(0, str(ROOT))
-    from examples.train_digits import build
-    recs = [json.loads(ln) for ln in (Path(chain_dir) / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    its = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["it"])
-    assert [r["it"] for r in its] == list(range(len(its))), "iteration records missing or repeated"
-    task = build()
-    model, opt, ds, loss_fn = task.model, task.optimizer, task.dataset, task.loss_fn
-    base = [g["lr"] for g in opt.param_groups]
-    assert base == [0.05]
-    X, y = ds.tensors
-    sampler = HeterogeneousSampler(len(ds), seed=TRAIN["seed"], tail="shrink")
-    for r in its:
-        plan = Plan.parse(r["plan"])
-        if sampler.epoch_done(plan.B):
-            sampler.new_epoch()
-        assert sampler.epoch == r["epoch"], (r["it"], sampler.epoch, r["epoch"])
-        ib = sampler.next(plan)
-        idx = torch.as_tensor(ib.all_indices(), dtype=torch.long)
-        assert len(idx) == r["samples"]
-        opt.zero_grad()
-        loss_fn(model(X[idx]), y[idx]).backward()
-        for g, lr in zip(opt.param_groups, base):
-            g["lr"] = lr * r["lr_scale"]
-        opt.step()
-    assert sampler.epoch == TRAIN["epochs"] - 1 and sampler.epoch_done()
-    plans = {r["plan"] for r in its}
-    return {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}, "plans": plans,
-            "Bs": [r["B"] for r in its]}
-
-
-def check_parameters(chain_dir, first_world: int, second_world: int) -> None:
-    ref = replay_reference(chain_dir)
-    # the run really changed B (adaptive controller) and its plans span both worlds
-    assert len(set(ref["Bs"])) > 1, ref["Bs"]
-    worlds = {Plan.parse(p).world_size for p in ref["plans"]}
-    assert worlds == {first_world, second_world}, ref["plans"]
-    found = load_latest(Path(chain_dir) / "run" / "checkpoints")
-    assert found is not None
-    got = found[0]["model"]
-    assert set(got) == set(ref["state"])
-    for k, want in ref["state"].items():
-        err = float((got[k].float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
-        assert err <= 1e-5, f"{k}: relative difference {err:.3g} to the single-process reference"
-
-
 def status_text(cluster, chain_dir) -> str:
     # --wait: until every job of the chain has ended and Slurm has released it (the last job's exit)
     r = subprocess.run([HPC_JABAS, "status", str(chain_dir), "--wait", "60"], capture_output=True, text=True,
                        env=cluster.env, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
-
-
-# ---- (a) submitit, heterogeneous first job ------------------------------------------------------
-@pytest.fixture(scope="module")
-def submitit_chain(slurm_cluster):
-    from hpc_jabas.slurm.executor import submit
-    subs = {}
-
-    def start(w):
-        spec = JobSpec(task="examples.train_digits:build", config={**TRAIN, "autoscale": autoscale_to("rtx2060", 2)},
-                       chain_dir=str(w), mix={"v100": 2, "a100": 1}, method="submitit", pythonpath=[str(ROOT)],
-                       python=PY)
-        subs[w] = submit(spec)
-        return w, subs[w].job_id
-
-    t0 = time.time()
-    with cluster_lock(slurm_cluster, exclusive=False):      # a module fixture: the test lock by hand
-        out = run_chain(slurm_cluster, "chain-submitit", start, {"rtx2060": 2})
-    out.update(dir=out["chain"], submission=subs[out["work"]], wall_s=time.time() - t0)
-    yield out
-    _settle(slurm_cluster, out["follow"]["jobs"])
-    shutil.rmtree(out["work"], ignore_errors=True)
-
-
-def test_submitit_chain_moves_and_matches_single_process(slurm_cluster, submitit_chain):
-    from hpc_jabas.slurm.executor import submitit_job
-    d, s = submitit_chain["dir"], submitit_chain["submission"]
-    assert s.method == "submitit" and s.mix == {"a100": 1, "v100": 2}
-    j1, j2 = check_chain(d, {"a100": 1, "v100": 2}, {"rtx2060": 2}, ["rtx2060", "rtx2060"], by_hand=False)
-    assert j1 == s.job_id and submitit_chain["follow"]["jobs"] == [j1, j2]
-    first = events(d)[1]
-    assert first["gpu_types"] == ["a100", "v100", "v100"]
-    # submitit's own objects: the hetjob's per-rank results and logs, and its sacct state
-    out = s.job.result()                       # global rank 0's summary
-    assert out["job_id"] == j1 and out["moved_to"]["job_id"] == j2 and out["moved_to"]["mix"] == {"rtx2060": 2}
-    assert s.job.results()[1:] == [None, None]
-    assert "Job completed successfully" in s.job.stdout()
-    # rank 0's result is written before the job's last steps have ended: let Slurm finish it
-    assert slurm_cluster.wait_state(j1, timeout=90) == "COMPLETED"
-    s.job.get_info(mode="force")
-    assert s.job.state == "COMPLETED"
-    job2 = submitit_job(d, j2)
-    out2 = job2.result()
-    assert out2["job_id"] == j2 and out2["epoch"] == 2 and out2["mix"] == {"rtx2060": 2} and out2["moved_to"] is None
-    assert slurm_cluster.wait_state(j2, timeout=60) == "COMPLETED"    # the ranks exit after the result
-    job2.get_info(mode="force")
-    assert job2.state == "COMPLETED" and job2.done()
-    # the second job's submission ran without the first job's Slurm/MPI variables
-    text = (d / "jobs" / "submitit" / f"{j2}_submission.sh").read_text()
-    assert "--gres=gpu:rtx2060:2" in text and "hetjob" not in text
-    acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State", "-j", f"{j1},{j2}").stdout
-    assert f"{j1}+0|a100|COMPLETED" in acct and f"{j1}+1|v100|COMPLETED" in acct, acct
-    assert f"{j2}|rtx2060|COMPLETED" in acct, acct
-    check_parameters(d, 3, 2)
 
 
 # ---- (b) by hand: sbatch slurm/jabas-hetjob.sbatch JOB.toml --------------------------------------
@@ -292,7 +149,9 @@ def hand_chain(slurm_cluster):
 
 def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
     c = hand_chain["chain"]
-    j1, j2 = check_chain(c, {"a100": 1, "v100": 2}, {"v100": 3}, ["v100"] * 3, by_hand=True)
+    j1, j2 = check_moves(c, {"a100": 1, "v100": 2}, by_hand=True, epochs=TRAIN["epochs"])
+    ev = events(c)
+    assert next(e for e in ev if e["event"] == "move")["mix"] == {"v100": 3}
     assert j1 == hand_chain["job_id"]
     log = (c / "jobs" / f"sbatch-{j1}.out").read_text()       # the template writes under the chain directory
     assert "hpc-jabas: hetjob" in log and ".venv/bin/python" in log
@@ -304,26 +163,25 @@ def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
     assert slurm_cluster.wait_state(j2, timeout=60) == "COMPLETED"
     acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State,NodeList", "-j", j2).stdout
     assert acct.startswith(f"{j2}|v100|COMPLETED|gpuv[1-2]"), acct
-    check_parameters(c, 3, 3)
+    check_parameters(c, {3})
 
 
 # ---- (c) hpc-jabas status ---------------------------------------------------------------------
-def test_status_shows_both_jobs(slurm_cluster, submitit_chain, hand_chain):
-    for d, jobs, method in ((submitit_chain["dir"], submitit_chain["follow"]["jobs"], "submitit"),
-                            (hand_chain["chain"], hand_chain["follow"]["jobs"], "sbatch")):
-        out = status_text(slurm_cluster, d)
-        lines = out.splitlines()
-        rows = {ln.split()[0]: ln.split() for ln in lines[2:] if ln.split() and ln.split()[0].isdigit()}
-        assert list(rows) == jobs, out
-        first, second = rows[jobs[0]], rows[jobs[1]]
-        assert "moved" in first and "COMPLETED" in first and "0->1" in first, out
-        assert "finished" in second and "COMPLETED" in second and "1->2" in second and method in second, out
-        assert lines[-1].startswith(f"current: finished (job {jobs[1]}"), out
-        assert "1 restart(s)" in out
-    r = subprocess.run([HPC_JABAS, "status", str(submitit_chain["dir"]), "--json"], capture_output=True, text=True,
+def test_status_shows_the_chains_two_jobs(slurm_cluster, hand_chain):
+    d, jobs = hand_chain["chain"], hand_chain["follow"]["jobs"]
+    out = status_text(slurm_cluster, d)
+    lines = out.splitlines()
+    rows = {ln.split()[0]: ln.split() for ln in lines[2:] if ln.split() and ln.split()[0].isdigit()}
+    assert list(rows) == jobs, out
+    first, second = rows[jobs[0]], rows[jobs[1]]
+    assert "moved" in first and "COMPLETED" in first and "0->1" in first, out
+    assert "finished" in second and "COMPLETED" in second and "1->2" in second and "sbatch" in second, out
+    assert lines[-1].startswith(f"current: finished (job {jobs[1]}"), out
+    assert "1 restart(s)" in out
+    r = subprocess.run([HPC_JABAS, "status", str(d), "--json"], capture_output=True, text=True,
                        env=slurm_cluster.env, timeout=60)
     st = json.loads(r.stdout)
-    assert [j["job_id"] for j in st["jobs"]] == submitit_chain["follow"]["jobs"]
+    assert [j["job_id"] for j in st["jobs"]] == jobs
     assert st["total_cost"] > 0 and st["jobs"][0]["cost"] > 0 and st["jobs"][1]["slurm"] == "COMPLETED"
 
 
