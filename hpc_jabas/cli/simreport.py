@@ -113,8 +113,10 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
         for e in eps:
             if e.get("restart"):
                 a.axvline(e["epoch"] + 0.5, color="k", lw=0.8, ls="--")
-        a.set_title(f"{n}: {res[n]['totals']['restarts']} moves", fontsize=9)
+        k = res[n]["totals"]["restarts"]
+        a.set_title(f"{n}: {k} move{'' if k == 1 else 's'}", fontsize=9)
         a.set_ylabel("GPUs")
+        a.set_xticks(x)
         a.legend(fontsize=6, loc="upper left", ncol=4)
     fig.suptitle(f"{title}: allocation per epoch (dashed: a move after the epoch)")
     fig.tight_layout()
@@ -133,6 +135,7 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
             cum.append(c)
         ax[1].step([0.0] + [e["wall_s"] / 3600 for e in eps], cum, where="post", color=colors[n], lw=1.2)
     ax[0].set_xlabel("epoch")
+    ax[0].set_xticks(sorted({e["epoch"] for n in names for e in res[n]["epochs"]}))
     ax[0].set_ylabel("cost of the epoch")
     ax[0].legend(fontsize=8, ncol=2)
     ax[1].set_xlabel("simulated time (h)")
@@ -156,6 +159,7 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
         a.plot([e["epoch"] for e in eps], [e.get("samples_per_s", 0.0) for e in eps], "k--", lw=0.8, label="all")
         a.set_title(n, fontsize=9)
         a.set_ylabel("samples/s")
+        a.set_xticks([e["epoch"] for e in eps])
         a.legend(fontsize=6, loc="upper left", ncol=3)
     fig.suptitle(f"{title}: throughput per GPU type and epoch")
     fig.tight_layout()
