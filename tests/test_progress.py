@@ -15,6 +15,7 @@ import termios
 from pathlib import Path
 
 import pytest
+from mpi_util import run_script
 
 from hpc_jabas import log as hjlog
 
@@ -26,6 +27,7 @@ DIGITS = [PY, str(ROOT / "examples" / "train_digits.py"), "--emulate", "--batch"
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPC_JABAS_PROGRESS", "OMPI_COMM"))}
     env["PYTHONPATH"] = str(ROOT)
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -59,15 +61,13 @@ def test_progress_bar_on_a_terminal_only_and_a_finished_run_refuses(tmp_path):
     prog = json.loads((tmp_path / "tty" / "progress.json").read_text())
     assert (prog["epoch"], prog["epochs"], prog["samples_done"], prog["samples_total"]) == (2, 2, 2694, 2694)
 
-    run = tmp_path / "pipe"
-    r = subprocess.run(DIGITS + ["--epochs", "1", "--run-dir", str(run)], capture_output=True, text=True,
-                       env=_env(), cwd=ROOT, timeout=120)
+    run = tmp_path / "pipe"         # the two runs into a pipe: forked from a warm interpreter (tests/mpi_util.py)
+    r = run_script(DIGITS[1:] + ["--epochs", "1", "--run-dir", str(run)], env=_env(), cwd=str(ROOT), timeout=120)
     assert r.returncode == 0, r.stderr
     assert "sample/s" not in r.stdout + r.stderr and "\r" not in r.stdout   # no bar without a terminal
     assert r.stdout.splitlines()[0].startswith("rank 0 gpu=v100")
 
-    again = subprocess.run(DIGITS + ["--epochs", "1", "--run-dir", str(run)], capture_output=True, text=True,
-                           env=_env(), cwd=ROOT, timeout=120)
+    again = run_script(DIGITS[1:] + ["--epochs", "1", "--run-dir", str(run)], env=_env(), cwd=str(ROOT), timeout=120)
     assert again.returncode == 2, again.stdout + again.stderr
     first = again.stdout.splitlines()[0]
     assert first.startswith(f"hpc-jabas: run_dir {str(run)!r} holds a finished run"), again.stdout
