@@ -48,7 +48,7 @@ def test_the_readme_pictures_are_the_reports_files():
 
 def _gnmt_rows() -> list[list[str]]:
     """The cells of docs/simulator.md's GNMT table (two rows: with and without the queue waits)."""
-    doc = (ROOT / "docs" / "simulator.md").read_text()
+    doc = (ROOT / "docs/simulator.md").read_text()
     part = doc[doc.index("### A GNMT-like job"):]
     rows = [ln for ln in part.splitlines() if ln.startswith("| `examples/sim/cluster_a.toml`") or
             ln.startswith("| the same without queue waits")]
