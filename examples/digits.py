@@ -80,14 +80,16 @@ def _load(seed: int, test_size: float) -> dict[str, np.ndarray]:
     d = _read(path)
     if d is None:
         d = _compute(seed, test_size)
+        tmp = None
         try:                                            # atomic: concurrent first ranks each write a whole file
             path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".digits-", suffix=".npz")
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **d)
             os.replace(tmp, path)
-        except OSError:
-            pass                                        # no writable cache: every process computes it
+        except OSError:                                 # no writable cache (or a full disk): computed every time
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
     return d
 
 

@@ -39,13 +39,14 @@ def check_moves(chain_dir, first_mix: dict, by_hand: bool, epochs: int) -> list[
     jobs = [str(s["job_id"]) for s in starts]
     assert len(set(jobs)) == len(jobs), jobs
     assert starts[0]["mix"] == first_mix and starts[0]["world"] == sum(first_mix.values()) and not starts[0]["resumed"]
+    assert dict(Counter(starts[0]["gpu_types"])) == first_mix, starts[0]
     pos = {(e["event"], str(e.get("job_id") or e.get("from_job"))): i for i, e in enumerate(ev)}
     for k, (mv, src, dst) in enumerate(zip(moves, jobs, jobs[1:])):
         # the leaving job's end and its successor's start may come in either order
         leave = [("start", src), ("submit", dst), ("move", src), ("end", src)]
         if k == 0 and not by_hand:
             leave.insert(0, ("submit", src))
-        for seq in (leave, [("move", src), ("start", dst), ("restart", dst)]):
+        for seq in (leave, [("move", src), ("start", dst), ("restart", dst), ("end", dst)]):
             idx = [pos.get(x) for x in seq]
             assert None not in idx and idx == sorted(idx), (seq, kinds)
         nxt = starts[k + 1]

@@ -397,8 +397,7 @@ def test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly(slurm_clu
 @pytest.mark.slurm
 @pytest.mark.timeout(420)
 @pytest.mark.slurm_exclusive
-@pytest.mark.parametrize("method", ["submitit"])
-def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm_cluster, slurm_tmp, method):
+def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm_cluster, slurm_tmp):
     """Slurm's own preemption (here under submitit: the same job requeued; bench/faults.py runs it for both
     launchers, with and without loader workers; the sbatch launcher's stop and successor are held by
     test_sbatch_job_usr1_to_batch_shell_resubmits_and_finishes_exactly): the chain (DataLoader with 2
@@ -416,7 +415,7 @@ def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm
     chain = slurm_tmp / "chain"
     k = random.Random(os.getpid() + 7).randint(3, 14)
     spec = JobSpec(task="preempt_task:build_loader", config=dict(CHAIN_CFG), chain_dir=str(chain),
-                   mix={"rtx2060": 2}, method=method, pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+                   mix={"rtx2060": 2}, method="submitit", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
     first = submit(spec).job_id
     urgent = None
     try:

@@ -18,10 +18,10 @@ FENCED = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 def _simulate_block() -> tuple[list[str], str]:
     """(the README's `hpc-jabas simulate` arguments, the text block that follows that command's block)."""
-    blocks = [(m.group(1), m.group(2), m.end()) for m in FENCED.finditer(README)]
-    k = next(i for i, (lang, text, _) in enumerate(blocks) if lang == "bash" and "hpc-jabas simulate " in text)
+    blocks = [(m.group(1), m.group(2)) for m in FENCED.finditer(README)]
+    k = next(i for i, (lang, text) in enumerate(blocks) if lang == "bash" and "hpc-jabas simulate " in text)
     cmd = next(ln for ln in blocks[k][1].splitlines() if ln.startswith("hpc-jabas simulate "))
-    lang, table, _ = blocks[k + 1]
+    lang, table = blocks[k + 1]
     assert lang == "text", "the simulate block is followed by its table"
     return shlex.split(cmd)[2:], table
 
