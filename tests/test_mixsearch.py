@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hpc_jabas.core import autoscale, mixbound, mixsearch
 from hpc_jabas.core.autoscale import choose
 from hpc_jabas.core.mixsearch import Bound, all_mixes, allowed_counts, partition_counts, search
+from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.errors import ConfigError
 
 NAMES = ["a100", "v100", "p100", "rtx2060"]
@@ -114,20 +115,22 @@ def test_search_equals_brute_force_on_the_real_epoch_time():
     types = {"a100": "a100", "v100": "v100", "rtx2060": "rtx2060"}
     model = PerfModel.emulated(sorted(types.values()), [1, 2, 4, 8, 16, 32, 64, 128, 256], 0.002, 0.0002)
     fc, N = [70.4, 77.4, 85.2, 93.7], 4000
-    fn = autoscale.epoch_time_fn(model, types, fc, 5, N, None, B_min=32, B_max=256)
     bound = mixsearch.perf_bound(model, types, N, 256, forecast=fc, period=5, B_min=32)
     free = {"a100": 3, "v100": 4, "rtx2060": 4}
     cands = autoscale.enumerate_mixes(free, types, max_gpus=8)
-    for m in cands:                               # the bound holds on every mix
-        t = autoscale.price(m, fn, autoscale.catalog_rates(types)).time_s
-        assert t is None or bound.mix_s(m) <= t
     rates = autoscale.catalog_rates(types)
-    for obj, kw in (("time", {}), ("cost", {}), ("time-under-budget", {"budget": 0.05}),
-                    ("cost-under-deadline", {"deadline_s": 30.0})):
-        want = choose({"v100": 2}, cands, fn, rates, obj, 30.0, remaining_epochs=3, **kw)
-        got = search({"v100": 2}, free, types, fn, rates, obj, 30.0, bound, max_gpus=8, remaining_epochs=3,
-                     brute_max=0, **kw)
-        assert got.mix == want.mix and "exact" in got.reason, (obj, got.reason, want.reason)
+    # also with a run's measured overheads priced (core/overheads.py): the bound ignores them and stays valid
+    for ov in (None, Overheads(measure_share=0.25, measure_factor=1.7, epoch_end_s=3.0)):
+        fn = autoscale.epoch_time_fn(model, types, fc, 5, N, None, B_min=32, B_max=256, overheads=ov)
+        for m in cands:                               # the bound holds on every mix
+            t = autoscale.price(m, fn, rates).time_s
+            assert t is None or bound.mix_s(m) <= t
+        for obj, kw in (("time", {}), ("cost", {}), ("time-under-budget", {"budget": 0.05}),
+                        ("cost-under-deadline", {"deadline_s": 30.0})):
+            want = choose({"v100": 2}, cands, fn, rates, obj, 30.0, remaining_epochs=3, **kw)
+            got = search({"v100": 2}, free, types, fn, rates, obj, 30.0, bound, max_gpus=8, remaining_epochs=3,
+                         brute_max=0, **kw)
+            assert got.mix == want.mix and "exact" in got.reason, (obj, ov, got.reason, want.reason)
 
 
 def test_a_node_cache_changes_no_decision():

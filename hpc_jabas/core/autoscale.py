@@ -32,6 +32,7 @@ from typing import Any
 
 from hpc_jabas.core.defaults import OBJECTIVES as OBJECTIVES
 from hpc_jabas.core.defaults import RESTART_PRIOR_S as RESTART_PRIOR_S
+from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 Mix = dict[str, int]
@@ -222,7 +223,7 @@ def expand_mix(mix: Mapping[str, int], types: Mapping[str, str]) -> list[str]:
 def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float], period: int, num_samples: int,
                   cands: Sequence[int] | None = None, *, planner: str = "optimal", B_min: int | None = None,
                   B_max: int | None = None, speeds: Sequence[float] | None = None,
-                  spaces: dict[Any, Any] | None = None) -> EpochTimeFn:
+                  spaces: dict[Any, Any] | None = None, overheads: Overheads | None = None) -> EpochTimeFn:
     """Predicted time of one epoch on a mix, pricing what the trainer would run there.
 
     The forecast B of each period of ``period`` iterations is first snapped to a B the job's planner
@@ -235,6 +236,9 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     ``spaces``: a dict the caller keeps across calls with the same ``model`` and ``types`` (e.g. successive
     epoch-end decisions) in which each mix's batch space is kept and reused: a space depends only on the
     mix, the model, the planner and the range, never on the forecast, so reuse prices exactly as a fresh one.
+    ``overheads`` (core/overheads.py, measured on the run): every iteration is priced at its
+    ``iteration_scale`` (measurement iterations included) and the epoch end's ``epoch_end_s`` is added once.
+    Both are >= their no-overhead values, so ``mixsearch.perf_bound`` stays a lower bound.
     """
     from hpc_jabas.core.grouptimes import group_space
     from hpc_jabas.core.planning import job_batch_space, snap_nearest
@@ -243,6 +247,8 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     lo = int(B_min) if B_min is not None else max(1, math.floor(min(forecast)))
     hi = int(B_max) if B_max is not None else max(lo, math.ceil(max(forecast)))
     cfg = _SpaceCfg(planner, cands[0] if cands else None, lo, hi, speeds)
+    ov = overheads or Overheads()
+    scale, end_s = ov.iteration_scale, ov.epoch_end_s
 
     def fn(mix: Mix) -> float | None:
         gl = expand_mix(mix, types)
@@ -261,10 +267,10 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
             T = space.iter_time(B)
             assert T is not None
             its = min(period, math.ceil(left / B))
-            total += its * T
+            total += its * T * scale
             left -= its * B
             k += 1
-        return total
+        return total + end_s
     return fn
 
 

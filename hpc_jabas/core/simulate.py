@@ -48,6 +48,7 @@ import numpy as np
 from hpc_jabas.core import autoscale, forecast, mixsearch
 from hpc_jabas.core.grouptimes import group_space
 from hpc_jabas.core.mixbound import peak_rate
+from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, make_planner, snap_nearest
 from hpc_jabas.core.policy import PolicyState, decision_period, make_lr_rule, make_policy
@@ -371,7 +372,8 @@ class Simulation:
             # pays off less (the overhead is amortised over less), so the search would stay again
             return (autoscale.Choice(dict(mix), "inputs unchanged since the last decision, which stayed", []),
                     None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0))
-        fn, bound, nodes = self._pricing(fc, fp)
+        ov = self.run_overheads(st, p) if st.overhead_aware else Overheads()
+        fn, bound, nodes = self._pricing(fc, fp, ov)
         unit = int(a.get("unit", 0))
         units: int | dict[str, int] = cl.units if unit == 0 else unit
         wait_fn = (lambda m: cl.queue.expected(m, t)) if st.queue_aware else None
@@ -395,16 +397,27 @@ class Simulation:
 
     _stay_key: Any = None
 
-    def _pricing(self, fc: list[int], fp: int) -> tuple[autoscale.EpochTimeFn, mixsearch.Bound, dict[Any, Any] | None]:
-        """The search's ``epoch_time_fn``, bound and node cache for a forecast; with ``cache``, reused for the
-        same inputs (the node caches of the NODE_CACHES most recent forecasts are kept)."""
+    def run_overheads(self, st: Strategy, p: int) -> Overheads:
+        """What the job file says a run costs besides its iterations, as the trainer's meter would measure it:
+        one measurement iteration per period p for a policy that measures, and the epoch end."""
+        factor = float(self.job.model.get("measure_factor", 1.0) or 1.0)
+        measures = st.policy in ("similarity", "noise-scale") and factor > 1.0
+        return Overheads(measure_share=1.0 / p if measures else 0.0, measure_factor=factor if measures else 1.0,
+                         epoch_end_s=float(self.job.model.get("epoch_end_s", 0.0) or 0.0))
+
+    def _pricing(self, fc: list[int], fp: int, ov: Overheads | None = None
+                 ) -> tuple[autoscale.EpochTimeFn, mixsearch.Bound, dict[Any, Any] | None]:
+        """The search's ``epoch_time_fn``, bound and node cache for a forecast and overheads; with ``cache``,
+        reused for the same inputs (the node caches of the NODE_CACHES most recent forecasts are kept)."""
         N, lo, hi, mb = self.job.samples, self.job.batch_min, self.job.batch_max, self.job.micro_batch
+        ov = ov or Overheads()
         fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, [mb] if mb else None, planner="optimal",
-                                     B_min=lo, B_max=hi, spaces=self._price_spaces if self.cache else None)
+                                     B_min=lo, B_max=hi, spaces=self._price_spaces if self.cache else None,
+                                     overheads=ov)
         if not self.cache:
             return fn, mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
                                             micro_batch=mb), None
-        key = (tuple(fc), fp)
+        key = (tuple(fc), fp, ov)
         nodes = self._node_caches.pop(key, {})
         self._node_caches[key] = nodes                        # the most recent last
         while len(self._node_caches) > NODE_CACHES:

@@ -116,6 +116,10 @@ class EpochEndHook(ABC):
         """Rank 0 only, for a move: start the next job; returns the move that happened (or a stay)."""
         return MoveDecision.stay("this hook does not act on moves")
 
+    def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+        """Every rank, after every iteration (no collectives): e.g. to meter what the hook prices."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Carried in the trainer's checkpoint (and, after ``decide``, in a side file; see Trainer)."""
         return {}

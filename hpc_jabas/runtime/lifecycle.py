@@ -31,6 +31,7 @@ from typing import Any
 from hpc_jabas.core.autoscale import epoch_time_fn, expand_mix  # noqa: F401 (pure; re-exported)
 from hpc_jabas.core.config import AutoscaleConfig
 from hpc_jabas.core.decision import MoveDecision
+from hpc_jabas.core.overheads import OverheadMeter
 from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.hooks import EpochEndHook
@@ -45,13 +46,16 @@ class AutoscalerState:
 
     forecast: dict[str, Any] | None = None           # {"start": it, "p": period, "B": [B per period]}
     restart_overheads: list[float] = field(default_factory=list)   # seconds, checkpoint -> first iteration
+    overheads: dict[str, Any] = field(default_factory=dict)         # core.overheads.OverheadMeter's state
 
     def to_dict(self) -> dict[str, Any]:
-        return {"forecast": self.forecast, "restart_overheads": list(self.restart_overheads)}
+        return {"forecast": self.forecast, "restart_overheads": list(self.restart_overheads),
+                "overheads": dict(self.overheads)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AutoscalerState:
-        return cls(forecast=d.get("forecast"), restart_overheads=[float(s) for s in d.get("restart_overheads", [])])
+        return cls(forecast=d.get("forecast"), restart_overheads=[float(s) for s in d.get("restart_overheads", [])],
+                   overheads=dict(d.get("overheads") or {}))
 
 
 class EpochEndAutoscaler(EpochEndHook):
@@ -64,13 +68,24 @@ class EpochEndAutoscaler(EpochEndHook):
         self.job_id = job_id
         self.mix = dict(spec.mix)
         self.state = AutoscalerState()
+        self.meter = OverheadMeter()            # measurement iterations and epoch ends, as this chain ran them
+        self._last_step_end: float | None = None
 
     # ---- state (checkpointed by the trainer) ---------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self.state.overheads = self.meter.state_dict()
         return self.state.to_dict()
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.state = AutoscalerState.from_dict(d)
+        self.meter = OverheadMeter()
+        self.meter.load_state_dict(self.state.overheads)
+
+    def on_step_end(self, trainer, rec: dict[str, Any]) -> None:
+        """Every rank, after every iteration: rank 0 meters it (its time includes waiting for the slowest)."""
+        if trainer.rank == 0:
+            self.meter.observe_iteration(int(rec["B"]), float(rec["iter_s"]), bool(rec.get("measure")))
+            self._last_step_end = time.perf_counter()
 
     def record_restart(self, overhead_s: float) -> None:
         """Rank 0: a measured restart overhead of this chain (checkpoint -> first iteration of the next job)."""
@@ -134,8 +149,13 @@ class EpochEndAutoscaler(EpochEndHook):
         from hpc_jabas.runtime.calibrate import check_calibration
         check_calibration(jc)               # job_perf_model (pure) reads the run's calibration.json
         model = job_perf_model(jc, types.values())
+        if self._last_step_end is not None:      # this epoch end so far: evaluation, checkpoint, the last safe point
+            self.meter.observe_epoch_end(time.perf_counter() - self._last_step_end)
+            self._last_step_end = None
+        ov = self.meter.estimate()
+        rec["overheads"] = ov.to_dict()
         fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None,
-                           planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds)
+                           planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds, overheads=ov)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
         overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
         for s in st.restart_overheads:

@@ -315,6 +315,7 @@ class Trainer:
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
                "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
                "loss_sum": loss_sum, "loss_weight": loss_weight, "lr_scale": self.lr_scale,
+               "measure": measure,
                "skipped": self.opt.last_step_skipped,      # amp fp16 inf/nan: no step, no statistics
                "slowdown": self.emulator.factor(self.iteration) if self.emulator else 1.0}
         if measure and self.opt.last_stats is not None:
@@ -333,6 +334,8 @@ class Trainer:
             if d is not None:
                 self.apply(d)
         self.state.apply_due()                           # decisions announced earlier for this iteration
+        if self.epoch_end_hook is not None:
+            self.epoch_end_hook.on_step_end(self, rec)
         for cb in self.callbacks:
             cb.on_step_end(self, rec)
         if len(self._iter_metrics) >= self.cfg.metrics_period:

@@ -1,0 +1,97 @@
+"""What a run costs besides its iterations, measured on the run itself, and priced by the auto-scaler. Pure.
+
+Two costs that the perf model's iteration time leaves out:
+
+- **measurement iterations.** An adaptive policy (similarity, noise-scale) measures gradient statistics on
+  some iterations; such an iteration takes ``measure_factor`` times a normal one at the same B (two half-batch
+  gradients, their norms). ``measure_share`` is the share of iterations that measure.
+- **epoch ends.** Evaluation, the checkpoint and the epoch-end decision: ``epoch_end_s`` seconds each.
+
+``OverheadMeter`` is fed what the job measures (rank 0's iteration times, with a flag for measurement
+iterations, and the duration of each epoch end) and gives an ``Overheads`` estimate: medians, robust to a
+slow iteration or two. ``Overheads.iteration_scale`` and ``epoch_end_s`` are what ``autoscale.epoch_time_fn``
+adds to the perf model's price of an epoch; the simulator prices the same way from its job file's
+``[model] measure_factor`` and ``epoch_end_s``. The meter takes seconds as given (no clock here); the
+runtime adapter (runtime/lifecycle.py) times them.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hpc_jabas.errors import ConfigError
+
+KEEP_ITERATIONS = 512        # the most recent iterations the meter keeps (bounded memory)
+KEEP_EPOCH_ENDS = 16
+MIN_NORMAL = 3               # normal iterations at a B before a measurement iteration there is compared
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """``measure_share`` in [0, 1]; ``measure_factor`` >= 1; ``epoch_end_s`` >= 0. The default prices nothing."""
+
+    measure_share: float = 0.0
+    measure_factor: float = 1.0
+    epoch_end_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, v, lo, hi in (("measure_share", self.measure_share, 0.0, 1.0),
+                                ("measure_factor", self.measure_factor, 1.0, math.inf),
+                                ("epoch_end_s", self.epoch_end_s, 0.0, math.inf)):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not (lo <= v <= hi) or math.isnan(v):
+                valid = f"in [{lo:g}, {hi:g}]" if hi < math.inf else f">= {lo:g}"
+                raise ConfigError(f"{name}={v!r} is invalid; it must be a number {valid}")
+
+    @property
+    def iteration_scale(self) -> float:
+        """Mean iteration time over a normal one's, measurement iterations included (>= 1)."""
+        return 1.0 + self.measure_share * (self.measure_factor - 1.0)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(float(v), 6) for k, v in asdict(self).items()}
+
+
+class OverheadMeter:
+    """Rank 0's measured iteration times (normal and measurement) and epoch-end durations, bounded."""
+
+    def __init__(self) -> None:
+        self.iterations: deque[tuple[int, float, bool]] = deque(maxlen=KEEP_ITERATIONS)   # (B, seconds, measure)
+        self.epoch_ends: deque[float] = deque(maxlen=KEEP_EPOCH_ENDS)
+
+    def observe_iteration(self, B: int, seconds: float, measure: bool) -> None:
+        if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
+            self.iterations.append((int(B), float(seconds), bool(measure)))
+
+    def observe_epoch_end(self, seconds: float) -> None:
+        if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
+            self.epoch_ends.append(float(seconds))
+
+    def estimate(self) -> Overheads:
+        """The medians of what was measured; with nothing to compare, the default (prices nothing)."""
+        its = list(self.iterations)
+        share = sum(1 for _, _, m in its if m) / len(its) if its else 0.0
+        by_b: dict[int, tuple[list[float], list[float]]] = {}
+        for B, s, m in its:
+            by_b.setdefault(B, ([], []))[1 if m else 0].append(s)
+        ratios = [(len(meas), statistics.median(meas) / statistics.median(norm))
+                  for norm, meas in by_b.values() if meas and len(norm) >= MIN_NORMAL and statistics.median(norm) > 0]
+        factor = 1.0
+        if ratios:                   # the B with the most measurement iterations (ties: the first seen)
+            factor = max(1.0, max(ratios, key=lambda r: r[0])[1])
+        end = statistics.median(self.epoch_ends) if self.epoch_ends else 0.0
+        return Overheads(measure_share=share if factor > 1.0 else 0.0, measure_factor=factor, epoch_end_s=end)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"iterations": [list(t) for t in self.iterations], "epoch_ends": list(self.epoch_ends)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.iterations.clear()
+        self.epoch_ends.clear()
+        for t in d.get("iterations", []):
+            if isinstance(t, (list, tuple)) and len(t) == 3:
+                self.observe_iteration(int(t[0]), t[1], bool(t[2]))
+        for s in d.get("epoch_ends", []):
+            self.observe_epoch_end(s)

@@ -1,0 +1,97 @@
+"""What a run costs besides its iterations (core/overheads.py), measured by the auto-scaler's meter and priced
+in its epoch-end decision (runtime/lifecycle.py)."""
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_lifecycle_unit import View, spec, stub_trainer
+
+from hpc_jabas.core import autoscale
+from hpc_jabas.core.overheads import KEEP_EPOCH_ENDS, KEEP_ITERATIONS, OverheadMeter, Overheads
+from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
+
+
+@settings(max_examples=60, deadline=None)
+@given(factor=st.floats(1.0, 3.0), p=st.integers(2, 12), base=st.floats(0.005, 2.0), n=st.integers(60, 400),
+       seed=st.integers(0, 10**6), ends=st.lists(st.floats(0.0, 100.0), min_size=1, max_size=9))
+def test_the_meter_recovers_an_injected_measurement_factor_and_epoch_end(factor, p, base, n, seed, ends):
+    """Iterations at two Bs with +-2% noise and a few 5x stragglers; one in p measures, at `factor` x."""
+    import random
+    rng = random.Random(seed)
+    m = OverheadMeter()
+    for i in range(n):
+        B, t = (64, base) if i < n // 3 else (128, 1.9 * base)
+        measure = (i + 1) % p == 0
+        s = t * (factor if measure else 1.0) * rng.uniform(0.98, 1.02)
+        if rng.random() < 0.03 and not measure:
+            s *= 5.0                                  # a straggling normal iteration
+        m.observe_iteration(B, s, measure)
+    for e in ends:
+        m.observe_epoch_end(e)
+    ov = m.estimate()
+    assert ov.measure_factor == pytest.approx(factor, rel=0.06)
+    if ov.measure_factor > 1.0:
+        assert ov.measure_share == pytest.approx((n // p) / n)
+    assert ov.epoch_end_s == pytest.approx(sorted(ends)[len(ends) // 2] if len(ends) % 2 else
+                                           (sorted(ends)[len(ends) // 2 - 1] + sorted(ends)[len(ends) // 2]) / 2)
+
+
+def test_nothing_measured_prices_nothing_and_memory_is_bounded():
+    m = OverheadMeter()
+    assert m.estimate() == Overheads()
+    for _ in range(3 * KEEP_ITERATIONS):
+        m.observe_iteration(32, 0.01, False)           # never a measurement iteration: no factor, no share
+        m.observe_epoch_end(1.0)
+    m.observe_iteration(32, math.nan, True)           # a broken timing is not taken
+    m.observe_epoch_end(-1.0)
+    assert len(m.iterations) == KEEP_ITERATIONS and len(m.epoch_ends) == KEEP_EPOCH_ENDS
+    assert m.estimate() == Overheads(epoch_end_s=1.0)
+    again = OverheadMeter()
+    again.load_state_dict(m.state_dict())
+    assert again.estimate() == m.estimate() and list(again.iterations) == list(m.iterations)
+
+
+@pytest.mark.parametrize("kw, needle", [({"measure_share": 1.5}, "measure_share=1.5"),
+                                        ({"measure_factor": 0.5}, "measure_factor=0.5"),
+                                        ({"epoch_end_s": -2.0}, "epoch_end_s=-2.0"),
+                                        ({"epoch_end_s": math.nan}, "epoch_end_s=nan")])
+def test_bad_overheads_are_one_clear_line(kw, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")) as e:
+        Overheads(**kw)
+    assert "\n" not in str(e.value)
+
+
+def test_the_epoch_price_carries_the_overheads_and_changes_a_cost_decision():
+    """A long epoch end costs GPU-hours whatever the GPU: under `cost` a move to a faster, pricier GPU that
+    pays off on the iterations alone no longer does."""
+    types = {"a100": "a100", "rtx2060": "rtx2060"}
+    model = PerfModel.emulated(sorted(types.values()), [8, 16, 32, 64, 128], 0.002, 0.0002)
+    plain = autoscale.epoch_time_fn(model, types, [64.0], 5, 2000)
+    priced = autoscale.epoch_time_fn(model, types, [64.0], 5, 2000,
+                                     overheads=Overheads(measure_share=0.2, measure_factor=2.0, epoch_end_s=7.0))
+    for mix in ({"a100": 1}, {"a100": 1, "rtx2060": 2}):
+        assert priced(mix) == pytest.approx(plain(mix) * 1.2 + 7.0)
+    rates = {"a100": 4.0, "rtx2060": 2.0}
+    cur, cand = {"rtx2060": 1}, {"a100": 1}
+    assert autoscale.choose(cur, [cur, cand], plain, rates, "cost", 0.0, remaining_epochs=5).mix == cand
+    assert autoscale.choose(cur, [cur, cand], priced, rates, "cost", 0.0, remaining_epochs=5).mix == cur
+
+
+def test_the_auto_scaler_meters_steps_prices_them_and_keeps_them_across_a_resume():
+    a = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View())
+    tr = stub_trainer()
+    for i in range(40):
+        a.on_step_end(tr, {"B": 64, "iter_s": 0.02 * (3.0 if i % 5 == 4 else 1.0), "measure": i % 5 == 4})
+    tr.rank = 1
+    a.on_step_end(tr, {"B": 64, "iter_s": 99.0, "measure": False})     # only rank 0 meters
+    tr.rank = 0
+    a.decide(tr, epoch=0)
+    ov = tr.metrics.recs[-1]["overheads"]
+    assert ov["measure_factor"] == pytest.approx(3.0) and ov["measure_share"] == pytest.approx(0.2)
+    assert 0.0 <= ov["epoch_end_s"] < 60.0                     # the time since the last step, measured
+    b = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View())
+    b.load_state_dict(a.state_dict())
+    assert b.meter.estimate() == a.meter.estimate()
