@@ -110,6 +110,94 @@ def simulate(case: dict, profile: Path, run_dir: Path, epochs: int, samples_per_
     return Simulation(cluster, job_from_dict(job)).run(case["strategy"])
 
 
+# ---- a Slurm chain with a move (tests/test_demo.py replays the demo's; bench/sim_validation_chain.py measures) ----
+def _records(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def chain_real(chain_dir: Path) -> dict:
+    """What a finished chain did, from its own records: ``total_s`` from the first job's start to the last
+    job's end (chain.jsonl), its moves as (epoch ended, mix), the measured restart overheads (checkpoint ->
+    the next job's first iteration), the iterations (it, B, iter_s, measure) and the jobs' fit() walls."""
+    from hpc_jabas.slurm import chain as chainlog
+    ev = chainlog.read(chain_dir)
+    starts = [e for e in ev if e["event"] == "start"]
+    ends = [e for e in ev if e["event"] == "end"]
+    if not starts or len(ends) != len(starts) or ends[-1].get("state") != "finished":
+        raise SystemExit(f"sim_validation: the chain in {chain_dir} did not finish: {[e['event'] for e in ev]}")
+    recs = _records(Path(chain_dir) / "run" / "metrics.jsonl")
+    its = [x for x in recs if x["type"] == "iteration"]
+    spec_path = next(e["spec"] for e in ev if e["event"] == "submit")
+    return {"total_s": float(ends[-1]["time"]) - float(starts[0]["time"]),
+            "moves": [(int(e["epoch"]) - 1, dict(e["mix"])) for e in ev if e["event"] == "move"],
+            "restarts_s": [float(e["overhead_s"]) for e in ev if e["event"] == "restart"],
+            "first_mix": dict(starts[0]["mix"]), "fit_s": sum(float(e["wall_s"]) for e in ends),
+            "its": [(int(x["it"]), int(x["B"]), float(x["iter_s"]), bool(x.get("measure"))) for x in its],
+            "samples": sum(int(x["samples"]) for x in its), "B": [int(x["B"]) for x in its],
+            "autoscale": [x for x in recs if x["type"] == "autoscale" and "free" in x],
+            "spec": json.loads(Path(spec_path).read_text())}
+
+
+def chain_overheads(real: dict, epochs: int) -> dict:
+    """The simulator's [model] keys from a chain's records, measured as the trainer's auto-scaler meters them
+    (core/overheads.py: measurement iterations against normal ones at the same B), and ``epoch_end_s`` =
+    (the jobs' fit() - their iterations) / epochs."""
+    from hpc_jabas.core.overheads import OverheadMeter
+    m = OverheadMeter()
+    for _, B, t, meas in real["its"]:
+        m.observe_iteration(B, t, meas)
+    iters = sum(t for _, _, t, _ in real["its"])
+    return {"measure_factor": m.estimate().measure_factor, "epoch_end_s": max(real["fit_s"] - iters, 0.0) / epochs}
+
+
+def simulate_chain(chain_dir: Path, real: dict, overheads: dict, restart_s: float, work: Path):
+    """The chain's job in the simulator (strategy ``hpcjabas-cost``: goodput + the cost objective, as the chain
+    ran): the cluster as the first epoch-end decision saw it (free GPUs, allocation units, billing rates), the
+    job's own config and perf model (its profile, else the emulated model it planned with, saved as one), its
+    gradient statistics (``curve = "trace"``), ``overheads`` and a move costing ``restart_s``."""
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.perfmodel import job_perf_model
+    cfg, auto = dict(real["spec"]["config"]), dict(real["spec"]["config"].get("autoscale") or {})
+    if cfg.get("policy") != "noise-scale" or auto.get("objective") != "cost":
+        raise SystemExit("sim_validation: simulate_chain replays goodput + cost chains (strategy hpcjabas-cost); "
+                         f"this one has policy={cfg.get('policy')!r} objective={auto.get('objective')!r}")
+    view = real["autoscale"][0]
+    free, unit, rates = view["free"], view["unit"], view["rates"]
+    parts = []
+    for q in sorted(free):
+        g = int(unit[q]) if isinstance(unit, dict) else 1
+        if free[q] // g:
+            parts.append({"name": q, "gpu": q, "nodes": free[q] // g, "gpus_per_node": g, "rate": float(rates[q])})
+    cluster = cluster_from_dict({"name": "local-slurm", "restart_s": float(restart_s), "partition": parts})
+    jc = JobConfig.from_dict({k: v for k, v in cfg.items() if k != "autoscale"})
+    profile = cfg.get("profile_dir")
+    if not profile:
+        profile = str(work / "job-model")
+        job_perf_model(jc, sorted(free), calibrated=False).save(profile)
+    epochs = int(jc.epochs)
+    job = {"name": "chain", "samples": real["samples"] // epochs, "epochs": epochs, "batch": int(jc.batch),
+           "batch_min": int(jc.B_min), "batch_max": int(jc.B_max), "stop": "samples", "mix": real["first_mix"],
+           "p": jc.p, "seed": 0, "model": {"profile_dir": profile, **overheads},
+           "gradstats": {"curve": "trace", "path": str(Path(chain_dir) / "run" / "metrics.jsonl"), "noise": 0.0},
+           "autoscale": {k: auto[k] for k in ("max_gpus", "min_gpus", "max_partitions", "margin", "restart_prior_s",
+                                              "exact_upto") if k in auto} | {"unit": 0 if isinstance(unit, dict)
+                                                                             else int(unit)}}
+    if jc.micro_batch:
+        job["micro_batch"] = int(jc.micro_batch)
+    return Simulation(cluster, job_from_dict(job)).run("hpcjabas-cost")
+
+
+def sim_moves(sim) -> list[tuple[int, dict]]:
+    from hpc_jabas.core.autoscale import mix_label
+    out = []
+    for d in sim.decisions:
+        if d["move"]:
+            mix = {q: int(n) for q, n in (x.split(":") for x in d["mix"].split("+"))}
+            out.append((int(d["epoch"]), mix))
+            assert mix_label(mix) == d["mix"]
+    return out
+
+
 def b_error(real_B: list[int], trajectory: list[tuple[int, int]]) -> float:
     """Mean over the real run's iterations of |B_sim(it) - B_real(it)| / B_real(it)."""
     out, k, B = [], 0, trajectory[0][1]

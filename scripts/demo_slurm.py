@@ -1,9 +1,10 @@
 """Demo, part 2: the Slurm lifecycle on the local cluster, driven from Python (submitit).
 
-Digits on a heterogeneous job {a100:1, v100:2}, adaptive batching on, ranks emulating their
-partition's GPU type. At the first epoch end the auto-scaler (objective: cost, over the mixes the
-cluster can give) moves the job; rank 0 resubmits it onto the new mix, the new job resumes from
-the checkpoint. The chain is printed and the report PNG written.
+Digits on a heterogeneous job {a100:1, v100:2}, adaptive batching on (the goodput policy; part 1 of the demo
+shows the similarity policy), ranks emulating their partition's GPU type. At the first epoch end the
+auto-scaler (objective: cost, over the mixes the cluster can give) moves the job; rank 0 resubmits it onto
+the new mix, the new job resumes from the checkpoint. The chain is printed and the report PNG written.
+tests/test_demo.py also replays this chain in the simulator (bench/sim_validation.py: ``simulate_chain``).
 """
 import subprocess
 import sys
@@ -23,8 +24,8 @@ def main(out: str) -> int:
     chain_dir.mkdir(parents=True, exist_ok=True)
     # emulated GPUs slow enough that an epoch takes seconds; a short restart prior, because the
     # demo's epochs are short (the auto-scaler moves only when the saving beats the restart)
-    train = {"epochs": 4, "batch": 96, "batch_min": 48, "batch_max": 384, "policy": "similarity", "gamma": 0.5,
-             "alpha": 0.25, "p": 4, "planner": "optimal", "emulate": True, "seed": 0,
+    train = {"epochs": 4, "batch": 96, "batch_min": 48, "batch_max": 384, "policy": "noise-scale", "p": 4,
+             "planner": "optimal", "identical_micro_batch": "true", "emulate": True, "seed": 0,
              "emulate_base_s": 0.004, "emulate_per_sample_s": 0.001}
     auto = {"objective": "cost", "max_gpus": 3, "max_partitions": 2, "restart_prior_s": 2.0}
     spec = JobSpec(task="examples.train_digits:build", config={**train, "autoscale": auto},

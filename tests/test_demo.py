@@ -8,13 +8,15 @@ It checks what the demo says it shows, on what it left behind, not on its wordin
   the successor resumes from the checkpoint and the chain finishes all its epochs: the chain's events in
   order, each job on its mix, submitit's own job objects, and the final parameters equal to one process
   replaying the recorded batches (tests/chain_checks.py). This is the suite's submitit chain with a move
-  (the sbatch one, by hand: tests/test_slurm_lifecycle.py).
+  (the sbatch one, by hand: tests/test_slurm_lifecycle.py). The simulator then replays the chain decision for
+  decision (the same move, the same B at every iteration): issue 24's chain validation in test size.
 """
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +24,8 @@ import pytest
 from chain_checks import check_moves, check_parameters, events
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import sim_validation as sv  # noqa: E402
 
 
 def _records(path: Path) -> list[dict]:
@@ -92,6 +96,15 @@ def test_make_demo_runs_and_shows_what_it_promises(slurm_cluster, slurm_tmp):
         if k:
             text = (d / "jobs" / "submitit" / f"{j}_submission.sh").read_text()
             assert ("hetjob" in text) == (len(s["mix"]) > 1), text
+    # the simulator replays the chain (bench/sim_validation.py: simulate_chain; its times are compared by
+    # bench/sim_validation_chain.py, not here): the cluster as the first epoch end saw it, the job's perf model
+    # and its own gradient statistics give the same move at the same epoch and the same B at every iteration
+    real = sv.chain_real(d)
+    sim = sv.simulate_chain(d, real, sv.chain_overheads(real, 4), real["restarts_s"][0], slurm_tmp / "sim")
+    assert sv.sim_moves(sim) == real["moves"] and len(real["moves"]) == 1, (sim.decisions, real["moves"])
+    assert sim.totals["iterations"] == len(real["its"]) and sim.totals["samples"] == real["samples"]
+    assert sv.b_error(real["B"], sim.trajectory) == 0.0, (sim.trajectory, real["B"][::5])
+    assert sim.totals["restarts"] == 1 and len(real["restarts_s"]) == 1
     acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State", "-j", jobs[0]).stdout
     assert f"{jobs[0]}+0|a100|COMPLETED" in acct and f"{jobs[0]}+1|v100|COMPLETED" in acct, acct
     git_after = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout

@@ -176,7 +176,8 @@ class EpochEndAutoscaler(EpochEndHook):
                         budget=cfg.budget, deadline_s=cfg.deadline_s, remaining_epochs=remaining, wait_fn=wait_fn,
                         max_queue_wait_s=cfg.max_queue_wait_s)
         rec.update(move=bool(choice.move), choice=choice.mix, reason=choice.reason, table=choice.table,
-                   restart_overhead_s=overhead.seconds, rates=rates)
+                   restart_overhead_s=overhead.seconds, rates=rates, free=dict(free),
+                   unit=dict(unit) if isinstance(unit, dict) else unit)
         trainer.metrics.write(rec)
         where = f"MOVE to {choice.mix}" if choice.move else f"stay on {self.mix}"
         log.info("epoch %d end: %s (%s)", epoch, where, choice.reason)

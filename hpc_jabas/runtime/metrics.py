@@ -119,7 +119,7 @@ class IterationMetrics:
                "loss": sum(per_rank("loss_sum")) / r0["samples"],
                "compute_s": per_rank("compute_s"), "wait_s": per_rank("wait_s"),
                "n_local": [int(v) for v in per_rank("n_local")], "slowdown": per_rank("slowdown"),
-               "contained_errors": int(r0.get("contained_errors", 0))}
+               "contained_errors": int(r0.get("contained_errors", 0)), "measure": bool(r0.get("measure", False))}
         if "stats" in r0:
             out["stats"] = r0["stats"]
         return out
