@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/adaptive_tta.py            # full protocol: 5 seeds, two cost regimes (30-40 min here)
     .venv/bin/python bench/adaptive_tta.py --quick    # smoke run: tiny sizes, 1 seed, fewer runs (2-3 min)
+    .venv/bin/python bench/adaptive_tta.py --adamw    # only the AdamW section (wd_rule), 5 seeds (about 6 min)
 
 Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/_launch.py) EMULATING v100 / p100 / rtx2060
 (emulate=True, gpu_types): every micro-batch of b samples takes (base + per_sample * b) / speed. Two cost regimes:
@@ -70,6 +71,11 @@ def profile_cluster() -> None:
     allreduce measured over Horovod here. Outside the benchmark clock. A failure stops the benchmark: planning
     with anything but a measured profile is not this protocol."""
     shutil.rmtree(PROFILES, ignore_errors=True)
+    if "--adamw" in sys.argv:             # the AdamW section: the shapes model with Adam's step, latency-bound
+        emu = REGIMES["latency"]
+        profile_emulated(f"{BUNDLES['shapes']} (latency, adam)", BUNDLES["shapes"], TYPES, emu["emulate_base_s"],
+                         emu["emulate_per_sample_s"], PROFILES / "latency" / "shapes-adam", "--optimizer", "adam")
+        return
     for name, bundle in BUNDLES.items():
         for regime in TASK_REGIMES[name]:
             emu = REGIMES[regime]
@@ -233,16 +239,22 @@ def noise_trajectory(results: list[dict], epochs: int) -> list[float]:
     return out
 
 
-def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_noise: bool) -> dict:
+def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_noise: bool,
+            adamw_lr: float | None = None) -> dict:
+    """One run. ``adamw_lr``: AdamW at PyTorch's defaults but this lr (the AdamW section), profiled with Adam's
+    step; a kind ending in "+wd" then runs with ``wd_rule = "linear"``."""
     x, y, xt, yt = task.tensors
     ds = torch.utils.data.TensorDataset(x, y)
     torch.manual_seed(1000 + seed)              # same initial weights for every run of this seed
     model = task.model_fn()
     loss_fn = nn.CrossEntropyLoss()
+    prof = PROFILES / regime / (task.name + ("-adam" if adamw_lr is not None else ""))
     cfg = dict(emulate=True, gpu_types=TYPES, checkpoint=False, epochs=task.epochs, seed=seed,
-               run_dir=str(ROOT / f"{regime}-{task.name}-{kind}-s{seed}"),
-               profile_dir=str(PROFILES / regime / task.name),
-               **REGIMES[regime])
+               run_dir=str(ROOT / f"{regime}-{task.name}-{kind}-s{seed}" + ("-adamw" if adamw_lr else "")),
+               profile_dir=str(prof), **REGIMES[regime])
+    if kind.endswith("+wd"):
+        kind = kind[:-3]
+        cfg["wd_rule"] = "linear"
     policy = kind in POLICIES
     if policy:
         B = SMALL
@@ -254,7 +266,11 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
         rule = parts[2] if len(parts) > 2 else "none"
         cfg.update(batch=B)
         lr = task.lr0 * {"none": 1.0, "sqrt": math.sqrt(B / SMALL), "linear": B / SMALL}[rule]
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    if adamw_lr is not None:
+        lr = adamw_lr * (lr / task.lr0)            # the same scaling rules, on the AdamW lr
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr)   # weight_decay: its 0.01
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     if not policy and kind.endswith("-linear"):
         goyal_warmup(opt, B, WARMUP_EPOCHS * math.ceil(task.n_train / B))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine(task.epochs))
@@ -294,10 +310,11 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
         if closer is not None:
             closer()
     iters = tr.iteration
-    costs, modelled = read_iterations(Path(cfg["run_dir"]), PROFILES / regime / task.name) if rank == 0 else ({}, [])
+    costs, modelled = read_iterations(Path(cfg["run_dir"]), prof) if rank == 0 else ({}, [])
     if modelled:
         for e in evals:
             e["model_clock"] = sum(modelled[:e["it"]])
+    kind += "+wd" if cfg.get("wd_rule") == "linear" else ""
     res = {"task": task.name, "kind": kind, "seed": seed, "regime": regime, "evals": evals, "probes": probes,
            "iterations": iters, "costs": costs, "mean_B": task.epochs * task.n_train / max(iters, 1),
            "final": evals[-1]["acc"], "train_s": evals[-1]["clock"]}
@@ -413,6 +430,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 1 seed, fewer runs")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per run (default 5; 1 with --quick)")
+    ap.add_argument("--adamw", action="store_true",
+                    help="only the AdamW section: goodput with and without wd_rule = linear on the shapes task")
     args = ap.parse_args()
     torch.set_num_threads(1)
     comm.init()
@@ -432,6 +451,9 @@ def main() -> None:
               + f"; seeds {seeds}; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     reps: dict[tuple[str, str], dict] = {}
     rng = np.random.default_rng(0)
+    if args.adamw:
+        adamw_section(ts[0], seeds, rank, rng)
+        return
     for regime in REGIMES:
         for t in ts:
             if regime not in TASK_REGIMES[t.name]:
@@ -485,6 +507,55 @@ def main() -> None:
     goals.append(("noise_growth >= 3", growth >= 3))
     print("goals: " + "; ".join(f"{g}: {'MET' if ok else 'MISSED'}" for g, ok in goals))
     print(" ".join(fields) + f" noise_growth={growth:.1f}", flush=True)
+
+
+ADAMW_LRS = (0.001, 0.003, 0.01)
+
+
+def adamw_section(task: Task, seeds: list[int], rank: int, rng: np.random.Generator) -> None:
+    """Does ``wd_rule = "linear"`` help goodput on an AdamW task? The shapes task, latency-bound, AdamW at
+    PyTorch's defaults (weight_decay 0.01) with its lr picked once from ADAMW_LRS by fixed-32's final accuracy
+    on seed 0. Then fixed-32 on every seed (the target: its median at 60% of the budget, fixed first), and
+    goodput at its defaults with wd_rule none and linear (weight decay x B / 32), order rotated per seed.
+    Last line: adamw_tta_ratio_goodput(_lo/_hi), adamw_tta_ratio_goodput_wd(_lo/_hi) (over fixed-32),
+    adamw_wd_over_none(_lo/_hi) (goodput+wd over goodput, paired), adamw_acc_gap_goodput_pts,
+    adamw_acc_gap_goodput_wd_pts, adamw_lr."""
+    regime = "latency"
+    pick = {lr: run_one(task, f"fixed-{SMALL}", 0, rank, regime, False, adamw_lr=lr)["final"] for lr in ADAMW_LRS}
+    lr = max(ADAMW_LRS, key=lambda k: (pick[k], -k))
+    if rank == 0:
+        print(f"  [adamw] lr grid on fixed-{SMALL}, seed 0, final accuracy: "
+              + ", ".join(f"{k:g}: {100 * v:.2f}%" for k, v in pick.items()) + f"; kept {lr:g}", flush=True)
+    base = [run_one(task, f"fixed-{SMALL}", s, rank, regime, False, adamw_lr=lr) for s in seeds]
+    target = comm.broadcast_object(target_of(task, base) if rank == 0 else 0.0, name="tta.adamw.target")
+    kinds = ["noise-scale", "noise-scale+wd"]
+    res = list(base)
+    for s in seeds:
+        r = s % len(kinds)
+        for kind in kinds[r:] + kinds[:r]:
+            res.append(run_one(task, kind, s, rank, regime, False, adamw_lr=lr))
+    if rank != 0:
+        return
+    by = {k: sorted((x for x in res if x["kind"] == k), key=lambda x: x["seed"]) for k in [f"fixed-{SMALL}", *kinds]}
+    tt = {k: [tta(x, target) for x in v] for k, v in by.items()}
+    base_final = statistics.median(x["final"] for x in by[f"fixed-{SMALL}"])
+    print(f"\n== AdamW (lr {lr:g}, weight_decay 0.01), {regime}-bound, task {task.name}, seeds {seeds}; target "
+          f"{100 * target:.2f}%")
+    out = []
+    for k, key in (("noise-scale", "goodput"), ("noise-scale+wd", "goodput_wd")):
+        r_, lo, hi = boot_ratio(tt[k], tt[f"fixed-{SMALL}"], rng)
+        accs = [100 * x["final"] for x in by[k]]
+        gap = 100 * base_final - statistics.median(accs)
+        print(f"{k:<16} time to target {fmt_range(tt[k])}  ratio {r_:.3f} [{lo:.3f},{hi:.3f}] {verdict(lo, hi)}; "
+              f"final {statistics.median(accs):.2f}% [{min(accs):.2f},{max(accs):.2f}], gap {gap:.2f} pts; "
+              f"B at epoch ends (seed 0) {_traj([e['B'] for e in by[k][0]['evals']])}")
+        out.append(f"adamw_tta_ratio_{key}={r_:.3f} adamw_tta_ratio_{key}_lo={lo:.3f} "
+                   f"adamw_tta_ratio_{key}_hi={hi:.3f}")
+        out.append(f"adamw_acc_gap_{key}_pts={gap:.2f}")
+    r_, lo, hi = boot_ratio(tt["noise-scale+wd"], tt["noise-scale"], rng)
+    print(f"goodput with wd_rule=linear / without: {r_:.3f} [{lo:.3f},{hi:.3f}] -> {verdict(lo, hi)}")
+    print(" ".join(out) + f" adamw_wd_over_none={r_:.3f} adamw_wd_over_none_lo={lo:.3f} "
+          f"adamw_wd_over_none_hi={hi:.3f} adamw_lr={lr:g}", flush=True)
 
 
 if __name__ == "__main__":

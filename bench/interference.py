@@ -1,28 +1,38 @@
 """Interference benchmark (LB-BSP): static plan vs reactive vs predictive rebalancing, no oracle.
 
-3 ranks (mpirun), fixed B, the slowed rank is rank 0. Two kinds of interference, 3 seeds each, the
-order of the modes (off = static plan from the profile, reactive = last measured speed, predictive =
-NARX on past speeds and past measured host signals) rotated with the seed:
-  markov  emulated GPUs (v100 / p100 / rtx2060, t(b) = (1 ms + 0.5 ms b) / speed, b = 8, B = 384);
-          rank 0 is slowed 3x in bursts that follow a seeded two-state Markov chain over iterations
-          (P(off->on) = 0.05, P(on->off) = 0.1: random durations, mean 20 iterations off, 10 on). The
-          factor reaches the trainer only through the time its micro-batches take.
-  hog     real compute, no emulation: every rank trains a real MLP on the CPU (1 thread; rank 0
-          pinned to core 0, ranks 1-2 to core 1). A REAL CPU hog subprocess, pinned to rank 0's core,
-          burns CPU on a seeded random on/off schedule in wall time (durations uniform in
-          0.3..2.0 s); nothing tells the trainer about it. Each rank is profiled (real compute, all
-          ranks at once, hog off) and the job plans with those profiles (profile_dir).
-The ideal is the fluid optimum under the true speeds at each iteration, no communication:
-T_ideal(it) = B / sum_i v_i(it), v_i = b / t_i(b). markov: t_i from the emulation formula and the
-chain's state. hog: t_i measured (the profile; rank 0 also profiled with the hog on), rank 0's rate
-weighted by the share of the iteration the hog was on (from the hog's own log, read afterwards).
-ideal_fraction = sum T_ideal / measured wall time of the whole loop. (hog: the rates are
-measurements, so a lucky run could come out slightly above 1.) predictor_error / lastvalue_error:
-the predictive run's one-step relative error of NARX and of the last-value baseline, same windows.
+    .venv/bin/python bench/interference.py [--seeds 3] [--iters 400] [--hog-iters 300] [--kinds markov,hog]
+
+3 ranks (mpirun), fixed B, the slowed rank is rank 0. Two kinds of interference, ``--seeds`` seeds each
+(default 3), the order of the modes (off = static plan from the profile, reactive = last measured speed,
+predictive = NARX on past speeds and past measured host signals) rotated with the seed:
+  markov  emulated GPUs (v100 / p100 / rtx2060, t(b) = (1 ms + 0.5 ms b) / speed, b = 8, B = 384,
+          ``--iters`` iterations, default 400); rank 0 is slowed 3x in bursts that follow a seeded two-state
+          Markov chain over iterations (P(off->on) = 0.05, P(on->off) = 0.1: random durations, mean 20
+          iterations off, 10 on). The factor reaches the trainer only through the time its micro-batches take.
+          The job plans with a profile written by ``hpc-jabas profile --emulate`` before the MPI world starts,
+          never with the emulator's formula.
+  hog     real compute, no emulation (B = 192, b = 8, ``--hog-iters`` iterations, default 300): every rank
+          trains a real MLP on the CPU (1 thread; rank 0 pinned to core 0, ranks 1-2 to core 1). A REAL CPU hog
+          subprocess, pinned to rank 0's core, burns CPU on a seeded random on/off schedule in wall time
+          (durations uniform in 0.3..2.0 s); nothing tells the trainer about it. Each rank is profiled (real
+          compute, all ranks at once, hog off) and the job plans with those profiles (profile_dir).
+
+The reference is a bound that no run can beat, computed from each run's own measurements: in every window of
+P_BALANCE = 5 iterations (the rebalancer's window), rank i computed n_i samples in c_i seconds (its measured
+compute time, emulated GPU time included); redistributing the window's samples with hindsight in proportion
+to those measured rates n_i / c_i takes T_ref(w) = sum_i n_i / sum_i (n_i / c_i). Since
+max_i c_i >= sum_i n_i / sum_i (n_i / c_i) (the mediant inequality) and the window's wall time is at least
+max_i c_i, T_ref(w) never exceeds the run's own time for that window: ``hindsight_fraction`` = sum T_ref /
+the loop's wall time is at most 1 for every run, and says what share of the time was balanced compute (the
+rest: imbalance inside windows and across them, communication, the trainer's own work). It assumes a rank's
+rate does not depend on how many samples it gets (per-call costs make small shares dearer). Beside it, the
+wall-time speedups over the static plan of the same seed, and the predictive run's one-step relative error
+of NARX and of the last-value baseline (``predictor_error``, ``lastvalue_error``, same windows).
 This machine has 2 cores shared with other work: the figures carry that noise.
 
-Last line (medians over seeds, both kinds pooled per key): static_ideal_fraction= reactive_ideal_fraction=
-predictive_ideal_fraction= predictor_error= lastvalue_error= (+ per-kind keys); the line before: min/max.
+Last line, one group of keys per kind (medians over the seeds; min/max on the line before):
+KIND_static_hindsight_fraction= KIND_reactive_hindsight_fraction= KIND_predictive_hindsight_fraction=
+KIND_reactive_speedup= KIND_predictive_speedup= KIND_predictor_error= KIND_lastvalue_error=.
 """
 import argparse
 import json
@@ -37,14 +47,23 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks, load_note  # noqa: E402
+from _launch import ensure_ranks, in_mpi_world, load_note, profile_emulated  # noqa: E402
 
+TYPES = ["v100", "p100", "rtx2060"]
+BASE, PER = 0.001, 0.0005
+MARKOV_PROFILE = Path("/tmp/hj-bench-interference-profile")
+if not in_mpi_world():
+    # the markov case plans on a measured profile, as a user profiles once (never on the emulator's formula)
+    import shutil
+    shutil.rmtree(MARKOV_PROFILE, ignore_errors=True)
+    profile_emulated("the markov case", "_straggler_model:bundle", TYPES, BASE, PER, MARKOV_PROFILE,
+                     "--b-list", "1,2,4,8,16,32")
 ensure_ranks(3)
 
+import _straggler_model  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hpc_jabas.core import gpus  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
@@ -55,15 +74,13 @@ from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--seeds", type=int, default=3)
-ap.add_argument("--iters", type=int, default=240, help="iterations per markov run")
-ap.add_argument("--hog-iters", type=int, default=200, help="iterations per hog run")
+ap.add_argument("--iters", type=int, default=400, help="iterations per markov run")
+ap.add_argument("--hog-iters", type=int, default=300, help="iterations per hog run")
 ap.add_argument("--kinds", default="markov,hog")
 args = ap.parse_args()
 
-TYPES = ["v100", "p100", "rtx2060"]
 MODES = ["off", "reactive", "predictive"]
 B, b = 384, 8
-BASE, PER = 0.001, 0.0005
 P_BALANCE = 5
 HOG_B = 192
 torch.set_num_threads(1)
@@ -99,39 +116,53 @@ def finish(tr):
 
 
 def timed(tr, n):
+    """n iterations; returns the loop's wall time, the iteration start marks, and every rank's (samples,
+    compute seconds) per iteration (gathered to every rank after the loop: nothing extra inside it)."""
     comm.allgather_object(None, name="if.t0")
     t0 = time.perf_counter()
-    marks = []
+    marks, mine = [], []
     for _ in range(n):
         marks.append(time.monotonic())
-        tr.train_step()
+        rec = tr.train_step()
+        mine.append((int(rec["x"]), float(rec["compute_s"])))
     marks.append(time.monotonic())
     comm.allgather_object(None, name="if.t1")
-    return time.perf_counter() - t0, marks
+    wall = time.perf_counter() - t0
+    return wall, marks, comm.allgather_object(mine, name="if.work")
+
+
+def hindsight_s(work, window=None):
+    """Sum over windows of sum_i n_i / sum_i (n_i / c_i): each window's samples redistributed with hindsight in
+    proportion to the rates the ranks measured in it (module docstring). ``work[rank][it] = (n, c)``."""
+    w = window or P_BALANCE
+    total = 0.0
+    for a in range(0, len(work[0]), w):
+        n = [sum(x for x, _ in r[a:a + w]) for r in work]
+        c = [sum(t for _, t in r[a:a + w]) for r in work]
+        rates = sum(ni / ci for ni, ci in zip(n, c) if ni > 0 and ci > 0)
+        if rates > 0:
+            total += sum(n) / rates
+    return total
 
 
 # ---- markov (emulated) ------------------------------------------------------------------------
 def run_markov(mode, seed):
     torch.manual_seed(1)
     N = args.iters
-    X = torch.randn(B * 4, 16)
-    ds = torch.utils.data.TensorDataset(X, (X[:, :3].sum(1) > 0).long())
-    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
+    X = torch.randn(B * 4, 32)
+    ds = torch.utils.data.TensorDataset(X, (X[:, :4].sum(1) > 0).long())
+    m = _straggler_model.model()
     cfg = JobConfig(batch=B, micro_batch=b, planner="optimal", emulate=True, gpu_types=TYPES, emulate_base_s=BASE,
                     emulate_per_sample_s=PER, balance=mode, p_balance=P_BALANCE, checkpoint=False,
+                    profile_dir=str(MARKOV_PROFILE),
                     run_dir=f"/tmp/hj-bench-interference-{rank}/{mode}", epochs=10 ** 6, metrics_period=10 ** 6)
     tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01), ds, nn.CrossEntropyLoss(), config=cfg)
     mk = Markov(seed, N)
     tr.emulator = Emulator(TYPES[rank], base_s=BASE, per_sample_s=PER, slowdown=mk if rank == 0 else None,
                            rank=rank, log=quiet)
-    wall, _ = timed(tr, N)
+    wall, _, work = timed(tr, N)
     err = finish(tr)
-    speeds = [gpus.get(t).relative_speed for t in TYPES]
-    ideal = 0.0
-    for it in range(N):
-        t = [(BASE + PER * b) / speeds[i] * (mk.at(it) if i == 0 else 1.0) for i in range(3)]
-        ideal += B / sum(b / x for x in t)
-    return ideal / wall, err
+    return wall, hindsight_s(work), err
 
 
 # ---- hog (real compute) -----------------------------------------------------------------------
@@ -168,10 +199,6 @@ def hog_intervals(log):
     if t_on is not None:
         out.append((t_on, float("inf")))
     return out
-
-
-def on_share(a, z, ivs):
-    return sum(max(0.0, min(z, e) - max(a, s)) for s, e in ivs) / (z - a) if z > a else 0.0
 
 
 def real_bundle():
@@ -229,38 +256,46 @@ def run_hog(mode, seed):
     log = tempfile.mktemp(prefix="hj-hog-")
     comm.allgather_object(None, name="if.hog")
     p = hog_start(sched, log) if rank == 0 else None
-    wall, marks = timed(tr, N)
+    wall, marks, work = timed(tr, N)
     err = finish(tr)
-    ideal = 0.0
     if rank == 0:
         p.kill()
         p.wait()
-        ivs = hog_intervals(log)
+        m0, m1 = marks[0], marks[-1]
+        on = sum(max(0.0, min(z, m1) - max(a, m0)) for a, z in hog_intervals(log))
         os.unlink(log)
-        t_off, t_on = HOG_STATE["t_off"], HOG_STATE["t0_on"]
-        rest = sum(b / t for t in t_off[1:])
-        for a, z in zip(marks, marks[1:]):
-            f = on_share(a, z, ivs)
-            ideal += HOG_B / (rest + f * b / t_on + (1 - f) * b / t_off[0])
-    return comm.broadcast_object(ideal, name="if.ideal") / wall, err
+        print(f"  hog on {on:.1f} s of the {m1 - m0:.1f} s loop", flush=True)
+    return wall, hindsight_s(work), err
 
 
 RUN = {"markov": run_markov, "hog": run_hog}
 kinds = args.kinds.split(",")
-res = {k: {m: [] for m in MODES} for k in kinds}
+bad = [k for k in kinds if k not in RUN]
+if bad or args.seeds < 1 or args.iters < P_BALANCE or args.hog_iters < P_BALANCE:
+    if rank == 0:
+        print(f"interference: --kinds {args.kinds!r} (valid: markov, hog), --seeds >= 1 and --iters/--hog-iters "
+              f">= {P_BALANCE} are needed", file=sys.stderr)
+    sys.exit(2)
+walls = {k: {m: [] for m in MODES} for k in kinds}
+fracs = {k: {m: [] for m in MODES} for k in kinds}
 errs = {k: [] for k in kinds}
 for seed in range(args.seeds):
     order = MODES[seed % 3:] + MODES[:seed % 3]
     for kind in kinds:
         for mode in order:
-            frac, err = RUN[kind](mode, seed)
-            res[kind][mode].append(frac)
+            wall, ref, err = RUN[kind](mode, seed)
+            walls[kind][mode].append(wall)
+            fracs[kind][mode].append(ref / wall)
+            if ref > wall * (1 + 1e-9):
+                raise SystemExit(f"interference: {kind} {mode} seed {seed}: the hindsight time {ref:.3f} s exceeds "
+                                 f"the run's {wall:.3f} s, which the bound rules out (a bug)")
             if mode == "predictive":
                 errs[kind].append((err.get("predictor_error", float("nan")), err.get("lastvalue_error", float("nan"))))
             if rank == 0:
                 e = f" predictor_error={err['predictor_error']:.3f} lastvalue_error={err['lastvalue_error']:.3f}" \
                     if mode == "predictive" else ""
-                print(f"seed {seed} {kind:<6} {mode:<10} ideal_fraction={frac:.3f}{e}", flush=True)
+                print(f"seed {seed} {kind:<6} {mode:<10} wall={wall:.2f}s hindsight={ref:.2f}s "
+                      f"hindsight_fraction={ref / wall:.3f}{e}", flush=True)
 if rank == 0:
     names = {"off": "static", "reactive": "reactive", "predictive": "predictive"}
     last, spread = [], []
@@ -268,17 +303,13 @@ if rank == 0:
     def add(key, vals):
         last.append(f"{key}={statistics.median(vals):.3f}")
         spread.append(f"{key}_min={min(vals):.3f} {key}_max={max(vals):.3f}")
-    for mode in MODES:
-        add(f"{names[mode]}_ideal_fraction", [x for k in kinds for x in res[k][mode]])
-    add("predictor_error", [e[0] for k in kinds for e in errs[k]])
-    add("lastvalue_error", [e[1] for k in kinds for e in errs[k]])
     for k in kinds:
         for mode in MODES:
-            add(f"{k}_{names[mode]}_ideal_fraction", res[k][mode])
+            add(f"{k}_{names[mode]}_hindsight_fraction", fracs[k][mode])
+        for mode in ("reactive", "predictive"):     # paired by seed: the static run of the same seed
+            add(f"{k}_{mode}_speedup", [s / w for s, w in zip(walls[k]["off"], walls[k][mode])])
         add(f"{k}_predictor_error", [e[0] for e in errs[k]])
         add(f"{k}_lastvalue_error", [e[1] for e in errs[k]])
-        pr = [p / r for p, r in zip(res[k]["predictive"], res[k]["reactive"])]
-        add(f"{k}_predictive_over_reactive", pr)
-    print(f"seeds={args.seeds} (markov: emulated; hog: real compute + real CPU hog; shared machine, {load_note()}) "
-          + " ".join(spread))
+    print(f"seeds={args.seeds} iters={args.iters} hog_iters={args.hog_iters} (markov: emulated, planned on a "
+          f"measured profile; hog: real compute + real CPU hog; shared machine, {load_note()}) " + " ".join(spread))
     print(" ".join(last))
