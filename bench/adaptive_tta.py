@@ -250,7 +250,7 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     loss_fn = nn.CrossEntropyLoss()
     prof = PROFILES / regime / (task.name + ("-adam" if adamw_lr is not None else ""))
     cfg = dict(emulate=True, gpu_types=TYPES, checkpoint=False, epochs=task.epochs, seed=seed,
-               run_dir=str(ROOT / f"{regime}-{task.name}-{kind}-s{seed}" + ("-adamw" if adamw_lr else "")),
+               run_dir=str(ROOT / (f"{regime}-{task.name}-{kind}-s{seed}" + ("-adamw" if adamw_lr else ""))),
                profile_dir=str(prof), **REGIMES[regime])
     if kind.endswith("+wd"):
         kind = kind[:-3]
