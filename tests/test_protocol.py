@@ -157,7 +157,7 @@ def test_metrics_gathered_to_rank0_as_one_float_tensor():
     ms = [IterationMetrics(r, 3, sinks[r], gather_from(r)) for r in range(3)]
     for r in (2, 1, 0):
         for it in (4, 5):
-            ms[r].add(_rec(r, it, stats={"similarity": 0.5}) if it == 5 else _rec(r, it))
+            ms[r].add(_rec(r, it, stats={"similarity": 0.5}, measure=True) if it == 5 else _rec(r, it, measure=False))
         assert len(ms[r]) == 2
     for r in (1, 2, 0):
         ms[r].flush()
@@ -166,8 +166,8 @@ def test_metrics_gathered_to_rank0_as_one_float_tensor():
     assert a == {"type": "iteration", "it": 4, "epoch": 0, "B": 12, "samples": 12, "plan": "b=2 n=3,2,1",
                  "iter_s": 2.2, "samples_per_s": 12 / 2.2, "lr_scale": 1.0, "loss": (1.5 + 3.0 + 4.5) / 12,
                  "compute_s": [0.1, 0.2, 0.30000000000000004], "wait_s": [0.04] * 3, "n_local": [3, 2, 1],
-                 "slowdown": [1.0, 2.0, 3.0], "contained_errors": 1}
-    assert b["it"] == 5 and b["stats"] == {"similarity": 0.5} and b["wait_s"] == [0.05] * 3
+                 "slowdown": [1.0, 2.0, 3.0], "contained_errors": 1, "measure": False}
+    assert b["it"] == 5 and b["stats"] == {"similarity": 0.5} and b["wait_s"] == [0.05] * 3 and b["measure"] is True
     ms[0].flush()                       # nothing pending: no collective, nothing written
     assert len(sinks[0].recs) == 2
 
