@@ -9,9 +9,12 @@ mix 64 V100 + 64 P100. Every strategy of core/simulate.py runs (``Simulation.com
 searches take the default work caps except ``max_evals = 60`` (their reasons say how close to the optimum
 a cut search is).
 
-Last line: gpus=4096 partitions=8 epochs=100 sim_s=... decision_ms_max=... validation_error=bench/sim_validation.py
-jabas_time_vs_simigrad=... hpcjabas_cost_vs_simigrad=... queue_aware_time_vs_jabas=... (validation_error: the
-validation against real runs is bench/sim_validation.py's, which runs real ranks; sim_s: wall time of
+Last line: gpus=4096 partitions=8 epochs=100 sim_s=... decision_ms_max=... validation_error=...
+jabas_time_vs_simigrad=... hpcjabas_cost_vs_simigrad=... queue_aware_time_vs_jabas=... (validation_error: after
+the comparison (outside sim_s), bench/sim_validation.py runs against real 3-rank runs (``--validation-repeats``,
+default 3, with 1 calibration run; about 3 minutes) and its figure is printed here; ``--validation-repeats 0`` skips
+it and prints ``not_measured``; the full validation is bench/sim_validation.py's own 5 repeats and
+bench/sim_validation_chain.py; sim_s: wall time of
 the whole comparison, scikit-learn's one-time import included; decision_ms_max: the slowest epoch-end
 decision, forecast + search, wall clock, after that import). The simulator reuses what its decisions compute
 when the inputs are exactly the same (``Simulation(cache=True)``; tests/test_simulate.py checks a run decides
@@ -36,7 +39,36 @@ WAIT_MEDIAN_S = {"v100": 600, "p100": 120, "a100": 1800, "h100": 3600, "rtx3090"
                  "rtx2060": 60, "l40s": 1200}
 
 
+def validation_error(repeats: int) -> str:
+    """bench/sim_validation.py's validation_error over ``repeats`` repeats (one calibration run per case)."""
+    if repeats < 1:
+        return "not_measured"
+    import json
+    import subprocess
+    import tempfile
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "validation.json")
+        r = subprocess.run([sys.executable, os.path.join(here, "sim_validation.py"), "--repeats", str(repeats),
+                            "--calibration-runs", "1", "--json", out], capture_output=True, text=True)
+        if r.returncode != 0:
+            tail = (r.stderr.strip().splitlines() or ["?"])[-1]
+            print(f"simulate_scale: the validation run failed (rc={r.returncode}): {tail}", file=sys.stderr)
+            return "failed"
+        with open(out) as f:
+            return f"{json.load(f)['figures']['validation_error']:.3f}"
+
+
 def main() -> None:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--validation-repeats", type=int, default=3,
+                    help="repeats of bench/sim_validation.py after the comparison (0: skip)")
+    a = ap.parse_args()
+    if a.validation_repeats < 0:
+        print(f"simulate_scale: --validation-repeats={a.validation_repeats} is invalid; give an integer >= 0",
+              file=sys.stderr)
+        sys.exit(2)
     cluster = cluster_from_dict({
         "name": "scale-8x512", "restart_s": 120, "queue": {"seed": 0, "period_s": 3600},
         "partition": [{"name": t, "gpu": t, "nodes": 64, "gpus_per_node": 8,
@@ -56,8 +88,9 @@ def main() -> None:
     print(comparison_table(res))
     dms = max(r.totals["decision_ms_max"] for r in res.values())
     tt = {n: r.totals for n, r in res.items()}
+    val = validation_error(a.validation_repeats)
     print(f"gpus=4096 partitions=8 epochs=100 sim_s={sim_s:.1f} decision_ms_max={dms:.0f} "
-          f"validation_error=bench/sim_validation.py "
+          f"validation_error={val} "
           f"jabas_time_vs_simigrad={tt['jabas']['time_s'] / tt['simigrad']['time_s']:.3f} "
           f"hpcjabas_cost_vs_simigrad={tt['hpcjabas-cost']['cost'] / tt['simigrad']['cost']:.3f} "
           f"queue_aware_time_vs_jabas={tt['hpcjabas-queue']['time_s'] / tt['jabas']['time_s']:.3f}")
