@@ -233,10 +233,10 @@ class Simulation:
         max_epochs = job.epochs if job.stop == "samples" else job.epochs * MAX_EPOCH_FACTOR
         last_stay: Any = None
         # what a run costs besides its iterations ([model], measured on a run of the job): the measurement
-        # iterations of a policy that measures (one per period, the trainer's (i + 1) % p == 0) and epoch ends
-        measures = st.policy in ("similarity", "noise-scale")
-        m_extra = float(job.model.get("measure_factor", 1.0) or 1.0) - 1.0
-        end_s = float(job.model.get("epoch_end_s", 0.0) or 0.0)
+        # iterations of a policy that measures (one per period, the trainer's (i + 1) % p == 0) and epoch ends;
+        # the same Overheads the overhead-aware strategies price their epoch-end decisions with
+        ov = self.run_overheads(st, p)
+        m_extra, end_s = ov.measure_factor - 1.0, ov.epoch_end_s
         for epoch in range(max_epochs):
             rate = autoscale.mix_rate(mix, cl.rates)
             gpus = sum(mix.values())
@@ -252,7 +252,7 @@ class Simulation:
                     its = min(its, max(1, math.ceil((target - done_eff) / (B * eff))))
                 n = min(its * B, left)
                 ep_t += its * T
-                if measures and m_extra > 0:
+                if m_extra > 0:
                     ep_t += ((it + its) // p - it // p) * T * m_extra
                 left -= n
                 ep_samples += n
