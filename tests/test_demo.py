@@ -63,6 +63,19 @@ def test_make_demo_runs_and_shows_what_it_promises(slurm_cluster, slurm_tmp):
     assert all(x["measured"][0] is not None and x["measured"][0] < 0.5 for x in after), [x["measured"] for x in after]
     med = sorted(share0(x["plan"]) for x in after)[len(after) // 2]
     assert med < 0.6 * sorted(before)[len(before) // 2], (before, [x["plan"] for x in after])
+    # the run itself (this was tests/test_foundation.py's own 8-epoch run): it learns, every rank reports its
+    # work, one iteration record each with every rank's compute, and before the slowdown the emulated V100
+    # (rank 0) gets a larger share of B than the RTX 2060 (rank 2)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["test_acc"] >= 0.90 and len(its) == summary["iterations"], summary
+    assert all(len(x["compute_s"]) == 3 for x in its)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ") and "samples_per_s=" in ln]
+    assert len(lines) == 3 and all(int(ln.split("samples=")[1].split()[0]) > 0 for ln in lines), lines
+    def share(plan: str, k: int) -> float:
+        b, n = ([int(v) for v in part.split("=")[1].split(",")] for part in plan.split())
+        return b[k] * n[k] / sum(x * y for x, y in zip(b, n))
+    early = [x["plan"] for x in its if x["it"] < 60]
+    assert early and all(share(p, 0) > share(p, 2) for p in early), early[:5]
     png = run / "report.png"
     assert png.is_file() and png.stat().st_size > 10_000, png
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,5 +195,16 @@ def test_readme_blocks_run_in_order(slurm_cluster, slurm_tmp):
         outs = list((work / "runs" / chain / "jobs").glob("sbatch-*.out"))
         assert outs, f"no job output under runs/{chain}/jobs"
     assert not list(work.glob("*.out")), "job output files in the submit directory"
+    # the ResNet block (3 ranks, a DataLoader with 2 workers each): 400 JPEG files, 2 epochs of 4 iterations of
+    # 96 and a 16-sample tail; the loader's lookahead is 2 workers x 2 prefetched; the standard ResNet-18 layout
+    import torch  # noqa: F401  (the example's model)
+    sys.path.insert(0, str(ROOT))
+    from examples.train_resnet import resnet18
+    res = json.loads((work / "runs" / "resnet-jpeg" / "summary.json").read_text())
+    assert res["samples"] == 800 and res["iterations"] == 10 and res["epoch"] == 2 and res["decision_lead"] == 4, res
+    assert res["parameters"] == sum(p.numel() for p in resnet18(10, 16).parameters()), res
+    its = [json.loads(ln) for ln in (work / "runs" / "resnet-jpeg" / "metrics.jsonl").read_text().splitlines()]
+    its = [m for m in its if m["type"] == "iteration"]
+    assert [m["samples"] for m in its] == [96, 96, 96, 96, 16] * 2 and all(0.0 < m["loss"] < 10.0 for m in its)
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=work, capture_output=True, text=True).stdout
     assert dirty == "", f"README blocks wrote outside git-ignored paths:\n{dirty}"
