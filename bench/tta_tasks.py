@@ -148,3 +148,36 @@ def digits_bundle():
     """For `hpc-jabas profile --model bench.tta_tasks:digits_bundle`: (model, loss, 256 samples)."""
     x, y, _, _ = digits_data()
     return digits_model(), nn.CrossEntropyLoss(), (torch.tensor(x[:256]), torch.tensor(y[:256], dtype=torch.long))
+
+
+# ---- the image task: the ResNet example on JPEG files ---------------------------------------------------
+#: the image task's sizes: 10 classes x PER_CLASS JPEG files of SIZE x SIZE pixels, ResNet-18 of WIDTH channels
+IMAGE_PER_CLASS, IMAGE_TEST_PER_CLASS, IMAGE_SIZE, IMAGE_WIDTH = 100, 50, 24, 8
+
+
+def image_model() -> nn.Module:
+    """examples/train_resnet.py's ResNet-18 (BasicBlock [2, 2, 2, 2], BatchNorm), IMAGE_WIDTH channels."""
+    from examples.train_resnet import resnet18
+    return resnet18(10, width=IMAGE_WIDTH)
+
+
+def image_data(root, quick: bool = False):
+    """(training Dataset, test images, test labels): the example's JpegFolder over generated JPEG files
+    (decoded, randomly cropped and flipped, normalised on every read), and a test folder of other images
+    (another seed) decoded once. Every rank may call it: one writes the folders, the others wait."""
+    from pathlib import Path
+
+    from examples.jpeg_shapes import JpegFolder, ensure_image_folder, preload
+    per, per_test = (40, 20) if quick else (IMAGE_PER_CLASS, IMAGE_TEST_PER_CLASS)
+    train = ensure_image_folder(Path(root) / f"train-{per}-{IMAGE_SIZE}", per_class=per, size=IMAGE_SIZE, seed=0)
+    test = ensure_image_folder(Path(root) / f"test-{per_test}-{IMAGE_SIZE}", per_class=per_test, size=IMAGE_SIZE,
+                               seed=1)
+    xt, yt = preload(JpegFolder(test, train=False)).tensors
+    return JpegFolder(train, train=True), xt, yt
+
+
+def image_bundle():
+    """For `hpc-jabas profile --model tta_tasks:image_bundle`: (the image model, loss, 64 samples)."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 3, IMAGE_SIZE, IMAGE_SIZE)
+    return image_model(), nn.CrossEntropyLoss(), (x, torch.randint(0, 10, (64,)))

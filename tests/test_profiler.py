@@ -319,3 +319,23 @@ def test_one_loader_for_tasks_and_models():
     with pytest.raises(ConfigError) as e:
         load_callable("examples.train_digits:nope", "task")
     assert "task 'examples.train_digits:nope': module 'examples.train_digits' has no attribute 'nope'" == one_line(e)
+
+
+def test_a_batchnorm_model_that_cannot_train_on_one_sample_is_profiled_from_b2(tmp_path):
+    """ResNet-18's last stage is 1 x 1 on 24-32 pixel images, where BatchNorm refuses a single sample: the
+    profile skips b = 1 with a line saying why (and times the update after b = 2) instead of failing; a model
+    without that limit keeps b = 1; a list of only b = 1 is refused in one line."""
+    from hpc_jabas.runtime.profiling.load import ModelBundle
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, stride=2), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                              torch.nn.Linear(4, 2))            # a 3 x 3 input -> 1 x 1 at the BatchNorm
+    bundle = ModelBundle(net, torch.nn.CrossEntropyLoss(), (torch.randn(8, 3, 3, 3), torch.randint(0, 2, (8,))))
+    said: list[str] = []
+    m = measure_compute(bundle, [1, 2, 4], warmup=1, repeats=2, log=said.append)
+    assert m.b == [2, 4] and len(m.t) == 2 and m.update_s > 0
+    assert sum("skipping b=1" in s and "BatchNorm" in s for s in said) == 1, said
+    wide = ModelBundle(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                           torch.nn.Linear(36, 2)), torch.nn.CrossEntropyLoss(), bundle.sample)
+    assert measure_compute(wide, [1, 2], warmup=1, repeats=2).b == [1, 2]   # 3 x 3 values per channel at b=1
+    with pytest.raises(ConfigError, match="cannot train on b=1"):
+        measure_compute(bundle, [1], warmup=1, repeats=2)

@@ -46,6 +46,23 @@ def check_b_list(b_list: Iterable[int]) -> list[int]:
         raise ConfigError(f"micro-batch sizes {bl} must be integers >= 1, e.g. 1,2,4,8")
     return bl
 
+def trains_on_one_sample(runner: Runner) -> bool:
+    """False when a BatchNorm layer of the model gets one value per channel from one sample (its input is
+    1 x 1 there, e.g. ResNet-18's last stage on 24-32 pixel images): PyTorch refuses to train on that."""
+    from hpc_jabas.runtime.batchnorm import batchnorm_modules
+    if not batchnorm_modules(runner.model):
+        return True
+    try:
+        runner.micro(runner.batch(1))
+    except ValueError as e:
+        if "more than 1 value per channel" in str(e):
+            return False
+        raise
+    finally:
+        runner.opt.zero_grad(set_to_none=False)
+    return True
+
+
 def measure_compute(bundle: ModelBundle, b_list: Iterable[int] = DEFAULT_B_LIST, *, device: str | None = None,
                     warmup: int = 3, repeats: int = 10, optimizer: str = "sgd",
                     memory_gb: float | None = None, b_limit: int = DEFAULT_B_LIMIT,
@@ -90,7 +107,14 @@ def measure_compute(bundle: ModelBundle, b_list: Iterable[int] = DEFAULT_B_LIST,
         raise ConfigError(f"no micro-batch size in {bl} fits (max_b={max_b}); give smaller sizes")
     if len(todo) < len(bl):
         log(f"hpc-jabas profile: skipping b={[b for b in bl if b not in todo]} (above max_b={max_b})")
-    update_s = time_update(runner, warmup, repeats)
+    if todo[0] == 1 and not trains_on_one_sample(runner):
+        log("hpc-jabas profile: skipping b=1: a BatchNorm layer of this model sees one value per channel "
+            "at b=1, which it cannot train on")
+        todo = todo[1:]
+        if not todo:
+            raise ConfigError(f"micro-batch sizes {bl}: this model's BatchNorm cannot train on b=1; "
+                              "give sizes >= 2, e.g. 2,4,8")
+    update_s = time_update(runner, warmup, repeats, b=todo[0])
     ts, reps = [], []
     for b in progress.iterate(todo, "profile", "size", rank=current_rank()):
         med, all_ = time_micro(runner, b, warmup, repeats)

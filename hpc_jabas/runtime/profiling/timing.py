@@ -86,10 +86,10 @@ def time_micro(runner: Runner, b: int, warmup: int, repeats: int) -> tuple[float
     return statistics.median(out), out
 
 
-def time_update(runner: Runner, warmup: int, repeats: int) -> float:
-    """Median seconds of optimizer.step() + zero_grad()."""
+def time_update(runner: Runner, warmup: int, repeats: int, b: int = 1) -> float:
+    """Median seconds of optimizer.step() + zero_grad() (after one micro-batch of ``b``, so gradients exist)."""
     timer = Timer(runner.device)
-    runner.micro(runner.batch(1))          # gradients (and optimizer state) exist
+    runner.micro(runner.batch(b))          # gradients (and optimizer state) exist
     out = []
     for i in range(warmup + repeats):
         timer.start()
