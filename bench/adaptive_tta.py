@@ -3,6 +3,7 @@
     .venv/bin/python bench/adaptive_tta.py            # full protocol: 5 seeds, two cost regimes (30-40 min here)
     .venv/bin/python bench/adaptive_tta.py --quick    # smoke run: tiny sizes, 1 seed, fewer runs (2-3 min)
     .venv/bin/python bench/adaptive_tta.py --adamw    # only the AdamW section (wd_rule), 5 seeds (about 6 min)
+    .venv/bin/python bench/adaptive_tta.py --image    # only the image task: ResNet-18 on JPEG files, 5 seeds
 
 Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/_launch.py) EMULATING v100 / p100 / rtx2060
 (emulate=True, gpu_types): every micro-batch of b samples takes (base + per_sample * b) / speed. Two cost regimes:
@@ -34,6 +35,8 @@ Protocol (fixed before the final run; nothing here is tuned per method):
 - Main task "shapes" (bench/tta_tasks.py; 6,000 training images, 10 epochs): its gradient noise scale is probed on
   the fixed-32 runs (clock paused) at the start and at every epoch end; noise_growth = last epoch's / first's.
 - Second task: scikit-learn's digits, latency-bound regime only, fixed-32 and the three policies (accuracy gaps).
+- Image task (--image, its own run): examples/train_resnet.py's ResNet-18 (BatchNorm) on the example's JPEG files,
+  decoded and augmented on every read, compute-bound (IMAGE_REGIME), the same protocol; see image_section.
 
 Last line, per regime R in (latency, compute): R_tta_ratio_similarity, R_tta_ratio_goodput, R_tta_ratio_ramp,
 R_best_fixed_tta_ratio (each with _lo and _hi), R_acc_gap_similarity_pts, R_acc_gap_goodput_pts (the worse of the
@@ -481,9 +484,10 @@ def main() -> None:
     ts = make_tasks(args.quick)
     t_start = time.perf_counter()
     if rank == 0:
+        shown = {"image": IMAGE_REGIME} if args.image else REGIMES
         print(f"adaptive_tta: {RANKS} emulated ranks {TYPES}; regimes "
               + "; ".join(f"{k}: t(b) = ({v['emulate_base_s'] * 1e3:g} ms + {v['emulate_per_sample_s'] * 1e3:g} ms * b)"
-                          " / speed" for k, v in REGIMES.items())
+                          " / speed" for k, v in shown.items())
               + f"; seeds {seeds}; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     reps: dict[tuple[str, str], dict] = {}
     rng = np.random.default_rng(0)
