@@ -223,7 +223,8 @@ def expand_mix(mix: Mapping[str, int], types: Mapping[str, str]) -> list[str]:
 def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float], period: int, num_samples: int,
                   cands: Sequence[int] | None = None, *, planner: str = "optimal", B_min: int | None = None,
                   B_max: int | None = None, speeds: Sequence[float] | None = None,
-                  spaces: dict[Any, Any] | None = None, overheads: Overheads | None = None) -> EpochTimeFn:
+                  spaces: dict[Any, Any] | None = None, overheads: Overheads | None = None,
+                  min_micro_batch: int | None = None) -> EpochTimeFn:
     """Predicted time of one epoch on a mix, pricing what the trainer would run there.
 
     The forecast B of each period of ``period`` iterations is first snapped to a B the job's planner
@@ -239,14 +240,17 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     ``overheads`` (core/overheads.py, measured on the run): every iteration is priced at its
     ``iteration_scale`` (measurement iterations included) and the epoch end's ``epoch_end_s`` is added once.
     Both are >= their no-overhead values, so ``mixsearch.perf_bound`` stays a lower bound.
+    ``min_micro_batch``: the job's smallest micro-batch (its trainer's, BatchNorm included; planner.py
+    candidate_sizes), so each mix is priced with the sizes its planner would use.
     """
     from hpc_jabas.core.grouptimes import group_space
     from hpc_jabas.core.planning import job_batch_space, snap_nearest
+    from hpc_jabas.core.planning.planner import candidate_sizes
     if not forecast:
         raise ConfigError("the forecast B trajectory is empty; give at least one batch size")
     lo = int(B_min) if B_min is not None else max(1, math.floor(min(forecast)))
     hi = int(B_max) if B_max is not None else max(lo, math.ceil(max(forecast)))
-    cfg = _SpaceCfg(planner, cands[0] if cands else None, lo, hi, speeds)
+    cfg = _SpaceCfg(planner, cands[0] if cands else None, lo, hi, speeds, min_micro_batch)
     ov = overheads or Overheads()
     scale, end_s = ov.iteration_scale, ov.epoch_end_s
 
@@ -254,10 +258,11 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
         gl = expand_mix(mix, types)
         if not gl:
             return None
-        skey = (mix_key(mix), planner, cfg.micro_batch, lo, hi, None if speeds is None else tuple(speeds))
+        skey = (mix_key(mix), planner, cfg.micro_batch, cfg.min_micro_batch, lo, hi,
+                None if speeds is None else tuple(speeds))
         space = None if spaces is None else spaces.get(skey)
         if space is None:
-            space = group_space(gl, model, lo, hi, [cfg.micro_batch] if cfg.micro_batch else None) \
+            space = group_space(gl, model, lo, hi, candidate_sizes(cfg.micro_batch, cfg.min_micro_batch, gl, model)) \
                 if planner == "optimal" else job_batch_space(cfg, gl, model)   # optimal: no per-rank plans
             if spaces is not None:
                 spaces[skey] = space
@@ -281,6 +286,7 @@ class _SpaceCfg:
     B_min: int
     B_max: int
     speeds: Sequence[float] | None
+    min_micro_batch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,9 @@ class TrainConfig(Section):
     eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
                                    "steps on at each epoch end", metavar="KEY")
     micro_batch: int | None = key(None, "micro-batch size b", lo=1, shown="the planner's choice")
+    min_micro_batch: int | None = key(None, "smallest micro-batch size b the planner uses (identical b: the "
+                                            "profiles' measured sizes from this one up)", lo=1,
+                                      shown="8 when the model has BatchNorm layers, else 1")
     seed: int = key(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
     tail: str = key("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
                     choices=TAILS)

@@ -155,7 +155,8 @@ class EpochEndAutoscaler(EpochEndHook):
         ov = self.meter.estimate()
         rec["overheads"] = ov.to_dict()
         fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None,
-                           planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds, overheads=ov)
+                           planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds, overheads=ov,
+                           min_micro_batch=jc.min_micro_batch)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
         overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
         for s in st.restart_overheads:

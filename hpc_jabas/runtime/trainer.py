@@ -212,7 +212,13 @@ class Trainer:
             return planner_fn
         from hpc_jabas.core.planning.planner import make_planner
         from hpc_jabas.runtime.batchnorm import batch_coupled_layers
-        planner = make_planner(self.cfg, self.gpu_types, self.perf_model, batch_coupled_layers(self.model))
+        coupled = batch_coupled_layers(self.model)
+        if coupled and self.cfg.min_micro_batch is None and not self.cfg.micro_batch:
+            # BatchNorm's statistics come from each micro-batch: the planner, the controller's batch space and
+            # the auto-scaler read the job's smallest b from here (core/planning/planner.py, candidate_sizes)
+            from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH
+            self.cfg.min_micro_batch = COUPLED_MIN_MICRO_BATCH
+        planner = make_planner(self.cfg, self.gpu_types, self.perf_model, coupled)
         self.identical_b, self.declared_speed_factors = planner.identical_b, planner.declared_factors
         return planner.plan
 

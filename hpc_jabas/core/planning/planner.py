@@ -35,6 +35,28 @@ log = logging.getLogger(__name__)
 PlannerFn = Callable[[int, "list[float] | None"], Plan]
 ModelSource = PerfModel | Callable[[], PerfModel]
 
+#: ``min_micro_batch`` when the model has batch-coupled layers (BatchNorm) and the key is unset: their
+#: statistics come from each micro-batch alone, and Wu & He (Group Normalization, 2018) measure ResNet-50's
+#: ImageNet error rising steeply below 8-16 samples per batch. Found on bench/adaptive_tta.py --image: the
+#: similarity policy's B near 36-52 ran as micro-batches of 2 and 4 there, and its accuracy collapsed.
+COUPLED_MIN_MICRO_BATCH = 8
+
+
+def candidate_sizes(micro_batch: int | None, min_micro_batch: int | None, gpus: Sequence[str],
+                    model: PerfModel) -> list[int] | None:
+    """The micro-batch sizes a plan may use: ``[micro_batch]`` when pinned; else the profiles' measured sizes
+    (None: the planner's default) from ``min_micro_batch`` up (the largest measured one when none is that
+    large). The trainer's planner, the controller's batch space and the auto-scaler's pricing all take their
+    sizes from here, so they realise and price the same B."""
+    if micro_batch:
+        return [int(micro_batch)]
+    lo = int(min_micro_batch or 1)
+    if lo <= 1:
+        return None
+    measured = sorted({b for g in {catalog.normalize(x) for x in gpus} for b in model.profile(g).b})
+    keep = [b for b in measured if b >= lo]
+    return keep or measured[-1:]
+
 
 class Planner(Protocol):
     """What the trainer, the controller and the auto-scaler use of a planner."""
@@ -177,10 +199,18 @@ class OptimalPlanner(_JobPlanner):
 
     kind = "optimal"
 
-    def __init__(self, micro_batch: int | None, *args: Any) -> None:
+    def __init__(self, micro_batch: int | None, min_micro_batch: int | None, *args: Any) -> None:
         super().__init__(*args)
         self.micro_batch = micro_batch
-        self.cands = [micro_batch] if micro_batch else None
+        self.min_micro_batch = min_micro_batch
+        self._cands: tuple[list[int] | None] | None = None
+
+    @property
+    def cands(self) -> list[int] | None:
+        """candidate_sizes() on this planner's ranks (computed once: it reads the perf model)."""
+        if self._cands is None:
+            self._cands = (candidate_sizes(self.micro_batch, self.min_micro_batch, self.gpus, self.model()),)
+        return self._cands[0]
 
     def _plan(self, B: int, factors: list[float] | None) -> Plan:
         sf, declared = factors, self.declared_factors
@@ -230,11 +260,12 @@ def make_planner(cfg: Any, gpu_types: Sequence[str], perf_model: ModelSource, co
         return FixedPlanner(fixed, types, perf_model, identical_b, None, plan_fn)
     if kind == "lbbsp":
         speeds = None if custom else lbbsp_speeds(types, getattr(cfg, "speeds", None), strict=strict_speeds)
-        return LbbspPlanner(mb or 1, speeds, types, perf_model, identical_b, given, plan_fn)
+        return LbbspPlanner(mb or getattr(cfg, "min_micro_batch", None) or 1, speeds, types, perf_model, identical_b,
+                            given, plan_fn)
     if derive and not custom:
         pm = perf_model if isinstance(perf_model, PerfModel) else perf_model()
         given = declared_speed_factors(getattr(cfg, "speeds", None), types, pm)
-    return OptimalPlanner(mb, types, perf_model, identical_b, given, plan_fn)
+    return OptimalPlanner(mb, getattr(cfg, "min_micro_batch", None), types, perf_model, identical_b, given, plan_fn)
 
 
 def job_batch_space(cfg: Any, gpus: Sequence[str], model: PerfModel, plan_fn: Callable[[int], Plan] | None = None,
