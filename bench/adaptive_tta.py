@@ -614,8 +614,9 @@ def image_section(seeds: list[int], rank: int, rng: np.random.Generator, quick: 
     before any other run, then the fixed grid with both lr rules, ramp, similarity and goodput at their defaults,
     order rotated per seed. Last line: image_tta_ratio_{similarity,goodput,ramp} (each _lo/_hi),
     image_best_fixed_tta_ratio (_lo/_hi), image_goodput_vs_best_fixed (_lo/_hi), image_acc_gap_similarity_pts,
-    image_acc_gap_goodput_pts, image_lr, image_busy_max (the largest share of an emulated micro-batch's time that
-    a rank's real CPU compute took: below 1, the clock is the emulated cluster's, not this host's)."""
+    image_acc_gap_goodput_pts, image_lr, image_real_share_max (the largest share over the runs of a rank's compute
+    time that its real CPU compute took, the rest the emulator's sleep: well below 1, the clock is the emulated
+    cluster's, not this host's), image_overruns (micro-batches whose real compute overran the emulated time)."""
     import dataclasses
     sys.path.insert(0, str(HERE.parent))
     ds, xt, yt = tasks.image_data(JPEG_ROOT, quick)
@@ -648,7 +649,7 @@ def image_section(seeds: list[int], rank: int, rng: np.random.Generator, quick: 
     shares = [r["real_share"] for r in res if math.isfinite(r["real_share"])]
     over = sum(r["overruns"] for r in res)
     if not shares:
-        raise SystemExit("adaptive_tta: no iteration records with per-rank compute times")
+        raise SystemExit("adaptive_tta: no run measured its ranks' compute time (no emulator?)")
     print(f"real CPU compute / emulated compute time, the worst rank of each run: median {med(shares):.2f}, "
           f"max {max(shares):.2f} over {len(shares)} runs; micro-batches whose real compute overran the emulated "
           f"time, all ranks and runs: {over}")

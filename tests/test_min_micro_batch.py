@@ -33,7 +33,11 @@ def test_every_realised_B_uses_only_sizes_from_the_minimum_up_and_the_pricing_ag
     planner = make_planner(cfg, GPUS, model, identical_b=True)
     space = planner.batch_space(cfg.B_min, cfg.B_max)
     rows = [B for B, _ in space.table()]
-    assert rows, (lo, b_min, width)
+    # every rank runs at least one micro-batch: exactly the multiples of the smallest allowed size with 3 or more
+    smallest = min(b for b in B_LIST if b >= (lo or 1))
+    assert rows == [B for B in range(cfg.B_min, cfg.B_max + 1) if B % smallest == 0 and B >= 3 * smallest], rows
+    if not rows:
+        return
     for B in rows:
         plan = planner.plan(B)
         assert plan.B == B and min(_bs(plan)) >= (lo or 1), (B, str(plan))
@@ -41,8 +45,6 @@ def test_every_realised_B_uses_only_sizes_from_the_minimum_up_and_the_pricing_ag
     fn = autoscale.epoch_time_fn(model, {"g0": "v100", "g1": "p100", "g2": "rtx2060"}, rows, 1, sum(rows),
                                  B_min=cfg.B_min, B_max=cfg.B_max, min_micro_batch=lo)
     assert fn({"g0": 1, "g1": 1, "g2": 1}) is not None
-    if lo and lo > 1:
-        assert all(B % min(b for b in B_LIST if b >= lo) == 0 for B in rows), rows
 
 
 def test_candidate_sizes_pinned_minimum_and_fallback():
@@ -63,6 +65,12 @@ def test_a_batchnorm_model_gets_the_minimum_and_a_plain_one_does_not(tmp_path):
     bn = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
     t = _trainer(bn, run_dir=str(tmp_path / "bn"))
     assert t.cfg.min_micro_batch == COUPLED_MIN_MICRO_BATCH and min(_bs(t.planner_fn(40, None))) >= 8
+    mine = JobConfig(batch=40, epochs=1, checkpoint=False, emulate=True, gpu_types=["v100"],
+                     run_dir=str(tmp_path / "mine"))
+    ds = torch.utils.data.TensorDataset(torch.randn(96, 4), torch.randint(0, 2, (96,)))
+    bn2 = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    t = Trainer(bn2, torch.optim.SGD(bn2.parameters(), lr=0.1), ds, torch.nn.CrossEntropyLoss(), config=mine)
+    assert t.cfg.min_micro_batch == 8 and mine.min_micro_batch is None      # the caller's config is not changed
     t = _trainer(torch.nn.Linear(4, 2), run_dir=str(tmp_path / "plain"))
     assert t.cfg.min_micro_batch is None
     t = _trainer(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)),

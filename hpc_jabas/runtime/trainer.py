@@ -215,8 +215,12 @@ class Trainer:
         coupled = batch_coupled_layers(self.model)
         if coupled and self.cfg.min_micro_batch is None and not self.cfg.micro_batch:
             # BatchNorm's statistics come from each micro-batch: the planner, the controller's batch space and
-            # the auto-scaler read the job's smallest b from here (core/planning/planner.py, candidate_sizes)
+            # the auto-scaler read the job's smallest b from the trainer's config (core/planning/planner.py,
+            # candidate_sizes); a copy, so the caller's JobConfig is not changed
+            import copy
+
             from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH
+            self.cfg = copy.deepcopy(self.cfg)
             self.cfg.min_micro_batch = COUPLED_MIN_MICRO_BATCH
         planner = make_planner(self.cfg, self.gpu_types, self.perf_model, coupled)
         self.identical_b, self.declared_speed_factors = planner.identical_b, planner.declared_factors

@@ -19,6 +19,7 @@ own micro-batch size.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
@@ -203,14 +204,11 @@ class OptimalPlanner(_JobPlanner):
         super().__init__(*args)
         self.micro_batch = micro_batch
         self.min_micro_batch = min_micro_batch
-        self._cands: tuple[list[int] | None] | None = None
 
-    @property
+    @functools.cached_property
     def cands(self) -> list[int] | None:
         """candidate_sizes() on this planner's ranks (computed once: it reads the perf model)."""
-        if self._cands is None:
-            self._cands = (candidate_sizes(self.micro_batch, self.min_micro_batch, self.gpus, self.model()),)
-        return self._cands[0]
+        return candidate_sizes(self.micro_batch, self.min_micro_batch, self.gpus, self.model())
 
     def _plan(self, B: int, factors: list[float] | None) -> Plan:
         sf, declared = factors, self.declared_factors
