@@ -36,5 +36,6 @@ slurm-up:
 slurm-down:
 	@bash slurm/local/down.sh
 
+# the shared environment and the Horovod wheel stay in $(CACHE) (scripts/setup.sh)
 clean:
 	rm -rf $(VENV) runs .pytest_cache

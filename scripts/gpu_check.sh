@@ -36,7 +36,7 @@ if ! hvd_nccl; then
   env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 \
       HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CPU_OPERATIONS=GLOO CMAKE_POLICY_VERSION_MINIMUM=3.5 \
       CXX="$WRAP/g++17" MAKEFLAGS="-j$(nproc)" \
-      timeout 360 "$PY" -m pip install -q --no-build-isolation --no-deps --no-cache-dir horovod==0.28.1 \
+      timeout 360 "$PY" -m pip install -q --force-reinstall --no-build-isolation --no-deps --no-cache-dir horovod==0.28.1 \
       > "$OUT/horovod-build.log" 2>&1 || true
 fi
 if hvd_nccl; then HVD=1; say "Horovod with NCCL: yes"; else HVD=0; say "Horovod with NCCL: no (see $OUT/horovod-build.log)"; fi

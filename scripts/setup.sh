@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
-# Idempotent set-up for hpc-jabas on Debian 12: apt packages, .venv, Horovod wheel (cached).
+# Idempotent set-up for hpc-jabas on Debian 12: apt packages, the third-party environment (built once per
+# dependency set and shared by every clone on this machine), and the clone's own .venv on top of it.
 # Shared by `make test` and `make demo`. Safe to run repeatedly: it does only what is missing.
+#
+# Layout (docs/toolchain.md):
+#   $CACHE/wheels/...           the Horovod wheel, built once per torch version and GPU support
+#   $CACHE/env-<hash>/          a venv with torch, Horovod, mpi4py, submitit, pytest, ... (<hash>: the package
+#                               list below, pyproject.toml's dependencies, the Horovod edit and the Python
+#                               version)
+#   <clone>/.venv               a small venv of the clone: a .pth file puts env-<hash>'s site-packages on its
+#                               path, its bin/ has env-<hash>'s commands (ruff, mypy, horovodrun, ...) for its
+#                               own python, and hpc-jabas is installed there in editable mode
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -11,29 +21,37 @@ PY="${PYTHON:-python3.11}"
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 log() { echo "[setup] $*"; }
 t0=$(date +%s)
+mkdir -p "$CACHE"
 
-# ---- 1. virtual environment and the Python packages that need no Debian package (in the background,
-#         beside the apt step: torch alone is a few hundred MB to unpack) ----------------------------
-if [[ ! -x "$VENV/bin/python" ]]; then
-  log "creating $VENV"
-  "$PY" -m venv "$VENV"
-fi
-VPY="$VENV/bin/python"
-STAMP="$VENV/.hpc-jabas-deps"
-REQ_HASH=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+# The third-party packages. pytest 8: pytest-xdist 3.8's xdist_group (tests/conftest.py) renames node ids,
+# which pytest 9 ignores. mpi4py and Horovod come after the Debian packages (they build against Open MPI).
+PKGS=(wheel setuptools "torch==2.13.0" numpy cloudpickle psutil pyyaml packaging "submitit==1.5.4" "pytest==8.4.2"
+      pytest-xdist hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy)
+ENV_FORMAT=2      # bump to rebuild every shared environment
+ENV_HASH=$( { echo "$ENV_FORMAT"; printf '%s\n' "${PKGS[@]}"; sed -n '/^dependencies *=/,/^]/p' pyproject.toml;
+              cat scripts/horovod_cycle_patch.py;
+              "$PY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)
+BASE="$CACHE/env-$ENV_HASH"
+BPY="$BASE/bin/python"
+
+# One set-up at a time on this machine (two clones may share the environment being built).
+exec 9>"$CACHE/.setup.lock"
+flock 9
+
+# ---- 1. the shared environment's Python packages (in the background, beside the apt step: torch alone
+#         is a few hundred MB to unpack) --------------------------------------------------------------
 PIP_PID=""
-PIP_LOG="$VENV/.pip-install.log"
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$REQ_HASH" ]]; then
+PIP_LOG="$CACHE/env-$ENV_HASH.pip.log"
+if [[ ! -f "$BASE/.complete" ]]; then
+  log "creating the shared environment $BASE"
+  rm -rf "$BASE"
+  "$PY" -m venv "$BASE"
   log "installing Python dependencies (background; log $PIP_LOG)"
-  # one pip run (one resolution) for all of them; pytest 8: pytest-xdist 3.8's xdist_group (tests/conftest.py)
-  # renames node ids, which pytest 9 ignores
   # --no-compile, then compileall on every core: pip byte-compiles its files one by one (about 50 s of the
   # install here); the .pyc files must exist before the tests, whose processes may not write them
   # (PYTHONDONTWRITEBYTECODE)
-  ( "$VPY" -m pip install -q --no-compile --upgrade wheel setuptools "torch==2.13.0" numpy cloudpickle psutil \
-        pyyaml packaging "submitit==1.5.4" "pytest==8.4.2" pytest-xdist hypothesis scikit-learn matplotlib tqdm \
-        pillow pytest-timeout ruff mypy \
-      && { "$VPY" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true; } ) >"$PIP_LOG" 2>&1 &
+  ( "$BPY" -m pip install -q --no-compile --upgrade "${PKGS[@]}" \
+      && { "$BPY" -m compileall -q -j 0 "$BASE/lib" >/dev/null 2>&1 || true; } ) >"$PIP_LOG" 2>&1 &
   PIP_PID=$!
 fi
 
@@ -46,6 +64,7 @@ for p in "${APT_PKGS[@]}"; do
 done
 if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
+    [[ -z "$PIP_PID" ]] || kill "$PIP_PID" 2>/dev/null || true
     echo "setup: missing Debian packages; run as root: apt-get install -y --no-install-recommends ${missing[*]}" >&2
     exit 1
   fi
@@ -61,18 +80,22 @@ fi
 
 if [[ -n "$PIP_PID" ]]; then
   wait "$PIP_PID" || { cat "$PIP_LOG" >&2; echo "setup: pip install failed (log above)" >&2; exit 1; }
-  "$VPY" -m pip install -q mpi4py        # built against Open MPI: after the apt step
+  "$BPY" -m pip install -q mpi4py        # built against Open MPI: after the apt step
   log "Python dependencies installed ($(( $(date +%s) - t0 )) s)"
 fi
 
 # ---- 3. Horovod 0.28.1 from a cached wheel ------------------------------------------------
-if ! "$VPY" -c "import horovod.torch" >/dev/null 2>&1; then
+if [[ ! -f "$BASE/.complete" ]] && ! "$BPY" -c "import horovod.torch" >/dev/null 2>&1; then
   mkdir -p "$WHEELS"
   GPU_TAG=cpu
-  if command -v nvcc >/dev/null 2>&1 && "$VPY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
+  if command -v nvcc >/dev/null 2>&1 && "$BPY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
      && ldconfig -p | grep -q libnccl; then GPU_TAG=nccl; fi
-  TORCH_V=$("$VPY" -c "import torch; print(torch.__version__.replace('+','_'))")
-  WDIR="$WHEELS/torch-$TORCH_V-$GPU_TAG"
+  TORCH_V=$("$BPY" -c "import torch; print(torch.__version__.replace('+','_'))")
+  # CPU builds keep the ranks' background loops in phase (scripts/horovod_cycle_patch.py): without it, ranks
+  # that share cores spin in MPI for most of every cycle
+  HVD_EDIT=""
+  [[ $GPU_TAG == cpu ]] && HVD_EDIT="-inphase-$(sha256sum scripts/horovod_cycle_patch.py | cut -c1-8)"
+  WDIR="$WHEELS/torch-$TORCH_V-$GPU_TAG$HVD_EDIT"
   mkdir -p "$WDIR"
   if ! ls "$WDIR"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
     log "building Horovod 0.28.1 wheel into $WDIR (once; about 3-6 minutes on 2 cores)"
@@ -82,20 +105,60 @@ if ! "$VPY" -c "import horovod.torch" >/dev/null 2>&1; then
     # the wheel is 1.2 MB instead of 20 MB (same -O3 code)
     printf '#!/bin/sh\nfor a; do shift; [ "$a" = -g ] || set -- "$@" "$a"; done\nexec g++ "$@" -std=c++17\n' \
       > "$WRAP/g++17"; chmod +x "$WRAP/g++17"
+    SRC=$(mktemp -d)
+    "$BPY" -m pip download -q --no-deps --no-binary :all: horovod==0.28.1 -d "$SRC"
+    tar xzf "$SRC"/horovod-0.28.1.tar.gz -C "$SRC"
+    [[ -z $HVD_EDIT ]] || "$BPY" scripts/horovod_cycle_patch.py "$SRC/horovod-0.28.1"
     export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
     export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
     [[ $GPU_TAG == nccl ]] && export HOROVOD_GPU_OPERATIONS=NCCL
     export MAKEFLAGS="-j$(nproc)" CMAKE_POLICY_VERSION_MINIMUM=3.5 CXX="$WRAP/g++17"
-    "$VPY" -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir horovod==0.28.1 -w "$WDIR.tmp"
+    rm -rf "$WDIR.tmp"
+    "$BPY" -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir "$SRC/horovod-0.28.1" -w "$WDIR.tmp"
     mv "$WDIR.tmp"/horovod-*.whl "$WDIR"/ && rmdir "$WDIR.tmp" || true
+    rm -rf "$SRC"
   fi
   log "installing Horovod from $WDIR ($(( $(date +%s) - t0 )) s)"
-  "$VPY" -m pip install -q --no-deps "$WDIR"/horovod-0.28.1-*.whl
+  "$BPY" -m pip install -q --no-deps "$WDIR"/horovod-0.28.1-*.whl
 fi
+if [[ ! -f "$BASE/.complete" ]]; then
+  "$BPY" -c "import torch, horovod.torch, mpi4py, submitit, pytest" \
+    || { echo "setup: the shared environment $BASE is incomplete" >&2; exit 1; }
+  touch "$BASE/.complete"
+fi
+touch "$BASE/.used"
+# shared environments of other dependency sets that no set-up used for 30 days
+find "$CACHE" -maxdepth 2 -path "$CACHE/env-*/.used" -mtime +30 -printf '%h\n' 2>/dev/null \
+  | while read -r old; do [[ "$old" == "$BASE" ]] || { log "removing unused $old"; rm -rf "$old"; }; done
 
-# ---- 4. the package itself ---------------------------------------------------------------
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$REQ_HASH" ]] || ! "$VPY" -c "import hpc_jabas" >/dev/null 2>&1; then
-  "$VPY" -m pip install -q --no-deps --no-build-isolation -e .
-  echo "$REQ_HASH" > "$STAMP"
+# ---- 4. the clone's .venv on the shared environment, and the package itself ------------------------------
+venv_ok() {
+  [[ -x "$VENV/bin/python" && "$(cat "$VENV/.hpc-jabas-env" 2>/dev/null)" == "$BASE" ]] && "$VENV/bin/python" -c \
+    "import importlib.util as u, sys; sys.exit(0 if all(map(u.find_spec, ('torch', 'horovod', 'hpc_jabas'))) else 1)" \
+    >/dev/null 2>&1
+}
+if ! venv_ok; then
+  log "creating $VENV on $BASE"
+  rm -rf "$VENV"
+  "$PY" -m venv --without-pip "$VENV"
+  SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  BSITE=$("$BPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  echo "$BSITE" > "$SITE/_hpc_jabas_env.pth"
+  # the shared environment's commands, for this venv's python: scripts get their first line rewritten,
+  # binaries (ruff) are linked
+  for f in "$BASE"/bin/*; do
+    n=$(basename "$f")
+    case "$n" in python*|activate*|Activate*|pip*) continue ;; esac
+    [[ -e "$VENV/bin/$n" ]] && continue
+    if [[ "$(head -c 2 "$f")" == "#!" ]] && head -n 1 "$f" | grep -q "^#!$BASE/bin/python"; then
+      { echo "#!$VENV/bin/python"; tail -n +2 "$f"; } > "$VENV/bin/$n"
+      chmod +x "$VENV/bin/$n"
+    else
+      ln -s "$f" "$VENV/bin/$n"
+    fi
+  done
+  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
+  echo "$BASE" > "$VENV/.hpc-jabas-env"
+  venv_ok || { echo "setup: $VENV cannot import torch, horovod and hpc_jabas" >&2; exit 1; }
 fi
 log "ready in $(( $(date +%s) - t0 )) s"

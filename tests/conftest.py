@@ -57,7 +57,10 @@ def pytest_collection_modifyitems(config, items):
 
 # ---- optional: CPU seconds per test (HPC_JABAS_TEST_CPU=FILE appends one JSON line per test) ------
 # The test process's own CPU plus that of the children it waited for (mpirun and its ranks, CLI
-# subprocesses); a Slurm job's ranks run under slurmd and are not counted. For sizing the suite.
+# subprocesses); a Slurm job's ranks run under slurmd and are not counted. ``machine_cpu_s`` is the whole
+# machine's busy CPU time over the test (/proc/stat): everything the test caused (Slurm jobs, warm pools,
+# daemons) when the tests run one at a time (-p no:xdist), anything else running too otherwise. For sizing
+# the suite.
 _CPU_FILE = os.environ.get("HPC_JABAS_TEST_CPU")
 if _CPU_FILE:
     import json
@@ -68,11 +71,17 @@ if _CPU_FILE:
         s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
+    def _machine_cpu() -> float:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")     # all but idle and iowait
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        c0, t0 = _cpu(), time.time()
+        c0, m0, t0 = _cpu(), _machine_cpu(), time.time()
         yield
         with open(_CPU_FILE, "a") as f:
             f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu() - c0, 2),
+                                "machine_cpu_s": round(_machine_cpu() - m0, 2),
                                 "wall_s": round(time.time() - t0, 2)}) + "\n")
 
