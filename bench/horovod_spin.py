@@ -2,9 +2,9 @@
 Horovod's own synchronize vs hpc_jabas.runtime.comm.synchronize (docs/toolchain.md).
 
 One job, four ways, in one run of this script, order rotated per repeat: two Horovod builds x two waits.
-- ``released-*``: the Horovod 0.28.1 wheel built WITHOUT the edit (default: the cache's
-  ``wheels/torch-<v>-cpu/`` folder, which scripts/setup.sh filled before the edit existed; ``--released-wheel``
-  names another), unpacked into a temporary folder put first on PYTHONPATH;
+- ``released-*``: the Horovod 0.28.1 wheel built WITHOUT the edit (``scripts/setup.sh --released-horovod-wheel``
+  builds it once into the cache, ``wheels/torch-<v>-cpu/``; ``--released-wheel`` names another), unpacked into a
+  temporary folder put first on PYTHONPATH;
 - ``edited-*``: the installed (edited) Horovod;
 - ``*-hvd``: every collective of the trainer waits with Horovod's own ``synchronize``;
 - ``*-ours``: with ``comm.synchronize`` (what the trainer runs). ``edited-ours`` is what hpc-jabas runs here.
@@ -33,7 +33,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import _mpi_env, _mpirun, load_note  # noqa: E402
+from _launch import ROOT, _mpi_env, _mpirun, load_note  # noqa: E402
 
 WAYS = ("released-hvd", "released-ours", "edited-hvd", "edited-ours")
 
@@ -73,17 +73,17 @@ def worker(spec_path: str) -> None:
 
 
 def released_wheel(arg: str | None) -> Path:
+    """The unedited CPU wheel: ``--released-wheel``, else the one ``scripts/setup.sh --released-horovod-wheel``
+    builds once into the cache beside the edited one (3-6 minutes the first time) and names."""
     if arg:
         return Path(arg)
-    import torch
-    cache = Path(os.environ.get("HPC_JABAS_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                 / "hpc-jabas")
-    v = torch.__version__.replace("+", "_")
-    found = sorted(glob.glob(str(cache / "wheels" / f"torch-{v}-cpu" / "horovod-0.28.1-*.whl")))
-    if not found:
-        raise SystemExit(f"horovod_spin: no unedited Horovod wheel under {cache}/wheels/torch-{v}-cpu/; build one "
-                         "(scripts/setup.sh's build without scripts/horovod_cycle_patch.py) and pass "
-                         "--released-wheel WHEEL")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "setup.sh"), "--released-horovod-wheel"], capture_output=True,
+                       text=True)
+    found = sorted(glob.glob(str(Path(r.stdout.strip() or "/nonexistent") / "horovod-0.28.1-*.whl")))
+    if r.returncode != 0 or not found:
+        why = (r.stderr.strip().splitlines() or [f"rc={r.returncode}"])[-1]
+        raise SystemExit(f"horovod_spin: no unedited Horovod wheel (scripts/setup.sh --released-horovod-wheel: "
+                         f"{why}); pass --released-wheel")
     return Path(found[-1])
 
 

@@ -12,6 +12,7 @@
 #                               path, its bin/ has env-<hash>'s commands (ruff, mypy, horovodrun, ...) for its
 #                               own python, and hpc-jabas is installed there in editable mode
 set -euo pipefail
+shopt -s inherit_errexit    # also inside $(...)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${HPC_JABAS_VENV:-$ROOT/.venv}"
@@ -85,39 +86,50 @@ if [[ -n "$PIP_PID" ]]; then
 fi
 
 # ---- 3. Horovod 0.28.1 from a cached wheel ------------------------------------------------
+# horovod_wheel GPU_TAG EDIT: the folder holding the wheel for this torch and GPU support, built there once.
+# EDIT=1 applies scripts/horovod_cycle_patch.py (CPU builds: without it, ranks that share cores spin in MPI
+# for most of every cycle); the folder's name says so.
+horovod_wheel() {
+  local tag=$1 edit=$2 torch_v wdir src
+  torch_v=$("$BPY" -c "import torch; print(torch.__version__.replace('+','_'))")
+  wdir="$WHEELS/torch-$torch_v-$tag"
+  ((edit)) && wdir+="-inphase-$(sha256sum scripts/horovod_cycle_patch.py | cut -c1-8)"
+  mkdir -p "$wdir"
+  if ! ls "$wdir"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
+    log "building Horovod 0.28.1 wheel into $wdir (once; about 3-6 minutes on 2 cores)" >&2
+    local wrap="$CACHE/cxx17"; mkdir -p "$wrap"
+    # C++17 (torch 2.13's headers need it), and no -g: Horovod's RelWithDebInfo build would carry debug
+    # information nobody here reads; without it the build took 171 s instead of about 200 s on 2 cores and
+    # the wheel is 1.2 MB instead of 20 MB (same -O3 code)
+    printf '#!/bin/sh\nfor a; do shift; [ "$a" = -g ] || set -- "$@" "$a"; done\nexec g++ "$@" -std=c++17\n' \
+      > "$wrap/g++17"; chmod +x "$wrap/g++17"
+    src=$(mktemp -d)
+    "$BPY" -m pip download -q --no-deps --no-binary :all: horovod==0.28.1 -d "$src" >&2
+    tar xzf "$src"/horovod-0.28.1.tar.gz -C "$src"
+    if ((edit)); then "$BPY" scripts/horovod_cycle_patch.py "$src/horovod-0.28.1" >&2; fi
+    rm -rf "$wdir.tmp"
+    ( export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+      export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
+      [[ $tag == nccl ]] && export HOROVOD_GPU_OPERATIONS=NCCL
+      export MAKEFLAGS="-j$(nproc)" CMAKE_POLICY_VERSION_MINIMUM=3.5 CXX="$wrap/g++17"
+      "$BPY" -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir "$src/horovod-0.28.1" -w "$wdir.tmp" >&2 )
+    mv "$wdir.tmp"/horovod-*.whl "$wdir"/ && rmdir "$wdir.tmp" || true
+    rm -rf "$src"
+  fi
+  echo "$wdir"
+}
+if [[ "${1:-}" == --released-horovod-wheel ]]; then
+  # for bench/horovod_spin.py: the CPU wheel as released (no edit), beside the edited one; prints its folder
+  [[ -f "$BASE/.complete" ]] || { echo "setup: run scripts/setup.sh first" >&2; exit 1; }
+  horovod_wheel cpu 0
+  exit 0
+fi
 if [[ ! -f "$BASE/.complete" ]] && ! "$BPY" -c "import horovod.torch" >/dev/null 2>&1; then
   mkdir -p "$WHEELS"
   GPU_TAG=cpu
   if command -v nvcc >/dev/null 2>&1 && "$BPY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
      && ldconfig -p | grep -q libnccl; then GPU_TAG=nccl; fi
-  TORCH_V=$("$BPY" -c "import torch; print(torch.__version__.replace('+','_'))")
-  # CPU builds keep the ranks' background loops in phase (scripts/horovod_cycle_patch.py): without it, ranks
-  # that share cores spin in MPI for most of every cycle
-  HVD_EDIT=""
-  [[ $GPU_TAG == cpu ]] && HVD_EDIT="-inphase-$(sha256sum scripts/horovod_cycle_patch.py | cut -c1-8)"
-  WDIR="$WHEELS/torch-$TORCH_V-$GPU_TAG$HVD_EDIT"
-  mkdir -p "$WDIR"
-  if ! ls "$WDIR"/horovod-0.28.1-*.whl >/dev/null 2>&1; then
-    log "building Horovod 0.28.1 wheel into $WDIR (once; about 3-6 minutes on 2 cores)"
-    WRAP="$CACHE/cxx17"; mkdir -p "$WRAP"
-    # C++17 (torch 2.13's headers need it), and no -g: Horovod's RelWithDebInfo build would carry debug
-    # information nobody here reads; without it the build took 171 s instead of about 200 s on 2 cores and
-    # the wheel is 1.2 MB instead of 20 MB (same -O3 code)
-    printf '#!/bin/sh\nfor a; do shift; [ "$a" = -g ] || set -- "$@" "$a"; done\nexec g++ "$@" -std=c++17\n' \
-      > "$WRAP/g++17"; chmod +x "$WRAP/g++17"
-    SRC=$(mktemp -d)
-    "$BPY" -m pip download -q --no-deps --no-binary :all: horovod==0.28.1 -d "$SRC"
-    tar xzf "$SRC"/horovod-0.28.1.tar.gz -C "$SRC"
-    [[ -z $HVD_EDIT ]] || "$BPY" scripts/horovod_cycle_patch.py "$SRC/horovod-0.28.1"
-    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
-    export HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO
-    [[ $GPU_TAG == nccl ]] && export HOROVOD_GPU_OPERATIONS=NCCL
-    export MAKEFLAGS="-j$(nproc)" CMAKE_POLICY_VERSION_MINIMUM=3.5 CXX="$WRAP/g++17"
-    rm -rf "$WDIR.tmp"
-    "$BPY" -m pip wheel -q --no-build-isolation --no-deps --no-cache-dir "$SRC/horovod-0.28.1" -w "$WDIR.tmp"
-    mv "$WDIR.tmp"/horovod-*.whl "$WDIR"/ && rmdir "$WDIR.tmp" || true
-    rm -rf "$SRC"
-  fi
+  if [[ $GPU_TAG == cpu ]]; then WDIR=$(horovod_wheel cpu 1); else WDIR=$(horovod_wheel nccl 0); fi
   log "installing Horovod from $WDIR ($(( $(date +%s) - t0 )) s)"
   "$BPY" -m pip install -q --no-deps "$WDIR"/horovod-0.28.1-*.whl
 fi
