@@ -83,5 +83,6 @@ if _CPU_FILE:
         with open(_CPU_FILE, "a") as f:
             f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu() - c0, 2),
                                 "machine_cpu_s": round(_machine_cpu() - m0, 2),
-                                "wall_s": round(time.time() - t0, 2)}) + "\n")
+                                "wall_s": round(time.time() - t0, 2), "end": round(time.time(), 2),
+                                "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}) + "\n")
 

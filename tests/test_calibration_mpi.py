@@ -1,8 +1,8 @@
 """Online calibration on 3 emulated Horovod ranks: a rank slowed 2x without telling the
 planner (an injected, unannounced slowdown) is calibrated to the true factor within 5%; the others
 stay at 1 unless what they measured says the host slowed them; every fit predicts its rank's last
-measured iterations within 10% (median); predicted vs measured iteration time is in metrics.jsonl; the calibration survives a
-checkpoint and resume exactly."""
+measured iterations within 10% (median); predicted vs measured iteration time is in metrics.jsonl; the
+calibration survives a checkpoint and resume exactly."""
 import json
 
 import pytest
