@@ -4,8 +4,6 @@ they are read when another user owns them or others may write them; a checkpoint
 loading); new run and chain directories have no world write."""
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import pickle
@@ -15,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 from mpi_util import ROOT, WORKERS, run_script
+from support.trust import Payload
+from support.trust import plant as _plant
 
 from hpc_jabas import trust
 from hpc_jabas.errors import CheckpointError, ConfigError
@@ -88,26 +88,6 @@ def test_a_directory_others_can_write_is_refused_unless_sticky(tmp_path):
     assert f"its directory '{d}'" in msg and f"chmod o-w {d}" in msg, msg
     os.chmod(d, 0o1777)                                  # like /tmp: others cannot replace our file
     assert ckpt.load(p)["it"] == 1
-
-
-class Payload:
-    """What a planted checkpoint would carry: code run on unpickling."""
-
-    def __init__(self, marker: str):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (Path.write_text, (Path(self.marker), "pwned"))
-
-
-def _plant(p: Path, obj) -> None:
-    """A checkpoint with a matching sidecar, as anyone who can write the directory could make."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    data = buf.getvalue()
-    p.write_bytes(data)
-    ckpt.sidecar(p).write_text(json.dumps({"format": ckpt.FORMAT, "sha256": hashlib.sha256(data).hexdigest(),
-                                           "size": len(data)}) + "\n")
 
 
 def test_a_pickle_payload_does_not_run_on_load(tmp_path):
