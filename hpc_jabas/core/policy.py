@@ -11,7 +11,10 @@ realises on this mix, with predicted iteration times) and gets a ``BatchDecision
   B * (1 - alpha); equal or unmeasured -> stay. Defaults as in JABAS: gamma = 0.1, alpha = 0.1,
   p = 100. B here is the unrounded product B_0 * prod(1 +- alpha) while the current B is the one
   the policy last realised (else the current B), so 20 grow/shrink pairs end next to
-  B_0 * ((1 + alpha)(1 - alpha))^20 on any batch space, not at a rounding fixed point.
+  B_0 * ((1 + alpha)(1 - alpha))^20 on any batch space, not at a rounding fixed point. Where the space
+  is coarser than the step (multiples of 64 at B = 64: the nearest realisable B to the target is not on
+  the asked side), the move goes a whole step past the target and the policy keeps the realised B
+  instead, so a shrink after such grows goes one step back, not to where the lagging product points.
 - ``GoodputPolicy`` ("noise-scale"; Pollux's goodput on the gradient noise scale,
   docs/formulas.md section 3): the realisable
   B in [B_min, B_max] that maximises (B / t_iter(B)) * E(B), E(B) = (B_noise + B_0) / (B_noise + B),
@@ -67,7 +70,7 @@ from hpc_jabas.core.defaults import LR_RULES as LR_RULES
 from hpc_jabas.core.defaults import POLICIES as POLICIES
 from hpc_jabas.core.defaults import WD_RULES as WD_RULES
 from hpc_jabas.core.defaults import canonical_policy as canonical_policy
-from hpc_jabas.core.planning.space import GROW, SET, SHRINK, STAY, BatchSpace, snap_toward
+from hpc_jabas.core.planning.space import GROW, SET, SHRINK, STAY, BatchSpace, snap_nearest, snap_toward
 from hpc_jabas.core.scaling import LinearScaling, LRRule, NoScaling, SqrtScaling
 from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
 from hpc_jabas.core.validate import integer, is_number
@@ -241,13 +244,25 @@ class SimilarityPolicy(BatchPolicy):
     def decide(self, state: PolicyState | Mapping[str, Any], space: BatchSpace | None = None) -> BatchDecision:
         """As the base class; then remembers the (clipped) unrounded target for the next decision."""
         st = PolicyState.coerce(state)
-        d = super().decide(st, space)
-        if d.direction in (GROW, SHRINK):
+        sp = self._space(st, space)
+        d = super().decide(st, sp)
+        if d.direction in (GROW, SHRINK) and d.moved and self._forced_past(sp, int(st.B), d):
+            # the space had nothing on the asked side near the target, so B went a whole step past it: keep
+            # the realised B, or the next opposite move (aimed at the lagging product) falls several steps
+            self.exact = float(d.B)
+        elif d.direction in (GROW, SHRINK):
             self.exact = d.target                 # already clipped to [B_min, B_max]
         elif d.B != int(st.B) or self.last != int(st.B):
             self.exact = float(d.B)               # pulled, or B set from outside: start afresh from it
         self.last = d.B
         return d
+
+    @staticmethod
+    def _forced_past(space: BatchSpace, B: int, d: BatchDecision) -> bool:
+        """The realisable B nearest the target is not on the asked side of B: the move overshot the target
+        by the space's grain, not by rounding (on multiples of 64, 64 * 1.1 is realised as 128)."""
+        nearest = snap_nearest(space, d.target, ref=B)
+        return nearest <= B if d.direction == GROW else nearest >= B
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "gamma": self.gamma, "alpha": self.alpha}
@@ -416,6 +431,45 @@ _POLICY_KEYS = {
     "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "window"},
     "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
+
+
+@dataclass(frozen=True)
+class BatchRange:
+    """The B range an adaptive policy moves in, and how it was chosen (``default_batch_range``)."""
+    lo: int
+    hi: int
+    rule: str        # one line: what was set by hand and what the defaults rule gave
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_min": self.lo, "batch_max": self.hi, "rule": self.rule}
+
+
+def default_batch_range(policy: str, batch: int, batch_min: int | None, batch_max: int | None, *,
+                        samples_per_epoch: int, ranks: int, min_micro_batch: int, memory_caps: list[int]
+                        ) -> BatchRange | None:
+    """The range an adaptive policy gets where ``batch_min``/``batch_max`` are unset (None: the policy is
+    ``fixed``, or both bounds were given).
+
+    The rule: ``batch_min`` = min(batch, ranks x min_micro_batch), the smallest B that gives every rank one
+    micro-batch of the smallest size the planner uses; ``batch_max`` = max(batch, min(samples per epoch,
+    sum of the ranks' memory caps)), the largest B one micro-batch per rank holds (the perf model's max_b
+    per rank), and never more than one epoch. A bound set by hand is kept."""
+    if canonical_policy(policy) == "fixed" or (batch_min is not None and batch_max is not None):
+        return None
+    ranks = integer(ranks, "ranks", lo=1)
+    small = ranks * integer(min_micro_batch, "min_micro_batch", lo=1)
+    mem = sum(integer(c, "memory cap", lo=1) for c in memory_caps)
+    n = integer(samples_per_epoch, "samples per epoch", lo=1)
+    lo = batch_min if batch_min is not None else min(batch, small)
+    hi = batch_max if batch_max is not None else max(batch, min(n, mem))
+    parts = []
+    parts.append(f"batch_min={lo} (set)" if batch_min is not None else
+                 f"batch_min={lo} = min(batch {batch}, {ranks} ranks x min micro-batch {min_micro_batch})")
+    parts.append(f"batch_max={hi} (set)" if batch_max is not None else
+                 f"batch_max={hi} = max(batch {batch}, min(one epoch {n}, memory {mem} = the ranks' "
+                 "largest micro-batches))")
+    return BatchRange(lo, hi, f"policy {canonical_policy(policy)!r} moves B in [{lo}, {hi}]: " + "; ".join(parts)
+                      + " (set batch_min/batch_max to choose)")
 
 
 def decision_period(p: int | None, samples_per_epoch: int, batch: int) -> int:
