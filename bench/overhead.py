@@ -32,12 +32,9 @@ Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=
 overhead_ratio_fit_adaptive=G overhead_ratio_fit_safepoint_off=H safepoint_ratio=S safepoint_blocking_ratio=T``.
 """
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks, load_note  # noqa: E402
+from bench.common.launch import ensure_ranks, load_note
 
 ensure_ranks(3)
 
