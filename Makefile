@@ -27,8 +27,13 @@ test: lint
 demo: setup
 	@bash scripts/demo.sh
 
+# the benchmarks, each run as a module from the repository root (bench/common/ holds what they share); results
+# and protocols: bench/RESULTS.md
+BENCHES := straggler adaptive_tta perfmodel_error perfmodel_error_emulated interference autoscale_search \
+           planner_speed overhead simulate_scale sim_validation sim_validation_chain input_pipeline faults \
+           resubmit_latency horovod_spin
 bench: setup
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 slurm-up:
 	@bash slurm/local/up.sh

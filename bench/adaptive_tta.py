@@ -1,11 +1,11 @@
 """Adaptive batching benchmark: time to accuracy under a protocol that can separate the methods.
 
-    .venv/bin/python bench/adaptive_tta.py            # full protocol: 5 seeds, two cost regimes (30-40 min here)
-    .venv/bin/python bench/adaptive_tta.py --quick    # smoke run: tiny sizes, 1 seed, fewer runs (2-3 min)
-    .venv/bin/python bench/adaptive_tta.py --adamw    # only the AdamW section (wd_rule), 5 seeds (about 6 min)
-    .venv/bin/python bench/adaptive_tta.py --image    # only the image task: ResNet-18 on JPEG files, 5 seeds
+    .venv/bin/python -m bench.adaptive_tta            # full protocol: 5 seeds, two cost regimes (30-40 min here)
+    .venv/bin/python -m bench.adaptive_tta --quick    # smoke run: tiny sizes, 1 seed, fewer runs (2-3 min)
+    .venv/bin/python -m bench.adaptive_tta --adamw    # only the AdamW section (wd_rule), 5 seeds (about 6 min)
+    .venv/bin/python -m bench.adaptive_tta --image    # only the image task: ResNet-18 on JPEG files, 5 seeds
 
-Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/_launch.py) EMULATING v100 / p100 / rtx2060
+Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/common/launch.py) EMULATING v100 / p100 / rtx2060
 (emulate=True, gpu_types): every micro-batch of b samples takes (base + per_sample * b) / speed. Two cost regimes:
 - latency-bound: base 4 ms, 0.05 ms per sample (a b = 256 micro-batch is 24% per-call cost);
 - compute-bound: base 2 ms, 0.1 ms per sample (7% at b = 256, as a large CNN on a V100).
@@ -32,8 +32,8 @@ Protocol (fixed before the final run; nothing here is tuned per method):
   resampled with replacement, 4000 resamples). "beats" only when the interval lies below 1, "loses" when above;
   otherwise "not separated".
 - Final accuracy at the full budget; gap = fixed-32's median final accuracy minus the method's, points.
-- Main task "shapes" (bench/tta_tasks.py; 6,000 training images, 10 epochs): its gradient noise scale is probed on
-  the fixed-32 runs (clock paused) at the start and at every epoch end; noise_growth = last epoch's / first's.
+- Main task "shapes" (bench/common/tta_tasks.py; 6,000 training images, 10 epochs): its gradient noise scale is
+  probed on the fixed-32 runs (clock paused) at the start and at every epoch end; noise_growth = last epoch's / first's.
 - Second task: scikit-learn's digits, latency-bound regime only, fixed-32 and the three policies (accuracy gaps).
 - Image task (--image, its own run): examples/train_resnet.py's ResNet-18 (BatchNorm) on the example's JPEG files,
   decoded and augmented on every read, compute-bound (IMAGE_REGIME), the same protocol; see image_section.
@@ -54,16 +54,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _launch import ensure_ranks, in_mpi_world, profile_emulated  # noqa: E402
+from bench.common.launch import ensure_ranks, in_mpi_world, profile_emulated
 
 RANKS = 3
 TYPES = ["v100", "p100", "rtx2060"]
 REGIMES = {"latency": dict(emulate_base_s=0.004, emulate_per_sample_s=0.00005),
            "compute": dict(emulate_base_s=0.002, emulate_per_sample_s=0.0001)}
 PROFILES = Path("/tmp/hj-bench-tta-profiles")
-BUNDLES = {"shapes": "tta_tasks:shapes_bundle", "digits": "tta_tasks:digits_bundle"}
+BUNDLES = {"shapes": "bench.common.tta_tasks:shapes_bundle", "digits": "bench.common.tta_tasks:digits_bundle"}
 #: the image section (--image): the ResNet example on JPEG files, compute-bound (the per-call part, 50 ms, is 12%
 #: of a b = 256 micro-batch's 434 ms). Both parts are set well above this host's real CPU compute of the model
 #: (about 10 ms per call and 0.15 ms per sample on one core, plus the decoding on the training thread, and
@@ -83,7 +81,7 @@ def profile_cluster() -> None:
     with anything but a measured profile is not this protocol."""
     shutil.rmtree(PROFILES, ignore_errors=True)
     if "--image" in sys.argv:
-        profile_emulated("tta_tasks:image_bundle (image)", "tta_tasks:image_bundle", TYPES,
+        profile_emulated("tta_tasks:image_bundle (image)", "bench.common.tta_tasks:image_bundle", TYPES,
                          IMAGE_REGIME["emulate_base_s"], IMAGE_REGIME["emulate_per_sample_s"],
                          PROFILES / "image" / "jpeg")
         return
@@ -105,9 +103,9 @@ ensure_ranks(RANKS)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import tta_tasks as tasks  # noqa: E402
 from torch import nn  # noqa: E402
 
+from bench.common import tta_tasks as tasks  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
@@ -618,7 +616,6 @@ def image_section(seeds: list[int], rank: int, rng: np.random.Generator, quick: 
     time that its real CPU compute took, the rest the emulator's sleep: well below 1, the clock is the emulated
     cluster's, not this host's), image_overruns (micro-batches whose real compute overran the emulated time)."""
     import dataclasses
-    sys.path.insert(0, str(HERE.parent))
     ds, xt, yt = tasks.image_data(JPEG_ROOT, quick)
     comm.broadcast_object(None, name="tta.image.data")
     grid = (128,) if quick else (64, 128, 256, LARGE)

@@ -20,21 +20,18 @@ Last line: gpus=4096 partitions=8 decision_ms_max=... exact_matches=N/N (wall cl
 each decision's objective, wall and CPU ms, mix, mixes priced and whether the search was exact or its
 proven gap, and the CPU-time maximum: on a shared machine the wall times carry the other work's load).
 
-Run: .venv/bin/python bench/autoscale_search.py
+Run: .venv/bin/python -m bench.autoscale_search
 """
 from __future__ import annotations
 
 import math
 import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from hpc_jabas.core import autoscale, mixsearch  # noqa: E402
-from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
-from hpc_jabas.core.planning.slots import makespan_all  # noqa: E402
+from hpc_jabas.core import autoscale, mixsearch
+from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.planning.slots import makespan_all
 
 TYPES8 = ["v100", "p100", "a100", "h100", "rtx3090", "titan-rtx", "rtx2060", "l40s"]
 B_LIST = [8, 16, 32, 64, 128, 256, 512]

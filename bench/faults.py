@@ -1,6 +1,6 @@
 """Faults on the local Slurm cluster: preemption, time limits, killed ranks, checkpoint writes, drains.
 
-    .venv/bin/python bench/faults.py [--quick] [--iterations 5] [--cases ...] [--json FILE]
+    .venv/bin/python -m bench.faults [--quick] [--iterations 5] [--cases ...] [--json FILE]
                                      [--only preempt,matrix,timelimit,kill,corrupt,drain,planted,bad]
 
 * preempt: tests/preempt_task.py (float64, Adam, fixed plan b=4 n=2,2 on 2 x rtx2060, 2 epochs = 30 iterations,
@@ -60,10 +60,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.localcluster import LocalCluster, kill_rank
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from localcluster import LocalCluster, kill_rank  # noqa: E402
 
 PY = str(ROOT / ".venv" / "bin" / "python")
 PLAN = "b=4 n=2,2"
@@ -86,10 +85,9 @@ def _iterations(chain_dir: Path) -> list[dict]:
 def _exact(chain_dir: Path, steps: int, repeats: bool = False) -> tuple[bool, float, str]:
     """The chain's last checkpoint against the uninterrupted run; ``repeats``: iterations lost to a kill
     were run again (recorded twice)."""
-    from reference import reference_run
-
     from hpc_jabas.errors import CheckpointError
     from hpc_jabas.runtime.checkpoint import load_latest
+    from tests.reference import reference_run
     try:
         found = load_latest(chain_dir / "run" / "checkpoints", log=lambda m: None)
     except CheckpointError as e:
@@ -387,15 +385,14 @@ def corrupt(work: Path, n: int, rng: random.Random, out: dict) -> None:
 
 
 def drain(out: dict) -> None:
-    from test_cluster import _node, _part
-
     from hpc_jabas.slurm.cluster import available_gpus, build_view
+    from tests.support.slurm_records import node, part
     rows = out.setdefault("drain", [])
     for st in ("MIXED+DRAIN", "ALLOCATED+DRAIN", "DOWN*", "MIXED+DRAIN+NOT_RESPONDING", "IDLE+DRAIN", "MIXED+FAIL"):
-        nodes = [_node("gpua1", "gpu:a100:2", "IDLE", "a100"),
-                 _node("gpuv1", "gpu:v100:2", st, "v100", "cpu=1,gres/gpu=2"),
-                 _node("gpuv2", "gpu:v100:2", st, "v100", "cpu=1,gres/gpu=2")]
-        v = build_view(nodes, [_part("a100", "gpua1"), _part("v100", "gpuv[1-2]")])
+        nodes = [node("gpua1", "gpu:a100:2", "IDLE", "a100"),
+                 node("gpuv1", "gpu:v100:2", st, "v100", "cpu=1,gres/gpu=2"),
+                 node("gpuv2", "gpu:v100:2", st, "v100", "cpu=1,gres/gpu=2")]
+        v = build_view(nodes, [part("a100", "gpua1"), part("v100", "gpuv[1-2]")])
         got = available_gpus(v, {"v100": 4}, ["gpuv1", "gpuv2"])
         rows.append({"state": st, "ok": got.get("v100") == 0 and got.get("a100") == 2, "available": got})
     print(f"drain {sum(r['ok'] for r in rows)}/{len(rows)}", flush=True)
@@ -446,11 +443,10 @@ def planted(work: Path, out: dict) -> None:
     a pickle payload with a matching sidecar (refused by weights_only loading, no code run: load_latest
     falls back to the good one), the newest file owned by another uid, and the newest file or its sidecar
     writable by every user (refused outright, naming the file: the directory is suspect)."""
-    from test_trust import Payload, _plant  # the suite's own planting (a checkpoint with a matching sidecar)
-
     from hpc_jabas.errors import CheckpointError
     from hpc_jabas.runtime import checkpoint as ckpt
     from hpc_jabas.trust import UntrustedFileError
+    from tests.support.trust import Payload, plant  # the suite's own planting (a checkpoint with a matching sidecar)
     rows = out.setdefault("planted", [])
     for case in ("pickle_payload", "other_owner", "world_writable", "world_writable_sidecar"):
         d = work / f"planted-{case}"
@@ -459,7 +455,7 @@ def planted(work: Path, out: dict) -> None:
         marker = d / "marker"
         good = ckpt.save_in(d, {"it": 1}, epoch=0, iteration=1)
         evil = d / ckpt.name_for(0, 2)
-        _plant(evil, {"model": Payload(str(marker))} if case == "pickle_payload" else {"it": 2})
+        plant(evil, {"model": Payload(str(marker))} if case == "pickle_payload" else {"it": 2})
         if case == "other_owner":
             os.chown(evil, 12345, -1)
         elif case == "world_writable":
@@ -480,8 +476,9 @@ def planted(work: Path, out: dict) -> None:
 
 
 def bad_inputs(shared: Path, out: dict) -> None:
-    """tests/test_bad_input.py's table: exit 2, one line, no traceback, no existing file modified."""
-    from test_bad_input import run_table
+    """tests/support/bad_input.py's table (tests/test_bad_input.py's): exit 2, one line, no traceback, no existing
+    file modified."""
+    from tests.support.bad_input import run_table
     w = shared / f"faults-{os.getpid()}-bad"
     rows = run_table(w)
     out["bad_inputs"] = rows

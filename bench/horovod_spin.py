@@ -15,7 +15,7 @@ its own process's CPU time (every thread: Horovod's background thread too) and t
 only, after start-up. Printed per way: the 3 ranks' CPU-s summed, per second of fit(), and fit()'s wall time;
 medians [min, max] over the repeats; "separated" when the two ways' ranges do not overlap.
 
-Run: .venv/bin/python bench/horovod_spin.py [--repeats 3] [--iterations 30] [--released-wheel WHEEL]
+Run: .venv/bin/python -m bench.horovod_spin [--repeats 3] [--iterations 30] [--released-wheel WHEEL]
 (about 6 minutes here with the defaults)
 Last line: key=value pairs.
 """
@@ -27,13 +27,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ROOT, _mpi_env, _mpirun, load_note  # noqa: E402
+from bench.common.launch import ROOT, _mpi_env, _mpirun, load_note, self_command
 
 WAYS = ("released-hvd", "released-ours", "edited-hvd", "edited-ours")
 
@@ -96,7 +94,7 @@ def run_once(way: str, iterations: int, plan: str, released_dir: Path, tmp: Path
     env = _mpi_env()
     if way.startswith("released"):
         env["PYTHONPATH"] = os.pathsep.join([str(released_dir), env["PYTHONPATH"]])
-    r = subprocess.run([*_mpirun(3), __file__, "--worker", str(out / "spec.json")], env=env, capture_output=True,
+    r = subprocess.run([*_mpirun(3), *self_command(), "--worker", str(out / "spec.json")], env=env, capture_output=True,
                        text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"horovod_spin: the {way} run failed (rc={r.returncode}): "

@@ -19,8 +19,8 @@ the per-sample cost of decode + augment and of the model's forward/backward on t
 which bound what a loader can win: on a CPU-only machine the model's compute dominates, and the
 workers take CPU time from the training ranks when the cores are all busy.
 
-    .venv/bin/python bench/input_pipeline.py                 # 1 rank, 1 worker (re-runs itself under mpirun)
-    .venv/bin/python bench/input_pipeline.py --ranks 2 --workers 1
+    .venv/bin/python -m bench.input_pipeline                 # 1 rank, 1 worker (re-runs itself under mpirun)
+    .venv/bin/python -m bench.input_pipeline --ranks 2 --workers 1
 """
 import argparse
 import statistics
@@ -29,9 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _launch import ensure_ranks, load_note  # noqa: E402
+from bench.common.launch import ensure_ranks, load_note
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--ranks", type=int, default=1, choices=(1, 2))

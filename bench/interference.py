@@ -1,6 +1,6 @@
 """Interference benchmark (LB-BSP): static plan vs reactive vs predictive rebalancing, no oracle.
 
-    .venv/bin/python bench/interference.py [--seeds 3] [--iters 400] [--hog-iters 300] [--kinds markov,hog]
+    .venv/bin/python -m bench.interference [--seeds 3] [--iters 400] [--hog-iters 300] [--kinds markov,hog]
 
 3 ranks (mpirun), fixed B, the slowed rank is rank 0. Two kinds of interference, ``--seeds`` seeds each
 (default 3), the order of the modes (off = static plan from the profile, reactive = last measured speed,
@@ -46,8 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks, in_mpi_world, load_note, profile_emulated  # noqa: E402
+from bench.common.launch import ensure_ranks, in_mpi_world, load_note, profile_emulated
 
 TYPES = ["v100", "p100", "rtx2060"]
 BASE, PER = 0.001, 0.0005
@@ -56,14 +55,14 @@ if not in_mpi_world():
     # the markov case plans on a measured profile, as a user profiles once (never on the emulator's formula)
     import shutil
     shutil.rmtree(MARKOV_PROFILE, ignore_errors=True)
-    profile_emulated("the markov case", "_straggler_model:bundle", TYPES, BASE, PER, MARKOV_PROFILE,
+    profile_emulated("the markov case", "bench.common.straggler_model:bundle", TYPES, BASE, PER, MARKOV_PROFILE,
                      "--b-list", "1,2,4,8,16,32")
 ensure_ranks(3)
 
-import _straggler_model  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from bench.common import straggler_model  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
@@ -151,7 +150,7 @@ def run_markov(mode, seed):
     N = args.iters
     X = torch.randn(B * 4, 32)
     ds = torch.utils.data.TensorDataset(X, (X[:, :4].sum(1) > 0).long())
-    m = _straggler_model.model()
+    m = straggler_model.model()
     cfg = JobConfig(batch=B, micro_batch=b, planner="optimal", emulate=True, gpu_types=TYPES, emulate_base_s=BASE,
                     emulate_per_sample_s=PER, balance=mode, p_balance=P_BALANCE, checkpoint=False,
                     profile_dir=str(MARKOV_PROFILE),
@@ -202,7 +201,7 @@ def hog_intervals(log):
 
 
 def real_bundle():
-    from _realmodel import dataset, make_model
+    from bench.common.realmodel import dataset, make_model
     m = make_model()
     ds = dataset()
     return m, nn.CrossEntropyLoss(), (ds.tensors[0][:256], ds.tensors[1][:256]), ds

@@ -1,7 +1,7 @@
 """Perf-model error on real compute: predicted vs measured iteration time, no emulation.
 
 For each world size R in 1, 2, 3 (one `mpirun -np R` each), CPU ranks run a real MLP
-(bench/_realmodel.py, ~8 MFLOP per sample, 1 thread per rank) through the real Trainer:
+(bench/common/realmodel.py, ~8 MFLOP per sample, 1 thread per rank) through the real Trainer:
   1. profile, as `hpc-jabas profile` does on the job's own allocation: every rank times the real
      forward+backward at b in PROFILED (all ranks at once, so the measurement carries the same CPU
      sharing as the run), the profiles are pooled (median per b over the ranks), the update is
@@ -37,13 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT))
-from _launch import load_note  # noqa: E402
+from bench.common.launch import ROOT, load_note, self_command
 
 PROFILED = [8, 32, 128]
 PLANS = {1: ["b=16 n=5", "b=48 n=3", "b=96 n=2", "b=24 n=7"],
@@ -78,7 +73,7 @@ def driver() -> None:
     t0 = time.perf_counter()
     for R in (1, 2, 3):
         out = subprocess.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(R), sys.executable,
-                              sys.argv[0], "--child", str(R), "--repeats", str(args.repeats), "--iters",
+                              *self_command(), "--child", str(R), "--repeats", str(args.repeats), "--iters",
                               str(args.iters)], env=env, capture_output=True, text=True)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode or not lines:
@@ -116,9 +111,9 @@ def driver() -> None:
 
 def child(R: int) -> None:
     import torch
-    from _realmodel import dataset, make_model, profile_bundle
     from torch import nn
 
+    from bench.common.realmodel import dataset, make_model, profile_bundle
     from hpc_jabas.core.config import JobConfig
     from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel
     from hpc_jabas.core.planning import Plan

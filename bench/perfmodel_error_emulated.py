@@ -34,16 +34,12 @@ One line per plan; last line (the profile-only model):
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ensure_ranks  # noqa: E402
+from bench.common.launch import ensure_ranks
 
 ensure_ranks(3)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402

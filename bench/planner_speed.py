@@ -11,7 +11,7 @@ over repeats of each repeat's median plan time, wall and CPU time; the line befo
 
 On a shared machine the wall times carry the other work's load; the CPU times do not.
 
-Run: .venv/bin/python bench/planner_speed.py
+Run: .venv/bin/python -m bench.planner_speed
 """
 from __future__ import annotations
 
@@ -19,13 +19,10 @@ import inspect
 import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
-from hpc_jabas.core.planning import plan_batch, plan_range, snap_batch  # noqa: E402
+from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.planning import plan_batch, plan_range, snap_batch
 
 TYPES = {"v100": 160, "p100": 160, "a100": 128, "h100": 64, "rtx3090": 128,
          "titan-rtx": 128, "titan-v": 128, "p4000": 128}

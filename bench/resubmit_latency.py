@@ -1,7 +1,7 @@
 """Resubmission latency on the local Slurm cluster: epoch-end decision -> first iteration of the next job,
 the old job's exit included.
 
-    .venv/bin/python bench/resubmit_latency.py [--method submitit|sbatch] [--from a100:1,v100:2]
+    .venv/bin/python -m bench.resubmit_latency [--method submitit|sbatch] [--from a100:1,v100:2]
                                                [--to rtx2060:2] [--repeat N] [--json FILE]
 
 A digits chain (2 epochs, CPU ranks emulating their partition's GPU type) starts on --from; the
@@ -43,10 +43,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests.localcluster import LocalCluster
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from localcluster import LocalCluster  # noqa: E402
 
 GOAL_S = 15.0
 

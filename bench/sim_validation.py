@@ -1,6 +1,6 @@
 """The simulator against real runs: does ``hpc-jabas simulate`` predict what a real job then takes?
 
-    .venv/bin/python bench/sim_validation.py [--repeats 3] [--epochs 4] [--json FILE]
+    .venv/bin/python -m bench.sim_validation [--repeats 3] [--epochs 4] [--json FILE]
 
 Real side: 3 emulated Horovod ranks (v100, p100, rtx2060; mpirun, examples/train_digits.py, the
 default emulated speeds), each case run ``--repeats`` times in rotated order:
@@ -42,13 +42,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _launch import ROOT, _mpi_env, _mpirun, load_note, profile_emulated  # noqa: E402
-
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S  # noqa: E402
-from hpc_jabas.core.policy import decision_period  # noqa: E402
-from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict  # noqa: E402
-from hpc_jabas.core.simulate import Simulation  # noqa: E402
+from bench.common.launch import ROOT, _mpi_env, _mpirun, load_note, profile_emulated
+from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
+from hpc_jabas.core.policy import decision_period
+from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict
+from hpc_jabas.core.simulate import Simulation
 
 TYPES = ["v100", "p100", "rtx2060"]
 CASES = {

@@ -1,7 +1,7 @@
 """The simulator against a real Slurm chain with a move: does ``hpc-jabas simulate`` predict what the chain takes,
 restart included?
 
-    .venv/bin/python bench/sim_validation_chain.py [--repeats 3] [--json FILE]
+    .venv/bin/python -m bench.sim_validation_chain [--repeats 3] [--json FILE]
 
 Real side, on the local Slurm cluster (slurm/local; brought up when it is not): a digits chain submitted with
 submitit onto {a100:1, v100:2}, ranks emulating their partition's GPU type, the goodput policy from B0 = 96 in
@@ -37,13 +37,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import sim_validation as sv
+from bench.common.launch import load_note, profile_emulated
+from tests.localcluster import LocalCluster
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
-import sim_validation as sv  # noqa: E402
-from _launch import load_note, profile_emulated  # noqa: E402
-from localcluster import LocalCluster  # noqa: E402
 
 TYPES = ["a100", "rtx2060", "v100"]
 BASE_S, PER_SAMPLE_S = 0.004, 0.001          # what the ranks emulate (make demo's chain)

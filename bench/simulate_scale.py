@@ -21,7 +21,7 @@ when the inputs are exactly the same (``Simulation(cache=True)``; tests/test_sim
 the same without).
 Before it: the comparison table.
 
-Run: .venv/bin/python bench/simulate_scale.py
+Run: .venv/bin/python -m bench.simulate_scale
 """
 from __future__ import annotations
 
@@ -29,10 +29,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict  # noqa: E402
-from hpc_jabas.core.simulate import Simulation, comparison_table  # noqa: E402
+from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict
+from hpc_jabas.core.simulate import Simulation, comparison_table
 
 TYPES8 = ["v100", "p100", "a100", "h100", "rtx3090", "titan-rtx", "rtx2060", "l40s"]
 WAIT_MEDIAN_S = {"v100": 600, "p100": 120, "a100": 1800, "h100": 3600, "rtx3090": 900, "titan-rtx": 300,
@@ -46,11 +44,11 @@ def validation_error(repeats: int) -> str:
     import json
     import subprocess
     import tempfile
-    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "validation.json")
-        r = subprocess.run([sys.executable, os.path.join(here, "sim_validation.py"), "--repeats", str(repeats),
-                            "--calibration-runs", "1", "--json", out], capture_output=True, text=True)
+        r = subprocess.run([sys.executable, "-m", "bench.sim_validation", "--repeats", str(repeats),
+                            "--calibration-runs", "1", "--json", out], capture_output=True, text=True, cwd=root)
         if r.returncode != 0:
             tail = (r.stderr.strip().splitlines() or ["?"])[-1]
             print(f"simulate_scale: the validation run failed (rc={r.returncode}): {tail}", file=sys.stderr)

@@ -7,7 +7,7 @@ What a user could do instead, side by side (order rotated every round):
              exact big-batch mean (about three lines of user code);
   fastest    the fastest GPU alone: rank 0 runs all of B (micro-batches of its memory cap if B does
              not fit), the others idle;
-  lbbsp_real LB-BSP as its paper runs it on GPUs (bench/_lbbsp.py), by hand on plain Horovod, knowing no
+  lbbsp_real LB-BSP as its paper runs it on GPUs (bench/common/lbbsp.py), by hand on plain Horovod, knowing no
              speed: it starts from the equal split; every iteration each rank reports its measured compute
              time (one small allgather), and the local batches move toward the split in proportion to the
              measured speeds x_i / t_i, the step halved whenever a rank's batch reverses direction; a local
@@ -41,14 +41,11 @@ speedup_vs_lbbsp_measured= speedup_vs_fastest= ideal_fraction= reactive_vs_lbbsp
 import argparse
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _launch import ensure_ranks, in_mpi_world, load_note, profile_emulated  # noqa: E402
-from _lbbsp import LBBSP  # noqa: E402
+from bench.common.launch import ensure_ranks, in_mpi_world, load_note, profile_emulated
+from bench.common.lbbsp import LBBSP
 
 # case -> (B, base_s, per_sample_s, cap)
 CASES = {"main": (512, 0.0002, 0.0005, 512), "per_call": (512, 0.005, 0.0001, 512),
@@ -63,18 +60,18 @@ def profile_cases() -> None:
     shutil.rmtree(PROFILES, ignore_errors=True)
     for case, (_, base, per, cap) in CASES.items():
         bl = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if b <= cap)
-        profile_emulated(f"case {case}", "_straggler_model:bundle", ["v100"] * 3, base, per, PROFILES / case,
-                         "--b-list", bl, "--b-limit", str(cap))
+        profile_emulated(f"case {case}", "bench.common.straggler_model:bundle", ["v100"] * 3, base, per,
+                         PROFILES / case, "--b-list", bl, "--b-limit", str(cap))
 
 
 if not in_mpi_world():
     profile_cases()
 ensure_ranks(3)
 
-import _straggler_model  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from bench.common import straggler_model  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
 from hpc_jabas.core.planning import plan_batch, split_proportional  # noqa: E402
@@ -104,7 +101,7 @@ quiet = lambda m: None  # noqa: E731
 loss_fn = nn.CrossEntropyLoss()
 
 
-model = _straggler_model.model
+model = straggler_model.model
 
 
 def t_of(b, base, per, s):
@@ -151,7 +148,7 @@ def plain(case, local):
 
 
 def lbbsp_real(case):
-    """LB-BSP on measured times (bench/_lbbsp.py): equal start, a re-split toward x_i / t_i after every iteration,
+    """LB-BSP on measured times (bench/common/lbbsp.py): equal start, a re-split toward x_i / t_i after every iteration,
     the step halved on a reversal; micro-batches of at most cap accumulated (so no headroom rule binds);
     gradients summed by hand after the backward, since the number of micro-batches changes."""
     B, base, per, cap = CASES[case]

@@ -16,16 +16,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from chain_checks import check_moves, check_parameters, events
 
+from bench import sim_validation as sv
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import sim_validation as sv  # noqa: E402
 
 
 def _records(path: Path) -> list[dict]:

@@ -44,7 +44,7 @@ def _files(*globs: str) -> list[Path]:
     return sorted(found)
 
 
-CITING = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "tests/**/*.py", "bench/*.py", "bench/*.md",
+CITING = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "tests/**/*.py", "bench/**/*.py", "bench/*.md",
                 "scripts/*", "examples/*.py", "README.md", "docs/*.md", "slurm/**/*.md", "Makefile")
 CITING = [p for p in CITING if p != Path(__file__).resolve()]      # this file names missing files on purpose
 NO_TRACKER = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "docs/*.md", "examples/*.py", "README.md")

@@ -1,15 +1,11 @@
-"""The benchmarks' hand-written LB-BSP (bench/_lbbsp.py) is tested, not only used: it converges to equal finish
+"""The benchmarks' hand-written LB-BSP (bench/common/lbbsp.py) is tested, not only used: it converges to equal finish
 times on a static speed mix, keeps B, halves its step on oscillation and keeps a leader within its headroom."""
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from _lbbsp import LBBSP, split_in_proportion  # noqa: E402
+from bench.common.lbbsp import LBBSP, split_in_proportion
 
 
 def _times(x, speeds, base=0.0, per=1e-3):

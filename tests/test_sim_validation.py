@@ -6,16 +6,12 @@ benchmark, not here (tests do not assert on wall time)."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import sim_validation as sv  # noqa: E402
-
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S  # noqa: E402
-from hpc_jabas.core.simconfig import read_stats_trace  # noqa: E402
+from bench import sim_validation as sv
+from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
+from hpc_jabas.core.simconfig import read_stats_trace
 
 pytestmark = pytest.mark.mpi
 

@@ -1,5 +1,5 @@
 """bench/straggler.py's model, importable without starting the benchmark: for `hpc-jabas profile --model
-_straggler_model:bundle` (the benchmark profiles each case with it before its MPI world starts)."""
+bench.common.straggler_model:bundle` (the benchmark profiles each case with it before its MPI world starts)."""
 import torch
 from torch import nn
 

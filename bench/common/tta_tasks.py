@@ -139,13 +139,13 @@ def noise_scale(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, b_s
 
 
 def shapes_bundle():
-    """For `hpc-jabas profile --model bench.tta_tasks:shapes_bundle`: (model, loss, 256 samples)."""
+    """For `hpc-jabas profile --model bench.common.tta_tasks:shapes_bundle`: (model, loss, 256 samples)."""
     x, y, _, _ = shapes_data(n_train=256, n_test=1)
     return shapes_model(), nn.CrossEntropyLoss(), (torch.tensor(x), torch.tensor(y, dtype=torch.long))
 
 
 def digits_bundle():
-    """For `hpc-jabas profile --model bench.tta_tasks:digits_bundle`: (model, loss, 256 samples)."""
+    """For `hpc-jabas profile --model bench.common.tta_tasks:digits_bundle`: (model, loss, 256 samples)."""
     x, y, _, _ = digits_data()
     return digits_model(), nn.CrossEntropyLoss(), (torch.tensor(x[:256]), torch.tensor(y[:256], dtype=torch.long))
 
@@ -177,7 +177,7 @@ def image_data(root, quick: bool = False):
 
 
 def image_bundle():
-    """For `hpc-jabas profile --model tta_tasks:image_bundle`: (the image model, loss, 64 samples)."""
+    """For `hpc-jabas profile --model bench.common.tta_tasks:image_bundle`: (the image model, loss, 64 samples)."""
     torch.manual_seed(0)
     x = torch.randn(64, 3, IMAGE_SIZE, IMAGE_SIZE)
     return image_model(), nn.CrossEntropyLoss(), (x, torch.randint(0, 10, (64,)))

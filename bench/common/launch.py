@@ -1,10 +1,12 @@
-"""Shared by the benchmarks: re-run the calling script under mpirun with N ranks when needed."""
+"""Shared by the benchmarks: re-run the calling benchmark under mpirun with N ranks when needed, and profile a model
+before a benchmark's MPI world starts. The benchmarks run from the repository root as ``python -m bench.NAME``; the
+ranks they start import ``bench`` and ``hpc_jabas`` from ROOT (on their PYTHONPATH)."""
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def in_mpi_world() -> bool:
@@ -15,8 +17,15 @@ def _mpi_env() -> dict:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HPC_JABAS_PROGRESS="0",
                OMPI_MCA_mpi_yield_when_idle="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
+
+
+def self_command() -> list[str]:
+    """The arguments after the interpreter that start this process's main module again: ``-m bench.NAME`` when it
+    was started as a module (how the benchmarks run), else its script path."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return ["-m", spec.name] if spec is not None and spec.name else [sys.argv[0]]
 
 
 def _mpirun(n: int) -> list[str]:
@@ -27,7 +36,7 @@ def ensure_ranks(n: int) -> None:
     """If not already inside an MPI world, re-exec this script as `mpirun -np n` and exit with its code."""
     if in_mpi_world():
         return
-    sys.exit(subprocess.call([*_mpirun(n), sys.argv[0], *sys.argv[1:]], env=_mpi_env()))
+    sys.exit(subprocess.call([*_mpirun(n), *self_command(), *sys.argv[1:]], env=_mpi_env()))
 
 
 def profile_emulated(what: str, model: str, gpu_types: list[str], base_s: float, per_sample_s: float, out: Path,
