@@ -11,8 +11,18 @@ Before hpc-jabas reads a file whose content decides what runs or what is restore
   :func:`set_trust_group`, or ``HPC_JABAS_TRUST_GROUP=1`` in the environment, which the job scripts of a
   ``trust_group`` job export so that the launcher trusts the group before it has read the job's config; a
   project space shared by a group is common on clusters), or
-- its directory is writable by others (the file could be replaced), the same way; a sticky
-  world-writable directory (``/tmp``) counts as safe, as for OpenSSH.
+- its directory, or any directory above it, is owned by another user or writable by others (the file, or a
+  directory on its way, could be replaced), the same way. As OpenSSH's StrictModes walks from the file up to
+  the user's home directory (``auth_secure_path``), the walk stops at the user's home directory when the file
+  is inside it, else it goes on to ``/``. One difference from OpenSSH: a sticky world-writable directory
+  (``/tmp``, a cluster's ``/scratch``) owned by root or this user counts as safe: others cannot rename or
+  remove what this user owns in it, and what is below it is checked on its own.
+
+:func:`check_dir` is the same check for a directory hpc-jabas writes into and a job later reads from (a chain
+directory, its ``jobs/`` and ``jobs/submitit/``: submit refuses them before anything reaches Slurm), and
+:func:`check_profile_dir` for a perf-model directory (``<gpu>.json`` and ``allreduce.json``).
+:func:`refuse_control_chars` refuses a path that holds a control character (a newline in an ``#SBATCH`` line
+or a comment of a job script would start a new shell line).
 
 A refusal is one line (:class:`UntrustedFileError`, a ConfigError: exit 2) naming the file, what is
 wrong and the fix. :func:`private_dir` creates the run and chain directories without world write.
@@ -20,6 +30,7 @@ wrong and the fix. :func:`private_dir` creates the run and chain directories wit
 from __future__ import annotations
 
 import os
+import pwd
 import shlex
 import stat
 from pathlib import Path
@@ -61,9 +72,47 @@ def _problem(st: os.stat_result, is_dir: bool, group_ok: bool) -> tuple[str, str
     return None
 
 
+def _home() -> Path | None:
+    """This user's home directory (the password database's, else $HOME), resolved; None when unknown."""
+    try:
+        h = pwd.getpwuid(os.geteuid()).pw_dir
+    except KeyError:
+        h = os.environ.get("HOME", "")
+    if not h or not os.path.isdir(h):
+        return None
+    return Path(h).resolve()
+
+
+def _walk_up(d: Path) -> list[Path]:
+    """``d`` and the directories above it that StrictModes examines: up to and including the user's home
+    directory when ``d`` is inside it, else up to ``/``."""
+    home = _home()
+    stop = home if home is not None and (d == home or home in d.parents) else None
+    out = []
+    for q in (d, *d.parents):
+        out.append(q)
+        if q == stop:
+            break
+    return out
+
+
+def _check_dirs(d: Path, gok: bool) -> tuple[Path, tuple[str, str]] | None:
+    """The first directory from ``d`` upward that is not trusted, with what is wrong; None when all are."""
+    for q in _walk_up(d):
+        try:
+            st = os.stat(q)
+        except OSError:
+            continue
+        bad = _problem(st, True, gok)
+        if bad is not None:
+            return q, bad
+    return None
+
+
 def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | None = None) -> None:
-    """Refuse ``path`` (UntrustedFileError, one line) when another user owns it or others may write it or
-    its directory. A missing file is not checked here (the reader reports it)."""
+    """Refuse ``path`` (UntrustedFileError, one line) when another user owns it or others may write it, its
+    directory or a directory above it (up to the home directory, else ``/``). A missing file is not checked
+    here (the reader reports it)."""
     p = Path(path)
     gok = trust_group() if group_ok is None else group_ok
     try:
@@ -71,18 +120,57 @@ def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | Non
     except OSError:
         return
     bad = _problem(st, stat.S_ISDIR(st.st_mode), gok)
-    if bad is None:
-        parent = p.resolve().parent
-        try:
-            pst = os.stat(parent)
-        except OSError:
-            return
-        dbad = _problem(pst, True, gok)
-        if dbad is not None:
-            raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: its directory {str(parent)!r} "
-                                     f"{dbad[0]}; {dbad[1].format(f=shlex.quote(str(parent)))}")
-        return
-    raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it {bad[0]}; {bad[1].format(f=shlex.quote(str(p)))}")
+    if bad is not None:
+        raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it {bad[0]}; "
+                                 f"{bad[1].format(f=shlex.quote(str(p)))}")
+    parent = p.resolve().parent
+    found = _check_dirs(parent, gok)
+    if found is not None:
+        q, dbad = found
+        where = "its directory" if q == parent else "the directory above it"
+        raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: {where} {str(q)!r} "
+                                 f"{dbad[0]}; {dbad[1].format(f=shlex.quote(str(q)))}")
+
+
+def check_dir(path: str | os.PathLike, what: str = "directory", group_ok: bool | None = None) -> None:
+    """Refuse a directory hpc-jabas writes into and later reads from (UntrustedFileError, one line) when it,
+    or a directory above it (up to the home directory, else ``/``), is owned by another user or writable by
+    others. A missing directory is checked from its nearest existing parent (what it will be created in)."""
+    p = Path(path).absolute()
+    gok = trust_group() if group_ok is None else group_ok
+    q = p
+    while not q.exists() and q != q.parent:
+        q = q.parent
+    found = _check_dirs(q.resolve(), gok)
+    if found is not None:
+        d, bad = found
+        where = "it" if d == p.resolve() else f"the directory {str(d)!r} above it" if q == p \
+            else f"the directory {str(d)!r} it would be made in"
+        raise UntrustedFileError(f"refusing to use {what} {str(p)!r}: {where} {bad[0]}; "
+                                 f"{bad[1].format(f=shlex.quote(str(d)))}")
+
+
+def check_profile_dir(path: str | os.PathLike, what: str = "profile") -> None:
+    """A perf-model directory (``hpc-jabas profile``'s output: ``<gpu>.json``, ``allreduce.json``): every
+    JSON file in it gets :func:`check_file`, as ``calibration.json`` does (they steer the plans)."""
+    d = Path(path)
+    if not d.is_dir():
+        return                                  # the reader says what is missing
+    check_dir(d, f"{what} directory")
+    for f in sorted(d.iterdir()):
+        if f.name.endswith(".json"):
+            check_file(f, what)
+
+
+def refuse_control_chars(value: str | os.PathLike, what: str) -> str:
+    """``value`` unchanged, or ConfigError (one line) when it holds a control character (C0, DEL or C1: a
+    newline would end an ``#SBATCH`` line or a comment of a job script and start a shell command)."""
+    s = os.fspath(value)
+    for i, c in enumerate(s):
+        if ord(c) < 32 or 127 <= ord(c) < 160:
+            raise ConfigError(f"{what} {s!r} holds a control character ({c!r} at position {i}); a path or "
+                              "name that goes into a job script must have none: rename it")
+    return s
 
 
 def open_private(path: str | os.PathLike, flags: int) -> int:

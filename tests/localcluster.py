@@ -84,7 +84,8 @@ def kill_rank(job_id: str, rank: int) -> int | None:
             continue
         try:
             cmd = (d / "cmdline").read_bytes()
-            if b"hpc_jabas.runtime.launch" not in cmd and b"submitit.core._submit" not in cmd:
+            if not any(m in cmd for m in (b"hpc_jabas.runtime.launch", b"hpc_jabas.slurm.node_entry",
+                                          b"submitit.core._submit")):
                 continue
             env = (d / "environ").read_bytes().split(b"\0")
         except OSError:

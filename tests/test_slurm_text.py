@@ -322,7 +322,7 @@ def test_submitit_hetjob_through_public_parameters(tmp_path, fake_slurm):
             f"#SBATCH --output={folder}/%j_0_log.out"} <= set(sb[:het])
     assert lines[lines.index("export SUBMITIT_EXECUTOR=slurm") + 1] == (
         sbatch.het_srun_python([Component("a100", 1), Component("v100", 2)], PY, folder)
-        + f" -u -m submitit.core._submit {folder}")
+        + f" -u -m hpc_jabas.slurm.node_entry {folder}")
     assert s.job.num_tasks == 3 and [s.job.task(k).paths.stdout.name for k in range(3)] == \
         ["4242_0_log.out", "4242_1_log.out", "4242_2_log.out"]
     sub = s.job.submission()

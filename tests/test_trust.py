@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -367,3 +368,209 @@ def test_checkpoints_of_the_previous_format_with_numpy_state_still_load(tmp_path
     with pytest.raises(CheckpointError, match="weights_only"):
         ckpt.load(p)
     assert not marker.exists()
+
+
+# ---- a second real Unix user plants files: nothing of theirs runs ------------------------------------------
+PLANTER = "hjplanter"
+PLANTER_PY = "/usr/bin/python3"            # the system's: the planter cannot read root's environment
+NODE_ENV = {"SUBMITIT_EXECUTOR": "slurm", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "1",
+            "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "n1"}
+
+
+@pytest.fixture(scope="module")
+def planter():
+    """A real second user (useradd once; the tests run as root), who writes files with its own uid."""
+    import pwd
+    import subprocess
+    try:
+        return pwd.getpwnam(PLANTER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+                        PLANTER], check=True, capture_output=True)
+        return pwd.getpwnam(PLANTER)
+
+
+def as_planter(pw, code: str, data: bytes = b"") -> None:
+    """Run ``code`` (stdlib Python; ``data`` on stdin) as the planter: uid, gid, no extra groups."""
+    import subprocess
+    r = subprocess.run([PLANTER_PY, "-c", code], input=data, user=pw.pw_uid, group=pw.pw_gid, extra_groups=[],
+                       cwd="/", capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+
+
+@pytest.fixture
+def arena():
+    """A directory the planter can reach (tmp_path is under root's private /tmp/pytest-of-root): under the
+    sticky /tmp, owned by root, 0755."""
+    import shutil
+    import tempfile
+    d = Path(tempfile.mkdtemp(prefix="hj-trust-", dir="/tmp"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _evil_pickle(marker: Path) -> bytes:
+    """What a planter would put where submitit looks: creates ``marker`` when unpickled."""
+    return pickle.dumps(Payload(str(marker)))
+
+
+def _node_entry(folder: Path) -> subprocess.CompletedProcess[str]:
+    """The node side of a submitit job (what its job script runs for rank 0 of job 77), without Slurm."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **NODE_ENV)
+    return subprocess.run([sys.executable, "-u", "-m", "hpc_jabas.slurm.node_entry", str(folder)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=str(folder))
+
+
+def _stderr_line(r) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def test_node_side_refuses_a_pickle_a_second_user_swapped_in(arena, planter):
+    """The window the issue names: between sbatch and the job's start, someone who can write jobs/submitit/
+    swaps ``<id>_submitted.pkl``. The node entry refuses it before submitit unpickles it."""
+    folder = arena / "chain" / "jobs" / "submitit"
+    folder.mkdir(parents=True)
+    pkl, marker = folder / "77_submitted.pkl", arena / "marker"
+    # the control: our own pickle in private directories IS unpickled (so the check below is what stops it)
+    pkl.write_bytes(_evil_pickle(marker))
+    r = _node_entry(folder)
+    assert marker.exists(), r.stderr[-2000:]
+    marker.unlink()
+    os.chmod(folder, 0o777)                                   # e.g. made under a umask of 000
+    as_planter(planter, f"import os, sys; os.unlink({str(pkl)!r}); "
+                        f"open({str(pkl)!r}, 'wb').write(sys.stdin.buffer.read())", _evil_pickle(marker))
+    assert pkl.stat().st_uid == planter.pw_uid
+    r = _node_entry(folder)
+    line = _stderr_line(r)
+    assert r.returncode == 2 and not marker.exists(), r.stderr
+    assert f"refusing to read submitted job pickle {str(pkl)!r}: it is owned by uid {planter.pw_uid}" in line, line
+
+
+def test_node_side_refuses_our_own_pickle_below_a_directory_others_can_write(arena, planter):
+    """The pickle is ours, but a directory above it is world-writable (not sticky): the planter could have
+    renamed jobs/ away and put a tree of its own there. Refused, naming that directory."""
+    chain = arena / "shared" / "chain"
+    folder = chain / "jobs" / "submitit"
+    folder.mkdir(parents=True)
+    marker = arena / "marker"
+    (folder / "77_submitted.pkl").write_bytes(_evil_pickle(marker))
+    os.chmod(arena / "shared", 0o777)
+    as_planter(planter, f"import os; os.mkdir({str(arena / 'shared' / 'planted')!r})")   # they can write there
+    r = _node_entry(folder)
+    line = _stderr_line(r)
+    assert r.returncode == 2 and not marker.exists(), r.stderr
+    assert f"the directory above it {str(arena / 'shared')!r} is writable by every user" in line, line
+    os.chmod(arena / "shared", 0o1777)                        # sticky, like /tmp: the planter cannot rename ours
+    r = _node_entry(folder)
+    assert marker.exists(), r.stderr[-2000:]
+
+
+def _submit_spec(chain: Path, **kw):
+    from hpc_jabas.core.jobspec import JobSpec
+    return JobSpec(task="preempt_task:build", config={}, chain_dir=str(chain), mix={"v100": 1},
+                   method=kw.pop("method", "submitit"), **kw)
+
+
+@pytest.fixture
+def no_slurm(monkeypatch):
+    """Nothing may reach sbatch (a refusal comes first)."""
+    from hpc_jabas.slurm import executor
+
+    def never(*a, **k):
+        raise AssertionError("reached sbatch")
+    monkeypatch.setattr(executor, "run_sbatch", never)
+    monkeypatch.setattr(executor, "partition_view", never)
+    monkeypatch.setattr(executor.proc, "require", lambda *a, **k: None)
+
+
+def test_submit_refuses_chain_jobs_and_submitit_dirs_another_user_can_write(arena, planter, no_slurm):
+    from hpc_jabas.slurm.executor import check_chain_dirs, submit
+    chain = arena / "chain"
+    chain.mkdir(mode=0o755)
+    jobs, sub = chain / "jobs", chain / "jobs" / "submitit"
+    os.chmod(chain, 0o777)
+    as_planter(planter, f"import os; os.makedirs({str(sub)!r})")          # a planted jobs/ tree
+    steps = [  # (what is wrong now, the refusal's start, the fix before the next step)
+        (f"refusing to use chain directory {str(chain)!r}: it is writable by every user (mode 0777)",
+         lambda: os.chmod(chain, 0o755)),
+        (f"refusing to use job directory {str(jobs)!r}: it is owned by uid {planter.pw_uid}",
+         lambda: (os.chown(jobs, 0, 0), os.chown(sub, 0, 0), os.chmod(sub, 0o777))),
+        (f"refusing to use submitit directory {str(sub)!r}: it is writable by every user (mode 0777)",
+         lambda: os.chmod(sub, 0o755))]
+    for say, fix in steps:
+        for method in ("submitit", "sbatch"):
+            with pytest.raises(UntrustedFileError) as e:
+                submit(_submit_spec(chain, method=method))
+            line = _one_line(e.value)
+            assert line.startswith(say), line
+        fix()
+    assert not list(chain.rglob("*.pkl")) and not list(chain.rglob("*.sbatch")) and not list(chain.rglob("*.json"))
+    check_chain_dirs(chain)                                   # all private now: the check passes (Slurm is next)
+
+
+def test_a_group_writable_chain_dir_is_trusted_only_with_trust_group(arena):
+    from hpc_jabas.slurm.executor import check_chain_dirs
+    chain = arena / "chain"
+    chain.mkdir()
+    os.chmod(chain, 0o775)
+    with pytest.raises(UntrustedFileError, match="writable by its group .*trust_group = true"):
+        check_chain_dirs(chain)
+    trust.set_trust_group(True)
+    check_chain_dirs(chain)
+    os.chmod(chain, 0o777)
+    with pytest.raises(UntrustedFileError, match="every user"):
+        check_chain_dirs(chain)
+
+
+def test_a_profile_a_second_user_planted_is_refused_as_calibration_json_is(arena, planter, capsys):
+    """``hpc-jabas plan --profile DIR`` and a job's profile_dir (check_calibration, before job_perf_model)."""
+    from hpc_jabas.cli.main import main
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.runtime.calibrate import check_calibration
+    prof = arena / "prof"
+    PerfModel.emulated(["v100"], [8, 16], 0.01, 0.001).save(prof)
+    argv = ["plan", "--batch", "32", "--gpus", "v100:2", "--profile", str(prof)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    os.chmod(prof, 0o777)
+    fake = PerfModel.emulated(["v100"], [8, 16], 9.0, 9.0).save(arena / "fake")[0]
+    as_planter(planter, f"import os, sys; os.unlink({str(prof / 'v100.json')!r}); "
+                        f"open({str(prof / 'v100.json')!r}, 'wb').write(sys.stdin.buffer.read())",
+                        Path(fake).read_bytes())
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and f"refusing to use profile directory {str(prof)!r}: it is writable by every user" \
+        in line, line
+    os.chmod(prof, 0o755)                                   # the directory fixed: the planted file itself
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert f"refusing to read profile {str(prof / 'v100.json')!r}: it is owned by uid {planter.pw_uid}" in line, line
+    with pytest.raises(UntrustedFileError, match=f"profile .*v100.json.*owned by uid {planter.pw_uid}"):
+        check_calibration(JobConfig(profile_dir=str(prof)))
+
+
+@pytest.mark.parametrize("field", ["chain_dir", "pythonpath", "job_name"])
+def test_a_control_character_in_a_path_for_the_job_script_is_refused_in_one_line(tmp_path, field, no_slurm):
+    from hpc_jabas.errors import ConfigError
+    from hpc_jabas.slurm.executor import submit
+    evil = "x\ntouch /tmp/hj-pwned"
+    kw: dict = {}
+    chain = tmp_path / "chain"
+    if field == "chain_dir":
+        chain = tmp_path / evil
+    elif field == "pythonpath":
+        kw["pythonpath"] = [str(tmp_path / evil)]
+    else:
+        kw["extra"] = {"job_name": evil}
+    for method in ("sbatch", "submitit"):
+        with pytest.raises(ConfigError) as e:
+            submit(_submit_spec(chain, method=method, **kw))
+        line = _one_line(e.value)
+        assert "holds a control character ('\\n' at position" in line and "x\\ntouch" in line, line
+    assert not any(tmp_path.rglob("*.sbatch")) and not any(tmp_path.rglob("*.pkl"))

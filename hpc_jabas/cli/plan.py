@@ -124,6 +124,8 @@ def _base_model(args, gpu_list: list[str]) -> tuple[PerfModel, str]:
         if Path(args.profile).exists() and not Path(args.profile).is_dir():
             raise ConfigError(f"--profile {args.profile!r} is not a directory; give the directory that "
                               "hpc-jabas profile --out wrote (<gpu>.json + allreduce.json)")
+        from hpc_jabas.trust import check_profile_dir
+        check_profile_dir(args.profile)             # its files steer the plans: refused when others can write them
         return PerfModel.load(args.profile), f"profile {args.profile}"
     grad = EMU_GRAD_BYTES
     if args.grad_mb is not None:

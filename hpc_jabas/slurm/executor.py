@@ -64,6 +64,7 @@ from hpc_jabas.slurm.components import (
     per_component_options,
     slurm_option,
 )
+from hpc_jabas.slurm.node_entry import NODE_ENTRY
 from hpc_jabas.slurm.sbatch import (
     JOB_ENTRY,
     SRUN_ARGS,
@@ -78,7 +79,7 @@ from hpc_jabas.slurm.sbatch import (
 )
 from hpc_jabas.slurm.text import parse_sbatch_id
 from hpc_jabas.slurm.watch import fold_state
-from hpc_jabas.trust import check_file, make_private, private_dir
+from hpc_jabas.trust import check_dir, check_file, make_private, private_dir, trust_group
 
 SBATCH_TIMEOUT_S = 60.0
 
@@ -175,6 +176,13 @@ class JabasSlurmExecutor(submitit.SlurmExecutor):
                             tasks=list(range(self.num_tasks)))
         job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
         return job
+
+    # The command each rank runs (submitit 1.5.4: ``<python> -u -m submitit.core._submit <folder>``): the same
+    # through hpc_jabas/slurm/node_entry.py, which checks the submitted pickle's owner and mode (and its
+    # directories') before submitit unpickles it.
+    @property
+    def _submitit_command_str(self) -> str:
+        return " ".join([self.python, "-u -m", NODE_ENTRY, shlex.quote(str(self.folder))])
     # ---- end of private submitit API --------------------------------------------------------------
 
 
@@ -187,8 +195,7 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
     every rank with per-rank log files. With ``spec_path`` (the spec as a JSON file), a failed step (a
     killed rank, a lost node) is resubmitted from the last good checkpoint by submitit's ``teardown`` lines
     (:func:`~hpc_jabas.slurm.sbatch.failure_teardown`), as a method-"sbatch" job script does."""
-    folder = Path(spec.chain_dir) / "jobs" / "submitit"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_dir(Path(spec.chain_dir) / "jobs" / "submitit")
     python = shlex.quote(spec.python or sys.executable)
     het = len(comps) > 1
     if het:
@@ -261,6 +268,7 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     """Submit ``run_job(spec)`` onto ``spec.mix``; append a ``submit`` event to the chain."""
     spec = normalize(spec, method)
     check_extra(spec)                    # account, qos, sbatch_args and the numbers: refused before Slurm sees them
+    check_chain_dirs(spec.chain_dir)     # what the job will run is read from there: only this user may write it
     sub_env = submission_env(env)
     proc.require(("sbatch", "srun"), sub_env)
     pt = (spec.config.get("autoscale") or {}).get("partition_types") if isinstance(spec.config, dict) else None
@@ -275,6 +283,8 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
         # the spec as submitted, for whoever re-plans a job that pends on unavailable nodes (slurm/replan.py)
         spec_dir = private_dir(Path(spec.chain_dir) / "jobs" / "submitit")
         spec_path = make_private(spec.save(spec_dir / f"spec-{uuid.uuid4().hex[:12]}.json"))
+        old_umask = os.umask(0o077)      # the pickle and script submitit writes: no group/world write (node_entry)
+        os.umask(old_umask | (0o002 if trust_group() else 0o022))
         try:
             job = cast(JabasSlurmJob, make_executor(spec, comps, sub_env, spec_path).submit(EntryPoint(), spec))
         except JabasError:
@@ -282,6 +292,8 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
         except Exception as e:   # submitit's own errors (bad parameters, submission failures)
             raise SlurmError("submitit could not submit the job: "
                              f"{proc.first_line(str(e)) or type(e).__name__}") from None
+        finally:
+            os.umask(old_umask)
         job_id = str(job.job_id)
     else:
         job_id, script, spec_path = _submit_sbatch(spec, comps, sub_env)
@@ -290,6 +302,17 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
                     by=f"job {inside}" if inside else "user", spec=str(spec_path),
                     script=str(script) if script else str(job.paths.submission_file) if job else "")
     return Submission(job_id, spec.method, dict(spec.mix), job=job, script=script)
+
+
+def check_chain_dirs(chain_dir: str | Path) -> None:
+    """Refuse (UntrustedFileError, one line naming the directory) a chain directory, its ``jobs/`` or its
+    ``jobs/submitit/`` that another user owns or can write, or one with such a directory above it (up to the
+    home directory, else ``/``; hpc_jabas/trust.py): the job specs, job scripts and the pickle submitit runs on
+    the node are written there and read back by the job."""
+    c = Path(chain_dir)
+    for d, what in ((c, "chain directory"), (c / "jobs", "job directory"),
+                    (c / "jobs" / "submitit", "submitit directory")):
+        check_dir(d, what)
 
 
 def submit_job(spec: JobSpec, *, method: str | None = None) -> str:

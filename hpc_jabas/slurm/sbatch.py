@@ -25,7 +25,7 @@ from pathlib import Path
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.components import Component, extra, extra_args, het_groups, per_component_options, slurm_option
-from hpc_jabas.trust import TRUST_GROUP_ENV
+from hpc_jabas.trust import TRUST_GROUP_ENV, refuse_control_chars
 
 METHODS = ("submitit", "sbatch")
 ROOT = Path(__file__).resolve().parents[2]        # the directory holding the hpc_jabas package
@@ -88,13 +88,24 @@ def job_pythonpath(spec: JobSpec) -> list[str]:
 
 
 def normalize(spec: JobSpec, method: str | None) -> JobSpec:
-    """The spec with its method checked and its paths and interpreter made absolute."""
+    """The spec with its method checked and its paths and interpreter made absolute. Every path and name that
+    goes into a job script (chain_dir, pythonpath, python, the working directory, job_name) is refused in one
+    line when it holds a control character: a newline would end the ``# hpc-jabas chain ...`` comment or an
+    ``#SBATCH`` line and start a shell command."""
     method = method or spec.method
     if method not in METHODS:
         raise ConfigError(f"method {method!r} is unknown; valid: {', '.join(METHODS)}")
-    return dataclasses.replace(spec, method=method, chain_dir=str(Path(spec.chain_dir).resolve()),
-                               pythonpath=[str(Path(p).resolve()) for p in spec.pythonpath],
-                               python=spec.python or sys.executable)
+    refuse_control_chars(str(spec.chain_dir), "chain_dir")
+    for p in spec.pythonpath:
+        refuse_control_chars(str(p), "pythonpath entry")
+    refuse_control_chars(spec.python or sys.executable, "python")
+    out = dataclasses.replace(spec, method=method, chain_dir=str(Path(spec.chain_dir).resolve()),
+                              pythonpath=[str(Path(p).resolve()) for p in spec.pythonpath],
+                              python=spec.python or sys.executable)
+    refuse_control_chars(str(out.chain_dir), "chain_dir (resolved)")
+    refuse_control_chars(str(workdir(out)), "the working directory")
+    refuse_control_chars(str(extra(out, "job_name", "hpc-jabas")), "job_name")
+    return out
 
 
 #: Slurm 22.05: srun of a heterogeneous step can hang for ever in the PMIx plugin's abort agent
@@ -222,7 +233,7 @@ def het_srun_python(comps: Sequence[Component], python: str, folder: str | Path,
                     srun_args: Sequence[str] = SRUN_ARGS) -> str:
     """The "python" command that submitit runs for a heterogeneous job (``use_srun=False``):
     ``hj_srun srun --unbuffered --het-group=0,..,k <srun_args> bash -c '<exec, logs per rank>' <python>``;
-    submitit appends ``-u -m submitit.core._submit <folder>``. Each rank writes its own
+    the executor appends ``-u -m hpc_jabas.slurm.node_entry <folder>`` (executor.py). Each rank writes its own
     ``<folder>/<job id>_<global rank>_log.{out,err}``, the names submitit reads (srun's ``%t`` in a
     het step is the rank inside the component, not the global one). ``python``: one shell word."""
     log = shlex.quote(str(folder)) + '/"$SLURM_JOB_ID"_"$SLURM_PROCID"_log'
