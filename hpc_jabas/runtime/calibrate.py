@@ -20,14 +20,17 @@ from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibr
 from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.trust import check_file, make_private
+from hpc_jabas.trust import check_file, check_profile_dir, make_private
 
 log = get_logger(__name__)
 
 
 def check_calibration(cfg: Any) -> None:
     """Before ``core.perfmodel.job_perf_model`` (pure: no owner checks there) reads ``cfg``'s run's
-    ``calibration.json``: refused (UntrustedFileError) when another user owns it or others may write it."""
+    ``calibration.json`` and the files of its ``profile_dir``: refused (UntrustedFileError) when another user
+    owns them or others may write them."""
+    if getattr(cfg, "profile_dir", None):
+        check_profile_dir(cfg.profile_dir)
     run_dir = getattr(cfg, "run_dir", None)
     if getattr(cfg, "calibrate", False) and isinstance(run_dir, str):
         check_file(os.path.join(run_dir, CALIBRATION_FILE), "calibration")
@@ -50,6 +53,8 @@ class Calibrator:
         """The calibrated view (built once; what ``trainer.perf_model()`` returns)."""
         if self.view is None:
             cfg, types = self.tr.cfg, self.tr.gpu_types
+            if getattr(cfg, "profile_dir", None):
+                check_profile_dir(cfg.profile_dir)      # as calibration.json: refused when others can write it
             self.base = job_perf_model(cfg, types, calibrated=False)
             b = self.base
             self.view = PerfModel(dict(b.profiles), b.allreduce, b.grad_bytes, b.overlap)
