@@ -40,7 +40,7 @@ Pure: numpy only.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,3 +215,22 @@ def _plan_of(sizes: list[list[int]], bs: tuple[int, ...]) -> Plan:
     xs = [sum(m) for m in sizes]
     b = [max(m) if m else bs[i] for i, m in enumerate(sizes)]
     return Plan(tuple(b), tuple(-(-x // v) for x, v in zip(xs, b)), tuple(xs))
+
+
+def split_single_micro(micro: Sequence[Sequence[IndexArray]], rank: int, mine: Sequence[IndexArray],
+                       halves: Sequence[int] | None, min_half: int = 1
+                       ) -> tuple[tuple[IndexArray, ...], tuple[int, ...] | None]:
+    """A measuring iteration whose whole plan is one micro-batch (one GPU, B <= b) has no second half to
+    compare: that micro-batch runs as two, labelled half 0 and half 1, so the similarity and the noise scale
+    are measured on one GPU too. The summed gradient, and so the update, is the same (the samples are the
+    same; a model with batch-coupled layers such as BatchNorm sees smaller micro-batches, so each half must
+    hold at least ``min_half`` samples, else nothing is split and the iteration measures nothing).
+    ``micro``: every rank's micro-batches (IterationBatch.micro); ``mine``, ``halves``: this rank's."""
+    labels = None if halves is None else tuple(halves)
+    if sum(len(m) for m in micro) != 1 or len(mine) != 1:
+        return tuple(mine), labels
+    idx = mine[0]
+    if len(idx) // 2 < max(1, int(min_half)):
+        return tuple(mine), labels
+    h = (len(idx) + 1) // 2
+    return (idx[:h], idx[h:]), (0, 1)
