@@ -47,7 +47,8 @@ def _files(*globs: str) -> list[Path]:
 CITING = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "tests/**/*.py", "bench/**/*.py", "bench/*.md",
                 "scripts/*", "examples/*.py", "README.md", "docs/*.md", "slurm/**/*.md", "Makefile")
 CITING = [p for p in CITING if p != Path(__file__).resolve()]      # this file names missing files on purpose
-NO_TRACKER = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "docs/*.md", "examples/*.py", "README.md")
+NO_TRACKER = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "docs/*.md", "examples/*.py", "README.md",
+                    "bench/*.md")
 
 
 def missing_md_refs(path: Path, root: Path = ROOT) -> list[tuple[str, str]]:
@@ -118,3 +119,21 @@ def test_the_checks_see_a_violation(tmp_path, text, missing, tracker):
     f.write_text(text)
     assert [r for _, r in missing_md_refs(f, tmp_path)] == missing
     assert [r.lower() for _, r in tracker_refs(f, tmp_path)] == tracker
+
+
+def test_bench_is_a_package_that_make_bench_lists_in_full():
+    """Every benchmark script is in the Makefile's BENCHES (run as ``python -m bench.NAME``) and has a row in
+    bench/RESULTS.md's current table; no file under bench/ edits sys.path."""
+    make = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    listed = re.search(r"^BENCHES\s*:=(.*)$", make, re.M)
+    assert listed, "the Makefile has no BENCHES list"
+    names = listed.group(1).split()
+    scripts = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
+    assert sorted(names) == scripts, (names, scripts)
+    assert "$(PY) -m bench.$$b" in make, "make bench runs each benchmark as a module"
+    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    table = results[results.index("## Current results"):results.index("## Run log")]
+    rows = re.findall(r"^\| `bench\.(\w+)[^`]*` \|", table, re.M)
+    assert set(rows) == set(scripts), (rows, scripts)
+    edits = [str(p.relative_to(ROOT)) for p in (ROOT / "bench").rglob("*.py") if "sys.path" in p.read_text()]
+    assert edits == [], edits
