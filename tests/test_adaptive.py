@@ -62,7 +62,8 @@ def test_decisions_apply_everywhere_at_the_announced_iteration(runs, k):
         if r["it"] in {4, 9, 14, 19, 24, 29} and "stats" not in r:
             assert r["samples"] < r["B"]      # a shrunk tail iteration
     if policy == "similarity":
-        assert all(-1.0 <= r["stats"]["similarity"] <= 1.0 for r in its if "stats" in r)
+        # (the measured values themselves: tests/test_one_gpu_stats.py checks them against per-sample
+        # gradients by hand)
         for d in decisions:
             sim, before = d["stats"]["similarity"], d["stats"]["B_before"]
             if sim is not None:
@@ -72,7 +73,11 @@ def test_decisions_apply_everywhere_at_the_announced_iteration(runs, k):
         from hpc_jabas.core.config import JobConfig
         from hpc_jabas.core.perfmodel import job_perf_model
         from hpc_jabas.core.planning import job_batch_space
-        from hpc_jabas.core.policy import goodput
+
+        def goodput(B, t_iter, b_noise, B0):
+            """Pollux's goodput, written out here as the reference (not the project's core.stats.goodput):
+            throughput B / t times the statistical efficiency (b_noise + B0) / (b_noise + B)."""
+            return B / t_iter * (b_noise + B0) / (b_noise + B)
         cfg = JobConfig(batch=32, batch_min=16, batch_max=96, **{k: v for k, v in ADAPTIVE.items()
                                                                   if k not in ("batch_min", "batch_max")})
         gpus = ["v100"] * 3

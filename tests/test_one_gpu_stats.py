@@ -67,3 +67,40 @@ def test_one_gpu_measures_both_statistics_and_matches_one_big_batch(tmp_path, po
     got = tr.model.state_dict()
     worst = max(float((got[k] - ref[k]).abs().max()) for k in ref)
     assert worst < 1e-9, worst
+
+
+def test_measured_statistics_equal_a_per_sample_computation_by_hand(tmp_path):
+    """The trainer's similarity, |g|^2 and micro-batch |g_m|^2 at a measured iteration, against per-sample
+    gradients taken one sample at a time with autograd (an independent reference for runtime/gradstats.py)."""
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.planning import Plan
+    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.runtime.trainer import Trainer
+    from hpc_jabas.runtime.world import World
+
+    n, B = 32, 16
+    ds = make_data(n)
+    cfg = JobConfig(policy="similarity", batch=B, batch_min=8, batch_max=64, epochs=1, checkpoint=False, p=1,
+                    lr_rule="none", run_dir=str(tmp_path / "run"))
+    trained = make_model()
+    tr = Trainer(trained, torch.optim.SGD(trained.parameters(), lr=0.05), ds, torch.nn.CrossEntropyLoss(),
+                 config=cfg, world=World(rank=0, size=1, gpu_types=("v100",)))
+    tr.fit()
+    recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in recs if r["type"] == "iteration" and r["it"] == 0)
+    got = first["stats"]
+    # the same samples, from a fresh sampler and the initial weights
+    idx = HeterogeneousSampler(n, seed=cfg.seed, tail=cfg.tail).next(Plan.parse(first["plan"])).all_indices()
+    model = make_model()
+    X, y = ds.tensors
+    per_sample = []
+    for i in idx:
+        loss = torch.nn.functional.cross_entropy(model(X[i:i + 1]), y[i:i + 1])
+        per_sample.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, list(model.parameters()))]))
+    G = torch.stack(per_sample)
+    h0, h1 = G[: B // 2].mean(0), G[B // 2:].mean(0)
+    cos = float(h0 @ h1 / (h0.norm() * h1.norm()))
+    assert got["half_samples"] == [B // 2, B // 2]
+    assert got["similarity"] == pytest.approx(cos, rel=1e-9, abs=1e-12)
+    assert got["sq_global"] == pytest.approx(float(G.mean(0).pow(2).sum()), rel=1e-9)
+    assert got["sq_micro"] == pytest.approx(float((h0.pow(2).sum() + h1.pow(2).sum()) / 2), rel=1e-9)
