@@ -7,11 +7,14 @@ decision protocol's, the epoch-end hook's and the calibration's states, and the 
 writes the file (runtime/checkpoint.py: atomic, checksummed, readable by ``torch.load(weights_only=True)``),
 every rank resumes from the one rank 0 found.
 
-RNG states: torch's CPU generator, numpy and Python's ``random`` are rank 0's (restored on every
-rank). The CUDA generators are per rank: ``st["rng"]["cuda"]`` is the list of every rank's
-``torch.cuda.get_rng_state()`` of its device (gathered to rank 0 when the checkpoint is written),
-and rank r restores entry r on resume (a rank beyond the saved list keeps its own). On CPU-only
-jobs it is None: there is no CUDA state to save. Before every checkpoint the BatchNorm running
+RNG states are per rank: ``st["rng"]["ranks"]`` is the list of every rank's own generators (torch's CPU
+generator, numpy's, Python's ``random`` and, with CUDA, every device's ``torch.cuda.get_rng_state_all()``),
+gathered to rank 0 when the checkpoint is written; rank r restores entry r on resume, so dropout, CPU-side
+augmentation and any other draw continue on every rank exactly as without the interruption. A rank beyond
+the saved list (a resume on more ranks) keeps its own generators. ``st["rng"]["torch"/"numpy"/"python"]``
+(rank 0's) and ``["cuda"]`` (one state per rank, of its current device; None on CPU-only jobs) are kept as
+well, as checkpoints of earlier versions held them: such a checkpoint (no "ranks") restores rank 0's CPU
+states on every rank, as those versions did, and says so once. Before every checkpoint the BatchNorm running
 buffers are averaged over the ranks (runtime/batchnorm.py), so the checkpoint holds the job's.
 """
 from __future__ import annotations
@@ -62,6 +65,46 @@ def gather_cuda_rng() -> list[torch.Tensor | None] | None:
     return None if all(s is None for s in states) else states
 
 
+def rng_states() -> dict[str, Any]:
+    """This rank's own generators: torch's CPU one, numpy's, Python's ``random`` and every CUDA device's."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda_all": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def gather_rng() -> list[dict[str, Any]]:
+    """Collective: every rank's :func:`rng_states`, in rank order."""
+    return list(comm.allgather_object(rng_states(), name="hj.rng"))
+
+
+def restore_rng(rng: dict[str, Any], rank: int) -> str:
+    """This rank's generators from a checkpoint's ``rng`` entry: its own when the checkpoint holds them
+    ("own"), rank 0's CPU states for a checkpoint of an earlier version ("rank 0"); "kept" for a rank beyond
+    the saved ranks. The CUDA states per device, or the older per-rank current-device one."""
+    ranks = rng.get("ranks")
+    if ranks is not None:
+        if rank >= len(ranks):
+            return "kept"
+        mine = ranks[rank]
+        torch.set_rng_state(torch.as_tensor(mine["torch"], dtype=torch.uint8))
+        np.random.set_state(tuple(mine["numpy"]))
+        random.setstate(_py_state(mine["python"]))
+        if mine.get("cuda_all") is not None and torch.cuda.is_available():
+            states = [torch.as_tensor(x, dtype=torch.uint8).cpu() for x in mine["cuda_all"]]
+            torch.cuda.set_rng_state_all(states[:torch.cuda.device_count()])
+        return "own"
+    torch.set_rng_state(rng["torch"])
+    np.random.set_state(rng["numpy"])
+    random.setstate(_py_state(rng["python"]))
+    restore_cuda_rng(rng.get("cuda"), rank)
+    return "rank 0"
+
+
+def _py_state(st: Any) -> tuple:
+    """Python's ``random`` state as ``random.setstate`` takes it (a checkpoint may hold its tuples as lists)."""
+    version, internal, gauss = st
+    return (version, tuple(internal), gauss)
+
+
 def restore_cuda_rng(states: list | None, rank: int) -> bool:
     """Rank ``rank``'s saved CUDA generator state back into its device; False when there is none to restore."""
     if not states or not torch.cuda.is_available() or rank >= len(states) or states[rank] is None:
@@ -104,10 +147,15 @@ class Checkpointer:
         return len(self.gpu_types)
 
     # ---- the state --------------------------------------------------------------------------
-    def state_dict(self, cuda_rng: list | None = None) -> dict[str, Any]:
-        """``cuda_rng``: every rank's CUDA RNG state (gather_cuda_rng); by default this rank's only."""
+    def state_dict(self, cuda_rng: list | None = None, ranks_rng: list[dict] | None = None) -> dict[str, Any]:
+        """``ranks_rng``: every rank's generators (gather_rng); by default this rank's only (a one-rank view).
+        ``cuda_rng``: every rank's current-device CUDA state (what earlier versions read); by default from
+        ``ranks_rng``."""
+        if ranks_rng is None:
+            ranks_rng = [rng_states()]
         if cuda_rng is None and torch.cuda.is_available():
-            cuda_rng = [cuda_rng_state()]
+            cuda_rng = [r["cuda_all"][torch.cuda.current_device()] if r.get("cuda_all") else None
+                        for r in ranks_rng]
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 **self.state.state_dict(),       # sampler, iteration, B, plan, lr_scale, pending
@@ -117,7 +165,7 @@ class Checkpointer:
                 "lifecycle": self.hook.state_dict() if self.hook is not None else None,
                 "calibration": self.calibration.state_dict() if self.calibration is not None else None,
                 "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                        "cuda": cuda_rng}}
+                        "cuda": cuda_rng, "ranks": ranks_rng}}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         self.model.load_state_dict(st["model"])
@@ -133,10 +181,11 @@ class Checkpointer:
             self.decisions.load_state_dict(st.get("decisions") or {})
         if self.calibration is not None:
             self.calibration.load_state_dict(st.get("calibration"))
-        torch.set_rng_state(st["rng"]["torch"])
-        np.random.set_state(st["rng"]["numpy"])
-        random.setstate(st["rng"]["python"])
-        restore_cuda_rng(st["rng"].get("cuda"), self.rank)
+        how = restore_rng(st["rng"], self.rank)
+        if how == "rank 0" and self.rank == 0:
+            log.warning("this checkpoint (an earlier hpc-jabas version) holds rank 0's random generators only: "
+                        "every rank continues from them, so random draws (dropout) differ from an "
+                        "uninterrupted run")
 
     # ---- saving -----------------------------------------------------------------------------
     def average_buffers(self, samples_local: int) -> bool:
@@ -158,11 +207,12 @@ class Checkpointer:
                              f"finite numbers; stopped without checkpointing them "
                              f"({last_checkpoint_name(self.ckpt_dir, self.enabled)}); lower the learning rate, check "
                              "the data, or use clip_grad_norm", self.rank)
-        cuda_rng = gather_cuda_rng() if self.enabled else None
+        ranks_rng = gather_rng() if self.enabled else None
         path = None
         self.saved_at = time.time()
         if self.rank == 0 and self.enabled:
-            path = ckpt.save_in(self.ckpt_dir, self.state_dict(cuda_rng), self.state.epoch, it, keep=self.keep)
+            path = ckpt.save_in(self.ckpt_dir, self.state_dict(ranks_rng=ranks_rng), self.state.epoch, it,
+                                keep=self.keep)
         return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
 
     def save_hook_state(self, checkpoint: str | None) -> None:
