@@ -298,3 +298,125 @@ def test_small_clusters_are_priced_whole_and_listed():
     ch = search({"v100": 1}, free, TYPES, fn, {"a100": 4.0, "v100": 2.0}, "cost", 0.0, Bound(SAMPLES, peak), max_gpus=8,
                 brute_max=0)
     assert "nodes" in ch.reason and len(ch.table) <= 11
+
+
+# ---- the search's parts, each on its own (core/mixsearch.py: Problem, Memo, NodeBound, Frontier, Incumbent)
+
+def _problem(free, peak, rates, fn=None, objective="time", max_gpus=8, min_gpus=1, maxp=None, floor=None,
+             current=None, R=1.0, overhead=0.0, **kw):
+    floor = floor or {}
+    bound = Bound(SAMPLES, peak, lambda n: max(5, 30 - 2 * n), lambda n: 0.05 * math.log2(n + 1), floor)
+    fn = fn or synthetic(peak, 0.05, lambda n: max(5, 30 - 2 * n), {p: 0.1 for p in peak}, floor)
+    counts = partition_counts(free, TYPES, max_gpus)
+    return mixsearch.Problem(counts, current or {}, fn, rates, objective, overhead, bound, R, max_gpus, min_gpus,
+                             maxp, **kw)
+
+
+@settings(max_examples=25, deadline=None)
+@given(free=st.lists(st.integers(0, 5), min_size=3, max_size=3), peak=st.lists(st.floats(0.5, 8.0), min_size=3,
+       max_size=3), rate=st.lists(st.floats(0.1, 5.0), min_size=3, max_size=3),
+       floor=st.lists(st.sampled_from([0.0, 20.0, 200.0]), min_size=3, max_size=3), min_gpus=st.integers(1, 4),
+       maxp=st.sampled_from([None, 1, 2]))
+def test_node_bound_is_below_every_mix_of_the_subtree(free, peak, rate, floor, min_gpus, maxp):
+    """NodeBound.children: a child's A (seconds of one epoch) and C (cost x 3600) are at most Bound.mix_s and
+    Bound.mix_s x rate of every mix below it, at the first two levels of the tree (reference: Bound.mix_s)."""
+    parts = NAMES[:3]
+    pb = _problem({p: f for p, f in zip(parts, free)}, dict(zip(parts, peak)), dict(zip(parts, rate)),
+                  max_gpus=8, min_gpus=min_gpus, maxp=maxp, floor=dict(zip(parts, floor)))
+    if not pb.counts:
+        return
+    tables = mixsearch.Tables(pb)
+    order = tables.order("cost")
+    nb = mixsearch.NodeBound(pb, tables, order, need_cost=True)
+    mixes = all_mixes(pb.counts, pb.max_gpus, min_gpus, maxp)
+    checked = 0
+
+    def check(ch, fixed):
+        nonlocal checked
+        for c, k in enumerate(ch.K.tolist()):
+            below = [m for m in mixes if all(m.get(p, 0) == x for p, x in zip(order, fixed + (k,)))]
+            for m in below:
+                L = pb.bound.mix_s(m)
+                assert ch.A[c] <= L * (1 + 1e-12)
+                assert ch.C[c] <= L * autoscale.mix_rate(m, pb.rates) * (1 + 1e-12) + 1e-12
+                checked += 1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        root = nb.children(0, 0, 0.0, 0.0, 0.0, 0)         # None only when no mix reaches min_gpus
+        assert root is not None or not mixes
+        if root is None:
+            return
+        check(root, ())
+        for c, k in enumerate(root.K.tolist()):
+            if len(order) > 1:
+                sub = nb.children(1, k, float(root.th[c]), float(root.rr[c]), root.fl_first if c == 0 else root.fmax,
+                                  1 if k else 0)
+                if sub is not None:
+                    check(sub, (k,))
+    assert checked >= len(mixes)
+
+
+def test_memo_asks_each_mix_once_and_keeps_its_totals():
+    calls, waits = [], []
+
+    def fn(m):
+        calls.append(dict(m))
+        if "p100" in m:
+            raise mixsearch.InfeasibleError("p100 does not fit")
+        return 100.0 * sum(m.values())
+    pb = _problem({"a100": 4, "v100": 4, "p100": 2}, {"a100": 4.0, "v100": 2.0, "p100": 1.0},
+                  {"a100": 3.0, "v100": 1.5, "p100": 1.0}, fn=fn, current={"v100": 1}, R=2.0, overhead=30.0,
+                  wait_fn=lambda m: waits.append(dict(m)) or 7.0)
+    memo = mixsearch.Memo(pb)
+    assert memo.price((("a100", 2),)) == (2 * 200.0 + 30.0 + 7.0, 2 * 200.0 * 6.0 / 3600 + 30.0 / 3600 * 6.0)
+    assert memo.price((("a100", 2),)) is not None and len(calls) == 1 and len(waits) == 1
+    assert memo.priced[(("a100", 2),)] == (437.0, pytest.approx(2 * 200.0 * 6.0 / 3600 + 30.0 * 6.0 / 3600), 2)
+    assert memo.price((("v100", 1),)) == (200.0, 2 * 100.0 * 1.5 / 3600)     # staying: no move, no queue
+    assert memo.price((("p100", 1),)) is None and memo.price((("p100", 1),)) is None
+    assert len(calls) == 3 and (("p100", 1),) not in memo.priced and memo.work.evals == 3 and memo.work.waits == 1
+    with pytest.raises(mixsearch.InfeasibleError):
+        memo.epoch_s({"p100": 1})
+    assert len(calls) == 3
+
+
+def test_incumbent_keeps_the_least_rank_and_prunes_strictly():
+    inc = mixsearch.Incumbent()
+    assert not inc.beaten(1e300) and not inc.tied_and_worse(1.0, 1.0)
+    assert inc.offer((("a", 1),), (10.0, 5.0, 1, (("a", 1),)))
+    assert not inc.offer((("b", 1),), (10.0, 6.0, 1, (("b", 1),)))      # worse secondary
+    assert inc.offer((("b", 2),), (10.0, 4.0, 2, (("b", 2),))) and inc.key == (("b", 2),)
+    assert not inc.beaten(10.0) and not inc.beaten(10.0 * (1 + 1e-10)) and inc.beaten(10.001)
+    assert inc.tied_and_worse(10.0, 4.1) and not inc.tied_and_worse(10.0, 4.0) and not inc.tied_and_worse(9.9, 9.0)
+
+
+def test_frontier_pops_by_key_then_depth():
+    fr = mixsearch.Frontier()
+    a = fr.add(mixsearch.Chain(1, (), [0, 1], [3.0, 5.0], [0.0, 0.0], None, None, None, 0.0, 0.0, None, 0))
+    b = fr.add(mixsearch.Chain(2, (1,), [0], [3.0], [0.0], None, None, None, 0.0, 0.0, None, 1))
+    assert fr.least() == math.inf and not fr
+    fr.push(a, 1)
+    fr.push(a, 0)
+    fr.push(b, 0)
+    assert fr.least() == 3.0 and len(fr) == 3
+    assert [fr.pop() for _ in range(3)] == [(3.0, b, 0), (3.0, a, 0), (5.0, a, 1)]     # deeper first on ties
+    fr.push(a, 1)
+    fr.clear()
+    assert not fr and fr.least() == math.inf
+
+
+def test_tree_search_state_after_an_exact_run():
+    """A run's parts after it ends: its incumbent is brute force's best mix, priced in the memo; nothing on
+    the frontier could beat it; no cap cut it (unexplored: inf)."""
+    peak = {"a100": 4.0, "v100": 2.0, "p100": 1.0}
+    rates = {"a100": 4.0, "v100": 1.0, "p100": 0.3}
+    pb = _problem({"a100": 3, "v100": 5, "p100": 6}, peak, rates, objective="cost", max_gpus=10, min_gpus=2)
+    for primary in ("time", "cost"):
+        ts = mixsearch.TreeSearch(pb, mixsearch.Memo(pb), primary, None)
+        key, unexplored = ts.run()
+        mixes = all_mixes(pb.counts, 10, 2)
+        ref = min(mixes, key=lambda m: ((pb.epoch_time_fn(m), autoscale.price(m, pb.epoch_time_fn, rates).cost)
+                                        if primary == "time" else (autoscale.price(m, pb.epoch_time_fn, rates).cost,
+                                                                   pb.epoch_time_fn(m)), sum(m.values())))
+        assert dict(key) == ref and key in ts.memo.priced and ts.best.key == key
+        assert unexplored == math.inf and not ts.memo.work.cut
+        assert ts.best.beaten(ts.frontier.least()) or not ts.frontier
+        assert 0 < ts.memo.work.evals <= len(mixes) and ts.memo.work.nodes > 0

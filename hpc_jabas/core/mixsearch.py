@@ -60,6 +60,13 @@ random clusters of <= 4 partitions of <= 8 GPUs (the hypothesis test's) typicall
 <= ~120 pricings; degenerate ties (equal speeds and rates) and queue waits (bounded by 0) can take many
 more. A node whose primary bound ties the best and whose secondary bound is worse is skipped too (the
 ranking is lexicographic). bench/autoscale_search.py shows the 4,096-GPU figures.
+
+The parts, each readable and tested on its own: :class:`Problem` (one decision's checked inputs),
+:class:`Memo` (epoch_time_fn and wait_fn asked once per mix, the priced mixes' totals, the :class:`Work`
+done), :class:`Tables` (per-partition arrays), :class:`NodeBound` (the key of a node's children, tabulated
+per level), :class:`Frontier` (the sorted chains and the heap), :class:`Incumbent` (the best mix and the
+pruning tests) and :class:`TreeSearch` (one run: seed, expand, dive); :func:`decide` runs it and hands
+the shortlist to ``choose``.
 """
 from __future__ import annotations
 
@@ -67,7 +74,8 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -160,6 +168,494 @@ def _linear_order(parts: list[str], key: Callable[[str], float]) -> list[str]:
     return sorted(parts, key=lambda p: (key(p), p))
 
 
+Key = tuple[tuple[str, int], ...]          # a mix as sorted (partition, count) pairs
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One decision's inputs, checked once by :func:`search`: what every part of the search reads."""
+
+    counts: dict[str, list[int]]           # partition -> its allowed counts (partition_counts)
+    current: dict[str, int]                # the current mix, zero counts dropped, by partition name
+    epoch_time_fn: EpochTimeFn
+    rates: Mapping[str, float]
+    objective: str                         # one of OBJECTIVES
+    overhead: float                        # restart overhead, seconds
+    bound: Bound
+    R: float                               # remaining epochs
+    max_gpus: int
+    min_gpus: int = 1
+    maxp: int | None = None                # most partitions in a mix
+    margin: float = 0.05
+    budget: float | None = None
+    deadline_s: float | None = None
+    wait_fn: WaitFn | None = None
+    max_queue_wait_s: float | None = None
+    max_nodes: int = MAX_NODES
+    max_evals: int = MAX_EVALS
+    max_waits: int = MAX_WAITS
+
+    @property
+    def current_key(self) -> Key:
+        return tuple(self.current.items())
+
+    def limit(self) -> tuple[str, float] | None:
+        """("cost", budget) or ("time", deadline) when the objective has a limit, else None."""
+        if self.objective == "time-under-budget" and isinstance(self.budget, (int, float)):
+            return "cost", float(self.budget)
+        if self.objective == "cost-under-deadline" and isinstance(self.deadline_s, (int, float)):
+            return "time", float(self.deadline_s)
+        return None
+
+
+@dataclass
+class Work:
+    """What a search did: node visits, epoch_time_fn and wait_fn calls, whether a cap cut it."""
+
+    nodes: int = 0
+    evals: int = 0
+    waits: int = 0
+    cut: bool = False
+
+
+class Memo:
+    """The priced mixes: epoch_time_fn and wait_fn asked once per mix, each mix's totals kept (``priced``).
+
+    ``epochs``: key -> seconds, None or the InfeasibleError it raised; ``waits``: key -> seconds or None;
+    ``priced``: key -> (total time, total cost, GPUs) of every mix that could run."""
+
+    def __init__(self, pb: Problem, work: Work | None = None) -> None:
+        self.pb = pb
+        self.work = work if work is not None else Work()
+        self.epochs: dict[Key, Any] = {}
+        self.waits: dict[Key, float | None] = {}
+        self.priced: dict[Key, tuple[float, float, int]] = {}
+
+    def epoch_s(self, mix: Mix) -> float | None:
+        """epoch_time_fn(mix), asked once (choose re-prices the shortlist without a new call)."""
+        k = tuple(sorted(mix.items()))
+        if k not in self.epochs:
+            try:
+                self.epochs[k] = self.pb.epoch_time_fn(dict(mix))
+            except InfeasibleError as e:
+                self.epochs[k] = e
+        v = self.epochs[k]
+        if isinstance(v, InfeasibleError):
+            raise v
+        return v  # type: ignore[no-any-return]
+
+    def wait_s(self, mix: Mix) -> float | None:
+        """wait_fn(mix), asked once (None without a wait_fn)."""
+        k = tuple(sorted(mix.items()))
+        if k not in self.waits:
+            self.waits[k] = None if self.pb.wait_fn is None else self.pb.wait_fn(dict(mix))
+        return self.waits[k]
+
+    def price(self, key: Key, beat: tuple[int, float] | None = None) -> tuple[float, float] | None:
+        """(total time, total cost) of a mix, or None when infeasible or it cannot start; kept in ``priced``.
+        The wait is asked only when the mix could still win: ``beat`` = (0: time, 1: cost; the best so far)."""
+        if key not in self.epochs:
+            self.work.evals += 1
+        tc = self._totals(key, beat)
+        if tc is not None:
+            self.priced[key] = (tc[0], tc[1], sum(n for _, n in key))
+        return tc
+
+    def _totals(self, key: Key, beat: tuple[int, float] | None) -> tuple[float, float] | None:
+        pb, mix = self.pb, dict(key)
+        est = price(mix, self.epoch_s, pb.rates)
+        if not est.feasible or est.time_s is None or est.cost is None:
+            return None
+        stay = key == pb.current_key
+        move = 0.0 if stay else pb.overhead
+        t = pb.R * est.time_s + move
+        c = pb.R * est.cost + move / 3600.0 * est.rate_per_hour
+        if pb.wait_fn is not None and not stay:
+            if beat is not None and (t, c)[beat[0]] > beat[1] * (1 + _REL) + 1e-12:
+                return t, c                       # cannot win even with no wait: leave the queue alone
+            if key not in self.waits:
+                if self.work.waits >= pb.max_waits:
+                    self.work.cut = True
+                    return None
+                self.work.waits += 1
+            w = self.wait_s(mix)
+            if w is None or (pb.max_queue_wait_s is not None and w > pb.max_queue_wait_s):
+                return None
+            t += w
+        return t, c
+
+
+class Tables:
+    """Per partition: peak, floor, rate of one GPU, allowed counts (ascending array and list), their
+    stride (u when the counts are 0, u, 2u, ...: lookups become strided views; else 0) and per count its
+    sum of peaks and its rate; per GPU count 0..max_gpus the bound's tail and fewest iterations."""
+
+    def __init__(self, pb: Problem) -> None:
+        counts, bound = pb.counts, pb.bound
+        self.parts = list(counts)
+        self.peak = {p: float(bound.peak[p]) for p in self.parts}
+        self.floor = {p: float(bound.floor.get(p, 0.0)) for p in self.parts}
+        self.count_arr = {p: np.array(counts[p], dtype=np.int64) for p in self.parts}
+        self.count_list = {p: [int(c) for c in counts[p]] for p in self.parts}
+        self.step = {p: (cl[1] if len(cl) > 1 and cl == list(range(0, cl[-1] + 1, cl[1])) else 0)
+                     for p, cl in self.count_list.items()}
+        self.rate = {p: float(mix_rate({p: 1}, pb.rates)) for p in self.parts}
+        self.peak_k = {p: self.count_arr[p] * self.peak[p] for p in self.parts}
+        self.rate_k = {p: self.count_arr[p] * self.rate[p] for p in self.parts}
+        self.tail = np.array([bound.tail(max(n, 1)) if bound.tail is not None else 0.0
+                              for n in range(pb.max_gpus + 1)])
+        self.iters = bound.iters_table(pb.max_gpus)
+
+    def order(self, primary: str) -> list[str]:
+        """The tree's partition order: fastest first (time), cheapest per sample first (cost)."""
+        if primary == "time":
+            return _linear_order(self.parts, lambda p: -self.peak[p])
+        return _linear_order(self.parts, lambda p: self.rate[p] / self.peak[p])
+
+
+class Level(NamedTuple):
+    """The bound's tables for the partitions from one tree level on, one row per floor threshold f."""
+
+    fs: Any                  # the thresholds (array)
+    fs_list: list[float]     # the same, a list (bisect)
+    fill: Any                # F(room) for room = 0..max_gpus: the most sum peak * count with <= room GPUs
+    iters: Any               # per f and GPU count m: iters(min(m + the GPUs f's partitions add, max_gpus))
+    ratios: Any              # per f: the least rate / peak of its partitions (inf: none)
+
+
+class Children(NamedTuple):
+    """A node's children (a slice of the partition's counts) and their bounds before R, the restart
+    overhead and any limit enter: A (time of one epoch) and C (its cost x 3600; None: time alone)."""
+
+    K: Any                   # the children's counts
+    th: Any                  # per child: sum of peaks fixed
+    rr: Any                  # per child: rate fixed
+    fmax: float              # the largest floor fixed (a child adding GPUs)
+    fl_first: float          # the floor of the first child (fl0 when it adds 0 GPUs)
+    A: Any
+    C: Any
+
+
+class NodeBound:
+    """The bound of a node's children (module docstring), tabulated per level of the tree of ``order``.
+    ``caps[i]``: the most GPUs the partitions order[i:] can add; ``levels[i]``: their :class:`Level`."""
+
+    def __init__(self, pb: Problem, tables: Tables, order: list[str], need_cost: bool) -> None:
+        self.pb, self.t, self.order, self.need_cost = pb, tables, order, need_cost
+        P = len(order)
+        self.caps = [sum(max(pb.counts[p]) for p in order[i:]) for i in range(P + 1)]
+        self.rooms = np.arange(pb.max_gpus + 1)
+        self.levels = [self._level(order[i:]) for i in range(P + 1)]
+
+    def _level(self, suffix: list[str]) -> Level:
+        """Per threshold f (0 and each floor in the suffix), what the partitions with floor <= f can add:
+        F(room) greedy by peak (concave piecewise linear), their GPUs, their least rate / peak. A completion
+        whose added partitions have largest floor f* is bounded with the least threshold >= f*."""
+        t = self.t
+        fs, tabs, capf, ratios = [], [], [], []
+        for f in sorted({0.0} | {t.floor[p] for p in suffix}):
+            sub = [p for p in suffix if t.floor[p] <= f]
+            items = sorted(((t.peak[p], max(self.pb.counts[p])) for p in sub), reverse=True)
+            xs, ys = [0.0], [0.0]
+            for pk, cap in items:
+                xs.append(xs[-1] + cap)
+                ys.append(ys[-1] + cap * pk)
+            fs.append(f)
+            tabs.append(np.interp(self.rooms, np.array(xs), np.array(ys)))
+            capf.append(int(xs[-1]))
+            ratios.append(min([t.rate[p] / t.peak[p] for p in sub], default=math.inf))
+        its = t.iters[np.minimum(self.rooms + np.array(capf, dtype=np.int64)[:, None], self.pb.max_gpus)]
+        return Level(np.array(fs), fs, np.array(tabs), its, np.array(ratios))
+
+    def children(self, i: int, n: int, theta: float, rt: float, fl0: float, used: int) -> Children | None:
+        """The children of a node at level i (n GPUs, sum of peaks theta, rate rt, largest floor fl0, ``used``
+        partitions fixed): per child the least over the thresholds f of A and C, every f at once (numpy
+        errors silenced by the caller). None: no child."""
+        pb, t = self.pb, self.t
+        p = self.order[i]
+        cl = t.count_list[p]
+        a = bisect.bisect_left(cl, pb.min_gpus - n - self.caps[i + 1])     # below: no mix can reach min_gpus
+        b = bisect.bisect_right(cl, pb.max_gpus - n)
+        if pb.maxp is not None and used >= pb.maxp:
+            b = min(b, 1) if cl[0] == 0 else 0                             # only the count 0 is left
+        if a >= b:
+            return None
+        zero = cl[a] == 0                                                  # the first child adds no GPU
+        K = t.count_arr[p][a:b]
+        th = theta + t.peak_k[p][a:b]
+        rr = rt + t.rate_k[p][a:b]
+        fmax = max(fl0, t.floor[p])
+        lv = self.levels[i + 1]
+        j0 = bisect.bisect_right(lv.fs_list, fl0 if zero else fmax) - 1    # below: a smaller set, the same floor
+        N2, room = self._columns(p, n, cl[a], cl[b - 1], K)
+        its = lv.iters[j0:, N2]                    # the most GPUs: the fewest iterations
+        fill = th + lv.fill[j0:, room]             # one row per threshold f >= fs[j0], one column per child
+        F_its = np.maximum(lv.fs[j0:, None], fmax) * its
+        if zero:
+            F_its[:, 0] = np.maximum(lv.fs[j0:], fl0) * its[:, 0]
+        tails = t.tail[N2] * its
+        S = pb.bound.samples
+        base = S / fill if S > 0 else np.where(fill > 0, S / fill, np.inf)   # S > 0: S / 0 is inf
+        A = (np.maximum(base, F_its) + tails).min(axis=0)
+        C = None
+        if self.need_cost:
+            own = rr / th
+            if zero and theta == 0.0:                                      # no GPU at all yet: no rate per sample
+                own[0] = np.inf
+            ratio = np.minimum(own, lv.ratios[j0:, None])
+            ratio = np.where(np.isfinite(ratio), ratio, 0.0)
+            C = (np.maximum(S * ratio, F_its * rr) + tails * rr).min(axis=0)
+        return Children(K, th, rr, fmax, fl0 if zero else fmax, A, C)
+
+    def _columns(self, p: str, n: int, k_lo: int, k_hi: int, K: Any) -> tuple[Any, Any]:
+        """The children's GPU totals and rooms left, as indices: strided slices when the counts are 0, u,
+        2u, ... (views, no copy), else arrays."""
+        u = self.t.step[p]
+        if not u:
+            return n + K, self.pb.max_gpus - (n + K)                       # rooms >= 0: K <= max_gpus - n
+        lo_n, hi_n = n + k_lo, n + k_hi
+        r0, r1 = self.pb.max_gpus - lo_n, self.pb.max_gpus - hi_n          # rooms, descending; r1 >= 0
+        return slice(lo_n, hi_n + 1, u), slice(r0, r1 - 1 if r1 > 0 else None, -u)
+
+
+class Chain(NamedTuple):
+    """A node's children sorted by key: level, the parent's fixed counts, the sort order, the sorted keys
+    (primary, secondary, as lists), and per child in count order what its own children start from."""
+
+    depth: int
+    fixed: tuple[int, ...]
+    srt: list[int]
+    key: list[float]
+    key2: list[float]
+    K: Any
+    th: Any
+    rr: Any
+    fmax: float
+    fl_first: float
+    on: Any                  # per child: it holds the current mix (None: no child does)
+    n: int                   # the parent's GPUs
+
+
+class Frontier:
+    """The chains and a heap of (key, -depth, chain, position): the next child of each chain. Its least key
+    bounds every mix not yet priced (a chain's children are sorted, a child's key is >= its parent's)."""
+
+    def __init__(self) -> None:
+        self.chains: list[Chain] = []
+        self.heap: list[tuple[float, int, int, int]] = []
+
+    def add(self, chain: Chain) -> int:
+        self.chains.append(chain)
+        return len(self.chains) - 1
+
+    def push(self, cid: int, j: int) -> None:
+        ch = self.chains[cid]
+        heapq.heappush(self.heap, (ch.key[j], -ch.depth, cid, j))
+
+    def pop(self) -> tuple[float, int, int]:
+        v, _, cid, j = heapq.heappop(self.heap)
+        return v, cid, j
+
+    def least(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+    def clear(self) -> None:
+        self.heap.clear()
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+
+class Incumbent:
+    """The best mix priced within the limit, ranked by (primary, secondary, GPUs, key); the pruning tests."""
+
+    def __init__(self) -> None:
+        self.key: Key | None = None
+        self.rank: tuple[Any, ...] | None = None
+
+    def offer(self, key: Key, rank: tuple[Any, ...]) -> bool:
+        if self.rank is None or rank < self.rank:
+            self.key, self.rank = key, rank
+            return True
+        return False
+
+    def beaten(self, v: float) -> bool:
+        """No mix whose primary bound is v can beat the best (strict, up to the tolerance: ties are kept)."""
+        return self.rank is not None and bool(v > self.rank[0] * (1 + _REL) + 1e-12)
+
+    def tied_and_worse(self, v: float, v2: float) -> bool:
+        """No mix below can beat the best on the primary, and a tie would lose on the secondary."""
+        return self.rank is not None and v >= self.rank[0] and bool(v2 > self.rank[1] * (1 + _REL) + 1e-12)
+
+
+class TreeSearch:
+    """One best-first branch-and-bound run for a primary metric within an optional limit (module docstring).
+
+    Its state, each part readable: ``bound`` (:class:`NodeBound`), ``frontier`` (:class:`Frontier`),
+    ``memo`` (:class:`Memo`, shared across runs) and ``best`` (:class:`Incumbent`); after :meth:`run`,
+    ``unexplored``: the least primary bound left unexplored when a cap cut it (inf: exhaustive)."""
+
+    def __init__(self, pb: Problem, memo: Memo, primary: str, limit: tuple[str, float] | None,
+                 node_cache: dict[Any, Any] | None = None, tables: Tables | None = None) -> None:
+        self.pb, self.memo, self.primary = pb, memo, primary
+        self.t = tables if tables is not None else Tables(pb)
+        self.order = self.t.order(primary)
+        self.lim_kind, self.lim = limit if limit is not None else ("", math.inf)
+        self.need_cost = primary == "cost" or self.lim_kind == "cost"
+        self.bound = NodeBound(pb, self.t, self.order, self.need_cost)
+        self.cur_at = [pb.current.get(p, 0) for p in self.order]
+        self.frontier = Frontier()
+        self.best = Incumbent()
+        self.unexplored = math.inf
+        self.nodes: dict[tuple[int, ...], Children | None] | None = None
+        if node_cache is not None:             # what the children's A and C depend on besides the node itself
+            if node_cache.get("bound") is not pb.bound:
+                node_cache.clear()
+                node_cache["bound"] = pb.bound
+            ctx = (primary, self.need_cost, pb.max_gpus, pb.min_gpus, pb.maxp,
+                   tuple((p, tuple(pb.counts[p]), self.t.rate[p]) for p in self.order))
+            self.nodes = node_cache.setdefault(ctx, {})
+
+    def rank(self, key: Key, tc: tuple[float, float]) -> tuple[Any, ...]:
+        t, c = tc
+        return ((t, c) if self.primary == "time" else (c, t)) + (sum(n for _, n in key), key)
+
+    def consider(self, key: Key) -> None:
+        """Price a mix; it becomes the incumbent when it is within the limit and ranks better."""
+        beat = None if self.best.rank is None else (0 if self.primary == "time" else 1, self.best.rank[0])
+        tc = self.memo.price(key, beat)
+        if tc is None:
+            return
+        if self.lim_kind and (tc[1] if self.lim_kind == "cost" else tc[0]) > self.lim + (
+                1e-12 if self.lim_kind == "cost" else 1e-9):
+            return
+        self.best.offer(key, self.rank(key, tc))
+
+    def seed(self) -> None:
+        """First incumbents: staying (choose always ranks it), greedy fills and the current mix scaled."""
+        pb, memo = self.pb, self.memo
+        if pb.current:
+            self.consider(pb.current_key)
+        for key in probes(pb, self.t.order("time")) + probes(pb, self.t.order("cost")) + scaled_current(pb):
+            if key not in memo.priced and key not in memo.epochs:
+                self.consider(key)
+
+    def expand(self, i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, fl0: float, used: int,
+               here: bool) -> int | None:
+        """Sort the children of a node into a chain; its index (None: no child is left). A child's time key
+        is R * A + the move's overhead, its cost key R * C / 3600 + the overhead's cost: the least over f
+        of R * A_f + o is R * min_f A_f + o exactly (R > 0: rounding is monotone). With ``node_cache``
+        the children's values come from an earlier search on the same bound when it reached the node."""
+        if self.nodes is not None and fixed in self.nodes:
+            ent = self.nodes[fixed]
+        else:
+            ent = self.bound.children(i, n, theta, rt, fl0, used)
+            if self.nodes is not None and len(self.nodes) < NODE_CACHE_MAX:
+                self.nodes[fixed] = ent
+        if ent is None:
+            return None
+        pb = self.pb
+        on: Any = ent.K == self.cur_at[i] if here else None           # the subtree still holds the current mix
+        lt = pb.R * ent.A + (np.where(on, 0.0, pb.overhead) if here else pb.overhead)
+        if self.need_cost:
+            move_c: Any = pb.overhead * ent.rr / 3600
+            lc = pb.R * ent.C / 3600.0 + (np.where(on, 0.0, move_c) if here else move_c)
+        else:
+            lc = np.zeros(len(ent.K))                                  # time alone: no cost bound needed
+        key, key2 = (lt, lc) if self.primary == "time" else (lc, lt)
+        K = ent.K
+        if self.lim_kind:
+            sel = np.nonzero((lc if self.lim_kind == "cost" else lt) <= self.lim * (1 + _REL) + 1e-9)[0]
+            if not len(sel):
+                return None
+            srt = sel[np.lexsort((-K[sel] if self.primary == "time" else K[sel], key2[sel], key[sel]))]
+        else:
+            srt = np.lexsort((-K if self.primary == "time" else K, key2, key))
+        # sorted keys as lists (the heap's); the rest is read per visited child only
+        return self.frontier.add(Chain(i + 1, fixed, srt.tolist(), key[srt].tolist(), key2[srt].tolist(), K,
+                                       ent.th, ent.rr, ent.fmax, ent.fl_first, on, n))
+
+    def run(self) -> tuple[Key | None, float]:
+        """The best mix key within the limit (None: none), and ``unexplored``."""
+        self.seed()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            root = self.expand(0, (), 0, 0.0, 0.0, 0.0, 0, True) if self.order else None
+            if root is not None:
+                self.frontier.push(root, 0)
+            while self.frontier:
+                v, cid, j = self.frontier.pop()
+                if self.best.beaten(v):
+                    break                          # every bound left is worse than the best found: exact
+                self.dive(v, cid, j)
+        return self.best.key, self.unexplored
+
+    def dive(self, v: float, cid: int, j: int) -> None:
+        """From child j of chain cid down to a leaf through the first child of each chain, leaving each
+        chain's next sibling on the heap; prices the leaf. A work cap empties the frontier (``unexplored``)."""
+        pb, work, P = self.pb, self.memo.work, len(self.order)
+        chains, best = self.frontier.chains, self.best
+        while True:
+            depth, fixed, srt, key, key2, K, th, rr, fmax, fl_first, on, n = chains[cid]
+            if j + 1 < len(srt):                   # the next sibling (its key is >= this one's) waits
+                self.frontier.push(cid, j + 1)
+            if best.tied_and_worse(key[j], key2[j]):
+                return
+            if work.nodes >= pb.max_nodes or (depth == P and work.evals >= pb.max_evals):
+                work.cut = True
+                self.unexplored = v                # nothing left unexplored is below v
+                self.frontier.clear()
+                return
+            work.nodes += 1
+            c = srt[j]
+            node = fixed + (int(K[c]),)
+            n += node[-1]
+            if depth == P:
+                if n >= max(1, pb.min_gpus):
+                    self.consider(tuple(sorted((self.order[q], k) for q, k in enumerate(node) if k)))
+                return
+            nxt = self.expand(depth, node, n, float(th[c]), float(rr[c]), fl_first if c == 0 else fmax,
+                              sum(1 for k in node if k), False if on is None else bool(on[c]))
+            if nxt is None or best.beaten(chains[nxt].key[0]):
+                return                             # no child left, or all are worse than the best (sorted)
+            cid, j = nxt, 0
+
+
+def probes(pb: Problem, order: list[str]) -> list[Key]:
+    """Mixes that fill partitions in ``order`` (the search's: fastest or cheapest per sample first) up to
+    G GPUs, G = min_gpus, 2 min_gpus, 4 min_gpus, ... max_gpus: priced first, so that the search starts
+    from a good incumbent (exactness does not depend on them)."""
+    out: list[Key] = []
+    G = max(1, pb.min_gpus)
+    while True:
+        mix: list[tuple[str, int]] = []
+        left = G
+        for p in order:
+            if left <= 0 or (pb.maxp is not None and len(mix) >= pb.maxp):
+                break
+            k = max(c for c in pb.counts[p] if c <= left)
+            if k:
+                mix.append((p, k))
+                left -= k
+        key = tuple(sorted(mix))
+        if mix and G - left >= pb.min_gpus and key not in out:
+            out.append(key)
+        if G >= pb.max_gpus:
+            return out
+        G = min(pb.max_gpus, 2 * G)
+
+
+def scaled_current(pb: Problem) -> list[Key]:
+    """The current mix's shape at 1/4, 1/2, 2 and 4 times its counts (each rounded down to an allowed count)."""
+    out = []
+    for f in (0.25, 0.5, 2.0, 4.0):
+        mix = [(p, max([c for c in pb.counts[p] if c <= f * n], default=0)) for p, n in pb.current.items()
+               if p in pb.counts]
+        mix = [(p, k) for p, k in mix if k]
+        if mix and pb.min_gpus <= sum(k for _, k in mix) <= pb.max_gpus and (pb.maxp is None or len(mix) <= pb.maxp):
+            out.append(tuple(sorted(mix)))
+    return out
+
+
 def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mapping[str, str],
            epoch_time_fn: EpochTimeFn, rates: Mapping[str, float], objective: str,
            restart_overhead_s: float | RestartOverhead, bound: Bound, *, max_gpus: int, min_gpus: int = 1,
@@ -192,7 +688,6 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         RestartOverhead._check(restart_overhead_s, "restart_overhead_s")
     choose(current_mix, [], lambda m: None, rates, obj, overhead, margin=margin, budget=budget,   # checks the
            deadline_s=deadline_s, remaining_epochs=remaining_epochs)                          # arguments alike
-    R = float(remaining_epochs)
     missing = [p for p in counts if not bound.peak.get(p, 0.0) > 0]
     if missing:
         raise ConfigError(f"the search bound has no peak throughput > 0 for partition(s) {', '.join(missing)}")
@@ -201,351 +696,51 @@ def search(current_mix: Mapping[str, int], free: Mapping[str, int], types: Mappi
         ch = choose(current_mix, few, epoch_time_fn, rates, obj, overhead, margin=margin, budget=budget,
                     deadline_s=deadline_s, remaining_epochs=remaining_epochs)
         return Choice(ch.mix, f"{ch.reason} (search: all {len(few)} mixes priced, exact)", ch.table, move=ch.move)
-    cur = {p: int(n) for p, n in sorted(current_mix.items()) if n}
-    cur_key = tuple(cur.items())
-    epoch_memo: dict[tuple[tuple[str, int], ...], Any] = {}
+    pb = Problem(counts, {p: int(n) for p, n in sorted(current_mix.items()) if n}, epoch_time_fn, rates, obj,
+                 overhead, bound, float(remaining_epochs), max_gpus, min_gpus, maxp, margin, budget, deadline_s,
+                 wait_fn, max_queue_wait_s, max_nodes, max_evals, max_waits)
+    return decide(pb, node_cache)
 
-    def fn(mix: Mix) -> float | None:          # memoised: choose re-prices the shortlist without a new call
-        k = tuple(sorted(mix.items()))
-        if k not in epoch_memo:
-            try:
-                epoch_memo[k] = epoch_time_fn(dict(mix))
-            except InfeasibleError as e:
-                epoch_memo[k] = e
-        v = epoch_memo[k]
-        if isinstance(v, InfeasibleError):
-            raise v
-        return v  # type: ignore[no-any-return]
-    wait_memo: dict[tuple[tuple[str, int], ...], float | None] = {}
 
-    def wfn(mix: Mix) -> float | None:
-        k = tuple(sorted(mix.items()))
-        if k not in wait_memo:
-            wait_memo[k] = None if wait_fn is None else wait_fn(dict(mix))
-        return wait_memo[k]
-
-    stats = {"nodes": 0, "evals": 0, "waits": 0, "cut": 0}
-    priced: dict[tuple[tuple[str, int], ...], tuple[float, float, int]] = {}   # key -> (total_t, total_c, gpus)
-
-    def totals(key: tuple[tuple[str, int], ...], beat: tuple[int, float] | None) -> tuple[float, float] | None:
-        """(total time, total cost) of a mix, or None when infeasible / cannot start. Prices it on demand;
-        the wait is asked only when the mix could still win: ``beat`` = (0: time, 1: cost; the best so far)."""
-        mix = dict(key)
-        est = price(mix, fn, rates)
-        if not est.feasible or est.time_s is None or est.cost is None:
-            return None
-        stay = key == cur_key
-        move = 0.0 if stay else overhead
-        t = R * est.time_s + move
-        c = R * est.cost + move / 3600.0 * est.rate_per_hour
-        if wait_fn is not None and not stay:
-            if beat is not None and (t, c)[beat[0]] > beat[1] * (1 + _REL) + 1e-12:
-                return t, c                       # cannot win even with no wait: leave the queue alone
-            if key not in wait_memo:
-                if stats["waits"] >= max_waits:
-                    stats["cut"] = 1
-                    return None
-                stats["waits"] += 1
-            w = wfn(mix)
-            if w is None or (max_queue_wait_s is not None and w > max_queue_wait_s):
-                return None
-            t += w
-        return t, c
-
-    parts = list(counts)
-    peak = {p: float(bound.peak[p]) for p in parts}
-    floor = {p: float(bound.floor.get(p, 0.0)) for p in parts}
-    count_arr = {p: np.array(counts[p], dtype=np.int64) for p in parts}      # ascending (allowed_counts)
-    count_list = {p: [int(c) for c in counts[p]] for p in parts}
-    # u when a partition's counts are 0, u, 2u, ... (whole units, no exact counts): its lookups are strided views
-    step = {p: (cl[1] if len(cl) > 1 and cl == list(range(0, cl[-1] + 1, cl[1])) else 0)
-            for p, cl in count_list.items()}
-    rate = {p: float(mix_rate({p: 1}, rates)) for p in parts}
-    peak_k = {p: count_arr[p] * peak[p] for p in parts}     # per count: its sum of peaks and its rate
-    rate_k = {p: count_arr[p] * rate[p] for p in parts}
-
-    tail_tab = np.array([bound.tail(max(n, 1)) if bound.tail is not None else 0.0 for n in range(max_gpus + 1)])
-    iters_tab = bound.iters_table(max_gpus)
-
-    def probes(order: list[str]) -> list[tuple[tuple[str, int], ...]]:
-        """Mixes that fill partitions in ``order`` (the search's: fastest or cheapest per sample first) up to
-        G GPUs, G = min_gpus, 2 min_gpus, 4 min_gpus, ... max_gpus: priced first, so that the search starts
-        from a good incumbent (exactness does not depend on them)."""
-        out: list[tuple[tuple[str, int], ...]] = []
-        G = max(1, min_gpus)
-        while True:
-            mix: list[tuple[str, int]] = []
-            left = G
-            for p in order:
-                if left <= 0 or (maxp is not None and len(mix) >= maxp):
-                    break
-                k = max(c for c in counts[p] if c <= left)
-                if k:
-                    mix.append((p, k))
-                    left -= k
-            n = G - left
-            key = tuple(sorted(mix))
-            if mix and n >= min_gpus and key not in out:
-                out.append(key)
-            if G >= max_gpus:
-                return out
-            G = min(max_gpus, 2 * G)
-
-    def scaled_current() -> list[tuple[tuple[str, int], ...]]:
-        """The current mix's shape at 1/4, 1/2, 2 and 4 times its counts (each rounded down to an allowed count)."""
-        out = []
-        for f in (0.25, 0.5, 2.0, 4.0):
-            mix = [(p, max([c for c in counts[p] if c <= f * n], default=0)) for p, n in cur.items() if p in counts]
-            mix = [(p, k) for p, k in mix if k]
-            if mix and min_gpus <= sum(k for _, k in mix) <= max_gpus and (maxp is None or len(mix) <= maxp):
-                out.append(tuple(sorted(mix)))
-        return out
-
-    def run(primary: str, limit: tuple[str, float] | None) -> tuple[tuple[tuple[str, int], ...] | None, float]:
-        """Best mix key by (primary, secondary, gpus, key) among those within ``limit``, and the least
-        bound of the primary left unexplored (inf: the search was exhaustive)."""
-        order = _linear_order(parts, (lambda p: -peak[p]) if primary == "time" else (lambda p: rate[p] / peak[p]))
-        P = len(order)
-        # per suffix i: F_i(room) = the most sum peak * count its partitions reach with <= room GPUs (greedy by
-        # peak: a concave piecewise-linear function), the least rate/peak, the most GPUs it can add
-        # per suffix i and floor threshold f (0 and each floor in the suffix): what the partitions of the
-        # suffix with floor <= f can add - F(room) = the most sum peak * count with <= room GPUs (greedy by
-        # peak: concave piecewise linear), their GPUs, their least rate/peak. A completion whose added
-        # partitions have largest floor f* is bounded with the least threshold >= f*.
-        caps = [sum(max(counts[p]) for p in order[i:]) for i in range(P + 1)]
-        # per level: the thresholds f, F(room) tabulated for every room 0..max_gpus (one row per f; the same
-        # np.interp values as at each node's rooms), the GPUs each f lets add, their least rate/peak
-        levels: list[tuple[Any, list[float], Any, Any, Any]] = []      # (fs, fs as a list, F, iters, ratios)
-        rooms = np.arange(max_gpus + 1)
-        for i in range(P + 1):
-            fs, tabs, capf, ratios = [], [], [], []
-            for f in sorted({0.0} | {floor[p] for p in order[i:]}):
-                sub = [p for p in order[i:] if floor[p] <= f]
-                items = sorted(((peak[p], max(counts[p])) for p in sub), reverse=True)
-                xs, ys = [0.0], [0.0]
-                for pk, cap in items:
-                    xs.append(xs[-1] + cap)
-                    ys.append(ys[-1] + cap * pk)
-                fs.append(f)
-                tabs.append(np.interp(rooms, np.array(xs), np.array(ys)))
-                capf.append(int(xs[-1]))
-                ratios.append(min([rate[p] / peak[p] for p in sub], default=math.inf))
-            # per f and GPU count m: the fewest iterations once f's partitions are added, iters(min(m + cap_f, max))
-            its_tab = iters_tab[np.minimum(rooms + np.array(capf, dtype=np.int64)[:, None], max_gpus)]
-            levels.append((np.array(fs), fs, np.array(tabs), its_tab, np.array(ratios)))
-        cur_at = [cur.get(p, 0) for p in order]
-        best: list[Any] = [None, None]          # key, rank tuple
-        lim_kind, lim = limit if limit is not None else ("", math.inf)
-        need_cost = primary == "cost" or lim_kind == "cost"
-        nodes: dict[tuple[int, ...], Any] | None = None
-        if node_cache is not None:             # what the children's A and C depend on besides the node itself
-            if node_cache.get("bound") is not bound:
-                node_cache.clear()
-                node_cache["bound"] = bound
-            ctx = (primary, need_cost, max_gpus, min_gpus, maxp, tuple((p, tuple(counts[p]), rate[p]) for p in order))
-            nodes = node_cache.setdefault(ctx, {})
-
-        def rank(key: tuple[tuple[str, int], ...], tc: tuple[float, float]) -> tuple[Any, ...]:
-            t, c = tc
-            return ((t, c) if primary == "time" else (c, t)) + (sum(n for _, n in key), key)
-
-        def consider(key: tuple[tuple[str, int], ...]) -> None:
-            if key not in epoch_memo:
-                stats["evals"] += 1
-            tc = totals(key, None if best[1] is None else (0 if primary == "time" else 1, best[1][0]))
-            if tc is None:
-                return
-            priced[key] = (tc[0], tc[1], sum(n for _, n in key))
-            if limit is not None and (tc[1] if lim_kind == "cost" else tc[0]) > lim + (
-                    1e-12 if lim_kind == "cost" else 1e-9):
-                return
-            r = rank(key, tc)
-            if best[1] is None or r < best[1]:
-                best[0], best[1] = key, r
-
-        def beaten(v: float) -> bool:
-            return best[1] is not None and bool(v > best[1][0] * (1 + _REL) + 1e-12)
-
-        def tied_and_worse(v: float, v2: float) -> bool:
-            """No mix below can beat the best on the primary, and a tie would lose on the secondary."""
-            return best[1] is not None and v >= best[1][0] and bool(v2 > best[1][1] * (1 + _REL) + 1e-12)
-
-        # a chain: the children of one node (partition order[i] at each allowed count), sorted by bound
-        # a chain: (depth, fixed, order of the children, their keys, secondary keys (lists, sorted), and per
-        # child in count order: K, theta, rate, the floor (fl_first for the first child when it adds 0 GPUs,
-        # else fmax), on (None: no child holds the current mix), the parent's GPUs n)
-        chains: list[tuple[Any, ...]] = []
-        heap: list[tuple[float, int, int, int]] = []      # (bound, -depth, chain, position)
-
-        def children(i: int, n: int, theta: float, rt: float, fl0: float, used: int) -> tuple[Any, ...] | None:
-            """The children of a node and their bounds before R, the restart overhead and any limit enter:
-            per child the least over the thresholds f of the time A and the cost C of one epoch (see ``expand``).
-            The children are a slice of the partition's sorted counts, every threshold f at once (the numpy
-            errors are silenced around the whole search). None: no child."""
-            p = order[i]
-            cl = count_list[p]
-            a = bisect.bisect_left(cl, min_gpus - n - caps[i + 1])     # below: no mix can reach min_gpus
-            b = bisect.bisect_right(cl, max_gpus - n)
-            if maxp is not None and used >= maxp:
-                b = min(b, 1) if cl[0] == 0 else 0                     # only the count 0 is left
-            if a >= b:
-                return None
-            zero = cl[a] == 0                                          # the first child adds no GPU
-            K = count_arr[p][a:b]
-            th = theta + peak_k[p][a:b]
-            rr = rt + rate_k[p][a:b]
-            fmax = max(fl0, floor[p])
-            fs, fs_list, tabs, its_tab, ratios = levels[i + 1]
-            j0 = bisect.bisect_right(fs_list, fl0 if zero else fmax) - 1   # below it: a smaller set, the same floor
-            u = step[p]
-            if u:                                  # counts 0, u, 2u, ...: every lookup is a strided view
-                lo_n, hi_n = n + cl[a], n + cl[b - 1]
-                N2: Any = slice(lo_n, hi_n + 1, u)
-                r0, r1 = max_gpus - lo_n, max_gpus - hi_n              # rooms, descending; r1 >= 0
-                room: Any = slice(r0, r1 - 1 if r1 > 0 else None, -u)
-            else:
-                N2 = n + K
-                room = max_gpus - N2                                   # >= 0: K <= max_gpus - n
-            tail_n = tail_tab[N2]
-            fill = th + tabs[j0:, room]            # one row per threshold f >= fs[j0], one column per child
-            its = its_tab[j0:, N2]                 # the most GPUs: the fewest iterations
-            F_its = np.maximum(fs[j0:, None], fmax) * its
-            if zero:
-                F_its[:, 0] = np.maximum(fs[j0:], fl0) * its[:, 0]
-            tails = tail_n * its
-            S = bound.samples
-            base = S / fill if S > 0 else np.where(fill > 0, S / fill, np.inf)   # S > 0: S / 0 is inf
-            A = (np.maximum(base, F_its) + tails).min(axis=0)
-            C = None
-            if need_cost:
-                own = rr / th
-                if zero and theta == 0.0:                              # no GPU at all yet: no rate per sample
-                    own[0] = np.inf
-                ratio = np.minimum(own, ratios[j0:, None])
-                ratio = np.where(np.isfinite(ratio), ratio, 0.0)
-                C = (np.maximum(S * ratio, F_its * rr) + tails * rr).min(axis=0)
-            return K, th, rr, fmax, fl0 if zero else fmax, A, C
-
-        def expand(i: int, fixed: tuple[int, ...], n: int, theta: float, rt: float, fl0: float, used: int,
-                   here: bool) -> int | None:
-            """Sort the children of a node into a chain; its index (None: no child is left). A child's time key
-            is R * A + the move's overhead, its cost key R * C / 3600 + the overhead's cost: the least over f
-            of R * A_f + o is R * min_f A_f + o exactly (R > 0: rounding is monotone). With ``node_cache``
-            the children's values come from an earlier search on the same bound when it reached the node."""
-            if nodes is not None and fixed in nodes:
-                ent = nodes[fixed]
-            else:
-                ent = children(i, n, theta, rt, fl0, used)
-                if nodes is not None and len(nodes) < NODE_CACHE_MAX:
-                    nodes[fixed] = ent
-            if ent is None:
-                return None
-            K, th, rr, fmax, fl_first, A, C = ent
-            on: Any = None
-            if here:                                                   # the subtree still holds the current mix
-                on = K == cur_at[i]
-                move_t: Any = np.where(on, 0.0, overhead)
-            else:
-                move_t = overhead
-            lt = R * A + move_t
-            if need_cost:
-                move_c: Any = overhead * rr / 3600
-                if on is not None:
-                    move_c = np.where(on, 0.0, move_c)
-                lc = R * C / 3600.0 + move_c
-            else:
-                lc = np.zeros(len(K))                                  # time alone: no cost bound needed
-            key, key2 = (lt, lc) if primary == "time" else (lc, lt)
-            if lim_kind:
-                sel = np.nonzero((lc if lim_kind == "cost" else lt) <= lim * (1 + _REL) + 1e-9)[0]
-                if not len(sel):
-                    return None
-                srt = sel[np.lexsort((-K[sel] if primary == "time" else K[sel], key2[sel], key[sel]))]
-            else:
-                srt = np.lexsort((-K if primary == "time" else K, key2, key))
-            # sorted bounds as lists (the heap's keys); the rest is read per visited child only
-            chains.append((i + 1, fixed, srt.tolist(), key[srt].tolist(), key2[srt].tolist(), K, th, rr, fmax,
-                           fl_first, on, n))
-            return len(chains) - 1
-
-        frontier = math.inf
-        if cur:
-            consider(cur_key)                      # the first incumbent: staying (choose always ranks it)
-        by_peak = _linear_order(parts, lambda p: -peak[p])
-        by_ratio = _linear_order(parts, lambda p: rate[p] / peak[p])
-        for key in probes(by_peak) + probes(by_ratio) + scaled_current():   # more incumbents
-            if key not in priced and key not in epoch_memo:
-                consider(key)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            root = expand(0, (), 0, 0.0, 0.0, 0.0, 0, True) if P else None
-            if root is not None:
-                heapq.heappush(heap, (chains[root][3][0], -1, root, 0))
-            while heap:
-                v, _, cid, j = heapq.heappop(heap)
-                if beaten(v):
-                    break                          # every bound left is worse than the best found: exact
-                while True:                        # dive: the first child of each chain, down to a leaf
-                    depth, fixed, srt, key, key2, K, th, rr, fmax, fl_first, on, n = chains[cid]
-                    if j + 1 < len(srt):           # the next sibling (its bound is >= this one's) waits
-                        heapq.heappush(heap, (key[j + 1], -depth, cid, j + 1))
-                    if tied_and_worse(key[j], key2[j]):
-                        break
-                    if stats["nodes"] >= max_nodes or (depth == P and stats["evals"] >= max_evals):
-                        stats["cut"] = 1
-                        frontier = v               # nothing left unexplored is below v
-                        heap.clear()
-                        break
-                    stats["nodes"] += 1
-                    c = srt[j]
-                    k = int(K[c])
-                    node = fixed + (k,)
-                    if depth == P:
-                        if n + k >= max(1, min_gpus):
-                            consider(tuple(sorted((order[q], c) for q, c in enumerate(node) if c)))
-                        break
-                    used = sum(1 for c in node if c)
-                    nxt = expand(depth, node, n + k, float(th[c]), float(rr[c]), fl_first if c == 0 else fmax, used,
-                                 False if on is None else bool(on[c]))
-                    if nxt is None or beaten(chains[nxt][3][0]):
-                        break                      # no child left, or all are worse than the best (sorted)
-                    cid, j = nxt, 0
-        return best[0], frontier
-
-    def primary_of(o: str) -> str:
-        return "cost" if o in ("cost", "cost-under-deadline") else "time"
-
-    limit: tuple[str, float] | None = None
-    if obj == "time-under-budget" and isinstance(budget, (int, float)):
-        limit = ("cost", float(budget))
-    elif obj == "cost-under-deadline" and isinstance(deadline_s, (int, float)):
-        limit = ("time", float(deadline_s))
-    primary = primary_of(obj)
-    found, frontier = run(primary, limit)
-    if found is None and limit is not None:      # nothing meets the limit: choose minimises the other metric
+def decide(pb: Problem, node_cache: dict[Any, Any] | None = None) -> Choice:
+    """:func:`search` on a checked problem: the tree search (again on the other metric when nothing meets
+    the limit: choose then minimises it), then ``choose`` on the shortlist."""
+    memo, tables = Memo(pb), Tables(pb)
+    limit = pb.limit()
+    primary = "cost" if pb.objective in ("cost", "cost-under-deadline") else "time"
+    found, unexplored = TreeSearch(pb, memo, primary, limit, node_cache, tables).run()
+    if found is None and limit is not None:
         primary = "cost" if primary == "time" else "time"
-        found, frontier = run(primary, None)
-    # the shortlist: the best priced mixes by the primary (those within the limit first), plus the current one
-    within = (lambda v: v[1] <= limit[1] + 1e-12) if limit and limit[0] == "cost" else \
-        (lambda v: v[0] <= limit[1] + 1e-9) if limit else (lambda v: True)
-    ranked = sorted(priced.items(), key=lambda kv: (not within(kv[1]), kv[1][0] if primary == "time" else kv[1][1],
-                                                    kv[1][1] if primary == "time" else kv[1][0], kv[1][2], kv[0]))
-    if wait_fn is not None:                      # only mixes whose wait is known: choose asks wait_fn of each
-        ranked = [kv for kv in ranked if kv[0] == cur_key or kv[0] in wait_memo]
-    short = [dict(k) for k, _ in ranked[:SHORTLIST]]
-    if found is not None and dict(found) not in short:
-        short.append(dict(found))
-    ch = choose(cur, short, fn, rates, obj, overhead, margin=margin, budget=budget, deadline_s=deadline_s,
-                remaining_epochs=R, wait_fn=wfn if wait_fn is not None else None, max_queue_wait_s=max_queue_wait_s)
+        found, unexplored = TreeSearch(pb, memo, primary, None, node_cache, tables).run()
+    ch = choose(pb.current, shortlist(memo, primary, limit, found), memo.epoch_s, pb.rates, pb.objective,
+                pb.overhead, margin=pb.margin, budget=pb.budget, deadline_s=pb.deadline_s, remaining_epochs=pb.R,
+                wait_fn=memo.wait_s if pb.wait_fn is not None else None, max_queue_wait_s=pb.max_queue_wait_s)
     best_v = None
     if found is not None:
-        best_v = priced[found][0] if primary == "time" else priced[found][1]
-    how = f"search: {stats['evals']} mixes priced, {stats['nodes']} nodes"
-    if wait_fn is not None:
-        how += f", {stats['waits']} queue estimates"
-    if not stats["cut"]:
+        best_v = memo.priced[found][0] if primary == "time" else memo.priced[found][1]
+    how = f"search: {memo.work.evals} mixes priced, {memo.work.nodes} nodes"
+    if pb.wait_fn is not None:
+        how += f", {memo.work.waits} queue estimates"
+    if not memo.work.cut:
         how += ", exact"
-    elif best_v is not None and frontier < math.inf and frontier > 0:
-        how += f", cut by its work cap: within {max(0.0, best_v / frontier - 1):.1%} of the optimum"
+    elif best_v is not None and unexplored < math.inf and unexplored > 0:
+        how += f", cut by its work cap: within {max(0.0, best_v / unexplored - 1):.1%} of the optimum"
     else:
         how += ", cut by its work cap: optimality not proven"
     return Choice(ch.mix, f"{ch.reason} ({how})", ch.table, move=ch.move)
+
+
+def shortlist(memo: Memo, primary: str, limit: tuple[str, float] | None, found: Key | None) -> list[Mix]:
+    """The best priced mixes by the primary (those within the limit first, up to SHORTLIST), the current
+    one, and the search's pick; with a wait_fn only mixes whose wait is known (choose asks it of each)."""
+    within = (lambda v: v[1] <= limit[1] + 1e-12) if limit and limit[0] == "cost" else \
+        (lambda v: v[0] <= limit[1] + 1e-9) if limit else (lambda v: True)
+    ranked = sorted(memo.priced.items(), key=lambda kv: (
+        not within(kv[1]), kv[1][0] if primary == "time" else kv[1][1],
+        kv[1][1] if primary == "time" else kv[1][0], kv[1][2], kv[0]))
+    if memo.pb.wait_fn is not None:
+        ranked = [kv for kv in ranked if kv[0] == memo.pb.current_key or kv[0] in memo.waits]
+    short = [dict(k) for k, _ in ranked[:SHORTLIST]]
+    if found is not None and dict(found) not in short:
+        short.append(dict(found))
+    return short
