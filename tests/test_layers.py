@@ -4,7 +4,7 @@ Every import counts, lazy ones inside functions included:
 - core/ is pure: no torch, horovod, mpi4py, submitit, subprocess or clock, and only core + errors
   from the package;
 - slurm/ never imports runtime/ or cli/; runtime/ never imports cli/;
-- exactly one module imports horovod (runtime/comm.py);
+- exactly one module imports horovod (runtime/comm_horovod.py, the Horovod backend of runtime/comm.py);
 - core/config.py imports no implementation module: its choices and defaults come from core/defaults.py,
   and besides that it uses only the schema and leaf modules (the GPU catalog, the slowdown spec);
 - no import cycle between the package's modules;
@@ -85,13 +85,13 @@ def test_layers_point_down():
 
 def test_one_module_imports_horovod():
     users = sorted(n for n in MODS if any(m.split(".")[0] == "horovod" for m in _imports(n, MODS[n])))
-    assert users == ["hpc_jabas.runtime.comm"], users
+    assert users == ["hpc_jabas.runtime.comm_horovod"], users
 
 
 #: what core/config.py may import from the package: its defaults, its generic half (the schema) and two
-#: leaves it validates with (GPU type names, slowdown specs)
+#: leaves it validates with (GPU type names, slowdown specs), and the one text-file reader (core/textfile.py)
 CONFIG_MAY_IMPORT = {"hpc_jabas.core.defaults", "hpc_jabas.core.schema", "hpc_jabas.core.gpus",
-                     "hpc_jabas.core.slowdown"}
+                     "hpc_jabas.core.slowdown", "hpc_jabas.core.textfile"}
 
 
 def test_config_imports_no_implementation_module():

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 from hpc_jabas.core import gpus
 from hpc_jabas.core.defaults import (
     AMP_MODES,
+    BACKENDS,
     BALANCE_MODES,
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
@@ -62,17 +62,8 @@ from hpc_jabas.errors import ConfigError
 
 def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
     """A TOML file as a dict; a missing or malformed file is one clear ConfigError."""
-    p = Path(path)
-    try:
-        return tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{what} {str(p)!r} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{what} {str(p)!r} is a directory; give a TOML file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{what} {str(p)!r} cannot be read: {e.strerror if isinstance(e, OSError) else e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{what} {str(p)!r} is not valid TOML: {e}") from None
+    from hpc_jabas.core.textfile import read_toml as read
+    return read(path, what, "a TOML file")
 
 
 # ---- the sections -----------------------------------------------------------------------------
@@ -95,6 +86,8 @@ class TrainConfig(Section):
                                              "step", lo=0.0, lo_open=True, shown="off", metavar="NORM")
     amp: str = key("off", "mixed precision: the forward under torch.autocast bf16, or fp16 with loss scaling "
                           "(inf/nan steps skipped on every rank)", choices=AMP_MODES)
+    backend: str = key("auto", "communication backend: horovod, torch (torch.distributed: Gloo on CPU, NCCL on CUDA) "
+                               "or auto (Horovod when it imports, else torch); docs/backends.md", choices=BACKENDS)
 
 
 @dataclass
@@ -324,12 +317,19 @@ class JobConfig(_FlatKeys):
             Slowdown.parse(spec)              # one line naming the spec and its bad part
         if self.planner == "fixed" and not self.plan:
             raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
+        self._check_planning()
         bmin, bmax = self.B_min, self.B_max
         if bmin > bmax:
             raise ConfigError(f"batch_min={bmin} > batch_max={bmax}; need batch_min <= batch_max")
         if not bmin <= self.batch <= bmax:
             raise ConfigError(f"batch={self.batch} is outside [batch_min={bmin}, batch_max={bmax}]")
         return self
+
+    def _check_planning(self) -> None:
+        """The planning keys' cross-field rules (one ConfigError line each)."""
+        if self.identical_micro_batch == "false" and self.micro_batch:
+            raise ConfigError(f"identical_micro_batch='false' contradicts micro_batch={self.micro_batch}, which "
+                              "pins one size on every rank; drop one of them")
 
     @property
     def B_min(self) -> int:
@@ -443,6 +443,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
             kw["type"] = base
             if m["choices"]:
                 kw["choices"] = m["choices"]
+                if m.get("canon") is not None:      # an alias (--policy goodput) is read as its canonical name
+                    canon = m["canon"]
+                    kw["type"] = lambda v, _c=canon, _t=base: _c(_t(v))
             else:
                 kw["metavar"] = m["metavar"] or f.name.upper()
         g.add_argument(flag_of(s, f.name), **kw)

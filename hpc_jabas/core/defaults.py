@@ -14,6 +14,8 @@ from hpc_jabas.errors import ConfigError
 #: epoch tail: the last iteration takes the r < B samples left (shrink) or they are dropped
 TAILS = ("shrink", "drop")
 AMP_MODES = ("off", "bf16", "fp16")
+#: communication backends (runtime/comm.py): auto = Horovod when it imports, else torch.distributed
+BACKENDS = ("horovod", "torch", "auto")
 
 # ---- [planning], [balancing] ------------------------------------------------------------------
 PLANNERS = ("optimal", "lbbsp", "fixed")

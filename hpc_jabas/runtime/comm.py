@@ -1,137 +1,186 @@
-"""The only module that imports horovod: init, ranks, weighted allreduce, object collectives.
+"""The one seam every collective goes through: it picks a backend and forwards to it.
 
-Weighted allreduce (docs/formulas.md, section 1): Horovod refuses pre/postscale factors that differ
-between ranks, so each rank scales its own local gradient (by its sample count, or its weight),
-then one ``op=Sum`` allreduce runs with a postscale factor that is the same on every rank.
+Two backends give the same functions with the same meaning (docs/backends.md):
+
+* ``"horovod"`` (runtime/comm_horovod.py, the only module that imports horovod): Horovod's named,
+  negotiated collectives, tensor fusion, its MPI or Gloo controller.
+* ``"torch"`` (runtime/comm_torch.py): ``torch.distributed``, Gloo on CPU and NCCL on CUDA, with its own
+  rendezvous under mpirun, srun or torchrun; gradients reduced in buckets as DDP does.
+
+The backend is chosen once per process, before the first collective: :func:`use` (the Trainer calls it with the
+config's ``backend`` key; ``hpc_jabas.runtime.launch`` with the job's) or the ``HPC_JABAS_BACKEND`` environment
+variable; ``"auto"`` (the default) is Horovod when ``horovod.torch`` imports, otherwise torch. :func:`shutdown`
+ends the backend, and a later :func:`use` may pick another one.
+
+Weighted allreduce (docs/formulas.md, section 1): each rank scales its own local gradient by its sample
+count, then one ``Sum`` allreduce runs with a postscale factor that is the same on every rank.
 """
 from __future__ import annotations
 
 import os
-import time
+from types import ModuleType
 from typing import Any
 
-import horovod
-import horovod.torch as hvd
-import torch
+from hpc_jabas.core.defaults import BACKENDS
+from hpc_jabas.errors import ConfigError
 
-from hpc_jabas.log import set_rank
+#: the environment variable that picks the backend when no config key does (the config key wins)
+ENV = "HPC_JABAS_BACKEND"
 
-_initialized = False
-
-
-#: a hung rank: Horovod warns after 60 s and shuts the job down after 300 s (the chain then resubmits it from the
-#: last checkpoint) instead of holding the allocation for ever; the environment's own values win
-STALL_DEFAULTS = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "300"}
+_requested: str | None = None        # what use() asked for ("auto" resolved on first need)
+_impl: ModuleType | None = None      # the backend module in use
 
 
+def check_backend(name: str) -> str:
+    """``name`` if it is a backend choice, else ConfigError naming it and the valid ones."""
+    if name not in BACKENDS:
+        raise ConfigError(f"backend={name!r} is unknown; valid: {', '.join(BACKENDS)}")
+    return name
+
+
+def horovod_importable() -> tuple[bool, str]:
+    """(whether ``horovod.torch`` imports here, why not when it does not)."""
+    try:
+        import hpc_jabas.runtime.comm_horovod  # noqa: F401
+    except ImportError as e:
+        return False, str(e)
+    except Exception as e:                   # a broken build (a symbol missing in its library): not usable
+        return False, f"{type(e).__name__}: {e}"
+    return True, ""
+
+
+def resolve(name: str) -> str:
+    """The backend ``name`` stands for: "auto" is "horovod" when it imports, else "torch"."""
+    check_backend(name)
+    if name != "auto":
+        return name
+    return "horovod" if horovod_importable()[0] else "torch"
+
+
+def use(name: str | None) -> str:
+    """Pick the backend for this process (None or "auto": HPC_JABAS_BACKEND's, else "auto"); returns the name.
+    ConfigError when another backend is already running here (shut it down first)."""
+    global _requested
+    name = check_backend(name or "auto")
+    if name == "auto" and os.environ.get(ENV):      # the config's auto defers to the environment's choice
+        name = check_backend(os.environ[ENV])
+    if _impl is not None and _impl.is_initialized():
+        if name != "auto" and _impl.NAME != name:
+            raise ConfigError(f"backend={name!r} asked for, but this process already runs the {_impl.NAME} "
+                              "backend; one process runs one backend (comm.shutdown() first)")
+        return name
+    if _impl is not None and name != "auto" and _impl.NAME != name:
+        _set(None)
+    _requested = name
+    return name
+
+
+def _set(mod: ModuleType | None) -> None:
+    global _impl
+    _impl = mod
+
+
+def impl() -> ModuleType:
+    """The backend module (imported on first need)."""
+    if _impl is None:
+        name = resolve(_requested or os.environ.get(ENV) or "auto")
+        if name == "horovod":
+            from hpc_jabas.runtime import comm_horovod as mod
+        else:
+            from hpc_jabas.runtime import comm_torch as mod
+        _set(mod)
+    assert _impl is not None
+    return _impl
+
+
+def backend() -> str:
+    """The name of the backend in use (resolving "auto")."""
+    return str(impl().NAME)
+
+
+def is_initialized() -> bool:
+    return _impl is not None and bool(_impl.is_initialized())
+
+
+# ---- the functions every backend gives --------------------------------------------------------------------
 def init() -> None:
-    global _initialized
-    if not _initialized:
-        for k, v in STALL_DEFAULTS.items():
-            os.environ.setdefault(k, v)
-        hvd.init()
-        _initialized = True
-        set_rank(hvd.rank())          # log lines carry the rank; INFO from rank 0 only
+    impl().init()
 
 
 def shutdown() -> None:
-    """Stop Horovod in this process; a later :func:`init` starts it again. (Under MPI that needs MPI to have
-    been initialised by someone else, e.g. mpi4py: Horovod finalises an MPI it initialised itself.)"""
-    global _initialized
-    if _initialized:
-        hvd.shutdown()
-        _initialized = False
+    """End the backend in this process (a later :func:`init` starts it again; :func:`use` may pick another)."""
+    global _requested
+    if _impl is not None:
+        _impl.shutdown()
+        _set(None)
+    _requested = None
 
 
 def rank() -> int:
-    return hvd.rank()
+    return int(impl().rank())
 
 
 def size() -> int:
-    return hvd.size()
+    """The world size (ValueError when the backend is not initialised: one process, e.g. the profiler)."""
+    return int(impl().size())
 
 
 def local_rank() -> int:
-    return hvd.local_rank()
+    return int(impl().local_rank())
 
 
-def device() -> torch.device:
+def device():
     """One CUDA device per local rank when CUDA is present, else the CPU."""
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        idx = local_rank() % torch.cuda.device_count()
-        torch.cuda.set_device(idx)
-        return torch.device("cuda", idx)
-    return torch.device("cpu")
+    return impl().device()
 
 
-def weighted_mean(t: torch.Tensor, weight: float, total: float, name: str | None = None) -> torch.Tensor:
+def weighted_mean(t, weight: float, total: float, name: str | None = None):
     """sum_i weight_i * t_i / total over ranks; ``total`` must be equal on every rank."""
-    return synchronize(hvd.allreduce_async(t * weight, op=hvd.Sum, postscale_factor=1.0 / float(total), name=name))
+    return impl().weighted_mean(t, weight, total, name=name)
 
 
-def allreduce_sum_async_(t: torch.Tensor, name: str, postscale: float = 1.0):
-    """In-place asynchronous sum with one postscale factor shared by all ranks; returns a handle."""
-    return hvd.allreduce_async_(t, name=name, op=hvd.Sum, postscale_factor=float(postscale))
-
-
-#: the longest sleep between two polls of a pending collective (seconds)
-WAIT_POLL_MAX_S = 1e-3
+def allreduce_sum_async_(t, name: str, postscale: float = 1.0):
+    """In-place asynchronous sum with one postscale factor shared by all ranks; returns a handle for
+    :func:`synchronize`. Every rank starts the same names (in any order: the backend matches them)."""
+    return impl().allreduce_sum_async_(t, name=name, postscale=postscale)
 
 
 def synchronize(handle):
-    """Horovod's ``synchronize``, waiting politely: Horovod's own wait polls the handle every 100 ns
-    (``std::this_thread::sleep_for``), which made a rank that waits for a slower one burn most of a core, in
-    system calls (a 3-rank emulated run: 63 CPU-s in 38 s). Here the handle is polled with sleeps that grow
-    with the wait, each at most a tenth of the time waited so far and at most WAIT_POLL_MAX_S: a wait of w
-    seconds ends at most max(w/10, 50 us) (and 1 ms) after the collective completed. Then Horovod's own
-    synchronize returns at once with the result (or raises Horovod's error)."""
-    if not hvd.poll(handle):
-        t0 = time.perf_counter()
-        while not hvd.poll(handle):
-            time.sleep(min(WAIT_POLL_MAX_S, max(5e-5, (time.perf_counter() - t0) / 10)))
-    return hvd.synchronize(handle)
+    """Wait for an asynchronous collective; returns its tensor."""
+    return impl().synchronize(handle)
 
 
-def allreduce_sum(t: torch.Tensor, name: str | None = None) -> torch.Tensor:
-    return synchronize(hvd.allreduce_async(t, op=hvd.Sum, name=name))
+def allreduce_sum(t, name: str | None = None):
+    return impl().allreduce_sum(t, name=name)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
-    # Horovod names an unnamed broadcast after the object's type, so the root's dict and the
-    # others' None would never match (a hang): always give every rank the same name.
-    return hvd.broadcast_object(obj, root_rank=root_rank, name=name or "hj.broadcast_object")
+    return impl().broadcast_object(obj, root_rank=root_rank, name=name)
 
 
 def allgather_object(obj: Any, name: str | None = None) -> list:
-    return hvd.allgather_object(obj, name=name or "hj.allgather_object")
+    return list(impl().allgather_object(obj, name=name))
 
 
-def allgather_tensor(t: torch.Tensor, name: str) -> torch.Tensor:
+def allgather_tensor(t, name: str):
     """Every rank's ``t`` concatenated along dim 0, in rank order (first dims may differ)."""
-    return hvd.allgather(t, name=name)
+    return impl().allgather_tensor(t, name=name)
 
 
 def broadcast_parameters(params, root_rank: int = 0) -> None:
-    hvd.broadcast_parameters(params, root_rank=root_rank)
+    impl().broadcast_parameters(params, root_rank=root_rank)
 
 
 def distributed_optimizer(optimizer, named_parameters, **kw):
-    """Horovod's own wrapper (used by the equal-split baselines in bench/)."""
-    return hvd.DistributedOptimizer(optimizer, named_parameters=named_parameters, **kw)
+    """The backend's own equal-split wrapper (Horovod's DistributedOptimizer; used by the baselines in bench/)."""
+    return impl().distributed_optimizer(optimizer, named_parameters, **kw)
 
 
 def build_info() -> dict:
-    """What this Horovod build supports (the same facts as `horovodrun --check-build`)."""
-    return {
-        "version": horovod.__version__,
-        "pytorch": True,
-        "mpi_built": bool(hvd.mpi_built()),
-        "gloo_built": bool(hvd.gloo_built()),
-        "nccl_built": bool(hvd.nccl_built()),
-        "cuda_built": bool(hvd.cuda_built()),
-    }
+    """What the backend's build supports (Horovod: `horovodrun --check-build`'s facts)."""
+    return dict(impl().build_info())
 
 
 def controller() -> str:
-    """Which controller this world runs on ('mpi' or 'gloo')."""
-    return "mpi" if hvd.mpi_enabled() else "gloo"
+    """How this world's ranks found each other (Horovod: 'mpi' or 'gloo'; torch: the launcher)."""
+    return str(impl().controller())

@@ -96,6 +96,8 @@ def _run_job(spec: JobSpec) -> dict | None:
     stop_signals().install()                       # from here on a stop signal is a flag (safe points)
     # before Horovod's background thread starts polling; a Task or the older dict, checked (one line, exit 2)
     task = Task.from_parts(load_callable(spec.task, "task")(), spec.task)
+    from hpc_jabas.core.config import flatten
+    comm.use(flatten(spec.config)[0].get("backend"))     # the job's backend key (top level or [train])
     comm.init()
     rank = comm.rank()
     mix = current_mix(comm)
@@ -124,6 +126,9 @@ def _run_job(spec: JobSpec) -> dict | None:
     if rank == 0:
         chainlog.append(spec.chain_dir, "start", job_id=job_id, mix=mix, world=tr.world, epoch=tr.sampler.epoch,
                         iteration=tr.iteration, resumed=resumed, gpu_types=tr.gpu_types)
+        from hpc_jabas.runtime.lifecycle import stop_cause
+        if stop_cause(spec, job_id, under_slurm=False) is not None:    # cancelled before this job started:
+            tr.stop_requested = True                                  # stop (checkpointed) at the first safe point
     res = tr.fit(resume=False)
     wall = time.time() - t0
     rates = {}
@@ -138,10 +143,18 @@ def _run_job(spec: JobSpec) -> dict | None:
     stopped = res.get("stopped")
     requeue: dict | None = None
     if rank == 0:
-        state = "moved" if moved else "stopped" if stopped else "finished"
+        from hpc_jabas.runtime.lifecycle import stop_cause
+        # a user's cancel (hpc-jabas cancel, a plain scancel) ends the chain; Slurm's preemption or time limit requeues
+        cancel = stop_cause(spec, job_id, under_slurm=submit_fn is not None) if stopped else None
+        state = "moved" if moved else "cancelled" if cancel else "stopped" if stopped else "finished"
         chainlog.append(spec.chain_dir, "end", job_id=job_id, epochs=tr.sampler.epoch, wall_s=wall, cost=cost,
-                        state=state, iteration=tr.iteration, signal=(stopped or {}).get("signal"), lost_iterations=0)
-        if stopped:
+                        state=state, iteration=tr.iteration, signal=(stopped or {}).get("signal"), lost_iterations=0,
+                        **({"cancelled_by": cancel["by"], "checkpoint": stopped.get("checkpoint")} if cancel else {}))
+        if cancel:
+            log.info("job %s cancelled (%s): stopped after iteration %s with checkpoint %s; the chain ends here "
+                     "(no successor)", job_id, cancel["by"], tr.iteration, stopped.get("checkpoint"))
+            requeue = {"requeued": False, "reason": "cancelled", "by": cancel["by"]}
+        elif stopped:
             requeue = requeue_after_stop(spec, job_id, mix, stopped, submit_fn)
     summary = {"job_id": job_id, "mix": mix, "epoch": tr.sampler.epoch, "iteration": tr.iteration,
                "moved_to": moved, "requeue": requeue, "params_sha": _params_digest(tr.model), "B": tr.B, **res}
@@ -243,6 +256,11 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
     if any(e.get("event") == "end" and str(e.get("job_id")) == str(job_id) and e.get("time", 0) >= _started(ev, job_id)
            for e in ev):
         return None                      # it ended on its own (moved, stopped, finished): nothing to recover
+    from hpc_jabas.slurm.cancel import chain_cancel
+    if chain_cancel(ev, job_id) is not None:
+        chainlog.append(spec.chain_dir, "end", job_id=job_id, state="cancelled", exit_code=rc,
+                        cancelled_by="hpc-jabas cancel")
+        return None                      # the chain was cancelled (hpc-jabas cancel): no successor
     failures = sum(1 for e in ev if e.get("event") == "requeue" and e.get("reason") == "failure")
     its = [int(r["it"]) for r in _metrics(spec) if r.get("type") == "iteration"]
     try:

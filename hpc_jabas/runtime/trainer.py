@@ -23,8 +23,8 @@ import torch
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
-from hpc_jabas.core.planning import Plan, half_split
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning import Plan, Planner, half_split
+from hpc_jabas.core.sampler import HeterogeneousSampler, split_single_micro
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm, data, evaluate
@@ -110,6 +110,7 @@ class Trainer:
         self.cfg = cfg = (config or JobConfig()).validate()
         set_trust_group(cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
+        comm.use(cfg.backend)                 # horovod | torch | auto (runtime/comm.py), before the first collective
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
         self.rank, self.world = self.world_info.rank, self.world_info.size     # self.world: the rank count
         self.gpu_types, self.device = list(self.world_info.gpu_types), torch.device(self.world_info.device)
@@ -129,12 +130,14 @@ class Trainer:
         self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
         self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
         self._perf_model: Any = None          # built on first use (perf_model())
-        self.calib = Calibrator(self)         # online calibration of that model (runtime/calibrate.py)
+        self.calib = Calibrator(cfg, self.gpu_types, self.rank, self.metrics)   # that model's online calibration
         self.emulator = self._emulator()
-        self.planner_fn = self._planner(planner_fn)      # sets identical_b, declared_speed_factors
+        self.planner: Planner = self._planner(planner_fn)     # core/planning/planner.py
         sampler = HeterogeneousSampler(len(self.dataset), seed=cfg.seed, tail=cfg.tail)
         self.state = TrainState(*self._initial_plan(), sampler=sampler)    # B, plan, sampler, iteration, ...
+        self.batch_range = self._adaptive_range()       # an adaptive policy's unset bounds (core/policy.py)
         self.controller: Controller | None = controller if controller is not None else self._default_controller()
+        self.calib.attach(self.controller, self.planner.declared_factors, lambda: self.iteration)
         self.callbacks: list[Callback] = [*callbacks, *default_callbacks(self)]   # rank 0: tqdm bar, progress.json
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self._start_records()
@@ -154,11 +157,32 @@ class Trainer:
         self.last_checkpoint_time: float | None = None   # wall clock of the last checkpoint (every rank)
         self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
 
+    def _adaptive_range(self) -> dict | None:
+        """An adaptive policy without batch_min/batch_max gets a range it can move in (the rule:
+        ``core.policy.default_batch_range``), on the trainer's own copy of the config; said once (rank 0)."""
+        from hpc_jabas.core.policy import default_batch_range
+        cfg = self.cfg
+        if cfg.policy == "fixed" or (cfg.batch_min is not None and cfg.batch_max is not None):
+            return None
+        pm = self.perf_model()
+        caps = [int(pm.profile(g).max_b or 1) for g in self.gpu_types]
+        rng = default_batch_range(cfg.policy, cfg.batch, cfg.batch_min, cfg.batch_max,
+                                  samples_per_epoch=self.state.sampler.num_samples, ranks=self.world,
+                                  min_micro_batch=cfg.micro_batch or cfg.min_micro_batch or 1, memory_caps=caps)
+        if rng is None:
+            return None
+        import copy
+        self.cfg = copy.deepcopy(cfg)
+        self.cfg.batch_min, self.cfg.batch_max = rng.lo, rng.hi
+        if self.rank == 0:
+            log.info("%s", rng.rule)
+        return rng.to_dict()
+
     def _default_controller(self) -> Controller | None:
         """The adaptive controller when the config adapts B or balances; None otherwise."""
         if self.cfg.policy == "fixed" and self.cfg.balance == "off":
             return None
-        if self.cfg.planner == "fixed":
+        if not self.planner.spec.changes_B:
             raise ConfigError(f"policy={self.cfg.policy!r} / balance={self.cfg.balance!r} re-plan, which a "
                               "fixed plan cannot follow; use planner='optimal' or 'lbbsp'")
         from hpc_jabas.runtime.controller import AdaptiveController
@@ -174,7 +198,7 @@ class Trainer:
         comm.init()
         if (self.rank, self.world) != (comm.rank(), comm.size()):
             raise ConfigError(f"world= says rank {self.rank} of {self.world}; "
-                              f"Horovod says rank {comm.rank()} of {comm.size()}")
+                              f"the {comm.backend()} backend says rank {comm.rank()} of {comm.size()}")
         self.decision_lead = data.agreed_lead(self.feed.lead)
         if self.controller is not None:
             self.controller.attach(self)
@@ -203,31 +227,38 @@ class Trainer:
             self._perf_model = self.calib.model()
         return self._perf_model
 
-    def _planner(self, planner_fn: Callable | None) -> Callable[[int, list[float] | None], Plan]:
-        """The job's planner: the user's ``planner_fn`` (one b on every rank assumed), else the one
-        ``make_planner`` builds (core/planning/planner.py): identical or per-rank b, declared speeds used."""
-        self.identical_b = True                                     # one b on every rank, or per-rank b
-        self.declared_speed_factors: list[float] | None = None     # cfg.speeds vs the perf model (optimal)
-        if planner_fn is not None:
-            return planner_fn
-        from hpc_jabas.core.planning.planner import make_planner
+    def _planner(self, planner_fn: Callable | None) -> Planner:
+        """The job's planner (core/planning/planner.py ``make_planner``, from the config's PlanSpec): its
+        identical or per-rank b, declared speeds used; the user's ``planner_fn`` (one b on every rank assumed)
+        replaces its plans, the kind still gives the batch space."""
+        from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH, PlanSpec, make_planner
         from hpc_jabas.runtime.batchnorm import batch_coupled_layers
         coupled = batch_coupled_layers(self.model)
+        # a measuring iteration with one micro-batch in all runs it as two halves (core/sampler.py,
+        # split_single_micro): with batch-coupled layers, only into halves of at least the minimum micro-batch
+        self._min_split = (self.cfg.micro_batch or self.cfg.min_micro_batch or COUPLED_MIN_MICRO_BATCH) \
+            if coupled else 1
+        if planner_fn is not None:
+            return make_planner(PlanSpec.from_config(self.cfg), self.gpu_types, self.perf_model, plan_fn=planner_fn)
+        if coupled and self.cfg.identical_micro_batch == "false":
+            log.warning("identical_micro_batch='false' with batch-coupled layers (%s): their statistics "
+                        "differ between micro-batch sizes", ", ".join(coupled))
         if coupled and self.cfg.min_micro_batch is None and not self.cfg.micro_batch:
             # BatchNorm's statistics come from each micro-batch: the planner, the controller's batch space and
             # the auto-scaler read the job's smallest b from the trainer's config (core/planning/planner.py,
             # candidate_sizes); a copy, so the caller's JobConfig is not changed
             import copy
-
-            from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH
             self.cfg = copy.deepcopy(self.cfg)
             self.cfg.min_micro_batch = COUPLED_MIN_MICRO_BATCH
-        planner = make_planner(self.cfg, self.gpu_types, self.perf_model, coupled)
-        self.identical_b, self.declared_speed_factors = planner.identical_b, planner.declared_factors
-        return planner.plan
+        return make_planner(PlanSpec.from_config(self.cfg), self.gpu_types, self.perf_model, coupled)
+
+    @property
+    def planner_fn(self) -> Callable[[int, list[float] | None], Plan]:
+        """``planner.plan``: the plan of a global batch B (and balancing factors, or None)."""
+        return self.planner.plan
 
     def _initial_plan(self) -> tuple[int, Plan]:
-        plan = self.planner_fn(self.cfg.batch, None)
+        plan = self.planner.plan(self.cfg.batch, None)
         if plan.world_size != self.world:
             raise ConfigError(f"plan {plan} has {plan.world_size} ranks but the job has {self.world}; "
                               "give one micro-batch count per rank")
@@ -296,8 +327,10 @@ class Trainer:
         mine = ib.micro[self.rank]
         if measure and ib.total != self.B:
             measure = False  # no statistics on the shrunk epoch tail
-        self.opt.begin(len(mine), ib.total, measure=measure,
-                       halves=half_split(ib.plan)[self.rank] if measure else None)
+        halves = half_split(ib.plan)[self.rank] if measure else None
+        if measure:
+            mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self._min_split)
+        self.opt.begin(len(mine), ib.total, measure=measure, halves=halves)
         self.model.train()
         compute = emu_wait = 0.0
         sums: LossSums | None = None
@@ -359,7 +392,7 @@ class Trainer:
     # ---- state, checkpoints, resume (the Checkpointer, runtime/resume.py) ---------------------
     def _checkpointer(self) -> Checkpointer:
         return Checkpointer(self.state, self.model, self.opt.optimizer, ckpt_dir=self.ckpt_dir, rank=self.rank,
-                            gpu_types=self.gpu_types, replan=lambda B: self.planner_fn(B, None),
+                            gpu_types=self.gpu_types, replan=lambda B: self.planner.plan(B, None),
                             metrics=self.metrics, enabled=self.cfg.checkpoint, keep=self.cfg.keep_checkpoints,
                             scheduler=self.scheduler, controller=self.controller, decisions=self.decisions,
                             hook=self.epoch_end_hook, calibration=self.calib)
@@ -411,7 +444,8 @@ class Trainer:
                 log.info("%s", self.world_info.describe(r))
             self.metrics.write({"type": "start", "world": self.world, "gpu_types": self.gpu_types, "B": self.B,
                                 "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration,
-                                "gpu_source": self.world_info.source, "ranks": self.world_info.ranks()})
+                                "gpu_source": self.world_info.source, "ranks": self.world_info.ranks(),
+                                "batch_range": self.batch_range})
         t0 = time.perf_counter()
         samples = 0
         first_step = True
