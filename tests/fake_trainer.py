@@ -9,6 +9,7 @@ from typing import Any
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
 from hpc_jabas.core.planning.plan import Plan
+from hpc_jabas.core.planning.planner import PlanSpec, make_planner
 from hpc_jabas.core.sampler import HeterogeneousSampler
 
 
@@ -37,7 +38,10 @@ class FakeTrainer:
         self.iteration = iteration
         self.B = B if B is not None else self.cfg.batch
         self.planner_fn = planner_fn or (lambda B, factors: Plan(B // self.world, [1] * self.world))
-        self.plan: Plan = self.planner_fn(self.B, None)
+        self.planner = make_planner(PlanSpec.from_config(self.cfg), self.gpu_types, self.perf_model,
+                                    plan_fn=self.planner_fn, identical_b=identical_b,
+                                    speed_factors=declared_speed_factors)
+        self.plan: Plan = self.planner.plan(self.B, None)
         self.lr_scale = 1.0
         self.sampler = HeterogeneousSampler(num_samples, seed=self.cfg.seed)
         self.decision_lead = 0

@@ -42,8 +42,8 @@ def trainer_instance_attributes() -> set[str]:
 
 def test_the_view_lists_what_the_runtime_reads():
     attrs, methods = view_names()
-    assert {"rank", "world", "iteration", "B", "plan", "gpu_types", "cfg", "metrics", "identical_b",
-            "declared_speed_factors", "decision_lead", "sampler", "planner_fn"} <= attrs
+    assert {"rank", "world", "iteration", "B", "plan", "gpu_types", "cfg", "metrics", "decision_lead", "sampler",
+            "planner"} <= attrs
     assert {"perf_model", "announced", "b_trajectory", "check_decision", "noop_decision"} <= methods
 
 

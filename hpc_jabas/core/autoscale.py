@@ -33,6 +33,7 @@ from typing import Any
 from hpc_jabas.core.defaults import OBJECTIVES as OBJECTIVES
 from hpc_jabas.core.defaults import RESTART_PRIOR_S as RESTART_PRIOR_S
 from hpc_jabas.core.overheads import Overheads
+from hpc_jabas.core.planning.planner import PlanSpec
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 Mix = dict[str, int]
@@ -224,7 +225,7 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
                   cands: Sequence[int] | None = None, *, planner: str = "optimal", B_min: int | None = None,
                   B_max: int | None = None, speeds: Sequence[float] | None = None,
                   spaces: dict[Any, Any] | None = None, overheads: Overheads | None = None,
-                  min_micro_batch: int | None = None) -> EpochTimeFn:
+                  min_micro_batch: int | None = None, spec: PlanSpec | None = None) -> EpochTimeFn:
     """Predicted time of one epoch on a mix, pricing what the trainer would run there.
 
     The forecast B of each period of ``period`` iterations is first snapped to a B the job's planner
@@ -242,15 +243,18 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     Both are >= their no-overhead values, so ``mixsearch.perf_bound`` stays a lower bound.
     ``min_micro_batch``: the job's smallest micro-batch (its trainer's, BatchNorm included; planner.py
     candidate_sizes), so each mix is priced with the sizes its planner would use.
+    ``spec``: the job's PlanSpec (the trainer's planner's), in place of ``cands``, ``planner``, ``speeds`` and
+    ``min_micro_batch``; each mix's space is its planner's ``pricing_space`` (identical b, no declared factors).
     """
-    from hpc_jabas.core.grouptimes import group_space
-    from hpc_jabas.core.planning import job_batch_space, snap_nearest
-    from hpc_jabas.core.planning.planner import candidate_sizes
+    from hpc_jabas.core.planning import make_planner, snap_nearest
     if not forecast:
         raise ConfigError("the forecast B trajectory is empty; give at least one batch size")
     lo = int(B_min) if B_min is not None else max(1, math.floor(min(forecast)))
     hi = int(B_max) if B_max is not None else max(lo, math.ceil(max(forecast)))
-    cfg = _SpaceCfg(planner, cands[0] if cands else None, lo, hi, speeds, min_micro_batch)
+    if spec is None:
+        spec = PlanSpec(kind=planner, micro_batch=cands[0] if cands else None, min_micro_batch=min_micro_batch,
+                        speeds=None if speeds is None else tuple(speeds))
+    ps = spec
     ov = overheads or Overheads()
     scale, end_s = ov.iteration_scale, ov.epoch_end_s
 
@@ -258,12 +262,11 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
         gl = expand_mix(mix, types)
         if not gl:
             return None
-        skey = (mix_key(mix), planner, cfg.micro_batch, cfg.min_micro_batch, lo, hi,
-                None if speeds is None else tuple(speeds))
+        skey = (mix_key(mix), ps, lo, hi)
         space = None if spaces is None else spaces.get(skey)
         if space is None:
-            space = group_space(gl, model, lo, hi, candidate_sizes(cfg.micro_batch, cfg.min_micro_batch, gl, model)) \
-                if planner == "optimal" else job_batch_space(cfg, gl, model)   # optimal: no per-rank plans
+            space = make_planner(ps, gl, model, identical_b=True, speed_factors=None,
+                                 strict_speeds=False).pricing_space(lo, hi)
             if spaces is not None:
                 spaces[skey] = space
         total, left, k = 0.0, num_samples, 0
@@ -277,16 +280,6 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
             k += 1
         return total + end_s
     return fn
-
-
-@dataclass(frozen=True)
-class _SpaceCfg:
-    planner: str
-    micro_batch: int | None
-    B_min: int
-    B_max: int
-    speeds: Sequence[float] | None
-    min_micro_batch: int | None = None
 
 
 @dataclass(frozen=True)

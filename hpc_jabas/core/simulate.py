@@ -40,17 +40,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from hpc_jabas.core import autoscale, forecast, mixsearch
-from hpc_jabas.core.grouptimes import group_space
+from hpc_jabas.core.grouptimes import group_space  # noqa: F401  (the optimal planner's pricing_space)
 from hpc_jabas.core.mixbound import peak_rate
 from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
-from hpc_jabas.core.planning import BatchSpace, make_planner, snap_nearest
+from hpc_jabas.core.planning import BatchSpace, PlanSpec, make_planner, snap_nearest
 from hpc_jabas.core.policy import PolicyState, decision_period, make_lr_rule, make_policy
 from hpc_jabas.core.simconfig import Cluster, Job
 from hpc_jabas.core.stats import statistical_efficiency
@@ -178,19 +177,23 @@ class Simulation:
         tot = sum(w.values())
         return {g: v / tot for g, v in sorted(w.items())} if tot > 0 else {}
 
+    def strategy_spec(self, planner: str, gl: Sequence[str]) -> PlanSpec:
+        """A strategy's planner on ranks ``gl`` as a PlanSpec: ``optimal`` the job's (its micro_batch), ``lbbsp``
+        the job's micro-batch split by the perf model's speeds (``speeds``), ``equal`` the same with equal speeds."""
+        mb = self.job.micro_batch
+        if planner == "optimal":
+            return PlanSpec("optimal", micro_batch=mb)
+        speeds = [1.0] * len(gl) if planner == "equal" else self.speeds(gl)
+        return PlanSpec("lbbsp", micro_batch=mb or 1, identical="true", speeds=tuple(speeds))
+
     def space(self, mix: Mapping[str, int], planner: str, lo: int, hi: int) -> BatchSpace:
+        """The strategy's planner's pricing space on the mix (the identical-b optimal planner's times come
+        from its rank groups, without 4,096-rank plans; core/planning/planner.py ``pricing_space``)."""
         key = (autoscale.mix_key(mix), planner, lo, hi)
         if key not in self._spaces:
             gl = autoscale.expand_mix(mix, self.types)
-            mb = self.job.micro_batch
-            if planner == "optimal":           # the identical-b optimal planner's times, without 4,096-rank plans
-                sp = group_space(gl, self.model, lo, hi, [mb] if mb else None)
-            else:
-                speeds = [1.0] * len(gl) if planner == "equal" else self.speeds(gl)
-                cfg = SimpleNamespace(planner="lbbsp", micro_batch=mb or 1, speeds=speeds, plan=None,
-                                      identical_micro_batch="true", emulate=False)
-                sp = make_planner(cfg, gl, self.model, identical_b=True, speed_factors=None).batch_space(lo, hi)
-            self._spaces[key] = sp
+            self._spaces[key] = make_planner(self.strategy_spec(planner, gl), gl, self.model, identical_b=True,
+                                             speed_factors=None, strict_speeds=False).pricing_space(lo, hi)
         return self._spaces[key]
 
     # ---- one strategy --------------------------------------------------------------------------
@@ -411,9 +414,9 @@ class Simulation:
         reused for the same inputs (the node caches of the NODE_CACHES most recent forecasts are kept)."""
         N, lo, hi, mb = self.job.samples, self.job.batch_min, self.job.batch_max, self.job.micro_batch
         ov = ov or Overheads()
-        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, [mb] if mb else None, planner="optimal",
-                                     B_min=lo, B_max=hi, spaces=self._price_spaces if self.cache else None,
-                                     overheads=ov)
+        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, B_min=lo, B_max=hi,
+                                     spaces=self._price_spaces if self.cache else None, overheads=ov,
+                                     spec=PlanSpec("optimal", micro_batch=mb))
         if not self.cache:
             return fn, mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
                                             micro_batch=mb), None

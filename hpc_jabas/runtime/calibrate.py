@@ -14,7 +14,8 @@ the auto-scaler and ``hpc-jabas plan --calibration`` read it).
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibration
 from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
@@ -22,25 +23,42 @@ from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.trust import check_file, check_profile_dir, make_private
 
+if TYPE_CHECKING:
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.runtime.hooks import Controller
+    from hpc_jabas.runtime.metrics import MetricsWriter
+
 log = get_logger(__name__)
 
 
-def check_calibration(cfg: Any) -> None:
+def check_calibration(cfg: JobConfig) -> None:
     """Before ``core.perfmodel.job_perf_model`` (pure: no owner checks there) reads ``cfg``'s run's
     ``calibration.json`` and the files of its ``profile_dir``: refused (UntrustedFileError) when another user
     owns them or others may write them."""
-    if getattr(cfg, "profile_dir", None):
+    if cfg.profile_dir:
         check_profile_dir(cfg.profile_dir)
-    run_dir = getattr(cfg, "run_dir", None)
-    if getattr(cfg, "calibrate", False) and isinstance(run_dir, str):
-        check_file(os.path.join(run_dir, CALIBRATION_FILE), "calibration")
+    if cfg.calibrate:
+        check_file(os.path.join(str(cfg.run_dir), CALIBRATION_FILE), "calibration")
+
+
 WARMUP_ITERATIONS = 2       # the first iterations of a process (lazy initialisation) are not fitted
 
 
 class Calibrator:
-    def __init__(self, trainer: Any) -> None:
-        self.tr = trainer
-        self.enabled = bool(getattr(trainer.cfg, "calibrate", False))
+    """One rank's calibration. Built from the parts it reads (the config, the ranks' GPU types, this rank,
+    the metrics writer); ``attach`` hands it, once the trainer has built them, the controller whose rounds
+    it syncs on, the planner's declared speed factors and the iteration counter."""
+
+    def __init__(self, cfg: JobConfig, gpu_types: Sequence[str], rank: int, metrics: MetricsWriter) -> None:
+        self.cfg = cfg
+        self.gpu_types = list(gpu_types)
+        self.rank = rank
+        self.world = len(self.gpu_types)
+        self.metrics = metrics
+        self.controller: Controller | None = None
+        self.declared: list[float] | None = None       # the planner's declared speed factors (attach)
+        self._iteration: Callable[[], int] = lambda: 0
+        self.enabled = bool(cfg.calibrate)
         self.base: PerfModel | None = None
         self.view: PerfModel | None = None
         self.cal: Calibration | None = None       # every rank's fit as of the last sync
@@ -49,11 +67,17 @@ class Calibrator:
         self.seen = 0
         self._warned = False
 
+    def attach(self, controller: Controller | None, declared: list[float] | None,
+               iteration: Callable[[], int]) -> None:
+        """The trainer's parts built after this one: its controller, its planner's declared factors, its
+        iteration count."""
+        self.controller, self.declared, self._iteration = controller, declared, iteration
+
     def model(self) -> PerfModel:
         """The calibrated view (built once; what ``trainer.perf_model()`` returns)."""
         if self.view is None:
-            cfg, types = self.tr.cfg, self.tr.gpu_types
-            if getattr(cfg, "profile_dir", None):
+            cfg, types = self.cfg, self.gpu_types
+            if cfg.profile_dir:
                 check_profile_dir(cfg.profile_dir)      # as calibration.json: refused when others can write it
             self.base = job_perf_model(cfg, types, calibrated=False)
             b = self.base
@@ -63,24 +87,24 @@ class Calibrator:
         return self.view
 
     def _declared(self) -> list[float]:
-        d = getattr(self.tr, "declared_speed_factors", None)
-        return list(d) if d else [1.0] * self.tr.world
+        d = self.declared
+        return list(d) if d else [1.0] * self.world
 
     def _seed(self) -> None:
-        path = os.path.join(str(self.tr.cfg.run_dir), CALIBRATION_FILE)
+        path = os.path.join(str(self.cfg.run_dir), CALIBRATION_FILE)
         cal = None
         if os.path.isfile(path):
             check_file(path, "calibration")      # it steers the plans: refused (not ignored) when others can write it
             try:
-                cal = Calibration.load(path).seeded(self.tr.gpu_types)
+                cal = Calibration.load(path).seeded(self.gpu_types)
                 log.info("calibration seeded from %s", path)
             except ConfigError as e:
                 log.warning("ignoring %s: %s", path, e)
-        self._set(cal or Calibration.fresh(self.tr.gpu_types))
+        self._set(cal or Calibration.fresh(self.gpu_types))
 
     def _set(self, cal: Calibration) -> None:
         self.cal = cal
-        self.mine = RankCalibration.from_state(cal.ranks[self.tr.rank].state_dict())
+        self.mine = RankCalibration.from_state(cal.ranks[self.rank].state_dict())
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -97,8 +121,8 @@ class Calibrator:
             view = self.model()
             assert self.base is not None and self.mine is not None
             n, b, x = int(rec["n_local"]), int(rec["b"]), int(rec.get("x", rec["n_local"] * rec["b"]))
-            g = self.tr.gpu_types[self.tr.rank]
-            sf = self._declared()[self.tr.rank]
+            g = self.gpu_types[self.rank]
+            sf = self._declared()[self.rank]
             if n > 0:
                 pb = self.base.profile(g)
                 self.window.append([rec["it"], rank_time(view.profile(g), b, n, x, sf), rank_time(pb, b, n, x, sf),
@@ -112,15 +136,17 @@ class Calibrator:
                 self.mine.update(t, n, float(rec["compute_s"]))
         except ConfigError as e:          # e.g. a plan outside the profile: not fitted, said once (every rank
             if not self._warned:          # keeps syncing, so the collective calls stay in step)
-                log.warning("rank %d: iteration not calibrated: %s", self.tr.rank, e)
+                log.warning("rank %d: iteration not calibrated: %s", self.rank, e)
             self._warned = True
 
     def is_round(self, iteration: int) -> bool:
-        ctrl = self.tr.controller
-        f = getattr(ctrl, "is_round", None)
-        if f is not None and (getattr(ctrl, "balance", False) or getattr(ctrl, "policy_name", "") != "fixed"):
-            return bool(f(iteration))
-        return iteration % max(1, int(self.tr.cfg.metrics_period)) == 0
+        """The controller's decision rounds when it has them (runtime/controller.py ``BaseController``),
+        else every ``metrics_period`` iterations."""
+        from hpc_jabas.runtime.controller import BaseController
+        ctrl = self.controller
+        if isinstance(ctrl, BaseController) and ctrl.has_rounds():
+            return bool(ctrl.is_round(iteration))
+        return iteration % max(1, int(self.cfg.metrics_period)) == 0
 
     # -- collective -------------------------------------------------------------------------------
     def sync(self, write: bool = False) -> None:
@@ -136,10 +162,12 @@ class Calibrator:
                                old.tail_scale)
         self._record([g["window"] for g in got], old)       # every rank: the tail scale; rank 0 writes
         self._rebuild()
-        self._refresh_space()
-        if write and self.tr.rank == 0:
+        from hpc_jabas.runtime.controller import AdaptiveController
+        if isinstance(self.controller, AdaptiveController):
+            self.controller.model_changed()       # goodput prices B with its batch space's times
+        if write and self.rank == 0:
             try:
-                make_private(self.cal.save(os.path.join(str(self.tr.cfg.run_dir), CALIBRATION_FILE)))
+                make_private(self.cal.save(os.path.join(str(self.cfg.run_dir), CALIBRATION_FILE)))
             except OSError as e:
                 log.warning("calibration not written: %s", e)
 
@@ -164,29 +192,14 @@ class Calibrator:
         if k == 0 or ms <= 0:
             return
         self.cal.observe_tail((ms - fin) / k, tail_base / k)
-        if self.tr.rank != 0:
+        if self.rank != 0:
             return
         pc, pb, ms = pc / k, pb / k, ms / k
-        self.tr.metrics.write({"type": "perf_error", "it": self.tr.iteration, "iterations": k,
+        self.metrics.write({"type": "perf_error", "it": self._iteration(), "iterations": k,
                                "predicted_s": pc, "predicted_uncalibrated_s": pb, "measured_s": ms,
                                "error": abs(pc - ms) / ms, "error_uncalibrated": abs(pb - ms) / ms,
                                "factor": [rc.factor for rc in self.cal.ranks], "tail_scale": old.tail_scale,
                                "offset_s": [rc.offset for rc in self.cal.ranks]})
-
-    def _refresh_space(self) -> None:
-        """Goodput (noise-scale) prices B with the batch space's times: rebuilt on the calibrated model."""
-        ctrl = self.tr.controller
-        if getattr(ctrl, "space", None) is None or getattr(ctrl, "policy_name", "fixed") != "noise-scale":
-            return
-        from hpc_jabas.core.planning import job_batch_space
-        tr = self.tr
-        try:
-            ctrl.space = job_batch_space(tr.cfg, tr.gpu_types, self.model(),
-                                         plan_fn=lambda B: tr.planner_fn(B, None),
-                                         per_rank=not getattr(tr, "identical_b", True),
-                                         speed_factors=getattr(tr, "declared_speed_factors", None))
-        except ConfigError as e:
-            log.warning("batch space kept on the previous model: %s", e)
 
     # -- checkpoint --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any] | None:
@@ -201,6 +214,6 @@ class Calibrator:
         except ConfigError as e:
             log.warning("checkpoint calibration ignored: %s", e)
             return
-        same = len(cal.ranks) == self.tr.world and [r.gpu for r in cal.ranks] == list(self.tr.gpu_types)
-        self._set(cal if same else cal.seeded(self.tr.gpu_types))
+        same = len(cal.ranks) == self.world and [r.gpu for r in cal.ranks] == list(self.gpu_types)
+        self._set(cal if same else cal.seeded(self.gpu_types))
         self.window = []

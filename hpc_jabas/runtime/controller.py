@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hpc_jabas.core.decision import Decision
-from hpc_jabas.core.planning import Plan
+from hpc_jabas.core.planning import Plan, Planner
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import Controller
 from hpc_jabas.runtime.telemetry import HostTelemetry
@@ -43,6 +43,10 @@ class BaseController(Controller):
 
     def is_round(self, done_iterations: int) -> bool:
         return done_iterations % self.p == 0
+
+    def has_rounds(self) -> bool:
+        """Its rounds are the trainer's calibration rounds (runtime/calibrate.py)."""
+        return True
 
     def decide(self, trainer, rec: dict) -> Decision | None:  # rank 0 only
         return None
@@ -105,7 +109,7 @@ class ScriptedController(BaseController):
         at = announce_at(trainer)
         v = self.schedule[at]
         if isinstance(v, int):
-            plan = trainer.planner_fn(v, None)
+            plan = trainer.planner.plan(v, None)
         elif isinstance(v, str):
             plan = Plan.parse(v)
         else:
@@ -158,6 +162,8 @@ class AdaptiveController(BaseController):
         elif self.policy_name == "ramp":
             kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
         self.policy = make_policy(self.policy_name, **kw)
+        # a policy whose range holds one B cannot move: it measures nothing and decides nothing (said at attach)
+        self.moves = self.policy_name != "fixed" and cfg.B_min < cfg.B_max
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
         self.wd_rule = make_wd_rule(cfg.wd_rule, B_ref=cfg.batch_ref or cfg.batch)
         self._wd_hook = None
@@ -172,19 +178,28 @@ class AdaptiveController(BaseController):
         self.rebalancer = None
         self._window: list[dict] = []
         self._telemetry: HostTelemetry | None = None
+        self.planner: Planner | None = None       # the trainer's (attach)
 
     def attach(self, trainer) -> None:
         super().attach(trainer)
         cfg = self.cfg
         from hpc_jabas.core.policy import decision_period
         self.p = self.policy.p = decision_period(cfg.p, trainer.sampler.num_samples, cfg.batch)
+        if trainer.rank == 0 and self.policy_name != "fixed":
+            from hpc_jabas.log import get_logger
+            if not self.moves:
+                get_logger(__name__).warning(
+                    "policy %r cannot move B: batch_min=%d = batch_max=%d; it measures nothing (set a wider "
+                    "range, or policy='fixed')", self.policy_name, cfg.B_min, cfg.B_max)
+            elif cfg.p is None and self.p == 1 and self.policy_name != "ramp":
+                get_logger(__name__).warning(
+                    "p=1: an epoch has only %d iterations at B=%d, so every iteration measures the gradient "
+                    "statistics (an extra allreduce each); set p to decide less often",
+                    -(-trainer.sampler.num_samples // cfg.batch), cfg.batch)
+        self.planner = trainer.planner
         if self.space is None and self.policy_name != "fixed":
             # the B the trainer's planner realises on this mix, timed by the job's perf model
-            from hpc_jabas.core.planning import job_batch_space
-            self.space = job_batch_space(cfg, trainer.gpu_types, trainer.perf_model(),
-                                         plan_fn=lambda B: trainer.planner_fn(B, None),
-                                         per_rank=not trainer.identical_b,
-                                         speed_factors=trainer.declared_speed_factors)
+            self.space = self.planner.batch_space(cfg.B_min, cfg.B_max)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
@@ -198,6 +213,20 @@ class AdaptiveController(BaseController):
                 self.factors = None
             if self._telemetry is None:
                 self._telemetry = HostTelemetry()
+
+    def has_rounds(self) -> bool:
+        return self.balance or self.policy_name != "fixed"
+
+    def model_changed(self) -> None:
+        """The perf model was recalibrated in place: goodput (noise-scale) prices B with the batch space's
+        times, so its space is rebuilt on it (kept, with a warning, when that fails)."""
+        if self.space is None or self.policy_name != "noise-scale" or self.planner is None:
+            return
+        try:
+            self.space = self.planner.batch_space(self.cfg.B_min, self.cfg.B_max)
+        except ConfigError as e:
+            from hpc_jabas.log import get_logger
+            get_logger(__name__).warning("batch space kept on the previous model: %s", e)
 
     def _apply_wd(self, opt) -> None:
         """Every step: each param group's weight decay = its own weight decay x the wd rule at the B in force."""
@@ -222,15 +251,15 @@ class AdaptiveController(BaseController):
         return (sampler.epoch + sampler.cursor / n) / epochs
 
     def wants_stats(self, iteration: int) -> bool:
-        return self.cfg.policy not in ("fixed", "ramp") and (iteration + 1) % self.p == 0
+        return self.moves and self.cfg.policy != "ramp" and (iteration + 1) % self.p == 0
 
     def is_round(self, done: int) -> bool:
-        return (self.cfg.policy != "fixed" and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
+        return (self.moves and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
 
     # ---- balancing measurements (every rank) -------------------------------------------------
     def _measure(self, trainer) -> dict:
         gpu = trainer.gpu_types[trainer.rank]
-        declared = trainer.declared_speed_factors     # factors are relative to the declared speed
+        declared = trainer.planner.declared_factors     # factors are relative to the declared speed
         sf = declared[trainer.rank] if declared else 1.0
         meas = exp = 0.0
         for r in self._window:
@@ -255,7 +284,7 @@ class AdaptiveController(BaseController):
             return None
         from hpc_jabas.runtime import comm
         bal = self.balance and done % self.cfg.p_balance == 0
-        pol = self.cfg.policy != "fixed" and done % self.p == 0
+        pol = self.moves and done % self.p == 0
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
         return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
@@ -269,7 +298,7 @@ class AdaptiveController(BaseController):
                 B_now, plan_now, lr_now = announced(trainer)
                 plan, info = self.rebalancer.propose(
                     B_now, plan_now, self.factors,
-                    plan_fn=lambda B, f: trainer.planner_fn(B, list(f)),
+                    plan_fn=lambda B, f: trainer.planner.plan(B, list(f)),
                     time_fn=lambda p, f: self.model.iteration_time(p, trainer.gpu_types, speed_factors=list(f)))
                 trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
                                        "predicted": self.factors, "exo": [m["exo"] for m in meas],
@@ -312,7 +341,7 @@ class AdaptiveController(BaseController):
         if bd.B == B_now and self.factors is None:
             plan = plan_now
         else:
-            plan = trainer.planner_fn(bd.B, list(self.factors) if self.factors else None)
+            plan = trainer.planner.plan(bd.B, list(self.factors) if self.factors else None)
         if plan.B != bd.B:
             raise RuntimeError(f"planner realised B={plan.B} for the decided B={bd.B} (batch space out of step)")
         lr = self.lr_rule.lr_scale(plan.B)

@@ -18,7 +18,6 @@ read of it is ``TrainerView``; tests fake a trainer with a class that has these 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -27,6 +26,7 @@ from hpc_jabas.core.planning.plan import Plan
 
 if TYPE_CHECKING:
     from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.planning.planner import Planner
     from hpc_jabas.core.sampler import HeterogeneousSampler
 
 SchedulerStep = Literal["epoch", "iteration"]
@@ -52,10 +52,9 @@ class TrainerView(Protocol):
     lr_scale: float
     sampler: HeterogeneousSampler                # epoch and cursor
     decision_lead: int                           # a decision made now takes effect this many iterations later
-    # the planner the trainer built
-    planner_fn: Callable[[int, list[float] | None], Plan]
-    identical_b: bool                            # one micro-batch size on every rank (else per-rank b)
-    declared_speed_factors: list[float] | None   # the config's speeds relative to the perf model
+    # the planner the trainer built (core/planning/planner.py): plan(B, factors), batch_space, identical_b,
+    # declared_factors (the config's speeds relative to the perf model), spec (its PlanSpec)
+    planner: Planner
     # the parts around the loop
     opt: Any                                     # the HeterogeneousOptimizer
     controller: Controller | None

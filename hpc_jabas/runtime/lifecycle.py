@@ -154,9 +154,8 @@ class EpochEndAutoscaler(EpochEndHook):
             self._last_step_end = None
         ov = self.meter.estimate()
         rec["overheads"] = ov.to_dict()
-        fn = epoch_time_fn(model, types, fc, p, N, [jc.micro_batch] if jc.micro_batch else None,
-                           planner=jc.planner, B_min=jc.B_min, B_max=jc.B_max, speeds=jc.speeds, overheads=ov,
-                           min_micro_batch=jc.min_micro_batch)
+        spec = trainer.planner.spec             # the job's planner, priced on every mix
+        fn = epoch_time_fn(model, types, fc, p, N, B_min=jc.B_min, B_max=jc.B_max, overheads=ov, spec=spec)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
         overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
         for s in st.restart_overheads:
@@ -170,7 +169,7 @@ class EpochEndAutoscaler(EpochEndHook):
         unit = cfg.unit or {q: max([view.nodes[n].gpus_total for n in view.partitions[q].nodes if n in view.nodes],
                                    default=1) for q in types}       # 0: whole nodes
         choice = search(self.mix, free, types, fn, rates, cfg.objective, overhead,
-                        perf_bound(model, types, N, jc.B_max, every_rank_runs=jc.planner == "optimal", forecast=fc,
+                        perf_bound(model, types, N, jc.B_max, every_rank_runs=spec.every_rank_runs, forecast=fc,
                                    period=p, B_min=jc.B_min, micro_batch=jc.micro_batch),
                         max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus, allowed=cfg.allowed,
                         max_partitions=cfg.max_partitions, unit=unit, exact_upto=cfg.exact_upto, margin=cfg.margin,
@@ -192,11 +191,34 @@ class EpochEndAutoscaler(EpochEndHook):
                                    "note": "move chosen but no submitter here (not under Slurm): staying"})
             return MoveDecision.stay("no submitter here (not under Slurm)")
         assert d.mix is not None
+        if (why := stop_cause(self.spec, self.job_id, under_slurm=True)) is not None:
+            trainer.metrics.write({"type": "autoscale_note", "it": trainer.iteration,
+                                   "note": f"move not made: the chain was cancelled ({why['by']})"})
+            log.info("move to %s not made: the chain was cancelled (%s)", d.mix, why["by"])
+            return MoveDecision.stay(f"chain cancelled ({why['by']})")
         t_ckpt = trainer.last_checkpoint_time if trainer.last_checkpoint_time is not None else time.time()
         new_id = self.submit_fn(self.spec.with_mix(d.mix))
         chainlog.append(self.spec.chain_dir, "move", from_job=self.job_id, to_job=new_id, mix=d.mix,
                         epoch=trainer.sampler.epoch, iteration=trainer.iteration, checkpoint_time=t_ckpt)
         return MoveDecision(True, dict(d.mix), d.reason, job_id=str(new_id))
+
+
+def stop_cause(spec, job_id: str | None, under_slurm: bool) -> dict | None:
+    """Rank 0, before anything that would continue the chain (a requeue after a stop, a move's successor, a
+    resubmission after a failure): why the chain ends here instead, or None to go on. A ``cancel`` event in the
+    chain (``hpc-jabas cancel``), or Slurm's record that a user cancelled this job (a plain ``scancel``: sacct
+    CANCELLED); Slurm's preemption and time limit are not cancels (slurm/cancel.py)."""
+    import os
+
+    from hpc_jabas.slurm.cancel import stop_cause as _cause
+    if job_id is None:
+        return None
+    here = str(job_id) in (os.environ.get("SLURM_HET_JOB_ID"), os.environ.get("SLURM_JOB_ID"))   # Slurm's own job
+    try:
+        return _cause(spec.chain_dir, str(job_id), under_slurm=under_slurm and here)
+    except JabasError as e:              # the chain record cannot be read: go on as before, and say so
+        log.warning("could not tell whether the chain was cancelled: %s", e)
+        return None
 
 
 def _B_at(traj, it: int) -> int:

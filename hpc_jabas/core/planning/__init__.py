@@ -27,6 +27,7 @@ from hpc_jabas.core.planning.plan import (
 from hpc_jabas.core.planning.planner import (
     Planner,
     PlannerFn,
+    PlanSpec,
     job_batch_space,
     lbbsp_speeds,
     make_planner,
@@ -49,7 +50,7 @@ from hpc_jabas.core.planning.space import (
 )
 
 __all__ = [
-    "DIRECTIONS", "GROW", "SET", "SHRINK", "STAY", "BatchSpace", "Plan", "Planner", "PlannerFn", "Snapped",
+    "DIRECTIONS", "GROW", "SET", "SHRINK", "STAY", "BatchSpace", "Plan", "PlanSpec", "Planner", "PlannerFn", "Snapped",
     "grain_of", "half_split", "job_batch_space", "lbbsp_speeds", "make_planner", "optimal_space",
     "per_rank_times", "plan_batch", "plan_range", "planner_space", "proportional_plan",
     "proportional_samples_plan", "rank_split", "snap_batch", "snap_nearest", "snap_toward",

@@ -1,7 +1,9 @@
 """The job's planner: one ``Planner`` protocol, built in one place (``make_planner``). Pure.
 
 A planner turns a global batch B (and the balancing speed factors, or None) into a ``Plan`` and
-knows which B it realises on its ranks (``batch_space``). Three kinds, chosen by ``cfg.planner``:
+knows which B it realises on its ranks (``batch_space``). It is built from a ``PlanSpec`` (read once from the
+job's config: ``PlanSpec.from_config``), the ranks' GPU types and the perf model, by ``make_planner``: the one
+place that branches on the planner kind (``_KINDS``). Three kinds, chosen by ``PlanSpec.kind``:
 
 * ``optimal``: the exact planner (identical.py, per_rank.py) on the perf model; the declared
   ``speeds`` become per-rank speed factors of the model (``perfmodel.declared_speed_factors``;
@@ -9,7 +11,7 @@ knows which B it realises on its ranks (``batch_space``). Three kinds, chosen by
 * ``lbbsp``: B split in proportion to the ranks' speeds (``lbbsp_speeds``: the declared ones when
   they fit the ranks, else the catalog's), in micro-batches of ``micro_batch`` (identical b) or in
   samples, each rank's in the fewest micro-batches its memory holds (per-rank b).
-* ``fixed``: the plan given in ``cfg.plan``; it cannot change B. Declared speeds are refused unless
+* ``fixed``: the plan given in ``PlanSpec.plan``; it cannot change B. Declared speeds are refused unless
   the ranks are emulated (then the emulator runs each rank at its declared speed).
 
 **Kind of plan** (docs/invariants.md, invariant 2). Identical b (IIDP) when the model has
@@ -19,10 +21,11 @@ own micro-batch size.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-import logging
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from hpc_jabas.core import gpus as catalog
 from hpc_jabas.core.perfmodel import PerfModel, declared_speed_factors
@@ -31,7 +34,8 @@ from hpc_jabas.core.planning.plan import Plan, proportional_plan, proportional_s
 from hpc_jabas.core.planning.space import BatchSpace, optimal_space, planner_space
 from hpc_jabas.errors import ConfigError
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from hpc_jabas.core.config import JobConfig
 
 PlannerFn = Callable[[int, "list[float] | None"], Plan]
 ModelSource = PerfModel | Callable[[], PerfModel]
@@ -59,8 +63,68 @@ def candidate_sizes(micro_batch: int | None, min_micro_batch: int | None, gpus: 
     return keep or measured[-1:]
 
 
+@dataclass(frozen=True)
+class PlanSpec:
+    """What every planner of a job is built from, read once from its config (``from_config``): the kind
+    (``optimal``, ``lbbsp``, ``fixed``), the micro-batch candidates (``micro_batch`` pins one size,
+    ``min_micro_batch`` is the smallest the profiles may give: ``candidates``), the plan kind
+    (``identical``: the ``identical_micro_batch`` key), the declared per-rank ``speeds`` (speed factors of the
+    perf model for ``optimal``, the split for ``lbbsp``), the ``fixed`` kind's ``plan``, and ``emulate``.
+    The trainer's planner, the controller's batch space, the auto-scaler's and the simulator's pricing are
+    all built from one (``make_planner``). Hashable: a key of the auto-scaler's space cache."""
+
+    kind: str = "optimal"
+    micro_batch: int | None = None
+    min_micro_batch: int | None = None
+    identical: str = "auto"
+    speeds: tuple[float, ...] | None = None
+    plan: str | None = None
+    emulate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ConfigError(f"planner={self.kind!r} is invalid; use one of {', '.join(_KINDS)}")
+        if self.speeds is not None and not isinstance(self.speeds, tuple):
+            object.__setattr__(self, "speeds", tuple(float(x) for x in self.speeds))
+
+    @classmethod
+    def from_config(cls, cfg: JobConfig | PlanSpec | Any) -> PlanSpec:
+        """The spec of a job config (``JobConfig``, or any object with its planning keys; absent keys take
+        their defaults); a PlanSpec is returned as it is."""
+        if isinstance(cfg, PlanSpec):
+            return cfg
+        speeds = getattr(cfg, "speeds", None)
+        return cls(kind=getattr(cfg, "planner", "optimal") or "optimal", micro_batch=getattr(cfg, "micro_batch", None),
+                   min_micro_batch=getattr(cfg, "min_micro_batch", None),
+                   identical=getattr(cfg, "identical_micro_batch", "auto") or "auto",
+                   speeds=None if not speeds else tuple(float(x) for x in speeds),
+                   plan=getattr(cfg, "plan", None), emulate=bool(getattr(cfg, "emulate", False)))
+
+    def replace(self, **kw: Any) -> PlanSpec:
+        return dataclasses.replace(self, **kw)
+
+    def candidates(self, gpus: Sequence[str], model: PerfModel) -> list[int] | None:
+        """``candidate_sizes`` of this spec on ranks ``gpus``."""
+        return candidate_sizes(self.micro_batch, self.min_micro_batch, gpus, model)
+
+    @property
+    def changes_B(self) -> bool:
+        """This kind can realise other batch sizes (``fixed`` cannot: its plan is given)."""
+        return _KINDS[self.kind].changes_B
+
+    @property
+    def every_rank_runs(self) -> bool:
+        """Every rank gets samples in every plan of this kind (the auto-scaler's bound may assume it)."""
+        return _KINDS[self.kind].every_rank_runs
+
+
 class Planner(Protocol):
     """What the trainer, the controller and the auto-scaler use of a planner."""
+
+    @property
+    def spec(self) -> PlanSpec:
+        """What this planner was built from."""
+        ...
 
     @property
     def identical_b(self) -> bool:
@@ -80,19 +144,21 @@ class Planner(Protocol):
         """The B in [B_min, B_max] this planner realises on its ranks, timed by the perf model."""
         ...
 
+    def pricing_space(self, B_min: int, B_max: int) -> BatchSpace:
+        """The batch space the auto-scaler and the simulator price a mix with (identical b, no declared
+        factors): ``optimal``'s rank-group times (grouptimes.group_space, no per-rank plans of thousands
+        of ranks), else ``batch_space``."""
+        ...
 
-def wants_identical_b(cfg: Any, coupled_layers: Sequence[str] = ()) -> bool:
-    """The kind of plan (module docstring): True for identical b, False for per-rank sizes."""
-    mode = getattr(cfg, "identical_micro_batch", "auto")
-    if mode == "false":
-        if cfg.micro_batch:
-            raise ConfigError(f"identical_micro_batch='false' contradicts micro_batch={cfg.micro_batch}, which "
-                              "pins one size on every rank; drop one of them")
-        if coupled_layers:
-            log.warning("identical_micro_batch='false' with batch-coupled layers (%s): their statistics "
-                        "differ between micro-batch sizes", ", ".join(coupled_layers))
+
+def wants_identical_b(spec: PlanSpec | JobConfig, coupled_layers: Sequence[str] = ()) -> bool:
+    """The kind of plan (module docstring): True for identical b, False for per-rank sizes. (A forced
+    per-rank plan with a pinned ``micro_batch`` is refused by ``JobConfig.validate``; the warning for
+    batch-coupled layers is the trainer's.)"""
+    s = PlanSpec.from_config(spec)
+    if s.identical == "false":
         return False
-    return mode == "true" or bool(cfg.micro_batch) or bool(coupled_layers)
+    return s.identical == "true" or bool(s.micro_batch) or bool(coupled_layers)
 
 
 def lbbsp_speeds(gpus: Sequence[str], speeds: Sequence[float] | None = None, *, strict: bool = False) -> list[float]:
@@ -113,14 +179,21 @@ class _JobPlanner:
     and an optional planner function that replaces the kind's own rule (the user's ``planner_fn``)."""
 
     kind = ""
+    changes_B: ClassVar[bool] = True
+    every_rank_runs: ClassVar[bool] = False
 
-    def __init__(self, gpus: Sequence[str], perf_model: ModelSource, identical_b: bool,
+    def __init__(self, spec: PlanSpec, gpus: Sequence[str], perf_model: ModelSource, identical_b: bool,
                  declared: list[float] | None, plan_fn: PlannerFn | None) -> None:
+        self._spec = spec
         self.gpus = list(gpus)
         self._model = perf_model
         self._identical_b = identical_b
         self._declared = declared
         self._plan_fn = plan_fn
+
+    @property
+    def spec(self) -> PlanSpec:
+        return self._spec
 
     @property
     def identical_b(self) -> bool:
@@ -145,15 +218,39 @@ class _JobPlanner:
     def batch_space(self, B_min: int, B_max: int) -> BatchSpace:
         raise ConfigError(f"planner={self.kind!r} cannot change the batch size; use 'optimal' or 'lbbsp'")
 
+    def pricing_space(self, B_min: int, B_max: int) -> BatchSpace:
+        return self.batch_space(B_min, B_max)
+
+    @classmethod
+    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
+              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
+              derive: bool) -> _JobPlanner:
+        raise NotImplementedError
+
 
 class FixedPlanner(_JobPlanner):
-    """The plan of ``cfg.plan`` for every B."""
+    """The plan of ``PlanSpec.plan`` for every B."""
 
     kind = "fixed"
+    changes_B = False
 
     def __init__(self, fixed: Plan | None, *args: Any) -> None:
         super().__init__(*args)
         self.fixed = fixed
+
+    @classmethod
+    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
+              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
+              derive: bool) -> _JobPlanner:
+        fixed = None
+        if plan_fn is None:
+            if not spec.plan:
+                raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
+            if spec.speeds and not spec.emulate:     # a config may keep them; the job's ranks cannot use them
+                raise ConfigError(f"speeds={list(spec.speeds)} are not used by planner='fixed' (its plan is given); "
+                                  "drop speeds, or use planner='optimal' or 'lbbsp'")
+            fixed = Plan.parse(spec.plan)
+        return cls(fixed, spec, types, perf_model, identical_b, None, plan_fn)
 
     def _plan(self, B: int, factors: list[float] | None) -> Plan:
         assert self.fixed is not None
@@ -164,6 +261,14 @@ class LbbspPlanner(_JobPlanner):
     """LB-BSP: B split in proportion to ``speeds`` (times the balancing factors)."""
 
     kind = "lbbsp"
+
+    @classmethod
+    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
+              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
+              derive: bool) -> _JobPlanner:
+        speeds = None if plan_fn is not None else lbbsp_speeds(types, spec.speeds, strict=strict_speeds)
+        return cls(spec.micro_batch or spec.min_micro_batch or 1, speeds, spec, types, perf_model, identical_b,
+                   given, plan_fn)
 
     def __init__(self, b: int, speeds: list[float] | None, *args: Any) -> None:
         super().__init__(*args)
@@ -199,6 +304,16 @@ class OptimalPlanner(_JobPlanner):
     """The exact planner on the perf model: identical b, or per-rank sizes."""
 
     kind = "optimal"
+    every_rank_runs = True
+
+    @classmethod
+    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
+              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
+              derive: bool) -> _JobPlanner:
+        if derive and plan_fn is None:
+            pm = perf_model if isinstance(perf_model, PerfModel) else perf_model()
+            given = declared_speed_factors(list(spec.speeds) if spec.speeds else None, types, pm)
+        return cls(spec.micro_batch, spec.min_micro_batch, spec, types, perf_model, identical_b, given, plan_fn)
 
     def __init__(self, micro_batch: int | None, min_micro_batch: int | None, *args: Any) -> None:
         super().__init__(*args)
@@ -208,7 +323,11 @@ class OptimalPlanner(_JobPlanner):
     @functools.cached_property
     def cands(self) -> list[int] | None:
         """candidate_sizes() on this planner's ranks (computed once: it reads the perf model)."""
-        return candidate_sizes(self.micro_batch, self.min_micro_batch, self.gpus, self.model())
+        return self.spec.candidates(self.gpus, self.model())
+
+    def pricing_space(self, B_min: int, B_max: int) -> BatchSpace:
+        from hpc_jabas.core.grouptimes import group_space
+        return group_space(self.gpus, self.model(), B_min, B_max, self.cands)
 
     def _plan(self, B: int, factors: list[float] | None) -> Plan:
         sf, declared = factors, self.declared_factors
@@ -223,65 +342,57 @@ class OptimalPlanner(_JobPlanner):
                              speed_factors=self.declared_factors)
 
 
-def make_planner(cfg: Any, gpu_types: Sequence[str], perf_model: ModelSource, coupled_layers: Sequence[str] = (),
-                 *, plan_fn: PlannerFn | None = None, identical_b: bool | None = None,
+#: the planner kinds: the one place a kind name selects behaviour
+_KINDS: dict[str, type[_JobPlanner]] = {c.kind: c for c in (OptimalPlanner, LbbspPlanner, FixedPlanner)}
+
+
+def make_planner(spec: PlanSpec | JobConfig, gpu_types: Sequence[str], perf_model: ModelSource,
+                 coupled_layers: Sequence[str] = (), *, plan_fn: PlannerFn | None = None,
+                 identical_b: bool | None = None,
                  speed_factors: Sequence[float] | None | Literal["declared"] = "declared",
                  strict_speeds: bool = True) -> Planner:
-    """The job's planner (module docstring): ``cfg`` gives planner, micro_batch, speeds, plan,
-    identical_micro_batch and emulate; ``gpu_types`` one type per rank; ``perf_model`` the model or a
+    """The job's planner (module docstring) of ``spec`` (a PlanSpec, or a JobConfig read through
+    ``PlanSpec.from_config``) on ranks ``gpu_types`` (one type per rank); ``perf_model`` the model or a
     function that builds it (called only by the kinds that need it).
 
     ``coupled_layers``: the model's batch-coupled layer names (they make plans identical-b).
     ``plan_fn``: a planner function ``(B, factors) -> Plan`` that replaces the kind's rule (the
-    user's own); the kind then only gives the batch space, no check runs, plans count as identical b
-    and no declared factors apply unless given. ``identical_b`` / ``speed_factors``: the plan kind and
-    the declared speed factors when already known (the controller's and the auto-scaler's spaces).
+    user's own); the kind then only gives the batch space, plans count as identical b and no declared
+    factors apply unless given. ``identical_b`` / ``speed_factors``: the plan kind and the declared speed
+    factors when already known (the auto-scaler's and the simulator's spaces: identical b, None).
     ``strict_speeds``: lbbsp refuses declared speeds that do not fit ``gpu_types`` (False: it uses
     the catalog's speeds then, for a mix other than the job's).
     """
-    kind = getattr(cfg, "planner", "optimal")
-    mb = getattr(cfg, "micro_batch", None)
-    types = list(gpu_types)
+    s = PlanSpec.from_config(spec)
     custom = plan_fn is not None
     if identical_b is None:
-        identical_b = True if custom else wants_identical_b(cfg, coupled_layers)
-    derive = isinstance(speed_factors, str)          # "declared": from cfg.speeds (optimal only)
+        identical_b = True if custom else wants_identical_b(s, coupled_layers)
+    derive = isinstance(speed_factors, str)          # "declared": from spec.speeds (optimal only)
     given = None if isinstance(speed_factors, str) or not speed_factors else list(speed_factors)
-    if kind == "fixed":
-        fixed = None
-        if not custom:
-            assert cfg.plan, "JobConfig.validate() requires a plan for planner='fixed'"
-            if cfg.speeds and not getattr(cfg, "emulate", False):
-                raise ConfigError(f"speeds={cfg.speeds} are not used by planner='fixed' (its plan is given); "
-                                  "drop speeds, or use planner='optimal' or 'lbbsp'")
-            fixed = Plan.parse(cfg.plan)
-        return FixedPlanner(fixed, types, perf_model, identical_b, None, plan_fn)
-    if kind == "lbbsp":
-        speeds = None if custom else lbbsp_speeds(types, getattr(cfg, "speeds", None), strict=strict_speeds)
-        return LbbspPlanner(mb or getattr(cfg, "min_micro_batch", None) or 1, speeds, types, perf_model, identical_b,
-                            given, plan_fn)
-    if derive and not custom:
-        pm = perf_model if isinstance(perf_model, PerfModel) else perf_model()
-        given = declared_speed_factors(getattr(cfg, "speeds", None), types, pm)
-    return OptimalPlanner(mb, getattr(cfg, "min_micro_batch", None), types, perf_model, identical_b, given, plan_fn)
+    return _KINDS[s.kind].build(s, list(gpu_types), perf_model, identical_b, given, plan_fn, strict_speeds, derive)
 
 
-def job_batch_space(cfg: Any, gpus: Sequence[str], model: PerfModel, plan_fn: Callable[[int], Plan] | None = None,
-                    *, per_rank: bool = False, speed_factors: Sequence[float] | None = None) -> BatchSpace:
-    """The batch space of a job (``cfg``: planner, micro_batch, B_min, B_max, speeds) on ranks ``gpus``:
-    ``make_planner(...).batch_space(cfg.B_min, cfg.B_max)`` with the plan kind (``per_rank``) and the
-    declared ``speed_factors`` given.
+def job_batch_space(cfg: PlanSpec | JobConfig | Any, gpus: Sequence[str], model: PerfModel,
+                    plan_fn: Callable[[int], Plan] | None = None, *, per_rank: bool = False,
+                    speed_factors: Sequence[float] | None = None, B_min: int | None = None,
+                    B_max: int | None = None) -> BatchSpace:
+    """The batch space of a job on ranks ``gpus``: ``make_planner(...).batch_space(B_min, B_max)`` with the
+    plan kind (``per_rank``) and the declared ``speed_factors`` given. ``cfg``: a PlanSpec (then give
+    ``B_min``/``B_max``) or a config with the planning keys and its ``B_min``/``B_max``.
 
     ``optimal``: ``optimal_space`` (b from ``micro_batch`` when set; ``per_rank``: per-rank sizes).
     ``lbbsp``: multiples of ``micro_batch`` (1 when unset) planned by ``plan_fn`` (default: LB-BSP's
     proportional split by ``lbbsp_speeds``). Times are ``model.iteration_time`` of the plan on ``gpus``.
     """
-    kind = getattr(cfg, "planner", "optimal")
-    if kind not in ("optimal", "lbbsp"):
-        raise ConfigError(f"planner={kind!r} cannot change the batch size; use 'optimal' or 'lbbsp'")
+    spec = PlanSpec.from_config(cfg)
+    if not spec.changes_B:
+        raise ConfigError(f"planner={spec.kind!r} cannot change the batch size; use 'optimal' or 'lbbsp'")
+    rng: Any = cfg                                   # a config: its range
+    lo = B_min if B_min is not None else int(rng.B_min)
+    hi = B_max if B_max is not None else int(rng.B_max)
     one = plan_fn
     fn: PlannerFn | None = None if one is None else (lambda B, factors=None: one(B))
     # lbbsp's default plan is the identical-b split in micro-batch units whatever per_rank says
-    identical = not per_rank or kind == "lbbsp"
-    return make_planner(cfg, gpus, model, plan_fn=fn, identical_b=identical, speed_factors=speed_factors,
-                        strict_speeds=False).batch_space(cfg.B_min, cfg.B_max)
+    identical = not per_rank or spec.kind == "lbbsp"
+    return make_planner(spec, gpus, model, plan_fn=fn, identical_b=identical, speed_factors=speed_factors,
+                        strict_speeds=False).batch_space(lo, hi)
