@@ -117,3 +117,108 @@ def test_status_and_submit_take_the_group_trust_setting(tmp_path):
         assert not trust_group()
     finally:
         set_trust_group(False)
+
+
+# ---- every subcommand that reads a file: a binary file, a missing one, a directory -------------------------
+BINARY = b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x00garbage\xff\x80"
+#: (id, argv with {x} the bad input, what {x} is for each kind). Kinds: "binary" (a binary file where a file, or
+#: inside the directory, is read), "missing", "directory" (a directory where a file belongs; for an argument that
+#: is a directory, a binary file in its place). {bin}/{dir}/{missing}: the shared inputs; {bdir:NAME}: a directory
+#: whose NAME is the binary file.
+UNREADABLE = [
+    ("submit", ["submit", "{x}"], ("{bin}", "{missing}", "{dir}")),
+    ("plan-calibration", ["plan", "--batch", "32", "--gpus", "v100:2", "--emulated", "--calibration", "{x}"],
+     ("{bin}", "{missing}", "{dir}")),
+    ("plan-profile", ["plan", "--batch", "32", "--gpus", "v100:2", "--profile", "{x}"],
+     ("{bdir:allreduce.json}", "{missing}", "{bin}")),
+    ("status", ["status", "{x}", "--no-sacct"], ("{bdir:chain.jsonl}", "{missing}", "{bin}")),
+    ("report", ["report", "{x}"], ("{bdir:metrics.jsonl}", "{missing}", "{bin}")),
+    ("export", ["export", "{x}", "{out}"], ("{bin}", "{missing}", "{dir}")),
+    ("simulate-cluster", ["simulate", "{x}", str(ROOT / "examples" / "sim" / "job_gnmt.toml")],
+     ("{bin}", "{missing}", "{dir}")),
+    ("simulate-job", ["simulate", str(ROOT / "examples" / "sim" / "cluster_a.toml"), "{x}"],
+     ("{bin}", "{missing}", "{dir}")),
+]
+KINDS = ("binary", "missing", "directory")
+
+
+def _bad_input(d: Path, spec: str) -> Path:
+    if spec.startswith("{bdir:"):
+        sub = d / f"bdir-{spec[6:-1].replace('.', '-')}"
+        sub.mkdir(exist_ok=True)
+        (sub / spec[6:-1]).write_bytes(BINARY)
+        return sub
+    return {"{bin}": d / "binary.toml", "{missing}": d / "missing" / "nope.toml", "{dir}": d / "adir"}[spec]
+
+
+def _main_lines(argv: list[str], capsys, env: dict | None = None) -> tuple[object, list[str], str]:
+    from hpc_jabas.cli.main import main
+    old = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    err = capsys.readouterr().err
+    return code, [ln for ln in err.splitlines() if ln.strip()], err
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("row", [r[0] for r in UNREADABLE])
+def test_an_unreadable_input_is_one_line_naming_the_file_exit_2(tmp_path, capsys, row, kind):
+    _, argv, inputs = next(r for r in UNREADABLE if r[0] == row)
+    (tmp_path / "binary.toml").write_bytes(BINARY)
+    (tmp_path / "adir").mkdir()
+    x = _bad_input(tmp_path, inputs[KINDS.index(kind)])
+    argv = [a.replace("{x}", str(x)).replace("{out}", str(tmp_path / "out.pt")) for a in argv]
+    code, lines, err = _main_lines(argv, capsys)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    line = lines[0]
+    assert line.startswith("hpc-jabas: error: ") and str(x) in line, line
+    if inputs[KINDS.index(kind)].startswith("{bdir:") or (kind == "binary" and row != "export"):
+        assert "not UTF-8" in line or "not valid UTF-8" in line, line
+    if kind == "missing":
+        assert "does not exist" in line, line
+    assert not (tmp_path / "out.pt").exists()
+    # --debug (after the subcommand, or before it) and HPC_JABAS_DEBUG=1 show the traceback, same line, same exit
+    for dargv, env in (([*argv, "--debug"], None), (["--debug", *argv], None), (argv, {"HPC_JABAS_DEBUG": "1"})):
+        code2, lines2, err2 = _main_lines(dargv, capsys, env)
+        assert code2 == 2 and "Traceback (most recent call last)" in err2 and lines2[-1] == line, (dargv, err2)
+
+
+def test_an_input_error_no_reader_caught_is_still_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    """The last net in cli/main.py: a raw UnicodeDecodeError, TOMLDecodeError or OSError from a reader that
+    does not say it itself becomes one line naming the file (found from the error or its frames), exit 2."""
+    from hpc_jabas.cli import status
+    f = tmp_path / "raw.bin"
+    f.write_bytes(BINARY)
+
+    def read_raw(args):
+        path = f                                   # noqa: F841  (a frame local: how the line finds the file)
+        return f.read_text()
+    monkeypatch.setattr(status, "run", read_raw)
+    code, lines, err = _main_lines(["status", str(tmp_path)], capsys)
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"file {str(f)!r} is not UTF-8 text (byte 0x89 at offset 0" in lines[0], lines[0]
+
+    def toml_raw(args):
+        import tomllib
+        path = tmp_path / "adir"                   # noqa: F841  (not a file: not named)
+        return tomllib.loads("x = [")
+    monkeypatch.setattr(status, "run", toml_raw)
+    code, lines, _ = _main_lines(["status", str(tmp_path)], capsys)
+    assert code == 2 and len(lines) == 1 and "is not valid TOML" in lines[0] and "expected a TOML file" in lines[0]
+
+    def os_raw(args):
+        return open(tmp_path / "gone.json")
+    monkeypatch.setattr(status, "run", os_raw)
+    code, lines, _ = _main_lines(["status", str(tmp_path)], capsys)
+    assert code == 2 and lines == [f"hpc-jabas: error: file {str(tmp_path / 'gone.json')!r} does not exist; "
+                                   "expected a readable UTF-8 input file of this command"], lines

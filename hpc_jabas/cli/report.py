@@ -24,11 +24,15 @@ def add_parser(sub):
 def load_metrics(run_dir: str | Path) -> list[dict]:
     d = Path(run_dir)
     f = d / "metrics.jsonl" if d.is_dir() else d
+    if not d.exists():
+        raise ConfigError(f"run directory {str(d)!r} does not exist; expected a run directory that holds "
+                          "metrics.jsonl (or that file)")
     if not f.exists():
         raise ConfigError(f"no metrics at {str(f)!r}; give a run directory that holds metrics.jsonl")
     check_file(f, "metrics record")
     recs = []
-    for ln in f.read_text().splitlines():
+    from hpc_jabas.core.textfile import read_text
+    for ln in read_text(f, "metrics record", "a run's metrics.jsonl (JSON lines) or its run directory").splitlines():
         try:
             recs.append(json.loads(ln))
         except json.JSONDecodeError:

@@ -12,7 +12,6 @@ Reads SIM_DIR/simulation.json and writes, into SIM_DIR (or --out DIR):
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,8 @@ def is_simulation(path: str | Path) -> bool:
 def load(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     f = p / "simulation.json" if p.is_dir() else p
-    try:
-        doc = json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read the simulation {str(f)!r} ({e}); "
-                          "give the --out DIR of hpc-jabas simulate") from None
+    from hpc_jabas.core.textfile import read_json
+    doc = read_json(f, "simulation", "the simulation.json in the --out DIR of hpc-jabas simulate")
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict) or not doc["results"]:
         raise ConfigError(f"{str(f)!r} has no simulation results; give the --out DIR of hpc-jabas simulate")
     for n, r in doc["results"].items():

@@ -46,11 +46,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _check_job_table(path: str) -> dict:
     """The raw [job] table, checked (core/jobspec.check_job_table: unknown keys, values of the wrong type)."""
-    import tomllib
-    try:
-        job = tomllib.loads(Path(path).read_text()).get("job") or {}
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}      # spec_from_file has said what is wrong
+    from hpc_jabas.core.config import read_toml
+    job = read_toml(path, "job file").get("job") or {}    # unreadable, not UTF-8, not TOML: one line
     from hpc_jabas.core.jobspec import check_job_table
     return check_job_table(job, path)
 

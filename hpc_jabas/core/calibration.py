@@ -286,12 +286,7 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Calibration:
+        from hpc_jabas.core.textfile import read_json
         p = os.fspath(path)
-        try:
-            with open(p) as f:
-                d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        except OSError as e:
-            raise ConfigError(f"{p}: cannot read the calibration ({e.strerror})") from None
+        d = read_json(p, "calibration", "a run's calibration.json (JSON)")
         return cls.from_dict(d, p)

@@ -80,7 +80,5 @@ class JobSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> JobSpec:
-        try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except FileNotFoundError:
-            raise ConfigError(f"job spec {str(path)!r} does not exist") from None
+        from hpc_jabas.core.textfile import read_json
+        return cls.from_dict(read_json(path, "job spec", "the JSON job spec hpc-jabas submit wrote"))

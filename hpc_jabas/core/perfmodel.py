@@ -319,13 +319,8 @@ class PerfModel:
 
 
 def _read_json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    from hpc_jabas.core.textfile import read_json
+    return read_json(path, "profile file", "a JSON file that hpc-jabas profile wrote")
 
 
 def rank_time(p: ComputeProfile, b: int, n: int, x: int, f: float = 1.0) -> float:

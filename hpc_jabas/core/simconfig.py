@@ -51,7 +51,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import tomllib
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,13 +68,8 @@ STOPS = ("progress", "samples")
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{what} {str(p)!r} does not exist; give a TOML file")
-    try:
-        return tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{what} {str(p)!r} is not valid TOML ({e})") from None
+    from hpc_jabas.core.textfile import read_toml as read
+    return read(path, what, "a TOML file")
 
 
 class _Keys:
@@ -206,19 +200,20 @@ def _read_trace(path: Path, parts: Mapping[str, Partition]) -> dict[str, tuple[l
     if not path.is_file():
         raise ConfigError(f"queue trace {str(path)!r} does not exist; give a CSV of time_s,partition,wait_s rows")
     rows: dict[str, list[tuple[float, float]]] = {}
-    with open(path, newline="") as f:
-        for i, row in enumerate(csv.reader(f), 1):
-            if not row or row[0].strip().startswith("#") or row[0].strip() == "time_s":
-                continue
-            try:
-                t, part, w = float(row[0]), row[1].strip(), float(row[2])
-            except (ValueError, IndexError):
-                raise ConfigError(f"queue trace {str(path)!r}, line {i}: {row!r} is not time_s,partition,wait_s") \
-                    from None
-            if part not in parts or not (w >= 0 and math.isfinite(w) and math.isfinite(t)):
-                raise ConfigError(f"queue trace {str(path)!r}, line {i}: unknown partition {part!r} or bad wait; "
-                                  f"partitions: {', '.join(sorted(parts))}")
-            rows.setdefault(part, []).append((t, w))
+    from hpc_jabas.core.textfile import read_text
+    text = read_text(path, "queue trace", "a CSV of time_s,partition,wait_s rows")
+    for i, row in enumerate(csv.reader(text.splitlines()), 1):
+        if not row or row[0].strip().startswith("#") or row[0].strip() == "time_s":
+            continue
+        try:
+            t, part, w = float(row[0]), row[1].strip(), float(row[2])
+        except (ValueError, IndexError):
+            raise ConfigError(f"queue trace {str(path)!r}, line {i}: {row!r} is not time_s,partition,wait_s") \
+                from None
+        if part not in parts or not (w >= 0 and math.isfinite(w) and math.isfinite(t)):
+            raise ConfigError(f"queue trace {str(path)!r}, line {i}: unknown partition {part!r} or bad wait; "
+                              f"partitions: {', '.join(sorted(parts))}")
+        rows.setdefault(part, []).append((t, w))
     out = {}
     for p, rs in rows.items():
         rs.sort()
@@ -347,7 +342,8 @@ def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
         raise ConfigError(f"gradstats trace {str(path)!r} does not exist; give a run's metrics.jsonl")
     pts: list[tuple[int, float, tuple[float | None, float | None, float | None, bool]]] = []
     per_it: dict[int, int] = {}
-    for line in path.read_text().splitlines():
+    from hpc_jabas.core.textfile import read_text
+    for line in read_text(path, "gradstats trace", "a run's metrics.jsonl").splitlines():
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
