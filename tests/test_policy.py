@@ -159,13 +159,39 @@ def test_goodput_on_a_heterogeneous_mix_uses_the_planner_times():
     gpus = ["a100", "v100", "v100"]
     model = PerfModel.emulated(gpus, [4, 8, 16, 32, 64], 0.002, 0.0002)
     space = optimal_space(gpus, model, 24, 768, [8])
-    pol = GoodputPolicy(B0=96, B_min=24, B_max=768, warmup=0, max_step=math.inf)
+    pol = GoodputPolicy(B0=96, B_min=24, B_max=768, warmup=0, max_step=math.inf, min_gain=0.0)
     for bn in (50.0, 400.0, 5000.0):
         d = pol.decide(PolicyState(B=96, b_noise=bn), space)
         best = max(space.table(), key=lambda r: goodput(r[0], r[1], bn, 96))
         assert d.B == best[0] and d.B % 8 == 0
     Bs = [pol.decide(PolicyState(B=96, b_noise=bn), space).B for bn in (50.0, 400.0, 5000.0)]
     assert Bs == sorted(Bs) and Bs[0] < Bs[-1]          # more noise -> larger batch
+
+
+@pytest.mark.parametrize("bn", [60.0, 90.0, 120.0, 150.0, 400.0, 2000.0])
+def test_goodput_moves_only_for_a_predicted_gain_of_5_percent(bn):
+    """Pollux's rule: the argmax is taken only when its predicted goodput beats the current B's by >= 5%.
+    The reference gain is computed here by brute force with Pollux's goodput written out; the noise scales
+    put the gain on both sides of 5% (0.1-1.6% for 60-150, 11% and 40% for 400 and 2000)."""
+    a, c, B = 0.1, 0.001, 100
+    space = linear_space(1, 2048, a, c)
+    ref = lambda b: b / (a + c * b) * (bn + 64) / (bn + b)        # noqa: E731
+    best = max(range(1, 2049), key=ref)
+    gain = ref(best) / ref(B) - 1.0
+    d = GoodputPolicy(B0=64, B_min=1, B_max=2048, warmup=0, max_step=math.inf).decide(
+        PolicyState(B=B, b_noise=bn), space)
+    if gain >= 0.05:
+        assert d.B == best and d.moved
+    else:
+        assert (d.B, d.moved) == (B, False) and "under the 5%" in d.reason
+    assert GoodputPolicy(B0=64, B_min=1, B_max=2048, warmup=0, max_step=math.inf, min_gain=0.0).decide(
+        PolicyState(B=B, b_noise=bn), space).B == best
+
+
+def test_goodput_min_gain_is_checked():
+    for bad in (-0.1, 1.0, float("nan"), "5%"):
+        with pytest.raises(ConfigError, match="min_gain"):
+            GoodputPolicy(B0=64, min_gain=bad)
 
 
 def test_goodput_waits_for_its_warmup_then_moves_and_resumes_warm():
@@ -202,7 +228,7 @@ def test_make_policy_names_and_config():
         assert canonical_policy(name) == "noise-scale"
     assert make_policy("noise-scale", B0=64, B_min=16, B_max=512).config() == {
         "name": "noise-scale", "B_min": 16, "B_max": 512, "p": 100, "B0": 64, "warmup": 3, "max_step": 2.0,
-        "window": 20}
+        "window": 20, "min_gain": 0.05}
     assert isinstance(make_policy("fixed"), FixedPolicy)
     pol = make_policy("similarity", gamma=0.1, B_max=512, p=20)
     assert pol.config() == {"name": "similarity", "B_min": 1, "B_max": 512, "p": 20, "gamma": 0.1, "alpha": 0.1}

@@ -93,6 +93,9 @@ DEFAULT_GOODPUT_WARMUP = 3
 DEFAULT_GOODPUT_MAX_STEP = 2.0
 #: the goodput policy averages the |G|^2 and tr(Sigma) estimates of its last this many measurements
 DEFAULT_GOODPUT_WINDOW = 20
+#: the goodput policy moves B only for a predicted goodput gain of at least this fraction (Pollux's 5%: a
+#: smaller predicted gain is within the estimate's noise, and each move also moves the lr)
+DEFAULT_GOODPUT_MIN_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,7 @@ class GoodputPolicy(BatchPolicy):
     al.). A caller without raw estimates may pass a smoothed ``b_noise`` instead (used only while
     the window is empty).
 
+    As Pollux, B moves only for a predicted goodput gain of at least ``min_gain`` (5%) over the current B.
     Guards beyond Pollux: no move before ``warmup`` fresh measurements (a decision without a new
     measurement, e.g. after a skipped fp16 step, does not count), and at most ``max_step`` x per
     decision (the argmax within [B / max_step, B * max_step]; when no realisable B lies inside,
@@ -297,8 +301,12 @@ class GoodputPolicy(BatchPolicy):
 
     def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
-                 window: int = DEFAULT_GOODPUT_WINDOW) -> None:
+                 window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN) -> None:
         super().__init__(B_min, B_max, p)
+        if not is_number(min_gain, nan=False) or not 0.0 <= min_gain < 1.0:
+            raise ConfigError(f"min_gain={min_gain!r} is invalid; the smallest predicted goodput gain that moves "
+                              "B must be in [0, 1), e.g. 0.05")
+        self.min_gain = float(min_gain)
         self.B0 = self.B_min if B0 is None else integer(B0, "B0", lo=1)
         self.warmup = integer(warmup, "warmup", lo=0)
         if not is_number(max_step, nan=False) or not max_step > 1.0:
@@ -364,6 +372,12 @@ class GoodputPolicy(BatchPolicy):
             how = f"one step toward the goodput argmax B={Bg} (none realisable in [{lo:.4g}, {hi:.4g}])"
         Bs, ts = min(near, key=key)
         E = statistical_efficiency(Bs, bn, self.B0)
+        now = dict(rows).get(cur) if not unresolved else None
+        if now is not None and Bs != cur:
+            gain = goodput(Bs, ts, bn, self.B0) / goodput(cur, now, bn, self.B0) - 1.0
+            if gain < self.min_gain:
+                return Wish(STAY, float(cur), f"B_noise={bn:.4g}: {how} B={Bs} predicts {100 * gain:.1f}% more "
+                                              f"goodput, under the {100 * self.min_gain:g}% a move needs; keep B")
         pre = (f"noise scale unresolved (|G|^2 estimate <= 0 over {self.noise.count} measurements): grow; "
                if unresolved else f"B_noise={bn:.4g}, ")
         return Wish(GROW if unresolved else SET, float(Bs),
@@ -371,7 +385,7 @@ class GoodputPolicy(BatchPolicy):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
-                "window": self.window}
+                "window": self.window, "min_gain": self.min_gain}
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict()}
