@@ -14,6 +14,7 @@ from reference import make_data, make_model, make_optimizer  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.core.decision import Decision  # noqa: E402
 from hpc_jabas.core.planning import Plan  # noqa: E402
+from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
@@ -57,8 +58,11 @@ def run(spec: dict) -> None:
            "history": list(tr.history), "iterations": tr.iteration, "samples_local": tr.samples_local,
            "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
            "sampler": tr.sampler.state_dict(), "result": res,
-           "trajectory": tr.controller.b_trajectory() if tr.controller is not None else None}
+           "trajectory": tr.controller.b_trajectory() if tr.controller is not None else None,
+           "backend": comm.backend()}
     (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
+    if spec.get("shutdown"):         # the next case may run on the other backend (tests/test_backend_*.py)
+        comm.shutdown()
 
 
 main_spec = json.loads(Path(sys.argv[1]).read_text())
