@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-SUBCOMMANDS = ("plan", "report", "status", "profile", "submit", "export", "simulate")
+SUBCOMMANDS = ("plan", "report", "status", "profile", "submit", "cancel", "export", "simulate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,13 +38,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def _current(last: dict | None) -> str:
+def _current(last: dict | None, cancel: dict | None = None, end: dict | None = None) -> str:
+    """The chain's state in words; ``cancel``: its ``cancel`` event (hpc-jabas cancel), ``end``: the last job's
+    last ``end`` event."""
     if last is None:
         return "unknown"
     st, sl = last.get("state"), last.get("slurm")
     from hpc_jabas.slurm.watch import is_terminal
     if st == "finished":
         return f"finished (job {last['job_id']}, epoch {last.get('epochs')})"
+    if st == "cancelled":
+        by = (end or {}).get("cancelled_by") or "cancelled"
+        return (f"cancelled ({by}): job {last['job_id']} stopped at iteration {(end or {}).get('iteration')}, epoch "
+                f"{last.get('epochs')}, with its checkpoint; no successor (submit again to resume)")
+    if cancel is not None and (st == "submitted" or (sl and is_terminal(sl))):
+        return f"cancelled (hpc-jabas cancel): job {last['job_id']} is {sl or st}; no successor"
     if sl and is_terminal(sl) and st in ("submitted", "running"):
         return f"stopped: job {last['job_id']} is {sl} in Slurm without finishing the training"
     if st == "submitted":
@@ -122,8 +130,12 @@ def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now
         _attempts(r, evs, slurm.get(r["job_id"]) or [])
         _reconcile(r)
     last = rows[-1] if rows else None
+    from hpc_jabas.slurm.cancel import chain_cancel
+    cancel = chain_cancel(events, ids[0]) if ids else None
+    end = next((e for e in reversed(evs) if e["event"] == "end" and last and str(e.get("job_id")) == last["job_id"]),
+               None)
     ovh = [e.get("overhead_s") for e in evs if e["event"] == "restart" and e.get("overhead_s") is not None]
-    return {"jobs": rows, "current": _current(last), "progress": _progress(chain_dir, last, now),
+    return {"jobs": rows, "current": _current(last, cancel, end), "progress": _progress(chain_dir, last, now),
             "total_elapsed_s": (sum(r["elapsed_s"] for r in rows if r["elapsed_s"] is not None)
                                 if any(r["elapsed_s"] is not None for r in rows) else None),
             "total_train_s": sum(r["train_s"] or 0.0 for r in rows),
@@ -239,7 +251,7 @@ def ended(c: dict) -> bool:
     """The chain will not go on by itself (its last job finished the training, or stopped without it) and
     Slurm has let go of its jobs (so their elapsed times are final)."""
     from hpc_jabas.slurm.watch import is_terminal
-    return c["current"].startswith(("finished", "stopped")) and all(
+    return c["current"].startswith(("finished", "stopped", "cancelled")) and all(
         r.get("slurm") is None or is_terminal(r["slurm"]) for r in c["jobs"])
 
 

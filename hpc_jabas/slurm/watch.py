@@ -179,7 +179,7 @@ def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None,
                on_pending: Callable[[str], str | None] | None = None) -> dict[str, Any]:
     """Follow a chain from ``job_id`` through its moves until a job finishes the training or fails.
 
-    Returns {"ok": bool, "job_id": last job, "state": "finished" | Slurm state | "timeout",
+    Returns {"ok": bool, "job_id": last job, "state": "finished" | "cancelled" | Slurm state | "timeout",
     "jobs": [ids followed]}. ``on_event(e)`` sees every new chain event. ``on_pending(job_id)`` is called
     while the followed job is PENDING (slurm/replan.py's ``PendingWatch.check``): a new job id returned
     replaces it (it was cancelled and re-planned; the chain has a ``replan`` event).
@@ -200,6 +200,8 @@ def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None,
                    and str(e.get("to_job")) != cur), None)
         if end is not None and end.get("state") == "finished":
             return {"ok": True, "job_id": cur, "state": "finished", "jobs": jobs}
+        if end is not None and end.get("state") == "cancelled":      # ended on purpose: no successor follows
+            return {"ok": False, "job_id": cur, "state": "cancelled", "jobs": jobs}
         rp = next((e for e in ev if e["event"] == "replan" and str(e.get("from_job")) == cur), None)
         if (mv is not None and end is not None) or rp is not None:
             cur, terminal_since = str((rp or mv or {})["to_job"]), None
