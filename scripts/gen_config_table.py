@@ -1,7 +1,7 @@
-"""Regenerate the configuration table in README.md from the config's fields.
+"""Regenerate the configuration table in docs/config.md from the config's fields.
 
-    .venv/bin/python scripts/gen_config_table.py            # rewrite README.md
-    .venv/bin/python scripts/gen_config_table.py --check    # exit 1 if README.md's table is stale
+    .venv/bin/python scripts/gen_config_table.py            # rewrite docs/config.md
+    .venv/bin/python scripts/gen_config_table.py --check    # exit 1 if docs/config.md's table is stale
 
 The table sits between the two markers below; everything outside them is left as it is. The rows come
 from ``hpc_jabas.core.config.config_reference()`` (one per key: section, key, type, default, meaning).
@@ -23,7 +23,7 @@ README_END = "<!-- config-reference:end -->"
 
 
 def replace_reference(text: str) -> str:
-    """``text`` (the README) with the table between the reference markers regenerated."""
+    """``text`` (docs/config.md) with the table between the reference markers regenerated."""
     head, sep, rest = text.partition(README_START)
     _, sep2, tail = rest.partition(README_END)
     if not sep or not sep2:
@@ -31,8 +31,12 @@ def replace_reference(text: str) -> str:
     return f"{head}{README_START}\n{config_reference()}{README_END}{tail}"
 
 
-def update_readme(path: str | Path = ROOT / "README.md") -> bool:
-    """Rewrite the configuration table in the README at ``path``; True if it changed."""
+#: the document that holds the table
+TARGET = ROOT / "docs/config.md"
+
+
+def update_readme(path: str | Path = TARGET) -> bool:
+    """Rewrite the configuration table in the document at ``path`` (docs/config.md); True if it changed."""
     p = Path(path)
     text = p.read_text()
     new = replace_reference(text)
@@ -43,7 +47,7 @@ def update_readme(path: str | Path = ROOT / "README.md") -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("readme", nargs="?", default=str(ROOT / "README.md"), help="the README (default: README.md)")
+    ap.add_argument("readme", nargs="?", default=str(TARGET), help="the document (default: docs/config.md)")
     ap.add_argument("--check", action="store_true", help="only say whether the table is stale (exit code 1)")
     args = ap.parse_args(argv)
     try:

@@ -45,10 +45,11 @@ def _files(*globs: str) -> list[Path]:
 
 
 CITING = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "tests/**/*.py", "bench/**/*.py", "bench/*.md",
-                "scripts/*", "examples/*.py", "README.md", "docs/*.md", "slurm/**/*.md", "Makefile")
+                "scripts/*", "examples/*.py", "examples/*.md", "README.md", "docs/*.md", "slurm/**/*.md",
+                "Makefile")
 CITING = [p for p in CITING if p != Path(__file__).resolve()]      # this file names missing files on purpose
-NO_TRACKER = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "docs/*.md", "examples/*.py", "README.md",
-                    "bench/*.md")
+NO_TRACKER = _files("hpc_jabas/**/*.py", "hpc_jabas/**/*.toml", "docs/*.md", "examples/*.py", "examples/*.md",
+                    "README.md", "bench/*.md")
 
 
 def missing_md_refs(path: Path, root: Path = ROOT) -> list[tuple[str, str]]:

@@ -1,7 +1,6 @@
 """The public surface: ``import hpc_jabas`` gives a user every name they need, is cheap, and the examples
-and the README's Python blocks import nothing deeper."""
+and the Python blocks of the README and the documents run with it import nothing deeper."""
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,9 @@ def deep_imports(source: str) -> list[str]:
 
 
 def readme_python_blocks() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+    """The python blocks of the README and of the documents whose blocks run with it (tests/support/documents.py)."""
+    from support.documents import all_blocks
+    return [b.text for b in all_blocks() if b.lang == "python"]
 
 
 def test_every_public_name_resolves_and_the_needed_ones_are_there():

@@ -1,9 +1,9 @@
-"""The README is an executable contract: every bash and python block of README.md and
-slurm/local/README.md runs, in order, in ONE bash session, in a fresh copy of the repository on a
-path every node of the local Slurm cluster sees (the fixture starts the cluster). A block marked
-``<!-- readme-test: skip (why) -->`` right before its fence is the only kind that does not run.
-Each block's runtime is printed (``pytest -s``) and written to runs/readme-test.json (the output to
-runs/readme-test.log).
+"""The README is an executable contract: every bash and python block of README.md and of the documents it points
+to for details (tests/support/documents.py: slurm/local/README.md, examples/README.md, docs/simulator.md, ...)
+runs, in order, in ONE bash session, in a fresh copy of the repository on a path every node of the local Slurm
+cluster sees (the fixture starts the cluster). A block marked ``<!-- readme-test: skip (why) -->`` right before
+its fence is the only kind that does not run. Each block's runtime is printed (``pytest -s``) and written to
+runs/readme-test.json (the output to runs/readme-test.log).
 """
 from __future__ import annotations
 
@@ -14,73 +14,52 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from support.documents import ALWAYS, DATA, ELSEWHERE, PYTHON, SHELL, Block, all_blocks, blocks, executed
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "slurm/local/README.md")
-SHELL, PYTHON, DATA = ("bash", "sh", "shell"), ("python", "py"), ("toml", "text", "json", "console-output")
-SKIP = re.compile(r"^\s*<!--\s*readme-test:\s*skip\s*(.*?)\s*-->\s*$")
-FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\s*$")
 #: variables of this test process that a new user's shell would not have
 _DROP = ("SLURM_", "HPC_JABAS", "OMPI_", "PMIX_", "HOROVOD_", "LMOD", "MODULE", "_ModuleTable", "__LMOD", "PYTEST",
          "VIRTUAL_ENV", "PYTHONPATH", "LOADEDMODULES", "_LMFILES_")
-
-
-@dataclass
-class Block:
-    doc: str
-    line: int          # 1-based line of the opening fence
-    lang: str
-    text: str
-    skip: str | None   # the reason, for a marked block
-
-    @property
-    def name(self) -> str:
-        return f"{self.doc}:{self.line}"
-
-
-def blocks(doc: str) -> list[Block]:
-    """The fenced blocks of ``doc``, each with the skip marker (if any) on the last non-blank line before it."""
-    lines = (ROOT / doc).read_text().splitlines()
-    out: list[Block] = []
-    pending: str | None = None
-    i = 0
-    while i < len(lines):
-        ln = lines[i]
-        m_skip = SKIP.match(ln)
-        m = FENCE.match(ln)
-        if m_skip:
-            pending = m_skip.group(1).strip("() ") or "marked"
-        elif m:
-            start, body = i, []
-            i += 1
-            while i < len(lines) and not lines[i].startswith("```"):
-                body.append(lines[i])
-                i += 1
-            out.append(Block(doc, start + 1, m.group(1).lower(), "\n".join(body) + "\n", pending))
-            pending = None
-        elif ln.strip():
-            pending = None          # a marker counts only right before a fence
-        i += 1
-    return out
-
-
-def all_blocks() -> list[Block]:
-    return [b for d in DOCS for b in blocks(d)]
 
 
 def test_every_block_has_a_language_and_runs_or_says_why_not():
     bs = all_blocks()
     unlabelled = [b.name for b in bs if b.lang not in SHELL + PYTHON + DATA]
     assert not unlabelled, f"blocks without a known language (bash/python/toml/text): {unlabelled}"
-    run = [b for b in bs if b.lang in SHELL + PYTHON and b.skip is None]
+    run = [b for b in bs if b.runs]
     skipped = [b for b in bs if b.skip is not None]
     assert len(run) >= 12 and sum(b.lang in PYTHON for b in run) >= 2, [b.name for b in run]
     assert all(b.skip and b.skip != "marked" for b in skipped), "every skip marker gives its reason"
-    assert len(skipped) <= 2, [(b.name, b.skip) for b in skipped]
+    per_doc = Counter(b.doc for b in skipped)
+    assert max(per_doc.values(), default=0) <= 2, [(b.name, b.skip) for b in skipped]
+    # what moved out of the README still runs: the walk-throughs and the simulation, each with its blocks
+    for doc, least in (("README.md", 10), ("examples/README.md", 3), ("docs/simulator.md", 1)):
+        assert sum(b.runs for b in blocks(doc)) >= least, doc
+
+
+def test_the_documents_run_in_order_and_each_once():
+    docs = executed()
+    assert docs[0] == "README.md" and list(docs[:len(ALWAYS)]) == list(ALWAYS) and len(set(docs)) == len(docs)
+    assert all((ROOT / d).is_file() for d in docs), docs
+    names = [b.name for b in all_blocks()]
+    assert len(names) == len(set(names))
+    # a linked document whose blocks run elsewhere names a test that exists and reads it
+    for doc, test in ELSEWHERE.items():
+        assert doc not in docs
+        if (ROOT / doc).is_file():
+            assert (ROOT / test).is_file() and doc in (ROOT / test).read_text().replace('" / "', "/"), (doc, test)
+
+
+def test_a_skip_marker_counts_only_right_before_its_fence(tmp_path):
+    (tmp_path / "doc.txt").write_text("<!-- readme-test: skip (why not) -->\n```bash\necho 1\n```\n\n"
+                                   "<!-- readme-test: skip (too far) -->\ntext between\n```python\nprint(2)\n```\n"
+                                   "```toml\na = 1\n```\n")
+    got = [(b.lang, b.skip, b.runs, b.line) for b in blocks("doc.txt", tmp_path)]
+    assert got == [("bash", "why not", False, 2), ("python", None, True, 8), ("toml", None, False, 11)]
 
 
 def test_readme_sources_lmod_init_before_module_use():
@@ -157,7 +136,7 @@ def test_readme_blocks_run_in_order(slurm_cluster, slurm_tmp):
     work = slurm_tmp / "repo"
     work.mkdir()
     _copy_repo(work)
-    bs = [b for b in all_blocks() if b.lang in SHELL + PYTHON and b.skip is None]
+    bs = [b for b in all_blocks() if b.runs]
     times = slurm_tmp / "times.txt"
     script = slurm_tmp / "readme.sh"
     script.write_text(_script(bs, work, times))

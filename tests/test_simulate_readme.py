@@ -1,7 +1,8 @@
-"""The README's simulation section shows what its command gives: the table is the one the command prints
-now (the simulation runs again here, with the README's own arguments), and the pictures it shows are the
-files `hpc-jabas report` writes for a simulation, kept in docs/img/sim-a/; and the GNMT-like job's figures in
-docs/simulator.md (and the README) are what the simulation gives now."""
+"""docs/simulator.md's first simulation (moved there from the README, and run by tests/test_readme.py) shows
+what its command gives: the table is the one the command prints now (the simulation runs again here, with the
+document's own arguments), and the pictures it shows are the files `hpc-jabas report` writes for a simulation,
+kept in docs/img/sim-a/; and the GNMT-like job's figures in docs/simulator.md are what the simulation gives
+now."""
 from __future__ import annotations
 
 import re
@@ -12,12 +13,13 @@ from hpc_jabas.cli.main import main
 from hpc_jabas.cli.simreport import PNGS
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+SIMULATOR = ROOT / "docs/simulator.md"
+README = SIMULATOR.read_text()          # the document that shows the simulation (the README points to it)
 FENCED = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 
 
 def _simulate_block() -> tuple[list[str], str]:
-    """(the README's `hpc-jabas simulate` arguments, the text block that follows that command's block)."""
+    """(the document's `hpc-jabas simulate` arguments, the text block that follows that command's block)."""
     blocks = [(m.group(1), m.group(2)) for m in FENCED.finditer(README)]
     k = next(i for i, (lang, text) in enumerate(blocks) if lang == "bash" and "hpc-jabas simulate " in text)
     cmd = next(ln for ln in blocks[k][1].splitlines() if ln.startswith("hpc-jabas simulate "))
@@ -34,15 +36,15 @@ def test_the_readme_table_is_what_the_simulation_prints_now(tmp_path, monkeypatc
     monkeypatch.chdir(ROOT)
     assert main(["simulate", *args]) == 0
     assert (out / "table.txt").read_text().rstrip("\n") == table.rstrip("\n"), (
-        "the README's simulation table is stale: paste the table the command prints now")
+        "docs/simulator.md's simulation table is stale: paste the table the command prints now")
     assert len(table.splitlines()) == 2 + 8                       # header, rule, the eight strategies
 
 
 def test_the_readme_pictures_are_the_reports_files():
-    shown = re.findall(r"!\[[^\]]*\]\((docs/img/sim-a/[^)]+)\)", README)
+    shown = re.findall(r"!\[[^\]]*\]\((img/sim-a/[^)]+)\)", README)       # relative to docs/
     assert [Path(p).name for p in shown] == list(PNGS), shown
     for p in shown:
-        data = (ROOT / p).read_bytes()
+        data = (SIMULATOR.parent / p).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, p
 
 
