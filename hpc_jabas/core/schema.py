@@ -14,9 +14,11 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
-from typing import Any
+from typing import Any, TypeVar
 
 from hpc_jabas.errors import ConfigError
+
+_S = TypeVar("_S")
 
 
 def key(default: Any, help: str, *, choices: Sequence[str] | None = None, lo: float | None = None,
@@ -29,6 +31,37 @@ def key(default: Any, help: str, *, choices: Sequence[str] | None = None, lo: fl
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+_UNSET: Any = object()
+
+
+def like(cls: type, name: str, default: Any = _UNSET, **meta: Any) -> Any:
+    """A field declared as ``cls``'s field ``name`` (its help text, bounds, choices: one declaration of a key
+    that two files read), with its default unless ``default`` is given, and any metadata in ``meta`` replaced."""
+    f = next(x for x in dataclasses.fields(cls) if x.name == name)
+    m = {**f.metadata, **meta}
+    d = default_of(f) if default is _UNSET else default
+    if isinstance(d, (dict, list)):
+        return field(default_factory=lambda: type(d)(d), metadata=m)
+    return field(default=d, metadata=m)
+
+
+def read_table(cls: type[_S], d: Any, where: str) -> _S:
+    """A TOML table as the section dataclass ``cls``: every key checked by its field (one ConfigError line
+    naming ``where``, the key, the value and what is valid), unknown keys refused, absent ones their defaults."""
+    if d is None:
+        d = {}
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"{where} must be a table, got {d!r}")
+    keys = _keys_of(cls)
+    bad = sorted(str(k) for k in d if k not in keys)
+    if bad:
+        near = difflib.get_close_matches(bad[0], list(keys), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}{hint}; valid keys: {', '.join(keys)}")
+    given = {name: convert(f"{where}: {name}", d[name], tp, m) for name, (tp, m) in keys.items() if name in d}
+    return cls(**given)
 
 
 def reject_unknown(d: Mapping[str, Any], valid: Sequence[str], what: str) -> None:

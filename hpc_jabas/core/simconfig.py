@@ -60,6 +60,9 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import gpus as catalog
+from hpc_jabas.core.config import AdaptiveConfig, AutoscaleConfig, PlanningConfig, TrainConfig
+from hpc_jabas.core.policy import DEFAULT_GOODPUT_WARMUP
+from hpc_jabas.core.schema import Section, key, like, read_table
 from hpc_jabas.errors import ConfigError
 
 CURVES = ("mccandlish", "merrill", "trace")
@@ -407,6 +410,76 @@ def noise_curve(d: Any, where: str, base: Path | None = None) -> NoiseCurve:
 
 # ---------------------------------------------------------------- the job
 
+# The job file's tables, declared with the job configuration's schema (core/schema.py): a key the trainer's
+# JobConfig also has is declared as its field there (``like``: the same help, bounds and default, from
+# core/defaults.py), so both read it the same way; the simulator's own keys are declared here.
+
+@dataclass
+class JobKeys(Section):
+    """The job file's top level: the data, the batch, the initial mix, when the run stops."""
+    name: str = key("job", "the job's name")
+    samples: int = key(50_000, "samples per epoch", lo=1)
+    epochs: int = like(TrainConfig, "epochs", 10)
+    batch: int = like(TrainConfig, "batch")
+    batch_min: int | None = like(AdaptiveConfig, "batch_min")
+    batch_max: int | None = like(AdaptiveConfig, "batch_max")
+    micro_batch: int | None = like(TrainConfig, "micro_batch")
+    p: int | None = like(AdaptiveConfig, "p")
+    mix: dict[str, int] | None = key(None, "initial mix, partition = GPU count", lo=0, shown="every GPU")
+    stop: str = key("progress", "progress: until the statistical progress of epochs epochs at B0; samples: "
+                                "exactly epochs epochs", choices=STOPS)
+    seed: int = like(TrainConfig, "seed")
+    model: dict[str, Any] = key({}, "[model] table")
+    gradstats: dict[str, Any] = key({}, "[gradstats] table")
+    policy: dict[str, Any] = key({}, "[policy] table")
+    autoscale: dict[str, Any] = key({}, "[autoscale] table")
+
+
+@dataclass
+class ModelKeys(Section):
+    """[model] the perf model: a profile directory or the emulated model; what a run costs besides its
+    iterations."""
+    profile_dir: str | None = like(PlanningConfig, "profile_dir")
+    base_s: float = key(0.004, "emulated model: seconds per micro-batch on a V100", lo=0.0)
+    per_sample_s: float = key(0.0025, "emulated model: seconds per sample on a V100", lo=0.0)
+    b_list: list[int] = key([8, 16, 32, 64, 128, 256], "emulated model: the profiled micro-batch sizes", lo=1)
+    grad_mb: float = key(100.0, "emulated model: gradient size (MB)", lo=0.0)
+    bandwidth_gbs: float = key(10.0, "emulated model: allreduce bandwidth (GB/s)", lo=0.0, lo_open=True)
+    overlap: float = key(0.0, "emulated model: share of the allreduce hidden behind the backward", lo=0.0, hi=1.0)
+    speeds: dict[str, float] = key({}, "emulated model: speed per GPU type relative to a V100", lo=0.0,
+                                   lo_open=True)
+    measure_factor: float = key(1.0, "a measurement iteration's time / a normal one's", lo=1.0)
+    epoch_end_s: float = key(0.0, "seconds per epoch end (evaluation, checkpoint)", lo=0.0)
+
+
+@dataclass
+class RuleKeys(Section):
+    """[policy] the batch-size policies' parameters (the trainer's [adaptive] keys and defaults)."""
+    gamma: float = like(AdaptiveConfig, "gamma")
+    alpha: float = like(AdaptiveConfig, "alpha")
+    ramp_at: list[float] = like(AdaptiveConfig, "ramp_at")
+    ramp_factor: float = like(AdaptiveConfig, "ramp_factor")
+    warmup: int = key(DEFAULT_GOODPUT_WARMUP, "goodput: fresh measurements before the first move", lo=0)
+
+
+@dataclass
+class MoveKeys(Section):
+    """[autoscale] the epoch-end search (the trainer's [autoscale] keys; defaults that differ say why)."""
+    max_gpus: int | None = like(AutoscaleConfig, "max_gpus", None, shown="every GPU of the cluster")
+    min_gpus: int = like(AutoscaleConfig, "min_gpus")
+    max_partitions: int | None = like(AutoscaleConfig, "max_partitions", None, shown="no limit")
+    unit: int = like(AutoscaleConfig, "unit", 0)           # 0: a partition's node size
+    exact_upto: int = like(AutoscaleConfig, "exact_upto")
+    margin: float = like(AutoscaleConfig, "margin")
+    restart_prior_s: float = like(AutoscaleConfig, "restart_prior_s")
+    budget: float | None = like(AutoscaleConfig, "budget", shown="the SimiGrad row's cost")
+    max_queue_wait_s: float | None = like(AutoscaleConfig, "max_queue_wait_s")
+    max_nodes: int | None = key(None, "the search's work cap: nodes expanded", lo=1, shown="the search's")
+    max_evals: int | None = key(None, "the search's work cap: mixes priced", lo=1, shown="the search's")
+    brute_max: int = key(0, "list every mix when the cluster has at most this many (0: branch-and-bound)", lo=0)
+    forecast_history: int = key(32, "decisions the forecaster sees", lo=1)
+
+
 @dataclass
 class Job:
     samples: int
@@ -419,44 +492,26 @@ class Job:
     mix: dict[str, int] | None
     stop: str
     seed: int
-    model: dict[str, Any]
+    model: ModelKeys
     gradstats: NoiseCurve
-    policy: dict[str, Any]
-    autoscale: dict[str, Any]
+    policy: RuleKeys
+    autoscale: MoveKeys
     name: str = "job"
 
 
-_JOB_KEYS = ("name", "samples", "epochs", "batch", "batch_min", "batch_max", "micro_batch", "p", "mix", "stop",
-             "seed", "model", "gradstats", "policy", "autoscale")
-_MODEL_KEYS = ("profile_dir", "base_s", "per_sample_s", "b_list", "grad_mb", "bandwidth_gbs", "overlap", "speeds",
-               "measure_factor", "epoch_end_s")
-_POLICY_KEYS = ("gamma", "alpha", "ramp_at", "ramp_factor", "warmup")
-_AUTOSCALE_KEYS = ("max_gpus", "min_gpus", "max_partitions", "unit", "exact_upto", "margin", "restart_prior_s",
-                   "budget", "max_queue_wait_s", "max_nodes", "max_evals", "brute_max", "forecast_history")
-
-
 def job_from_dict(d: Mapping[str, Any], where: str = "job", base: Path | None = None) -> Job:
-    k = _Keys(d, where, _JOB_KEYS)
-    B = k.int("batch", 256) or 256
-    lo, hi = k.int("batch_min", B) or B, k.int("batch_max", B) or B
+    t = read_table(JobKeys, d, where)
+    B = t.batch
+    lo = t.batch_min if t.batch_min is not None else B
+    hi = t.batch_max if t.batch_max is not None else B
     if not lo <= B <= hi:
         raise ConfigError(f"{where}: need batch_min <= batch <= batch_max, got {lo}, {B}, {hi}")
-    mix = d.get("mix")
-    if mix is not None and (not isinstance(mix, Mapping) or not all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in mix.values())):
-        raise ConfigError(f"{where}: mix={mix!r} is invalid; give a table partition = GPU count")
-    mk = _Keys(d.get("model", {}), f"{where}: [model]", _MODEL_KEYS)
-    model = dict(mk.d)
-    model["measure_factor"] = mk.num("measure_factor", 1.0, lo=1.0)
-    model["epoch_end_s"] = mk.num("epoch_end_s", 0.0)
-    policy = dict(_Keys(d.get("policy", {}), f"{where}: [policy]", _POLICY_KEYS).d)
-    auto = dict(_Keys(d.get("autoscale", {}), f"{where}: [autoscale]", _AUTOSCALE_KEYS).d)
-    return Job(samples=k.int("samples", 50_000) or 1, epochs=k.int("epochs", 10) or 1, batch=B, batch_min=lo,
-               batch_max=hi, micro_batch=k.int("micro_batch", None), p=k.int("p", None),
-               mix=None if mix is None else {str(p): int(n) for p, n in mix.items() if n},
-               stop=k.str("stop", "progress", STOPS), seed=k.int("seed", 0, lo=0) or 0, model=model,
-               gradstats=noise_curve(d.get("gradstats"), f"{where}: [gradstats]", base), policy=policy,
-               autoscale=auto, name=k.str("name", "job"))
+    return Job(samples=t.samples, epochs=t.epochs, batch=B, batch_min=lo, batch_max=hi, micro_batch=t.micro_batch,
+               p=t.p, mix=None if t.mix is None else {str(p): int(n) for p, n in t.mix.items() if n},
+               stop=t.stop, seed=t.seed, model=read_table(ModelKeys, d.get("model"), f"{where}: [model]"),
+               gradstats=noise_curve(d.get("gradstats"), f"{where}: [gradstats]", base),
+               policy=read_table(RuleKeys, d.get("policy"), f"{where}: [policy]"),
+               autoscale=read_table(MoveKeys, d.get("autoscale"), f"{where}: [autoscale]"), name=t.name)
 
 
 def load_job(path: str | Path) -> Job:

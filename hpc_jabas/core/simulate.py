@@ -92,20 +92,14 @@ MAX_EPOCH_FACTOR = 10            # stop = "progress": give up after this many ti
 
 def build_model(job: Job, types: Sequence[str]) -> PerfModel:
     """The job's perf model: its ``profile_dir``, or the emulated model of its [model] table."""
-    m = job.model
-    if m.get("profile_dir"):
-        return PerfModel.load(str(m["profile_dir"]))
-    speeds = m.get("speeds") or {}
-    if not isinstance(speeds, Mapping):
-        raise ConfigError("job [model] speeds must be a table GPU type = speed relative to a V100")
-    b_list = m.get("b_list", [8, 16, 32, 64, 128, 256])
+    m = job.model                      # checked, defaults filled in (core/simconfig.py ModelKeys)
+    if m.profile_dir:
+        return PerfModel.load(str(m.profile_dir))
     mb = job.micro_batch
-    bl = sorted(set(int(b) for b in b_list) | ({mb} if mb else set()))
-    ar = AllreduceModel(bandwidth=float(m.get("bandwidth_gbs", 10.0)) * 1e9)
-    return PerfModel.emulated(sorted(set(types)), bl, float(m.get("base_s", 0.004)),
-                              float(m.get("per_sample_s", 0.0025)), speeds={k: float(v) for k, v in speeds.items()},
-                              grad_bytes=float(m.get("grad_mb", 100.0)) * 1e6, allreduce=ar,
-                              overlap=float(m.get("overlap", 0.0)))
+    bl = sorted(set(m.b_list) | ({mb} if mb else set()))
+    ar = AllreduceModel(bandwidth=m.bandwidth_gbs * 1e9)
+    return PerfModel.emulated(sorted(set(types)), bl, m.base_s, m.per_sample_s, speeds=dict(m.speeds),
+                              grad_bytes=m.grad_mb * 1e6, allreduce=ar, overlap=m.overlap)
 
 
 @dataclass
@@ -152,7 +146,7 @@ class Simulation:
         self._bounds: dict[tuple[Any, ...], mixsearch.Bound] = {}
         self._epoch_times: dict[tuple[Any, ...], dict[tuple[tuple[str, int], ...], Any]] = {}
         self._node_caches: dict[tuple[Any, ...], dict[Any, Any]] = {}     # the search's, per forecast (LRU)
-        self.auto = dict(job.autoscale)
+        self.auto = job.autoscale
         for t in set(self.types.values()):
             self.model.profile(t)                                  # every type has a profile (one line if not)
 
@@ -208,11 +202,11 @@ class Simulation:
         pol = job.policy
         kw: dict[str, Any] = {"B_min": lo, "B_max": hi, "p": p}
         if st.policy == "similarity":
-            kw.update(gamma=pol.get("gamma", 0.1), alpha=pol.get("alpha", 0.1))
+            kw.update(gamma=pol.gamma, alpha=pol.alpha)
         elif st.policy == "noise-scale":
-            kw.update(B0=B0, warmup=pol.get("warmup", 3))
+            kw.update(B0=B0, warmup=pol.warmup)
         elif st.policy == "ramp":
-            kw.update(B0=B0, at=pol.get("ramp_at", [0.25, 0.5, 0.75]), factor=pol.get("ramp_factor", 2.0))
+            kw.update(B0=B0, at=list(pol.ramp_at), factor=pol.ramp_factor)
         policy = make_policy(st.policy, **kw)
         lr_rule = make_lr_rule("auto", B0, st.policy)
         if st.objective is not None:
@@ -231,8 +225,8 @@ class Simulation:
         res.timeline.append((round(t, 3), 0, B, round(lr_rule.lr_scale(B), 4)))
         cost = gpu_h = 0.0
         restarts, qwait, it = 0, wait0, 0
-        overhead = autoscale.RestartOverhead(float(self.auto.get("restart_prior_s", autoscale.RESTART_PRIOR_S)))
-        budget_total = self.auto.get("budget", budget)
+        overhead = autoscale.RestartOverhead(self.auto.restart_prior_s)
+        budget_total = self.auto.budget if self.auto.budget is not None else budget
         max_epochs = job.epochs if job.stop == "samples" else job.epochs * MAX_EPOCH_FACTOR
         last_stay: Any = None
         # what a run costs besides its iterations ([model], measured on a run of the job): the measurement
@@ -363,7 +357,7 @@ class Simulation:
         N, p = job.samples, decision_period(job.p, job.samples, job.batch)
         lo, hi = job.batch_min, job.batch_max
         t0 = self.clock() if self.clock else None
-        hist = traj[-int(a.get("forecast_history", 32)):]
+        hist = traj[-a.forecast_history:]
         fp = p if st.policy != "fixed" else max(1, math.ceil(N / traj[-1][1]))
         fc = forecast.forecast_next_epoch(hist, lambda b: math.ceil(N / b), period_p=fp, B_min=lo, B_max=hi,
                                           start_iter=it, reuse_fit=self.cache)
@@ -377,21 +371,21 @@ class Simulation:
                     None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0))
         ov = self.run_overheads(st, p) if st.overhead_aware else Overheads()
         fn, bound, nodes = self._pricing(fc, fp, ov)
-        unit = int(a.get("unit", 0))
-        units: int | dict[str, int] = cl.units if unit == 0 else unit
+        units: int | dict[str, int] = cl.units if a.unit == 0 else a.unit
         wait_fn = (lambda m: cl.queue.expected(m, t)) if st.queue_aware else None
         kw: dict[str, Any] = {}
         if obj == "time-under-budget":
             kw["budget"] = max(0.0, budget_left if budget_left is not None else math.inf)
-        caps: dict[str, Any] = {k: int(a[k]) for k in ("max_nodes", "max_evals") if k in a}
-        caps["brute_max"] = int(a.get("brute_max", 0))     # 0: branch-and-bound even on small clusters (exact)
+        caps: dict[str, Any] = {k: v for k, v in (("max_nodes", a.max_nodes), ("max_evals", a.max_evals))
+                                if v is not None}
+        caps["brute_max"] = a.brute_max     # 0: branch-and-bound even on small clusters (exact)
         try:
             ch = mixsearch.search(
                 mix, cl.capacity, self.types, fn, cl.rates, obj, prior, bound,
-                max_gpus=int(a.get("max_gpus", sum(cl.capacity.values()))), min_gpus=int(a.get("min_gpus", 1)),
-                max_partitions=a.get("max_partitions"), unit=units, exact_upto=int(a.get("exact_upto", 0)),
-                margin=float(a.get("margin", 0.05)) if st.overhead_aware else 0.0, remaining_epochs=R,
-                wait_fn=wait_fn, max_queue_wait_s=a.get("max_queue_wait_s") if st.queue_aware else None,
+                max_gpus=a.max_gpus if a.max_gpus is not None else sum(cl.capacity.values()), min_gpus=a.min_gpus,
+                max_partitions=a.max_partitions, unit=units, exact_upto=a.exact_upto,
+                margin=a.margin if st.overhead_aware else 0.0, remaining_epochs=R,
+                wait_fn=wait_fn, max_queue_wait_s=a.max_queue_wait_s if st.queue_aware else None,
                 node_cache=nodes, **caps, **kw)
         except InfeasibleError as e:
             ch = autoscale.Choice(dict(mix), f"skipped: {e}", [])
@@ -403,10 +397,10 @@ class Simulation:
     def run_overheads(self, st: Strategy, p: int) -> Overheads:
         """What the job file says a run costs besides its iterations, as the trainer's meter would measure it:
         one measurement iteration per period p for a policy that measures, and the epoch end."""
-        factor = float(self.job.model.get("measure_factor", 1.0) or 1.0)
+        factor = self.job.model.measure_factor
         measures = st.policy in ("similarity", "noise-scale") and factor > 1.0
         return Overheads(measure_share=1.0 / p if measures else 0.0, measure_factor=factor if measures else 1.0,
-                         epoch_end_s=float(self.job.model.get("epoch_end_s", 0.0) or 0.0))
+                         epoch_end_s=self.job.model.epoch_end_s)
 
     def _pricing(self, fc: list[int], fp: int, ov: Overheads | None = None
                  ) -> tuple[autoscale.EpochTimeFn, mixsearch.Bound, dict[Any, Any] | None]:
@@ -452,7 +446,7 @@ class Simulation:
         if bad:
             raise ConfigError(f"unknown strategy {', '.join(bad)}; valid: {', '.join(STRATEGIES)}")
         out: dict[str, Result] = {}
-        need_base = BASELINE in names or ("hpcjabas-budget" in names and "budget" not in self.auto)
+        need_base = BASELINE in names or ("hpcjabas-budget" in names and self.auto.budget is None)
         if need_base:
             out[BASELINE] = self.run(BASELINE)
         for n in names:
