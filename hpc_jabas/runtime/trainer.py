@@ -30,6 +30,7 @@ from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm, data, evaluate
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.calibrate import Calibrator
+from hpc_jabas.runtime.clock import IterationClock
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
@@ -114,6 +115,7 @@ class Trainer:
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
         self.rank, self.world = self.world_info.rank, self.world_info.size     # self.world: the rank count
         self.gpu_types, self.device = list(self.world_info.gpu_types), torch.device(self.world_info.device)
+        self._clock = IterationClock(self.device)   # an iteration's compute and end (runtime/clock.py)
         self.model = model.to(self.device)
         self.loss_fn, self.scheduler, self.scheduler_step, self.eval_fn = loss_fn, scheduler, scheduler_step, eval_fn
         self.forward_fn = forward_fn or (lambda m, batch: loss_fn(m(batch[0]), batch[1]))
@@ -317,7 +319,8 @@ class Trainer:
     # ---- one iteration ----------------------------------------------------------------------
     def train_step(self) -> dict:
         self.setup()
-        t_it = time.perf_counter()
+        clock = self._clock                        # runtime/clock.py: CUDA events on a GPU, perf_counter on the CPU
+        t_it = clock.begin()
         self.state.apply_due()
         measure = bool(self.controller is not None and self.controller.wants_stats(self.iteration))
         if self.sampler.epoch_done(self.plan.B):   # only when driven outside fit(): no epoch-end work
@@ -332,27 +335,28 @@ class Trainer:
             mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self._min_split)
         self.opt.begin(len(mine), ib.total, measure=measure, halves=halves)
         self.model.train()
-        compute = emu_wait = 0.0
+        emu_wait = 0.0
         sums: LossSums | None = None
         if self.emulator is not None:
             self.emulator.start()
         for idx in mine:
-            t0 = time.perf_counter()
+            clock.compute_start()
             sums = micro_step_sums(self.model, self.forward_fn, self.opt, self.fetch(idx), len(idx), self.device,
                                    sums)                  # runtime/step.py: the loss stays on the device
-            compute += time.perf_counter() - t0
+            clock.compute_stop()
             if self.emulator is not None:
                 emu_wait += self.emulator.wait_next(len(idx), self.iteration)
-        t0 = time.perf_counter()
+        clock.compute_start()
         loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
-        compute += time.perf_counter() - t0                               # (on a GPU: waits for the backward)
+        clock.compute_stop()
         t_sync = time.perf_counter()
         self.samples_local += sum(len(i) for i in mine)
-        self.compute_local_s += compute + emu_wait
         self.opt.step(lr_scale=self.lr_scale)
         # agreed at the safe point (runtime/safepoint.py); an fp16 step the scaler skipped is not an error
         self.nonfinite_loss = not math.isfinite(loss_sum) and not self.opt.last_step_skipped
-        t_end = time.perf_counter()
+        t_end = clock.end()                        # on a GPU: after the step's kernels, counted in this iteration
+        compute = clock.compute_s()
+        self.compute_local_s += compute + emu_wait
         rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
                "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,

@@ -2,37 +2,13 @@
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
+from hpc_jabas.runtime.clock import Timer  # noqa: F401  (perf_counter on the CPU, CUDA events on a GPU)
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.profiling.load import ModelBundle, make_optimizer, sample_index
 from hpc_jabas.runtime.step import default_forward, micro_step
-
-
-class Timer:
-    """perf_counter on the CPU, CUDA events on a GPU (start/stop -> seconds)."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self._a = torch.cuda.Event(enable_timing=True)
-            self._b = torch.cuda.Event(enable_timing=True)
-        self._t = 0.0
-
-    def start(self) -> None:
-        if self.cuda:
-            self._a.record()
-        else:
-            self._t = time.perf_counter()
-
-    def stop(self) -> float:
-        if self.cuda:
-            self._b.record()
-            self._b.synchronize()
-            return float(self._a.elapsed_time(self._b)) / 1e3
-        return time.perf_counter() - self._t
 
 
 class Runner:
