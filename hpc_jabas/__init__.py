@@ -9,6 +9,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from hpc_jabas import exits as _exits
 from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
 from hpc_jabas.core.config import from_args as config_from_args
 from hpc_jabas.core.jobspec import JobSpec
@@ -20,7 +21,7 @@ from hpc_jabas.errors import (
     JabasError,
     SlurmError,
     StateError,
-    error_line,
+    error_line,  # noqa: F401  (re-exported)
 )
 from hpc_jabas.log import add_verbosity_flags, configure_from_args
 from hpc_jabas.log import configure as configure_logging
@@ -105,12 +106,10 @@ def report_throughput(trainer, result: dict | None = None, file=None) -> list[di
 
 
 def run_main(fn, argv=None) -> None:
-    """Run a main(), turning hpc-jabas errors into one clear line and exit code 2."""
-    try:
-        rc = fn(argv)
-    except JabasError as e:
-        line = error_line(e)                    # None: said already (rank 0, or the other ranks of its error)
-        if line:
-            print(line, file=sys.stderr)
-        sys.exit(2)
-    sys.exit(rc or 0)
+    """Run ``fn(argv)`` (a CLI-style main) or a plain ``fn()``: an hpc-jabas error becomes one line (from rank 0,
+    or from the rank it concerns) and exit code 2 on every rank (hpc_jabas/exits.py). An uncaught hpc-jabas
+    error ends the same way without it: ``import hpc_jabas`` installs the same handling as ``sys.excepthook``."""
+    _exits.run_main(fn, argv)
+
+
+_exits.install()        # an uncaught JabasError: one line, exit code 2, on every rank (hpc_jabas/exits.py)

@@ -128,7 +128,11 @@ class Trainer:
         self.decision_lead = self.feed.lead        # decisions announced this far ahead (setup() agrees the job's)
         self.feed.attach(lambda it: self.state.plan_at(it))
         self.run_dir, self.ckpt_dir = Path(cfg.run_dir), Path(cfg.run_dir) / "checkpoints"
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
+        self._run_dir_error: str | None = None      # rank 0's: said on every rank by setup()'s first agreement
+        try:
+            self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
+        except ConfigError as e:
+            self.metrics, self._run_dir_error = MetricsWriter(None), str(e)
         self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
         self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
         self._perf_model: Any = None          # built on first use (perf_model())
@@ -201,6 +205,7 @@ class Trainer:
         if (self.rank, self.world) != (comm.rank(), comm.size()):
             raise ConfigError(f"world= says rank {self.rank} of {self.world}; "
                               f"the {comm.backend()} backend says rank {comm.rank()} of {comm.size()}")
+        self._agree_run_dir()                          # the first collective: rank 0's checks, said by every rank
         self.decision_lead = data.agreed_lead(self.feed.lead)
         if self.controller is not None:
             self.controller.attach(self)
@@ -416,6 +421,20 @@ class Trainer:
         self.last_checkpoint_time = self.checkpointer.saved_at
         self._periodic.mark(self.iteration)
         return path
+
+    def _agree_run_dir(self) -> None:
+        """Collective, before any other: what only rank 0 can check (the run directory can be written and no
+        other job holds it) is agreed by every rank; refused, every rank raises rank 0's line (quiet elsewhere)."""
+        from hpc_jabas.runtime.dirlock import DirLock, rank_error
+        err = self._run_dir_error
+        if self.rank == 0 and err is None:
+            try:
+                DirLock(self.run_dir, "run directory").acquire()
+            except ConfigError as e:
+                err = str(e)
+        err = comm.broadcast_object(err if self.rank == 0 else None, name="hj.run_dir")
+        if err:
+            raise rank_error(ConfigError, err, self.rank)
 
     def lock_run_dir(self, wait_s: float = 0.0) -> None:
         """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""

@@ -1,0 +1,98 @@
+"""One line and exit code 2 for an hpc-jabas error, on every rank, with or without ``run_main``.
+
+``install()`` (done by ``import hpc_jabas`` and again by the Trainer) puts a ``sys.excepthook`` in front of the
+one in force: an uncaught :class:`~hpc_jabas.errors.JabasError` ends the process with exit code 2 after one
+line on stderr; any other exception goes to the previous hook, untouched. ``run_main`` ends the same way.
+
+Who says the line: an error every rank raised together is said by rank 0 only. The Trainer's collective checks
+(the run directory, the checkpoint) raise on every rank, ``quiet`` on all but rank 0 (runtime/dirlock.py
+``rank_error``). An error that is not ``quiet`` on another rank (a configuration every rank checks alike, or
+one that concerns that rank alone) waits ``GRACE_S`` seconds first: when rank 0 failed as well, the launcher
+(mpirun, horovodrun, srun --kill-on-bad-exit) ends this rank before it repeats rank 0's line; when it did not,
+this rank's line comes, prefixed with its rank. The process ends with ``os._exit(2)``: no exit handler runs, so
+none can wait in a collective (MPI_Finalize, Horovod's shutdown) for ranks that are gone.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hpc_jabas.errors import JabasError, error_line
+
+#: seconds a rank other than 0 waits before saying an error that rank 0 may be saying too
+GRACE_S = float(os.environ.get("HPC_JABAS_ERROR_GRACE_S", "10"))
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK", "SLURM_PROCID")
+
+
+def process_rank() -> int:
+    """This process's rank: the one the logger was told (comm.init), else the launcher's, else 0."""
+    from hpc_jabas.log import current_rank
+    r = current_rank()
+    if r:
+        return r
+    for v in _RANK_VARS:
+        val = os.environ.get(v, "")
+        if val.isdigit():
+            return int(val)
+    return 0
+
+
+def say(e: JabasError) -> None:
+    """The error's one line on stderr, by the rule of the module docstring (nothing for a ``quiet`` one)."""
+    line = error_line(e)
+    if line is None:
+        return
+    rank = process_rank()
+    if rank != 0:
+        sys.stderr.flush()
+        time.sleep(GRACE_S)                # the launcher ends this rank when rank 0 failed too
+        line = line.replace(": error: ", f": error: rank {rank}: ", 1)
+    print(line, file=sys.stderr, flush=True)
+
+
+def exit_on_error(e: JabasError) -> None:
+    """Say ``e`` (once per job) and end this process with exit code 2, no exit handlers run."""
+    say(e)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)
+
+
+def _hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    if isinstance(value, JabasError):
+        exit_on_error(value)
+    _previous(tp, value, tb)
+
+
+_previous: Callable[..., Any] = sys.excepthook
+
+
+def install() -> None:
+    """Put the hook in front of ``sys.excepthook`` (once; a hook set later by the user stays in front)."""
+    global _previous
+    if sys.excepthook is not _hook:
+        _previous = sys.excepthook
+        sys.excepthook = _hook
+
+
+def run_main(fn: Callable[..., Any], argv: list[str] | None = None) -> None:
+    """Run ``fn(argv)`` (a CLI-style main) or ``fn()`` (a plain main that takes no argument): an hpc-jabas error
+    becomes one line and exit code 2 (module docstring); otherwise the process exits with fn's return code."""
+    try:
+        takes_argv = _takes_argument(fn)
+        rc = fn(argv) if takes_argv else fn()
+    except JabasError as e:
+        exit_on_error(e)
+    sys.exit(rc or 0)
+
+
+def _takes_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)

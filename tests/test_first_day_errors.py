@@ -1,0 +1,65 @@
+"""Issue 36, finding 4: an hpc-jabas error is one line and exit code 2 on every rank, with or without
+``run_main``: the README's whole-script example (taken from README.md as it stands) and examples/train_digits.py,
+each with a run directory that cannot be written and with an unknown GPU type, on 3 mpirun ranks; run_main also
+takes a plain main()."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+from mpi_util import PY, ROOT, mpi_env
+
+
+def readme_script(tmp_path) -> str:
+    """The README's whole script, its arguments extended by the command line's."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    block = next(b for b in blocks if "hpc_jabas.Trainer(" in b and "parse_args([" in b)
+    code = re.sub(r"parse_args\((\[.*?\])\)", r"parse_args(\1 + __import__('sys').argv[1:])", block, count=1)
+    assert code != block
+    p = tmp_path / "readme_script.py"
+    p.write_text(code)
+    return str(p)
+
+
+def unwritable(tmp_path) -> str:
+    if os.geteuid() == 0:                         # root writes through any mode bits; /sys takes no new names
+        return "/sys/hpc-jabas-test/run"
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    return str(d / "run")
+
+
+@pytest.mark.mpi
+def test_one_line_and_exit_2_on_three_ranks_without_run_main(tmp_path):
+    scripts = {"readme": (readme_script(tmp_path), []),
+               "digits": (str(ROOT / "examples" / "train_digits.py"), ["--epochs", "1", "-q"])}
+    bad = {"run_dir": (["--run-dir", unwritable(tmp_path)], "cannot be written"),
+           "gpu": (["--emulate", "--gpu-types", "v100,p100,rtx2600", "--run-dir", str(tmp_path / "g")], "rtx2600")}
+    env = dict(mpi_env(), HPC_JABAS_ERROR_GRACE_S="30")
+    for name, (script, base) in scripts.items():
+        for kind, (args, want) in bad.items():
+            cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "3", PY, script, *base, *args]
+            r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+            out = r.stdout + r.stderr
+            lines = [ln for ln in out.splitlines() if "hpc-jabas: error" in ln]
+            assert r.returncode == 2, f"{name}/{kind}: rc {r.returncode}\n{out}"
+            assert len(lines) == 1 and want in lines[0] and "rank" not in lines[0], f"{name}/{kind}:\n{out}"
+            assert "Traceback" not in out and "horovod" not in out.lower(), f"{name}/{kind}:\n{out}"
+
+
+def test_run_main_takes_a_plain_main_and_a_cli_main(tmp_path):
+    code = ("import sys, hpc_jabas\n"
+            "def plain():\n    print('plain ran')\n    return 3\n"
+            "def cli(argv):\n    print('cli', argv)\n    raise hpc_jabas.ConfigError('batch=0 is invalid')\n"
+            "hpc_jabas.run_main(plain if sys.argv[1] == 'plain' else cli, ['x'])\n")
+    p = tmp_path / "m.py"
+    p.write_text(code)
+    r = subprocess.run([PY, str(p), "plain"], capture_output=True, text=True, timeout=60, env=mpi_env())
+    assert r.returncode == 3 and r.stdout == "plain ran\n", r.stderr
+    r = subprocess.run([PY, str(p), "cli"], capture_output=True, text=True, timeout=60, env=mpi_env())
+    assert r.returncode == 2 and r.stdout == "cli ['x']\n", r.stderr
+    assert r.stderr == "hpc-jabas: error: batch=0 is invalid\n"
