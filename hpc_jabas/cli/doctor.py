@@ -17,6 +17,34 @@ def _run(cmd: list[str], timeout: float = 10.0) -> tuple[int, str]:
         return 124, f"{' '.join(cmd)}: timed out after {timeout:.0f} s"
 
 
+def _slurm_offers(say, missing: list[str]) -> None:
+    """What a job needs of the site's Slurm (docs/cluster.md): each partition's GPU type (typed GRES, or a
+    partition named after a catalog type) and srun's PMIx plugin (the job scripts run ``srun --mpi=pmix``)."""
+    from hpc_jabas.slurm.text import gpu_type_of, parse_gres
+    rc, text = _run(["sinfo", "-h", "-o", "%P|%G"], timeout=8)
+    types: dict[str, set[str]] = {}
+    for ln in text.splitlines() if rc == 0 else []:
+        part, _, gres = ln.strip().partition("|")
+        found = {gpu_type_of(t) for t in parse_gres(gres) if t}
+        types.setdefault(part.rstrip("*"), set()).update(t for t in found if t)
+    for part, ts in types.items():
+        if not ts and gpu_type_of(part):
+            ts.add(f"{gpu_type_of(part)} (from the name)")
+    shown = ", ".join(f"{part}={'+'.join(sorted(ts)) or '?'}" for part, ts in sorted(types.items()))
+    say("slurm gpu types", shown or "(no partitions)")
+    untyped = [part for part, ts in sorted(types.items()) if not ts]
+    if untyped:
+        say("", f"no GPU type for {', '.join(untyped)} (neither typed GRES nor a type's name): "
+                "give gpu_types in the job file for jobs there")
+    rc, text = _run(["srun", "--mpi=list"], timeout=8)
+    plugins = sorted({w for ln in text.splitlines() for w in ln.split()
+                      if ln.startswith(("\t", " ")) and w.isidentifier()}) if rc == 0 else []
+    say("srun mpi plugins", ", ".join(plugins) if plugins else f"unknown ({text.splitlines()[0] if text else rc})")
+    if rc == 0 and "pmix" not in plugins:
+        missing.append("srun has no pmix plugin (srun --mpi=list): hpc-jabas's job scripts run srun --mpi=pmix; "
+                       "ask the site for Slurm built with PMIx")
+
+
 def check(out=sys.stdout) -> int:
     missing: list[str] = []
     say = lambda k, v: print(f"{k:<22} {v}", file=out)
@@ -30,9 +58,12 @@ def check(out=sys.stdout) -> int:
         say("torch", "MISSING")
         missing.append(f"torch is not installed: {setup}")
 
-    try:
-        from hpc_jabas.runtime import comm  # the one module that imports horovod
-        info = comm.build_info()
+    # the backends (docs/backends.md): Horovod where it is installed, torch.distributed otherwise (backend auto)
+    from hpc_jabas.runtime import comm
+    hvd_ok, why = comm.horovod_importable()
+    if hvd_ok:
+        from hpc_jabas.runtime import comm_horovod
+        info = comm_horovod.build_info()
         ctrl = [n for n, ok in (("MPI", info["mpi_built"]), ("Gloo", info["gloo_built"])) if ok]
         ops = [n for n, ok in (("MPI", info["mpi_built"]), ("Gloo", info["gloo_built"]),
                                ("NCCL", info["nccl_built"])) if ok]
@@ -40,9 +71,19 @@ def check(out=sys.stdout) -> int:
         for need in ("MPI", "Gloo"):
             if need not in ctrl:
                 missing.append(f"horovod lacks the {need} controller: rebuild it with {setup}")
-    except ImportError as e:
-        say("horovod", f"MISSING ({e})")
-        missing.append(f"horovod with PyTorch is not installed: {setup}")
+    else:
+        say("horovod", f"not installed (optional: backend auto uses torch.distributed; {why})")
+    try:
+        import torch.distributed as dist
+        tops = [n for n, ok in (("Gloo", dist.is_available() and dist.is_gloo_available()),
+                                ("NCCL", dist.is_available() and dist.is_nccl_available())) if ok]
+        say("torch.distributed", f"backends={tops}")
+        if not hvd_ok and "Gloo" not in tops:
+            missing.append("torch.distributed lacks Gloo and Horovod is not installed: install a torch build "
+                           "with distributed support (pip install torch)")
+    except ImportError:
+        pass
+    say("backend", f"auto -> {'horovod' if hvd_ok else 'torch'}  (JobConfig backend, --backend, HPC_JABAS_BACKEND)")
 
     rc, text = _run(["mpirun", "--version"])
     if rc == 0:
@@ -73,6 +114,7 @@ def check(out=sys.stdout) -> int:
         if rc == 0:
             parts = sorted({ln.split()[0] for ln in text.splitlines() if ln.strip()})
             say("slurm", f"controller reachable; partitions: {', '.join(parts) or '(none)'}")
+            _slurm_offers(say, missing)
         else:
             first = text.splitlines()[0] if text else f"exit {rc}"
             say("slurm", f"sinfo present, controller NOT reachable ({first}); local cluster: slurm/local/up.sh")

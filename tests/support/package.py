@@ -123,7 +123,8 @@ def _check_root_owned(path: Path) -> None:
 
 def site_packages_copy(requirements: list[str], base: Path = Path("/var/tmp")) -> Path:
     """A read-only, world-readable directory holding exactly the closure of ``requirements`` (made once per set
-    of versions, by root; kept). Returns the directory to put on PYTHONPATH."""
+    of versions, by root; kept), and beside it ``modulefiles/`` with an Lmod module ``pytorch`` that puts it on
+    PYTHONPATH. Returns the site-packages directory (its parent holds the modulefiles)."""
     dists = requirement_closure(requirements)
     key = hashlib.sha256("\n".join(f"{d.metadata['Name']}=={d.version}@{d.locate_file('')}" for d in dists)
                          .encode()).hexdigest()[:12]
@@ -153,6 +154,15 @@ def site_packages_copy(requirements: list[str], base: Path = Path("/var/tmp")) -
             st = os.lstat(os.path.join(dirpath, f))
             if stat.S_ISREG(st.st_mode) and (st.st_mode & 0o022 or not st.st_mode & 0o004):
                 os.chmod(os.path.join(dirpath, f), (st.st_mode & ~0o022) | 0o444)
+    # the site's module for it (Lmod): what `module load pytorch` does at a site that provides PyTorch this way
+    torch_v = next(d.version for d in dists if canonicalize_name(d.metadata["Name"]) == "torch")
+    mod = tmp / "modulefiles" / "pytorch"
+    mod.mkdir(parents=True, mode=0o755)
+    (mod / f"{torch_v.split('+')[0]}.lua").write_text(
+        f'whatis("PyTorch {torch_v} and the packages hpc-jabas declares, read-only")\n'
+        f'prepend_path("PYTHONPATH", "{dest / "site-packages"}")\n')
+    for q in (tmp / "modulefiles", mod, mod / f"{torch_v.split('+')[0]}.lua"):
+        os.chmod(q, 0o755 if q.is_dir() else 0o644)
     (tmp / ".complete").write_text("\n".join(f"{d.metadata['Name']}=={d.version}" for d in dists) + "\n")
     try:
         tmp.rename(dest)
