@@ -291,8 +291,8 @@ def test_lr_rules_state_round_trip():
 
 
 @pytest.mark.parametrize("name,B_ref,needle", [
-    ("cosine", 256, "valid rules: auto, sqrt, linear, none"),
-    ("adascale", 256, "unknown lr rule 'adascale'"),
+    ("cosine", 256, "valid rules: auto, sqrt, linear, adascale, none"),
+    ("ada", 256, "unknown lr rule 'ada'"),
     ("sqrt", 0, "B_ref=0"),
     ("linear", -4, "B_ref=-4"),
     ("sqrt", "big", "B_ref='big'"),

@@ -41,7 +41,7 @@ DEFAULT_P = 100         # JABAS: iterations between decisions; also the cap of t
 DECISIONS_PER_EPOCH = 10
 DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
-LR_RULES = ("auto", "sqrt", "linear", "none")
+LR_RULES = ("auto", "sqrt", "linear", "adascale", "none")
 WD_RULES = ("none", "linear")
 #: the ramp policy multiplies the initial B by DEFAULT_RAMP_FACTOR at each of these fractions of the run
 DEFAULT_RAMP_AT = (0.25, 0.5, 0.75)

@@ -43,6 +43,11 @@ recomputed at every batch-size decision from the new B:
 - ``SqrtScaling`` ("sqrt", JABAS's rule): sqrt(B / B_ref);
 - ``LinearScaling`` ("linear", Goyal et al.): B / B_ref;
 - ``NoScaling`` ("none"): 1;
+- ``AdaScaleRule`` ("adascale", Pollux's rule): the gain r = (S + G2) / (S / s + G2), s = B / B_ref,
+  from the controller's smoothed noise-scale estimates, re-read at every decision; r runs from 1 (no
+  noise) to s (noise-dominated), so it is at most the linear rule's factor. A scheduler stepped per
+  iteration advances r steps per iteration (scale-invariant progress, the fraction carried by the
+  trainer); one stepped per epoch steps once per pass over the data, as with every rule.
 - "auto" (the default): sqrt with the similarity and ramp policies, linear with goodput (AUTO_LR_RULE).
 
 Weight decay (``wd_rule``, default "none"): "linear" multiplies every param group's weight decay by
@@ -50,8 +55,6 @@ B / B_ref at every step ("Power Lines", NeurIPS 2025: the optimal AdamW weight d
 linearly with B at fixed model and data size); ``make_wd_rule``.
 
 B_ref is the batch the user's lr was tuned for (``batch_ref``, default the initial batch).
-AdaScale is not offered: its scale-invariant progress must advance on every rank at every
-iteration and drive the user's scheduler, which the trainer does not do.
 """
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ from hpc_jabas.core.defaults import POLICIES as POLICIES
 from hpc_jabas.core.defaults import WD_RULES as WD_RULES
 from hpc_jabas.core.defaults import canonical_policy as canonical_policy
 from hpc_jabas.core.planning.space import GROW, SET, SHRINK, STAY, BatchSpace, snap_nearest, snap_toward
-from hpc_jabas.core.scaling import LinearScaling, LRRule, NoScaling, SqrtScaling
+from hpc_jabas.core.scaling import AdaScaleRule, LinearScaling, LRRule, NoScaling, SqrtScaling
 from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
 from hpc_jabas.core.validate import integer, is_number
 from hpc_jabas.errors import ConfigError
@@ -84,6 +87,7 @@ AUTO_LR_RULE = {"fixed": "sqrt", "similarity": "sqrt", "noise-scale": "linear", 
 _LR_ALIASES = {
     "sqrt": "sqrt", "square-root": "sqrt", "sqrtscaling": "sqrt",
     "linear": "linear", "linearscaling": "linear",
+    "adascale": "adascale", "ada-scale": "adascale",
     "none": "none", "noscaling": "none", "constant": "none",
 }
 
@@ -526,12 +530,20 @@ def resolve_lr_rule(name: str, policy: str) -> str:
     return name
 
 
-def make_lr_rule(name: str, B_ref: int, policy: str = "similarity") -> LRRule:
-    """'auto' (the policy's own rule: AUTO_LR_RULE), 'sqrt' (JABAS), 'linear' (Goyal) or 'none'."""
+def lr_rule_name(name: str, policy: str = "similarity") -> str:
+    """The canonical name of the lr rule a job runs: 'auto' resolved for its policy, aliases read."""
     key = _LR_ALIASES.get(str(resolve_lr_rule(name, policy)).strip().lower())
     if key is None:
         raise ConfigError(f"unknown lr rule {name!r}; valid rules: {', '.join(LR_RULES)}")
-    cls: type[LRRule] = {"sqrt": SqrtScaling, "linear": LinearScaling, "none": NoScaling}[key]
+    return key
+
+
+def make_lr_rule(name: str, B_ref: int, policy: str = "similarity") -> LRRule:
+    """'auto' (the policy's own rule: AUTO_LR_RULE), 'sqrt' (JABAS), 'linear' (Goyal), 'adascale' (Pollux's
+    AdaScale gain from the noise-scale estimates) or 'none'."""
+    key = lr_rule_name(name, policy)
+    cls: type[LRRule] = {"sqrt": SqrtScaling, "linear": LinearScaling, "adascale": AdaScaleRule,
+                         "none": NoScaling}[key]
     return cls(B_ref)
 
 

@@ -66,3 +66,52 @@ class LinearScaling(LRRule):
 
     def lr_scale(self, B: float) -> float:
         return self._scale(B)
+
+
+class AdaScaleRule(LRRule):
+    """AdaScale (Johnson et al., ICML 2020), the lr rule Pollux pairs with goodput: lr * r, the gain
+
+        r = (var + G2) / (var / s + G2) = E|g_B_ref|^2 / E|g_B|^2,   s = B / B_ref,   var = S / B_ref,
+
+    from the gradient noise-scale estimates G2 = |G|^2 and S = tr(Sigma) of one sample's gradient
+    (core/stats.py), so var is the noise of a B_ref-sample batch's gradient. Equivalently r = s * E(B), Pollux's
+    statistical efficiency with B_0 = B_ref. r lies between 1 and s: s (linear scaling) where the noise
+    dominates the gradient, 1 where it has none (a larger batch then buys no larger step). The controller
+    hands it its latest estimates (:meth:`observe`); before the first, r = 1 (the reference batch's lr, as
+    AdaScale starts), and while the |G|^2 estimate is <= 0 (the noise swamps it) r = s. A scheduler stepped
+    per iteration advances r iterations per iteration (scale-invariant progress: the trainer carries the
+    fraction)."""
+
+    name = "adascale"
+
+    def __init__(self, B_ref: int) -> None:
+        super().__init__(B_ref)
+        self.G2: float | None = None
+        self.S: float | None = None
+
+    def observe(self, G2: float | None, S: float | None) -> None:
+        """The latest estimates of |G|^2 and tr(Sigma); a missing or non-finite pair is ignored."""
+        if G2 is None or S is None or not is_number(G2, nan=False) or not is_number(S, nan=False) \
+                or math.isinf(G2) or math.isinf(S):
+            return
+        self.G2, self.S = float(G2), float(S)
+
+    def gain(self, B: float) -> float:
+        s = self._scale(B)
+        if self.G2 is None or self.S is None:
+            return 1.0
+        var = max(0.0, self.S) / self.B_ref           # tr(Sigma) of a B_ref-sample batch's mean gradient
+        if self.G2 <= 0.0:
+            return s                                  # noise dominates: linear
+        return (var + self.G2) / (var / s + self.G2)
+
+    def lr_scale(self, B: float) -> float:
+        return self.gain(B)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "G2": self.G2, "S": self.S}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.G2 = None if state.get("G2") is None else float(state["G2"])
+        self.S = None if state.get("S") is None else float(state["S"])

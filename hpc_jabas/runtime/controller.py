@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.planning import Plan, Planner
+from hpc_jabas.core.scaling import AdaScaleRule
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import Controller
 from hpc_jabas.runtime.telemetry import HostTelemetry
@@ -344,6 +345,8 @@ class AdaptiveController(BaseController):
             plan = trainer.planner.plan(bd.B, list(self.factors) if self.factors else None)
         if plan.B != bd.B:
             raise RuntimeError(f"planner realised B={plan.B} for the decided B={bd.B} (batch space out of step)")
+        if isinstance(self.lr_rule, AdaScaleRule):
+            self.lr_rule.observe(self.noise.G2, self.noise.S)    # its gain reads the smoothed noise-scale terms
         lr = self.lr_rule.lr_scale(plan.B)
         # G2/S_trace: the controller's smoothed terms; g2/s: this decision's fresh estimates as the policy got
         # them (None: none), which a simulation replays ([gradstats] curve = "trace", core/simconfig.py)

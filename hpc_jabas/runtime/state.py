@@ -35,6 +35,7 @@ class TrainState:
     iteration: int = 0
     lr_scale: float = 1.0
     pending: PendingDecisions = field(default_factory=PendingDecisions)
+    si_carry: float = 0.0     # AdaScale: the fraction of a scheduler step not taken yet (scheduler_steps)
 
     @property
     def epoch(self) -> int:
@@ -62,11 +63,23 @@ class TrainState:
         """File an announced decision; it is put in force by :meth:`apply_due`."""
         self.pending.add(d)
 
+    def scheduler_steps(self, scale_invariant: bool) -> int:
+        """How often a scheduler stepped per iteration steps after this iteration: once, or under AdaScale
+        (``scale_invariant``) the iteration's gain, lr_scale, in scale-invariant iterations, with the fraction
+        carried to the next iteration (and through checkpoints)."""
+        if not scale_invariant:
+            return 1
+        self.si_carry += self.lr_scale
+        n = int(self.si_carry)
+        self.si_carry -= n
+        return n
+
     # ---- checkpoint --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's entries for this state (plain containers: core/planning's and core/decision's dicts)."""
         return {"sampler": self.sampler.state_dict(), "iteration": self.iteration, "B": self.B,
-                "plan": self.plan.to_dict(), "lr_scale": self.lr_scale, "pending": self.pending.state_dict()}
+                "plan": self.plan.to_dict(), "lr_scale": self.lr_scale, "pending": self.pending.state_dict(),
+                "si_carry": self.si_carry}
 
     def load_state_dict(self, st: dict[str, Any], world: int, replan: Replan) -> None:
         """Back from a checkpoint. A plan saved for another rank count (a job on another allocation) is
@@ -75,6 +88,7 @@ class TrainState:
         self.iteration = int(st["iteration"])
         self.B = int(st["B"])
         self.lr_scale = float(st["lr_scale"])
+        self.si_carry = float(st.get("si_carry", 0.0))       # absent in checkpoints of earlier versions
         plan = Plan.from_dict(st["plan"])
         self.plan = plan if plan.world_size == world else replan(self.B)
         # decisions announced ahead of the loader, not in force yet (the sampler above is the position)

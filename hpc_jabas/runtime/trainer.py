@@ -138,6 +138,10 @@ class Trainer:
         self._perf_model: Any = None          # built on first use (perf_model())
         self.calib = Calibrator(cfg, self.gpu_types, self.rank, self.metrics)   # that model's online calibration
         self.emulator = self._emulator()
+        from hpc_jabas.core.policy import canonical_policy, lr_rule_name
+        # AdaScale's progress is in scale-invariant iterations: a per-iteration scheduler steps lr_scale times
+        self._scale_invariant = cfg.policy != "fixed" and \
+            lr_rule_name(cfg.lr_rule, canonical_policy(cfg.policy)) == "adascale"
         self.planner: Planner = self._planner(planner_fn)     # core/planning/planner.py
         sampler = HeterogeneousSampler(len(self.dataset), seed=cfg.seed, tail=cfg.tail)
         self.state = TrainState(*self._initial_plan(), sampler=sampler)    # B, plan, sampler, iteration, ...
@@ -378,7 +382,8 @@ class Trainer:
         self.calib.observe(rec)
         self.iteration += 1
         if self.scheduler is not None and self.scheduler_step == "iteration":
-            self.scheduler.step()
+            for _ in range(self.state.scheduler_steps(self._scale_invariant)):   # AdaScale: lr_scale steps
+                self.scheduler.step()
         if self.calib.is_round(self.iteration):
             self.calib.sync()                       # collective: the decision sees the calibrated model
         if self.controller is not None:
