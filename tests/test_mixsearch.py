@@ -9,6 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hpc_jabas.core.mixtree as mixtree
+import hpc_jabas.errors as errors
 from hpc_jabas.core import autoscale, mixbound, mixsearch
 from hpc_jabas.core.autoscale import choose
 from hpc_jabas.core.mixsearch import Bound, all_mixes, allowed_counts, partition_counts, search
@@ -300,7 +302,7 @@ def test_small_clusters_are_priced_whole_and_listed():
     assert "nodes" in ch.reason and len(ch.table) <= 11
 
 
-# ---- the search's parts, each on its own (core/mixsearch.py: Problem, Memo, NodeBound, Frontier, Incumbent)
+# ---- the search's parts, each on its own (core/mixtree.py: Problem, Memo, NodeBound, Frontier, Incumbent)
 
 def _problem(free, peak, rates, fn=None, objective="time", max_gpus=8, min_gpus=1, maxp=None, floor=None,
              current=None, R=1.0, overhead=0.0, **kw):
@@ -308,7 +310,7 @@ def _problem(free, peak, rates, fn=None, objective="time", max_gpus=8, min_gpus=
     bound = Bound(SAMPLES, peak, lambda n: max(5, 30 - 2 * n), lambda n: 0.05 * math.log2(n + 1), floor)
     fn = fn or synthetic(peak, 0.05, lambda n: max(5, 30 - 2 * n), {p: 0.1 for p in peak}, floor)
     counts = partition_counts(free, TYPES, max_gpus)
-    return mixsearch.Problem(counts, current or {}, fn, rates, objective, overhead, bound, R, max_gpus, min_gpus,
+    return mixtree.Problem(counts, current or {}, fn, rates, objective, overhead, bound, R, max_gpus, min_gpus,
                              maxp, **kw)
 
 
@@ -325,9 +327,9 @@ def test_node_bound_is_below_every_mix_of_the_subtree(free, peak, rate, floor, m
                   max_gpus=8, min_gpus=min_gpus, maxp=maxp, floor=dict(zip(parts, floor)))
     if not pb.counts:
         return
-    tables = mixsearch.Tables(pb)
+    tables = mixtree.Tables(pb)
     order = tables.order("cost")
-    nb = mixsearch.NodeBound(pb, tables, order, need_cost=True)
+    nb = mixtree.NodeBound(pb, tables, order, need_cost=True)
     mixes = all_mixes(pb.counts, pb.max_gpus, min_gpus, maxp)
     checked = 0
 
@@ -361,25 +363,25 @@ def test_memo_asks_each_mix_once_and_keeps_its_totals():
     def fn(m):
         calls.append(dict(m))
         if "p100" in m:
-            raise mixsearch.InfeasibleError("p100 does not fit")
+            raise errors.InfeasibleError("p100 does not fit")
         return 100.0 * sum(m.values())
     pb = _problem({"a100": 4, "v100": 4, "p100": 2}, {"a100": 4.0, "v100": 2.0, "p100": 1.0},
                   {"a100": 3.0, "v100": 1.5, "p100": 1.0}, fn=fn, current={"v100": 1}, R=2.0, overhead=30.0,
                   wait_fn=lambda m: waits.append(dict(m)) or 7.0)
-    memo = mixsearch.Memo(pb)
+    memo = mixtree.Memo(pb)
     assert memo.price((("a100", 2),)) == (2 * 200.0 + 30.0 + 7.0, 2 * 200.0 * 6.0 / 3600 + 30.0 / 3600 * 6.0)
     assert memo.price((("a100", 2),)) is not None and len(calls) == 1 and len(waits) == 1
     assert memo.priced[(("a100", 2),)] == (437.0, pytest.approx(2 * 200.0 * 6.0 / 3600 + 30.0 * 6.0 / 3600), 2)
     assert memo.price((("v100", 1),)) == (200.0, 2 * 100.0 * 1.5 / 3600)     # staying: no move, no queue
     assert memo.price((("p100", 1),)) is None and memo.price((("p100", 1),)) is None
     assert len(calls) == 3 and (("p100", 1),) not in memo.priced and memo.work.evals == 3 and memo.work.waits == 1
-    with pytest.raises(mixsearch.InfeasibleError):
+    with pytest.raises(errors.InfeasibleError):
         memo.epoch_s({"p100": 1})
     assert len(calls) == 3
 
 
 def test_incumbent_keeps_the_least_rank_and_prunes_strictly():
-    inc = mixsearch.Incumbent()
+    inc = mixtree.Incumbent()
     assert not inc.beaten(1e300) and not inc.tied_and_worse(1.0, 1.0)
     assert inc.offer((("a", 1),), (10.0, 5.0, 1, (("a", 1),)))
     assert not inc.offer((("b", 1),), (10.0, 6.0, 1, (("b", 1),)))      # worse secondary
@@ -389,9 +391,9 @@ def test_incumbent_keeps_the_least_rank_and_prunes_strictly():
 
 
 def test_frontier_pops_by_key_then_depth():
-    fr = mixsearch.Frontier()
-    a = fr.add(mixsearch.Chain(1, (), [0, 1], [3.0, 5.0], [0.0, 0.0], None, None, None, 0.0, 0.0, None, 0))
-    b = fr.add(mixsearch.Chain(2, (1,), [0], [3.0], [0.0], None, None, None, 0.0, 0.0, None, 1))
+    fr = mixtree.Frontier()
+    a = fr.add(mixtree.Chain(1, (), [0, 1], [3.0, 5.0], [0.0, 0.0], None, None, None, 0.0, 0.0, None, 0))
+    b = fr.add(mixtree.Chain(2, (1,), [0], [3.0], [0.0], None, None, None, 0.0, 0.0, None, 1))
     assert fr.least() == math.inf and not fr
     fr.push(a, 1)
     fr.push(a, 0)
@@ -410,7 +412,7 @@ def test_tree_search_state_after_an_exact_run():
     rates = {"a100": 4.0, "v100": 1.0, "p100": 0.3}
     pb = _problem({"a100": 3, "v100": 5, "p100": 6}, peak, rates, objective="cost", max_gpus=10, min_gpus=2)
     for primary in ("time", "cost"):
-        ts = mixsearch.TreeSearch(pb, mixsearch.Memo(pb), primary, None)
+        ts = mixtree.TreeSearch(pb, mixtree.Memo(pb), primary, None)
         key, unexplored = ts.run()
         mixes = all_mixes(pb.counts, 10, 2)
         ref = min(mixes, key=lambda m: ((pb.epoch_time_fn(m), autoscale.price(m, pb.epoch_time_fn, rates).cost)
