@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_rank
+from hpc_jabas.slurm.env import SlurmEnv
 
 log = get_logger(__name__)
 
@@ -93,19 +94,19 @@ def launcher(env: Mapping[str, str] | None = None) -> Launch:
     if "OMPI_COMM_WORLD_RANK" in env:
         return Launch("mpirun", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
                       _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0)
-    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and env.get("SLURM_STEP_ID") not in ("batch", "extern"):
-        size = _int(env, "SLURM_STEP_NUM_TASKS") if "SLURM_STEP_NUM_TASKS" in env else _int(env, "SLURM_NTASKS")
-        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
-        het = "SLURM_HET_SIZE" in env
+    senv = SlurmEnv(env)
+    if senv.in_step:
+        size = senv.step_ntasks or 0
+        nodes = senv.step_nodelist or ""
+        het = senv.het_size is not None
         addr = None
         if nodes and not het:          # block distribution: rank 0 runs on the step's first node
             from hpc_jabas.slurm.text import expand_hostlist
             first = expand_hostlist(nodes)
             addr = first[0] if first else None
-        job = _int(env, "SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0
-        step = _int(env, "SLURM_STEP_ID")
-        return Launch("srun", _int(env, "SLURM_PROCID"), size,
-                      _int(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0, addr,
+        job = int(senv.job_id or 0)           # a het job's leader id: the same in every component
+        step = int(senv.step_id) if (senv.step_id or "").isdigit() else 0
+        return Launch("srun", senv.procid or 0, size, senv.localid or 0, addr,
                       20000 + (job * 31 + step) % 20000, {"het": "1" if het else ""})
     if "PMI_RANK" in env and "PMI_SIZE" in env:
         return Launch("mpirun", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_jabas.errors import ConfigError, JabasError
+from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import private_dir
 
 LOCK_NAME = ".hpc-jabas.lock"
@@ -26,7 +27,7 @@ _HELD: dict[str, DirLock] = {}      # lock file -> the DirLock of this process t
 
 def _me() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(),
-            "job_id": os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID"), "since": time.time()}
+            "job_id": SlurmEnv().job_id, "since": time.time()}
 
 
 def holder_text(h: dict[str, Any] | None) -> str:

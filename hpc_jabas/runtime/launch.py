@@ -30,6 +30,7 @@ from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.hooks import Callback
 from hpc_jabas.slurm import chain as chainlog
+from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import check_file
 
 log = get_logger(__name__)
@@ -103,7 +104,7 @@ def _run_job(spec: JobSpec) -> dict | None:
     mix = current_mix(comm)
     if "local" not in mix:
         spec = spec.with_mix(mix)
-    job_id = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
+    job_id = SlurmEnv().local_job_id()
     cfgd = dict(spec.config)
     cfgd["run_dir"] = spec.run_dir
     cfgd.pop("job", None)
@@ -217,9 +218,10 @@ def record_error(spec: JobSpec, exc: BaseException) -> None:
     """This rank's exception that ends the job, as a chain event ``error`` with its signature (type, message,
     innermost frame): the failure path (``resubmit_after_failure``) does not resubmit the same error twice.
     Never masks the exception itself."""
-    job_id = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}"
-    rank = next((os.environ[k] for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
-                 if os.environ.get(k)), "0")
+    senv = SlurmEnv()
+    job_id = senv.local_job_id()
+    rank = next((os.environ[k] for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+                 if os.environ.get(k)), str(senv.procid or 0))
     try:
         chainlog.append(spec.chain_dir, "error", job_id=job_id, rank=int(rank),
                         signature=chainlog.failure_signature(exc))
@@ -386,7 +388,7 @@ def main(argv=None) -> int:
     if len(argv) == 3 and argv[0] == "--after-failure":
         try:
             spec = spec_from_file(argv[2])
-            job_id = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or ""
+            job_id = SlurmEnv().job_id or ""
             if job_id:
                 resubmit_after_failure(spec, job_id, int(argv[1]))
         except (JabasError, ValueError) as e:

@@ -208,12 +208,11 @@ def stop_cause(spec, job_id: str | None, under_slurm: bool) -> dict | None:
     resubmission after a failure): why the chain ends here instead, or None to go on. A ``cancel`` event in the
     chain (``hpc-jabas cancel``), or Slurm's record that a user cancelled this job (a plain ``scancel``: sacct
     CANCELLED); Slurm's preemption and time limit are not cancels (slurm/cancel.py)."""
-    import os
-
     from hpc_jabas.slurm.cancel import stop_cause as _cause
+    from hpc_jabas.slurm.env import SlurmEnv
     if job_id is None:
         return None
-    here = str(job_id) in (os.environ.get("SLURM_HET_JOB_ID"), os.environ.get("SLURM_JOB_ID"))   # Slurm's own job
+    here = SlurmEnv().is_job(job_id)                                   # Slurm's own job
     try:
         return _cause(spec.chain_dir, str(job_id), under_slurm=under_slurm and here)
     except JabasError as e:              # the chain record cannot be read: go on as before, and say so

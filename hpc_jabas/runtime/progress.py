@@ -28,6 +28,7 @@ from typing import IO, Any, TypeVar
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_console_writer
 from hpc_jabas.runtime.hooks import Callback
+from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import check_file, make_private
 
 PROGRESS_FILE = "progress.json"
@@ -48,7 +49,7 @@ def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None)
             return False
     except (AttributeError, ValueError):
         return False
-    if ("SLURM_JOB_ID" in env or "SLURM_JOBID" in env) and "SLURM_PTY_PORT" not in env:
+    if SlurmEnv(env).batch:
         return False
     if forced not in ("1", "on", "yes", "true") and launcher_stdout_is_tty(env) is False:
         return False
@@ -152,8 +153,7 @@ class ProgressFile(Callback):
         self.path = Path(run_dir) / PROGRESS_FILE
         self.epochs = int(epochs)
         self.period_s = float(period_s)
-        self.job_id = job_id if job_id is not None else (os.environ.get("SLURM_HET_JOB_ID")
-                                                        or os.environ.get("SLURM_JOB_ID") or f"local-{os.getpid()}")
+        self.job_id = job_id if job_id is not None else SlurmEnv().local_job_id()
         self._t0: float | None = None
         self._n0 = 0
         self._last = 0.0

@@ -25,6 +25,7 @@ from typing import Any, Literal, cast, get_args
 from hpc_jabas.core import gpus
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
+from hpc_jabas.slurm.env import SlurmEnv
 
 log = get_logger(__name__)
 
@@ -137,8 +138,7 @@ def gpu_type_of_device_name(name: str) -> str | None:
 
 def node_name(env: Mapping[str, str] | None = None) -> str:
     """Slurm's name of this node (``SLURMD_NODENAME``), else the host name."""
-    env = os.environ if env is None else env
-    return env.get("SLURMD_NODENAME") or socket.gethostname()
+    return SlurmEnv(env).node_name or socket.gethostname()
 
 
 def local_gpu_type(env: Mapping[str, str], cuda_name: str | None = None, emulate: bool = False, rank: int = 0,

@@ -26,6 +26,7 @@ from typing import Any
 from hpc_jabas.core import gpus
 from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.slurm import proc
+from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.slurm.text import (
     expand_hostlist,
     gpu_type_of,
@@ -250,25 +251,15 @@ def read_cluster(partition_types: Mapping[str, str] | None = None,
 # ---- the GPU type of one rank ----------------------------------------------------------------
 def rank_partition(env: Mapping[str, str]) -> str | None:
     """The partition of this rank's own job component (heterogeneous jobs: found by the node)."""
-    node = env.get("SLURMD_NODENAME")
-    size = env.get("SLURM_HET_SIZE") or env.get("SLURM_PACK_SIZE")
-    if size and size.isdigit() and node:
-        for k in range(int(size)):
-            nl = env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{k}") or env.get(f"SLURM_JOB_NODELIST_PACK_GROUP_{k}")
-            part = env.get(f"SLURM_JOB_PARTITION_HET_GROUP_{k}") or env.get(f"SLURM_JOB_PARTITION_PACK_GROUP_{k}")
-            if nl and part and node in expand_hostlist(nl):
-                return part
-    part = env.get("SLURM_JOB_PARTITION")
-    if part and "," in part:   # submitted to several partitions: the one it runs in is not named here
-        part = None
-    return part or None
+    return SlurmEnv(env).rank_partition()
 
 
 def _node_gres_type(node: str, env: Mapping[str, str]) -> str | None:
     """Catalog type of the node's GPUs from `scontrol show node` (None when unknown or mixed)."""
     run_env = dict(os.environ)
-    if env.get("SLURM_CONF"):
-        run_env["SLURM_CONF"] = env["SLURM_CONF"]
+    conf = SlurmEnv(env).conf
+    if conf:
+        run_env["SLURM_CONF"] = conf
     try:
         proc.require(("scontrol",), run_env)
         text = proc.run(["scontrol", "show", "node", "-o", node], run_env, timeout=10)
@@ -293,12 +284,13 @@ def rank_gpu_type(env: Mapping[str, str] | None = None,
     own name if it is a catalog type. ConfigError when inside Slurm none of these gives a type.
     """
     env = os.environ if env is None else env
-    if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or env.get("SLURMD_NODENAME")):
+    senv = SlurmEnv(env)
+    if not senv.inside:
         return None
-    part = rank_partition(env)
+    part = senv.rank_partition()
     if partition_types and part is not None and part in partition_types:
         return gpus.normalize(partition_types[part])
-    node = env.get("SLURMD_NODENAME")
+    node = senv.node_name
     if node:
         t = _node_gres_type(node, env)
         if t:
@@ -337,11 +329,7 @@ def available_gpus(view: ClusterView, held: Mapping[str, int],
 
 def job_nodes(env: Mapping[str, str] | None = None) -> list[str]:
     """The nodes of the current job (every component of a heterogeneous job), from its environment."""
-    env = os.environ if env is None else env
-    het = ("SLURM_JOB_NODELIST_HET_GROUP_", "SLURM_JOB_NODELIST_PACK_GROUP_")
-    lists = [v for k, v in env.items() if k.startswith(het)]
-    lists = lists or [env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""]
-    return sorted({n for nl in lists for n in expand_hostlist(nl)})
+    return SlurmEnv(env).nodes()
 
 
 def parse_duration(text: str) -> float | None:
@@ -384,13 +372,4 @@ def job_clock(job_id: str, env: Mapping[str, str] | None = None) -> dict[str, An
 
 def mix_from_env(env: Mapping[str, str] | None = None) -> dict[str, int]:
     """partition -> tasks of the current job (every component of a heterogeneous job), from its environment."""
-    env = os.environ if env is None else env
-    size = env.get("SLURM_HET_SIZE")
-    pairs = [(env.get(f"SLURM_JOB_PARTITION_HET_GROUP_{k}"), env.get(f"SLURM_NTASKS_HET_GROUP_{k}"))
-             for k in range(int(size))] if size and size.isdigit() else []
-    pairs = pairs or [(env.get("SLURM_JOB_PARTITION"), env.get("SLURM_NTASKS"))]
-    out: dict[str, int] = {}
-    for part, n in pairs:
-        if part and n and n.isdigit() and "," not in part:
-            out[part] = out.get(part, 0) + int(n)
-    return dict(sorted(out.items()))
+    return SlurmEnv(env).mix()

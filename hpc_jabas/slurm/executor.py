@@ -64,6 +64,7 @@ from hpc_jabas.slurm.components import (
     per_component_options,
     slurm_option,
 )
+from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.slurm.node_entry import NODE_ENTRY
 from hpc_jabas.slurm.sbatch import (
     JOB_ENTRY,
@@ -297,7 +298,7 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
         job_id = str(job.job_id)
     else:
         job_id, script, spec_path = _submit_sbatch(spec, comps, sub_env)
-    inside = os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    inside = SlurmEnv().job_id
     chainlog.append(spec.chain_dir, "submit", job_id=job_id, mix=spec.mix, method=spec.method,
                     by=f"job {inside}" if inside else "user", spec=str(spec_path),
                     script=str(script) if script else str(job.paths.submission_file) if job else "")

@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 
 from hpc_jabas.errors import SlurmError
+from hpc_jabas.slurm.env import SlurmEnv
 
 TIMEOUT_S = 20.0
 LOCAL_HINT = "slurm/local/up.sh && source slurm/local/env.sh"
@@ -39,7 +40,7 @@ def require(commands: Iterable[str], env: Mapping[str, str] | None = None) -> No
     for cmd in commands:
         if shutil.which(cmd, path=env.get("PATH")) is None:
             raise _no_slurm(cmd)
-    conf = env.get("SLURM_CONF")
+    conf = SlurmEnv(env).conf
     if conf and not os.path.exists(conf):
         raise SlurmError(f"Slurm controller unreachable: SLURM_CONF={conf} does not exist "
                          f"(local cluster: {LOCAL_HINT})")
@@ -61,7 +62,7 @@ def run(args: Sequence[str], env: Mapping[str, str] | None = None, timeout: floa
     if r.returncode != 0:
         msg = first_line(r.stderr) or first_line(r.stdout) or f"exit {r.returncode}"
         if _UNREACHABLE.search(msg):
-            conf = (os.environ if env is None else env).get("SLURM_CONF", "/etc/slurm/slurm.conf")
+            conf = SlurmEnv(env).conf or "/etc/slurm/slurm.conf"
             raise SlurmError(f"Slurm controller unreachable: `{cmd}` said: {msg} "
                              f"(SLURM_CONF={conf}; local cluster: slurm/local/up.sh)")
         raise SlurmError(f"{refused or f'`{cmd}` failed'}: {msg}")

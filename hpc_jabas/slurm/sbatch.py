@@ -25,6 +25,7 @@ from pathlib import Path
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.components import Component, extra, extra_args, het_groups, per_component_options, slurm_option
+from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import TRUST_GROUP_ENV, refuse_control_chars
 
 METHODS = ("submitit", "sbatch")
@@ -36,15 +37,14 @@ SRUN_ARGS = ("--mpi=pmix", "--kill-on-bad-exit=1")
 
 
 # ---- the environment of a submission ----------------------------------------------------------
-_SLURM_PREFIXES = ("SLURM_", "SLURMD_", "SBATCH_", "SALLOC_", "SRUN_", "SPANK_")
 _JOB_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "HOROVOD_", "SUBMITIT_", "OPAL_", "ORTE_", "PRTE_")
 _JOB_VARS = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
 
 
 def inside_job(env: Mapping[str, str]) -> bool:
     """The environment is a Slurm job's or an MPI rank's."""
-    return any(k in env for k in ("SLURM_JOB_ID", "SLURM_JOBID", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
-                                  "HOROVOD_RANK", "SUBMITIT_FOLDER"))
+    return SlurmEnv(env).inside or any(k in env for k in ("OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "HOROVOD_RANK",
+                                                          "SUBMITIT_FOLDER"))
 
 
 def submission_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -58,10 +58,7 @@ def submission_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     inside = inside_job(env)
     out = {}
     for k, v in env.items():
-        if k == "SLURM_CONF":
-            out[k] = v
-            continue
-        if k.startswith(_SLURM_PREFIXES):
+        if SlurmEnv.job_variable(k):            # SLURM_* but SLURM_CONF, SLURMD_*, SBATCH_*, ... (slurm/env.py)
             continue
         if inside and (k.startswith(_JOB_PREFIXES) or k in _JOB_VARS) and not k.startswith("OMPI_ALLOW_RUN_AS_ROOT"):
             continue
