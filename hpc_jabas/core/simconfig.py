@@ -49,10 +49,11 @@ B / (B + 2 B_noise); both times a lognormal measurement noise of ``noise`` (sigm
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,43 +74,6 @@ STOPS = ("progress", "samples")
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     from hpc_jabas.core.textfile import read_toml as read
     return read(path, what, "a TOML file")
-
-
-class _Keys:
-    """Typed reads of one TOML table; unknown keys are an error (a typo must not pass silently)."""
-
-    def __init__(self, d: Any, where: str, known: Sequence[str]) -> None:
-        if not isinstance(d, Mapping):
-            raise ConfigError(f"{where} must be a table, got {d!r}")
-        bad = sorted(set(d) - set(known))
-        if bad:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(bad)}; valid keys: {', '.join(known)}")
-        self.d, self.where = d, where
-
-    def num(self, k: str, default: float | None, lo: float | None = 0.0, lo_open: bool = False) -> float | None:
-        v = self.d.get(k, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or (lo is not None and (v <= lo if lo_open else v < lo)):
-            cmp = ">" if lo_open else ">="
-            raise ConfigError(f"{self.where}: {k}={v!r} is invalid; it must be a number {cmp} {lo:g}")
-        return float(v)
-
-    def int(self, k: str, default: int | None, lo: int = 1) -> int | None:
-        v = self.d.get(k, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{self.where}: {k}={v!r} is invalid; it must be an integer >= {lo}")
-        return v
-
-    def str(self, k: str, default: str, choices: Sequence[str] | None = None) -> str:
-        v = self.d.get(k, default)
-        if not isinstance(v, str) or (choices and v not in choices):
-            valid = f"one of {', '.join(choices)}" if choices else "a string"
-            raise ConfigError(f"{self.where}: {k}={v!r} is invalid; it must be {valid}")
-        return v
 
 
 # ---------------------------------------------------------------- the queue
@@ -140,12 +104,50 @@ class WaitDist:
         return 0.0 if self.dist == "none" else self.mean_s
 
 
+@dataclass
+class WaitKeys(Section):
+    """A partition's ``wait`` table."""
+    dist: str = key("none", "queue wait distribution", choices=WAIT_DISTS)
+    mean_s: float = key(0.0, "mean wait (fixed, exponential), seconds", lo=0.0)
+    median_s: float = key(0.0, "median wait (lognormal), seconds", lo=0.0)
+    sigma: float = key(1.0, "lognormal sigma", lo=0.0)
+
+
+@dataclass
+class PartitionKeys(Section):
+    """One ``[[partition]]`` table."""
+    name: str = key("", "partition name")
+    gpu: str = key("", "GPU type (catalog name)")
+    nodes: int = key(1, "nodes", lo=1)
+    gpus_per_node: int = key(4, "GPUs per node", lo=1)
+    rate: float | None = key(None, "rate per GPU-hour (billing weight or price)", lo=0.0, shown="the catalog's")
+    wait: dict[str, Any] | None = key(None, "queue wait distribution table", shown="none")
+
+
+@dataclass
+class QueueKeys(Section):
+    """The cluster file's ``[queue]`` table."""
+    seed: int = key(0, "seed of the queue's waits", lo=0)
+    period_s: float = key(3600.0, "the waits are redrawn every period of simulated time", lo=0.0, lo_open=True)
+    trace: str | None = key(None, "CSV of time_s,partition,wait_s rows", shown="none")
+    estimate: str = key("exact", "what a queue-aware decision sees", choices=("exact", "mean"))
+
+
+@dataclass
+class ClusterKeys(Section):
+    """The cluster file's top level."""
+    name: str = key("cluster", "the cluster's name")
+    restart_s: float = key(60.0, "checkpoint -> first iteration of the next job (s)", lo=0.0)
+    partition: Any = key(None, "[[partition]] tables")
+    queue: dict[str, Any] = key({}, "[queue] table")
+
+
 def _wait(d: Any, where: str) -> WaitDist:
     if d is None:
         return WaitDist()
-    k = _Keys(d, where, ("dist", "mean_s", "median_s", "sigma"))
-    dist = k.str("dist", "none", WAIT_DISTS)
-    out = WaitDist(dist, k.num("mean_s", 0.0) or 0.0, k.num("median_s", 0.0) or 0.0, k.num("sigma", 1.0) or 0.0)
+    k = read_table(WaitKeys, d, where)
+    dist = k.dist
+    out = WaitDist(dist, k.mean_s, k.median_s, k.sigma)
     if dist in ("fixed", "exponential") and "mean_s" not in d or dist == "lognormal" and "median_s" not in d:
         raise ConfigError(f"{where}: dist={dist!r} needs {'median_s' if dist == 'lognormal' else 'mean_s'}")
     return out
@@ -249,29 +251,28 @@ class Cluster:
 
 
 def cluster_from_dict(d: Mapping[str, Any], where: str = "cluster", base: Path | None = None) -> Cluster:
-    k = _Keys(d, where, ("name", "restart_s", "partition", "queue"))
-    plist = d.get("partition")
+    k = read_table(ClusterKeys, d, where)
+    plist = k.partition
     if not isinstance(plist, list) or not plist:
         raise ConfigError(f"{where}: no [[partition]] table; give at least one (name, gpu, nodes, gpus_per_node)")
     parts: dict[str, Partition] = {}
     for i, pd in enumerate(plist):
         pw = f"{where}: partition {i + 1}"
-        pk = _Keys(pd, pw, ("name", "gpu", "nodes", "gpus_per_node", "rate", "wait"))
-        name = pk.str("name", "")
+        pk = read_table(PartitionKeys, pd, pw)
+        name = pk.name
         if not name or name in parts:
             raise ConfigError(f"{pw}: name={name!r} is missing or repeated; every partition needs its own name")
-        gpu = catalog.normalize(pk.str("gpu", ""))
-        rate = pk.num("rate", catalog.get(gpu).price_per_hour)
-        parts[name] = Partition(name, gpu, pk.int("nodes", 1) or 1, pk.int("gpus_per_node", 4) or 4,
-                                float(rate or 0.0), _wait(pd.get("wait"), f"{pw} ({name}) wait"))
-    qk = _Keys(d.get("queue", {}), f"{where}: [queue]", ("seed", "period_s", "trace", "estimate"))
+        gpu = catalog.normalize(pk.gpu)
+        rate = pk.rate if pk.rate is not None else catalog.get(gpu).price_per_hour
+        parts[name] = Partition(name, gpu, pk.nodes, pk.gpus_per_node, float(rate),
+                                _wait(pk.wait, f"{pw} ({name}) wait"))
+    qk = read_table(QueueKeys, k.queue, f"{where}: [queue]")
     trace = None
-    if "trace" in d.get("queue", {}):
-        tp = Path(qk.str("trace", ""))
+    if qk.trace is not None:
+        tp = Path(qk.trace)
         trace = _read_trace(tp if tp.is_absolute() or base is None else base / tp, parts)
-    queue = QueueModel(parts, qk.int("seed", 0, lo=0) or 0, qk.num("period_s", 3600.0, lo_open=True) or 3600.0,
-                       trace, qk.str("estimate", "exact", ("exact", "mean")))
-    return Cluster(k.str("name", "cluster"), parts, float(k.num("restart_s", 60.0) or 0.0), queue)
+    queue = QueueModel(parts, qk.seed, qk.period_s, trace, qk.estimate)
+    return Cluster(k.name, parts, k.restart_s, queue)
 
 
 def load_cluster(path: str | Path) -> Cluster:
@@ -391,21 +392,50 @@ def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
     return us, tuple(b for _, b, _ in pts), tuple(m for _, _, m in pts)
 
 
-_CURVE_KEYS = {"mccandlish": {"b_start": 256.0, "b_end": 8192.0, "tau": 0.3},
-               "merrill": {"b_min": 64.0, "b_plateau": 4096.0, "u_rise": 0.15}, "trace": {}}
+@dataclass
+class McCandlishKeys(Section):
+    """``[gradstats] curve = "mccandlish"``."""
+    curve: str = key("mccandlish", "the curve", choices=CURVES)
+    noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
+    b_start: float = key(256.0, "B_noise at the start", lo=0.0, lo_open=True)
+    b_end: float = key(8192.0, "B_noise towards the end", lo=0.0, lo_open=True)
+    tau: float = key(0.3, "progress scale of the loss's fall", lo=0.0, lo_open=True)
+
+
+@dataclass
+class MerrillKeys(Section):
+    """``[gradstats] curve = "merrill"``."""
+    curve: str = key("merrill", "the curve", choices=CURVES)
+    noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
+    b_min: float = key(64.0, "critical batch at the start", lo=0.0, lo_open=True)
+    b_plateau: float = key(4096.0, "critical batch's plateau", lo=0.0, lo_open=True)
+    u_rise: float = key(0.15, "progress scale of the rise", lo=0.0, lo_open=True)
+
+
+@dataclass
+class TraceKeys(Section):
+    """``[gradstats] curve = "trace"``."""
+    curve: str = key("trace", "the curve", choices=CURVES)
+    noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
+    path: str = key("", "a recorded run's metrics.jsonl")
+
+
+_CURVE_KEYS: dict[str, type[McCandlishKeys] | type[MerrillKeys] | type[TraceKeys]] = {
+    "mccandlish": McCandlishKeys, "merrill": MerrillKeys, "trace": TraceKeys}
 
 
 def noise_curve(d: Any, where: str, base: Path | None = None) -> NoiseCurve:
     d = d or {}
-    kind = _Keys({"curve": d.get("curve", "mccandlish")}, where, ("curve",)).str("curve", "mccandlish", CURVES)
-    k = _Keys(d, where, ("curve", "noise", "path", *_CURVE_KEYS[kind]))
-    params = {n: float(k.num(n, v, lo=0.0, lo_open=True) or v) for n, v in _CURVE_KEYS[kind].items()}
-    trace = None
-    if kind == "trace":
-        tp = Path(k.str("path", ""))
+    kind = read_table(McCandlishKeys, {"curve": d.get("curve", "mccandlish")}, where).curve if isinstance(d, Mapping) \
+        else "mccandlish"
+    k = read_table(_CURVE_KEYS[kind], d, where)
+    params = {f.name: float(getattr(k, f.name)) for f in dataclasses.fields(k) if f.name not in ("curve", "noise",
+                                                                                                  "path")}
+    if isinstance(k, TraceKeys):
+        tp = Path(k.path)
         us, bs, measured = read_stats_trace(tp if tp.is_absolute() or base is None else base / tp)
-        return NoiseCurve(kind, params, float(k.num("noise", 0.2) or 0.0), (us, bs), measured)
-    return NoiseCurve(kind, params, float(k.num("noise", 0.2) or 0.0), trace)
+        return NoiseCurve(kind, params, k.noise, (us, bs), measured)
+    return NoiseCurve(kind, params, k.noise, None)
 
 
 # ---------------------------------------------------------------- the job
