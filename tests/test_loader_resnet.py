@@ -1,5 +1,5 @@
 """examples/train_resnet.py: the standard ResNet-18, the JPEG folder it decodes, and bad flags exit 2. Its run
-on 3 emulated heterogeneous ranks with 2 DataLoader workers each is the README's block, checked by
+on 3 emulated heterogeneous ranks with 2 DataLoader workers each is examples/README.md's block, checked by
 tests/test_readme.py (samples, iterations, the loader's lookahead, the model's size)."""
 import subprocess
 import sys
