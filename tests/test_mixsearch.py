@@ -422,3 +422,26 @@ def test_tree_search_state_after_an_exact_run():
         assert unexplored == math.inf and not ts.memo.work.cut
         assert ts.best.beaten(ts.frontier.least()) or not ts.frontier
         assert 0 < ts.memo.work.evals <= len(mixes) and ts.memo.work.nodes > 0
+
+
+@settings(max_examples=20, deadline=None)
+@given(mix=st.dictionaries(st.sampled_from(["a100", "v100", "rtx2060"]), st.integers(1, 4), min_size=1),
+       lo=st.integers(1, 40), width=st.integers(0, 120), mb=st.sampled_from([None, 2, 8]))
+def test_range_times_are_the_planners_own_times(mix, lo, width, mb):
+    """planning.identical.RangeTimes (what grouptimes prices from): every B that plan_batch realises on the ranks,
+    with model.iteration_time of plan_batch's plan, and no other B (reference: one plan_batch per B)."""
+    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.planning.identical import RangeTimes, plan_batch
+    model = PerfModel.emulated(["a100", "v100", "rtx2060"], [1, 2, 4, 8, 16, 32], 0.002, 0.0002, update_s=0.001)
+    gl = autoscale.expand_mix(mix, {p: p for p in mix})
+    cands = [mb] if mb else None
+    want = []
+    for B in range(lo, lo + width + 1):
+        try:
+            plan = plan_batch(B, gl, model, b_candidates=cands)
+        except errors.InfeasibleError:
+            continue
+        want.append((B, model.iteration_time(plan, gl)))
+    got = RangeTimes(gl, model, b_candidates=cands).rows(lo, lo + width)
+    assert [b for b, _ in got] == [b for b, _ in want]
+    assert [t for _, t in got] == pytest.approx([t for _, t in want], rel=1e-12)

@@ -64,7 +64,7 @@ def snapped_iterations(forecast: Sequence[float], period: int, samples: int, B_m
                        b0: int, tie_tol: float) -> Callable[[int], int]:
     """N -> the fewest iterations ``autoscale.epoch_time_fn`` can price on N GPUs (the optimal planner).
 
-    Period k's forecast f is snapped (``snapping.snap_nearest``) to a realisable B within d + tie_tol *
+    Period k's forecast f is snapped (``planning.space.snap_nearest``) to a realisable B within d + tie_tol *
     max(f, 1) of the clamped target c = min(max(f, B_min), B_max), d the distance to the nearest realisable
     B. Every rank runs one micro-batch at least, of b >= b0 (the smallest candidate), so some b0 * M with M
     >= N is within b0 of c when c >= N b0, and none is below N b0 otherwise: B <= Bhat(N) = min(B_max,

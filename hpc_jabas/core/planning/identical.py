@@ -391,11 +391,28 @@ def plan_range(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
                 out.append((B, res[0], res[1]))
         return out
 
+    best_T, best_b, per_b = _best_times(ctx, B_min, B_max)
+    R = ctx.R
+    tail = ctx.model.allreduce_tail(R)
+    rows: list[tuple[int, Plan, float]] = []
+    for b, (ts, us, m_lo, V, T) in per_b.items():
+        sel = np.nonzero(best_b == b)[0]
+        if len(sel):
+            Msel = (sel + B_min) // b
+            rows += _bulk_plans(ctx, b, ts, us, Msel, V[Msel - m_lo], T[Msel - m_lo], tail)
+    rows.sort(key=lambda r: r[0])
+    return rows
+
+
+def _best_times(ctx: _Ctx, B_min: int, B_max: int) -> tuple[FloatArray, IntArray, dict[int, Any]]:
+    """Every rank runs: per B in [B_min, B_max] (index B - B_min) the least compute makespan over the
+    candidate b (inf: B is not realisable) and the b that reaches it (ties: the larger b); per b its
+    (ts, us, m_lo, V, T), V and T over M = m_lo..B_max // b (``plan_range`` builds its plans from them)."""
     R = ctx.R
     width = B_max - B_min + 1
     best_T = np.full(width, np.inf)
     best_b = np.zeros(width, dtype=np.int64)
-    per_b = {}
+    per_b: dict[int, Any] = {}
     for b in reversed(ctx.cands):            # larger b first; strict '<' keeps it on ties
         m_lo = max(R, -(-B_min // b))
         m_hi = B_max // b
@@ -409,15 +426,30 @@ def plan_range(B_min: int, B_max: int, gpus: Sequence[str], model: PerfModel, *,
         better = T < best_T[pos]
         best_T[pos[better]] = T[better]
         best_b[pos[better]] = b
-    tail = ctx.model.allreduce_tail(R)
-    rows: list[tuple[int, Plan, float]] = []
-    for b, (ts, us, m_lo, V, T) in per_b.items():
-        sel = np.nonzero(best_b == b)[0]
-        if len(sel):
-            Msel = (sel + B_min) // b
-            rows += _bulk_plans(ctx, b, ts, us, Msel, V[Msel - m_lo], T[Msel - m_lo], tail)
-    rows.sort(key=lambda r: r[0])
-    return rows
+    return best_T, best_b, per_b
+
+
+class RangeTimes:
+    """``plan_range``'s (B, predicted iteration seconds) for ranges of B on fixed ranks, without building
+    the plans (identical b, every rank runs): the ranks are checked and grouped once (ConfigError,
+    InfeasibleError as ``plan_range``), each :meth:`rows` call runs the same per-b makespans."""
+
+    def __init__(self, gpus: Sequence[str], model: PerfModel, *, b_candidates: Iterable[int] | None = None,
+                 speed_factors: Sequence[float] | None = None) -> None:
+        self._ctx = _prepare(gpus, model, b_candidates, speed_factors, False)
+
+    def rows(self, B_min: int, B_max: int) -> list[tuple[int, float]]:
+        """(B, seconds) for every realisable B in [B_min, B_max], B ascending: the B and the seconds of
+        ``plan_range(B_min, B_max, ...)``'s rows, bit for bit."""
+        B_min, B_max = _check_B(B_min, "B_min"), _check_B(B_max, "B_max")
+        if B_min > B_max:
+            raise ConfigError(f"batch range {B_min}:{B_max} is empty; B_min must be <= B_max")
+        if B_max - B_min > MAX_RANGE:
+            raise ConfigError(f"batch range {B_min}:{B_max} spans more than {MAX_RANGE} values; narrow it")
+        best_T, _, _ = _best_times(self._ctx, B_min, B_max)
+        tail = self._ctx.model.allreduce_tail(self._ctx.R)
+        idx = np.nonzero(np.isfinite(best_T))[0]
+        return [(int(B_min + i), float(best_T[i]) + tail) for i in idx.tolist()]
 
 
 def _bulk_plans(ctx: _Ctx, b: int, ts: Sequence[float], us: Sequence[float], Msel: IntArray, Vsel: FloatArray,
