@@ -117,8 +117,8 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
         assert len(blocks) >= 4, blocks
         script = ["cd ~"]
         for line, text in blocks:
-            script += [f"echo '@@ block docs/cluster.md:{line}' >&2", text]
-        script.append("echo '@@ all blocks done' >&2")
+            script += [f"echo \"@@ block docs/cluster.md:{line} $(date +%s.%N)\" >&2", text]
+        script.append("echo \"@@ all blocks done $(date +%s.%N)\" >&2")
         env = {"HOME": str(home), "USER": USER, "LOGNAME": USER, "SHELL": "/bin/bash", "LANG": "C.UTF-8",
                "PATH": "/usr/local/bin:/usr/bin:/bin", "SLURM_CONF": slurm_cluster.env["SLURM_CONF"],
                "MODULEPATH": str(site.parent / "modulefiles"),       # the site's modules, as its profile sets
@@ -141,9 +141,10 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
             watcher.join(5)
         wall = time.time() - t0
         out = p.stdout + p.stderr
-        last = [ln for ln in p.stderr.splitlines() if ln.startswith("@@ ")][-1:]
-        assert p.returncode == 0 and last == ["@@ all blocks done"], \
-            f"as {USER}: exit {p.returncode} in {last}\n{out[-6000:]}\n{_job_logs(home)}"
+        marks = [ln[3:].rsplit(" ", 1) for ln in p.stderr.splitlines() if ln.startswith("@@ ")]
+        assert p.returncode == 0 and marks and marks[-1][0] == "all blocks done", \
+            f"as {USER}: exit {p.returncode} in {marks[-1:]}\n{out[-6000:]}\n{_job_logs(home)}"
+        took = {a[0].split(":")[-1]: round(float(b[1]) - float(a[1]), 1) for a, b in zip(marks, marks[1:])}
 
         # installed as the user, from the wheel; torch from the site module; no Horovod anywhere
         venv = home / "venvs" / "hpc-jabas"
@@ -189,7 +190,8 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
         assert worst <= 1e-6, f"the resumed chain's parameters differ from the uninterrupted sbatch run's: {worst:.2e}"
         print(f"as {USER} (uid {pw.pw_uid}): {len(blocks)} blocks of docs/cluster.md in {wall:.0f} s; "
               f"chain job {log['job']} stopped at iteration {stop_it}, requeued, finished 32 iterations; "
-              f"parameters vs the sbatch run: {worst:.1e}")
+              f"parameters vs the sbatch run: {worst:.1e}; seconds per block (by its line): {took}")
+        print(p.stdout[p.stdout.index("submitted job"):])
     finally:
         _drop_user(slurm_cluster)
 
