@@ -32,12 +32,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="how this and later jobs are submitted (default: [job] method, else sbatch)")
     p.add_argument("--wait", action="store_true", help="follow the chain until the training ends")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
-    p.add_argument("--time-min", type=int, metavar="MIN", help="time limit of every job of the chain, minutes "
-                   "(default: [slurm] time_min of JOB.toml, else 60)")
-    p.add_argument("--signal-lead-s", type=int, metavar="S", help="Slurm signals a job S seconds before its time "
-                   "limit; it checkpoints and requeues (default: [slurm] signal_lead_s, else 60)")
-    p.add_argument("--max-timeouts", type=int, metavar="N", help="requeues after time-outs before the chain stops; "
-                   "preemptions do not count (default: [slurm] max_timeouts, else 3)")
+    for f in _slurm_fields():         # one flag per [slurm] key, from its field (core/config.py SlurmJobConfig)
+        p.add_argument("--" + f.name.replace("_", "-"), type=int, metavar="N",
+                       help=f"{f.metadata['help']} (default: [slurm] {f.name} of JOB.toml, else {f.default})")
     p.add_argument("--no-dry-run", action="store_true", help="do not call the task builder before submitting "
                    "(by default it runs once here, to catch a task that returns the wrong thing)")
     p.set_defaults(func=run)
@@ -132,19 +129,23 @@ def _check_mix(spec, view) -> None:
                                   f"({g}: at most {cap} samples per micro-batch); lower micro_batch or leave it unset")
 
 
-SLURM_FLAGS = {"time_min": 1, "signal_lead_s": 1, "max_timeouts": 0}     # flag -> smallest valid value
+def _slurm_fields() -> list[dataclasses.Field]:
+    from hpc_jabas.core.config import SlurmJobConfig
+    return list(dataclasses.fields(SlurmJobConfig))
 
 
 def _slurm_extra(args) -> dict:
-    """The [slurm] keys given as flags (they override JOB.toml's), checked."""
+    """The [slurm] keys given as flags (they override JOB.toml's), checked against their fields' bounds."""
+    from hpc_jabas.core.validate import integer
     out = {}
-    for k, lo in SLURM_FLAGS.items():
-        v = getattr(args, k, None)
+    for f in _slurm_fields():
+        v = getattr(args, f.name, None)
         if v is None:
             continue
-        if v < lo:
-            raise ConfigError(f"--{k.replace('_', '-')} {v} must be >= {lo}")
-        out[k] = int(v)
+        try:
+            out[f.name] = integer(v, f.name, lo=f.metadata["lo"])
+        except ConfigError:
+            raise ConfigError(f"--{f.name.replace('_', '-')} {v} must be >= {f.metadata['lo']}") from None
     return out
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Any, TypeVar
 
+from hpc_jabas.core import validate
 from hpc_jabas.errors import ConfigError
 
 _S = TypeVar("_S")
@@ -99,28 +100,36 @@ def _bounds_text(m: Mapping[str, Any]) -> str:
 
 
 def _scalar(name: str, v: Any, tp: Any, m: Mapping[str, Any]) -> Any:
-    """One value of type int/float/bool/str, checked against the field's choices and bounds."""
+    """One value of type int/float/bool/str, checked against the field's choices and bounds. The numbers are
+    checked by core/validate.py (the one number checker); this says it in the config's words."""
     given = v
+    has_bounds = m["lo"] is not None or m["hi"] is not None
     if tp is bool:
         if not isinstance(v, bool):
             raise ConfigError(f"{name}={v!r} must be true or false")
         return v
-    if tp is int and (isinstance(v, bool) or not isinstance(v, int)):
-        raise ConfigError(f"{name}={v!r} must be an integer" + (f" {_bounds_text(m)}" if m["lo"] is not None else ""))
+    if tp is int:
+        lo = None if m["lo"] is None else math.floor(m["lo"]) + 1 if m["lo_open"] else math.ceil(m["lo"])
+        hi = None if m["hi"] is None else math.ceil(m["hi"]) - 1 if m["hi_open"] else math.floor(m["hi"])
+        try:
+            v = validate.integer(v, name, lo=lo, hi=hi, whole_float=False)
+        except ConfigError:
+            raise ConfigError(f"{name}={given!r} must be an integer" + (f" {_bounds_text(m)}" if has_bounds else "")) \
+                from None
     if tp is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ConfigError(f"{name}={v!r} must be a finite number" +
-                              (f" {_bounds_text(m)}" if m["lo"] is not None or m["hi"] is not None else ""))
-        v = float(v)
+        try:
+            v = validate.number(v, name)
+        except ConfigError:
+            raise ConfigError(f"{name}={given!r} must be a finite number" +
+                              (f" {_bounds_text(m)}" if has_bounds else "")) from None
+        try:
+            validate.number(v, name, lo=m["lo"], hi=m["hi"], lo_open=m["lo_open"], hi_open=m["hi_open"])
+        except ConfigError:
+            raise ConfigError(f"{name}={given!r} must be {_bounds_text(m)}") from None
     if tp is str and not isinstance(v, str):
         raise ConfigError(f"{name}={v!r} must be a string")
     if m["choices"] and v not in m["choices"]:
         raise ConfigError(f"{name}={v!r} is unknown; valid: {', '.join(m['choices'])}")
-    lo, hi = m["lo"], m["hi"]
-    if (lo is not None and (v <= lo if m["lo_open"] else v < lo)) or \
-            (hi is not None and (v >= hi if m["hi_open"] else v > hi)):
-        kind = "an integer " if tp is int else ""
-        raise ConfigError(f"{name}={given!r} must be {kind}{_bounds_text(m)}")
     return v
 
 

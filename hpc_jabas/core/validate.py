@@ -20,6 +20,7 @@ Saved state that fails a check is the caller's to report as a :class:`~hpc_jabas
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -64,12 +65,16 @@ def positive(x: Any, what: str) -> float:
     return number(x, what, lo=0.0, lo_open=True)
 
 
-def integer(x: Any, what: str, *, lo: int | None = None, hi: int | None = None) -> int:
-    """``x`` as an int, checked: an integer (or an integral float) within the closed bounds."""
+def integer(x: Any, what: str, *, lo: int | None = None, hi: int | None = None, whole_float: bool = True,
+            digits: bool = False) -> int:
+    """``x`` as an int, checked: an integer (or, with ``whole_float``, an integral float; with ``digits``, a
+    string of decimal digits such as a flag's "60") within the closed bounds."""
     v: int | None = None
-    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+    if digits and isinstance(x, str) and re.fullmatch(r"\s*-?[0-9]+\s*", x):
         v = int(x)
-    elif isinstance(x, (float, np.floating)) and math.isfinite(float(x)) and float(x).is_integer():
+    elif isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
+        v = int(x)
+    elif whole_float and isinstance(x, (float, np.floating)) and math.isfinite(float(x)) and float(x).is_integer():
         v = int(x)
     if v is None or (lo is not None and v < lo) or (hi is not None and v > hi):
         if lo is not None and hi is not None:

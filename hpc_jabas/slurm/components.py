@@ -116,41 +116,52 @@ def extra(spec: JobSpec, key: str, default: Any = None) -> Any:
 
 @dataclass(frozen=True)
 class SlurmOptions:
-    """The numbers a job's Slurm submissions use, typed and checked: the [slurm] keys and the memory per rank."""
+    """What a job's Slurm submissions use, typed and checked once: the [slurm] keys (core/config.py
+    ``SlurmJobConfig``: their bounds and defaults), the memory per rank, the job name, account, qos and the
+    user's own sbatch arguments. ``of(spec)`` is the one reader of ``spec.extra``."""
     time_min: int
     signal_lead_s: int
     max_timeouts: int
     max_failures: int
     mem_per_task_mb: int = DEFAULT_MEM_PER_TASK_MB
+    job_name: str = "hpc-jabas"
+    account: str | None = None
+    qos: str | None = None
+    sbatch_args: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, spec: JobSpec) -> SlurmOptions:
         """From ``spec.extra`` (the submit command's flags, submit()'s keywords) first, then the job's config
         (any table), then the defaults. A bad value is one ConfigError line naming the key and the value."""
         from hpc_jabas.core.config import SlurmJobConfig, flatten
+        from hpc_jabas.core.schema import convert
         flat, _ = flatten(spec.config or {})
-        out: dict[str, int] = {}
+        out: dict[str, Any] = {}
         defaults = SlurmJobConfig()
         for f in dataclasses.fields(SlurmJobConfig):
             v = extra(spec, f.name)
             if v is None:
                 v = flat.get(f.name)
-            out[f.name] = _whole(f.name, getattr(defaults, f.name) if v is None else v, f.metadata["lo"])
+            out[f.name] = convert(f.name, _whole(getattr(defaults, f.name) if v is None else v), int, f.metadata)
         mem = extra(spec, "mem_per_task_mb")
-        out["mem_per_task_mb"] = _whole("mem_per_task_mb", DEFAULT_MEM_PER_TASK_MB if mem is None else mem, 1)
-        return cls(**out)
+        out["mem_per_task_mb"] = convert("mem_per_task_mb", _whole(DEFAULT_MEM_PER_TASK_MB if mem is None else mem),
+                                         int, MEM_KEY)
+        return cls(**out, job_name=str(extra(spec, "job_name", "hpc-jabas")), account=_name(spec, "account"),
+                   qos=_name(spec, "qos"), sbatch_args=_sbatch_args(spec))
 
 
-def _whole(name: str, v: Any, lo: int) -> int:
-    """``v`` as an int >= lo: an int, a whole float or a string of digits ("60")."""
-    n = v.strip() if isinstance(v, str) else v
-    if isinstance(n, str) and n.lstrip("-").isdigit():
-        n = int(n)
-    elif isinstance(n, float) and n.is_integer():
-        n = int(n)
-    if isinstance(n, bool) or not isinstance(n, int) or n < lo:
-        raise ConfigError(f"{name}={v!r} must be an integer >= {lo}")
-    return n
+#: mem_per_task_mb's check (the [slurm] keys' are their SlurmJobConfig fields')
+MEM_KEY: dict[str, Any] = {"lo": 1, "hi": None, "lo_open": False, "hi_open": False, "choices": None, "canon": None}
+
+
+def _whole(v: Any) -> Any:
+    """The flag and keyword forms of a whole number as an int ("60", 60.0); anything else as given (the
+    schema's check names it)."""
+    if isinstance(v, str) and re.fullmatch(r"\s*-?[0-9]+\s*", v):
+        return int(v)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
 
 
 def slurm_option(spec: JobSpec, key: str) -> int:
@@ -225,9 +236,6 @@ def extra_args(spec: JobSpec) -> list[str]:
 def check_extra(spec: JobSpec) -> None:
     """Every option of ``spec.extra`` this module reads, checked at once: what submit calls before Slurm."""
     SlurmOptions.of(spec)
-    for key in ("account", "qos"):
-        _name(spec, key)
-    _sbatch_args(spec)
 
 
 def parse_mix(text: str) -> dict[str, int]:
