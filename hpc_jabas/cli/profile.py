@@ -109,7 +109,7 @@ def check_profile_out(out: str) -> None:
 
 
 def run(args, out=None) -> int:
-    from hpc_jabas.runtime.profiling.run import run_profile
+    from hpc_jabas.runtime.profiling.run import ProfileSettings, run_profile
     out = out or sys.stdout
     sizes = [parse_size(s) for s in args.allreduce_sizes.split(",") if s.strip()] if args.allreduce_sizes else None
     if args.warmup < 0 or args.repeats < 1 or args.allreduce_repeats < 1:
@@ -117,12 +117,12 @@ def run(args, out=None) -> int:
     from hpc_jabas.cli.paths import probe_dir
     probe_dir(args.out, "--out")       # a bad --out fails now, not after the measurements
     check_profile_out(args.out)
-    res = run_profile(args.model, args.out, gpu_types=args.gpu_type, emulate=args.emulate,
-                      b_list=_ints(args.b_list, "--b-list"), warmup=args.warmup, repeats=args.repeats,
-                      optimizer=args.optimizer, memory_gb=args.memory_gb, b_limit=args.b_limit,
-                      device=args.device, base_s=args.base_s, per_sample_s=args.per_sample_s, speed=args.speed,
-                      allreduce_sizes=sizes, allreduce_repeats=args.allreduce_repeats, overlap=args.overlap,
-                      emulation_overhead=args.emulation_overhead)
+    res = run_profile(args.model, args.out, ProfileSettings(
+        gpu_types=args.gpu_type, emulate=args.emulate, b_list=_ints(args.b_list, "--b-list"), warmup=args.warmup,
+        repeats=args.repeats, optimizer=args.optimizer, memory_gb=args.memory_gb, b_limit=args.b_limit,
+        device=args.device, base_s=args.base_s, per_sample_s=args.per_sample_s, speed=args.speed,
+        allreduce_sizes=sizes, allreduce_repeats=args.allreduce_repeats, overlap=args.overlap,
+        emulation_overhead=args.emulation_overhead))
     if res.rank != 0:
         return 0
     m = res.model

@@ -5,6 +5,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,14 +51,55 @@ class ProfileResult:
     rank: int = 0
 
 
-def run_profile(model_spec: str, out_dir: str, *, gpu_types: str | Sequence[str] | None = None,
-                emulate: bool = False, b_list: Iterable[int] = DEFAULT_B_LIST, warmup: int = 3,
-                repeats: int = 10, optimizer: str = "sgd", memory_gb: float | None = None,
-                b_limit: int = DEFAULT_B_LIMIT, device: str | None = None,
-                base_s: float = EMU_BASE_S, per_sample_s: float = EMU_PER_SAMPLE_S,
-                speed: float | None = None, allreduce_sizes: Iterable[int] | None = None,
-                allreduce_repeats: int = 10, overlap: float | None = None,
-                emulation_overhead: bool = False,
+@dataclass(frozen=True)
+class ProfileSettings:
+    """What ``hpc-jabas profile`` measures and how (its flags): :func:`run_profile`'s parameters."""
+
+    gpu_types: str | Sequence[str] | None = None      # the type(s) to store the measurement under
+    emulate: bool = False                              # emulated GPU types on this CPU (needs gpu_types)
+    b_list: Iterable[int] = DEFAULT_B_LIST             # micro-batch sizes to time
+    warmup: int = 3
+    repeats: int = 10
+    optimizer: str = "sgd"
+    memory_gb: float | None = None                     # memory limit of the cap search (CPU)
+    b_limit: int = DEFAULT_B_LIMIT
+    device: str | None = None
+    base_s: float = EMU_BASE_S                         # the emulation formula (base_s + per_sample_s * b) / speed
+    per_sample_s: float = EMU_PER_SAMPLE_S
+    speed: float | None = None
+    allreduce_sizes: Iterable[int] | None = None
+    allreduce_repeats: int = 10
+    overlap: float | None = None                       # None: the one already in the directory, else 0
+    emulation_overhead: bool = False                   # add the emulator's measured excess (with emulate)
+
+    def check(self) -> tuple[list[str], list[int]]:
+        """The GPU types and micro-batch sizes; ConfigError naming a bad flag."""
+        types = parse_types(self.gpu_types)
+        bl = check_b_list(self.b_list)
+        if self.memory_gb is not None and not (self.memory_gb > 0 and math.isfinite(self.memory_gb)):
+            raise ConfigError(f"--memory-gb {self.memory_gb!r} must be > 0")
+        if self.overlap is not None and not 0 <= self.overlap <= 1:
+            raise ConfigError(f"--overlap {self.overlap!r} must be in [0, 1]")
+        if self.emulate and not types:
+            raise ConfigError("--emulate needs --gpu-type TYPE[,TYPE...] (the emulated GPU types)")
+        if self.emulation_overhead and not self.emulate:
+            raise ConfigError("--emulation-overhead applies to --emulate only")
+        return types, bl
+
+
+@dataclass
+class _World:
+    """Who measures what: the Horovod world (comm None: one process), this rank's device and the GPU
+    types it measures (the lowest rank of each type)."""
+
+    comm: Any
+    rank: int
+    size: int
+    device: str
+    mine: list[str]
+
+
+def run_profile(model_spec: str, out_dir: str, settings: ProfileSettings | None = None, *,
                 log: Callable[[str], None] | None = None) -> ProfileResult:
     """Profile ``model_spec`` and write ``<gpu>.json`` + ``allreduce.json`` into ``out_dir``.
 
@@ -65,88 +107,91 @@ def run_profile(model_spec: str, out_dir: str, *, gpu_types: str | Sequence[str]
     the lowest rank of every GPU type measures it (ranks take turns, so that ranks sharing a node
     do not disturb each other), every rank joins the allreduce measurement, rank 0 writes.
     Profiles of other GPU types already in ``out_dir`` are kept; so is its allreduce fit when
-    this run measures none (one rank). ``emulation_overhead`` (with ``emulate``): also run the
+    this run measures none (one rank). ``settings.emulation_overhead`` (with ``emulate``): also run the
     emulator on this CPU and add its measured per-micro-batch excess to the profiles (see
     :func:`measure_emulation_overhead`).
     """
+    s = settings or ProfileSettings()
     log = log or get_logger(__name__).info
     bundle = load_model(model_spec)            # every rank: the same errors everywhere
-    types = parse_types(gpu_types)
-    bl = check_b_list(b_list)
-    if memory_gb is not None and not (memory_gb > 0 and math.isfinite(memory_gb)):
-        raise ConfigError(f"--memory-gb {memory_gb!r} must be > 0")
-    if overlap is not None and not 0 <= overlap <= 1:
-        raise ConfigError(f"--overlap {overlap!r} must be in [0, 1]")
-    world = world_size()
-    comm = None
-    rank = 0
-    if emulate and not types:
-        raise ConfigError("--emulate needs --gpu-type TYPE[,TYPE...] (the emulated GPU types)")
-    if emulation_overhead and not emulate:
-        raise ConfigError("--emulation-overhead applies to --emulate only")
+    types, bl = s.check()
+    w = _join(s, types)
+    profiles = _measure_turns(bundle, s, bl, w, log)
+    gb = grad_bytes(bundle.model)
+    samples: list[tuple[int, int, float]] = []
+    if w.comm:
+        sizes = sorted(set(s.allreduce_sizes or DEFAULT_ALLREDUCE_SIZES) | {max(4, gb)})
+        samples = measure_allreduce(sizes, repeats=s.allreduce_repeats, device=w.device)
+        profiles = [p for part in w.comm.allgather_object(profiles, name="hj.prof.profiles") for p in part]
+    if w.rank != 0:
+        return ProfileResult(None, [], [], samples, w.rank)  # type: ignore[arg-type]
+    return _write(out_dir, profiles, samples, w.size, gb, s.overlap)
+
+
+def _join(s: ProfileSettings, types: list[str]) -> _World:
+    """Join the Horovod world (when started as N >= 2 ranks) and pick this rank's device and types."""
+    world, comm, rank = world_size(), None, 0
     if world > 1:
         from hpc_jabas.runtime import comm as _comm
         comm = _comm
         comm.init()
         rank, world = comm.rank(), comm.size()
-    if emulate:
-        dev_name = "cpu"
-        mine = list(dict.fromkeys(types)) if rank == 0 else []
+    if s.emulate:
+        return _World(comm, rank, world, "cpu", list(dict.fromkeys(types)) if rank == 0 else [])
+    if comm is not None and s.device in (None, "auto") and torch.cuda.is_available():
+        dev = comm.device()                    # one GPU per local rank
     else:
-        if comm is not None and device in (None, "auto") and torch.cuda.is_available():
-            dev = comm.device()                # one GPU per local rank
-        else:
-            dev = resolve_device(device)
-        if len(types) > 1 and len(types) != world:
-            raise ConfigError(f"--gpu-type lists {len(types)} types for {world} rank(s); give one type, "
-                              "or one per rank")
-        if types:
-            t = types[rank] if len(types) == world and len(types) > 1 else types[0]
-        elif dev.type == "cuda":
-            name = torch.cuda.get_device_name(dev)
-            try:
-                t = _gpus.normalize(name)
-            except ConfigError:
-                raise ConfigError(f"GPU {name!r} is not in the catalog; give --gpu-type with a known type "
-                                  f"({', '.join(_gpus.known())})") from None
-        else:
-            raise ConfigError("no CUDA device here: give --gpu-type TYPE to store this CPU measurement under, "
-                              "or --emulate --gpu-type TYPE for an emulated GPU type")
-        every = comm.allgather_object(t, name="hj.prof.types") if comm else [t]
-        mine = [t] if every.index(t) == rank else []
-        dev_name = str(dev)
+        dev = resolve_device(s.device)
+    if len(types) > 1 and len(types) != world:
+        raise ConfigError(f"--gpu-type lists {len(types)} types for {world} rank(s); give one type, "
+                          "or one per rank")
+    if types:
+        t = types[rank] if len(types) == world and len(types) > 1 else types[0]
+    elif dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        try:
+            t = _gpus.normalize(name)
+        except ConfigError:
+            raise ConfigError(f"GPU {name!r} is not in the catalog; give --gpu-type with a known type "
+                              f"({', '.join(_gpus.known())})") from None
+    else:
+        raise ConfigError("no CUDA device here: give --gpu-type TYPE to store this CPU measurement under, "
+                          "or --emulate --gpu-type TYPE for an emulated GPU type")
+    every = comm.allgather_object(t, name="hj.prof.types") if comm else [t]
+    return _World(comm, rank, world, str(dev), [t] if every.index(t) == rank else [])
 
-    profiles: list[dict] = []
-    meas: ComputeMeasurement | None = None
-    for turn in range(world):
-        if turn == rank and mine:
-            meas = measure_compute(bundle, bl, device=dev_name, warmup=warmup, repeats=repeats,
-                                   optimizer=optimizer, memory_gb=memory_gb, b_limit=b_limit, log=log)
-            for g in mine:
-                if emulate:
-                    ov = None
-                    if emulation_overhead:
-                        ov = measure_emulation_overhead(bundle, g, base_s=base_s, per_sample_s=per_sample_s,
-                                                        speed=speed, optimizer=optimizer)
-                        log(f"hpc-jabas profile: emulated {g}: {ov.overhead_s * 1e3:.3f} ms per micro-batch "
-                            "beyond the formula")
-                    p = emulated_profile(g, meas, base_s=base_s, per_sample_s=per_sample_s, speed=speed,
-                                         memory_gb=memory_gb, b_limit=b_limit, overhead=ov)
-                else:
-                    p = measured_profile(g, meas, memory_gb=memory_gb, b_limit=b_limit)
-                profiles.append(p.to_dict())
-        if comm:
-            comm.allgather_object(None, name=f"hj.prof.turn.{turn}")
-    gb = grad_bytes(bundle.model)
-    samples: list[tuple[int, int, float]] = []
-    if comm:
-        sizes = sorted(set(allreduce_sizes or DEFAULT_ALLREDUCE_SIZES) | {max(4, gb)})
-        samples = measure_allreduce(sizes, repeats=allreduce_repeats,
-                                    device=dev_name)
-        profiles = [p for part in comm.allgather_object(profiles, name="hj.prof.profiles") for p in part]
-    if rank != 0:
-        return ProfileResult(None, [], [], samples, rank)  # type: ignore[arg-type]
 
+def _measure_turns(bundle: Any, s: ProfileSettings, bl: list[int], w: _World,
+                   log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Ranks take turns: the one whose turn it is measures its types (profiles as dicts), the others wait."""
+    profiles: list[dict[str, Any]] = []
+    for turn in range(w.size):
+        if turn == w.rank and w.mine:
+            meas = measure_compute(bundle, bl, device=w.device, warmup=s.warmup, repeats=s.repeats,
+                                   optimizer=s.optimizer, memory_gb=s.memory_gb, b_limit=s.b_limit, log=log)
+            profiles += [_profile(bundle, g, meas, s, log).to_dict() for g in w.mine]
+        if w.comm:
+            w.comm.allgather_object(None, name=f"hj.prof.turn.{turn}")
+    return profiles
+
+
+def _profile(bundle: Any, g: str, meas: ComputeMeasurement, s: ProfileSettings,
+             log: Callable[[str], None]) -> ComputeProfile:
+    """The profile of GPU type g from this rank's measurement (emulated: the formula, checked against it)."""
+    if not s.emulate:
+        return measured_profile(g, meas, memory_gb=s.memory_gb, b_limit=s.b_limit)
+    ov = None
+    if s.emulation_overhead:
+        ov = measure_emulation_overhead(bundle, g, base_s=s.base_s, per_sample_s=s.per_sample_s,
+                                        speed=s.speed, optimizer=s.optimizer)
+        log(f"hpc-jabas profile: emulated {g}: {ov.overhead_s * 1e3:.3f} ms per micro-batch beyond the formula")
+    return emulated_profile(g, meas, base_s=s.base_s, per_sample_s=s.per_sample_s, speed=s.speed,
+                            memory_gb=s.memory_gb, b_limit=s.b_limit, overhead=ov)
+
+
+def _write(out_dir: str, profiles: list[dict[str, Any]], samples: list[tuple[int, int, float]], world: int,
+           gb: int, overlap: float | None) -> ProfileResult:
+    """Rank 0: merge the profiles into those already in ``out_dir``, fit (or keep) the allreduce, write."""
     notes: list[str] = []
     old = _existing(out_dir)
     profs = dict(old.profiles) if old else {}
@@ -169,7 +214,7 @@ def run_profile(model_spec: str, out_dir: str, *, gpu_types: str | Sequence[str]
     ovl = overlap if overlap is not None else (old.overlap if old else 0.0)
     model = PerfModel(profs, ar, gb, ovl)
     written = model.save(out_dir)
-    return ProfileResult(model, written, notes, samples, rank)
+    return ProfileResult(model, written, notes, samples, 0)
 
 
 def _existing(out_dir: str) -> PerfModel | None:
