@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_jabas.core.defaults import DEFAULT_MARGIN
 from hpc_jabas.core.defaults import OBJECTIVES as OBJECTIVES
 from hpc_jabas.core.defaults import RESTART_PRIOR_S as RESTART_PRIOR_S
 from hpc_jabas.core.overheads import Overheads
@@ -329,7 +330,7 @@ def _rounded(x: float | None) -> float | None:
 
 def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapping[str, int]],
            epoch_time_fn: EpochTimeFn, rates: Mapping[str, float], objective: str,
-           restart_overhead_s: float | RestartOverhead, margin: float = 0.05,
+           restart_overhead_s: float | RestartOverhead, margin: float = DEFAULT_MARGIN,
            budget: float | None = None, deadline_s: float | None = None,
            remaining_epochs: float = 1, wait_fn: WaitFn | None = None,
            max_queue_wait_s: float | None = None) -> Choice:
@@ -345,6 +346,49 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
     a move's total time adds it (its cost does not: nothing is billed while pending); a candidate
     that cannot start or waits more than ``max_queue_wait_s`` is listed, never chosen.
     """
+    obj, overhead = _check_choice(objective, restart_overhead_s, margin, remaining_epochs, budget, deadline_s)
+    R = remaining_epochs
+    cur = _norm_mix(current_mix)
+    cur_key = tuple(cur.items())
+    limits = _Limits(obj, budget, deadline_s)
+    rows = [_priced_row(c, c.key == cur_key, epoch_time_fn, rates, wait_fn, max_queue_wait_s, overhead, R, limits)
+            for c in _with_current(cur, candidates)]
+
+    def finish(mix: Mix, reason: str) -> Choice:
+        return _finish(rows, cur_key, mix, reason, wait_fn is not None)
+
+    feasible = [r for r in rows if r["feasible"]]
+    if not feasible:
+        return finish(cur, "no feasible candidate; staying on the current mix " + mix_label(cur))
+    pool, primary, limit_note = _ranked_pool(obj, feasible, budget, deadline_s)
+    best = _best_of(pool, primary)
+    unit = "s" if primary == "time" else ""
+    prefix = (limit_note + "; ") if limit_note else ""
+    over = f"({primary} {_metric(best, primary):.6g}{unit} over {R:g} epochs)"
+    stay_row = next((r for r in rows if r["current"]), None)
+    if best["current"]:
+        return finish(cur, f"{prefix}current mix {mix_label(cur)} is best for {obj} {over}")
+    if stay_row is None or not stay_row["feasible"]:
+        why = "no current mix" if stay_row is None else "current mix is infeasible"
+        return finish(best["mix"], f"{prefix}{why}; moving to {best['label']} {over}")
+    if obj in ("time-under-budget", "cost-under-deadline") and best["within_limit"] and not stay_row["within_limit"]:
+        limit = "budget" if obj == "time-under-budget" else "deadline"
+        return finish(best["mix"], f"current mix {mix_label(cur)} breaks the {limit}; moving to {best['label']} {over}")
+    # here the current mix is in the ranked pool too: apply the margin (hysteresis)
+    new_v, old_v = _metric(best, primary), _metric(stay_row, primary)
+    gain = (old_v - new_v) / old_v if old_v > 0 else 0.0
+    if new_v < old_v and new_v <= old_v * (1.0 - margin):
+        return finish(best["mix"], f"{prefix}moving {mix_label(cur)} -> {best['label']}: {primary} "
+                                   f"{old_v:.6g}{unit} -> {new_v:.6g}{unit} over {R:g} epochs incl. restart "
+                                   f"overhead {overhead:.0f} s ({gain:.1%} better, margin {margin:.0%})")
+    return finish(cur, f"{prefix}staying on {mix_label(cur)}: best other {best['label']} gains "
+                       f"{gain:.1%} in {primary} incl. restart overhead {overhead:.0f} s, "
+                       f"below the margin {margin:.0%}")
+
+
+def _check_choice(objective: str, restart_overhead_s: float | RestartOverhead, margin: float, R: float,
+                  budget: float | None, deadline_s: float | None) -> tuple[str, float]:
+    """``choose``'s inputs checked (one ConfigError line each): (canonical objective, restart overhead s)."""
     obj = str(objective).strip().lower().replace("_", "-")
     if obj not in OBJECTIVES:
         raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
@@ -352,7 +396,6 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
         RestartOverhead._check(restart_overhead_s, "restart_overhead_s")
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise ConfigError(f"margin={margin!r} is invalid; it must be a fraction in [0, 1), e.g. 0.05")
-    R = remaining_epochs
     if isinstance(R, bool) or not isinstance(R, (int, float)) or not R > 0 or math.isinf(R):
         raise ConfigError(f"remaining_epochs={R!r} is invalid; it must be a number > 0")
     if obj == "time-under-budget":
@@ -362,113 +405,98 @@ def choose(current_mix: Mapping[str, int], candidates: Iterable[Candidate | Mapp
         if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not deadline_s >= 0:
             raise ConfigError("objective 'cost-under-deadline' needs deadline_s >= 0 (seconds left), "
                               f"got {deadline_s!r}")
+    return obj, overhead
 
-    cur = _norm_mix(current_mix)
-    cur_key = tuple(cur.items())
+
+def _with_current(cur: Mix, candidates: Iterable[Candidate | Mapping[str, int]]) -> list[Candidate]:
+    """The current mix (when there is one) first, then each other candidate once."""
     cands: list[Candidate] = []
     seen: set[tuple[tuple[str, int], ...]] = set()
     if cur:
         cands.append(Candidate(cur))
-        seen.add(cur_key)
+        seen.add(tuple(cur.items()))
     for c in candidates:
         cc = _as_candidate(c)
         if cc.key not in seen:
             seen.add(cc.key)
             cands.append(cc)
+    return cands
 
-    rows: list[dict[str, Any]] = []
-    for c in cands:
-        est = price(c, epoch_time_fn, rates)
-        stay = c.key == cur_key
-        wait = 0.0 if stay or wait_fn is None or not est.feasible else wait_fn(dict(c.mix))
-        if wait is None or (max_queue_wait_s is not None and wait > max_queue_wait_s):
-            est = Estimate(None, None, False, "cannot start: the queue gives no expected start" if wait is None
-                           else f"expected queue wait {wait:.0f} s > max_queue_wait_s {max_queue_wait_s:g}")
-        row = {"mix": dict(c.mix), "label": str(c), "gpus": c.gpus, "current": stay,
-               "time_s": _rounded(est.time_s), "cost": _rounded(est.cost), "rate_per_hour": _rounded(est.rate_per_hour),
-               "feasible": est.feasible, "total_time_s": None, "total_cost": None,
-               "within_limit": None, "chosen": False, "note": est.note}
-        if wait_fn is not None:
-            row["wait_s"] = _rounded(wait)
-        if est.feasible and est.time_s is not None and est.cost is not None:
-            move_t = 0.0 if stay else overhead
-            total_t = R * est.time_s + move_t + (wait or 0.0)
-            total_c = R * est.cost + move_t / 3600.0 * est.rate_per_hour
-            row["total_time_s"], row["total_cost"] = _rounded(total_t), _rounded(total_c)
-            row["_t"], row["_c"] = total_t, total_c
-            if obj == "time-under-budget":
-                row["within_limit"] = total_c <= float(budget or 0.0) + 1e-12
-            elif obj == "cost-under-deadline":
-                row["within_limit"] = total_t <= float(deadline_s or 0.0) + 1e-9
-            if not stay and overhead:
-                row["note"] = f"includes restart overhead {overhead:.0f} s"
-        rows.append(row)
 
-    def finish(mix: Mix, reason: str) -> Choice:
-        key = mix_key(mix)
-        for r in rows:
-            r.pop("_t", None)
-            r.pop("_c", None)
-            r["chosen"] = tuple(sorted(r["mix"].items())) == key
-            if r["chosen"] and wait_fn is not None:
-                reason += f"; queue wait priced {r['wait_s'] or 0.0:.0f} s"
-        return Choice(dict(mix), reason, rows, move=key != cur_key)
+@dataclass(frozen=True)
+class _Limits:
+    objective: str
+    budget: float | None
+    deadline_s: float | None
 
-    feasible = [r for r in rows if r["feasible"]]
-    if not feasible:
-        return finish(cur, "no feasible candidate; staying on the current mix " + mix_label(cur))
 
-    def metric(r: dict[str, Any], which: str) -> float:
-        return float(r["_t"] if which == "time" else r["_c"])
+def _priced_row(c: Candidate, stay: bool, epoch_time_fn: EpochTimeFn, rates: Mapping[str, float],
+                wait_fn: WaitFn | None, max_queue_wait_s: float | None, overhead: float, R: float,
+                limits: _Limits) -> dict[str, Any]:
+    """One row of the table: the candidate's epoch estimate, its queue wait, its totals over R epochs (a move
+    adds the restart overhead and the wait) and whether it keeps the objective's budget or deadline."""
+    est = price(c, epoch_time_fn, rates)
+    wait = 0.0 if stay or wait_fn is None or not est.feasible else wait_fn(dict(c.mix))
+    if wait is None or (max_queue_wait_s is not None and wait > max_queue_wait_s):
+        est = Estimate(None, None, False, "cannot start: the queue gives no expected start" if wait is None
+                       else f"expected queue wait {wait:.0f} s > max_queue_wait_s {max_queue_wait_s:g}")
+    row: dict[str, Any] = {
+        "mix": dict(c.mix), "label": str(c), "gpus": c.gpus, "current": stay, "time_s": _rounded(est.time_s),
+        "cost": _rounded(est.cost), "rate_per_hour": _rounded(est.rate_per_hour), "feasible": est.feasible,
+        "total_time_s": None, "total_cost": None, "within_limit": None, "chosen": False, "note": est.note}
+    if wait_fn is not None:
+        row["wait_s"] = _rounded(wait)
+    if est.feasible and est.time_s is not None and est.cost is not None:
+        move_t = 0.0 if stay else overhead
+        total_t = R * est.time_s + move_t + (wait or 0.0)
+        total_c = R * est.cost + move_t / 3600.0 * est.rate_per_hour
+        row["total_time_s"], row["total_cost"] = _rounded(total_t), _rounded(total_c)
+        row["_t"], row["_c"] = total_t, total_c
+        if limits.objective == "time-under-budget":
+            row["within_limit"] = total_c <= float(limits.budget or 0.0) + 1e-12
+        elif limits.objective == "cost-under-deadline":
+            row["within_limit"] = total_t <= float(limits.deadline_s or 0.0) + 1e-9
+        if not stay and overhead:
+            row["note"] = f"includes restart overhead {overhead:.0f} s"
+    return row
 
-    def best_of(rs: list[dict[str, Any]], primary: str) -> dict[str, Any]:
-        secondary = "cost" if primary == "time" else "time"
-        return min(rs, key=lambda r: (metric(r, primary), metric(r, secondary), r["gpus"],
-                                      tuple(sorted(r["mix"].items()))))
 
-    # the pool the objective ranks, and what it minimises
+def _finish(rows: list[dict[str, Any]], cur_key: tuple[tuple[str, int], ...], mix: Mix, reason: str,
+            priced_wait: bool) -> Choice:
+    """The Choice of ``mix``: the rows marked (chosen) and stripped of their raw totals."""
+    key = mix_key(mix)
+    for r in rows:
+        r.pop("_t", None)
+        r.pop("_c", None)
+        r["chosen"] = tuple(sorted(r["mix"].items())) == key
+        if r["chosen"] and priced_wait:
+            reason += f"; queue wait priced {r['wait_s'] or 0.0:.0f} s"
+    return Choice(dict(mix), reason, rows, move=key != cur_key)
+
+
+def _metric(r: dict[str, Any], which: str) -> float:
+    return float(r["_t"] if which == "time" else r["_c"])
+
+
+def _best_of(rs: list[dict[str, Any]], primary: str) -> dict[str, Any]:
+    secondary = "cost" if primary == "time" else "time"
+    return min(rs, key=lambda r: (_metric(r, primary), _metric(r, secondary), r["gpus"],
+                                  tuple(sorted(r["mix"].items()))))
+
+
+def _ranked_pool(obj: str, feasible: list[dict[str, Any]], budget: float | None, deadline_s: float | None
+                 ) -> tuple[list[dict[str, Any]], str, str]:
+    """(the rows the objective ranks, what it minimises, a note when its limit cannot be kept)."""
     if obj in ("time", "cost"):
-        pool, primary, limit_note = feasible, obj, ""
-    else:
-        fits = [r for r in feasible if r["within_limit"]]
-        if obj == "time-under-budget":
-            if fits:
-                pool, primary, limit_note = fits, "time", ""
-            else:
-                pool, primary = feasible, "cost"
-                limit_note = f"no mix stays under the budget {budget:g}; minimising cost instead"
-        else:
-            if fits:
-                pool, primary, limit_note = fits, "cost", ""
-            else:
-                pool, primary = feasible, "time"
-                limit_note = f"no mix meets the deadline {deadline_s:g} s; minimising time instead"
-
-    best = best_of(pool, primary)
-    unit = "s" if primary == "time" else ""
-    prefix = (limit_note + "; ") if limit_note else ""
-    stay_row = next((r for r in rows if r["current"]), None)
-    if best["current"]:
-        return finish(cur, f"{prefix}current mix {mix_label(cur)} is best for {obj} "
-                           f"({primary} {metric(best, primary):.6g}{unit} over {R:g} epochs)")
-    if stay_row is None or not stay_row["feasible"]:
-        why = "no current mix" if stay_row is None else "current mix is infeasible"
-        return finish(best["mix"], f"{prefix}{why}; moving to {best['label']} "
-                                   f"({primary} {metric(best, primary):.6g}{unit} over {R:g} epochs)")
-    if obj in ("time-under-budget", "cost-under-deadline") and best["within_limit"] and not stay_row["within_limit"]:
-        limit = "budget" if obj == "time-under-budget" else "deadline"
-        return finish(best["mix"], f"current mix {mix_label(cur)} breaks the {limit}; moving to {best['label']} "
-                                   f"({primary} {metric(best, primary):.6g}{unit} over {R:g} epochs)")
-    # here the current mix is in the ranked pool too: apply the margin (hysteresis)
-    new_v, old_v = metric(best, primary), metric(stay_row, primary)
-    gain = (old_v - new_v) / old_v if old_v > 0 else 0.0
-    if new_v < old_v and new_v <= old_v * (1.0 - margin):
-        return finish(best["mix"], f"{prefix}moving {mix_label(cur)} -> {best['label']}: {primary} "
-                                   f"{old_v:.6g}{unit} -> {new_v:.6g}{unit} over {R:g} epochs incl. restart "
-                                   f"overhead {overhead:.0f} s ({gain:.1%} better, margin {margin:.0%})")
-    return finish(cur, f"{prefix}staying on {mix_label(cur)}: best other {best['label']} gains "
-                       f"{gain:.1%} in {primary} incl. restart overhead {overhead:.0f} s, "
-                       f"below the margin {margin:.0%}")
+        return feasible, obj, ""
+    fits = [r for r in feasible if r["within_limit"]]
+    if obj == "time-under-budget":
+        if fits:
+            return fits, "time", ""
+        return feasible, "cost", f"no mix stays under the budget {budget:g}; minimising cost instead"
+    if fits:
+        return fits, "cost", ""
+    return feasible, "time", f"no mix meets the deadline {deadline_s:g} s; minimising time instead"
 
 
 def replan(pending_mix: Mapping[str, int], free: Mapping[str, int], types: Mapping[str, str],

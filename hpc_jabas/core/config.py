@@ -33,6 +33,7 @@ from hpc_jabas.core.defaults import (
     BALANCE_MODES,
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
+    DEFAULT_MARGIN,
     DEFAULT_RAMP_AT,
     DEFAULT_RAMP_FACTOR,
     EMU_BASE_S,
@@ -193,8 +194,8 @@ class AutoscaleConfig(Section):
     allowed: list[str] | None = key(None, "partition names or GPU types to consider", shown="all",
                                     metavar="P1,P2,...")
     max_partitions: int = key(2, "most partitions in a mix", lo=1)
-    margin: float = key(0.05, "move only when the objective improves by more than this fraction", lo=0.0, hi=1.0,
-                        hi_open=True)
+    margin: float = key(DEFAULT_MARGIN, "move only when the objective improves by more than this fraction", lo=0.0,
+                        hi=1.0, hi_open=True)
     restart_prior_s: float = key(RESTART_PRIOR_S, "restart overhead (s) assumed until one is measured", lo=0.0)
     budget: float | None = key(None, "money left for the remaining epochs (objective time-under-budget)", lo=0.0,
                                shown="–")

@@ -65,3 +65,6 @@ def policy_name(value: Any) -> Any:
 OBJECTIVES = ("time", "cost", "time-under-budget", "cost-under-deadline")
 #: restart overhead (s) assumed until one is measured on the chain
 RESTART_PRIOR_S = 30.0
+#: a move must improve the objective by more than this fraction (hysteresis: no move on a small predicted gain,
+#: no ping-pong between two nearly equal mixes)
+DEFAULT_MARGIN = 0.05
