@@ -37,8 +37,12 @@ class LocalCluster:
             raise SlurmError(f"no local cluster scripts at {LOCAL}; use a source checkout of hpc-jabas")
         self.state = Path(state_dir or os.environ.get("HPC_JABAS_SLURM_DIR", "/var/tmp/hpc-jabas-slurm"))
         self.conf = self.state / "etc" / "slurm.conf"
-        self.env = dict(os.environ, HPC_JABAS_SLURM_DIR=str(self.state), SLURM_CONF=str(self.conf))
         self.shared = self.state / "shared"
+        # every node sees shared/ although it lies under /var/tmp (hpc-jabas submit refuses node-local paths
+        # unless HPC_JABAS_SHARED_TMP names them: hpc_jabas/slurm/nodepaths.py; env.sh says the same)
+        tmp = ":".join(x for x in (os.environ.get("HPC_JABAS_SHARED_TMP"), str(self.shared)) if x)
+        self.env = dict(os.environ, HPC_JABAS_SLURM_DIR=str(self.state), SLURM_CONF=str(self.conf),
+                        HPC_JABAS_SHARED_TMP=tmp)
         self.started = False
         self._lease: Path | None = None
         self._saved: dict[str, str | None] = {}
@@ -58,8 +62,9 @@ class LocalCluster:
         leases.mkdir(parents=True, exist_ok=True)
         self._lease = leases / str(os.getpid())
         self._lease.write_text(str(os.getpid()))
-        self._saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPC_JABAS_SLURM_DIR")}
-        os.environ.update(SLURM_CONF=str(self.conf), HPC_JABAS_SLURM_DIR=str(self.state))
+        self._saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "HPC_JABAS_SLURM_DIR", "HPC_JABAS_SHARED_TMP")}
+        os.environ.update(SLURM_CONF=str(self.conf), HPC_JABAS_SLURM_DIR=str(self.state),
+                          HPC_JABAS_SHARED_TMP=self.env["HPC_JABAS_SHARED_TMP"])
         self.shared.mkdir(mode=0o1777, exist_ok=True)
         return self
 

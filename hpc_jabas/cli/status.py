@@ -53,6 +53,15 @@ def _current(last: dict | None, cancel: dict | None = None, end: dict | None = N
                 f"{last.get('epochs')}, with its checkpoint; no successor (submit again to resume)")
     if cancel is not None and (st == "submitted" or (sl and is_terminal(sl))):
         return f"cancelled (hpc-jabas cancel): job {last['job_id']} is {sl or st}; no successor"
+    bs = last.get("before_start")
+    if bs and sl and is_terminal(sl) and st == "submitted":
+        why = ", ".join(x for x in (f"Slurm's reason: {bs['reason']}" if bs.get("reason") not in (None, "None") else "",
+                                    f"exit code {bs['exit_code']}" if bs.get("exit_code") else "") if x)
+        out = bs.get("output")
+        where = ("no output file known" if not out else f"sbatch output: {out}" if bs.get("output_exists")
+                 else f"sbatch output: {out} (missing: the job's nodes may not see that directory)")
+        return f"stopped: job {last['job_id']} is {sl} in Slurm before it started" + (f" ({why})" if why else "") \
+            + f"; {where}"
     if sl and is_terminal(sl) and st in ("submitted", "running"):
         return f"stopped: job {last['job_id']} is {sl} in Slurm without finishing the training"
     if st == "submitted":
@@ -104,6 +113,20 @@ def _attempts(r: dict, evs: list[dict], runs: list[dict]) -> None:
     r["wall_s"] = r["elapsed_s"] if r["elapsed_s"] is not None else r["train_s"]
 
 
+def _before_start(r: dict, evs: list[dict]) -> None:
+    """A job that Slurm ended before it wrote its start event (its nodes could not see the chain directory, its
+    interpreter is missing...) wrote no log of ours: the row gets Slurm's reason and exit code (scontrol, while
+    the controller still holds the job) and the path of its sbatch output (``before_start``)."""
+    from hpc_jabas.slurm.watch import is_terminal, job_details, script_output
+    if not is_terminal(r["slurm"]) or r["slurm"] == "COMPLETED":
+        return
+    sub = next((e for e in reversed(evs) if e["event"] == "submit" and str(e.get("job_id")) == r["job_id"]), None)
+    d = job_details(r["job_id"])
+    out = d.get("StdOut") or (script_output(sub["script"], r["job_id"]) if sub and sub.get("script") else None)
+    r["before_start"] = {"reason": d.get("Reason"), "exit_code": d.get("ExitCode"), "output": out,
+                         "output_exists": bool(out) and Path(out).exists()}
+
+
 #: what sacct may still say for a while about a job whose chain has recorded its end (sacct lags)
 _LAGGING = ("RUNNING", "COMPLETING", "PENDING", "REQUEUED", "RESIZING", "SUSPENDED")
 
@@ -129,6 +152,8 @@ def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now
             r["restart_overhead_s"] = rs.get("overhead_s")
         _attempts(r, evs, slurm.get(r["job_id"]) or [])
         _reconcile(r)
+        if r.get("state") == "submitted" and r.get("slurm"):
+            _before_start(r, evs)
     last = rows[-1] if rows else None
     from hpc_jabas.slurm.cancel import chain_cancel
     cancel = chain_cancel(events, ids[0]) if ids else None

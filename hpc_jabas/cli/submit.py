@@ -80,6 +80,26 @@ def _check_spec(spec) -> None:
                           "add its directory to [job] pythonpath or PYTHONPATH")
 
 
+def _check_node_visible(spec) -> None:
+    """The chain directory and the task's module are not in a node-local directory (/tmp, /var/tmp, /dev/shm,
+    unless HPC_JABAS_SHARED_TMP declares them shared): the nodes could not see them (slurm/nodepaths.py)."""
+    from hpc_jabas.slurm.nodepaths import check_node_visible
+    from hpc_jabas.slurm.sbatch import job_pythonpath
+    check_node_visible(spec.chain_dir, "chain_dir")
+    mod = spec.task.partition(":")[0]
+    added = [p for p in job_pythonpath(spec) if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        found = importlib.util.find_spec(mod)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        for p in added:
+            sys.path.remove(p)
+    if found is not None and found.origin and found.has_location:
+        check_node_visible(found.origin, f"task module {mod!r} of task {spec.task!r}, at")
+
+
 def _trust_group(spec) -> None:
     """The job's trust_group (group-writable chain records and checkpoints accepted) for what submit reads."""
     from hpc_jabas.core.config import flatten
@@ -215,7 +235,8 @@ def _check_chain_free(spec) -> None:
     live = [(j, st["State"]) for j, st in states.items() if st.get("State") not in TERMINAL]
     if live:
         j, st = live[-1]
-        raise ConfigError(f"chain_dir {spec.chain_dir!r} has job {j} {st}; wait for it, cancel it (scancel {j}), "
+        raise ConfigError(f"chain_dir {spec.chain_dir!r} has job {j} {st}; wait for it, end it "
+                          f"(hpc-jabas cancel {spec.chain_dir}), "
                           "or give this job its own chain_dir")
 
 
@@ -280,6 +301,7 @@ def run(args) -> int:
     _check_ranks(spec)
     _check_dirs(spec)
     _check_not_finished(spec)
+    _check_node_visible(spec)             # before anything asks Slurm
     _check_chain_free(spec)
     from hpc_jabas.slurm.components import partition_view
     view = partition_view((spec.config.get("autoscale") or {}).get("partition_types"))

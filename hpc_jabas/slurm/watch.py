@@ -87,6 +87,40 @@ def sacct_states(job_ids: Iterable[str | int], env: Mapping[str, str] | None = N
     return fold_rows(parse_sacct(text, fields))
 
 
+def job_details(job_id: str | int, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What the controller says of a job while it still holds it (``MinJobAge`` seconds after its end):
+    {"JobState", "Reason", "StdOut", "ExitCode", ...} from ``scontrol show job -o`` (a heterogeneous job's first
+    component); {} when it no longer does or Slurm does not answer. sacct keeps neither the reason
+    (JobLaunchFailure...) nor the output path."""
+    import re
+    env = dict(os.environ if env is None else env)
+    try:
+        text = proc.run(["scontrol", "show", "job", "-o", str(job_id)], env, timeout=SACCT_TIMEOUT_S)
+    except SlurmError:
+        return {}
+    line = (text.strip().splitlines() or [""])[0]
+    return {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
+
+
+def script_output(script: str | Path, job_id: str) -> str | None:
+    """The output file a job script names (``#SBATCH --output=``/``-o``, ``%j``/``%A`` the job id, ``%t`` rank 0),
+    None when it names none or cannot be read."""
+    try:
+        lines = Path(script).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for ln in lines:
+        w = ln.split()
+        if len(w) >= 2 and w[0] == "#SBATCH":
+            for i, a in enumerate(w[1:], 1):
+                val = a.split("=", 1)[1] if a.startswith("--output=") else (
+                    w[i + 1] if a in ("-o", "--output") and i + 1 < len(w) else None)
+                if val:
+                    return (val.strip("'\"").replace("%j", str(job_id)).replace("%A", str(job_id))
+                            .replace("%t", "0").replace("%%", "%"))
+    return None
+
+
 #: chain events that hand the training from one job to the next (a requeue in place has to_job == from_job)
 LINKS = ("move", "requeue", "replan")
 

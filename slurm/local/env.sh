@@ -2,3 +2,9 @@
 #   source slurm/local/env.sh && sinfo
 export HPC_JABAS_SLURM_DIR="${HPC_JABAS_SLURM_DIR:-/var/tmp/hpc-jabas-slurm}"
 export SLURM_CONF="$HPC_JABAS_SLURM_DIR/etc/slurm.conf"
+# Every node of the local cluster sees $HPC_JABAS_SLURM_DIR/shared (and the whole of /var/tmp; only /tmp is
+# private per node): hpc-jabas submit refuses node-local paths unless HPC_JABAS_SHARED_TMP names them.
+case ":${HPC_JABAS_SHARED_TMP:-}:" in
+  *":$HPC_JABAS_SLURM_DIR/shared:"*) ;;
+  *) export HPC_JABAS_SHARED_TMP="${HPC_JABAS_SHARED_TMP:+$HPC_JABAS_SHARED_TMP:}$HPC_JABAS_SLURM_DIR/shared";;
+esac

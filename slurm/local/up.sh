@@ -9,7 +9,7 @@
 set -euo pipefail
 CHECK=0
 case "${1:-}" in
-  --check) CHECK=1;;   # exit 0 if the cluster is up, healthy and current; 1 otherwise; start nothing
+  --check) CHECK=1;;   # exit 0 if the cluster is up, healthy and current; 1 otherwise (saying why); start nothing
   "") ;;
   *) echo "usage: $0 [--check]" >&2; exit 2;;
 esac
@@ -40,11 +40,17 @@ done
 if ((${#SHARED_TMP[@]})); then
   mapfile -t SHARED_TMP < <(printf '%s\n' "${SHARED_TMP[@]}" | sort -u)
 fi
+# --check says what it checked, one line each, on stdout; the last line is the verdict
+ck() { if ((CHECK)); then echo "[slurm-local] check: $*"; fi; return 0; }
 T0=$(date +%s%N)
 elapsed() { local ms=$(( ($(date +%s%N) - T0) / 1000000 )); printf '%d.%d' $((ms / 1000)) $((ms % 1000 / 100)); }
 
 # ---- 0. prerequisites ------------------------------------------------------------------------
-if ((CHECK)) && [[ ! -f "$JABAS_SLURM_DIR/etc/slurm.conf" ]]; then exit 1; fi
+if ((CHECK)) && [[ ! -f "$JABAS_SLURM_DIR/etc/slurm.conf" ]]; then
+  ck "no configuration at $JABAS_SLURM_DIR/etc/slurm.conf: not brought up here (HPC_JABAS_SLURM_DIR=$JABAS_SLURM_DIR)"
+  ck "NOT UP: run slurm/local/up.sh"
+  exit 1
+fi
 [[ $(id -u) -eq 0 ]] || jdie "up.sh must run as root (it creates network namespaces and starts daemons)"
 missing=()
 for c in munged mungekey slurmctld slurmd slurmdbd sinfo scontrol sacctmgr mariadbd \
@@ -166,17 +172,27 @@ StorageLoc=slurm_acct_db
 EOF
 }
 
-healthy() {  # everything running, configs current, controller answering
-  [[ -f "$ETC/slurm.conf" ]] || return 1
-  local n
-  for f in "$DB_PID" "$DBD_PID" "$CTLD_PID"; do pid_alive "$f" || return 1; done
-  pid_alive "$MUNGE_PID" || munge -n -S "$MUNGE_SOCKET" 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1 || return 1
-  for n in "${JABAS_NODES[@]}"; do
-    pid_alive "$(slurmd_pid_file "$(jnode_name "$n")")" || return 1
-    [[ -e /run/netns/$(jnetns "$(jnode_name "$n")") ]] || return 1
+healthy() {  # everything running, configs current, controller answering (--check: each piece said)
+  [[ -f "$ETC/slurm.conf" ]] || { ck "no $ETC/slurm.conf"; return 1; }
+  local n nn f
+  for f in "$DB_PID" "$DBD_PID" "$CTLD_PID"; do
+    pid_alive "$f" || { ck "$(basename "$f" .pid) is not running (pid file $f)"; return 1; }
   done
-  ip link show "$JABAS_BRIDGE" >/dev/null 2>&1 || return 1
-  [[ $(timeout 5 scontrol ping 2>/dev/null) == *UP* ]] || return 1
+  ck "mariadb, slurmdbd, slurmctld running"
+  if pid_alive "$MUNGE_PID" || munge -n -S "$MUNGE_SOCKET" 2>/dev/null | unmunge -S "$MUNGE_SOCKET" >/dev/null 2>&1; then
+    ck "munged answers on $MUNGE_SOCKET"
+  else
+    ck "munged does not answer on $MUNGE_SOCKET"; return 1
+  fi
+  for n in "${JABAS_NODES[@]}"; do
+    nn=$(jnode_name "$n")
+    pid_alive "$(slurmd_pid_file "$nn")" || { ck "slurmd of node $nn is not running"; return 1; }
+    [[ -e /run/netns/$(jnetns "$nn") ]] || { ck "network namespace $(jnetns "$nn") of node $nn is gone"; return 1; }
+  done
+  ck "slurmd and network namespace of each node: $(for n in "${JABAS_NODES[@]}"; do jnode_name "$n"; done | paste -sd" ")"
+  ip link show "$JABAS_BRIDGE" >/dev/null 2>&1 || { ck "bridge $JABAS_BRIDGE is gone"; return 1; }
+  [[ $(timeout 5 scontrol ping 2>/dev/null) == *UP* ]] || { ck "slurmctld does not answer scontrol ping"; return 1; }
+  ck "bridge $JABAS_BRIDGE up; slurmctld answers (scontrol ping)"
 }
 
 NEW="$JABAS_SLURM_DIR/.etc.new"
@@ -184,13 +200,35 @@ rm -rf "$NEW"; mkdir -p "$JABAS_SLURM_DIR"
 gen_configs "$NEW"
 if [[ -d "$ETC" ]] && diff -q -I '^StoragePass=' <(cat "$NEW"/*.conf) <(cat "$ETC"/{cgroup,gres,plugstack,slurm,slurmdbd}.conf 2>/dev/null) >/dev/null 2>&1; then
   rm -rf "$NEW"
+  ck "configuration current ($ETC; shared /tmp paths: ${SHARED_TMP[*]:-none})"
   if healthy; then
     ((CHECK)) || jlog "already up (SLURM_CONF=$SLURM_CONF)"
+    ck "UP: healthy and current (SLURM_CONF=$SLURM_CONF)"
     exit 0
   fi
+  ck "NOT HEALTHY: slurm/local/up.sh starts what is missing"
   ((CHECK)) && exit 1
 else
-  ((CHECK)) && { rm -rf "$NEW"; exit 1; }
+  if ((CHECK)); then
+    if [[ -d "$ETC" ]]; then
+      # the usual cause: the shared /tmp paths (a checkout under /tmp, HPC_JABAS_SHARED_TMP) differ from the running
+      # cluster's; a different slurm/local/common.sh is the other
+      _running=$(sed -n 's/^# shared-tmp: //p' "$ETC/slurm.conf" | head -1)
+      if [[ "$_running" != "${SHARED_TMP[*]:-none}" ]]; then
+        ck "configuration differs: the running cluster shares /tmp paths '${_running:-none}', this checkout wants" \
+           "'${SHARED_TMP[*]:-none}' (from $REPO_ROOT and HPC_JABAS_SHARED_TMP=${HPC_JABAS_SHARED_TMP:-})"
+      else
+        ck "configuration differs from the running cluster's ($ETC): $(diff -I '^StoragePass=' <(cat "$NEW"/*.conf) \
+           <(cat "$ETC"/{cgroup,gres,plugstack,slurm,slurmdbd}.conf 2>/dev/null) | grep -m1 '^[<>]')"
+      fi
+      healthy >/dev/null && ck "the running cluster itself is healthy"
+      ck "NOT CURRENT: slurm/local/up.sh restarts the cluster with this configuration (its running jobs end)"
+    else
+      ck "no configuration directory $ETC"
+    fi
+    rm -rf "$NEW"
+    exit 1
+  fi
   if [[ -d "$ETC" ]]; then
     jlog "configuration changed: restarting the cluster"
     "$HERE/down.sh" >/dev/null

@@ -1,0 +1,94 @@
+"""Paths the nodes can see (issue 36, finding 6): `hpc-jabas submit` refuses a chain directory or a task module in
+a node-local directory, in one line and before Slurm, unless HPC_JABAS_SHARED_TMP declares it shared; a job that
+fails before writing its log makes `hpc-jabas status` show Slurm's reason and its sbatch output's path;
+`slurm/local/up.sh --check` says what it checked."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hpc_jabas.slurm.nodepaths import ENV, node_local_root
+
+ROOT = Path(__file__).resolve().parents[1]
+HPC_JABAS = str(ROOT / ".venv" / "bin" / "hpc-jabas")
+
+
+def test_node_local_roots_and_the_shared_declaration(tmp_path):
+    assert node_local_root("/tmp/a/b", {}) == "/tmp" and node_local_root("/tmp", {}) == "/tmp"
+    assert node_local_root("/var/tmp/x", {}) == "/var/tmp" and node_local_root("/dev/shm/x", {}) == "/dev/shm"
+    assert node_local_root("/tmpfoo/x", {}) is None and node_local_root("/home/u/chain", {}) is None
+    assert node_local_root("/var/tmp/x", {ENV: "/scratch:/var/tmp"}) is None
+    assert node_local_root("/var/tmp/x", {ENV: "/var/tmp/y"}) == "/var/tmp"       # a prefix of whole names only
+    link = tmp_path / "link"                      # a link from elsewhere into /tmp is followed
+    link.symlink_to(tmp_path)
+    assert node_local_root(link / "c", {}) == "/tmp"
+
+
+def _job(d: Path, chain: Path) -> Path:
+    (d / "hj_np_task.py").write_text("def build():\n    raise SystemExit('not called')\n")
+    f = d / "job.toml"
+    f.write_text(f'[job]\ntask = "hj_np_task:build"\nchain_dir = "{chain}"\npythonpath = ["{d}"]\n'
+                 'method = "sbatch"\n[train]\nepochs = 1\n')
+    return f
+
+
+def test_submit_refuses_node_local_paths_in_one_line_before_slurm(tmp_path, monkeypatch, capsys):
+    from hpc_jabas.cli.main import main
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv("SLURM_CONF", "/nonexistent")        # nothing may reach Slurm before the refusal
+
+    def submit(job: Path) -> str:
+        rc = main(["submit", str(job), "--mix", "rtx2060:1", "--no-dry-run"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1, (rc, err)
+        return err[0]
+    line = submit(_job(tmp_path, tmp_path / "chain"))
+    assert f"chain_dir '{tmp_path / 'chain'}' is under /tmp" in line and f"{ENV}=/tmp" in line, line
+    shared = ROOT / "runs" / f"np-{uuid.uuid4().hex[:8]}"    # not made: the checks make nothing
+    line = submit(_job(tmp_path, shared))
+    assert f"task module 'hj_np_task' of task 'hj_np_task:build', at '{tmp_path / 'hj_np_task.py'}' is under /tmp" \
+        in line, line
+    assert not shared.exists() and not (tmp_path / "chain").exists()
+    monkeypatch.setenv(ENV, str(tmp_path))                   # the site shares it: the next check speaks (Slurm)
+    line = submit(_job(tmp_path, tmp_path / "chain"))
+    assert "SLURM_CONF=/nonexistent" in line and "is under" not in line, line
+
+
+@pytest.mark.slurm
+def test_status_of_a_job_that_failed_before_its_log_and_up_check_says_what_it_checked(slurm_cluster, tmp_path):
+    """A chain directory under /tmp (private per node here) submitted around submit's check: Slurm fails the job
+    (JobLaunchFailure) and nothing of ours is written; status names Slurm's reason and the output's path."""
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.slurm.executor import submit
+    chain = tmp_path / "chain"
+    spec = JobSpec(task="preempt_task:build", config={"epochs": 1}, chain_dir=str(chain), mix={"rtx2060": 1},
+                   method="sbatch", pythonpath=[str(ROOT / "tests")])
+    job = submit(spec).job_id
+    try:
+        assert slurm_cluster.wait_state(job, timeout=60) == "FAILED"
+    finally:
+        slurm_cluster.cancel(job)
+    out = chain / "jobs" / f"1-{job}.out"
+    r = subprocess.run([HPC_JABAS, "status", str(chain)], capture_output=True, text=True, env=slurm_cluster.env,
+                       timeout=60)
+    last = r.stdout.strip().splitlines()[-1]
+    assert r.returncode == 0 and last == (
+        f"current: stopped: job {job} is FAILED in Slurm before it started (Slurm's reason: JobLaunchFailure, exit "
+        f"code 0:53); sbatch output: {out} (missing: the job's nodes may not see that directory)"), r.stdout
+    # up.sh --check on the working cluster: what it checked, and the verdict; from a checkout under /tmp: why not
+    r = subprocess.run(["bash", str(ROOT / "slurm" / "local" / "up.sh"), "--check"], capture_output=True, text=True,
+                       env=slurm_cluster.env, timeout=60)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and lines[-1].startswith("[slurm-local] check: UP: healthy and current"), r.stdout
+    assert any("configuration current" in ln for ln in lines) and any("slurmctld answers" in ln for ln in lines)
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "slurm" / "local", clone / "slurm" / "local")
+    r = subprocess.run(["bash", str(clone / "slurm" / "local" / "up.sh"), "--check"], capture_output=True, text=True,
+                       env=slurm_cluster.env, timeout=60)
+    assert r.returncode == 1 and f"this checkout wants '{clone}'" in r.stdout, (r.stdout, r.stderr)
+    assert r.stdout.splitlines()[-1].startswith("[slurm-local] check: NOT CURRENT")
+    assert slurm_cluster.run("scontrol", "ping").stdout.count("UP") == 1          # --check started nothing
