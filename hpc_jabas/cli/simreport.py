@@ -62,21 +62,30 @@ def _grid(plt: Any, n: int, height: float = 2.2) -> tuple[Any, list[Any]]:
 
 
 def draw(doc: dict[str, Any], out: Path) -> list[Path]:
+    """The four pictures (PNGS) of a simulation's results into ``out``: B and lr over time, the allocation
+    per epoch, the cost per epoch and cumulated, the throughput per GPU type; their paths."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     res = doc["results"]
-    names = list(res)
-    colors = {n: f"C{i % 10}" for i, n in enumerate(names)}
+    colors = {n: f"C{i % 10}" for i, n in enumerate(res)}
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
     title = f"{doc.get('cluster', 'cluster')} / {doc.get('job', 'job')}"
+    paths = []
+    for png, picture in zip(PNGS, (_batch_and_lr, _allocation, _cost, _throughput)):
+        fig = picture(plt, res, colors, title)
+        fig.tight_layout()
+        paths.append(out / png)
+        fig.savefig(paths[-1], dpi=80)
+        plt.close(fig)
+    return paths
 
-    # B and lr over simulated time
+
+def _batch_and_lr(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
+    """B and lr over simulated time."""
     fig, ax = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    for n in names:
-        r = res[n]
+    for n, r in res.items():
         tl = r.get("timeline") or [[0.0, 0, r["epochs"][0]["B_start"], r["epochs"][0]["lr_scale"]]]
         end = r["totals"]["time_s"] / 3600
         xs = [p[0] / 3600 for p in tl] + [end]
@@ -88,16 +97,15 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
     ax[1].set_ylabel("lr scale")
     ax[1].set_xlabel("simulated time (h)")
     fig.suptitle(f"{title}: B and lr over time")
-    fig.tight_layout()
-    paths.append(out / PNGS[0])
-    fig.savefig(paths[-1], dpi=80)
-    plt.close(fig)
+    return fig
 
-    # allocation per epoch
-    parts = sorted({p for n in names for e in res[n]["epochs"] for p in _mix(e["mix"])})
+
+def _allocation(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
+    """GPUs per partition and epoch, one panel per run; dashed: a move after the epoch."""
+    parts = sorted({p for r in res.values() for e in r["epochs"] for p in _mix(e["mix"])})
     pc = {p: f"C{i % 10}" for i, p in enumerate(parts)}
-    fig, axs = _grid(plt, len(names))
-    for a, n in zip(axs, names):
+    fig, axs = _grid(plt, len(res))
+    for a, n in zip(axs, res):
         eps = res[n]["epochs"]
         x = [e["epoch"] for e in eps]
         bottom = [0] * len(eps)
@@ -115,15 +123,14 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
         a.set_xticks(x)
         a.legend(fontsize=6, loc="upper left", ncol=4)
     fig.suptitle(f"{title}: allocation per epoch (dashed: a move after the epoch)")
-    fig.tight_layout()
-    paths.append(out / PNGS[1])
-    fig.savefig(paths[-1], dpi=80)
-    plt.close(fig)
+    return fig
 
-    # cost per epoch and cumulative cost
+
+def _cost(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
+    """The cost of each epoch, and the cumulative cost over simulated time."""
     fig, ax = plt.subplots(2, 1, figsize=(11, 7))
-    for n in names:
-        eps = res[n]["epochs"]
+    for n, r in res.items():
+        eps = r["epochs"]
         ax[0].plot([e["epoch"] for e in eps], [e["cost"] for e in eps], ".-", color=colors[n], label=n, lw=1)
         cum, c = [0.0], 0.0
         for e in eps:
@@ -131,22 +138,21 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
             cum.append(c)
         ax[1].step([0.0] + [e["wall_s"] / 3600 for e in eps], cum, where="post", color=colors[n], lw=1.2)
     ax[0].set_xlabel("epoch")
-    ax[0].set_xticks(sorted({e["epoch"] for n in names for e in res[n]["epochs"]}))
+    ax[0].set_xticks(sorted({e["epoch"] for r in res.values() for e in r["epochs"]}))
     ax[0].set_ylabel("cost of the epoch")
     ax[0].legend(fontsize=8, ncol=2)
     ax[1].set_xlabel("simulated time (h)")
     ax[1].set_ylabel("cumulative cost (epochs)")
     fig.suptitle(f"{title}: cost per epoch (restarts' cost in the totals only)")
-    fig.tight_layout()
-    paths.append(out / PNGS[2])
-    fig.savefig(paths[-1], dpi=80)
-    plt.close(fig)
+    return fig
 
-    # per-type throughput
-    types = sorted({g for n in names for e in res[n]["epochs"] for g in e.get("by_type", {})})
+
+def _throughput(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
+    """Samples per second per GPU type and epoch (dashed: all), one panel per run."""
+    types = sorted({g for r in res.values() for e in r["epochs"] for g in e.get("by_type", {})})
     tc = {g: f"C{i % 10}" for i, g in enumerate(types)}
-    fig, axs = _grid(plt, len(names))
-    for a, n in zip(axs, names):
+    fig, axs = _grid(plt, len(res))
+    for a, n in zip(axs, res):
         eps = res[n]["epochs"]
         for g in types:
             ys = [e.get("by_type", {}).get(g, 0.0) for e in eps]
@@ -158,11 +164,7 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
         a.set_xticks([e["epoch"] for e in eps])
         a.legend(fontsize=6, loc="upper left", ncol=3)
     fig.suptitle(f"{title}: throughput per GPU type and epoch")
-    fig.tight_layout()
-    paths.append(out / PNGS[3])
-    fig.savefig(paths[-1], dpi=80)
-    plt.close(fig)
-    return paths
+    return fig
 
 
 def summary(doc: dict[str, Any]) -> str:
