@@ -159,7 +159,8 @@ class BalancingConfig(Section):
 @dataclass
 class OutputConfig(Section):
     """[run] metrics and checkpoints."""
-    run_dir: str = key("runs/latest", "directory of metrics.jsonl and checkpoints", metavar="DIR")
+    run_dir: str | None = key(None, "directory of metrics.jsonl and checkpoints", metavar="DIR",
+                              shown="runs/SCRIPT-HASH: the script's name and a hash of its configuration")
     metrics_period: int = key(10, "iterations between metric flushes", lo=1)
     checkpoint: bool = key(True, "write a checkpoint at every epoch end (and at the periodic and signal safe points)")
     keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
@@ -374,6 +375,23 @@ _SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.field
 #: tables whose value is the key's own value, not a group of keys
 _TABLE_KEYS = ("slowdown", "autoscale")
 _with_flat_keys(JobConfig)
+
+
+#: keys that leave what a run computes unchanged: the default run directory's name does not depend on them
+#: (``--epochs 20`` continues the ``--epochs 10`` run)
+_RUN_DIR_FREE = frozenset({"epochs", *(f.name for f in dataclasses.fields(OutputConfig)),
+                           *(f.name for f in dataclasses.fields(SlurmJobConfig))})
+
+
+def default_run_dir(cfg: JobConfig, script: str) -> str:
+    """``runs/<script>-<hash>``: the run directory of a config that names none, unique to the script (its path,
+    as given) and to the keys that change what it computes (not epochs, not the output and Slurm keys)."""
+    import hashlib
+    import json
+    keys = {k: v for k, v in cfg.to_dict().items() if k not in _RUN_DIR_FREE and k != "autoscale"}
+    digest = hashlib.sha256(json.dumps([script, keys], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    stem = Path(script).stem or "python"
+    return f"runs/{stem}-{digest}"
 
 
 def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -113,6 +113,27 @@ def restore_cuda_rng(states: list | None, rank: int) -> bool:
     return True
 
 
+#: keys a resume takes from the checkpoint, not from this run's configuration (the sampler's order)
+KEPT_ON_RESUME = ("seed", "tail")
+
+
+def describe_tensors(sd: dict[str, Any]) -> str:
+    n = sum(int(t.numel()) for t in sd.values() if torch.is_tensor(t))
+    return f"{len(sd)} tensors, {n} values"
+
+
+def model_difference(saved: dict[str, Any], mine: dict[str, Any]) -> str | None:
+    """The first difference between a checkpoint's model state_dict and this model's; None when they fit."""
+    for k in mine:
+        if k not in saved:
+            return f"{k!r} is not in the checkpoint"
+        a, b = saved[k], mine[k]
+        if torch.is_tensor(a) and torch.is_tensor(b) and tuple(a.shape) != tuple(b.shape):
+            return f"{k!r} is {list(a.shape)} there, {list(b.shape)} here"
+    extra = [k for k in saved if k not in mine]
+    return f"{extra[0]!r} is only in the checkpoint" if extra else None
+
+
 def finite_weights(model: torch.nn.Module) -> bool:
     """Every parameter and buffer is finite (one host read; identical on every rank after the step)."""
     ts = [t.detach() for t in model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()]
@@ -134,8 +155,11 @@ class Checkpointer:
                  ckpt_dir: Path, rank: int, gpu_types: Sequence[str], replan: Replan,
                  metrics: Metrics, enabled: bool = True, keep: int = 3, scheduler: Any = None,
                  controller: Stateful | None = None, decisions: Stateful | None = None,
-                 hook: Stateful | None = None, calibration: Stateful | None = None) -> None:
+                 hook: Stateful | None = None, calibration: Stateful | None = None,
+                 config: dict[str, Any] | None = None) -> None:
         self.state, self.model, self.optimizer, self.scheduler = state, model, optimizer, scheduler
+        self.config = config                     # the job's keys (JobConfig.to_dict), saved to compare on resume
+        self.changed: dict[str, Any] = {}        # on resume: what was kept from the checkpoint, what applied
         self.controller, self.decisions, self.hook, self.calibration = controller, decisions, hook, calibration
         self.ckpt_dir, self.rank, self.gpu_types = Path(ckpt_dir), rank, list(gpu_types)
         self.replan, self.metrics, self.enabled, self.keep = replan, metrics, enabled, keep
@@ -161,6 +185,7 @@ class Checkpointer:
                 **self.state.state_dict(),       # sampler, iteration, B, plan, lr_scale, pending
                 "controller": self.controller.state_dict() if self.controller is not None else None,
                 "world": self.world, "gpu_types": self.gpu_types,
+                "config": self.config, "model_name": type(self.model).__name__,
                 "decisions": self.decisions.state_dict() if self.decisions is not None else {},
                 "lifecycle": self.hook.state_dict() if self.hook is not None else None,
                 "calibration": self.calibration.state_dict() if self.calibration is not None else None,
@@ -247,15 +272,53 @@ class Checkpointer:
                     self._hook_state(found[0], found[1])
             except (CheckpointError, UntrustedFileError) as e:
                 err = (type(e).__name__, str(e))
-        st, err = comm.broadcast_object((found[0] if found else None, err), name="hj.resume")
+        src = str(found[1]) if found else None
+        st, err, src = comm.broadcast_object((found[0] if found else None, err, src), name="hj.resume")
+        from hpc_jabas.runtime.dirlock import rank_error
         if err:
-            from hpc_jabas.runtime.dirlock import rank_error
             raise rank_error(UntrustedFileError if err[0] == "UntrustedFileError" else CheckpointError, err[1],
                              self.rank)
         if st is None:
             return None
+        try:                                     # the same checks on every rank: rank 0 says the line
+            self._check_model(st, src)
+            self.changed = self._check_config(st, src)
+        except (CheckpointError, ConfigError) as e:
+            raise rank_error(type(e), str(e), self.rank) from None
         self.load_state_dict(st)
-        return str(found[1]) if found else "broadcast"
+        return src if found else "broadcast"
+
+    def _check_model(self, st: dict[str, Any], src: str) -> None:
+        """The checkpoint holds this model (the same tensor names and shapes), else one line naming both."""
+        saved, mine = st.get("model") or {}, self.model.state_dict()
+        diff = model_difference(saved, mine)
+        if diff is None:
+            return
+        theirs = f"{st.get('model_name') or 'a model'} ({describe_tensors(saved)})"
+        raise CheckpointError(f"{src} holds another model than this script's: {theirs} vs "
+                              f"{type(self.model).__name__} ({describe_tensors(mine)}); {diff}. Give this run its "
+                              f"own --run-dir, or resume that one with the model it trained")
+
+    def _check_config(self, st: dict[str, Any], src: str) -> dict[str, Any]:
+        """The keys that differ from the checkpoint's run: batch is refused (a resume keeps the run's B); the seed
+        and tail are kept (the sampler's order continues); every other key is applied. Said by rank 0."""
+        saved, now = st.get("config"), self.config
+        if not saved or not now:
+            return {}                            # a checkpoint of an earlier version, or a Checkpointer without one
+        diff = {k: (saved[k], now[k]) for k in now if k in saved and saved[k] != now[k] and k != "run_dir"}
+        if "batch" in diff:
+            old, new = diff["batch"]
+            raise ConfigError(f"{src} was trained from batch={old} (B={st.get('B')} at this checkpoint) and this run "
+                              f"asks batch={new}: a resume keeps its run's B; drop --batch to resume, or give a new "
+                              f"--run-dir to start over with batch={new}")
+        kept = {k: v for k, v in diff.items() if k in KEPT_ON_RESUME}
+        applied = {k: v for k, v in diff.items() if k not in KEPT_ON_RESUME}
+        if diff and self.rank == 0:
+            text = [f"kept from the checkpoint: {', '.join(f'{k}={o!r} (not {n!r})' for k, (o, n) in kept.items())}"
+                    ] if kept else []
+            text += [f"applied: {', '.join(f'{k} {o!r} -> {n!r}' for k, (o, n) in applied.items())}"] if applied else []
+            log.info("resuming %s with changed settings: %s", src, "; ".join(text))
+        return {"kept": {k: o for k, (o, _) in kept.items()}, "applied": {k: n for k, (_, n) in applied.items()}}
 
     def announce_resume(self, source: str) -> None:
         """Rank 0: the log line and the ``resume`` record of metrics.jsonl."""
@@ -265,7 +328,8 @@ class Checkpointer:
         log.info("resumed from %s at epoch %d, cursor %d, iteration %d, B=%d", source, s.epoch, s.cursor,
                  s.iteration, s.B)
         self.metrics.write({"type": "resume", "it": s.iteration, "epoch": s.epoch, "cursor": s.cursor,
-                            "world": self.world, "B": s.B, "plan": str(s.plan), "from": source})
+                            "world": self.world, "B": s.B, "plan": str(s.plan), "from": source,
+                            "changed": self.changed})
 
     # ---- exporting --------------------------------------------------------------------------
     @staticmethod

@@ -48,6 +48,22 @@ from hpc_jabas.trust import set_trust_group
 log = get_logger(__name__)
 
 
+def _with_default_run_dir(cfg: JobConfig) -> JobConfig:
+    """A copy of ``cfg`` with the run directory of this script and configuration (core/config.py
+    ``default_run_dir``), said once."""
+    import copy
+    import sys
+
+    from hpc_jabas.core.config import default_run_dir
+    from hpc_jabas.exits import process_rank
+    script = str(Path(sys.argv[0]).resolve()) if sys.argv and sys.argv[0] not in ("", "-c") else "python"
+    out = copy.deepcopy(cfg)
+    out.run_dir = default_run_dir(cfg, script)
+    if process_rank() == 0:                     # before the backend starts: the launcher's rank
+        log.info("run_dir %s (this script and configuration; --run-dir to choose)", out.run_dir)
+    return out
+
+
 def check_parts(dataset, scheduler, scheduler_step: str, controller, epoch_end_hook, callbacks) -> None:
     """The Trainer's arguments, checked before anything is built (ConfigError, or TypeError for a wrong type)."""
     if scheduler_step not in SCHEDULER_STEPS:
@@ -109,6 +125,8 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
                  history_len: int = 100_000, world: World | None = None):
         self.cfg = cfg = (config or JobConfig()).validate()
+        if cfg.run_dir is None:                 # a default unique to the script and its configuration
+            self.cfg = cfg = _with_default_run_dir(cfg)
         set_trust_group(cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
         comm.use(cfg.backend)                 # horovod | torch | auto (runtime/comm.py), before the first collective
@@ -409,7 +427,8 @@ class Trainer:
                             gpu_types=self.gpu_types, replan=lambda B: self.planner.plan(B, None),
                             metrics=self.metrics, enabled=self.cfg.checkpoint, keep=self.cfg.keep_checkpoints,
                             scheduler=self.scheduler, controller=self.controller, decisions=self.decisions,
-                            hook=self.epoch_end_hook, calibration=self.calib)
+                            hook=self.epoch_end_hook, calibration=self.calib,
+                            config=self.cfg.to_dict())
 
     def state_dict(self) -> dict:
         return self.checkpointer.state_dict()
