@@ -155,6 +155,9 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
         doctor = out[out.index("torch   "):]
         assert re.search(r"^backend\s+.*torch", doctor, re.M), doctor[:1500]
         assert re.search(r"^status\s+OK$", doctor, re.M), doctor[:1500]
+        assert re.search(r"^horovod\s+not installed", doctor, re.M), doctor[:1500]
+        assert re.search(r"^slurm gpu types\s+.*v100=v100", doctor, re.M), doctor[:1500]
+        assert re.search(r"^srun mpi plugins\s+.*\bpmix\b", doctor, re.M), doctor[:1500]
 
         # the first mpirun run: two ranks, one line each
         ranks = re.findall(r"^rank (\d) gpu=(\w+)", out, re.M)
