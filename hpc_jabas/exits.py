@@ -25,7 +25,7 @@ from hpc_jabas.errors import JabasError, error_line
 
 #: seconds a rank other than 0 waits before saying an error that rank 0 may be saying too
 GRACE_S = float(os.environ.get("HPC_JABAS_ERROR_GRACE_S", "10"))
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK", "SLURM_PROCID")
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK")   # then srun's (SlurmEnv)
 
 
 def process_rank() -> int:
@@ -38,7 +38,11 @@ def process_rank() -> int:
         val = os.environ.get(v, "")
         if val.isdigit():
             return int(val)
-    return 0
+    from hpc_jabas.slurm.env import SlurmEnv
+    try:
+        return SlurmEnv().procid or 0
+    except JabasError:                  # not an integer: no rank to tell
+        return 0
 
 
 def say(e: JabasError) -> None:
