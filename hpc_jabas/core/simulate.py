@@ -120,6 +120,33 @@ class Result:
                 "decisions": self.decisions}
 
 
+@dataclass
+class _Run:
+    """One strategy's run in progress (``Simulation.run``): what it decides with, where it is, what it spent."""
+
+    st: Strategy
+    res: Result
+    policy: Any
+    lr_rule: Any
+    rng: np.random.Generator
+    p: int
+    lo: int
+    hi: int
+    target: float                     # statistical progress to make, in samples at B0
+    ov: Overheads                     # what a run costs besides its iterations ([model])
+    mix: dict[str, int]
+    space: BatchSpace
+    B: int
+    t: float = 0.0
+    it: int = 0
+    done_eff: float = 0.0             # statistical progress made, in samples at B0
+    cost: float = 0.0
+    gpu_h: float = 0.0
+    restarts: int = 0
+    qwait: float = 0.0
+    last_stay: Any = None
+
+
 class Simulation:
     """A job on a cluster; :meth:`run` plays one strategy, :meth:`compare` several."""
 
@@ -192,13 +219,37 @@ class Simulation:
 
     # ---- one strategy --------------------------------------------------------------------------
     def run(self, name: str, budget: float | None = None) -> Result:
+        """One strategy, epoch after epoch: the periods (``_epoch``), then, for a strategy that auto-scales, the
+        epoch-end decision and a move (``_epoch_end_move``), until the job's stop rule says it is done."""
         if name not in STRATEGIES:
             raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
-        st, job, cl = STRATEGIES[name], self.job, self.cluster
+        r = self._start(name)
+        job = self.job
+        overhead = autoscale.RestartOverhead(self.auto.restart_prior_s)
+        budget_total = self.auto.budget if self.auto.budget is not None else budget
+        max_epochs = job.epochs if job.stop == "samples" else job.epochs * MAX_EPOCH_FACTOR
+        for epoch in range(max_epochs):
+            rec = self._epoch(r, epoch)
+            finished = (job.stop == "progress" and r.done_eff >= r.target * (1 - 1e-12)) or \
+                (job.stop == "samples" and epoch + 1 >= job.epochs)
+            if finished:
+                break
+            if r.st.objective is not None:
+                self._epoch_end_move(r, epoch, rec, overhead, budget_total)
+        r.res.totals = {"time_s": round(r.t, 6), "cost": round(r.cost, 9), "gpu_hours": round(r.gpu_h, 9),
+                        "restarts": r.restarts, "queue_wait_s": round(r.qwait, 3), "epochs": len(r.res.epochs),
+                        "samples": sum(e["samples"] for e in r.res.epochs), "iterations": r.it,
+                        "progress": round(min(r.done_eff / r.target, 1.0), 6),
+                        "final_mix": autoscale.mix_label(r.mix),
+                        "decision_ms_max": max((d["decision_ms"] or 0.0 for d in r.res.decisions), default=0.0)}
+        return r.res
+
+    def _start(self, name: str) -> _Run:
+        """The strategy's policy and lr rule, its first mix, space and B, and the first job's queue wait."""
+        st, job = STRATEGIES[name], self.job
         N, B0 = job.samples, job.batch
         p = decision_period(job.p, N, B0)
-        adaptive = st.policy != "fixed"
-        lo, hi = (job.batch_min, job.batch_max) if adaptive else (B0, B0)
+        lo, hi = (job.batch_min, job.batch_max) if st.policy != "fixed" else (B0, B0)
         pol = job.policy
         kw: dict[str, Any] = {"B_min": lo, "B_max": hi, "p": p}
         if st.policy == "similarity":
@@ -207,123 +258,114 @@ class Simulation:
             kw.update(B0=B0, warmup=pol.warmup)
         elif st.policy == "ramp":
             kw.update(B0=B0, at=list(pol.ramp_at), factor=pol.ramp_factor)
-        policy = make_policy(st.policy, **kw)
-        lr_rule = make_lr_rule("auto", B0, st.policy)
         if st.objective is not None:
             forecast.preload()          # the import, once per process, is not part of a timed decision
         # the measurement noise's stream per strategy (the compared ones' as before goodput was added)
         rng = np.random.default_rng([job.seed, sorted(COMPARED).index(name) if name in COMPARED else len(COMPARED)])
-        curve = job.gradstats
-        res = Result(name)
         mix = dict(self.mix0)
         space = self.space(mix, st.planner, lo, hi)
         B = snap_nearest(space, B0)
-        res.trajectory.append((0, B))
-        target = float(job.epochs * N)
-        done_eff = 0.0                                   # statistical progress, in samples at B0
-        t = wait0 = cl.queue.wait(mix, 0.0)
-        res.timeline.append((round(t, 3), 0, B, round(lr_rule.lr_scale(B), 4)))
-        cost = gpu_h = 0.0
-        restarts, qwait, it = 0, wait0, 0
-        overhead = autoscale.RestartOverhead(self.auto.restart_prior_s)
-        budget_total = self.auto.budget if self.auto.budget is not None else budget
-        max_epochs = job.epochs if job.stop == "samples" else job.epochs * MAX_EPOCH_FACTOR
-        last_stay: Any = None
-        # what a run costs besides its iterations ([model], measured on a run of the job): the measurement
-        # iterations of a policy that measures (one per period, the trainer's (i + 1) % p == 0) and epoch ends;
-        # the same Overheads the overhead-aware strategies price their epoch-end decisions with
-        ov = self.run_overheads(st, p)
-        m_extra, end_s = ov.measure_factor - 1.0, ov.epoch_end_s
-        for epoch in range(max_epochs):
-            rate = autoscale.mix_rate(mix, cl.rates)
-            gpus = sum(mix.values())
-            left, ep_t, ep_samples, B_start = N, 0.0, 0, B
-            sw = 0.0
-            while left > 0:
-                u = min(done_eff / target, 1.0)
-                T = space.iter_time(B)
-                assert T is not None
-                its = min(p - it % p, math.ceil(left / B))
-                eff = statistical_efficiency(B, curve.at(u), B0) if job.stop == "progress" else 1.0
-                if job.stop == "progress":
-                    its = min(its, max(1, math.ceil((target - done_eff) / (B * eff))))
-                n = min(its * B, left)
-                ep_t += its * T
-                if m_extra > 0:
-                    ep_t += ((it + its) // p - it // p) * T * m_extra
-                left -= n
-                ep_samples += n
-                sw += n * B
-                done_eff += n * eff
-                it += its
-                if job.stop == "progress" and done_eff >= target * (1 - 1e-12):
-                    break
-                if adaptive and it % p == 0:
-                    nb = self._decide(policy, B, it, min(done_eff / target, 1.0), space, rng, res)
-                    if nb != B:
-                        res.timeline.append((round(t + ep_t, 3), it, nb, round(lr_rule.lr_scale(nb), 4)))
-                    B = nb
-            ep_t += end_s
-            cost += ep_t * rate / 3600.0
-            gpu_h += ep_t * gpus / 3600.0
-            t += ep_t
-            rec: dict[str, Any] = {
-                "epoch": epoch, "mix": autoscale.mix_label(mix), "gpus": gpus, "B_start": B_start, "B_end": B,
-                "B_mean": round(sw / ep_samples, 1) if ep_samples else B, "lr_scale": round(lr_rule.lr_scale(B), 4),
-                "samples": ep_samples, "time_s": round(ep_t, 3), "cost": round(ep_t * rate / 3600.0, 6),
-                "progress": round(min(done_eff / target, 1.0), 6), "restart": False, "queue_wait_s": 0.0,
-                "wall_s": round(t, 3), "iterations": it,
-                "samples_per_s": round(ep_samples / ep_t, 3) if ep_t > 0 else 0.0,
-                "by_type": {g: round(ep_samples / ep_t * f, 3) if ep_t > 0 else 0.0
-                            for g, f in self.type_shares(mix, st.planner).items()}}
-            res.epochs.append(rec)
-            finished = (job.stop == "progress" and done_eff >= target * (1 - 1e-12)) or \
-                (job.stop == "samples" and epoch + 1 >= job.epochs)
-            if finished or st.objective is None:
-                if finished:
-                    break
-                continue
-            # ---- epoch end: forecast, search, maybe move -----------------------------------------
-            u = min(done_eff / target, 1.0)
-            if job.stop == "samples":
-                R = float(job.epochs - epoch - 1)
-            else:
-                R = max(0.05, (target - done_eff) / (N * statistical_efficiency(B, curve.at(u), B0)))
-            spent = cost
-            choice, ms = self._epoch_end(st, mix, res.trajectory, it, R, t, overhead,
-                                         None if budget_total is None else float(budget_total) - spent, last_stay)
-            res.decisions.append({"epoch": epoch, "it": it, "move": choice.move, "mix": autoscale.mix_label(choice.mix),
-                                  "reason": choice.reason, "decision_ms": ms, "remaining_epochs": round(R, 3)})
-            if not choice.move:
-                last_stay = self._stay_key
-                continue
-            last_stay = None
-            new = dict(choice.mix)
-            w = cl.queue.wait(new, t)
-            new_rate = autoscale.mix_rate(new, cl.rates)
-            t += w + cl.restart_s
-            cost += cl.restart_s * new_rate / 3600.0
-            gpu_h += cl.restart_s * sum(new.values()) / 3600.0
-            restarts += 1
-            qwait += w
-            if st.overhead_aware:
-                overhead.record(cl.restart_s)
-            rec.update(restart=True, queue_wait_s=round(w, 3), moved_to=autoscale.mix_label(new))
-            mix = new
-            space = self.space(mix, st.planner, lo, hi)
-            nb = snap_nearest(space, B, ref=B)
-            if nb != B:
-                B = nb
-                res.trajectory.append((it, B))
-                res.timeline.append((round(t, 3), it, B, round(lr_rule.lr_scale(B), 4)))
-            if hasattr(policy, "last"):
-                policy.last = None                          # B set from outside: the similarity policy restarts
-        res.totals = {"time_s": round(t, 6), "cost": round(cost, 9), "gpu_hours": round(gpu_h, 9),
-                      "restarts": restarts, "queue_wait_s": round(qwait, 3), "epochs": len(res.epochs),
-                      "samples": sum(e["samples"] for e in res.epochs), "iterations": it,
-                      "progress": round(min(done_eff / target, 1.0), 6), "final_mix": autoscale.mix_label(mix),
-                      "decision_ms_max": max((d["decision_ms"] or 0.0 for d in res.decisions), default=0.0)}
-        return res
+        wait0 = self.cluster.queue.wait(mix, 0.0)
+        r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
+                 float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
+        r.res.trajectory.append((0, B))
+        r.res.timeline.append((round(r.t, 3), 0, B, round(r.lr_rule.lr_scale(B), 4)))
+        return r
+
+    def _epoch(self, r: _Run, epoch: int) -> dict[str, Any]:
+        """One epoch on the current mix: its periods (``_periods``), the epoch end's time, the bill; its record."""
+        rate = autoscale.mix_rate(r.mix, self.cluster.rates)
+        gpus = sum(r.mix.values())
+        B_start = r.B
+        ep_t, ep_samples, sw = self._periods(r)
+        ep_t += r.ov.epoch_end_s
+        r.cost += ep_t * rate / 3600.0
+        r.gpu_h += ep_t * gpus / 3600.0
+        r.t += ep_t
+        rec: dict[str, Any] = {
+            "epoch": epoch, "mix": autoscale.mix_label(r.mix), "gpus": gpus, "B_start": B_start, "B_end": r.B,
+            "B_mean": round(sw / ep_samples, 1) if ep_samples else r.B, "lr_scale": round(r.lr_rule.lr_scale(r.B), 4),
+            "samples": ep_samples, "time_s": round(ep_t, 3), "cost": round(ep_t * rate / 3600.0, 6),
+            "progress": round(min(r.done_eff / r.target, 1.0), 6), "restart": False, "queue_wait_s": 0.0,
+            "wall_s": round(r.t, 3), "iterations": r.it,
+            "samples_per_s": round(ep_samples / ep_t, 3) if ep_t > 0 else 0.0,
+            "by_type": {g: round(ep_samples / ep_t * f, 3) if ep_t > 0 else 0.0
+                        for g, f in self.type_shares(r.mix, r.st.planner).items()}}
+        r.res.epochs.append(rec)
+        return rec
+
+    def _periods(self, r: _Run) -> tuple[float, int, float]:
+        """An epoch's iterations, period by period, with the policy's decision at each period's end:
+        (time, samples, samples x B)."""
+        job, p, curve, B0 = self.job, r.p, self.job.gradstats, self.job.batch
+        m_extra = r.ov.measure_factor - 1.0
+        left, ep_t, ep_samples, sw = job.samples, 0.0, 0, 0.0
+        while left > 0:
+            u = min(r.done_eff / r.target, 1.0)
+            T = r.space.iter_time(r.B)
+            assert T is not None
+            its = min(p - r.it % p, math.ceil(left / r.B))
+            eff = statistical_efficiency(r.B, curve.at(u), B0) if job.stop == "progress" else 1.0
+            if job.stop == "progress":
+                its = min(its, max(1, math.ceil((r.target - r.done_eff) / (r.B * eff))))
+            n = min(its * r.B, left)
+            ep_t += its * T
+            if m_extra > 0:
+                ep_t += ((r.it + its) // p - r.it // p) * T * m_extra
+            left -= n
+            ep_samples += n
+            sw += n * r.B
+            r.done_eff += n * eff
+            r.it += its
+            if job.stop == "progress" and r.done_eff >= r.target * (1 - 1e-12):
+                break
+            if r.st.policy != "fixed" and r.it % p == 0:
+                nb = self._decide(r.policy, r.B, r.it, min(r.done_eff / r.target, 1.0), r.space, r.rng, r.res)
+                if nb != r.B:
+                    r.res.timeline.append((round(r.t + ep_t, 3), r.it, nb, round(r.lr_rule.lr_scale(nb), 4)))
+                r.B = nb
+        return ep_t, ep_samples, sw
+
+    def _epoch_end_move(self, r: _Run, epoch: int, rec: dict[str, Any], overhead: autoscale.RestartOverhead,
+                        budget_total: float | None) -> None:
+        """The epoch-end decision (forecast, search) over the epochs left, and the move it chooses: the new
+        mix's queue wait and restart (billed at its rate), its space, B snapped into it."""
+        job, cl = self.job, self.cluster
+        u = min(r.done_eff / r.target, 1.0)
+        if job.stop == "samples":
+            R = float(job.epochs - epoch - 1)
+        else:
+            R = max(0.05, (r.target - r.done_eff) / (job.samples * statistical_efficiency(r.B, job.gradstats.at(u),
+                                                                                          job.batch)))
+        choice, ms = self._epoch_end(r.st, r.mix, r.res.trajectory, r.it, R, r.t, overhead,
+                                     None if budget_total is None else float(budget_total) - r.cost, r.last_stay)
+        r.res.decisions.append({"epoch": epoch, "it": r.it, "move": choice.move,
+                                "mix": autoscale.mix_label(choice.mix), "reason": choice.reason, "decision_ms": ms,
+                                "remaining_epochs": round(R, 3)})
+        if not choice.move:
+            r.last_stay = self._stay_key
+            return
+        r.last_stay = None
+        new = dict(choice.mix)
+        w = cl.queue.wait(new, r.t)
+        new_rate = autoscale.mix_rate(new, cl.rates)
+        r.t += w + cl.restart_s
+        r.cost += cl.restart_s * new_rate / 3600.0
+        r.gpu_h += cl.restart_s * sum(new.values()) / 3600.0
+        r.restarts += 1
+        r.qwait += w
+        if r.st.overhead_aware:
+            overhead.record(cl.restart_s)
+        rec.update(restart=True, queue_wait_s=round(w, 3), moved_to=autoscale.mix_label(new))
+        r.mix = new
+        r.space = self.space(r.mix, r.st.planner, r.lo, r.hi)
+        nb = snap_nearest(r.space, r.B, ref=r.B)
+        if nb != r.B:
+            r.B = nb
+            r.res.trajectory.append((r.it, r.B))
+            r.res.timeline.append((round(r.t, 3), r.it, r.B, round(r.lr_rule.lr_scale(r.B), 4)))
+        if hasattr(r.policy, "last"):
+            r.policy.last = None                          # B set from outside: the similarity policy restarts
 
     def _decide(self, policy: Any, B: int, it: int, u: float, space: BatchSpace, rng: np.random.Generator,
                 res: Result) -> int:
