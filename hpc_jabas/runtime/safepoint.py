@@ -43,11 +43,12 @@ import torch
 from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm
+from hpc_jabas.slurm.env import SlurmEnv
 
 log = get_logger(__name__)
 
 #: the signals that ask a job to stop at the next safe point, in the order of the agreement vector
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+STOP_SIGNALS: tuple[signal.Signals, ...] = SlurmEnv.STOP_SIGNALS      # USR1, USR2, TERM (slurm/env.py)
 
 
 class NonFiniteError(JabasError, ArithmeticError):
