@@ -50,10 +50,13 @@ def horovod_importable() -> tuple[bool, str]:
 
 
 def resolve(name: str) -> str:
-    """The backend ``name`` stands for: "auto" is "horovod" when it imports, else "torch"."""
+    """The backend ``name`` stands for: "auto" is "horovod" when it imports (and torchrun
+    did not start this process), else "torch"."""
     check_backend(name)
     if name != "auto":
         return name
+    if "TORCHELASTIC_RUN_ID" in os.environ:     # torchrun started the ranks: Horovod cannot form a world there
+        return "torch"
     return "horovod" if horovod_importable()[0] else "torch"
 
 

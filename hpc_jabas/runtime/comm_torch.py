@@ -159,6 +159,32 @@ def _reachable(addrs: list[str], port: int) -> str:
                       f"({', '.join(addrs)}); check that the nodes can reach each other over TCP")
 
 
+def _gloo_interface(addr: str | None, own: bool) -> None:
+    """Tell Gloo (GLOO_SOCKET_IFNAME, unless the user set it) which interface to use: the one that holds ``addr``
+    (``own``: rank 0's address that another rank reached) or that routes to it. Nothing for a loopback or None."""
+    if addr is None or "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    try:
+        ip = socket.gethostbyname(addr)
+        if ip.startswith("127."):
+            return
+        if own:
+            local = ip
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((ip, 9))               # no packet is sent: the kernel picks the route and source
+                local = s.getsockname()[0]
+        if local.startswith("127."):
+            return
+        import psutil
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and a.address == local for a in addrs):
+                os.environ["GLOO_SOCKET_IFNAME"] = name
+                return
+    except (OSError, ImportError):
+        return
+
+
 def _mpi_world(size: int):
     """mpi4py's COMM_WORLD when it is there and holds ``size`` ranks (mpirun, or srun with an MPI plugin)."""
     try:
@@ -177,9 +203,17 @@ def _store_for(ln: Launch):
         if ln.rank == 0:
             store = dist.TCPStore("0.0.0.0", 0, ln.size, True, timeout=timeout, wait_for_workers=False)
             mpi.bcast((_addresses(), int(store.port)), root=0)
+            reached = [a for a in mpi.gather(None, root=0) if a is not None]
+            # Gloo advertises the address this rank's host name resolves to, which may be a loopback: name the
+            # interface the other ranks reached rank 0 on
+            remote = next((a for a in reached if not a.startswith("127.")), None)
+            _gloo_interface(remote, own=True)
             return store
         addrs, port = mpi.bcast(None, root=0)
-        return dist.TCPStore(_reachable(addrs, port), port, ln.size, False, timeout=timeout)
+        addr = _reachable(addrs, port)
+        mpi.gather(addr, root=0)
+        _gloo_interface(addr, own=False)
+        return dist.TCPStore(addr, port, ln.size, False, timeout=timeout)
     if ln.how == "mpirun":
         raise ConfigError("the torch backend under mpirun needs mpi4py (pip install mpi4py) to agree on rank 0's "
                           "address")
@@ -187,6 +221,8 @@ def _store_for(ln: Launch):
         raise ConfigError("the torch backend in a heterogeneous srun step needs an srun MPI plugin "
                           "(srun --mpi=pmix) and mpi4py to agree on rank 0's address")
     assert ln.addr is not None and ln.port is not None
+    if ln.rank:
+        _gloo_interface(ln.addr, own=False)
     return dist.TCPStore(ln.addr if ln.rank else "0.0.0.0", ln.port, ln.size, ln.rank == 0, timeout=timeout)
 
 
@@ -217,6 +253,7 @@ def init() -> None:
         _streams[s] = _Stream(s)
     _initialized = True
     set_rank(ln.rank)
+    log.info("torch backend: %s, %d rank(s) started by %s", backend, ln.size, ln.how)
 
 
 def shutdown() -> None:

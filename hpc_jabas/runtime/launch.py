@@ -126,7 +126,8 @@ def _run_job(spec: JobSpec) -> dict | None:
     resumed = restart.resumed = tr.maybe_resume()
     if rank == 0:
         chainlog.append(spec.chain_dir, "start", job_id=job_id, mix=mix, world=tr.world, epoch=tr.sampler.epoch,
-                        iteration=tr.iteration, resumed=resumed, gpu_types=tr.gpu_types)
+                        iteration=tr.iteration, resumed=resumed, gpu_types=tr.gpu_types,
+                        backend=comm.backend(), launcher=comm.controller())
         from hpc_jabas.runtime.lifecycle import stop_cause
         if stop_cause(spec, job_id, under_slurm=False) is not None:    # cancelled before this job started:
             tr.stop_requested = True                                  # stop (checkpointed) at the first safe point
@@ -220,7 +221,7 @@ def record_error(spec: JobSpec, exc: BaseException) -> None:
     Never masks the exception itself."""
     senv = SlurmEnv()
     job_id = senv.local_job_id()
-    rank = next((os.environ[k] for k in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    rank = next((os.environ[k] for k in ("HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
                  if os.environ.get(k)), str(senv.procid or 0))
     try:
         chainlog.append(spec.chain_dir, "error", job_id=job_id, rank=int(rank),

@@ -1,0 +1,119 @@
+"""The torch backend's start-up (runtime/comm_torch.py) and the backend key.
+
+* how a rank learns its place from the launcher's environment (pure: torchrun, Open MPI's mpirun, MPICH's PMI,
+  srun including a heterogeneous step, a batch shell, nothing);
+* a world of one rank with no launcher, and the bucketed gradient reduction seen from inside the backward: the
+  buckets laid out in the backward's order, all but the last started before the backward's last gradient
+  (the overlap), the result one big batch's update;
+* a real 2-rank torchrun launch training against the one-process reference (backend auto picks torch there);
+* the ``backend`` key: one line naming the value and the valid ones, from a job file and from the flag.
+"""
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from mpi_util import PY, ROOT, WORKERS, mpi_env, run_script
+from reference import reference_run
+from test_equivalence import assert_params_close
+
+from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.comm_torch import Launch, launcher, stream_of
+
+
+@pytest.mark.parametrize("env,want", [
+    ({"TORCHELASTIC_RUN_ID": "x", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
+      "MASTER_PORT": "29400", "OMPI_COMM_WORLD_RANK": "0"}, ("torchrun", 3, 4, 1, "n1", 29400)),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+      "SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}, ("mpirun", 2, 3, 0, None, None)),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, ("mpirun", 1, 2, 0, None, None)),
+    # srun: block distribution puts rank 0 on the step's first node; the port comes from the job and step ids
+    ({"SLURM_STEP_ID": "2", "SLURM_PROCID": "4", "SLURM_STEP_NUM_TASKS": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+      "SLURM_JOB_ID": "1234", "SLURM_STEP_NODELIST": "gpuv[2-3],gpua1"}, ("srun", 4, 6, 1, "gpuv2", "port")),
+    # a heterogeneous step: ranks numbered across the components (seen on the local cluster), no node guess
+    ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_HET_SIZE": "2",
+      "SLURM_JOB_ID": "6", "SLURM_STEP_NODELIST": "gpur1,gpuv1"}, ("srun", 2, 3, 0, None, "port")),
+    ({"SLURM_STEP_ID": "batch", "SLURM_PROCID": "0", "SLURM_NTASKS": "3"}, ("single", 0, 1, 0, None, None)),
+    ({}, ("single", 0, 1, 0, None, None)),
+])
+def test_launcher_from_the_environment(env, want):
+    ln = launcher(env)
+    assert isinstance(ln, Launch)
+    port = "port" if ln.how == "srun" and ln.port is not None and 20000 <= ln.port < 40000 else ln.port
+    assert (ln.how, ln.rank, ln.size, ln.local_rank, ln.addr, port) == want
+
+
+def test_srun_steps_of_one_job_meet_on_different_ports():
+    env = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "77",
+           "SLURM_STEP_NODELIST": "gpuv1"}
+    ports = {launcher(dict(env, SLURM_STEP_ID=str(s))).port for s in range(5)}
+    ports |= {launcher(dict(env, SLURM_JOB_ID=str(j))).port for j in range(78, 83)}
+    assert len(ports) == 10
+
+
+def test_launcher_refuses_a_garbled_rank_in_one_line():
+    with pytest.raises(ConfigError, match=r"^OMPI_COMM_WORLD_SIZE='three' in the environment is not an integer$"):
+        launcher({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "three"})
+
+
+def test_streams_of_the_trainers_names():
+    assert [stream_of(n) for n in ("hj.g.layer1.0.weight", "hj.m.h0.3", "hj.m.scal", "hj.w", "hj.safepoint",
+                                   "hj.lossmode", "wm")] == ["hj.g", "hj.m", "hj.m", "hj.w", "hj.safepoint",
+                                                             "other", "other"]
+
+
+def test_backend_key_one_line_from_a_job_file_and_the_flag(capsys):
+    assert JobConfig.from_dict({"train": {"backend": "torch"}}).backend == "torch"
+    assert JobConfig().backend == "auto"
+    with pytest.raises(ConfigError) as e:
+        JobConfig.from_dict({"train": {"backend": "nccl"}})
+    assert str(e.value) == "backend='nccl' is unknown; valid: horovod, torch, auto"
+    p = ArgumentParser(prog="train")
+    add_arguments(p)
+    assert p.parse_args(["--backend", "horovod"]).backend == "horovod"
+    with pytest.raises(SystemExit) as ex:
+        p.parse_args(["--backend", "mpi"])
+    err = capsys.readouterr().err
+    assert ex.value.code == 2 and len(err.strip().splitlines()) == 1 and "'mpi'" in err and "torch" in err
+    assert isinstance(p, argparse.ArgumentParser)
+
+
+def test_one_rank_world_and_overlapping_buckets(tmp_path):
+    out = tmp_path / "ov.json"
+    p = run_script([str(WORKERS / "overlap_worker.py"), str(out)], env=dict(mpi_env(), OMP_NUM_THREADS="1"),
+                   cwd=str(ROOT), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = json.loads(out.read_text())
+    assert (r["controller"], r["backend"], r["size"]) == ("single", "torch", 1)
+    # the layout: one bucket per gradient (256-byte buckets), in the backward's order, learned in iteration 1
+    assert r["buckets"] == [["hj.g.4.bias"], ["hj.g.4.weight"], ["hj.g.2.bias"], ["hj.g.2.weight"],
+                            ["hj.g.0.bias"], ["hj.g.0.weight"]]
+    # iteration 1 learns the layout (nothing starts early); then all 5 other gradients' allreduces have started
+    # when the backward's last gradient arrives
+    assert r["started"] == [0, 5, 5]
+    assert r["max_diff"] < 1e-6           # two micro-batches of 5 and 7 samples = one batch of 12 (float32)
+
+
+@pytest.mark.mpi
+def test_torchrun_two_ranks_equal_one_big_batch():
+    spec = {"optimizer": "momentum", "lr": 0.05, "plan": "b=4 n=1,3", "steps": 12, "n": 256, "checkpoint": False,
+            "schedule": {"6": "b=2 n=5,3"}}
+    with tempfile.TemporaryDirectory() as td:
+        sp = Path(td) / "spec.json"
+        sp.write_text(json.dumps(dict(spec, out_dir=td)))
+        env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_BACKEND"))}
+        cmd = [str(Path(PY).parent / "torchrun"), "--standalone", "--nproc-per-node=2",
+               str(WORKERS / "train_worker.py"), str(sp)]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=str(ROOT))
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+        res = [json.loads((Path(td) / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["backend"] for r in res] == ["torch", "torch"]     # auto under torchrun, Horovod installed or not
+    ref = reference_run(spec)
+    for r in res:
+        assert r["iterations"] == 12
+        assert_params_close(r["params"], ref)
+    assert os.environ.get("TORCHELASTIC_RUN_ID") is None
