@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_jabas import exits as _exits
 from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
-from hpc_jabas.core.config import from_args as config_from_args
+from hpc_jabas.core.config import from_args as _from_args
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.core.planning import Plan, proportional_plan
 from hpc_jabas.errors import (
@@ -103,6 +103,13 @@ def report_throughput(trainer, result: dict | None = None, file=None) -> list[di
             extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
             print(f"total {extra}", file=out, flush=True)
     return rows
+
+
+def config_from_args(args) -> JobConfig:
+    """The job's config from parsed arguments (``add_arguments``' flags, the script's own flags it kept, --config),
+    validated; -q/--quiet and -v/--verbose applied to the logging."""
+    configure_from_args(args)
+    return _from_args(args)
 
 
 def run_main(fn, argv=None) -> None:

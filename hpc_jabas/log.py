@@ -111,6 +111,8 @@ def configure(level: str | int | None = None, all_ranks: bool | None = None) -> 
 
 def add_verbosity_flags(parser) -> None:
     """--quiet / --verbose on a CLI parser; apply with ``configure_from_args``."""
+    if {"-q", "--quiet", "-v", "--verbose"} & set(getattr(parser, "_option_string_actions", {})):
+        return                                  # there already (hpc_jabas.add_arguments adds them)
     g = parser.add_mutually_exclusive_group()
     g.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     g.add_argument("-v", "--verbose", action="store_true", help="debug output from every rank")

@@ -437,23 +437,52 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"hpc-jabas: error: {message} (--help for usage)\n")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> Any:
-    """``--config`` plus one flag per key, with its help, in a group per section; returns the first group
-    ("hpc-jabas", holding --config). Flags default to None (unset): they override the TOML file given by
-    --config, which overrides the defaults. The parser is not changed otherwise: for one-line errors build
-    it as :class:`ArgumentParser` (``hpc_jabas.ArgumentParser``)."""
+#: namespace attributes add_arguments leaves for from_args: the flag prefix, and the keys read from the script's
+#: own flags ({our dest: [its dest, its default]})
+_PREFIX_ATTR, _SHARED_ATTR, _CONFIG_ATTR = "_hpc_jabas_prefix", "_hpc_jabas_shared", "_hpc_jabas_config"
+
+
+def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> Any:
+    """``--config`` plus one flag per key, with its help, in a group per section, and ``-q/--quiet``,
+    ``-v/--verbose`` (``hpc_jabas.config_from_args`` applies them); returns the first group ("hpc-jabas",
+    holding --config). Flags default to None (unset): they override the TOML file given by --config, which
+    overrides the defaults.
+
+    A flag the script already has (its own ``--epochs``, ``--seed``) is kept, not added again: its value is read
+    as the key's; its default counts as a default (below --config), a value given on the command line as a
+    flag. ``prefix="hj-"`` names every flag ``--hj-KEY`` instead (``--hj-config``), leaving the script's own
+    flags alone. A script that has its own ``--config`` gets ours as ``--<prefix>jabas-config``. For one-line
+    errors build the parser as :class:`ArgumentParser` (``hpc_jabas.ArgumentParser``)."""
+    pre = prefix.lstrip("-")
+    taken = getattr(parser, "_option_string_actions", {})
+    shared: dict[str, list[Any]] = {}
     top = parser.add_argument_group("hpc-jabas")
-    top.add_argument("--config", metavar="TOML", help="TOML job configuration")
+    cfg_flag = f"--{pre}config" if f"--{pre}config" not in taken else f"--{pre}jabas-config"
+    cfg_dest = cfg_flag[2:].replace("-", "_")
+    top.add_argument(cfg_flag, dest=cfg_dest, metavar="TOML", help="TOML job configuration")
+    if not {"-q", "--quiet", "-v", "--verbose"} & set(taken):
+        g = top.add_mutually_exclusive_group()
+        g.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
+        g.add_argument("-v", "--verbose", action="store_true", help="debug output from every rank")
     groups: dict[str, Any] = {}
     for s, f, tp in _all_fields():
+        flag = "--" + pre + flag_of(s, f.name)[2:]
+        dest = _dest(s, f.name)
+        if flag in taken:                          # the script's own flag: read as ours
+            act = taken[flag]
+            shared[dest] = [act.dest, act.default]
+            continue
         g = groups.get(s) or groups.setdefault(s, parser.add_argument_group(f"hpc-jabas [{s}]"))
         m = f.metadata
         base, _ = split_optional(tp)
         shown = default_text(f)
         helptext = f"{m['help']} (default: {shown[1:-1] if isinstance(f.default, str) else shown})"
-        kw: dict[str, Any] = {"dest": _dest(s, f.name), "default": None, "help": helptext}
+        kw: dict[str, Any] = {"dest": pre.replace("-", "_") + dest, "default": None, "help": helptext}
         if base is bool:
             kw["action"] = argparse.BooleanOptionalAction
+            if f"--no-{flag[2:]}" in taken:
+                shared[dest] = [taken[f"--no-{flag[2:]}"].dest, taken[f"--no-{flag[2:]}"].default]
+                continue
         elif typing.get_origin(base) is dict:
             kw.update(action="append", metavar=m["metavar"])
         elif typing.get_origin(base) is list:
@@ -467,7 +496,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> Any:
                     kw["type"] = lambda v, _c=canon, _t=base: _c(_t(v))
             else:
                 kw["metavar"] = m["metavar"] or f.name.upper()
-        g.add_argument(flag_of(s, f.name), **kw)
+        g.add_argument(flag, **kw)
+    parser.set_defaults(**{_PREFIX_ATTR: pre.replace("-", "_"), _SHARED_ATTR: shared, _CONFIG_ATTR: cfg_dest})
     return top
 
 
@@ -476,16 +506,28 @@ def _dest(section: str, name: str) -> str:
 
 
 def from_args(args: argparse.Namespace) -> JobConfig:
-    """The config of --config (if any) with the flags that were given on top; validated."""
+    """The config of --config (if any) with the flags that were given on top; validated. The script's own
+    flags that add_arguments kept count as the keys' flags (their defaults below --config)."""
+    pre = getattr(args, _PREFIX_ATTR, "") or ""
+    shared: dict[str, list[Any]] = getattr(args, _SHARED_ATTR, None) or {}
     flat: dict[str, Any] = {}
     auto: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        flat, auto = flatten(read_toml(args.config))
+    toml = getattr(args, getattr(args, _CONFIG_ATTR, "config"), None)
+    if toml:
+        flat, auto = flatten(read_toml(toml))
+    given = {**flat, **{f"autoscale_{k}": v for k, v in auto.items()}}
     for s, f, _ in _all_fields():
-        v = getattr(args, _dest(s, f.name), None)
+        dest = _dest(s, f.name)
+        if dest in shared:
+            their_dest, their_default = shared[dest]
+            v = getattr(args, their_dest, None)
+            if v is not None and v == their_default and dest in given:
+                v = None                            # the script's default yields to --config
+        else:
+            v = getattr(args, pre + dest, None)
         if v is not None:
             (auto if s == "autoscale" else flat)[f.name] = v
-    if getattr(args, "plan", None) and not getattr(args, "planner", None):
+    if "plan" not in shared and getattr(args, pre + "plan", None) and not getattr(args, pre + "planner", None):
         flat["planner"] = "fixed"
     return JobConfig.from_dict({**flat, "autoscale": auto})
 
