@@ -54,6 +54,15 @@ def test_the_documents_run_in_order_and_each_once():
             assert (ROOT / test).is_file() and doc in (ROOT / test).read_text().replace('" / "', "/"), (doc, test)
 
 
+def test_the_readme_is_a_front_door():
+    """At most 300 lines; the details live in the documents it links, and each of them exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    linked = set(re.findall(r"\]\(((?:docs|examples|bench|slurm)/[\w./-]+\.md)(?:#[\w-]+)?\)", text))
+    assert {"docs/toolchain.md", "docs/config.md", "docs/adaptive.md", "docs/simulator.md",
+            "examples/README.md", "bench/RESULTS.md"} <= linked, sorted(linked)
+
+
 def test_a_skip_marker_counts_only_right_before_its_fence(tmp_path):
     (tmp_path / "doc.txt").write_text("<!-- readme-test: skip (why not) -->\n```bash\necho 1\n```\n\n"
                                    "<!-- readme-test: skip (too far) -->\ntext between\n```python\nprint(2)\n```\n"
