@@ -30,6 +30,14 @@ HET_STEP = {"SLURM_JOB_ID": "901", "SLURM_HET_JOB_ID": "900", "SLURM_HET_SIZE": 
             "SLURM_NTASKS_HET_GROUP_0": "2",
             "SLURM_JOB_NODELIST_HET_GROUP_1": "gpup[01-02]", "SLURM_JOB_PARTITION_HET_GROUP_1": "p100",
             "SLURM_NTASKS_HET_GROUP_1": "4"}
+#: what a task of component 1 saw in a het job (a100 x1 + v100 x2, srun --het-group=0,1) on the local Slurm 22.05
+#: cluster: no SLURM_HET_JOB_ID, SLURM_JOB_ID the leader's id in every component
+LOCAL_HET_STEP = {"SLURM_JOB_ID": "64", "SLURM_HET_SIZE": "2", "SLURM_JOB_ID_HET_GROUP_0": "64",
+                  "SLURM_JOB_ID_HET_GROUP_1": "65", "SLURM_JOB_PARTITION": "v100", "SLURM_PROCID": "2",
+                  "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "3", "SLURM_LOCALID": "1", "SLURMD_NODENAME": "gpuv1",
+                  "SLURM_JOB_PARTITION_HET_GROUP_0": "a100", "SLURM_JOB_PARTITION_HET_GROUP_1": "v100",
+                  "SLURM_JOB_NODELIST_HET_GROUP_0": "gpua1", "SLURM_JOB_NODELIST_HET_GROUP_1": "gpuv1",
+                  "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "2"}
 PACK_STEP = {"SLURM_JOB_ID": "77", "SLURM_PACK_SIZE": "2", "SLURMD_NODENAME": "b1", "SLURM_PROCID": "0",
              "SLURM_STEP_ID": "2", "SLURM_JOB_NODELIST_PACK_GROUP_0": "a1", "SLURM_JOB_PARTITION_PACK_GROUP_0": "pa",
              "SLURM_JOB_NODELIST_PACK_GROUP_1": "b[1-3]", "SLURM_JOB_PARTITION_PACK_GROUP_1": "pb"}
@@ -46,6 +54,8 @@ TABLE = [
     (PLAIN_STEP, "812", True, True, True, 5, 6, "gpuv2", "v100", None, None, ["gpuv1", "gpuv2"], {"v100": 8}, 0),
     (HET_STEP, "900", True, True, True, 3, 2, "gpup02", "p100", 1, 2, ["gpup01", "gpup02", "gpuv1", "gpuv2"],
      {"p100": 4, "v100": 2}, 0),
+    (LOCAL_HET_STEP, "64", True, True, True, 2, 3, "gpuv1", "v100", 1, 2, ["gpua1", "gpuv1"], {"a100": 1, "v100": 2},
+     0),
     (PACK_STEP, "77", True, True, True, 0, None, "b1", "pb", 1, 2, ["a1", "b1", "b2", "b3"], {}, 0),
     (PTY, "5", True, False, True, 0, None, None, None, None, None, [], {}, 0),
     (REQUEUED, "44", True, True, False, None, None, None, None, None, None, [], {}, 2),

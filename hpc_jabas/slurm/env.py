@@ -13,9 +13,10 @@ The rules, one each:
 * batch: inside Slurm and not an interactive ``srun --pty`` step (``SLURM_PTY_PORT``);
 * heterogeneous components: ``SLURM_HET_SIZE`` (Slurm < 20.02: ``SLURM_PACK_SIZE``) groups k with
   ``SLURM_JOB_NODELIST_HET_GROUP_k``, ``SLURM_JOB_PARTITION_HET_GROUP_k``, ``SLURM_NTASKS_HET_GROUP_k``
-  (``..._PACK_GROUP_k``). A het job's steps see neither their component index nor their own partition in
-  ``SLURM_JOB_PARTITION`` (verified on Slurm 22.05), so a rank's component is the group whose node list
-  holds its node (``SLURMD_NODENAME``);
+  (``..._PACK_GROUP_k``). A het step's task is not told its component's index, so a rank's component is
+  the group whose node list holds its node (``SLURMD_NODENAME``), and its partition that group's (on the
+  local Slurm 22.05 cluster a task also sees ``SLURM_JOB_ID`` = the leader's id, no ``SLURM_HET_JOB_ID``,
+  and its component's ``SLURM_JOB_PARTITION``: tests/test_slurm_env_class.py, LOCAL_HET_STEP);
 * requeue count: ``SLURM_RESTART_COUNT`` (0 on the first run);
 * the signals (class constants): ``TIME_LIMIT_SIGNAL`` (hpc-jabas's ``--signal=B:USR1@<lead>``),
   ``REQUEUE_SIGNAL`` (submitit's USR2: checkpoint and requeue), ``STOP_SIGNALS`` (those two and SIGTERM:
