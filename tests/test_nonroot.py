@@ -184,6 +184,8 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
         # refuses to load checkpoints that another user (here root) does not own
         sb = sorted((home / "first" / "runs").glob("sbatch-*/checkpoints"))
         assert len(sb) == 1, sb
+        sb_out = (sb[0].parent.parent / f"{sb[0].parent.name}.out").read_text()
+        assert sorted(re.findall(r"^rank (\d) gpu=(\w+)", sb_out, re.M)) == [("0", "v100"), ("1", "v100")], sb_out
         cmp = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", f"HOME={home}", "PATH=/usr/bin:/bin",
                               f"PYTHONPATH={site}", str(venv / "bin" / "python"), "-c", COMPARE, str(sb[0]),
                               str(chain / "run" / "checkpoints")], capture_output=True, text=True, timeout=120)
