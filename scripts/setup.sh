@@ -57,8 +57,9 @@ if [[ ! -f "$BASE/.complete" ]]; then
 fi
 
 # ---- 2. Debian packages -------------------------------------------------------------
+# python3-venv: tests/test_nonroot.py's user makes its own venv with the system python3 (root's pyenv is not theirs)
 APT_PKGS=(openmpi-bin libopenmpi-dev libpmix-dev cmake munge slurmctld slurmd slurm-client
-          slurmdbd mariadb-server lmod iproute2 procps)
+          slurmdbd mariadb-server lmod iproute2 procps python3-venv)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
