@@ -28,10 +28,25 @@ median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubs
   ``safepoint_blocking_ratio`` = blocking / off, ``overhead_ratio_fit_safepoint_off`` = off / theirs (what
   ``fit()`` adds besides the safe point).
 
+- the two backends (runtime/comm.py, docs/backends.md), in the same rounds, the order of four whole loops rotated
+  each round: the Horovod backend's ``fit()`` and its hand-written ``hvd.DistributedOptimizer`` loop, the torch
+  backend's ``fit()`` (Gloo here) and a hand-written ``DistributedDataParallel`` loop (the strongest simple thing
+  a torch user writes; its construction broadcasts rank 0's parameters, as ``hvd.broadcast_parameters`` does in
+  the other), all on the same batches, fixed plan b=32 n=1,1,1 -> ``fit_vs_own_loop_horovod``,
+  ``fit_vs_own_loop_torch`` (goal <= 1.03), ``fit_torch_vs_horovod`` (torch fit() / Horovod fit()) and
+  ``ddp_vs_hvd_loop`` (the two hand-written loops). The process switches backends between loops
+  (``comm.shutdown()``, not timed).
+
 Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z overhead_ratio_fit=F
-overhead_ratio_fit_adaptive=G overhead_ratio_fit_safepoint_off=H safepoint_ratio=S safepoint_blocking_ratio=T``.
+overhead_ratio_fit_adaptive=G overhead_ratio_fit_safepoint_off=H safepoint_ratio=S safepoint_blocking_ratio=T
+fit_vs_own_loop_horovod=.. fit_vs_own_loop_torch=.. fit_torch_vs_horovod=.. ddp_vs_hvd_loop=..``.
+
+    python -m bench.overhead                   # everything (about 15 minutes here)
+    python -m bench.overhead --backends-only   # only the two backends' four loops
+    python -m bench.overhead --quick           # a smoke run: 10 iterations, one round (figures meaningless)
 """
 import statistics
+import sys
 import time
 
 from bench.common.launch import ensure_ranks, load_note
@@ -39,15 +54,19 @@ from bench.common.launch import ensure_ranks, load_note
 ensure_ranks(3)
 
 import torch  # noqa: E402
+from mpi4py import MPI  # noqa: E402,F401  (MPI initialised here: Horovod can shut down and start again)
 from torch import nn  # noqa: E402
 
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
-b, ITERS, CHUNK, WARM, REPEATS, MEASURE_PAIRS = 32, 100, 10, 3, 3, 15
+QUICK, BACKENDS_ONLY = "--quick" in sys.argv, "--backends-only" in sys.argv
+b, ITERS, CHUNK, WARM, REPEATS, MEASURE_PAIRS = (32, 10, 5, 1, 1, 2) if QUICK else (32, 100, 10, 3, 3, 15)
 B = 3 * b
 torch.set_num_threads(1)
+HOROVOD = comm.horovod_importable()[0]
+comm.use("horovod" if HOROVOD else "torch")
 comm.init()
 rank = comm.rank()
 torch.manual_seed(0)
@@ -100,7 +119,7 @@ def trainer(policy: str, controller=None) -> Trainer:
     m = model()
     kw = {"planner": "fixed", "plan": f"b={b} n=1,1,1"} if policy == "fixed" else {"planner": "lbbsp", "p": 100}
     cfg = JobConfig(batch=B, policy=policy, checkpoint=False, run_dir=f"/tmp/hj-bench-overhead-{policy}",
-                    epochs=1000, **kw)
+                    epochs=1000, backend=comm.backend(), **kw)
     return Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), ds, nn.CrossEntropyLoss(),
                    config=cfg, controller=controller)
 
@@ -170,6 +189,62 @@ def fit_whole(policy: str, safe_points: str = "overlap") -> float:
     return dt
 
 
+def use_backend(name: str) -> None:
+    """Run the next loop on backend ``name`` (a shutdown and a fresh start when the other one runs)."""
+    if comm.backend() != name:
+        comm.shutdown()
+        comm.use(name)
+        comm.init()
+
+
+def ddp_whole() -> float:
+    """The hand-written DistributedDataParallel loop as one block (the torch backend's process group): DDP's
+    construction (it broadcasts rank 0's parameters), ITERS iterations of the same batches as theirs."""
+    from torch.nn.parallel import DistributedDataParallel
+    barrier("d0")
+    t0 = time.perf_counter()
+    ddp = DistributedDataParallel(model())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    perm = torch.randperm(N, generator=torch.Generator().manual_seed(0))
+    for i in range(ITERS):
+        idx = perm[i * B + rank * b:i * B + (rank + 1) * b]
+        opt.zero_grad()
+        loss_fn(ddp(X[idx]), y[idx]).backward()
+        opt.step()
+    barrier("d1")
+    return comm.broadcast_object(time.perf_counter() - t0, name="oh.ddt")
+
+
+BACKEND_LOOPS = {"hvd_loop": ("horovod", theirs_whole), "hvd_fit": ("horovod", lambda: fit_whole("fixed")),
+                 "ddp_loop": ("torch", ddp_whole), "torch_fit": ("torch", lambda: fit_whole("fixed"))}
+
+
+def backend_rounds() -> dict[str, list[float]]:
+    """REPEATS rounds of the four whole loops (both backends), their order rotated every round."""
+    names = [n for n, (be, _) in BACKEND_LOOPS.items() if HOROVOD or be == "torch"]
+    out: dict[str, list[float]] = {k: [] for k in ("fit_vs_own_loop_horovod", "fit_vs_own_loop_torch",
+                                                   "fit_torch_vs_horovod", "ddp_vs_hvd_loop") if HOROVOD or
+                                   k == "fit_vs_own_loop_torch"}
+    for r in range(REPEATS):
+        k = r % len(names)
+        order = names[k:] + names[:k]
+        w: dict[str, float] = {}
+        for name in order:
+            be, run = BACKEND_LOOPS[name]
+            use_backend(be)
+            w[name] = run()
+        out["fit_vs_own_loop_torch"].append(w["torch_fit"] / w["ddp_loop"])
+        if HOROVOD:
+            out["fit_vs_own_loop_horovod"].append(w["hvd_fit"] / w["hvd_loop"])
+            out["fit_torch_vs_horovod"].append(w["torch_fit"] / w["hvd_fit"])
+            out["ddp_vs_hvd_loop"].append(w["ddp_loop"] / w["hvd_loop"])
+        if rank == 0:
+            print(f"backends round {r} (order {', '.join(order)}): " + ", ".join(
+                f"{n} {w[n]:.2f} s" for n in order), flush=True)
+    return out
+
+
 setups = {"theirs": theirs, "ours": lambda: ours("fixed"), "adaptive": lambda: ours("similarity")}
 order = list(setups)
 res: dict[str, list[float]] = {"overhead_ratio": [], "overhead_ratio_adaptive": [], "measure_iteration_ratio": [],
@@ -181,7 +256,7 @@ whole = {"theirs": theirs_whole, "fit": lambda: fit_whole("fixed"), "fit_adaptiv
 if rank == 0:
     print(f"model: {PARAMS / 1e6:.2f}M parameters, b={b} per rank, {ITERS} iterations per loop, run in chunks of "
           f"{CHUNK} alternating between the loops", flush=True)
-for r in range(REPEATS):
+for r in range(0 if BACKENDS_ONLY or not HOROVOD else REPEATS):
     k = r % len(order)
     names = order[k:] + order[:k]
     loops = {name: setups[name]() for name in names}
@@ -212,6 +287,8 @@ for r in range(REPEATS):
               f"{w['theirs']:.2f} s, fit() fixed {w['fit']:.2f} s, fit() similarity p=100 {w['fit_adaptive']:.2f} s, "
               f"fit() fixed with the blocking safe point {w['fit_blocking']:.2f} s, without one {w['fit_off']:.2f} s",
               flush=True)
+res = {k: v for k, v in res.items() if v}
+res.update(backend_rounds())
 if rank == 0:
     print(f"rounds={REPEATS} ({load_note()}) " + " ".join(f"{k}_min={min(v):.3f} {k}_max={max(v):.3f}"
                                                           for k, v in res.items()))
