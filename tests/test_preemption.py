@@ -406,7 +406,7 @@ def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm
     PreemptMode=REQUEUE, GraceTime=30) asks for all 4 GPUs of that node. Slurm sends TERM to every process of
     the job, workers included; the ranks stop at their next safe point, checkpoint, and the chain resumes after
     the urgent job and finishes with the uninterrupted run's parameters: no iteration lost or repeated, and
-    the preemption is not counted as a failure."""
+    the preemption is not counted as a failure. It runs on the torch backend (runtime/comm_torch.py)."""
     from hpc_jabas.core.jobspec import JobSpec
     from hpc_jabas.runtime.checkpoint import load_latest
     from hpc_jabas.slurm.chain import read
@@ -414,7 +414,8 @@ def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm
     from hpc_jabas.slurm.watch import wait_chain
     chain = slurm_tmp / "chain"
     k = random.Random(os.getpid() + 7).randint(3, 14)
-    spec = JobSpec(task="preempt_task:build_loader", config=dict(CHAIN_CFG), chain_dir=str(chain),
+    # on the torch backend (Gloo, under srun): the other preemption tests here run on Horovod
+    spec = JobSpec(task="preempt_task:build_loader", config=dict(CHAIN_CFG, backend="torch"), chain_dir=str(chain),
                    mix={"rtx2060": 2}, method="submitit", pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
     first = submit(spec).job_id
     urgent = None
@@ -442,6 +443,7 @@ def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm
     assert not [e for e in ev if e["event"] == "end" and e.get("state") == "failed"], ev
     starts = [e for e in ev if e["event"] == "start"]
     assert len(starts) == 2 and starts[1]["resumed"] and starts[1]["iteration"] == stop_it, starts
+    assert [(e["backend"], e["launcher"]) for e in starts] == [("torch", "srun")] * 2, starts
     its = sorted(r["it"] for r in _iterations(chain))
     assert its == list(range(30)), its             # every iteration once: nothing lost, nothing repeated
     state = load_latest(Path(chain) / "run" / "checkpoints")[0]

@@ -1,7 +1,7 @@
 """A resubmission chain on the real local Slurm cluster (slurm/local): submit, epoch-end move, resume.
 
 (b) by hand: `sbatch slurm/jabas-hetjob.sbatch JOB.toml` after `module load hpc-jabas`: digits on a
-    heterogeneous job {a100:1, v100:2}, adaptive B (similarity policy), CPU ranks emulating their
+    heterogeneous job {a100:1, v100:2} on the torch backend, adaptive B (similarity policy), CPU ranks emulating their
     partition's GPU type; the epoch-end auto-scaler (objective cost, limited to 3 x v100) moves it through
     method sbatch onto two nodes; the second job finishes. Checked: chain events, the ranks' GPU types per
     job, the rendered job script, sacct, and the final parameters against one process replaying the same B
@@ -111,7 +111,8 @@ def status_text(cluster, chain_dir) -> str:
 def _toml(chain_dir: Path, auto: dict) -> str:
     def val(v):
         return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
-    lines = [f"{k} = {val(v)}" for k, v in TRAIN.items()]
+    # on the torch backend (docs/backends.md): the same chain under submitit (tests/test_demo.py) runs on Horovod
+    lines = [f"{k} = {val(v)}" for k, v in {**TRAIN, "backend": "torch"}.items()]
     lines += ["[job]", 'task = "examples.train_digits:build"', f"chain_dir = {json.dumps(str(chain_dir))}",
               'method = "sbatch"', "[autoscale]"] + [f"{k} = {val(v)}" for k, v in auto.items()]
     return "\n".join(lines) + "\n"
@@ -152,6 +153,9 @@ def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
     j1, j2 = check_moves(c, {"a100": 1, "v100": 2}, by_hand=True, epochs=TRAIN["epochs"])
     ev = events(c)
     assert next(e for e in ev if e["event"] == "move")["mix"] == {"v100": 3}
+    # both jobs on the torch backend, the heterogeneous job's components one world under srun
+    assert [(e["backend"], e["launcher"], e["world"]) for e in ev if e["event"] == "start"] == \
+        [("torch", "srun", 3), ("torch", "srun", 3)], ev
     assert j1 == hand_chain["job_id"]
     log = (c / "jobs" / f"sbatch-{j1}.out").read_text()       # the template writes under the chain directory
     assert "hpc-jabas: hetjob" in log and ".venv/bin/python" in log
