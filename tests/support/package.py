@@ -54,13 +54,12 @@ def build_wheel(out: Path) -> Path:
 
 
 def source_packages(root: Path = ROOT) -> dict[str, set[str]]:
-    """Directory (relative, '/'-separated) under hpc_jabas/ -> the Python files in it."""
+    """Directory (relative, '/'-separated) under hpc_jabas/ -> its files (Python files and package data)."""
     out: dict[str, set[str]] = {}
-    for p in (root / PACKAGE).rglob("*.py"):
-        if "__pycache__" in p.parts:
-            continue
-        out.setdefault(p.parent.relative_to(root).as_posix(), set()).add(p.name)
-    return out
+    for p in (root / PACKAGE).rglob("*"):
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"):
+            out.setdefault(p.parent.relative_to(root).as_posix(), set()).add(p.name)
+    return {d: f for d, f in out.items() if any(n.endswith(".py") for n in f) or d.endswith("/data")}
 
 
 def wheel_packages(whl: Path) -> dict[str, set[str]]:
@@ -68,7 +67,7 @@ def wheel_packages(whl: Path) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     with zipfile.ZipFile(whl) as z:
         for n in z.namelist():
-            if n.startswith(PACKAGE + "/") and n.endswith(".py"):
+            if n.startswith(PACKAGE + "/") and not n.endswith("/"):
                 d, _, f = n.rpartition("/")
                 out.setdefault(d, set()).add(f)
     return out
