@@ -56,6 +56,9 @@ def run(args) -> int:
     from hpc_jabas.core.simulate import STRATEGIES, Simulation, comparison_table, epoch_table
     epochs, seed = _int(args.epochs, "--epochs", 1), _int(args.seed, "--seed", 0)
     cluster, job = load_cluster(args.cluster), load_job(args.job)
+    if job.model.profile_dir:                  # the perf model the simulation prices with, checked as a job's is
+        from hpc_jabas.trust import check_profile_dir
+        check_profile_dir(job.model.profile_dir)
     if epochs is not None:
         job.epochs = epochs
     if seed is not None:

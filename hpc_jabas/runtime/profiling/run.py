@@ -220,6 +220,8 @@ def _write(out_dir: str, profiles: list[dict[str, Any]], samples: list[tuple[int
 def _existing(out_dir: str) -> PerfModel | None:
     if not os.path.isfile(os.path.join(out_dir, ALLREDUCE_FILE)):
         return None
+    from hpc_jabas.trust import check_profile_dir
+    check_profile_dir(out_dir)             # merged into the new profile: refused when others can write it
     try:
         return PerfModel.load(out_dir)
     except ConfigError as e:
