@@ -218,12 +218,18 @@ class Simulation:
         return self._spaces[key]
 
     # ---- one strategy --------------------------------------------------------------------------
-    def run(self, name: str, budget: float | None = None) -> Result:
+    def run(self, name: str, budget: float | None = None, fixed_B: int | None = None) -> Result:
         """One strategy, epoch after epoch: the periods (``_epoch``), then, for a strategy that auto-scales, the
-        epoch-end decision and a move (``_epoch_end_move``), until the job's stop rule says it is done."""
+        epoch-end decision and a move (``_epoch_end_move``), until the job's stop rule says it is done.
+        ``fixed_B``: a fixed-B strategy's B instead of the job's ``batch`` (the progress stays counted at the
+        job's batch, so a larger fixed B pays its statistical efficiency: a grid over fixed B)."""
         if name not in STRATEGIES:
             raise ConfigError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}")
-        r = self._start(name)
+        if fixed_B is not None and (STRATEGIES[name].policy != "fixed" or isinstance(fixed_B, bool)
+                                    or not isinstance(fixed_B, int) or fixed_B < 1):
+            raise ConfigError(f"fixed_B={fixed_B!r} is invalid; give a whole B >= 1 to a fixed-B strategy "
+                              "(static, lbbsp)")
+        r = self._start(name, fixed_B)
         job = self.job
         overhead = autoscale.RestartOverhead(self.auto.restart_prior_s)
         budget_total = self.auto.budget if self.auto.budget is not None else budget
@@ -244,12 +250,13 @@ class Simulation:
                         "decision_ms_max": max((d["decision_ms"] or 0.0 for d in r.res.decisions), default=0.0)}
         return r.res
 
-    def _start(self, name: str) -> _Run:
+    def _start(self, name: str, fixed_B: int | None = None) -> _Run:
         """The strategy's policy and lr rule, its first mix, space and B, and the first job's queue wait."""
         st, job = STRATEGIES[name], self.job
         N, B0 = job.samples, job.batch
         p = decision_period(job.p, N, B0)
-        lo, hi = (job.batch_min, job.batch_max) if st.policy != "fixed" else (B0, B0)
+        Bf = B0 if fixed_B is None else fixed_B
+        lo, hi = (job.batch_min, job.batch_max) if st.policy != "fixed" else (Bf, Bf)
         pol = job.policy
         kw: dict[str, Any] = {"B_min": lo, "B_max": hi, "p": p}
         if st.policy == "similarity":
@@ -264,7 +271,7 @@ class Simulation:
         rng = np.random.default_rng([job.seed, sorted(COMPARED).index(name) if name in COMPARED else len(COMPARED)])
         mix = dict(self.mix0)
         space = self.space(mix, st.planner, lo, hi)
-        B = snap_nearest(space, B0)
+        B = snap_nearest(space, Bf if st.policy == "fixed" else B0)
         wait0 = self.cluster.queue.wait(mix, 0.0)
         r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
                  float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
