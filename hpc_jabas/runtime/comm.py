@@ -87,11 +87,8 @@ def impl() -> ModuleType:
     """The backend module (imported on first need)."""
     if _impl is None:
         name = resolve(_requested or os.environ.get(ENV) or "auto")
-        if name == "horovod":
-            from hpc_jabas.runtime import comm_horovod as mod
-        else:
-            from hpc_jabas.runtime import comm_torch as mod
-        _set(mod)
+        import importlib
+        _set(importlib.import_module(f"hpc_jabas.runtime.comm_{name}"))
     assert _impl is not None
     return _impl
 

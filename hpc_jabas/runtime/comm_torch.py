@@ -105,7 +105,8 @@ def launcher(env: Mapping[str, str] | None = None) -> Launch:
             first = expand_hostlist(nodes)
             addr = first[0] if first else None
         job = int(senv.job_id or 0)           # a het job's leader id: the same in every component
-        step = int(senv.step_id) if (senv.step_id or "").isdigit() else 0
+        sid = senv.step_id or ""
+        step = int(sid) if sid.isdigit() else 0
         return Launch("srun", senv.procid or 0, size, senv.localid or 0, addr,
                       20000 + (job * 31 + step) % 20000, {"het": "1" if het else ""})
     if "PMI_RANK" in env and "PMI_SIZE" in env:
@@ -405,7 +406,7 @@ class _Stream:
         new = [n for n in order if n not in self.bucket_of]
         first = len(self.members)
         buckets: list[list[str]] = []
-        size, cur = 0, []
+        size, cur = 0, list[str]()
         for n in new:
             t = self.pending[n].t
             cap = FIRST_BUCKET_BYTES if first + len(buckets) == 0 else BUCKET_BYTES
