@@ -138,7 +138,8 @@ def test_queue_wait_is_asked_only_when_configured_and_a_busy_partition_is_avoide
 
 
 def test_whole_node_units_from_the_view():
-    from test_cluster import _node, _part
+    from support.slurm_records import node as _node
+    from support.slurm_records import part as _part
 
     from hpc_jabas.slurm.cluster import build_view
     view = build_view([_node("gpuv1", "gpu:v100:2", "IDLE", "v100"), _node("gpuv2", "gpu:v100:2", "IDLE", "v100"),

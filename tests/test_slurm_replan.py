@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from mpi_util import PY, ROOT
-from test_cluster import _node, _part
+from support.slurm_records import node as _node
+from support.slurm_records import part as _part
 from test_preemption import CHAIN_CFG, _iterations, check_exact
 
 from hpc_jabas.core import autoscale
