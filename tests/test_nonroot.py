@@ -165,6 +165,8 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
 
         # the chain: one stop (USR2, at a safe point, nothing lost), requeued in place, resumed, finished
         assert log.get("rc") == 0, (log, _events(chain))
+        owner = slurm_cluster.run("sacct", "-j", log["job"], "-X", "-n", "-P", "-o", "User").stdout.split()
+        assert owner and set(owner) == {USER}, owner                      # Slurm ran it as the user
         ev = _events(chain)
         stops = [e for e in ev if e["event"] == "end" and e.get("state") == "stopped"]
         assert len(stops) == 1 and stops[0]["signal"] == "USR2" and stops[0]["lost_iterations"] == 0, ev
