@@ -36,6 +36,7 @@ from hpc_jabas.core.simconfig import (
     read_stats_trace,
 )
 from hpc_jabas.core.simulate import COMPARED, STRATEGIES, Simulation
+from hpc_jabas.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,6 +77,27 @@ def test_one_type_fixed_b_matches_the_perf_model_closed_form(k, samples, epochs,
     assert res.totals["restarts"] == 0 and res.totals["queue_wait_s"] == 0.0
     assert res.totals["samples"] == epochs * samples
     assert res.totals["cost"] == pytest.approx(res.totals["time_s"] / 3600 * 4 * sim.cluster.rates["v100"], rel=1e-3)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_a_fixed_b_of_the_grid_runs_at_its_b_and_pays_its_statistical_efficiency(k):
+    """Simulation.run(fixed_B=): the fixed-B strategy runs at that B, and with stop = "progress" the progress is
+    still counted at the job's batch B0, so it needs samples / E(B) with Pollux's E(B) = (phi + B0)/(phi + B)
+    (the noise scale phi held constant here: b_start = b_end)."""
+    B0, phi, samples, epochs = 128, 1000.0, 20_000, 3
+    sim = Simulation(cluster((("v100", "v100", 1),)),
+                     job(samples=samples, epochs=epochs, batch=B0, batch_min=64, batch_max=2048,
+                         gradstats={"curve": "mccandlish", "b_start": phi, "b_end": phi, "tau": 0.3}))
+    res = sim.run("lbbsp", fixed_B=B0 * k)
+    assert {B for _, B in res.trajectory} == {B0 * k}
+    eff = (phi + B0) / (phi + B0 * k)
+    need = epochs * samples / eff                                  # samples to the same progress
+    assert res.totals["samples"] == pytest.approx(need, abs=B0 * k)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ConfigError, match="fixed_B"):
+            sim.run("lbbsp", fixed_B=bad)
+    with pytest.raises(ConfigError, match="fixed_B"):
+        sim.run("simigrad", fixed_B=256)
 
 
 # ---------------------------------------------------------------- determinism, the comparison
