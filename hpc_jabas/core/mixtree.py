@@ -252,7 +252,15 @@ class NodeBound:
         fmax = max(fl0, t.floor[p])
         lv = self.levels[i + 1]
         j0 = bisect.bisect_right(lv.fs_list, fl0 if zero else fmax) - 1    # below: a smaller set, the same floor
-        N2, room = self._columns(p, n, cl[a], cl[b - 1], K)
+        u = t.step[p]
+        if u:                                      # counts 0, u, 2u, ...: every lookup is a strided view
+            lo_n, hi_n = n + cl[a], n + cl[b - 1]
+            r0, r1 = pb.max_gpus - lo_n, pb.max_gpus - hi_n                 # rooms, descending; r1 >= 0
+            N2: Any = slice(lo_n, hi_n + 1, u)
+            room: Any = slice(r0, r1 - 1 if r1 > 0 else None, -u)
+        else:
+            N2 = n + K
+            room = pb.max_gpus - N2                                        # >= 0: K <= max_gpus - n
         its = lv.iters[j0:, N2]                    # the most GPUs: the fewest iterations
         fill = th + lv.fill[j0:, room]             # one row per threshold f >= fs[j0], one column per child
         F_its = np.maximum(lv.fs[j0:, None], fmax) * its
@@ -270,17 +278,7 @@ class NodeBound:
             ratio = np.minimum(own, lv.ratios[j0:, None])
             ratio = np.where(np.isfinite(ratio), ratio, 0.0)
             C = (np.maximum(S * ratio, F_its * rr) + tails * rr).min(axis=0)
-        return Children(K, th, rr, fmax, fl0 if zero else fmax, A, C)
-
-    def _columns(self, p: str, n: int, k_lo: int, k_hi: int, K: Any) -> tuple[Any, Any]:
-        """The children's GPU totals and rooms left, as indices: strided slices when the counts are 0, u,
-        2u, ... (views, no copy), else arrays."""
-        u = self.t.step[p]
-        if not u:
-            return n + K, self.pb.max_gpus - (n + K)                       # rooms >= 0: K <= max_gpus - n
-        lo_n, hi_n = n + k_lo, n + k_hi
-        r0, r1 = self.pb.max_gpus - lo_n, self.pb.max_gpus - hi_n          # rooms, descending; r1 >= 0
-        return slice(lo_n, hi_n + 1, u), slice(r0, r1 - 1 if r1 > 0 else None, -u)
+        return tuple.__new__(Children, (K, th, rr, fmax, fl0 if zero else fmax, A, C))   # no __new__ frame
 
 
 class Chain(NamedTuple):
@@ -436,9 +434,11 @@ class TreeSearch:
             srt = sel[np.lexsort((-K[sel] if self.primary == "time" else K[sel], key2[sel], key[sel]))]
         else:
             srt = np.lexsort((-K if self.primary == "time" else K, key2, key))
-        # sorted keys as lists (the heap's); the rest is read per visited child only
-        return self.frontier.add(Chain(i + 1, fixed, srt.tolist(), key[srt].tolist(), key2[srt].tolist(), K,
-                                       ent.th, ent.rr, ent.fmax, ent.fl_first, on, n))
+        # sorted keys as lists (the heap's); the rest is read per visited child only (Frontier.add, inlined)
+        chains = self.frontier.chains
+        chains.append(tuple.__new__(Chain, (i + 1, fixed, srt.tolist(), key[srt].tolist(), key2[srt].tolist(), K,
+                                            ent.th, ent.rr, ent.fmax, ent.fl_first, on, n)))
+        return len(chains) - 1
 
     def run(self) -> tuple[Key | None, float]:
         """The best mix key within the limit (None: none), and ``unexplored``."""
@@ -458,11 +458,11 @@ class TreeSearch:
         """From child j of chain cid down to a leaf through the first child of each chain, leaving each
         chain's next sibling on the heap; prices the leaf. A work cap empties the frontier (``unexplored``)."""
         pb, work, P = self.pb, self.memo.work, len(self.order)
-        chains, best = self.frontier.chains, self.best
+        chains, heap, best = self.frontier.chains, self.frontier.heap, self.best
         while True:
             depth, fixed, srt, key, key2, K, th, rr, fmax, fl_first, on, n = chains[cid]
             if j + 1 < len(srt):                   # the next sibling (its key is >= this one's) waits
-                self.frontier.push(cid, j + 1)
+                heapq.heappush(heap, (key[j + 1], -depth, cid, j + 1))        # Frontier.push, inlined
             if best.tied_and_worse(key[j], key2[j]):
                 return
             if work.nodes >= pb.max_nodes or (depth == P and work.evals >= pb.max_evals):
