@@ -19,7 +19,7 @@ from pathlib import Path
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import EMU_GRAD_BYTES, PerfModel
 from hpc_jabas.core.planning import Plan, plan_batch, plan_range
-from hpc_jabas.errors import ConfigError, JabasError
+from hpc_jabas.errors import ConfigError, InfeasibleError, JabasError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -204,8 +204,13 @@ def run(args, out=None) -> int:
     used: dict[str, set[int]] = {}
     if args.batch is not None:
         B = _int(args.batch, "--batch")
-        plan = plan_batch(B, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop,
-                          per_rank=args.per_rank)
+        try:
+            plan = plan_batch(B, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop,
+                              per_rank=args.per_rank)
+        except InfeasibleError as e:       # the planner's hint names what any caller has; this command has more
+            if args.allow_drop:
+                raise
+            raise InfeasibleError(f"{e}; or --allow-drop (a rank may get no micro-batch)") from None
         print(header, file=out)
         _print_plan(B, plan, gpu_list, model, out)
         rows: list[tuple[int, Plan, float | None]] = [(B, plan, None)]
@@ -216,7 +221,8 @@ def run(args, out=None) -> int:
         table = plan_range(lo, hi, gpu_list, model, b_candidates=cands, allow_drop=args.allow_drop)
         if not table:
             raise ConfigError(f"no feasible global batch in {lo}:{hi} for {len(gpu_list)} GPUs; "
-                              "widen the range or allow dropping ranks")
+                              "widen the range" + ("" if args.allow_drop else " or pass --allow-drop (a rank may get "
+                                                   "no micro-batch)"))
         print(header, file=out)
         print(f"{'B':>7} {'b':>5} {'M':>6} {'iter ms':>9} {'samples/s':>11}  n per rank by type", file=out)
         for B, plan, sec in table:

@@ -179,9 +179,11 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
         raise ConfigError(f"chain directory {str(chain_dir)!r} " + ("is a file, not a directory" if d.exists()
                                                                     else "does not exist"))
     events = chainlog.read(d)
+    if not events and (d / "metrics.jsonl").is_file():
+        return run_status(d)          # a run directory of mpirun, horovodrun or one process: no chain
     if not events:
-        raise ConfigError(f"{str(chain_dir)!r} holds no chain (no events in {chainlog.path(d)}); "
-                          "give the chain_dir of a submitted job")
+        raise ConfigError(f"{str(chain_dir)!r} holds no chain (no events in {chainlog.path(d)}) and no run "
+                          "(no metrics.jsonl); give the chain_dir of a submitted job or a run directory")
     groups = split_chains(events)
     slurm: dict = {}
     slurm_error = None
@@ -204,6 +206,64 @@ def status(chain_dir: str | Path, use_sacct: bool = True) -> dict:
             "attempts": sum(c["attempts"] for c in chains),
             "total_lost_iterations": sum(c["total_lost_iterations"] for c in chains),
             "slurm_error": slurm_error}
+
+
+def run_status(run_dir: Path) -> dict:
+    """A run directory that no chain owns (mpirun, horovodrun, one process; a chain's is ``<chain_dir>/run``): its
+    jobs' starts and resumes, the epoch and iteration reached, B, the last evaluation and how it ended, from its
+    metrics.jsonl; its progress.json while it runs (the directory's lock held by a live process)."""
+    from collections import Counter
+
+    from hpc_jabas.cli.report import load_metrics
+    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.runtime.dirlock import DirLock
+    from hpc_jabas.runtime.progress import read
+    recs = load_metrics(run_dir)
+    starts = [r for r in recs if r.get("type") == "start"]
+    its = [r for r in recs if r.get("type") == "iteration"]
+    ends = [r for r in recs if r.get("type") == "epoch_end"]
+    last_start = starts[-1] if starts else {}
+    epochs = (last_start.get("config") or {}).get("epochs")
+    after = [r for r in recs[recs.index(last_start):]] if last_start else recs
+    holder = DirLock(run_dir, "run directory").locked_by_other()
+    stop = next((r for r in reversed(after) if r.get("type") in ("safe_point_stop", "nonfinite_stop")), None)
+    done = 1 + max([int(r["epoch"]) for r in ends] or [-1])
+    if epochs is not None and done >= int(epochs):
+        current = f"finished (epoch {done} of {epochs}, iteration {ends[-1]['it']})"
+    elif holder is not None:
+        current = f"running (pid {holder.get('pid')})"
+    elif stop is not None and stop["type"] == "safe_point_stop":
+        current = (f"stopped at a safe point after iteration {stop.get('it')} ({stop.get('signal')}), checkpoint "
+                   f"{stop.get('checkpoint')}; run the same command again to resume")
+    elif stop is not None:
+        current = f"stopped: the loss of iteration {stop.get('it')} was not finite on {stop.get('ranks')} rank(s)"
+    else:
+        current = "not running, not finished (ended without a safe point: killed, or an error; see its output)"
+    prog = read(run_dir) if holder is not None else None
+    if prog is not None:
+        prog["age_s"] = max(0.0, time.time() - float(prog.get("time", time.time())))
+    return {"run_dir": str(run_dir.resolve()), "kind": "run", "world": last_start.get("world"),
+            "mix": mix_label(Counter(last_start.get("gpu_types") or [])) if last_start else None,
+            "starts": len(starts), "resumes": sum(1 for r in recs if r.get("type") == "resume"),
+            "epochs": epochs, "epochs_done": done, "iteration": (its[-1]["it"] + 1) if its else 0,
+            "B": its[-1]["B"] if its else last_start.get("B"), "B_first": its[0]["B"] if its else None,
+            "eval": ends[-1].get("eval") if ends else None, "eval_epoch": done if ends else None,
+            "progress": prog, "current": current}
+
+
+def render_run(st: dict) -> str:
+    from hpc_jabas.runtime.evaluate import epoch_line
+    out = [f"run {st['run_dir']} (no chain: started by mpirun, horovodrun or as one process): {st['world']} "
+           f"rank(s) {st['mix']}, {st['starts']} start(s), {st['resumes']} resume(s)",
+           f"epochs done: {st['epochs_done']} of {st['epochs']}, iterations: {st['iteration']}, B {st['B_first']} -> "
+           f"{st['B']}"]
+    if st.get("eval_epoch"):
+        out.append("last evaluation: " + epoch_line(st["eval_epoch"] - 1, st["epochs"] or 0, st["iteration"],
+                                                    st["B"], st["eval"]))
+    if st.get("progress"):
+        out.append(progress_line(st["progress"]))
+    out.append(f"current: {st['current']}")
+    return "\n".join(out)
 
 
 def _fmt(x, spec: str) -> str:
@@ -286,7 +346,10 @@ def wait(chain_dir: str | Path, timeout_s: float, use_sacct: bool = True, poll_s
     while True:
         try:
             st = status(chain_dir, use_sacct=use_sacct)
-            if all(ended(c) for c in st["chains"]) or time.time() >= deadline:
+            if st.get("kind") == "run":
+                if not st["current"].startswith("running") or time.time() >= deadline:
+                    return st
+            elif all(ended(c) for c in st["chains"]) or time.time() >= deadline:
                 return st
         except ConfigError:
             if time.time() >= deadline:
@@ -305,7 +368,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(st, indent=1, default=str))
     else:
-        print(render(st))
+        print(render_run(st) if st.get("kind") == "run" else render(st))
+    if st.get("kind") == "run":
+        return 1 if args.wait is not None and not st["current"].startswith("finished") else 0
     if args.wait is not None and not all(c["current"].startswith("finished") for c in st["chains"]):
         return 1
     return 0

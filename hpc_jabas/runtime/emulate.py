@@ -45,9 +45,15 @@ class Emulator:
         self.base_s, self.per_sample_s = float(base_s), float(per_sample_s)
         self.slowdown = slowdown
         self.overruns = 0
-        log = log or get_logger(__name__).warning      # every rank says that it emulates
+        # said once per job: rank 0 warns (its rank lines then name every rank's emulated type, "cpu(emulated T)");
+        # another rank warns only of its own injected slowdown, else logs at debug level
+        if log is None:
+            lg = get_logger(__name__)
+            log = lg.warning if rank == 0 or slowdown is not None else lg.debug
         msg = (f"rank {rank} EMULATES GPU type {self.gpu_type} (speed {self.speed:.3f} x V100): "
                f"t(b) = ({self.base_s:g} + {self.per_sample_s:g}*b) / {self.speed:.3f} s per micro-batch")
+        if rank == 0 and slowdown is None:
+            msg += "; every rank emulates its GPU type (the rank lines below name them)"
         if slowdown is not None:
             msg += f"; INJECTED slowdown {slowdown}"
         log(msg)

@@ -123,6 +123,21 @@ class DistributedEval:
         return evaluate(model, self.dataset, self.metric_fn, self.batch_size, self.distributed, self.collate_fn)
 
 
+def epoch_line(epoch: int, epochs: int, iteration: int, B: int, ev: Any) -> str:
+    """The log line of an epoch end (rank 0): "epoch 1/3 end (iteration 48, B=192): test loss 0.412, accuracy
+    0.871 (360 samples)"; without an evaluation, "no evaluation (no eval_fn)"."""
+    head = f"epoch {epoch + 1}/{epochs} end (iteration {iteration}, B={B}): "
+    if ev is None:
+        return head + "no evaluation (no eval_fn)"
+    if not isinstance(ev, dict):
+        return head + f"evaluation {ev:.4g}" if isinstance(ev, (int, float)) else head + f"evaluation {ev}"
+    names = {k: k if k.lower().startswith("test") else f"test {k}" for k in ev}
+    vals = [f"{names[k]} {v:.4g}" if isinstance(v, (int, float)) else f"{names[k]} {v}" for k, v in ev.items()
+            if k != "count"]
+    count = f" ({int(ev['count'])} samples)" if isinstance(ev.get("count"), (int, float)) else ""
+    return head + ", ".join(vals) + count
+
+
 def plateau_value(ev: Any, key: str) -> float | None:
     """The number ReduceLROnPlateau steps on: ``ev`` itself, or ``ev[key]`` for a dict; None when absent."""
     if ev is None:

@@ -537,6 +537,7 @@ class Trainer:
             self.scheduler.step()
         if self.rank == 0:
             self.metrics.write({"type": "epoch_end", "epoch": epoch, "it": self.iteration, "eval": ev, "B": self.B})
+            log.info("%s", evaluate.epoch_line(epoch, self.cfg.epochs, self.iteration, self.B, ev))   # the job's log
         # the epoch's checkpoint first: nothing that can fail below (the hook's decide) can lose it
         path = self.save_checkpoint()
         for cb in self.callbacks:

@@ -210,7 +210,7 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
         if not usable:
             raise InfeasibleError(f"memory cap of {low.gpu} (max_b={low.cap}) is below the smallest {origin[:-1]} "
                                   f"b={cands[0]} (tried {cands}); use b <= {low.cap}, "
-                                  "leave that GPU out, or allow dropping it")
+                                  "or leave that GPU out")
     return _Ctx(model, len(names), groups, gor, usable, bool(allow_drop), b_candidates is None)
 
 
@@ -354,8 +354,7 @@ def plan_batch(B: int, gpus: Sequence[str], model: PerfModel, *, b_candidates: I
     b_min = ctx.cands[0]
     if not allow_drop and B < b_min * ctx.R:
         raise InfeasibleError(f"global batch B={B} is too small for {ctx.R} GPUs: each needs at least one "
-                              f"micro-batch of b >= {b_min}, so B >= {b_min * ctx.R}; raise B, use fewer GPUs "
-                              "or allow dropping ranks")
+                              f"micro-batch of b >= {b_min}, so B >= {b_min * ctx.R}; raise B or use fewer GPUs")
     res = _solve(ctx, B)
     if res is None:
         near = _nearest(ctx, B, 1, None)
