@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+from hpc_jabas.errors import ConfigError
+
 
 def _run(cmd: list[str], timeout: float = 10.0) -> tuple[int, str]:
     try:
@@ -83,7 +85,15 @@ def check(out=sys.stdout) -> int:
                            "with distributed support (pip install torch)")
     except ImportError:
         pass
-    say("backend", f"auto -> {'horovod' if hvd_ok else 'torch'}  (JobConfig backend, --backend, HPC_JABAS_BACKEND)")
+    asked = os.environ.get(comm.ENV) or "auto"
+    try:
+        got = comm.resolve(asked)
+        say("backend", f"{asked} -> {got}  (JobConfig backend, --backend, {comm.ENV})")
+        if got == "horovod" and not hvd_ok:
+            missing.append(f"{comm.ENV}={asked} but Horovod does not import: unset it (auto uses torch.distributed)")
+    except ConfigError as e:
+        say("backend", f"{comm.ENV}={asked!r}: not a backend")
+        missing.append(str(e))
 
     rc, text = _run(["mpirun", "--version"])
     if rc == 0:
