@@ -124,7 +124,7 @@ def _before_start(r: dict, evs: list[dict]) -> None:
     d = job_details(r["job_id"])
     out = d.get("StdOut") or (script_output(sub["script"], r["job_id"]) if sub and sub.get("script") else None)
     r["before_start"] = {"reason": d.get("Reason"), "exit_code": d.get("ExitCode"), "output": out,
-                         "output_exists": bool(out) and Path(out).exists()}
+                         "output_exists": out is not None and Path(out).exists()}
 
 
 #: what sacct may still say for a while about a job whose chain has recorded its end (sacct lags)
