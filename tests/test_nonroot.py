@@ -104,6 +104,15 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
     site = site_packages_copy(wheel_requirements(whl))
     assert not (site / "horovod").exists()
     _drop_user(slurm_cluster)
+    try:
+        pwd.getpwnam(USER)
+        pytest.fail(f"user {USER} is left from an earlier run and could not be removed (jobs or processes of it "
+                    f"still running?): userdel --remove {USER}", pytrace=False)
+    except KeyError:
+        pass
+    stale = Path("/home") / USER                     # a home an interrupted userdel left behind
+    if stale.is_dir() and not stale.is_symlink():
+        shutil.rmtree(stale)
     _sh("useradd", "--create-home", "--shell", "/bin/bash", "--user-group", USER)
     try:
         pw = pwd.getpwnam(USER)
