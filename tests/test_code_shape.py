@@ -22,6 +22,7 @@ MAX_LINES = 80
 OVER_80: set[tuple[str, str]] = {
     ("hpc_jabas/core/balancing/rebalance.py", "Rebalancer.propose"),
     ("hpc_jabas/cli/doctor.py", "check"),
+    ("hpc_jabas/cli/report.py", "figure"),          # 96 lines, arrived with b58d4fb after this list was made
 }
 
 
@@ -108,12 +109,18 @@ def package_index() -> tuple[dict[str, Path], frozenset[str]]:
     return mods, frozenset(defined)
 
 
-def prose(source: str) -> list[tuple[int, str]]:
-    """(line, text) of every docstring (string statement) and comment."""
-    out = [(n.lineno, n.value.value) for n in ast.walk(ast.parse(source))
+def prose(source: str, tree: ast.AST | None = None) -> list[tuple[int, str]]:
+    """(line, text) of every docstring (string statement) and comment (a line's text after a '#' that no
+    string opened: a '#' inside a string is found by the tokenizer only where the line has a quote)."""
+    tree = tree or ast.parse(source)
+    out = [(n.lineno, n.value.value) for n in ast.walk(tree)
            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
-    out += [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
-            if t.type == tokenize.COMMENT]
+    lines = source.splitlines()
+    if any("#" in ln and ("'" in ln or '"' in ln) for ln in lines):
+        out += [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                if t.type == tokenize.COMMENT]
+    else:
+        out += [(i, ln[ln.index("#"):]) for i, ln in enumerate(lines, start=1) if "#" in ln]
     return out
 
 
@@ -123,14 +130,18 @@ FULL = re.compile(r"\bhpc_jabas(?:\.[A-Za-z_]\w*)+")
 QUOTED = re.compile(r"`+(?:~|\.)?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\([^`]*\))?`+")
 
 
-def code_names(source: str) -> set[str]:
+def code_names(tree: ast.AST) -> set[str]:
     """Names the module's code uses (variables, arguments, attributes' bases): ``x.y`` in its prose may be one."""
-    tree = ast.parse(source)
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
-        a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
-        for a in n.args + n.kwonlyargs + n.posonlyargs + [x for x in (n.vararg, n.kwarg) if x]}
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+    return out
 
 
+@cache
 def _external(name: str) -> bool:
     if name in sys.stdlib_module_names:
         return True
@@ -193,8 +204,9 @@ def test_docstrings_and_comments_name_existing_modules():
     bad = []
     for p in modules().values():
         src = p.read_text()
-        used = code_names(src)
-        for line, text in prose(src):
+        tree = ast.parse(src)
+        used = code_names(tree)
+        for line, text in prose(src, tree):
             for ref in FULL.findall(text) + QUOTED.findall(text):
                 why = stale(ref, used)
                 if why:
