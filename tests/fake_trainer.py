@@ -51,7 +51,7 @@ class FakeTrainer:
         self.controller = None
         self.decisions: Any = None
         self.metrics = Metrics()
-        self.run_dir = Path(self.cfg.run_dir)
+        self.run_dir = Path(self.cfg.run_dir or "runs/fake")     # run_dir unset: the trainer names one
         self.resumed_from: str | None = None
         self.last_checkpoint_time: float | None = None
         self.moved_to: MoveDecision | None = None

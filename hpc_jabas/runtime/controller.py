@@ -12,6 +12,7 @@ is then pending, runtime/pending.py). Controllers decide from the state as annou
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.planning import Plan, Planner
@@ -19,6 +20,9 @@ from hpc_jabas.core.scaling import AdaScaleRule
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import Controller
 from hpc_jabas.runtime.telemetry import HostTelemetry
+
+if TYPE_CHECKING:
+    from hpc_jabas.core.balancing import RankPredictors, Rebalancer
 
 
 def announce_at(trainer) -> int:
@@ -175,8 +179,8 @@ class AdaptiveController(BaseController):
         self.last_stats: dict = {}
         self.balance = cfg.balance != "off"
         self.factors: list[float] | None = None
-        self.predictors = None
-        self.rebalancer = None
+        self.predictors: RankPredictors | None = None
+        self.rebalancer: Rebalancer | None = None
         self._window: list[dict] = []
         self._telemetry: HostTelemetry | None = None
         self.planner: Planner | None = None       # the trainer's (attach)
@@ -292,6 +296,7 @@ class AdaptiveController(BaseController):
     def _decide_round(self, trainer, rec, pol: bool, meas):
         info = None
         if meas is not None:
+            assert self.predictors is not None and self.rebalancer is not None      # balance: made at attach
             factors = [m["factor"] for m in meas]
             self.predictors.update(factors, [m["exo"] for m in meas])
             self.factors = self.predictors.predict(default=1.0)
@@ -382,7 +387,7 @@ class AdaptiveController(BaseController):
         self.trajectory = [tuple(x) for x in d["trajectory"]]
         wd = d.get("wd") or [None, None]
         self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
-        if self.balance and d.get("predictors") and self.predictors is not None \
+        if self.balance and d.get("predictors") and self.predictors is not None and self.rebalancer is not None \
                 and d["predictors"].get("n_ranks") == self.predictors.n_ranks:
             self.predictors.load_state_dict(d["predictors"])
             self.rebalancer.load_state_dict(d["rebalancer"])

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -44,6 +44,12 @@ from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm
 from hpc_jabas.slurm.env import SlurmEnv
+
+if TYPE_CHECKING:
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.planning.plan import Plan
+    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.runtime.metrics import MetricsWriter
 
 log = get_logger(__name__)
 
@@ -227,49 +233,84 @@ class PeriodicCheckpoint:
         return self.minutes is not None and self.clock() - self.last_time >= 60.0 * float(self.minutes)
 
 
-def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
-    """Every rank of ``trainer``, at an iteration boundary: agree (``trainer.safe_points``, a SafePoints) on stop
-    signals (USR1, USR2, TERM, ``trainer.stop_requested``), rank 0's periodic-checkpoint clock and non-finite
-    losses. On a stop every rank checkpoints, ``trainer.stop_reason`` is set, and True is returned; a due
-    periodic checkpoint is written (not at an epoch's last iteration: the epoch end checkpoints anyway)."""
-    ch: SafePoints = trainer.safe_points
+class SafePointHost(Protocol):
+    """What a safe point reads of the trainer (it writes nothing there: the stop comes back as a StopReason)."""
+
+    rank: int
+    world: int                          # the rank count
+    iteration: int                      # iterations done
+    plan: Plan
+    stop_requested: bool                # a programmatic stop, agreed here
+    nonfinite_loss: bool                # this rank's last loss was not finite
+    safe_points: SafePoints
+    metrics: MetricsWriter
+    cfg: JobConfig
+    ckpt_dir: Path
+
+    @property
+    def sampler(self) -> HeterogeneousSampler: ...
+
+    def save_checkpoint(self) -> str | None: ...
+
+    def flush_metrics(self) -> None: ...
+
+
+#: why and where a job stopped at a safe point: {"signal", "iteration", "epoch", "checkpoint", "time"}
+StopReason = dict[str, Any]
+
+
+def boundary(host: SafePointHost, periodic: PeriodicCheckpoint) -> StopReason | None:
+    """Every rank of ``host``, at an iteration boundary: agree (``host.safe_points``, a SafePoints) on stop signals
+    (USR1, USR2, TERM, ``host.stop_requested``), rank 0's periodic-checkpoint clock and non-finite losses. On a
+    stop every rank checkpoints and the StopReason is returned (None: go on); a due periodic checkpoint is
+    written (not at an epoch's last iteration: the epoch end checkpoints anyway)."""
+    ch = host.safe_points
     if ch.mode == "off":
-        return False
-    v = local_vector(stop_signals().signum, trainer.stop_requested, periodic.due_by_clock(), trainer.rank,
-                     nonfinite=bool(getattr(trainer, "nonfinite_loss", False)))
-    last = trainer.iteration - 1                           # the iteration these flags are about
+        return None
+    v = local_vector(stop_signals().signum, host.stop_requested, periodic.due_by_clock(), host.rank,
+                     nonfinite=host.nonfinite_loss)
+    last = host.iteration - 1                              # the iteration these flags are about
     if ch.mode == "blocking":
         a = ch.blocking(v)
     else:
         late, late_it = ch.collect()                       # started at the previous boundary
         if late is not None and late.nonfinite:
-            stop_nonfinite(trainer, late.nonfinite, late_it)
+            stop_nonfinite(host, late.nonfinite, late_it)
         late = late or NOTHING
-        writes = late.stop or late.checkpoint_due or periodic.due_by_iterations(trainer.iteration) \
-            or trainer.sampler.epoch_done(trainer.plan.B)
+        writes = late.stop or late.checkpoint_due or periodic.due_by_iterations(host.iteration) \
+            or host.sampler.epoch_done(host.plan.B)
         if not writes:
             ch.launch(v, last)                             # read at the next boundary
-            return False
+            return None
         a = merge(late, ch.blocking(v))                    # a checkpoint follows: agree on this iteration too
     if a.nonfinite:
-        stop_nonfinite(trainer, a.nonfinite, last)
+        stop_nonfinite(host, a.nonfinite, last)
     if a.stop:
-        path = trainer.save_checkpoint()
-        trainer.stop_reason = {"signal": a.signal, "iteration": trainer.iteration, "epoch": trainer.sampler.epoch,
-                               "checkpoint": path, "time": time.time()}
-        if trainer.rank == 0:
-            log.info("stopping at the safe point after iteration %d (%s): checkpoint %s", trainer.iteration,
+        path = host.save_checkpoint()
+        reason = {"signal": a.signal, "iteration": host.iteration, "epoch": host.sampler.epoch,
+                  "checkpoint": path, "time": time.time()}
+        if host.rank == 0:
+            log.info("stopping at the safe point after iteration %d (%s): checkpoint %s", host.iteration,
                      a.signal, path)
-            trainer.metrics.write({"type": "safe_point_stop", "it": trainer.iteration, "signal": a.signal,
-                                   "checkpoint": path})
-        return True
-    if (a.checkpoint_due or periodic.due_by_iterations(trainer.iteration)) \
-            and not trainer.sampler.epoch_done(trainer.plan.B):
-        trainer.save_checkpoint()
-    return False
+            host.metrics.write({"type": "safe_point_stop", "it": host.iteration, "signal": a.signal,
+                                "checkpoint": path})
+        return reason
+    if (a.checkpoint_due or periodic.due_by_iterations(host.iteration)) \
+            and not host.sampler.epoch_done(host.plan.B):
+        host.save_checkpoint()
+    return None
 
 
-def finish(trainer: Any) -> None:
+def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
+    """:func:`boundary` for an object that keeps the reason as ``stop_reason`` (the older form: the Trainer
+    calls ``boundary`` and keeps the reason itself): True when the job stops here."""
+    reason = boundary(trainer, periodic)
+    if reason is not None:
+        trainer.stop_reason = reason
+    return reason is not None
+
+
+def finish(trainer: SafePointHost) -> None:
     """Every rank, when fit's loop ends: the agreement still in flight (overlap mode) is read; a non-finite loss
     it reports stops the run as at a safe point (a stop signal is not acted on: the job ends anyway)."""
     late, late_it = trainer.safe_points.collect()
@@ -284,7 +325,7 @@ def last_checkpoint_name(ckpt_dir: Path, enabled: bool) -> str:
     return f"the last checkpoint {str(found[-1])!r} is kept" if found else "no checkpoint was written"
 
 
-def stop_nonfinite(trainer: Any, ranks: int, iteration: int | None = None) -> None:
+def stop_nonfinite(trainer: SafePointHost, ranks: int, iteration: int | None = None) -> None:
     """Every rank (agreed at a safe point): the loss of ``iteration`` (default: the last one) was not finite on
     ``ranks`` ranks. The metrics so far are written (the loss as null), nothing is checkpointed, NonFiniteError
     is raised."""

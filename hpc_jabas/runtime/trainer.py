@@ -523,7 +523,8 @@ class Trainer:
 
     def _safe_point(self) -> bool:
         """Every rank, at an iteration boundary (runtime/safepoint.py): True when the job stops here."""
-        return sp.safe_point(self, self._periodic)
+        self.stop_reason = sp.boundary(self, self._periodic)
+        return self.stop_reason is not None
 
     def _end_epoch(self) -> bool:
         """Returns True when the job should stop (moved to another allocation)."""
