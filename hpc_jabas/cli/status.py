@@ -49,6 +49,9 @@ def _current(last: dict | None, cancel: dict | None = None, end: dict | None = N
         return f"finished (job {last['job_id']}, epoch {last.get('epochs')})"
     if st == "cancelled":
         by = (end or {}).get("cancelled_by") or "cancelled"
+        if (end or {}).get("iteration") is None:      # it failed or was killed before a safe point
+            return (f"cancelled ({by}): job {last['job_id']} ended before a safe point"
+                    + (f" ({sl} in Slurm)" if sl else "") + "; no successor (submit again to resume)")
         return (f"cancelled ({by}): job {last['job_id']} stopped at iteration {(end or {}).get('iteration')}, epoch "
                 f"{last.get('epochs')}, with its checkpoint; no successor (submit again to resume)")
     if cancel is not None and (st == "submitted" or (sl and is_terminal(sl))):
