@@ -161,6 +161,8 @@ def test_first_hour_of_a_user_without_root(slurm_cluster, tmp_path):
         assert not list(venv.glob("lib/python3*/site-packages/__editable__*"))
         assert list(venv.glob("lib/python3*/site-packages/hpc_jabas/core/planning/__init__.py"))
         assert "Successfully installed hpc-jabas-" in out, out[-3000:]
+        assert re.search(r"Requirement already satisfied: torch\S* in " + re.escape(str(site)), out), out[-3000:]
+        assert not list(venv.glob("lib/python3*/site-packages/torch")), "pip installed a second torch"
         doctor = out[out.index("torch   "):]
         assert re.search(r"^backend\s+.*torch", doctor, re.M), doctor[:1500]
         assert re.search(r"^status\s+OK$", doctor, re.M), doctor[:1500]
