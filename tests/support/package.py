@@ -22,6 +22,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -128,8 +129,14 @@ def site_packages_copy(requirements: list[str], base: Path = Path("/var/tmp")) -
     key = hashlib.sha256("\n".join(f"{d.metadata['Name']}=={d.version}@{d.locate_file('')}" for d in dists)
                          .encode()).hexdigest()[:12]
     dest = base / f"hpc-jabas-site-{key}"
+    for old in base.glob("hpc-jabas-site-*"):      # copies of other package versions, unused for 30 days
+        used = old / ".complete"
+        if old != dest and used.exists() and time.time() - used.stat().st_mtime > 30 * 86400 \
+                and old.lstat().st_uid == 0 and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
     if (dest / ".complete").exists():
         _check_root_owned(dest)
+        os.utime(dest / ".complete")
         return dest / "site-packages"
     tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.", dir=base))
     site = tmp / "site-packages"
