@@ -119,8 +119,11 @@ def _check_task(spec, dry_run: bool = True) -> None:
         fn = load_callable(spec.task, "task")
         if not dry_run:
             return
+        from hpc_jabas.runtime.task import call_task
         try:
-            parts = fn()
+            parts = call_task(fn, spec.config, spec.run_dir)
+        except ConfigError:
+            raise
         except Exception as e:          # the user's builder: any failure is reported in one line
             raise ConfigError(f"task {spec.task!r} failed when called: {one_line(e)}") from None
     finally:

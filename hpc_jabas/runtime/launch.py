@@ -92,11 +92,11 @@ def _run_job(spec: JobSpec) -> dict | None:
     from hpc_jabas.runtime import comm
     from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
     from hpc_jabas.runtime.safepoint import stop_signals
-    from hpc_jabas.runtime.task import Task
+    from hpc_jabas.runtime.task import Task, call_task
     from hpc_jabas.runtime.trainer import Trainer
     stop_signals().install()                       # from here on a stop signal is a flag (safe points)
     # before Horovod's background thread starts polling; a Task or the older dict, checked (one line, exit 2)
-    task = Task.from_parts(load_callable(spec.task, "task")(), spec.task)
+    task = Task.from_parts(call_task(load_callable(spec.task, "task"), spec.config, spec.run_dir), spec.task)
     from hpc_jabas.core.config import flatten
     comm.use(flatten(spec.config)[0].get("backend"))     # the job's backend key (top level or [train])
     comm.init()

@@ -4,6 +4,9 @@
         model = make_model()
         return hpc_jabas.Task(model, torch.optim.SGD(model.parameters(), lr=0.1), dataset, nn.CrossEntropyLoss())
 
+A task callable that takes one argument gets the job's JobConfig (``build(cfg)``: ``cfg.batch``, ``cfg.epochs``,
+``cfg.seed``, ...; :func:`call_task`), so that its lr or schedule can follow the job's keys.
+
 The fields mirror the Trainer's arguments. A task callable may still return the older dict with the same
 keys ("model", "optimizer", "dataset", "loss_fn", optional "scheduler", "eval_fn", "forward_fn",
 "callbacks", "scheduler_step"); ``Task.from_parts`` converts it. ``validate`` checks the types once, with
@@ -13,7 +16,7 @@ one ConfigError line per problem; ``hpc-jabas submit``'s dry run and the job's l
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,3 +110,21 @@ class Task:
         """The Trainer's keyword arguments besides model, optimizer, dataset and loss_fn."""
         return {"scheduler": self.scheduler, "eval_fn": self.eval_fn, "forward_fn": self.forward_fn,
                 "callbacks": list(self.callbacks), "scheduler_step": self.scheduler_step}
+
+
+def call_task(fn: Callable[..., Any], config: Mapping[str, Any], run_dir: str | None = None) -> Any:
+    """What a task callable returns: ``fn(cfg)`` when it takes an argument, with ``cfg`` the job's JobConfig
+    (batch, batch_ref, epochs, seed, ...: the same keys the job's Trainer gets), else ``fn()``."""
+    import inspect
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        params = []
+    if not params:
+        return fn()
+    from hpc_jabas.core.config import JobConfig
+    d = {k: v for k, v in config.items() if k != "job"}
+    if run_dir is not None:
+        d["run_dir"] = run_dir
+    return fn(JobConfig.from_dict(d))
