@@ -131,13 +131,15 @@ QUOTED = re.compile(r"`+(?:~|\.)?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\([^`]*\))?
 
 
 def code_names(tree: ast.AST) -> set[str]:
-    """Names the module's code uses (variables, arguments, attributes' bases): ``x.y`` in its prose may be one."""
+    """Names the module's code uses (variables, arguments, attributes): ``x.y`` in its prose may be one."""
     out = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Name):
             out.add(n.id)
         elif isinstance(n, ast.arg):
             out.add(n.arg)
+        elif isinstance(n, ast.Attribute):         # self.world_info: ``world_info.size`` is an attribute's
+            out.add(n.attr)
     return out
 
 
