@@ -55,9 +55,12 @@ def test_srun_steps_of_one_job_meet_on_different_ports():
     assert len(ports) == 10
 
 
-def test_launcher_refuses_a_garbled_rank_in_one_line():
+def test_launcher_refuses_a_garbled_rank_and_horovodrun_in_one_line():
     with pytest.raises(ConfigError, match=r"^OMPI_COMM_WORLD_SIZE='three' in the environment is not an integer$"):
         launcher({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "three"})
+    # horovodrun --gloo's ranks would each make a world of one: refused, not trained apart
+    with pytest.raises(ConfigError, match=r"^these ranks were started by horovodrun --gloo.*mpirun, srun or torchrun$"):
+        launcher({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": "1"})
 
 
 def test_streams_of_the_trainers_names():

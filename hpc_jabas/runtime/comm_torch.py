@@ -55,6 +55,9 @@ STREAMS = ("hj.g", "hj.m", "hj.w", "hj.safepoint")
 #: DistributedDataParallel's bucket sizes: a small first bucket (it starts early in the backward), then larger
 FIRST_BUCKET_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20
+#: streams whose tensors are reduced in place, one allreduce each: a measurement's half-batch sums are a buffer
+#: as large as the parameters already, and a bucket's copy would double it (docs/invariants.md: 1x extra)
+IN_PLACE_STREAMS = frozenset({"hj.m"})
 #: how long a rank waits for the others at the rendezvous and in a collective before it fails (a hung rank)
 TIMEOUT_S = float(os.environ.get("HPC_JABAS_TORCH_TIMEOUT_S", "300"))
 #: how long a rank tries each of rank 0's addresses
@@ -94,6 +97,9 @@ def launcher(env: Mapping[str, str] | None = None) -> Launch:
     if "OMPI_COMM_WORLD_RANK" in env:
         return Launch("mpirun", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
                       _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0)
+    if "HOROVOD_RANK" in env and env.get("HOROVOD_SIZE", "1") != "1":
+        raise ConfigError("these ranks were started by horovodrun --gloo, where the torch backend cannot meet: "
+                          "use backend = \"horovod\", or start them with mpirun, srun or torchrun")
     senv = SlurmEnv(env)
     if senv.in_step:
         size = senv.step_ntasks or 0
@@ -317,6 +323,7 @@ class _Bucket:
         for it in items:
             it.bucket = self
         ts = [it.t for it in items]
+        self.flat: torch.Tensor | None
         if len(ts) == 1 and ts[0].is_contiguous():
             self.flat = ts[0]
         else:
@@ -331,6 +338,7 @@ class _Bucket:
         if self.done:
             return
         self.work.wait()
+        assert self.flat is not None
         if len(self.items) == 1 and self.flat is self.items[0].t:
             it = self.items[0]
             if it.postscale != 1.0:
@@ -339,9 +347,11 @@ class _Bucket:
             off = 0
             for it in self.items:
                 n = it.t.numel()
-                part = self.flat[off:off + n].view(it.t.shape)
-                it.t.copy_(part if it.postscale == 1.0 else part * it.postscale)
+                it.t.copy_(self.flat[off:off + n].view(it.t.shape))
+                if it.postscale != 1.0:
+                    it.t.mul_(it.postscale)
                 off += n
+        self.flat = None                  # the buffer goes now, whoever still holds the bucket
         self.done = True
 
 
@@ -409,7 +419,8 @@ class _Stream:
         size, cur = 0, list[str]()
         for n in new:
             t = self.pending[n].t
-            cap = FIRST_BUCKET_BYTES if first + len(buckets) == 0 else BUCKET_BYTES
+            cap = 0 if self.name in IN_PLACE_STREAMS else FIRST_BUCKET_BYTES if first + len(buckets) == 0 \
+                else BUCKET_BYTES
             if cur and (size + t.numel() * t.element_size() > cap
                         or t.dtype != self.pending[cur[0]].t.dtype or t.device != self.pending[cur[0]].t.device):
                 buckets.append(cur)
