@@ -1,4 +1,4 @@
-"""The shape of hpc_jabas's code (issue 35): no function over 80 lines but those on an explicit list that
+"""The shape of hpc_jabas's code: no function over 80 lines but those on an explicit list that
 may only shrink, and no docstring or comment that names a module of the package (``hpc_jabas.x.y``, or a
 ``module.function`` of one) that does not exist. Both checks read the source (ast, tokenize); nothing is
 imported."""

@@ -1,4 +1,4 @@
-"""hpc_jabas/slurm/env.py: SlurmEnv, the one table of Slurm's variables (issue 35, finding 5).
+"""hpc_jabas/slurm/env.py: SlurmEnv, the one table of Slurm's variables.
 
 A table of environments as Slurm 22.05 sets them (a plain batch job, a task of its srun step, a task of a
 heterogeneous step's second component, an interactive srun --pty step, a requeued job, no Slurm at all) and

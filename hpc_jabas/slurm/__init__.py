@@ -1,5 +1,7 @@
 """Slurm: everything hpc-jabas says to or reads from Slurm. Imports core/ only, never runtime/ or cli/.
 
+- ``env``: ``SlurmEnv``, the job's environment as Slurm sets it (job id, step, nodes, het components, requeue
+  count, signals): the one module that reads Slurm's variables.
 - ``proc``: the one subprocess wrapper for Slurm commands (timeout, one-line SlurmError).
 - ``text``: pure parsers of scontrol/sinfo/sacct/sbatch output (records, GRES, host lists, het-job ids).
 - ``cluster``: the cluster view (partitions, GPU types, free GPUs, billing) and a rank's own GPU type.
