@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def view_names() -> tuple[set[str], set[str]]:
     """(attributes, methods) that TrainerView declares."""
-    attrs = set(TrainerView.__annotations__)
+    attrs = set(TrainerView.__annotations__) | {n for n, v in vars(TrainerView).items() if isinstance(v, property)}
     methods = {n for n, v in vars(TrainerView).items() if inspect.isfunction(v) and not n.startswith("_")}
     return attrs, methods
 

@@ -1,9 +1,9 @@
 """The trainer's typed extension points: controllers, the epoch-end hook, callbacks.
 
-``trainer`` arguments are ``hpc_jabas.runtime.trainer.Trainer`` (typed ``Any`` here so that this
-module, which the trainer imports, does not import it back). What controllers, hooks and callbacks may
-read of it is ``TrainerView``; tests fake a trainer with a class that has these attributes
-(tests/fake_trainer.py), and a test checks that the Trainer has every one of them.
+``trainer`` arguments are ``hpc_jabas.runtime.trainer.Trainer``, typed as what controllers, hooks and
+callbacks may read of it: ``TrainerView`` (so that this module, which the trainer imports, does not import it
+back; mypy checks the Trainer against it where it passes itself). Tests fake a trainer with a class that has
+these attributes (tests/fake_trainer.py), and a test checks that the Trainer has every one of them.
 
 - ``Controller`` (a Protocol; ``runtime.controller.BaseController`` implements it): called on
   every rank after every iteration; on its decision rounds it runs the decision protocol
@@ -39,10 +39,18 @@ class TrainerView(Protocol):
     ``Trainer`` satisfies it; the attributes are plain (no ``getattr`` probes needed). Writing to the
     trainer is the trainer's business: decisions go through ``decisions`` and come back as a Decision."""
 
-    # the world
-    rank: int
-    world: int                                   # the rank count
-    gpu_types: list[str]                         # one per rank
+    # the world (read-only: the trainer's World, runtime/world.py)
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world(self) -> int:                      # the rank count
+        ...
+
+    @property
+    def gpu_types(self) -> list[str]:            # one per rank
+        ...
+
     device: Any                                  # this rank's torch.device
     cfg: JobConfig
     # the state in force (applied decisions)
@@ -50,7 +58,11 @@ class TrainerView(Protocol):
     B: int
     plan: Plan
     lr_scale: float
-    sampler: HeterogeneousSampler                # epoch and cursor
+
+    @property
+    def sampler(self) -> HeterogeneousSampler:   # epoch and cursor
+        ...
+
     decision_lead: int                           # a decision made now takes effect this many iterations later
     # the planner the trainer built (core/planning/planner.py): plan(B, factors), batch_space, identical_b,
     # declared_factors (the config's speeds relative to the perf model), spec (its PlanSpec)
@@ -87,13 +99,13 @@ class TrainerView(Protocol):
 class Controller(Protocol):
     """What the trainer needs from a batch-size / balancing controller."""
 
-    def attach(self, trainer: Any) -> None:
+    def attach(self, trainer: TrainerView) -> None:
         """Called once by the trainer's ``setup()`` (its first fit, resume, checkpoint or step), on every rank."""
 
     def wants_stats(self, iteration: int) -> bool:
         """Should iteration ``iteration`` measure the gradient statistics (same answer on every rank)?"""
 
-    def after_step(self, trainer: Any, rec: dict[str, Any]) -> Decision | None:
+    def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
         """Collective on decision rounds: the Decision every rank received (or None)."""
 
     def b_trajectory(self) -> list[tuple[int, int]]:
@@ -108,14 +120,14 @@ class EpochEndHook(ABC):
     """Decide (rank 0), then act (rank 0) at an epoch end; the trainer broadcasts and contains both."""
 
     @abstractmethod
-    def decide(self, trainer: Any, epoch: int) -> MoveDecision:
+    def decide(self, trainer: TrainerView, epoch: int) -> MoveDecision:
         """Rank 0 only, after the checkpoint of ``epoch`` is written: stay, or move to another mix."""
 
-    def act(self, trainer: Any, d: MoveDecision) -> MoveDecision:
+    def act(self, trainer: TrainerView, d: MoveDecision) -> MoveDecision:
         """Rank 0 only, for a move: start the next job; returns the move that happened (or a stay)."""
         return MoveDecision.stay("this hook does not act on moves")
 
-    def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
         """Every rank, after every iteration (no collectives): e.g. to meter what the hook prices."""
         return None
 
@@ -130,11 +142,11 @@ class EpochEndHook(ABC):
 class Callback:
     """Override what you need; every rank calls these at the same points."""
 
-    def on_first_step(self, trainer: Any) -> None:
+    def on_first_step(self, trainer: TrainerView) -> None:
         """After the first iteration of ``Trainer.fit`` (e.g. to measure start-up overhead)."""
 
-    def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
         """After every iteration (and after any decision it triggered was applied)."""
 
-    def on_epoch_end(self, trainer: Any, epoch: int) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         """After the epoch's checkpoint, before the epoch-end hook."""

@@ -236,8 +236,6 @@ class PeriodicCheckpoint:
 class SafePointHost(Protocol):
     """What a safe point reads of the trainer (it writes nothing there: the stop comes back as a StopReason)."""
 
-    rank: int
-    world: int                          # the rank count
     iteration: int                      # iterations done
     plan: Plan
     stop_requested: bool                # a programmatic stop, agreed here
@@ -246,6 +244,13 @@ class SafePointHost(Protocol):
     metrics: MetricsWriter
     cfg: JobConfig
     ckpt_dir: Path
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world(self) -> int:             # the rank count
+        ...
 
     @property
     def sampler(self) -> HeterogeneousSampler: ...

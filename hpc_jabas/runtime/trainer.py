@@ -131,8 +131,7 @@ class Trainer:
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
         comm.use(cfg.backend)                 # horovod | torch | auto (runtime/comm.py), before the first collective
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
-        self.rank, self.world = self.world_info.rank, self.world_info.size     # self.world: the rank count
-        self.gpu_types, self.device = list(self.world_info.gpu_types), torch.device(self.world_info.device)
+        self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
         self._clock = IterationClock(self.device)   # an iteration's compute and end (runtime/clock.py)
         self.model = model.to(self.device)
         self.loss_fn, self.scheduler, self.scheduler_step, self.eval_fn = loss_fn, scheduler, scheduler_step, eval_fn
@@ -292,6 +291,21 @@ class Trainer:
             raise ConfigError(f"plan {plan} has {plan.world_size} ranks but the job has {self.world}; "
                               "give one micro-batch count per rank")
         return plan.B, plan
+
+    # ---- the ranks (the World, runtime/world.py) --------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.world_info.rank
+
+    @property
+    def world(self) -> int:
+        """The rank count (``world_info.size``)."""
+        return self.world_info.size
+
+    @property
+    def gpu_types(self) -> list[str]:
+        """One GPU type per rank."""
+        return list(self.world_info.gpu_types)
 
     # ---- the state in force (a TrainState, runtime/state.py) -------------------------------
     iteration: _InState[int] = _InState()
