@@ -18,19 +18,19 @@ from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.planning import Plan, Planner
 from hpc_jabas.core.scaling import AdaScaleRule
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.hooks import Controller
+from hpc_jabas.runtime.hooks import Controller, TrainerView
 from hpc_jabas.runtime.telemetry import HostTelemetry
 
 if TYPE_CHECKING:
     from hpc_jabas.core.balancing import RankPredictors, Rebalancer
 
 
-def announce_at(trainer) -> int:
+def announce_at(trainer: TrainerView) -> int:
     """The iteration a decision made now takes effect at: the next one, past the loader's lookahead."""
     return int(trainer.iteration) + int(trainer.decision_lead)
 
 
-def announced(trainer) -> tuple[int, Plan, float]:
+def announced(trainer: TrainerView) -> tuple[int, Plan, float]:
     """(B, plan, lr_scale) with every decision announced so far (pending ones included)."""
     return trainer.announced()
 
@@ -40,7 +40,7 @@ class BaseController(Controller):
 
     p: int = 1
 
-    def attach(self, trainer) -> None:
+    def attach(self, trainer: TrainerView) -> None:
         self.trainer = trainer
 
     def wants_stats(self, iteration: int) -> bool:
@@ -53,16 +53,16 @@ class BaseController(Controller):
         """Its rounds are the trainer's calibration rounds (runtime/calibrate.py)."""
         return True
 
-    def decide(self, trainer, rec: dict) -> Decision | None:  # rank 0 only
+    def decide(self, trainer: TrainerView, rec: dict) -> Decision | None:  # rank 0 only
         return None
 
-    def after_step(self, trainer, rec: dict) -> Decision | None:
+    def after_step(self, trainer: TrainerView, rec: dict) -> Decision | None:
         """Collective on decision rounds: rank 0 decides, everyone receives the same Decision."""
         if not self.is_round(trainer.iteration):
             return None
         return self.decision_round(trainer, lambda: self.decide(trainer, rec))
 
-    def decision_round(self, trainer, decide: Callable[[], Decision | None]) -> Decision | None:
+    def decision_round(self, trainer: TrainerView, decide: Callable[[], Decision | None]) -> Decision | None:
         """The protocol: ``decide`` on rank 0 (contained), broadcast, the same Decision on every rank."""
         d = trainer.decisions.run("decision", trainer.iteration, decide, Decision.from_dict,
                                   noop=lambda: trainer.noop_decision("contained error in the decision step"),
@@ -71,7 +71,7 @@ class BaseController(Controller):
             self.on_decision(trainer, d)
         return d
 
-    def on_decision(self, trainer, d: Decision) -> None:
+    def on_decision(self, trainer: TrainerView, d: Decision) -> None:
         if trainer.rank == 0:
             trainer.metrics.write({"type": "decision", **d.to_dict()})
 
@@ -98,7 +98,7 @@ class ScriptedController(BaseController):
         self.p = 1
         self.lead = 0
 
-    def attach(self, trainer) -> None:
+    def attach(self, trainer: TrainerView) -> None:
         super().attach(trainer)
         self.lead = int(trainer.decision_lead)
         early = [k for k in self.schedule if trainer.iteration < k <= self.lead]
@@ -110,7 +110,7 @@ class ScriptedController(BaseController):
     def is_round(self, done_iterations: int) -> bool:
         return done_iterations + self.lead in self.schedule
 
-    def decide(self, trainer, rec):
+    def decide(self, trainer: TrainerView, rec):
         at = announce_at(trainer)
         v = self.schedule[at]
         if isinstance(v, int):
@@ -185,7 +185,7 @@ class AdaptiveController(BaseController):
         self._telemetry: HostTelemetry | None = None
         self.planner: Planner | None = None       # the trainer's (attach)
 
-    def attach(self, trainer) -> None:
+    def attach(self, trainer: TrainerView) -> None:
         super().attach(trainer)
         cfg = self.cfg
         from hpc_jabas.core.policy import decision_period
@@ -247,7 +247,7 @@ class AdaptiveController(BaseController):
             g["weight_decay"] = self._wd_base[i] * scale
             self._wd_set[i] = g["weight_decay"]
 
-    def progress(self, trainer) -> float | None:
+    def progress(self, trainer: TrainerView) -> float | None:
         """The fraction of the configured run done, in samples (what the ramp policy reads)."""
         sampler, epochs = trainer.sampler, self.cfg.epochs
         n = sampler.num_samples
@@ -262,7 +262,7 @@ class AdaptiveController(BaseController):
         return (self.moves and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
 
     # ---- balancing measurements (every rank) -------------------------------------------------
-    def _measure(self, trainer) -> dict:
+    def _measure(self, trainer: TrainerView) -> dict:
         gpu = trainer.gpu_types[trainer.rank]
         declared = trainer.planner.declared_factors     # factors are relative to the declared speed
         sf = declared[trainer.rank] if declared else 1.0
@@ -281,7 +281,7 @@ class AdaptiveController(BaseController):
         exo = self._telemetry.sample(trainer.device) if self._telemetry is not None else {}
         return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": exo}
 
-    def after_step(self, trainer, rec: dict):
+    def after_step(self, trainer: TrainerView, rec: dict):
         if self.balance:
             self._window.append(rec)
         done = trainer.iteration
@@ -293,7 +293,7 @@ class AdaptiveController(BaseController):
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
         return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
-    def _decide_round(self, trainer, rec, pol: bool, meas):
+    def _decide_round(self, trainer: TrainerView, rec, pol: bool, meas):
         info = None
         if meas is not None:
             assert self.predictors is not None and self.rebalancer is not None      # balance: made at attach
@@ -324,7 +324,7 @@ class AdaptiveController(BaseController):
             return d
         return self.decide(trainer, rec)
 
-    def decide(self, trainer, rec):
+    def decide(self, trainer: TrainerView, rec):
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
         from hpc_jabas.core.stats import noise_scale_terms
@@ -365,7 +365,7 @@ class AdaptiveController(BaseController):
         return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
 
-    def on_decision(self, trainer, d) -> None:
+    def on_decision(self, trainer: TrainerView, d) -> None:
         super().on_decision(trainer, d)
         if d.B != (self.trajectory[-1][1] if self.trajectory else None):
             self.trajectory.append((d.at_iteration, d.B))

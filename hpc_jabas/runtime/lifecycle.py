@@ -34,7 +34,7 @@ from hpc_jabas.core.decision import MoveDecision
 from hpc_jabas.core.overheads import OverheadMeter
 from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime.hooks import EpochEndHook
+from hpc_jabas.runtime.hooks import EpochEndHook, TrainerView
 from hpc_jabas.slurm import chain as chainlog
 
 log = get_logger(__name__)
@@ -81,7 +81,7 @@ class EpochEndAutoscaler(EpochEndHook):
         self.meter = OverheadMeter()
         self.meter.load_state_dict(self.state.overheads)
 
-    def on_step_end(self, trainer, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
         """Every rank, after every iteration: rank 0 meters it (its time includes waiting for the slowest)."""
         if trainer.rank == 0:
             self.meter.observe_iteration(int(rec["B"]), float(rec["iter_s"]), bool(rec.get("measure")))
@@ -92,7 +92,7 @@ class EpochEndAutoscaler(EpochEndHook):
         self.state.restart_overheads.append(float(overhead_s))
 
     # ---- rank 0 ------------------------------------------------------------------------------
-    def decide(self, trainer, epoch: int) -> MoveDecision:
+    def decide(self, trainer: TrainerView, epoch: int) -> MoveDecision:
         """Rank 0. Expected failures (no Slurm, an infeasible mix...) are recorded and mean "stay";
         anything else propagates to the decision protocol, which contains it."""
         try:
@@ -103,7 +103,7 @@ class EpochEndAutoscaler(EpochEndHook):
             log.warning("epoch-end auto-scaling skipped: %s", e)
             return MoveDecision.stay(f"skipped: {e}")
 
-    def act(self, trainer, d: MoveDecision) -> MoveDecision:
+    def act(self, trainer: TrainerView, d: MoveDecision) -> MoveDecision:
         """Rank 0, after the checkpoint is written: submit the next job onto the chosen mix."""
         try:
             return self._act(trainer, d)
@@ -113,7 +113,7 @@ class EpochEndAutoscaler(EpochEndHook):
             log.warning("resubmission failed, staying on this allocation: %s", e)
             return MoveDecision.stay(f"resubmission failed: {e}")
 
-    def _decide(self, trainer, epoch: int) -> MoveDecision:
+    def _decide(self, trainer: TrainerView, epoch: int) -> MoveDecision:
         from hpc_jabas.core import autoscale, forecast
         from hpc_jabas.core.perfmodel import job_perf_model
         from hpc_jabas.core.policy import decision_period
@@ -122,7 +122,7 @@ class EpochEndAutoscaler(EpochEndHook):
         traj = trainer.b_trajectory()
         p = (decision_period(jc.p, trainer.sampler.num_samples, jc.batch) if jc.policy != "fixed"
              else max(1, trainer.sampler.iterations_left(trainer.B) or 1))
-        rec = {"type": "autoscale", "epoch": epoch, "it": trainer.iteration, "mix": self.mix}
+        rec: dict[str, Any] = {"type": "autoscale", "epoch": epoch, "it": trainer.iteration, "mix": self.mix}
         # 1. forecast error of the finished epoch
         last = st.forecast
         if last:
@@ -185,7 +185,7 @@ class EpochEndAutoscaler(EpochEndHook):
             return MoveDecision.stay(choice.reason)
         return MoveDecision(True, dict(choice.mix), choice.reason)
 
-    def _act(self, trainer, d: MoveDecision) -> MoveDecision:
+    def _act(self, trainer: TrainerView, d: MoveDecision) -> MoveDecision:
         if self.submit_fn is None:
             trainer.metrics.write({"type": "autoscale_note", "it": trainer.iteration,
                                    "note": "move chosen but no submitter here (not under Slurm): staying"})
