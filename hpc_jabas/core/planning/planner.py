@@ -181,6 +181,8 @@ class _JobPlanner:
     kind = ""
     changes_B: ClassVar[bool] = True
     every_rank_runs: ClassVar[bool] = False
+    #: its batch space steps in whole micro-batches whatever the plan kind (lbbsp's identical-b split)
+    space_in_micro_batches: ClassVar[bool] = False
 
     def __init__(self, spec: PlanSpec, gpus: Sequence[str], perf_model: ModelSource, identical_b: bool,
                  declared: list[float] | None, plan_fn: PlannerFn | None) -> None:
@@ -261,6 +263,7 @@ class LbbspPlanner(_JobPlanner):
     """LB-BSP: B split in proportion to ``speeds`` (times the balancing factors)."""
 
     kind = "lbbsp"
+    space_in_micro_batches = True
 
     @classmethod
     def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
@@ -392,7 +395,6 @@ def job_batch_space(cfg: PlanSpec | JobConfig | Any, gpus: Sequence[str], model:
     hi = B_max if B_max is not None else int(rng.B_max)
     one = plan_fn
     fn: PlannerFn | None = None if one is None else (lambda B, factors=None: one(B))
-    # lbbsp's default plan is the identical-b split in micro-batch units whatever per_rank says
-    identical = not per_rank or spec.kind == "lbbsp"
+    identical = not per_rank or _KINDS[spec.kind].space_in_micro_batches
     return make_planner(spec, gpus, model, plan_fn=fn, identical_b=identical, speed_factors=speed_factors,
                         strict_speeds=False).batch_space(lo, hi)
