@@ -97,8 +97,13 @@ def _walk_up(d: Path) -> list[Path]:
 
 
 def _check_dirs(d: Path, gok: bool) -> tuple[Path, tuple[str, str]] | None:
-    """The first directory from ``d`` upward that is not trusted, with what is wrong; None when all are."""
-    for q in _walk_up(d):
+    """The first directory from ``d`` upward that is not trusted, with what is wrong; None when all are. Both
+    the path as given (absolute) and its real path are walked: a symbolic link on the way is only as safe as
+    the directory that holds it (others who can write there could point it elsewhere)."""
+    walk = _walk_up(d.absolute())
+    real = d.resolve()
+    walk += [q for q in _walk_up(real) if q not in walk]
+    for q in walk:
         try:
             st = os.stat(q)
         except OSError:
@@ -123,11 +128,11 @@ def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | Non
     if bad is not None:
         raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it {bad[0]}; "
                                  f"{bad[1].format(f=shlex.quote(str(p)))}")
-    parent = p.resolve().parent
+    parent = p.absolute().parent
     found = _check_dirs(parent, gok)
     if found is not None:
         q, dbad = found
-        where = "its directory" if q == parent else "the directory above it"
+        where = "its directory" if q in (parent, parent.resolve()) else "the directory above it"
         raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: {where} {str(q)!r} "
                                  f"{dbad[0]}; {dbad[1].format(f=shlex.quote(str(q)))}")
 
@@ -141,10 +146,10 @@ def check_dir(path: str | os.PathLike, what: str = "directory", group_ok: bool |
     q = p
     while not q.exists() and q != q.parent:
         q = q.parent
-    found = _check_dirs(q.resolve(), gok)
+    found = _check_dirs(q, gok)
     if found is not None:
         d, bad = found
-        where = "it" if d == p.resolve() else f"the directory {str(d)!r} above it" if q == p \
+        where = "it" if d in (p, p.resolve()) else f"the directory {str(d)!r} above it" if q == p \
             else f"the directory {str(d)!r} it would be made in"
         raise UntrustedFileError(f"refusing to use {what} {str(p)!r}: {where} {bad[0]}; "
                                  f"{bad[1].format(f=shlex.quote(str(d)))}")

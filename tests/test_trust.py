@@ -577,3 +577,23 @@ def test_a_control_character_in_a_path_for_the_job_script_is_refused_in_one_line
         line = _one_line(e.value)
         assert "holds a control character ('\\n' at position" in line and "x\\ntouch" in line, line
     assert not any(tmp_path.rglob("*.sbatch")) and not any(tmp_path.rglob("*.pkl"))
+
+
+def test_a_symbolic_link_is_only_as_safe_as_the_directory_that_holds_it(arena):
+    """The real path is private, but the link to it sits in a world-writable directory: whoever can write there
+    can point the link elsewhere. Refused through the link (naming that directory), read through the real path."""
+    real = arena / "mine" / "chain"
+    real.mkdir(parents=True)
+    f = real / "chain.jsonl"
+    f.write_text("{}\n")
+    shared = arena / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "link").symlink_to(real)
+    trust.check_file(f)
+    with pytest.raises(UntrustedFileError) as e:
+        trust.check_file(shared / "link" / "chain.jsonl", "chain record")
+    assert f"the directory above it {str(shared)!r} is writable by every user" in _one_line(e.value)
+    with pytest.raises(UntrustedFileError, match=f"refusing to use chain directory .*{shared}"):
+        trust.check_dir(shared / "link", "chain directory")
+    trust.check_dir(real, "chain directory")
