@@ -116,8 +116,8 @@ def test_a_configuration_error_is_one_line_on_two_ranks(tmp_path):
     assert p.returncode != 0 and len(said) == 1 and "unknown GPU type 'h999'" in said[0], p.stdout + p.stderr
 
 
-#: flags an error message names that are not hpc-jabas's: srun's, and the placeholder of a format hint
-FOREIGN = {"--mpi", "--flag"}
+#: flags an error message names that are not hpc-jabas's: srun's, horovodrun's, and a format hint's placeholder
+FOREIGN = {"--mpi", "--gloo", "--flag"}
 
 
 def test_error_hints_name_only_options_that_exist():
