@@ -67,9 +67,16 @@ def exit_on_error(e: JabasError) -> None:
 
 
 def _hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
-    if isinstance(value, JabasError):
+    if isinstance(value, JabasError) and not _interactive():
         exit_on_error(value)
+    if isinstance(value, JabasError) and getattr(value, "quiet", False):
+        return                                 # an interactive session: rank 0 said it
     _previous(tp, value, tb)
+
+
+def _interactive() -> bool:
+    """A Python prompt (python -i, the REPL): an error there ends the statement, not the session."""
+    return hasattr(sys, "ps1") or bool(sys.flags.interactive)
 
 
 _previous: Callable[..., Any] = sys.excepthook

@@ -63,3 +63,12 @@ def test_run_main_takes_a_plain_main_and_a_cli_main(tmp_path):
     r = subprocess.run([PY, str(p), "cli"], capture_output=True, text=True, timeout=60, env=mpi_env())
     assert r.returncode == 2 and r.stdout == "cli ['x']\n", r.stderr
     assert r.stderr == "hpc-jabas: error: batch=0 is invalid\n"
+
+
+def test_an_interactive_session_survives_an_error():
+    r = subprocess.run([PY, "-i"], input="import hpc_jabas\nhpc_jabas.JobConfig(batch=0).validate()\nprint('alive')\n",
+                       capture_output=True, text=True, timeout=60, env=mpi_env())
+    assert "alive" in r.stdout and "batch=0" in r.stderr and r.returncode == 0, (r.stdout, r.stderr)
+    r = subprocess.run([PY, "-c", "import hpc_jabas\nhpc_jabas.JobConfig(batch=0).validate()\nprint('alive')"],
+                       capture_output=True, text=True, timeout=60, env=mpi_env())
+    assert r.returncode == 2 and r.stdout == "" and r.stderr == "hpc-jabas: error: batch=0 must be an integer >= 1\n"
