@@ -11,8 +11,9 @@
 #   PYTHON=... use this interpreter (its torch must see CUDA) instead of installing into $HJ_GPU_VENV
 #
 # Steps (each prints one "gpu_check: ..." line; the python ones come from scripts/gpu_check.py):
-#   1. install: a virtual environment (HJ_GPU_VENV, default /opt/hj-gpu-venv; the system python when venv is
-#      missing) with the CUDA torch wheel from PyPI (torch==2.13.0) and numpy, unless torch there sees CUDA
+#   1. install: none when python3's torch already sees CUDA; else a virtual environment (HJ_GPU_VENV, default
+#      /opt/hj-gpu-venv; the system python when venv is missing) with the CUDA torch wheel from PyPI
+#      (torch==2.13.0) and numpy
 #   2. info: torch, CUDA, the devices
 #   3. equiv: 2 ranks (torchrun) against one big batch on the GPU (2 ranks share one device if only one)
 #   4. nccl: one rank on NCCL against the same reference
@@ -51,6 +52,9 @@ if (( CPU )); then
   say "install skipped (--cpu): $PY"; SUMMARY+=("install=skipped")
 else
   PY=${PYTHON:-}
+  # a machine whose python3 already holds a CUDA torch (a site's module, a lent GPU machine that reaches no
+  # registry) is used as it is: nothing to install
+  if [[ -z $PY ]] && cuda_ok python3; then PY=python3; fi
   if [[ -z $PY ]]; then
     VENV=${HJ_GPU_VENV:-/opt/hj-gpu-venv}
     if [[ -x $VENV/bin/python ]] || python3 -m venv "$VENV" >"$OUT/venv.log" 2>&1; then
