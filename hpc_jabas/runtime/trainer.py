@@ -144,7 +144,8 @@ class Trainer:
         self.dataset, self.fetch = self.feed.dataset, self.feed.fetch
         self.decision_lead = self.feed.lead        # decisions announced this far ahead (setup() agrees the job's)
         self.feed.attach(lambda it: self.state.plan_at(it))
-        self.run_dir, self.ckpt_dir = Path(cfg.run_dir), Path(cfg.run_dir) / "checkpoints"
+        self.run_dir = Path(str(cfg.run_dir))           # set (the default one) above when unset
+        self.ckpt_dir = self.run_dir / "checkpoints"
         self._run_dir_error: str | None = None      # rank 0's: said on every rank by setup()'s first agreement
         try:
             self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
