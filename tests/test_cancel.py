@@ -97,3 +97,22 @@ def test_plain_scancel_ends_the_chain_instead_of_requeueing(slurm_cluster, slurm
     slurm_cluster.run("scancel", first)
     _ended_without_successor(slurm_cluster, chain, first, name, k, "scancel", "CANCELLED")
     assert not [e for e in chainlog.read(chain) if e["event"] == "cancel"]     # Slurm's record alone told it
+
+
+def test_a_cancel_ends_the_chains_begun_before_it_only():
+    """Pure: the cancel event applies to the chains of the directory that began before it (their later jobs,
+    moved or requeued, included), not to a chain submitted again afterwards."""
+    from hpc_jabas.slurm.cancel import chain_cancel
+
+    def ev(event, t, **kw):
+        return {"event": event, "time": float(t), **kw}
+    first = [ev("submit", 1, job_id="5", by="user"), ev("start", 2, job_id="5"),
+             ev("move", 3, from_job="5", to_job="6"), ev("submit", 3, job_id="6", by="job 5")]
+    cancel = ev("cancel", 4, by="user", jobs=["5", "6"])
+    later = [ev("submit", 9, job_id="8", by="user"), ev("start", 10, job_id="8")]
+    events = first + [cancel] + later
+    assert chain_cancel(events, "5") == cancel and chain_cancel(events, "6") == cancel
+    assert chain_cancel(events, "8") is None                      # a new chain in the same directory goes on
+    assert chain_cancel(first, "6") is None                       # nothing cancelled
+    again = events + [ev("cancel", 11, by="user", jobs=["8"])]
+    assert chain_cancel(again, "8")["time"] == 11.0
