@@ -58,3 +58,18 @@ def test_each_rank_restores_its_own_states_and_old_checkpoints_still_load():
     assert resume.restore_rng({"ranks": states}, 2) == "kept" and torch.equal(torch.get_rng_state(), before)
     old = {"torch": states[0]["torch"], "numpy": states[0]["numpy"], "python": states[0]["python"], "cuda": None}
     assert resume.restore_rng(old, 1) == "rank 0" and draws() == expect[0]
+
+
+def test_every_devices_cuda_state_goes_back_to_its_rank(monkeypatch):
+    """No GPU here: torch.cuda is faked to show which device states each rank gets back."""
+    dev = {r: [torch.full((4,), 10 * r + d, dtype=torch.uint8) for d in range(2)] for r in range(2)}
+    got: list[list[int]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: got.append([int(s[0]) for s in states]))
+    ranks = []
+    for r in range(2):
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda r=r: dev[r])
+        ranks.append(resume.rng_states())
+    assert resume.restore_rng({"ranks": ranks}, 1) == "own" and got == [[10, 11]]
+    assert resume.restore_rng({"ranks": ranks}, 0) == "own" and got[-1] == [0, 1]
