@@ -55,7 +55,7 @@ def _ended_without_successor(cluster, chain: Path, first: str, name: str, k: int
         assert cluster.wait_state(first, timeout=60) == slurm_state
     finally:
         cluster.cancel(*res["jobs"])
-    time.sleep(3.0)               # a successor would have been submitted by now
+    time.sleep(2.0)               # a successor would have been submitted by now (right after the end event)
     ends = [e for e in ev if e["event"] == "end"]
     assert len(ends) == 1 and ends[0]["state"] == "cancelled" and ends[0]["cancelled_by"] == by, ev
     stop_it = ends[0]["iteration"]
