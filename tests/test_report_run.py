@@ -19,7 +19,6 @@ import subprocess
 import pytest
 from mpi_util import PY, ROOT, mpi_env
 
-HPC_JABAS = str(ROOT / ".venv" / "bin" / "hpc-jabas")
 DIGITS = [PY, str(ROOT / "examples" / "train_digits.py"), "--emulate", "--epochs", "2", "--policy", "similarity",
           "--batch", "128", "--batch-min", "64", "--batch-max", "512", "--p", "4"]
 
@@ -51,16 +50,17 @@ def test_warning_once_and_evaluation_in_the_log(run):
 
 
 @pytest.mark.mpi
-def test_status_reads_an_mpirun_run_directory(run):
-    r = subprocess.run([HPC_JABAS, "status", str(run["dir"])], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+def test_status_reads_an_mpirun_run_directory(run, capsys):
+    from hpc_jabas.cli.main import main
+    assert main(["status", str(run["dir"])]) == 0
+    out = capsys.readouterr().out
     its = [x for x in run["recs"] if x.get("type") == "iteration"]
-    lines = r.stdout.splitlines()
-    assert "2 rank(s) v100:2, 1 start(s), 0 resume(s)" in lines[0], r.stdout
-    assert lines[1] == f"epochs done: 2 of 2, iterations: {len(its)}, B {its[0]['B']} -> {its[-1]['B']}", r.stdout
-    assert lines[-1] == f"current: finished (epoch 2 of 2, iteration {len(its)})", r.stdout
-    js = json.loads(subprocess.run([HPC_JABAS, "status", str(run["dir"]), "--json"], capture_output=True, text=True,
-                                   timeout=60).stdout)
+    lines = out.splitlines()
+    assert "2 rank(s) v100:2, 1 start(s), 0 resume(s)" in lines[0], out
+    assert lines[1] == f"epochs done: 2 of 2, iterations: {len(its)}, B {its[0]['B']} -> {its[-1]['B']}", out
+    assert lines[-1] == f"current: finished (epoch 2 of 2, iteration {len(its)})", out
+    assert main(["status", str(run["dir"]), "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
     ends = [x for x in run["recs"] if x.get("type") == "epoch_end"]
     assert js["kind"] == "run" and js["world"] == 2 and js["eval"] == ends[-1]["eval"], js
 
