@@ -75,3 +75,14 @@ def test_resuming_with_another_batch_or_model_is_one_line(tmp_path, capfd):
     rec = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     resume = [r for r in rec if r["type"] == "resume"][-1]
     assert resume["changed"] == {"kept": {"seed": 0}, "applied": {"epochs": 2}}
+
+
+def test_resuming_with_another_policy_starts_it_afresh(tmp_path, capfd):
+    run = str(tmp_path / "run")
+    _trainer(run_dir=run, policy="similarity", micro_batch=8).fit()
+    capfd.readouterr()
+    tr = _trainer(run_dir=run, policy="noise-scale", micro_batch=8, epochs=2)
+    tr.fit()                                               # before: "policy state is for 'similarity'" (StateError)
+    err = capfd.readouterr().err
+    assert "applied: epochs 1 -> 2, policy 'similarity' -> 'noise-scale'" in err, err
+    assert "the policy 'noise-scale' starts afresh" in err and tr.sampler.epoch == 2

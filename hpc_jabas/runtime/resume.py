@@ -198,7 +198,8 @@ class Checkpointer:
         if self.scheduler is not None and st.get("scheduler") is not None:
             self.scheduler.load_state_dict(st["scheduler"])
         self.state.load_state_dict(st, self.world, self.replan)
-        if self.controller is not None and st.get("controller") is not None:
+        if self.controller is not None and st.get("controller") is not None and "policy" not in self.changed.get(
+                "applied", {}):          # another policy starts afresh from the checkpoint's B
             self.controller.load_state_dict(st["controller"])
         if self.hook is not None and st.get("lifecycle"):
             self.hook.load_state_dict(dict(st["lifecycle"]))
@@ -317,6 +318,8 @@ class Checkpointer:
             text = [f"kept from the checkpoint: {', '.join(f'{k}={o!r} (not {n!r})' for k, (o, n) in kept.items())}"
                     ] if kept else []
             text += [f"applied: {', '.join(f'{k} {o!r} -> {n!r}' for k, (o, n) in applied.items())}"] if applied else []
+            if "policy" in applied:
+                text.append(f"the policy {applied['policy'][1]!r} starts afresh from B={st.get('B')}")
             log.info("resuming %s with changed settings: %s", src, "; ".join(text))
         return {"kept": {k: o for k, (o, _) in kept.items()}, "applied": {k: n for k, (_, n) in applied.items()}}
 
