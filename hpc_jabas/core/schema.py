@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Any, TypeVar
 
-from hpc_jabas.core import validate
+from hpc_jabas.core.validate import integer, number
 from hpc_jabas.errors import ConfigError
 
 _S = TypeVar("_S")
@@ -112,18 +112,18 @@ def _scalar(name: str, v: Any, tp: Any, m: Mapping[str, Any]) -> Any:
         lo = None if m["lo"] is None else math.floor(m["lo"]) + 1 if m["lo_open"] else math.ceil(m["lo"])
         hi = None if m["hi"] is None else math.ceil(m["hi"]) - 1 if m["hi_open"] else math.floor(m["hi"])
         try:
-            v = validate.integer(v, name, lo=lo, hi=hi, whole_float=False)
+            v = integer(v, name, lo=lo, hi=hi, whole_float=False)
         except ConfigError:
             raise ConfigError(f"{name}={given!r} must be an integer" + (f" {_bounds_text(m)}" if has_bounds else "")) \
                 from None
     if tp is float:
         try:
-            v = validate.number(v, name)
+            v = number(v, name)
         except ConfigError:
             raise ConfigError(f"{name}={given!r} must be a finite number" +
                               (f" {_bounds_text(m)}" if has_bounds else "")) from None
         try:
-            validate.number(v, name, lo=m["lo"], hi=m["hi"], lo_open=m["lo_open"], hi_open=m["hi_open"])
+            number(v, name, lo=m["lo"], hi=m["hi"], lo_open=m["lo_open"], hi_open=m["hi_open"])
         except ConfigError:
             raise ConfigError(f"{name}={given!r} must be {_bounds_text(m)}") from None
     if tp is str and not isinstance(v, str):
