@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_guides_scripts_are_the_files_and_its_diff_size_is_theirs():
-    doc = (ROOT / "docs" / "porting.md").read_text()
+    doc = (ROOT / "docs/porting.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
     hvd = (ROOT / "examples" / "porting" / "horovod_mnist.py").read_text()
     port = (ROOT / "examples" / "porting" / "jabas_mnist.py").read_text()
