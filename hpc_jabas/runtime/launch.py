@@ -151,10 +151,11 @@ def _run_job(spec: JobSpec) -> dict | None:
         state = "moved" if moved else "cancelled" if cancel else "stopped" if stopped else "finished"
         chainlog.append(spec.chain_dir, "end", job_id=job_id, epochs=tr.sampler.epoch, wall_s=wall, cost=cost,
                         state=state, iteration=tr.iteration, signal=(stopped or {}).get("signal"), lost_iterations=0,
-                        **({"cancelled_by": cancel["by"], "checkpoint": stopped.get("checkpoint")} if cancel else {}))
+                        **({"cancelled_by": cancel["by"], "checkpoint": (stopped or {}).get("checkpoint")}
+                           if cancel else {}))
         if cancel:
             log.info("job %s cancelled (%s): stopped after iteration %s with checkpoint %s; the chain ends here "
-                     "(no successor)", job_id, cancel["by"], tr.iteration, stopped.get("checkpoint"))
+                     "(no successor)", job_id, cancel["by"], tr.iteration, (stopped or {}).get("checkpoint"))
             requeue = {"requeued": False, "reason": "cancelled", "by": cancel["by"]}
         elif stopped:
             requeue = requeue_after_stop(spec, job_id, mix, stopped, submit_fn)
