@@ -85,6 +85,17 @@ def test_backend_key_one_line_from_a_job_file_and_the_flag(capsys):
     assert isinstance(p, argparse.ArgumentParser)
 
 
+def test_submit_refuses_an_unknown_backend_before_slurm(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(f'[train]\nbatch = 32\nbackend = "nccl"\n[job]\ntask = "examples.train_digits:build"\n'
+                   f'chain_dir = "{tmp_path / "chain"}"\n')
+    p = subprocess.run([str(Path(PY).parent / "hpc-jabas"), "submit", str(job), "--mix", "v100:2"],
+                       capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["hpc-jabas: error: backend='nccl' is unknown; valid: horovod, torch, auto"]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["job.toml"]          # nothing written, nothing submitted
+
+
 def test_one_rank_world_and_overlapping_buckets(tmp_path):
     out = tmp_path / "ov.json"
     p = run_script([str(WORKERS / "overlap_worker.py"), str(out)], env=dict(mpi_env(), OMP_NUM_THREADS="1"),
