@@ -35,6 +35,7 @@ from hpc_jabas.core.defaults import OBJECTIVES as OBJECTIVES
 from hpc_jabas.core.defaults import RESTART_PRIOR_S as RESTART_PRIOR_S
 from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.core.planning.planner import PlanSpec
+from hpc_jabas.core.validate import integer, number, passes
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 Mix = dict[str, int]
@@ -47,10 +48,10 @@ def _norm_mix(mix: Mapping[str, int]) -> Mix:
         raise ConfigError(f"mix {mix!r} is invalid; give a mapping partition -> GPU count")
     out: Mix = {}
     for part, n in mix.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if not passes(integer, n, lo=0, whole_float=False):
             raise ConfigError(f"mix {dict(mix)!r} has count {n!r} for partition {part!r}; counts must be integers >= 0")
         if n:
-            out[str(part)] = n
+            out[str(part)] = int(n)
     return dict(sorted(out.items()))
 
 
@@ -115,17 +116,14 @@ def enumerate_mixes(free: Mapping[str, int], types: Mapping[str, str], max_gpus:
     this many partitions in one mix (a hetjob with many components is fragile). Returned sorted by
     GPU count, then by partition name and counts: deterministic.
     """
-    if isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1:
-        raise ConfigError(f"max_gpus={max_gpus!r} is invalid; it must be an integer >= 1")
-    if isinstance(min_gpus, bool) or not isinstance(min_gpus, int) or min_gpus < 1:
-        raise ConfigError(f"min_gpus={min_gpus!r} is invalid; it must be an integer >= 1")
+    integer(max_gpus, "max_gpus", lo=1, whole_float=False)
+    integer(min_gpus, "min_gpus", lo=1, whole_float=False)
     if min_gpus > max_gpus:
         raise ConfigError(f"min_gpus={min_gpus} is larger than max_gpus={max_gpus}")
-    if max_partitions is not None and (isinstance(max_partitions, bool) or not isinstance(max_partitions, int)
-                                       or max_partitions < 1):
+    if max_partitions is not None and not passes(integer, max_partitions, lo=1, whole_float=False):
         raise ConfigError(f"max_partitions={max_partitions!r} is invalid; it must be an integer >= 1 or None")
     for part, n in free.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        if not passes(integer, n, lo=0, whole_float=False):
             raise ConfigError(f"free GPU count {n!r} for partition {part!r} is invalid; it must be an integer >= 0")
     missing = [p for p in free if p not in types]
     if missing:
@@ -183,7 +181,7 @@ def mix_rate(mix: Mapping[str, int], rates: Mapping[str, float]) -> float:
     total = 0.0
     for p, n in m.items():
         r = rates[p]
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 or math.isinf(r):
+        if not passes(number, r, lo=0.0):
             raise ConfigError(f"rate {r!r} for partition {p!r} is invalid; a rate per GPU-hour must be a number >= 0")
         total += n * float(r)
     return total
@@ -211,7 +209,7 @@ def price(candidate: Candidate | Mapping[str, int], epoch_time_fn: EpochTimeFn,
         return Estimate(None, None, False, str(e), rate)
     if t is None:
         return Estimate(None, None, False, "infeasible: the performance model has no time for this mix", rate)
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 or math.isinf(t):
+    if not passes(number, t, lo=0.0):
         raise ConfigError(f"epoch_time_fn({mix_label(cand.mix)}) returned {t!r}; "
                           "it must return seconds >= 0 or None when infeasible")
     return Estimate(float(t), float(t) / 3600.0 * rate, True, "", rate)
@@ -305,7 +303,7 @@ class RestartOverhead:
 
     @staticmethod
     def _check(x: Any, name: str) -> float:
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0 or math.isinf(x):
+        if not passes(number, x, lo=0.0):
             raise ConfigError(f"{name}={x!r} is invalid; a restart overhead must be a number of seconds >= 0")
         return float(x)
 
@@ -394,15 +392,15 @@ def _check_choice(objective: str, restart_overhead_s: float | RestartOverhead, m
         raise ConfigError(f"unknown objective {objective!r}; valid objectives: {', '.join(OBJECTIVES)}")
     overhead = restart_overhead_s.seconds if isinstance(restart_overhead_s, RestartOverhead) else \
         RestartOverhead._check(restart_overhead_s, "restart_overhead_s")
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+    if not passes(number, margin, lo=0.0, hi=1.0, hi_open=True):
         raise ConfigError(f"margin={margin!r} is invalid; it must be a fraction in [0, 1), e.g. 0.05")
-    if isinstance(R, bool) or not isinstance(R, (int, float)) or not R > 0 or math.isinf(R):
+    if not passes(number, R, lo=0.0, lo_open=True):
         raise ConfigError(f"remaining_epochs={R!r} is invalid; it must be a number > 0")
     if obj == "time-under-budget":
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+        if not passes(number, budget, lo=0.0, finite=False):
             raise ConfigError(f"objective 'time-under-budget' needs budget >= 0 (money left), got {budget!r}")
     if obj == "cost-under-deadline":
-        if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not deadline_s >= 0:
+        if not passes(number, deadline_s, lo=0.0, finite=False):
             raise ConfigError("objective 'cost-under-deadline' needs deadline_s >= 0 (seconds left), "
                               f"got {deadline_s!r}")
     return obj, overhead

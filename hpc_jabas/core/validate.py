@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -83,3 +84,13 @@ def integer(x: Any, what: str, *, lo: int | None = None, hi: int | None = None, 
             bounds = " " + _range_text(lo, hi, False, False, "d") if lo is not None or hi is not None else ""
         raise ConfigError(f"{what}={x!r} is invalid; it must be an integer{bounds}")
     return v
+
+
+def passes(check: Callable[..., Any], x: Any, **rule: Any) -> bool:
+    """Whether ``check`` (:func:`number`, :func:`integer`, :func:`positive`) accepts ``x`` under ``rule``: for a
+    caller that words its own refusal (a mix's counts, a rate) but decides by the same rules."""
+    try:
+        check(x, "value", **rule)
+    except ConfigError:
+        return False
+    return True
