@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.validate import integer, passes
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.cluster import ClusterView, read_cluster
 
@@ -79,7 +80,7 @@ def components(mix: Mapping[str, int], view: ClusterView | None = None, *,
     out = []
     for part in sorted(mix):
         n = mix[part]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if not passes(integer, n, lo=1, whole_float=False):
             raise ConfigError(f"mix {dict(mix)!r}: count {n!r} for {part!r} must be an integer >= 1")
         pv = view.partitions.get(part)
         if pv is None:

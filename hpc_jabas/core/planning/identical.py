@@ -82,6 +82,7 @@ from hpc_jabas.core.planning.slots import (
     k_at_vec,
     makespan_all,
 )
+from hpc_jabas.core.validate import integer, passes
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 MAX_RANGE = 10_000_000  # widest B range plan_range accepts (one row per feasible B)
@@ -189,7 +190,7 @@ def _prepare(gpus: Sequence[str], model: PerfModel, b_candidates: Iterable[int] 
             raise ConfigError(f"b_candidates={b_candidates!r} must be a list of integers >= 1")
         cands = []
         for b in b_candidates:
-            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+            if not passes(integer, b, lo=1, whole_float=False):
                 raise ConfigError(f"candidate micro-batch b={b!r} must be an integer >= 1")
             cands.append(int(b))
         cands = sorted(set(cands))

@@ -49,6 +49,7 @@ from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.planning.identical import plan_range
 from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.core.planning.prices import per_rank_times
+from hpc_jabas.core.validate import integer, number, passes
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 GROW, SHRINK, STAY, SET = "grow", "shrink", "stay", "set"
@@ -207,7 +208,7 @@ def snap_nearest(space: BatchSpace, target: float, exact_wins: bool = False, ref
 
     ``exact_wins``: a target that is itself realisable is returned as is (a policy that chose it).
     """
-    if isinstance(target, bool) or not isinstance(target, (int, float)) or math.isnan(target):
+    if not passes(number, target, finite=False):
         raise ConfigError(f"target batch size {target!r} must be a number")
     if exact_wins and float(target).is_integer() and space.B_min <= target <= space.B_max \
             and space.is_realisable(int(target)):
@@ -286,7 +287,7 @@ def optimal_space(gpus: Sequence[str], model: PerfModel, B_min: int, B_max: int,
 def planner_space(B_min: int, B_max: int, step: int, plan_fn: Callable[[int], Plan],
                   time_fn: Callable[[Plan], float] | None, label: str = "") -> BatchSpace:
     """Multiples of ``step`` that ``plan_fn`` realises exactly (plan.B == B), timed by ``time_fn``."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+    if not passes(integer, step, lo=1, whole_float=False):
         raise ConfigError(f"micro-batch size b={step!r} must be an integer >= 1")
 
     def rows(lo: int, hi: int) -> list[Row]:
