@@ -75,7 +75,7 @@ from hpc_jabas.core.defaults import WD_RULES as WD_RULES
 from hpc_jabas.core.defaults import canonical_policy as canonical_policy
 from hpc_jabas.core.planning.space import GROW, SET, SHRINK, STAY, BatchSpace, snap_nearest, snap_toward
 from hpc_jabas.core.scaling import AdaScaleRule, LinearScaling, LRRule, NoScaling, SqrtScaling
-from hpc_jabas.core.stats import NoiseWindow, goodput, statistical_efficiency
+from hpc_jabas.core.stats import NoiseMemory, NoiseWindow, goodput, statistical_efficiency
 from hpc_jabas.core.validate import integer, is_number
 from hpc_jabas.errors import ConfigError
 
@@ -111,6 +111,8 @@ class PolicyState:
     ``g2``, ``s``: this iteration's fresh unbiased estimates of |G|^2 and tr(Sigma)
     (stats.noise_scale_terms; None: no fresh measurement). The goodput policy averages them itself.
     ``progress``: the fraction of the run done, in samples (what the ramp policy reads; None: unknown).
+    ``samples``: the samples trained since the previous fresh measurement, what a fresh (g2, s) stands for in
+    an estimate with a memory in samples (``noise_memory``; None: one iteration's, B).
     """
 
     B: int
@@ -120,16 +122,17 @@ class PolicyState:
     g2: float | None = None
     s: float | None = None
     progress: float | None = None
+    samples: float | None = None
 
     @classmethod
     def coerce(cls, state: PolicyState | Mapping[str, Any]) -> PolicyState:
         if isinstance(state, PolicyState):
             return state
         if isinstance(state, Mapping):
-            extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s", "progress"}
+            extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s", "progress", "samples"}
             if extra or "B" not in state:
                 raise ConfigError(f"policy state {dict(state)!r} is invalid; give keys B (required), "
-                                  "iteration, similarity, b_noise, g2, s, progress")
+                                  "iteration, similarity, b_noise, g2, s, progress, samples")
             return cls(**state)
         raise ConfigError(f"policy state {state!r} is invalid; give a PolicyState or a dict with key B")
 
@@ -290,8 +293,10 @@ class GoodputPolicy(BatchPolicy):
     The noise scale: each fresh measurement brings the unbiased estimates (G2, S) of |G|^2 and
     tr(Sigma) (``PolicyState.g2`` / ``s``, stats.noise_scale_terms); the policy averages each over
     its last ``window`` measurements and divides the averages (``stats.NoiseWindow``, McCandlish et
-    al.). A caller without raw estimates may pass a smoothed ``b_noise`` instead (used only while
-    the window is empty).
+    al.); with ``noise_memory`` (opt-in) it averages them with a memory of that many training samples
+    instead (``stats.NoiseMemory``, Pollux's estimate). Measurements between decisions come in through
+    :meth:`observe` (the controller's ``measure_every``). A caller without raw estimates may pass a smoothed
+    ``b_noise`` instead (used only while the estimate is empty).
 
     As Pollux, B moves only for a predicted goodput gain of at least ``min_gain`` (5%) over the current B.
     Guards beyond Pollux: no move before ``warmup`` fresh measurements (a decision without a new
@@ -305,7 +310,8 @@ class GoodputPolicy(BatchPolicy):
 
     def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
-                 window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN) -> None:
+                 window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN,
+                 noise_memory: float | None = None) -> None:
         super().__init__(B_min, B_max, p)
         if not is_number(min_gain, nan=False) or not 0.0 <= min_gain < 1.0:
             raise ConfigError(f"min_gain={min_gain!r} is invalid; the smallest predicted goodput gain that moves "
@@ -318,17 +324,28 @@ class GoodputPolicy(BatchPolicy):
                               "e.g. 2 (math.inf: no limit)")
         self.max_step = float(max_step)
         self.window = integer(window, "window", lo=1)
-        self.noise = NoiseWindow(self.window)
+        self.noise_memory = None if noise_memory is None else float(noise_memory)
+        self.noise: NoiseWindow | NoiseMemory = NoiseWindow(self.window) if noise_memory is None \
+            else NoiseMemory(noise_memory)
         self.seen = 0
+
+    def observe(self, g2: float | None, s: float | None, samples: float | None = None) -> bool:
+        """One fresh estimate (G2, S) into the noise-scale estimate, between decisions or at one; ``samples``:
+        the samples trained since the previous fresh one (None: counted as one). A missing or non-finite
+        estimate is left out. Whether it was taken."""
+        if g2 is None or s is None or not (is_number(g2, nan=False) and is_number(s, nan=False)) \
+                or not (math.isfinite(g2) and math.isfinite(s)):
+            return False
+        n = samples if is_number(samples, nan=False) and samples is not None and samples > 0 else 1.0
+        self.noise.add(float(g2), float(s), float(n))
+        self.seen += 1
+        return True
 
     def _observe(self, state: PolicyState) -> float | None:
         """Take this state's fresh measurement, if any; the noise scale to decide on (None: none)."""
         g2, s = state.g2, state.s
         if g2 is not None or s is not None:
-            if g2 is not None and s is not None and is_number(g2, nan=False) and is_number(s, nan=False) \
-                    and math.isfinite(g2) and math.isfinite(s):
-                self.noise.add(float(g2), float(s))
-                self.seen += 1
+            self.observe(g2, s, state.samples if state.samples is not None else state.B)
         elif state.b_noise is not None and is_number(state.b_noise, nan=False) and state.b_noise >= 0 \
                 and not self.noise.count:
             self.seen += 1                         # a caller's smoothed estimate: one measurement per call
@@ -389,7 +406,8 @@ class GoodputPolicy(BatchPolicy):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
-                "window": self.window, "min_gain": self.min_gain}
+                "window": self.window, "min_gain": self.min_gain,
+                **({} if self.noise_memory is None else {"noise_memory": self.noise_memory})}
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict()}
@@ -397,7 +415,11 @@ class GoodputPolicy(BatchPolicy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.seen = int(state.get("seen", self.warmup))
-        if "noise" in state:
+        if state.get("noise_memory") != self.noise_memory:
+            # the estimate's kind changed since the checkpoint (window <-> memory in samples): it restarts
+            self.noise = NoiseWindow(self.window) if self.noise_memory is None else NoiseMemory(self.noise_memory)
+            self.seen = 0
+        elif "noise" in state:
             self.noise.load_state_dict(state["noise"])
 
 
@@ -446,7 +468,7 @@ class RampPolicy(BatchPolicy):
 _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
-    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "window"},
+    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "window", "noise_memory"},
     "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
 

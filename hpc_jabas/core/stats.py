@@ -11,14 +11,16 @@ b_small < b_big give the unbiased estimators of ``noise_scale_terms``; the simpl
 B_noise = tr(Sigma) / |G|^2 = S / G2. Single estimates are very noisy (G2 can be negative), so
 ``NoiseScale`` smooths G2 and S separately with a bias-corrected EMA and takes the ratio of the
 averages, as McCandlish et al. recommend (what the controller logs); ``NoiseWindow`` averages them
-uniformly over the last measurements (what the goodput policy decides on).
+uniformly over the last measurements (what the goodput policy decides on by default); ``NoiseMemory``
+averages them with weights that decay per training sample, so its memory is fixed in samples whatever
+the measurement period (Pollux's, opt-in: ``noise_memory``).
 """
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from hpc_jabas.core.validate import positive
+from hpc_jabas.core.validate import is_number, positive
 from hpc_jabas.errors import ConfigError
 
 
@@ -145,7 +147,8 @@ class NoiseWindow:
         self._g2: list[float] = []
         self._s: list[float] = []
 
-    def add(self, g2: float, s: float) -> float | None:
+    def add(self, g2: float, s: float, samples: float | None = None) -> float | None:
+        """One fresh estimate (``samples``: ignored here; the window counts measurements)."""
         g, v = float(g2), float(s)
         if not (math.isfinite(g) and math.isfinite(v)):
             raise ConfigError(f"noise window got a non-finite estimate (G2={g2!r}, S={s!r})")
@@ -176,6 +179,63 @@ class NoiseWindow:
         self.size = int(state.get("size", self.size))
         self._g2 = [float(x) for x in state["g2"]][-self.size:]
         self._s = [float(x) for x in state["s"]][-self.size:]
+
+
+class NoiseMemory:
+    """Unbiased estimates (G2, S) averaged with a memory of ``memory`` training samples (Pollux's estimate).
+
+    A measurement that stands for the ``n`` samples trained since the previous one enters with weight
+    1 - exp(-n / memory) and everything before it decays by exp(-n / memory): the weight left on what was
+    measured T samples ago is exp(-T / memory) however often it was measured. The averages are
+    bias-corrected (divided by the total weight, so the first value is the first estimate).
+    Pollux's per-step factor 0.999^(B / B0) is ``memory`` = B0 / -ln(0.999), about 1,000 x B0 samples.
+    ``b_noise``, ``count`` as :class:`NoiseWindow`."""
+
+    def __init__(self, memory: float) -> None:
+        if not is_number(memory, nan=False) or not 0.0 < float(memory) < math.inf:
+            raise ConfigError(f"noise_memory={memory!r} is invalid; it must be a number of training samples > 0, "
+                              "e.g. 32000 (about 1,000 x the initial batch, as Pollux)")
+        self.memory = float(memory)
+        self._g2 = self._s = self._w = 0.0
+        self._n = 0
+
+    def add(self, g2: float, s: float, samples: float | None = None) -> float | None:
+        """One fresh estimate, standing for the ``samples`` trained since the previous one (> 0)."""
+        g, v = float(g2), float(s)
+        if not (math.isfinite(g) and math.isfinite(v)):
+            raise ConfigError(f"noise memory got a non-finite estimate (G2={g2!r}, S={s!r})")
+        if not is_number(samples, nan=False) or not float(samples) > 0:   # type: ignore[arg-type]
+            raise ConfigError(f"noise memory got samples={samples!r}; each estimate stands for > 0 trained samples")
+        d = math.exp(-float(samples) / self.memory)   # type: ignore[arg-type]
+        self._g2 = d * self._g2 + (1.0 - d) * g
+        self._s = d * self._s + (1.0 - d) * v
+        self._w = d * self._w + (1.0 - d)
+        self._n += 1
+        return self.b_noise
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+    @property
+    def G2(self) -> float | None:
+        return self._g2 / self._w if self._n and self._w > 0 else None
+
+    @property
+    def S(self) -> float | None:
+        return self._s / self._w if self._n and self._w > 0 else None
+
+    @property
+    def b_noise(self) -> float | None:
+        return noise_ratio(self.G2, self.S)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"memory": self.memory, "g2": self._g2, "s": self._s, "w": self._w, "n": self._n}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.memory = float(state.get("memory", self.memory))
+        self._g2, self._s, self._w = float(state["g2"]), float(state["s"]), float(state["w"])
+        self._n = int(state["n"])
 
 
 def noise_ratio(g2: float | None, s: float | None) -> float | None:

@@ -164,6 +164,8 @@ class AdaptiveController(BaseController):
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
             kw.update(B0=cfg.batch)
+            if getattr(cfg, "noise_memory", None) is not None:
+                kw.update(noise_memory=cfg.noise_memory)
         elif self.policy_name == "ramp":
             kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
         self.policy = make_policy(self.policy_name, **kw)
@@ -175,6 +177,12 @@ class AdaptiveController(BaseController):
         self._wd_base = None      # list[float]: the optimizer's own weight decay per param group
         self._wd_set = None       # list[float]: what the rule last set (a change elsewhere is a new base)
         self.noise = NoiseScale()
+        # goodput: also measure the noise scale (noise-only, no half-batch sum) every measure_every iterations
+        # between decisions, each fresh (G2, S) into the policy's estimate (rank 0); None: decisions only
+        self.measure_every: int | None = getattr(cfg, "measure_every", None) \
+            if self.policy_name == "noise-scale" else None
+        self._since = 0                    # samples trained since the last fresh measurement (rank 0)
+        self._fed = 0                      # fresh measurements given to the policy (rank 0)
         self.trajectory: list[tuple[int, int]] = []
         self.last_stats: dict = {}
         self.balance = cfg.balance != "off"
@@ -256,7 +264,26 @@ class AdaptiveController(BaseController):
         return (sampler.epoch + sampler.cursor / n) / epochs
 
     def wants_stats(self, iteration: int) -> bool:
-        return self.moves and self.cfg.policy != "ramp" and (iteration + 1) % self.p == 0
+        k = self.measure_every
+        return self.moves and self.cfg.policy != "ramp" and \
+            ((iteration + 1) % self.p == 0 or (k is not None and (iteration + 1) % k == 0))
+
+    def measures_similarity(self, iteration: int) -> bool:
+        """Whether a measurement iteration needs the half-batch cosine (False: noise-only, with measure_every)."""
+        return self.measure_every is None
+
+    def _fresh_terms(self, st: dict | None) -> tuple[float | None, float | None]:
+        """This measurement's unbiased (G2, S) (None, None: none, one micro-batch, or non-finite); the controller's
+        moving average takes them too."""
+        from hpc_jabas.core.stats import noise_scale_terms
+        if not st or not st["S"] > st["b"]:
+            return None, None
+        try:
+            g2, s_tr = noise_scale_terms(st["b"], st["sq_micro"], st["S"], st["sq_global"])
+            self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
+        except ConfigError:
+            return None, None              # a non-finite measurement: keep the smoothed value
+        return g2, s_tr
 
     def is_round(self, done: int) -> bool:
         return (self.moves and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
@@ -285,6 +312,14 @@ class AdaptiveController(BaseController):
         if self.balance:
             self._window.append(rec)
         done = trainer.iteration
+        if self.policy_name == "noise-scale" and trainer.rank == 0:
+            self._since += int(rec.get("samples", 0))
+            between = not (self.moves and done % self.p == 0)        # a decision round takes its own in decide
+            if self.measure_every is not None and rec.get("stats") and between:
+                g2, s_tr = self._fresh_terms(rec["stats"])
+                if g2 is not None and self.policy.observe(g2, s_tr, self._since):   # type: ignore[attr-defined]
+                    self._since = 0
+                    self._fed += 1
         if not self.is_round(done):
             return None
         from hpc_jabas.runtime import comm
@@ -327,22 +362,18 @@ class AdaptiveController(BaseController):
     def decide(self, trainer: TrainerView, rec):
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
-        from hpc_jabas.core.stats import noise_scale_terms
         st = rec.get("stats")
-        sim = None
-        g2 = s_tr = None                   # this iteration's fresh estimates (None: no fresh measurement)
-        if st:
-            sim = st["similarity"]
-            if st["S"] > st["b"]:
-                try:
-                    g2, s_tr = noise_scale_terms(st["b"], st["sq_micro"], st["S"], st["sq_global"])
-                    self.noise.update(st["b"], st["sq_micro"], st["S"], st["sq_global"])
-                except ConfigError:
-                    g2 = s_tr = None       # a non-finite measurement: keep the smoothed value
+        sim = st["similarity"] if st else None
+        g2, s_tr = self._fresh_terms(st)   # this iteration's fresh estimates (None: no fresh measurement)
         bnoise = self.noise.b_noise
         B_now, plan_now, _ = announced(trainer)
+        since = self._since or None        # the samples this decision's measurement stands for (goodput)
+        if g2 is not None:
+            self._since = 0
+            self._fed += 1
         bd = self.policy.decide(PolicyState(B=B_now, iteration=trainer.iteration, similarity=sim,
-                                            b_noise=bnoise, g2=g2, s=s_tr, progress=self.progress(trainer)),
+                                            b_noise=bnoise, g2=g2, s=s_tr, progress=self.progress(trainer),
+                                            samples=since),
                                 self.space)
         if bd.B == B_now and self.factors is None:
             plan = plan_now
@@ -361,6 +392,8 @@ class AdaptiveController(BaseController):
         win = getattr(self.policy, "noise", None)
         if win is not None:                # the goodput policy's own window: what it decided on
             stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None)
+            if self.measure_every is not None:     # the fresh measurements fed so far, decisions' included
+                stats.update(measurements=self._fed)
         self.last_stats = stats
         return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
@@ -377,6 +410,7 @@ class AdaptiveController(BaseController):
         return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),
                 "noise": self.noise.state_dict(), "trajectory": list(self.trajectory),
                 "factors": self.factors, "wd": [self._wd_base, self._wd_set],
+                "measured": [self._since, self._fed],
                 "predictors": self.predictors.state_dict() if self.predictors is not None else None,
                 "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None}
 
@@ -385,6 +419,7 @@ class AdaptiveController(BaseController):
         self.lr_rule.load_state_dict(d["lr_rule"])
         self.noise.load_state_dict(d["noise"])
         self.trajectory = [tuple(x) for x in d["trajectory"]]
+        self._since, self._fed = (int(x) for x in d.get("measured", (0, 0)))
         wd = d.get("wd") or [None, None]
         self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
         if self.balance and d.get("predictors") and self.predictors is not None and self.rebalancer is not None \

@@ -19,6 +19,11 @@ the mean gradient of the iteration, N its normaliser: S samples, or the global t
 computed in place in ``h0``. Every scalar stays on the device until the optimizer's one host
 read of the iteration (:meth:`Measurement.values`).
 
+A noise-only measurement (``similarity=False``: what the noise scale needs, taken every
+``measure_every`` iterations) keeps no ``h0`` buffer and reduces no gradient-sized tensor: only the
+micro-batch norms' sum and the counts (the one small scalar allreduce) beside the normal gradient
+allreduce; its :class:`GradStats` has ``similarity`` None.
+
 With g_j the mean gradient of micro-batch j (w_j samples or tokens) and W = sum_j w_j,
 ``sq_micro = sum_j w_j |g_j|^2 / W`` has expectation |G|^2 + tr(Sigma) M / S in sample units (see
 optim.py), so the statistics keep their meaning for token-weighted losses too.
@@ -39,7 +44,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 @dataclass
 class GradStats:
     """Raw statistics of one measurement iteration (all ranks hold the same values)."""
-    similarity: float          # cosine(mean grad of half 0, mean grad of half 1)
+    similarity: float | None   # cosine(mean grad of half 0, mean grad of half 1); None: a noise-only measurement
     sq_micro: float            # sample-weighted mean over micro-batches of |g_micro|^2
     sq_global: float           # |g|^2 of the whole iteration's mean gradient (size S)
     b: float                   # effective micro-batch size of sq_micro: S / M (the plan's b when identical)
@@ -98,8 +103,11 @@ def mul_(tensors: Sequence[torch.Tensor], factor: torch.Tensor | float) -> None:
 class Measurement:
     """One measurement iteration's half-batch buffer, hooks and scalars (module docstring)."""
 
-    def __init__(self, params: Sequence[torch.Tensor], halves: Sequence[int], overlap: bool = True):
+    def __init__(self, params: Sequence[torch.Tensor], halves: Sequence[int], overlap: bool = True,
+                 similarity: bool = True):
+        """``similarity``: keep and reduce the half-0 sum (False: the noise scale's scalars only)."""
         self.params = list(params)
+        self.similarity = bool(similarity)
         self.overlap = overlap
         self.halves = [int(h) for h in halves]
         if any(h not in (0, 1) for h in self.halves):
@@ -108,7 +116,7 @@ class Measurement:
         self.sd = stat_dtype(dev)
         self.device = dev
         sizes: dict[tuple[torch.device, torch.dtype], int] = {}
-        for p in self.params:
+        for p in self.params if self.similarity else []:
             k = (p.device, acc_dtype(p.dtype))
             sizes[k] = sizes.get(k, 0) + p.numel()
         # uninitialised: the first half-0 gradient of a parameter is copied in, the untouched ones zeroed at
@@ -117,7 +125,7 @@ class Measurement:
         self._touched = [False] * len(self.params)
         offs = dict.fromkeys(sizes, 0)
         self.h0: list[torch.Tensor] = []
-        for p in self.params:
+        for p in self.params if self.similarity else []:
             k = (p.device, acc_dtype(p.dtype))
             self.h0.append(self.flat[k][offs[k]:offs[k] + p.numel()].view_as(p))
             offs[k] += p.numel()
@@ -132,13 +140,13 @@ class Measurement:
 
     def _make_hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(g: torch.Tensor) -> None:       # the micro-batch's gradient, before accumulation into .grad
-            if self._half == 0:
+            if self._half == 0 and self.similarity:
                 if self._touched[i]:
                     self.h0[i].add_(g)
                 else:
                     self.h0[i].copy_(g)
                     self._touched[i] = True
-            if self._last and self.overlap:        # final here: reduce it during the rest of the backward
+            if self._last and self.overlap and self.similarity:   # final: reduce it during the rest of the backward
                 self._reduce_h0(i)
             self._parts.append(torch.linalg.vector_norm(g, dtype=torch.float32) if g.dtype in HALF_DTYPES
                                else torch.linalg.vector_norm(g))
@@ -182,7 +190,7 @@ class Measurement:
         """Start the extra reductions not started yet: H0 per parameter (Horovod fuses them; most started
         during the last backward) and [sq, M, n0, n1] in one small tensor."""
         self.remove_hooks()
-        for i in range(len(self.params)):
+        for i in range(len(self.h0)):
             self._reduce_h0(i)
         counts = torch.tensor([self.m_local, self.samples[0], self.samples[1]], dtype=self.sd)
         self.scal = torch.cat([self.sq.reshape(1), counts.to(self.device, non_blocking=True)])
@@ -195,27 +203,32 @@ class Measurement:
 
     def values(self, grads: Sequence[torch.Tensor], norm: torch.Tensor | float,
                factor: torch.Tensor | float) -> torch.Tensor:
-        """Device vector [sq_sum, M, n0, n1, |g|^2, |H0|^2, |H1|^2, N] (``grads``: the reduced mean gradient,
-        unscaled; ``norm``: N; ``factor``: what turns the hooks' gradients into weight x gradient, i.e. the
-        backward's normaliser c over the loss scale). Turns h0 into H1 / N in place."""
+        """Device vector [sq_sum, M, n0, n1, |g|^2, |H0|^2, |H1|^2, N] (the halves' norms NaN when noise-only;
+        ``grads``: the reduced mean gradient, unscaled; ``norm``: N; ``factor``: what turns the hooks' gradients
+        into weight x gradient, i.e. the backward's normaliser c over the loss scale). Turns h0 into H1 / N in place."""
         sd = self.sd
         N = scalar(norm, sd, self.device)
         inv = scalar(factor, sd, self.device)
         g2 = sq_norms(grads, sd)
+        sq_sum = self.scal[0] * inv * inv
+        if not self.similarity:                                 # noise only: no halves' norms (NaN)
+            nan = torch.full((), float("nan"), dtype=sd, device=self.device)
+            return torch.stack([sq_sum, self.scal[1], self.scal[2], self.scal[3], g2, nan, nan, N])
         a = sq_norms(self.h0, sd) * inv * inv                   # |H0|^2, unscaled
         mul_(self.h0, -inv / N)                                 # -H0 / N ...
         torch._foreach_add_(self.h0, list(grads))               # ... + g = H1 / N
         c = sq_norms(self.h0, sd) * N * N                       # |H1|^2
-        sq_sum = self.scal[0] * inv * inv
         return torch.stack([sq_sum, self.scal[1], self.scal[2], self.scal[3], g2, a, c, N])
 
     @staticmethod
     def stats(v: Sequence[float], S: int) -> GradStats:
         """GradStats from :meth:`values` read on the host."""
         sq_sum, M_, n0, n1, g2, a, c, N = (float(x) for x in v)
-        dot = 0.5 * (N * N * g2 - a - c)                        # <H0, H1> from |H0 + H1|^2 = N^2 |g|^2
-        sim = dot / (a * c) ** 0.5 if a > 0 and c > 0 else float("nan")
-        sim = max(-1.0, min(1.0, sim)) if sim == sim else sim
+        sim: float | None = None                                # a and c NaN: a noise-only measurement
+        if a == a and c == c:
+            dot = 0.5 * (N * N * g2 - a - c)                    # <H0, H1> from |H0 + H1|^2 = N^2 |g|^2
+            sim = dot / (a * c) ** 0.5 if a > 0 and c > 0 else float("nan")
+            sim = max(-1.0, min(1.0, sim)) if sim == sim else sim
         M = int(round(M_))
         return GradStats(similarity=sim, sq_micro=sq_sum / N, sq_global=g2, b=S / max(M, 1), S=S, M=M,
                          half_samples=(int(round(n0)), int(round(n1))))

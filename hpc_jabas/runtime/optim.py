@@ -166,9 +166,12 @@ class HeterogeneousOptimizer:
 
     # ---- iteration protocol ------------------------------------------------------------
     def begin(self, n_local: int, total_samples: int, measure: bool = False,
-              first_global_microbatch: int = 0, b: int = 1, halves: Sequence[int] | None = None) -> None:
+              first_global_microbatch: int = 0, b: int = 1, halves: Sequence[int] | None = None,
+              similarity: bool = True) -> None:
         """``halves``: per local micro-batch, the half (0/1) it belongs to on a measurement iteration
         (``plan.half_split(plan)[rank]``); default the parity of the global micro-batch index.
+        ``similarity``: False for a noise-only measurement (no half-batch buffer, no gradient-sized extra
+        reduction; ``last_stats.similarity`` None).
         ``b`` is accepted for compatibility and unused (the statistics use the true sample counts)."""
         if total_samples < 1:
             raise ValueError(f"total_samples={total_samples} must be >= 1")
@@ -199,7 +202,8 @@ class HeterogeneousOptimizer:
         if self._measure:
             labels = self._halves if self._halves is not None else \
                 [(self._first_global + k) % 2 for k in range(self._n_local)]
-            self._meas = Measurement([p for _, p in self.named], labels, overlap=self.overlap)
+            self._meas = Measurement([p for _, p in self.named], labels, overlap=self.overlap,
+                                     similarity=similarity)
 
     def backward(self, loss: torch.Tensor, count: int, weight: torch.Tensor | float | None = None) -> None:
         """Backward of one micro-batch's mean loss, weighted by its sample count, or by ``weight`` (e.g. its

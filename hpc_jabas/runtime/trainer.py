@@ -375,7 +375,10 @@ class Trainer:
         halves = half_split(ib.plan)[self.rank] if measure else None
         if measure:
             mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self._min_split)
-        self.opt.begin(len(mine), ib.total, measure=measure, halves=halves)
+        # a noise-only measurement (the controller's measure_every) keeps no half-batch sum (runtime/gradstats.py)
+        sim_fn = getattr(self.controller, "measures_similarity", None)
+        self.opt.begin(len(mine), ib.total, measure=measure, halves=halves,
+                       similarity=not measure or sim_fn is None or bool(sim_fn(self.iteration)))
         self.model.train()
         emu_wait = 0.0
         sums: LossSums | None = None
