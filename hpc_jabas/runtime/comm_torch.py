@@ -114,7 +114,9 @@ def launcher(env: Mapping[str, str] | None = None) -> Launch:
         sid = senv.step_id or ""
         step = int(sid) if sid.isdigit() else 0
         return Launch("srun", senv.procid or 0, size, senv.localid or 0, addr,
-                      20000 + (job * 31 + step) % 20000, {"het": "1" if het else ""})
+                      20000 + (job * 31 + step) % 20000,
+                      # an srun MPI plugin (PMIx, PMI-2) set up MPI: mpi4py may start (without one, MPI_Init aborts)
+                      {"het": "1" if het else "", "mpi": "1" if any(k in env for k in ("PMIX_RANK", "PMI_FD")) else ""})
     if "PMI_RANK" in env and "PMI_SIZE" in env:
         return Launch("mpirun", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
                       _int(env, "MPI_LOCALRANKID") if "MPI_LOCALRANKID" in env else 0)
@@ -205,7 +207,8 @@ def _mpi_world(size: int):
 def _store_for(ln: Launch):
     """The TCPStore every rank meets at (rank 0 hosts it)."""
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
-    mpi = _mpi_world(ln.size) if ln.how in ("mpirun", "srun") and ln.size > 1 else None
+    via_mpi = ln.how == "mpirun" or (ln.how == "srun" and bool(ln.notes.get("mpi")))
+    mpi = _mpi_world(ln.size) if via_mpi and ln.size > 1 else None
     if mpi is not None:
         if ln.rank == 0:
             store = dist.TCPStore("0.0.0.0", 0, ln.size, True, timeout=timeout, wait_for_workers=False)
@@ -228,9 +231,26 @@ def _store_for(ln: Launch):
         raise ConfigError("the torch backend in a heterogeneous srun step needs an srun MPI plugin "
                           "(srun --mpi=pmix) and mpi4py to agree on rank 0's address")
     assert ln.addr is not None and ln.port is not None
-    if ln.rank:
-        _gloo_interface(ln.addr, own=False)
-    return dist.TCPStore(ln.addr if ln.rank else "0.0.0.0", ln.port, ln.size, ln.rank == 0, timeout=timeout)
+    addr = _node_address(ln.addr)
+    _gloo_interface(addr, own=ln.rank == 0)
+    return dist.TCPStore(addr if ln.rank else "0.0.0.0", ln.port, ln.size, ln.rank == 0, timeout=timeout)
+
+
+def _node_address(node: str) -> str:
+    """A Slurm node's address: its name when that resolves, else its NodeAddr (scontrol show node)."""
+    try:
+        socket.gethostbyname(node)
+        return node
+    except OSError:
+        pass
+    from hpc_jabas.slurm.proc import run
+    from hpc_jabas.slurm.text import parse_scontrol
+    rows = parse_scontrol(run(["scontrol", "-o", "show", "node", node], timeout=30))
+    addr = rows[0].get("NodeAddr") if rows else None
+    if not addr:
+        raise ConfigError(f"node {node!r} (rank 0's) has no address: its name does not resolve and scontrol "
+                          "gives no NodeAddr; start the ranks with srun --mpi=pmix")
+    return addr
 
 
 def init() -> None:
