@@ -12,7 +12,7 @@ is then pending, runtime/pending.py). Controllers decide from the state as annou
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.planning import Plan, Planner
@@ -23,6 +23,8 @@ from hpc_jabas.runtime.telemetry import HostTelemetry
 
 if TYPE_CHECKING:
     from hpc_jabas.core.balancing import RankPredictors, Rebalancer
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.planning import BatchSpace
 
 
 def announce_at(trainer: TrainerView) -> int:
@@ -53,10 +55,10 @@ class BaseController(Controller):
         """Its rounds are the trainer's calibration rounds (runtime/calibrate.py)."""
         return True
 
-    def decide(self, trainer: TrainerView, rec: dict) -> Decision | None:  # rank 0 only
+    def decide(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:  # rank 0 only
         return None
 
-    def after_step(self, trainer: TrainerView, rec: dict) -> Decision | None:
+    def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
         """Collective on decision rounds: rank 0 decides, everyone receives the same Decision."""
         if not self.is_round(trainer.iteration):
             return None
@@ -64,9 +66,10 @@ class BaseController(Controller):
 
     def decision_round(self, trainer: TrainerView, decide: Callable[[], Decision | None]) -> Decision | None:
         """The protocol: ``decide`` on rank 0 (contained), broadcast, the same Decision on every rank."""
-        d = trainer.decisions.run("decision", trainer.iteration, decide, Decision.from_dict,
-                                  noop=lambda: trainer.noop_decision("contained error in the decision step"),
-                                  validate=trainer.check_decision)
+        d: Decision | None = trainer.decisions.run("decision", trainer.iteration, decide, Decision.from_dict,
+                                                   noop=lambda: trainer.noop_decision("contained error in the "
+                                                                                      "decision step"),
+                                                   validate=trainer.check_decision)
         if d is not None and d.kind != "noop":
             self.on_decision(trainer, d)
         return d
@@ -78,10 +81,10 @@ class BaseController(Controller):
     def b_trajectory(self) -> list[tuple[int, int]]:
         return []
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         pass
 
 
@@ -92,7 +95,7 @@ class ScriptedController(BaseController):
     announced ``trainer.decision_lead`` iterations before (so it must be >= lead + 1).
     """
 
-    def __init__(self, schedule: dict[int, Plan | str | int], lr_rule=None):
+    def __init__(self, schedule: dict[int, Plan | str | int], lr_rule: Callable[[int], float] | None = None) -> None:
         self.schedule = {int(k): v for k, v in schedule.items()}
         self.lr_rule = lr_rule
         self.p = 1
@@ -110,7 +113,7 @@ class ScriptedController(BaseController):
     def is_round(self, done_iterations: int) -> bool:
         return done_iterations + self.lead in self.schedule
 
-    def decide(self, trainer: TrainerView, rec):
+    def decide(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
         at = announce_at(trainer)
         v = self.schedule[at]
         if isinstance(v, int):
@@ -145,7 +148,7 @@ class AdaptiveController(BaseController):
     the smaller half slightly noisier (a small downward bias; no error is raised).
     """
 
-    def __init__(self, cfg, space=None):
+    def __init__(self, cfg: JobConfig, space: BatchSpace | None = None) -> None:
         """``space``: the BatchSpace to snap into (tests); default: built from the trainer at attach."""
         from hpc_jabas.core.policy import (
             DEFAULT_P,
@@ -159,7 +162,7 @@ class AdaptiveController(BaseController):
         self.p = cfg.p or DEFAULT_P          # unset: resolved from the epoch's length at attach
         self.space = space
         self.policy_name = canonical_policy(cfg.policy)
-        kw = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": self.p}
+        kw: dict[str, Any] = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": self.p}
         if self.policy_name == "similarity":
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
@@ -174,8 +177,8 @@ class AdaptiveController(BaseController):
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
         self.wd_rule = make_wd_rule(cfg.wd_rule, B_ref=cfg.batch_ref or cfg.batch)
         self._wd_hook = None
-        self._wd_base = None      # list[float]: the optimizer's own weight decay per param group
-        self._wd_set = None       # list[float]: what the rule last set (a change elsewhere is a new base)
+        self._wd_base: list[float] | None = None     # the optimizer's own weight decay per param group
+        self._wd_set: list[float] | None = None      # what the rule last set (a change elsewhere is a new base)
         self.noise = NoiseScale()
         # goodput: also measure the noise scale (noise-only, no half-batch sum) every measure_every iterations
         # between decisions, each fresh (G2, S) into the policy's estimate (rank 0); None: decisions only
@@ -184,12 +187,12 @@ class AdaptiveController(BaseController):
         self._since = 0                    # samples trained since the last fresh measurement (rank 0)
         self._fed = 0                      # fresh measurements given to the policy (rank 0)
         self.trajectory: list[tuple[int, int]] = []
-        self.last_stats: dict = {}
+        self.last_stats: dict[str, Any] = {}
         self.balance = cfg.balance != "off"
         self.factors: list[float] | None = None
         self.predictors: RankPredictors | None = None
         self.rebalancer: Rebalancer | None = None
-        self._window: list[dict] = []
+        self._window: list[dict[str, Any]] = []
         self._telemetry: HostTelemetry | None = None
         self.planner: Planner | None = None       # the trainer's (attach)
 
@@ -241,19 +244,21 @@ class AdaptiveController(BaseController):
             from hpc_jabas.log import get_logger
             get_logger(__name__).warning("batch space kept on the previous model: %s", e)
 
-    def _apply_wd(self, opt) -> None:
+    def _apply_wd(self, opt: Any) -> None:
         """Every step: each param group's weight decay = its own weight decay x the wd rule at the B in force."""
         groups = opt.optimizer.param_groups
         scale = self.wd_rule.lr_scale(self.trainer.B)
         if self._wd_base is None or self._wd_set is None or len(self._wd_base) != len(groups):
             self._wd_base = [float(g.get("weight_decay", 0.0)) for g in groups]
             self._wd_set = list(self._wd_base)
+        base, wset = self._wd_base, self._wd_set
+        assert base is not None and wset is not None
         for i, g in enumerate(groups):
             cur = float(g.get("weight_decay", 0.0))
-            if cur != self._wd_set[i]:              # set by the user (or a scheduler) since: the new base
-                self._wd_base[i] = cur
-            g["weight_decay"] = self._wd_base[i] * scale
-            self._wd_set[i] = g["weight_decay"]
+            if cur != wset[i]:                      # set by the user (or a scheduler) since: the new base
+                base[i] = cur
+            g["weight_decay"] = base[i] * scale
+            wset[i] = g["weight_decay"]
 
     def progress(self, trainer: TrainerView) -> float | None:
         """The fraction of the configured run done, in samples (what the ramp policy reads)."""
@@ -272,7 +277,7 @@ class AdaptiveController(BaseController):
         """Whether a measurement iteration needs the half-batch cosine (False: noise-only, with measure_every)."""
         return self.measure_every is None
 
-    def _fresh_terms(self, st: dict | None) -> tuple[float | None, float | None]:
+    def _fresh_terms(self, st: dict[str, Any] | None) -> tuple[float | None, float | None]:
         """This measurement's unbiased (G2, S) (None, None: none, one micro-batch, or non-finite); the controller's
         moving average takes them too."""
         from hpc_jabas.core.stats import noise_scale_terms
@@ -289,7 +294,7 @@ class AdaptiveController(BaseController):
         return (self.moves and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
 
     # ---- balancing measurements (every rank) -------------------------------------------------
-    def _measure(self, trainer: TrainerView) -> dict:
+    def _measure(self, trainer: TrainerView) -> dict[str, Any]:
         gpu = trainer.gpu_types[trainer.rank]
         declared = trainer.planner.declared_factors     # factors are relative to the declared speed
         sf = declared[trainer.rank] if declared else 1.0
@@ -308,7 +313,7 @@ class AdaptiveController(BaseController):
         exo = self._telemetry.sample(trainer.device) if self._telemetry is not None else {}
         return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": exo}
 
-    def after_step(self, trainer: TrainerView, rec: dict):
+    def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
         if self.balance:
             self._window.append(rec)
         done = trainer.iteration
@@ -328,7 +333,8 @@ class AdaptiveController(BaseController):
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
         return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
-    def _decide_round(self, trainer: TrainerView, rec, pol: bool, meas):
+    def _decide_round(self, trainer: TrainerView, rec: dict[str, Any], pol: bool,
+                      meas: list[dict[str, Any]] | None) -> Decision | None:
         info = None
         if meas is not None:
             assert self.predictors is not None and self.rebalancer is not None      # balance: made at attach
@@ -359,7 +365,7 @@ class AdaptiveController(BaseController):
             return d
         return self.decide(trainer, rec)
 
-    def decide(self, trainer: TrainerView, rec):
+    def decide(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision:
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
         st = rec.get("stats")
@@ -398,7 +404,7 @@ class AdaptiveController(BaseController):
         return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
 
-    def on_decision(self, trainer: TrainerView, d) -> None:
+    def on_decision(self, trainer: TrainerView, d: Decision) -> None:
         super().on_decision(trainer, d)
         if d.B != (self.trajectory[-1][1] if self.trajectory else None):
             self.trajectory.append((d.at_iteration, d.B))
@@ -406,7 +412,7 @@ class AdaptiveController(BaseController):
     def b_trajectory(self) -> list[tuple[int, int]]:
         return list(self.trajectory)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),
                 "noise": self.noise.state_dict(), "trajectory": list(self.trajectory),
                 "factors": self.factors, "wd": [self._wd_base, self._wd_set],
@@ -414,7 +420,7 @@ class AdaptiveController(BaseController):
                 "predictors": self.predictors.state_dict() if self.predictors is not None else None,
                 "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None}
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict[str, Any]) -> None:
         self.policy.load_state_dict(d["policy"])
         self.lr_rule.load_state_dict(d["lr_rule"])
         self.noise.load_state_dict(d["noise"])
@@ -429,5 +435,5 @@ class AdaptiveController(BaseController):
             self.factors = d.get("factors")
 
 
-def _jsonable(info: dict) -> dict:
+def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
     return {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v)) for k, v in info.items()}

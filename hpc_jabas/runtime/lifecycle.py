@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_jabas.core.autoscale import epoch_time_fn, expand_mix  # noqa: F401 (pure; re-exported)
 from hpc_jabas.core.config import AutoscaleConfig
@@ -36,6 +36,10 @@ from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.hooks import EpochEndHook, TrainerView
 from hpc_jabas.slurm import chain as chainlog
+
+if TYPE_CHECKING:
+    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.slurm.cluster import ClusterView
 
 log = get_logger(__name__)
 
@@ -59,8 +63,9 @@ class AutoscalerState:
 
 
 class EpochEndAutoscaler(EpochEndHook):
-    def __init__(self, spec, submit_fn: Callable | None = None, read_cluster: Callable | None = None,
-                 job_id: str | None = None):
+    def __init__(self, spec: JobSpec, submit_fn: Callable[[JobSpec], str] | None = None,
+                 read_cluster: Callable[[dict[str, str] | None], ClusterView] | None = None,
+                 job_id: str | None = None) -> None:
         self.spec = spec
         self.cfg = AutoscaleConfig.from_dict(spec.config.get("autoscale"))    # ConfigError on a bad table
         self.submit_fn = submit_fn
@@ -203,7 +208,7 @@ class EpochEndAutoscaler(EpochEndHook):
         return MoveDecision(True, dict(d.mix), d.reason, job_id=str(new_id))
 
 
-def stop_cause(spec, job_id: str | None, under_slurm: bool) -> dict | None:
+def stop_cause(spec: JobSpec, job_id: str | None, under_slurm: bool) -> dict[str, Any] | None:
     """Rank 0, before anything that would continue the chain (a requeue after a stop, a move's successor, a
     resubmission after a failure): why the chain ends here instead, or None to go on. A ``cancel`` event in the
     chain (``hpc-jabas cancel``), or Slurm's record that a user cancelled this job (a plain ``scancel``: sacct
@@ -220,14 +225,14 @@ def stop_cause(spec, job_id: str | None, under_slurm: bool) -> dict | None:
         return None
 
 
-def _B_at(traj, it: int) -> int:
-    B = traj[0][1]
+def _B_at(traj: list[tuple[int, int]], it: int) -> int:
+    B = int(traj[0][1])
     for i, b in traj:
         if i <= it:
             B = b
     return B
 
 
-def _read_cluster(partition_types=None):
+def _read_cluster(partition_types: dict[str, str] | None = None) -> ClusterView:
     from hpc_jabas.slurm.cluster import read_cluster
     return read_cluster(partition_types)
