@@ -41,8 +41,7 @@ def test_a_policy_named_alone_moves_B(name, tmp_path, capfd):
     tr, recs = _fit(["--policy", name], tmp_path / "run")
     start = next(r for r in recs if r["type"] == "start")
     rng = start["batch_range"]
-    # the rule, from an independent reading of it: 1 rank x micro-batch 1 .. min(one epoch, the V100's cap)
-    assert (rng["batch_min"], rng["batch_max"]) == (1, min(N, tr.perf_model().profile("v100").max_b))
+    assert (rng["batch_min"], rng["batch_max"]) == (1, N)          # the smallest micro-batch .. one epoch
     assert start["config"]["batch_min"] == 1 and start["config"]["batch_max"] == rng["batch_max"]
     said = [ln for ln in capfd.readouterr().err.splitlines() if "moves B in" in ln]
     assert len(said) == 1 and "batch_max" in said[0] and "one epoch" in said[0]
@@ -76,17 +75,26 @@ def test_p_that_rounds_to_one_is_warned(tmp_path, capfd):
 
 def test_the_range_rule_keeps_what_is_set_and_fixed_gets_none():
     from hpc_jabas.core.policy import default_batch_range
-    assert default_batch_range("fixed", 64, None, None, samples_per_epoch=1000, ranks=2, min_micro_batch=8,
-                               memory_caps=[96, 512]) is None
-    r = default_batch_range("jabas", 64, None, None, samples_per_epoch=1000, ranks=2, min_micro_batch=8,
-                            memory_caps=[96, 512])
-    assert (r.lo, r.hi) == (16, 608)
-    r = default_batch_range("ramp", 64, 48, None, samples_per_epoch=500, ranks=3, min_micro_batch=1,
-                            memory_caps=[96, 512, 512])
+    assert default_batch_range("fixed", 64, None, None, samples_per_epoch=1000, min_micro_batch=8) is None
+    assert default_batch_range("similarity", 64, 8, 128, samples_per_epoch=1000, min_micro_batch=8) is None
+    r = default_batch_range("jabas", 64, None, None, samples_per_epoch=1000, min_micro_batch=8)
+    assert (r.lo, r.hi) == (8, 1000)
+    r = default_batch_range("ramp", 64, 48, None, samples_per_epoch=500, min_micro_batch=1)
     assert (r.lo, r.hi) == (48, 500) and "batch_min=48 (set)" in r.rule
-    r = default_batch_range("similarity", 4096, None, None, samples_per_epoch=1000, ranks=2, min_micro_batch=8,
-                            memory_caps=[96, 96])
-    assert (r.lo, r.hi) == (16, 4096)          # never below the batch given
+    r = default_batch_range("goodput", 4096, None, None, samples_per_epoch=1000, min_micro_batch=16)
+    assert (r.lo, r.hi) == (16, 4096)          # never above or below the batch given
+
+
+def test_every_mix_gets_the_same_range(tmp_path):
+    """The range depends on the data and the model, not on the ranks: a chain's jobs on other mixes keep it."""
+    ranges = []
+    for types in (("v100",), ("rtx2060",), ("a100", "v100", "p100")):
+        model = torch.nn.Linear(8, 2)
+        tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), torch.nn.CrossEntropyLoss(),
+                     config=hj.JobConfig(policy="similarity", batch=B, run_dir=str(tmp_path / "r")),
+                     world=World(rank=0, size=len(types), gpu_types=types))
+        ranges.append((tr.cfg.batch_min, tr.cfg.batch_max))
+    assert ranges == [(1, N)] * 3
 
 
 @pytest.mark.parametrize("alias,canon", [("goodput", "noise-scale"), ("pollux", "noise-scale"),

@@ -139,9 +139,9 @@ class AdaptiveConfig(Section):
     gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)
     batch_min: int | None = key(None, "smallest global batch B", lo=1,
-                                shown="batch; adaptive policies: min(batch, ranks x smallest micro-batch)")
+                                shown="batch; adaptive policies: min(batch, the smallest micro-batch)")
     batch_max: int | None = key(None, "largest global batch B", lo=1,
-                                shown="batch; adaptive policies: max(batch, min(one epoch, the ranks' memory))")
+                                shown="batch; adaptive policies: max(batch, one epoch's samples)")
     lr_rule: str = key("auto", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr "
                        "(auto: sqrt with similarity and ramp, linear with noise-scale)",
                        choices=LR_RULES)

@@ -485,29 +485,26 @@ class BatchRange:
 
 
 def default_batch_range(policy: str, batch: int, batch_min: int | None, batch_max: int | None, *,
-                        samples_per_epoch: int, ranks: int, min_micro_batch: int, memory_caps: list[int]
-                        ) -> BatchRange | None:
+                        samples_per_epoch: int, min_micro_batch: int) -> BatchRange | None:
     """The range an adaptive policy gets where ``batch_min``/``batch_max`` are unset (None: the policy is
     ``fixed``, or both bounds were given).
 
-    The rule: ``batch_min`` = min(batch, ranks x min_micro_batch), the smallest B that gives every rank one
-    micro-batch of the smallest size the planner uses; ``batch_max`` = max(batch, min(samples per epoch,
-    sum of the ranks' memory caps)), the largest B one micro-batch per rank holds (the perf model's max_b
-    per rank), and never more than one epoch. A bound set by hand is kept."""
+    The rule: ``batch_min`` = min(batch, min_micro_batch), ``batch_max`` = max(batch, samples per epoch). Within
+    it the job's batch space (planning/space.py) keeps the B the mix runs exactly: from one smallest micro-batch
+    per rank up, a B past what one micro-batch per rank holds as accumulated micro-batches. The range depends on
+    the data and the model (min_micro_batch) only, never on the mix, so every job of a chain decides in the same
+    range, as with ``decision_period``. A bound set by hand is kept."""
     if canonical_policy(policy) == "fixed" or (batch_min is not None and batch_max is not None):
         return None
-    ranks = integer(ranks, "ranks", lo=1)
-    small = ranks * integer(min_micro_batch, "min_micro_batch", lo=1)
-    mem = sum(integer(c, "memory cap", lo=1) for c in memory_caps)
+    small = integer(min_micro_batch, "min_micro_batch", lo=1)
     n = integer(samples_per_epoch, "samples per epoch", lo=1)
     lo = batch_min if batch_min is not None else min(batch, small)
-    hi = batch_max if batch_max is not None else max(batch, min(n, mem))
-    parts = []
-    parts.append(f"batch_min={lo} (set)" if batch_min is not None else
-                 f"batch_min={lo} = min(batch {batch}, {ranks} ranks x min micro-batch {min_micro_batch})")
-    parts.append(f"batch_max={hi} (set)" if batch_max is not None else
-                 f"batch_max={hi} = max(batch {batch}, min(one epoch {n}, memory {mem} = the ranks' "
-                 "largest micro-batches))")
+    hi = batch_max if batch_max is not None else max(batch, n)
+    parts = [f"batch_min={lo} (set)" if batch_min is not None else
+             f"batch_min={lo} = min(batch {batch}, the smallest micro-batch {small}); the mix runs B from one such "
+             "micro-batch per rank up",
+             f"batch_max={hi} (set)" if batch_max is not None else
+             f"batch_max={hi} = max(batch {batch}, one epoch {n})"]
     return BatchRange(lo, hi, f"policy {canonical_policy(policy)!r} moves B in [{lo}, {hi}]: " + "; ".join(parts)
                       + " (set batch_min/batch_max to choose)")
 

@@ -192,11 +192,9 @@ class Trainer:
         cfg = self.cfg
         if cfg.policy == "fixed" or (cfg.batch_min is not None and cfg.batch_max is not None):
             return None
-        pm = self.perf_model()
-        caps = [int(pm.profile(g).max_b or 1) for g in self.gpu_types]
         rng = default_batch_range(cfg.policy, cfg.batch, cfg.batch_min, cfg.batch_max,
-                                  samples_per_epoch=self.state.sampler.num_samples, ranks=self.world,
-                                  min_micro_batch=cfg.micro_batch or cfg.min_micro_batch or 1, memory_caps=caps)
+                                  samples_per_epoch=self.state.sampler.num_samples,
+                                  min_micro_batch=cfg.micro_batch or cfg.min_micro_batch or 1)
         if rng is None:
             return None
         import copy
