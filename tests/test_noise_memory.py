@@ -166,3 +166,57 @@ def test_default_goodput_warms_up_on_decisions(tmp_path):
     assert [r["it"] for r in its[:12] if "stats" in r] == [3, 7, 11]
     assert "warming up" in decisions[0]["reason"] and "measurements" not in decisions[0]["stats"]
     assert [d["stats"]["window_count"] for d in decisions[:3]] == [1, 2, 3]
+
+
+def test_the_simulator_measures_as_the_controller_does(monkeypatch):
+    """The simulator with [policy] measure_every = 2 (p = 10, goodput, one v100 node): its noise-only measurements
+    and decisions, with the samples each fresh one stands for, against the trainer's rule walked iteration by
+    iteration (measure after iteration i when i % k == 0, unless it is an epoch's short last iteration; every
+    sample since the previous fresh measurement counted)."""
+    from test_simulate import cluster, job
+
+    from hpc_jabas.core.policy import GoodputPolicy
+    from hpc_jabas.core.simulate import Simulation
+    events: list[tuple] = []
+    inside = []
+    observe, decide = GoodputPolicy.observe, GoodputPolicy.decide
+
+    def spy_observe(self, g2, s, samples=None):
+        if not inside:
+            events.append(("measure", samples))
+        return observe(self, g2, s, samples)
+
+    def spy_decide(self, state, space):
+        inside.append(1)
+        try:
+            d = decide(self, state, space)
+        finally:
+            inside.pop()
+        events.append(("decide", state.samples if state.g2 is not None else None, d.B))
+        return d
+    monkeypatch.setattr(GoodputPolicy, "observe", spy_observe)
+    monkeypatch.setattr(GoodputPolicy, "decide", spy_decide)
+    N, epochs, k, p = 20_000, 2, 2, 10
+    res = Simulation(cluster((("v100", "v100", 1),)), job(stop="samples", epochs=epochs, p=p,
+                                                          policy={"measure_every": k, "noise_memory": 5000})).run(
+        "goodput")
+    decided = iter([e[2] for e in events if e[0] == "decide"])
+    want: list[tuple] = []
+    B, it, since = res.trajectory[0][1], 0, 0
+    for _ in range(epochs):
+        left = N
+        while left > 0:
+            n = min(B, left)
+            left -= n
+            it += 1
+            since += n
+            if it % p == 0:
+                want.append(("decide", since, None))
+                since = 0
+                B = next(decided)
+            elif it % k == 0 and n == B:
+                want.append(("measure", since))
+                since = 0
+    assert [e[:2] for e in events] == [e[:2] for e in want]
+    assert sum(e[0] == "measure" for e in events) > 3 * sum(e[0] == "decide" for e in events) > 0
+    assert len({e[2] for e in events if e[0] == "decide"}) >= 2          # B moved: the walk followed it

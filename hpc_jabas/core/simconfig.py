@@ -21,8 +21,10 @@ speed per GPU type in ``[model.speeds]``; and what a run costs besides its itera
 run of the same job: ``measure_factor`` (>= 1, default 1: a measurement iteration of an adaptive policy
 takes this many times a normal one) and ``epoch_end_s`` (seconds per epoch end: evaluation, checkpoint;
 default 0)); ``[gradstats]`` (the curve, below); ``[policy]``
-(``gamma``, ``alpha``, ``ramp_at``, ``ramp_factor``, ``warmup``); ``[autoscale]`` (``max_gpus``,
-``min_gpus``, ``max_partitions``, ``unit`` (0: whole nodes), ``exact_upto``, ``margin``,
+(``gamma``, ``alpha``, ``ramp_at``, ``ramp_factor``, ``warmup``, and goodput's ``measure_every``: a
+noise-only measurement every N iterations between decisions, each drawn as a decision's and given to the
+policy, priced as a normal iteration; ``noise_memory``: its estimate's memory in samples); ``[autoscale]``
+(``max_gpus``, ``min_gpus``, ``max_partitions``, ``unit`` (0: whole nodes), ``exact_upto``, ``margin``,
 ``restart_prior_s``, ``budget`` (default: the SimiGrad row's cost), ``max_queue_wait_s``,
 ``max_nodes``, ``max_evals``: the search's work caps, ``forecast_history``: decisions the
 forecaster sees).
@@ -490,6 +492,8 @@ class RuleKeys(Section):
     ramp_at: list[float] = like(AdaptiveConfig, "ramp_at")
     ramp_factor: float = like(AdaptiveConfig, "ramp_factor")
     warmup: int = key(DEFAULT_GOODPUT_WARMUP, "goodput: fresh measurements before the first move", lo=0)
+    measure_every: int | None = like(AdaptiveConfig, "measure_every")
+    noise_memory: float | None = like(AdaptiveConfig, "noise_memory")
 
 
 @dataclass

@@ -145,6 +145,8 @@ class _Run:
     restarts: int = 0
     qwait: float = 0.0
     last_stay: Any = None
+    measure_every: int | None = None  # goodput's noise-only measurements between decisions ([policy])
+    since: int = 0                    # samples trained since the last fresh measurement
 
 
 class Simulation:
@@ -263,6 +265,8 @@ class Simulation:
             kw.update(gamma=pol.gamma, alpha=pol.alpha)
         elif st.policy == "noise-scale":
             kw.update(B0=B0, warmup=pol.warmup)
+            if pol.noise_memory is not None:
+                kw.update(noise_memory=pol.noise_memory)
         elif st.policy == "ramp":
             kw.update(B0=B0, at=list(pol.ramp_at), factor=pol.ramp_factor)
         if st.objective is not None:
@@ -275,6 +279,7 @@ class Simulation:
         wait0 = self.cluster.queue.wait(mix, 0.0)
         r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
                  float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
+        r.measure_every = pol.measure_every if st.policy == "noise-scale" else None
         r.res.trajectory.append((0, B))
         r.res.timeline.append((round(r.t, 3), 0, B, round(r.lr_rule.lr_scale(B), 4)))
         return r
@@ -312,10 +317,14 @@ class Simulation:
             T = r.space.iter_time(r.B)
             assert T is not None
             its = min(p - r.it % p, math.ceil(left / r.B))
+            k = r.measure_every
+            if k is not None:                 # a chunk ends at each noise-only measurement too
+                its = min(its, k - r.it % k)
             eff = statistical_efficiency(r.B, curve.at(u), B0) if job.stop == "progress" else 1.0
             if job.stop == "progress":
                 its = min(its, max(1, math.ceil((r.target - r.done_eff) / (r.B * eff))))
             n = min(its * r.B, left)
+            tail = its * r.B > left           # the epoch's last iteration is short: the trainer measures nothing
             ep_t += its * T
             if m_extra > 0:
                 ep_t += ((r.it + its) // p - r.it // p) * T * m_extra
@@ -324,10 +333,19 @@ class Simulation:
             sw += n * r.B
             r.done_eff += n * eff
             r.it += its
+            r.since += n
             if job.stop == "progress" and r.done_eff >= r.target * (1 - 1e-12):
                 break
+            if k is not None and r.it % k == 0 and r.it % p != 0 and not tail:
+                # the controller's measure_every: a fresh (G2, S) into the policy's estimate between decisions
+                g2_, s_, _ = self._draw(r.B, min(r.done_eff / r.target, 1.0), r.rng)
+                if r.policy.observe(g2_, s_, r.since):
+                    r.since = 0
             if r.st.policy != "fixed" and r.it % p == 0:
+                self._since, self._fresh = r.since or None, False
                 nb = self._decide(r.policy, r.B, r.it, min(r.done_eff / r.target, 1.0), r.space, r.rng, r.res)
+                if self._fresh:
+                    r.since = 0
                 if nb != r.B:
                     r.res.timeline.append((round(r.t + ep_t, 3), r.it, nb, round(r.lr_rule.lr_scale(nb), 4)))
                 r.B = nb
@@ -376,7 +394,19 @@ class Simulation:
 
     def _decide(self, policy: Any, B: int, it: int, u: float, space: BatchSpace, rng: np.random.Generator,
                 res: Result) -> int:
-        """The policy's decision on simulated statistics (simconfig.py's module docstring)."""
+        """The policy's decision on simulated statistics (simconfig.py's module docstring); ``_since``: the samples
+        trained since the last fresh measurement, what this one stands for (``_fresh``: whether it had one)."""
+        g2_, s_, sim_ = self._draw(B, u, rng)
+        self._fresh = g2_ is not None
+        d = policy.decide(PolicyState(B=B, iteration=it, similarity=sim_, g2=g2_, s=s_, progress=u,
+                                      samples=self._since), space)
+        if d.B != B:
+            res.trajectory.append((it, d.B))
+        return int(d.B)
+
+    def _draw(self, B: int, u: float, rng: np.random.Generator) -> tuple[float | None, float | None, float | None]:
+        """One measurement's simulated (G2, S, similarity) at progress u (None: a recorded decision without a
+        fresh measurement)."""
         curve = self.job.gradstats
         bn = curve.at(u)
         z = rng.standard_normal(2) * curve.noise
@@ -394,10 +424,7 @@ class Simulation:
                     g2_, s_ = mg2 * math.exp(float(z[0])), ms * math.exp(float(z[1]))
                 if msim is not None:
                     sim_ = msim
-        d = policy.decide(PolicyState(B=B, iteration=it, similarity=sim_, g2=g2_, s=s_, progress=u), space)
-        if d.B != B:
-            res.trajectory.append((it, d.B))
-        return int(d.B)
+        return g2_, s_, sim_
 
     def _epoch_end(self, st: Strategy, mix: Mix, traj: list[tuple[int, int]], it: int, R: float, t: float,
                    overhead: autoscale.RestartOverhead, budget_left: float | None,
@@ -442,6 +469,8 @@ class Simulation:
         return ch, ms
 
     _stay_key: Any = None
+    _since: int | None = None         # _decide's inputs and output beside its arguments (see there)
+    _fresh: bool = False
 
     def run_overheads(self, st: Strategy, p: int) -> Overheads:
         """What the job file says a run costs besides its iterations, as the trainer's meter would measure it:
