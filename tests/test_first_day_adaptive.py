@@ -106,3 +106,15 @@ def test_the_aliases_are_read_by_the_flags_and_toml(alias, canon, tmp_path):
     toml = tmp_path / "j.toml"
     toml.write_text(f'policy = "{alias}"\n')
     assert hj.JobConfig.from_toml(toml).policy == canon
+
+
+def test_the_simulator_prices_the_range_the_trainer_runs(tmp_path):
+    from hpc_jabas.core import simconfig
+    model = torch.nn.Linear(8, 2)
+    tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), torch.nn.CrossEntropyLoss(),
+                 config=hj.JobConfig(policy="noise-scale", batch=B, micro_batch=4, run_dir=str(tmp_path / "r")),
+                 world=World(rank=0, size=1, gpu_types=("v100",)))
+    job = simconfig.job_from_dict({"samples": N, "batch": B, "micro_batch": 4})
+    assert (job.batch_min, job.batch_max) == (tr.cfg.batch_min, tr.cfg.batch_max) == (4, N)
+    kept = simconfig.job_from_dict({"samples": N, "batch": B, "batch_min": B, "batch_max": B})
+    assert (kept.batch_min, kept.batch_max) == (B, B)

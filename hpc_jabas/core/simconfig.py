@@ -64,7 +64,7 @@ import numpy as np
 
 from hpc_jabas.core import gpus as catalog
 from hpc_jabas.core.config import AdaptiveConfig, AutoscaleConfig, PlanningConfig, TrainConfig
-from hpc_jabas.core.policy import DEFAULT_GOODPUT_WARMUP
+from hpc_jabas.core.policy import DEFAULT_GOODPUT_WARMUP, default_batch_range
 from hpc_jabas.core.schema import Section, key, like, read_table
 from hpc_jabas.errors import ConfigError
 
@@ -536,8 +536,11 @@ class Job:
 def job_from_dict(d: Mapping[str, Any], where: str = "job", base: Path | None = None) -> Job:
     t = read_table(JobKeys, d, where)
     B = t.batch
-    lo = t.batch_min if t.batch_min is not None else B
-    hi = t.batch_max if t.batch_max is not None else B
+    # the trainer's range for an adaptive policy whose bounds are unset (core/policy.py default_batch_range); a
+    # fixed-B strategy runs at batch whatever the range
+    rng = default_batch_range("similarity", B, t.batch_min, t.batch_max, samples_per_epoch=t.samples,
+                              min_micro_batch=t.micro_batch or 1)
+    lo, hi = (rng.lo, rng.hi) if rng is not None else (t.batch_min or B, t.batch_max or B)
     if not lo <= B <= hi:
         raise ConfigError(f"{where}: need batch_min <= batch <= batch_max, got {lo}, {B}, {hi}")
     return Job(samples=t.samples, epochs=t.epochs, batch=B, batch_min=lo, batch_max=hi, micro_batch=t.micro_batch,
