@@ -59,6 +59,8 @@ def runs(tmp_path_factory):
         {"name": "clean", "data": "clean", "n": 8000, "lr": 0.01, "steps": 5 * (len(_path("shrink")) + 4),
          "config": SIM},
         {"name": "reference", "data": "reference", "n": 600, "lr": REF_LR, "steps": REF_STEPS, "config": REF},
+        {"name": "noise-only", "data": "reference", "n": 600, "lr": REF_LR, "steps": 4,
+         "config": {**REF, "policy": "noise-scale", "p": 2, "measure_every": 1}},
     ]
     for s in scen:
         s["run_dir"] = str(root / s["name"])
@@ -185,3 +187,18 @@ def test_measured_statistics_match_a_one_process_reference(runs):
     last = _decisions(run)[-1]
     assert last["stats"]["G2"] == pytest.approx(ns.G2, rel=1e-12)
     assert last["stats"]["S_trace"] == pytest.approx(ns.S, rel=1e-12)
+
+
+def test_noise_only_measurements_on_three_ranks(runs):
+    """Goodput with measure_every = 1 (p = 2): every iteration measures without the half-batch sum; at
+    iteration 0 (the reference scenario's weights, samples and plan) its micro-batch and global norms equal the
+    full measurement's; each decision has every measurement so far (two per decision)."""
+    ref = {r["it"]: r["stats"] for r in runs["reference"]["recs"] if r["type"] == "iteration" and "stats" in r}
+    run = runs["noise-only"]
+    stats = {r["it"]: r["stats"] for r in run["recs"] if r["type"] == "iteration" and "stats" in r}
+    assert sorted(stats) == [0, 1, 2, 3] and all(s["similarity"] is None for s in stats.values())
+    for k in ("b", "S", "M", "half_samples"):
+        assert stats[0][k] == ref[0][k], k
+    for k in ("sq_micro", "sq_global"):
+        assert stats[0][k] == pytest.approx(ref[0][k], rel=1e-12), k
+    assert [d["stats"]["measurements"] for d in _decisions(run)] == [2, 4]
