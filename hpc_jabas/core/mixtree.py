@@ -211,6 +211,9 @@ class NodeBound:
         self.caps = [sum(max(pb.counts[p]) for p in order[i:]) for i in range(P + 1)]
         self.rooms = np.arange(pb.max_gpus + 1)
         self.levels = [self._level(order[i:]) for i in range(P + 1)]
+        t = tables       # per level i, what children(i, ...) reads, in one tuple (no attribute lookups there)
+        self._at = [(p, t.count_list[p], self.caps[i + 1], t.count_arr[p], t.peak_k[p], t.rate_k[p], t.floor[p],
+                     t.step[p], self.levels[i + 1]) for i, p in enumerate(order)]
 
     def _level(self, suffix: list[str]) -> Level:
         """Per threshold f (0 and each floor in the suffix), what the partitions with floor <= f can add:
@@ -236,37 +239,35 @@ class NodeBound:
         """The children of a node at level i (n GPUs, sum of peaks theta, rate rt, largest floor fl0, ``used``
         partitions fixed): per child the least over the thresholds f of A and C, every f at once (numpy
         errors silenced by the caller). None: no child."""
-        pb, t = self.pb, self.t
-        p = self.order[i]
-        cl = t.count_list[p]
-        a = bisect.bisect_left(cl, pb.min_gpus - n - self.caps[i + 1])     # below: no mix can reach min_gpus
-        b = bisect.bisect_right(cl, pb.max_gpus - n)
+        p, cl, cap_rest, counts, peaks, rates, floor_p, u, (fs, fs_list, fill_tab, its_tab, ratios) = self._at[i]
+        pb = self.pb
+        max_gpus = pb.max_gpus
+        a = bisect.bisect_left(cl, pb.min_gpus - n - cap_rest)             # below: no mix can reach min_gpus
+        b = bisect.bisect_right(cl, max_gpus - n)
         if pb.maxp is not None and used >= pb.maxp:
             b = min(b, 1) if cl[0] == 0 else 0                             # only the count 0 is left
         if a >= b:
             return None
         zero = cl[a] == 0                                                  # the first child adds no GPU
-        K = t.count_arr[p][a:b]
-        th = theta + t.peak_k[p][a:b]
-        rr = rt + t.rate_k[p][a:b]
-        fmax = max(fl0, t.floor[p])
-        lv = self.levels[i + 1]
-        j0 = bisect.bisect_right(lv.fs_list, fl0 if zero else fmax) - 1    # below: a smaller set, the same floor
-        u = t.step[p]
+        K = counts[a:b]
+        th = theta + peaks[a:b]
+        rr = rt + rates[a:b]
+        fmax = max(fl0, floor_p)
+        j0 = bisect.bisect_right(fs_list, fl0 if zero else fmax) - 1       # below: a smaller set, the same floor
         if u:                                      # counts 0, u, 2u, ...: every lookup is a strided view
             lo_n, hi_n = n + cl[a], n + cl[b - 1]
-            r0, r1 = pb.max_gpus - lo_n, pb.max_gpus - hi_n                 # rooms, descending; r1 >= 0
+            r0, r1 = max_gpus - lo_n, max_gpus - hi_n                      # rooms, descending; r1 >= 0
             N2: Any = slice(lo_n, hi_n + 1, u)
             room: Any = slice(r0, r1 - 1 if r1 > 0 else None, -u)
         else:
             N2 = n + K
-            room = pb.max_gpus - N2                                        # >= 0: K <= max_gpus - n
-        its = lv.iters[j0:, N2]                    # the most GPUs: the fewest iterations
-        fill = th + lv.fill[j0:, room]             # one row per threshold f >= fs[j0], one column per child
-        F_its = np.maximum(lv.fs[j0:, None], fmax) * its
+            room = max_gpus - N2                                           # >= 0: K <= max_gpus - n
+        its = its_tab[j0:, N2]                     # the most GPUs: the fewest iterations
+        fill = th + fill_tab[j0:, room]            # one row per threshold f >= fs[j0], one column per child
+        F_its = np.maximum(fs[j0:, None], fmax) * its
         if zero:
-            F_its[:, 0] = np.maximum(lv.fs[j0:], fl0) * its[:, 0]
-        tails = t.tail[N2] * its
+            F_its[:, 0] = np.maximum(fs[j0:], fl0) * its[:, 0]
+        tails = self.t.tail[N2] * its
         S = pb.bound.samples
         base = S / fill if S > 0 else np.where(fill > 0, S / fill, np.inf)   # S > 0: S / 0 is inf
         A = (np.maximum(base, F_its) + tails).min(axis=0)
@@ -275,7 +276,7 @@ class NodeBound:
             own = rr / th
             if zero and theta == 0.0:                                      # no GPU at all yet: no rate per sample
                 own[0] = np.inf
-            ratio = np.minimum(own, lv.ratios[j0:, None])
+            ratio = np.minimum(own, ratios[j0:, None])
             ratio = np.where(np.isfinite(ratio), ratio, 0.0)
             C = (np.maximum(S * ratio, F_its * rr) + tails * rr).min(axis=0)
         return tuple.__new__(Children, (K, th, rr, fmax, fl0 if zero else fmax, A, C))   # no __new__ frame
@@ -417,27 +418,27 @@ class TreeSearch:
                 self.nodes[fixed] = ent
         if ent is None:
             return None
-        pb = self.pb
-        on: Any = ent.K == self.cur_at[i] if here else None           # the subtree still holds the current mix
-        lt = pb.R * ent.A + (np.where(on, 0.0, pb.overhead) if here else pb.overhead)
+        K, th, rr, fmax, fl_first, A, C = ent
+        pb, primary = self.pb, self.primary
+        on: Any = K == self.cur_at[i] if here else None               # the subtree still holds the current mix
+        lt = pb.R * A + (np.where(on, 0.0, pb.overhead) if here else pb.overhead)
         if self.need_cost:
-            move_c: Any = pb.overhead * ent.rr / 3600
-            lc = pb.R * ent.C / 3600.0 + (np.where(on, 0.0, move_c) if here else move_c)
+            move_c: Any = pb.overhead * rr / 3600
+            lc = pb.R * C / 3600.0 + (np.where(on, 0.0, move_c) if here else move_c)
         else:
-            lc = np.zeros(len(ent.K))                                  # time alone: no cost bound needed
-        key, key2 = (lt, lc) if self.primary == "time" else (lc, lt)
-        K = ent.K
+            lc = np.zeros(len(K))                                      # time alone: no cost bound needed
+        key, key2 = (lt, lc) if primary == "time" else (lc, lt)
         if self.lim_kind:
             sel = np.nonzero((lc if self.lim_kind == "cost" else lt) <= self.lim * (1 + _REL) + 1e-9)[0]
             if not len(sel):
                 return None
-            srt = sel[np.lexsort((-K[sel] if self.primary == "time" else K[sel], key2[sel], key[sel]))]
+            srt = sel[np.lexsort((-K[sel] if primary == "time" else K[sel], key2[sel], key[sel]))]
         else:
-            srt = np.lexsort((-K if self.primary == "time" else K, key2, key))
+            srt = np.lexsort((-K if primary == "time" else K, key2, key))
         # sorted keys as lists (the heap's); the rest is read per visited child only (Frontier.add, inlined)
         chains = self.frontier.chains
         chains.append(tuple.__new__(Chain, (i + 1, fixed, srt.tolist(), key[srt].tolist(), key2[srt].tolist(), K,
-                                            ent.th, ent.rr, ent.fmax, ent.fl_first, on, n)))
+                                            th, rr, fmax, fl_first, on, n)))
         return len(chains) - 1
 
     def run(self) -> tuple[Key | None, float]:
