@@ -9,8 +9,9 @@ Who says the line: an error every rank raised together is said by rank 0 only. T
 ``rank_error``). An error that is not ``quiet`` on another rank (a configuration every rank checks alike, or
 one that concerns that rank alone) waits ``GRACE_S`` seconds first: when rank 0 failed as well, the launcher
 (mpirun, horovodrun, srun --kill-on-bad-exit) ends this rank before it repeats rank 0's line; when it did not,
-this rank's line comes, prefixed with its rank. The process ends with ``os._exit(2)``: no exit handler runs, so
-none can wait in a collective (MPI_Finalize, Horovod's shutdown) for ranks that are gone.
+this rank's line comes, prefixed with its rank. From the hook the process ends with ``os._exit(2)``: no exit
+handler runs, so none can wait in a collective (MPI_Finalize, Horovod's shutdown) for ranks that are gone.
+``run_main`` raises ``SystemExit(2)`` instead (what it always did), which its caller may catch.
 """
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def run_main(fn: Callable[..., Any], argv: list[str] | None = None) -> None:
         takes_argv = _takes_argument(fn)
         rc = fn(argv) if takes_argv else fn()
     except JabasError as e:
-        exit_on_error(e)
+        say(e)
+        sys.exit(2)          # SystemExit, as before: a caller (a test, a wrapper) may catch it
     sys.exit(rc or 0)
 
 
