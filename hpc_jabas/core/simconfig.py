@@ -295,6 +295,16 @@ class NoiseCurve:
     #: fresh) per decision (None where a record lacks one; fresh: the decision had a new measurement),
     #: replayed as they were instead of modelled from B_noise
     measured: tuple[tuple[float | None, float | None, float | None, bool], ...] | None = None
+    #: ``trace`` only: every measured iteration's (u after it, |G|^2, tr(Sigma)) from the run's iteration records,
+    #: what a simulated ``measure_every`` measurement between decisions replays (``between_at``)
+    between: tuple[tuple[float, float, float], ...] = ()
+
+    def between_at(self, u: float) -> tuple[float, float] | None:
+        """The recorded iteration measurement (|G|^2, tr(Sigma)) nearest progress u (None: none recorded)."""
+        if not self.between:
+            return None
+        k = min(range(len(self.between)), key=lambda i: abs(self.between[i][0] - float(u)))
+        return self.between[k][1], self.between[k][2]
 
     def measured_at(self, u: float) -> tuple[float | None, float | None, float | None, bool]:
         """The recorded (|G|^2, tr(Sigma), similarity, fresh) at progress u. ``fresh`` is the nearest record's:
@@ -332,6 +342,37 @@ def read_noise_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(u, B_noise) of a run's metrics.jsonl decision records (module docstring)."""
     us, bs, _ = read_stats_trace(path)
     return us, bs
+
+
+def read_iteration_measurements(path: Path) -> tuple[tuple[float, float, float], ...]:
+    """(u after the iteration, |G|^2, tr(Sigma)) of every iteration record of a run's metrics.jsonl that measured
+    both (stats.noise_scale_terms of its norms), u in the run's samples as ``read_stats_trace`` places them."""
+    from hpc_jabas.core.stats import noise_scale_terms
+    from hpc_jabas.core.textfile import read_text
+    per_it: dict[int, tuple[int, dict[str, Any] | None]] = {}
+    for line in read_text(path, "gradstats trace", "a run's metrics.jsonl").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and r.get("type") == "iteration" and isinstance(r.get("it"), int) \
+                and isinstance(r.get("samples"), int):
+            st = r.get("stats")
+            per_it[r["it"]] = (r["samples"], st if isinstance(st, dict) else None)
+    total = sum(n for n, _ in per_it.values())
+    out, acc = [], 0
+    for i in sorted(per_it):
+        n, st = per_it[i]
+        acc += n
+        if st is None or not total:
+            continue
+        try:
+            g2, s = noise_scale_terms(st["b"], st["sq_micro"], st["S"], st["sq_global"])
+        except (ConfigError, KeyError, TypeError):
+            continue                                  # one micro-batch, or not a measurement of both norms
+        if math.isfinite(g2) and math.isfinite(s):
+            out.append((min(acc / total, 1.0), g2, s))
+    return tuple(out)
 
 
 def _finite(x: Any) -> float | None:
@@ -435,8 +476,9 @@ def noise_curve(d: Any, where: str, base: Path | None = None) -> NoiseCurve:
                                                                                                   "path")}
     if isinstance(k, TraceKeys):
         tp = Path(k.path)
-        us, bs, measured = read_stats_trace(tp if tp.is_absolute() or base is None else base / tp)
-        return NoiseCurve(kind, params, k.noise, (us, bs), measured)
+        path = tp if tp.is_absolute() or base is None else base / tp
+        us, bs, measured = read_stats_trace(path)
+        return NoiseCurve(kind, params, k.noise, (us, bs), measured, read_iteration_measurements(path))
     return NoiseCurve(kind, params, k.noise, None)
 
 

@@ -338,7 +338,7 @@ class Simulation:
                 break
             if k is not None and r.it % k == 0 and r.it % p != 0 and not tail:
                 # the controller's measure_every: a fresh (G2, S) into the policy's estimate between decisions
-                g2_, s_, _ = self._draw(r.B, min(r.done_eff / r.target, 1.0), r.rng)
+                g2_, s_ = self._draw_between(r.B, min(r.done_eff / r.target, 1.0), r.rng)
                 if r.policy.observe(g2_, s_, r.since):
                     r.since = 0
             if r.st.policy != "fixed" and r.it % p == 0:
@@ -403,6 +403,16 @@ class Simulation:
         if d.B != B:
             res.trajectory.append((it, d.B))
         return int(d.B)
+
+    def _draw_between(self, B: int, u: float, rng: np.random.Generator) -> tuple[float | None, float | None]:
+        """A noise-only measurement between decisions: a trace's recorded iteration measurement nearest u (its
+        lognormal noise drawn as a decision's), else one drawn from the curve as a decision's."""
+        rec = self.job.gradstats.between_at(u)
+        if rec is None:
+            g2, s, _ = self._draw(B, u, rng)
+            return g2, s
+        z = rng.standard_normal(2) * self.job.gradstats.noise
+        return rec[0] * math.exp(float(z[0])), rec[1] * math.exp(float(z[1]))
 
     def _draw(self, B: int, u: float, rng: np.random.Generator) -> tuple[float | None, float | None, float | None]:
         """One measurement's simulated (G2, S, similarity) at progress u (None: a recorded decision without a
