@@ -42,7 +42,8 @@ Gradient statistics (``[gradstats] curve``), the noise scale B_noise(u) at train
   before each decision (iteration / last iteration for a file without iteration records). The policies
   then get the run's own measurements at that progress (the records' fresh ``g2``, ``s`` as the run's
   policy got them, or in older files the smoothed ``G2``, ``S_trace``; and ``similarity``; interpolated
-  between records), not the model below.
+  between records), not the model below; a ``measure_every`` measurement between decisions replays the
+  run's measured iteration nearest in progress (its iteration records' norms).
 
 From B_noise the policies get what they measure: the goodput policy (|G|^2, tr(Sigma)) = (1, B_noise);
 the similarity policy the expected cosine of two half-batch means of B/2 samples each,
