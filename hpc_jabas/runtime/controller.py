@@ -167,7 +167,7 @@ class AdaptiveController(BaseController):
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
             kw.update(B0=cfg.batch)
-            if getattr(cfg, "noise_memory", None) is not None:
+            if cfg.noise_memory is not None:
                 kw.update(noise_memory=cfg.noise_memory)
         elif self.policy_name == "ramp":
             kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
@@ -182,8 +182,7 @@ class AdaptiveController(BaseController):
         self.noise = NoiseScale()
         # goodput: also measure the noise scale (noise-only, no half-batch sum) every measure_every iterations
         # between decisions, each fresh (G2, S) into the policy's estimate (rank 0); None: decisions only
-        self.measure_every: int | None = getattr(cfg, "measure_every", None) \
-            if self.policy_name == "noise-scale" else None
+        self.measure_every: int | None = cfg.measure_every if self.policy_name == "noise-scale" else None
         self._since = 0                    # samples trained since the last fresh measurement (rank 0)
         self._fed = 0                      # fresh measurements given to the policy (rank 0)
         self.trajectory: list[tuple[int, int]] = []
