@@ -48,6 +48,11 @@ class BaseController(Controller):
     def wants_stats(self, iteration: int) -> bool:
         return False
 
+    def measures_similarity(self, iteration: int) -> bool:
+        """Whether a measurement iteration keeps the half-batch sum (False: noise-only; the trainer reads this
+        optional method where a controller has it, else measures both)."""
+        return True
+
     def is_round(self, done_iterations: int) -> bool:
         return done_iterations % self.p == 0
 
