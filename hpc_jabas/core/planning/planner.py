@@ -88,17 +88,27 @@ class PlanSpec:
             object.__setattr__(self, "speeds", tuple(float(x) for x in self.speeds))
 
     @classmethod
-    def from_config(cls, cfg: JobConfig | PlanSpec | Any) -> PlanSpec:
-        """The spec of a job config (``JobConfig``, or any object with its planning keys; absent keys take
-        their defaults); a PlanSpec is returned as it is."""
+    def from_config(cls, cfg: JobConfig | PlanSpec) -> PlanSpec:
+        """The spec of a job's config (its planning keys); a PlanSpec is returned as it is."""
         if isinstance(cfg, PlanSpec):
             return cfg
-        speeds = getattr(cfg, "speeds", None)
-        return cls(kind=getattr(cfg, "planner", "optimal") or "optimal", micro_batch=getattr(cfg, "micro_batch", None),
-                   min_micro_batch=getattr(cfg, "min_micro_batch", None),
-                   identical=getattr(cfg, "identical_micro_batch", "auto") or "auto",
+        return cls(kind=cfg.planner, micro_batch=cfg.micro_batch, min_micro_batch=cfg.min_micro_batch,
+                   identical=cfg.identical_micro_batch, speeds=None if not cfg.speeds else tuple(cfg.speeds),
+                   plan=cfg.plan, emulate=cfg.emulate)
+
+    @classmethod
+    def of_keys(cls, keys: object) -> PlanSpec:
+        """The spec of any object with some of the planning keys as attributes (absent ones: their defaults):
+        ``job_batch_space``'s older callers pass such stand-ins for a JobConfig."""
+        if isinstance(keys, PlanSpec):
+            return keys
+        speeds = getattr(keys, "speeds", None)
+        return cls(kind=getattr(keys, "planner", "optimal") or "optimal",
+                   micro_batch=getattr(keys, "micro_batch", None),
+                   min_micro_batch=getattr(keys, "min_micro_batch", None),
+                   identical=getattr(keys, "identical_micro_batch", "auto") or "auto",
                    speeds=None if not speeds else tuple(float(x) for x in speeds),
-                   plan=getattr(cfg, "plan", None), emulate=bool(getattr(cfg, "emulate", False)))
+                   plan=getattr(keys, "plan", None), emulate=bool(getattr(keys, "emulate", False)))
 
     def replace(self, **kw: Any) -> PlanSpec:
         return dataclasses.replace(self, **kw)
@@ -387,7 +397,7 @@ def job_batch_space(cfg: PlanSpec | JobConfig | Any, gpus: Sequence[str], model:
     ``lbbsp``: multiples of ``micro_batch`` (1 when unset) planned by ``plan_fn`` (default: LB-BSP's
     proportional split by ``lbbsp_speeds``). Times are ``model.iteration_time`` of the plan on ``gpus``.
     """
-    spec = PlanSpec.from_config(cfg)
+    spec = PlanSpec.of_keys(cfg)
     if not spec.changes_B:
         raise ConfigError(f"planner={spec.kind!r} cannot change the batch size; use 'optimal' or 'lbbsp'")
     rng: Any = cfg                                   # a config: its range
