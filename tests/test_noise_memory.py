@@ -107,8 +107,9 @@ def _run(tmp_path, name, **kw):
     from hpc_jabas.runtime.world import World
     n, B = kw.pop("n", 64), 16
     model = make_model()
+    kw.setdefault("lr_rule", "none")
     cfg = JobConfig(policy="noise-scale", batch=B, batch_min=8, batch_max=64, checkpoint=False, p=4,
-                    lr_rule="none", run_dir=str(tmp_path / name), **kw)
+                    run_dir=str(tmp_path / name), **kw)
     tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), make_data(n), torch.nn.CrossEntropyLoss(),
                  config=cfg, world=World(rank=0, size=1, gpu_types=("rtx2060",)))
     tr.fit()
@@ -158,6 +159,32 @@ def test_measure_every_feeds_the_policy_between_decisions(tmp_path):
     c = AdaptiveController(tr.cfg)
     c.load_state_dict(json.loads(json.dumps(tr.controller.state_dict())))
     assert c.policy.noise.b_noise == tr.controller.policy.noise.b_noise and c._fed == tr.controller._fed
+
+
+def test_adascale_reads_the_sample_memory_estimate(tmp_path):
+    """lr_rule = adascale with noise_memory: each decision's gain r = (G2 + S / B_ref) / (G2 + S / B) reads the
+    policy's estimate (the hand-weighted averages of every measurement so far), not the controller's moving
+    average per measurement."""
+    from hpc_jabas.core.stats import NoiseScale, noise_scale_terms
+    M, B_ref = 2000.0, 8
+    _, its, decisions = _run(tmp_path, "adascale", n=128, epochs=1, measure_every=1, noise_memory=M,
+                             lr_rule="adascale", batch_ref=B_ref)
+
+    def gain(B, G2, S):                       # AdaScale: E|g_Bref|^2 / E|g_B|^2 with E|g_b|^2 = G2 + S / b
+        return (G2 + S / B_ref) / (G2 + S / B) if G2 > 0 else B / B_ref
+    moved_apart = 0
+    for d in decisions:
+        m = [r for r in its if "stats" in r and r["it"] < d["at_iteration"]]
+        terms = [noise_scale_terms(r["stats"]["b"], r["stats"]["sq_micro"], r["stats"]["S"], r["stats"]["sq_global"])
+                 for r in m]
+        ns = [float(r["samples"]) for r in m]
+        G2, S = hand_weighted([t[0] for t in terms], ns, M), hand_weighted([t[1] for t in terms], ns, M)
+        assert d["lr_scale"] == pytest.approx(gain(d["B"], G2, S), rel=1e-9)
+        ema = NoiseScale()
+        for r in m:
+            ema.update(r["stats"]["b"], r["stats"]["sq_micro"], r["stats"]["S"], r["stats"]["sq_global"])
+        moved_apart += abs(gain(d["B"], ema.G2, ema.S) - d["lr_scale"]) > 1e-6
+    assert len(decisions) >= 2 and moved_apart >= 1
 
 
 def test_default_goodput_warms_up_on_decisions(tmp_path):

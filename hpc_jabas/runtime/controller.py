@@ -392,7 +392,12 @@ class AdaptiveController(BaseController):
         if plan.B != bd.B:
             raise RuntimeError(f"planner realised B={plan.B} for the decided B={bd.B} (batch space out of step)")
         if isinstance(self.lr_rule, AdaScaleRule):
-            self.lr_rule.observe(self.noise.G2, self.noise.S)    # its gain reads the smoothed noise-scale terms
+            # its gain reads the smoothed noise-scale terms: goodput's estimate with a memory in samples where one
+            # is set (noise_memory, as Pollux: one estimate for B and the lr), else the controller's moving average
+            from hpc_jabas.core.policy import GoodputPolicy
+            pol = self.policy
+            est = pol.noise if isinstance(pol, GoodputPolicy) and pol.noise_memory is not None else self.noise
+            self.lr_rule.observe(est.G2, est.S)
         lr = self.lr_rule.lr_scale(plan.B)
         # G2/S_trace: the controller's smoothed terms; g2/s: this decision's fresh estimates as the policy got
         # them (None: none), which a simulation replays ([gradstats] curve = "trace", core/simconfig.py)
