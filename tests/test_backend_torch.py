@@ -32,10 +32,10 @@ def adaptive_spec(mix, run_dir) -> dict:
 
 
 def balance_spec(run_dir) -> dict:
-    return {"optimizer": "momentum", "lr": 0.02, "plan": "b=4 n=22,15,11", "steps": 31, "n": 4096,
+    return {"optimizer": "momentum", "lr": 0.02, "plan": "b=4 n=22,15,11", "steps": 16, "n": 4096,
             "checkpoint": False, "run_dir": str(run_dir), "emulate": True, "gpu_types": TYPES,
-            "config": {"planner": "lbbsp", "micro_batch": 4, "balance": "reactive", "p_balance": 10,
-                       "slowdown": {"0": "factor=3,start=10"}, "emulate_base_s": 0.016,
+            "config": {"planner": "lbbsp", "micro_batch": 4, "balance": "reactive", "p_balance": 5,
+                       "slowdown": {"0": "factor=3,start=5"}, "emulate_base_s": 0.016,
                        "emulate_per_sample_s": 0.0012}}
 
 
@@ -106,7 +106,7 @@ def test_torch_backend_rebalances(runs):
     want = slowed[0] / sum(slowed)
     n_after = [int(x) for x in hist[-1]["plan"].split("n=")[1].split(",")]
     assert n_after[0] / sum(n_after) == pytest.approx(want, rel=0.15), (hist[-1]["plan"], want)
-    n_before = [int(x) for x in hist[9]["plan"].split("n=")[1].split(",")]
+    n_before = [int(x) for x in hist[4]["plan"].split("n=")[1].split(",")]
     assert n_before[0] / sum(n_before) > 1.5 * want
     ref = reference_run(dict(spec, schedule={str(h["it"]): h["plan"] for h in hist}))
     for r in res:
