@@ -3,7 +3,7 @@
 Every key is a field of one section dataclass, with its type, default and help text (field
 metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
 (:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
-attributes of :class:`JobConfig` and the configuration reference in the README
+attributes of :class:`JobConfig` and the configuration reference in docs/config.md
 (:func:`config_reference`, written by scripts/gen_config_table.py). A value is normalised when it is
 assigned (a policy alias becomes its canonical name); :meth:`JobConfig.validate` only checks. Unknown
 keys and impossible values raise ConfigError with one line naming the key, the value and what is valid
@@ -541,7 +541,7 @@ def from_args(args: argparse.Namespace) -> JobConfig:
 
 
 def config_reference() -> str:
-    """Markdown table of every key: section, key, type, default, help (README's configuration section)."""
+    """Markdown table of every key: section, key, type, default, help (docs/config.md's table)."""
     rows = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
     for s, f, tp in _all_fields():
         m = f.metadata
