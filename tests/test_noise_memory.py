@@ -108,7 +108,8 @@ def _run(tmp_path, name, **kw):
     n, B = kw.pop("n", 64), 16
     model = make_model()
     kw.setdefault("lr_rule", "none")
-    cfg = JobConfig(policy="noise-scale", batch=B, batch_min=8, batch_max=64, checkpoint=False, p=4,
+    kw.setdefault("p", 4)
+    cfg = JobConfig(policy="noise-scale", batch=B, batch_min=8, batch_max=64, checkpoint=False,
                     run_dir=str(tmp_path / name), **kw)
     tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), make_data(n), torch.nn.CrossEntropyLoss(),
                  config=cfg, world=World(rank=0, size=1, gpu_types=("rtx2060",)))
@@ -187,6 +188,15 @@ def test_adascale_reads_the_sample_memory_estimate(tmp_path):
     assert len(decisions) >= 2 and moved_apart >= 1
 
 
+def test_measure_every_decides_early_once_warmed_up(tmp_path):
+    """p = 8, measure_every = 1: the first decision comes after the warm-up's 3 + 1 measurements (iteration 4),
+    and it already decides on the noise scale; then every p iterations."""
+    _, its, decisions = _run(tmp_path, "early", n=192, epochs=2, p=8, measure_every=1)
+    assert [d["at_iteration"] for d in decisions][:3] == [4, 8, 16]
+    assert decisions[0]["stats"]["measurements"] == 4 and "warming up" not in decisions[0]["reason"]
+    assert "B_noise=" in decisions[0]["reason"] or "unresolved" in decisions[0]["reason"]
+
+
 def test_default_goodput_warms_up_on_decisions(tmp_path):
     """Without measure_every nothing changes: one full measurement per decision, the warm-up counts them."""
     _, its, decisions = _run(tmp_path, "default", n=128, epochs=2)
@@ -199,7 +209,8 @@ def test_the_simulator_measures_as_the_controller_does(monkeypatch):
     """The simulator with [policy] measure_every = 2 (p = 10, goodput, one v100 node): its noise-only measurements
     and decisions, with the samples each fresh one stands for, against the trainer's rule walked iteration by
     iteration (measure after iteration i when i % k == 0, unless it is an epoch's short last iteration; every
-    sample since the previous fresh measurement counted)."""
+    sample since the previous fresh measurement counted; decide every p iterations and once early, after the
+    warm-up's 3 + 1 measurements, at iteration 8)."""
     from test_simulate import cluster, job
 
     from hpc_jabas.core.policy import GoodputPolicy
@@ -237,7 +248,7 @@ def test_the_simulator_measures_as_the_controller_does(monkeypatch):
             left -= n
             it += 1
             since += n
-            if it % p == 0:
+            if it % p == 0 or it == 4 * k:
                 want.append(("decide", since, None))
                 since = 0
                 B = next(decided)

@@ -147,6 +147,7 @@ class _Run:
     last_stay: Any = None
     measure_every: int | None = None  # goodput's noise-only measurements between decisions ([policy])
     since: int = 0                    # samples trained since the last fresh measurement
+    early: int | None = None          # with measure_every: the early first decision (the controller's)
 
 
 class Simulation:
@@ -279,7 +280,9 @@ class Simulation:
         wait0 = self.cluster.queue.wait(mix, 0.0)
         r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
                  float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
-        r.measure_every = pol.measure_every if st.policy == "noise-scale" else None
+        r.measure_every = k = pol.measure_every if st.policy == "noise-scale" else None
+        if k is not None and (k * (r.policy.warmup + 1)) < p:    # the first decision once the warm-up's are in
+            r.early = k * (r.policy.warmup + 1)
         r.res.trajectory.append((0, B))
         r.res.timeline.append((round(r.t, 3), 0, B, round(r.lr_rule.lr_scale(B), 4)))
         return r
@@ -336,12 +339,13 @@ class Simulation:
             r.since += n
             if job.stop == "progress" and r.done_eff >= r.target * (1 - 1e-12):
                 break
-            if k is not None and r.it % k == 0 and r.it % p != 0 and not tail:
+            decides = r.st.policy != "fixed" and (r.it % p == 0 or r.it == r.early)
+            if k is not None and r.it % k == 0 and not decides and not tail:
                 # the controller's measure_every: a fresh (G2, S) into the policy's estimate between decisions
                 g2_, s_ = self._draw_between(r.B, min(r.done_eff / r.target, 1.0), r.rng)
                 if r.policy.observe(g2_, s_, r.since):
                     r.since = 0
-            if r.st.policy != "fixed" and r.it % p == 0:
+            if decides:
                 self._since, self._fresh = r.since or None, False
                 nb = self._decide(r.policy, r.B, r.it, min(r.done_eff / r.target, 1.0), r.space, r.rng, r.res)
                 if self._fresh:

@@ -190,6 +190,7 @@ class AdaptiveController(BaseController):
         self.measure_every: int | None = cfg.measure_every if self.policy_name == "noise-scale" else None
         self._since = 0                    # samples trained since the last fresh measurement (rank 0)
         self._fed = 0                      # fresh measurements given to the policy (rank 0)
+        self._early: int | None = None     # with measure_every: one early decision round (attach)
         self.trajectory: list[tuple[int, int]] = []
         self.last_stats: dict[str, Any] = {}
         self.balance = cfg.balance != "off"
@@ -233,9 +234,19 @@ class AdaptiveController(BaseController):
                 self.factors = None
             if self._telemetry is None:
                 self._telemetry = HostTelemetry()
+        # measure_every: the first decision comes once the warm-up's measurements are in (iteration (warmup + 1) k),
+        # when that is before the first period's end; then every p iterations as without
+        from hpc_jabas.core.policy import GoodputPolicy
+        k, pol = self.measure_every, self.policy
+        early = (pol.warmup + 1) * k if k is not None and isinstance(pol, GoodputPolicy) else None
+        self._early = early if early is not None and early < self.p else None
 
     def has_rounds(self) -> bool:
         return self.balance or self.policy_name != "fixed"
+
+    def _policy_round(self, done: int) -> bool:
+        """Whether the policy decides after ``done`` iterations: every p, and the early first round (measure_every)."""
+        return self.moves and (done % self.p == 0 or done == self._early)
 
     def model_changed(self) -> None:
         """The perf model was recalibrated in place: goodput (noise-scale) prices B with the batch space's
@@ -295,7 +306,7 @@ class AdaptiveController(BaseController):
         return g2, s_tr
 
     def is_round(self, done: int) -> bool:
-        return (self.moves and done % self.p == 0) or (self.balance and done % self.cfg.p_balance == 0)
+        return self._policy_round(done) or (self.balance and done % self.cfg.p_balance == 0)
 
     # ---- balancing measurements (every rank) -------------------------------------------------
     def _measure(self, trainer: TrainerView) -> dict[str, Any]:
@@ -323,7 +334,7 @@ class AdaptiveController(BaseController):
         done = trainer.iteration
         if self.policy_name == "noise-scale" and trainer.rank == 0:
             self._since += int(rec.get("samples", 0))
-            between = not (self.moves and done % self.p == 0)        # a decision round takes its own in decide
+            between = not self._policy_round(done)                  # a decision round takes its own in decide
             if self.measure_every is not None and rec.get("stats") and between:
                 g2, s_tr = self._fresh_terms(rec["stats"])
                 if g2 is not None and self.policy.observe(g2, s_tr, self._since):   # type: ignore[attr-defined]
@@ -333,7 +344,7 @@ class AdaptiveController(BaseController):
             return None
         from hpc_jabas.runtime import comm
         bal = self.balance and done % self.cfg.p_balance == 0
-        pol = self.moves and done % self.p == 0
+        pol = self._policy_round(done)
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
         return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
