@@ -131,7 +131,8 @@ class AdaptiveConfig(Section):
                         "at the initial batch, at most 100)", lo=1, shown="epoch/10")
     measure_every: int | None = key(None, "noise-scale policy: also measure the noise scale every N iterations "
                                     "between decisions (noise-only: no half-batch sum), each measurement into "
-                                    "the policy's estimate", lo=1, shown="decisions only", metavar="N")
+                                    "the policy's estimate; the first decision once the warm-up's 4 are in",
+                                    lo=1, shown="decisions only", metavar="N")
     noise_memory: float | None = key(None, "noise-scale policy: the noise-scale estimate's memory in training "
                                            "samples (Pollux: about 1000 x batch); unset: the last 20 measurements",
                                      lo=0.0, lo_open=True, shown="20 measurements", metavar="SAMPLES")
