@@ -65,7 +65,7 @@ def test_launcher_refuses_a_garbled_rank_and_horovodrun_in_one_line():
 
 def test_streams_of_the_trainers_names():
     assert [stream_of(n) for n in ("hj.g.layer1.0.weight", "hj.m.h0.3", "hj.m.scal", "hj.w", "hj.safepoint",
-                                   "hj.lossmode", "wm")] == ["hj.g", "hj.m", "hj.m", "hj.w", "hj.safepoint",
+                                   "hj.lossmode", "wm")] == ["grad", "grad", "grad", "grad", "hj.safepoint",
                                                              "other", "other"]
 
 
@@ -103,12 +103,16 @@ def test_one_rank_world_and_overlapping_buckets(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(out.read_text())
     assert (r["controller"], r["backend"], r["size"]) == ("single", "torch", 1)
-    # the layout: one bucket per gradient (256-byte buckets), in the backward's order, learned in iteration 1
-    assert r["buckets"] == [["hj.g.4.bias"], ["hj.g.4.weight"], ["hj.g.2.bias"], ["hj.g.2.weight"],
-                            ["hj.g.0.bias"], ["hj.g.0.weight"]]
-    # iteration 1 learns the layout (nothing starts early); then all 5 other gradients' allreduces have started
-    # when the backward's last gradient arrives
-    assert r["started"] == [0, 5, 5]
+    # the layout: one bucket per gradient (256-byte buckets), in the backward's order, learned in iteration 1,
+    # then the measurement's extra sums, each alone (reduced in place)
+    assert r["buckets"][:6] == [["hj.g.4.bias"], ["hj.g.4.weight"], ["hj.g.2.bias"], ["hj.g.2.weight"],
+                                ["hj.g.0.bias"], ["hj.g.0.weight"]]
+    assert sorted(b[0] for b in r["buckets"][6:]) == sorted([f"hj.m.h0.{i}" for i in range(6)] + ["hj.m.scal"])
+    assert all(len(b) == 1 for b in r["buckets"][6:])
+    # iteration 1 learns the layout (nothing starts early); then all 5 other gradients' allreduces have started when
+    # the backward's last gradient arrives; in the measuring iteration 4 also the 6 extra sums, which start once
+    # every gradient's has (the layout's order)
+    assert r["started"] == [0, 5, 5, 11] and r["stats"]
     assert r["max_diff"] < 1e-6           # two micro-batches of 5 and 7 samples = one batch of 12 (float32)
 
 

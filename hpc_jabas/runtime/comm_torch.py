@@ -51,13 +51,17 @@ log = get_logger(__name__)
 
 NAME = "torch"
 #: the streams that get a process group of their own (every other name goes to "other": started when waited for)
-STREAMS = ("hj.g", "hj.m", "hj.w", "hj.safepoint")
+STREAMS = ("grad", "hj.safepoint")
+#: the parts of the "grad" stream, in their layout order: the gradients, a measurement's extra sums, the token
+#: weight. One stream, so one NCCL communicator: kernels of several communicators issued in different orders on
+#: different ranks (a rank without micro-batches starts them in another order) can deadlock a GPU
+GRAD_PARTS = ("hj.g", "hj.m", "hj.w")
 #: DistributedDataParallel's bucket sizes: a small first bucket (it starts early in the backward), then larger
 FIRST_BUCKET_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20
 #: streams whose tensors are reduced in place, one allreduce each: a measurement's half-batch sums are a buffer
 #: as large as the parameters already, and a bucket's copy would double it (docs/invariants.md: 1x extra)
-IN_PLACE_STREAMS = frozenset({"hj.m"})
+IN_PLACE_PREFIXES = ("hj.m.",)
 #: how long a rank waits for the others at the rendezvous and in a collective before it fails (a hung rank)
 TIMEOUT_S = float(os.environ.get("HPC_JABAS_TORCH_TIMEOUT_S", "300"))
 #: how long a rank tries each of rank 0's addresses
@@ -123,11 +127,21 @@ def launcher(env: Mapping[str, str] | None = None) -> Launch:
     return Launch("single", 0, 1, 0)
 
 
+def _head(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
 def stream_of(name: str) -> str:
-    """The stream a collective's name belongs to (its first two dot-separated parts, when one of STREAMS)."""
-    parts = name.split(".")
-    s = ".".join(parts[:2])
-    return s if s in STREAMS else "other"
+    """The stream a collective's name belongs to: "grad" for the GRAD_PARTS, else its first two dot-separated
+    parts when they are one of STREAMS, else "other"."""
+    s = _head(name)
+    return "grad" if s in GRAD_PARTS else s if s in STREAMS else "other"
+
+
+def _part(name: str) -> int:
+    """The position of a name's part in the "grad" stream's layout (GRAD_PARTS' order)."""
+    s = _head(name)
+    return GRAD_PARTS.index(s) if s in GRAD_PARTS else len(GRAD_PARTS)
 
 
 # ---- state -------------------------------------------------------------------------------------------------
@@ -436,24 +450,25 @@ class _Stream:
         new = [n for n in order if n not in self.bucket_of]
         first = len(self.members)
         buckets: list[list[str]] = []
-        size, cur = 0, list[str]()
-        for n in new:
-            t = self.pending[n].t
-            cap = 0 if self.name in IN_PLACE_STREAMS else FIRST_BUCKET_BYTES if first + len(buckets) == 0 \
-                else BUCKET_BYTES
-            if cur and (size + t.numel() * t.element_size() > cap
-                        or t.dtype != self.pending[cur[0]].t.dtype or t.device != self.pending[cur[0]].t.device):
+        for part in range(len(GRAD_PARTS) + 1):       # part by part, so that no bucket mixes two parts
+            size, cur = 0, list[str]()
+            for n in (n for n in new if _part(n) == part):
+                t = self.pending[n].t
+                cap = 0 if n.startswith(IN_PLACE_PREFIXES) else FIRST_BUCKET_BYTES if first + len(buckets) == 0 \
+                    else BUCKET_BYTES
+                if cur and (size + t.numel() * t.element_size() > cap or t.dtype != self.pending[cur[0]].t.dtype
+                            or t.device != self.pending[cur[0]].t.device):
+                    buckets.append(cur)
+                    size, cur = 0, []
+                cur.append(n)
+                size += t.numel() * t.element_size()
+            if cur:
                 buckets.append(cur)
-                size, cur = 0, []
-            cur.append(n)
-            size += t.numel() * t.element_size()
-        if cur:
-            buckets.append(cur)
         if self.name != "other":
-            for b, ns in enumerate(buckets, start=first):
-                self.members.append(ns)
-                for n in ns:
-                    self.bucket_of[n] = b
+            # the layout part by part (each part's older buckets first): a bucket starts early only when every
+            # bucket before it has, and the gradients, in every round, come first
+            self.members = sorted(self.members + buckets, key=lambda ns: _part(ns[0]))
+            self.bucket_of = {n: b for b, ns in enumerate(self.members) for n in ns}
         # what is still pending: names of the layout whose bucket is incomplete this round, and the new ones
         rest = [n for n in order if n in self.pending and n not in new]
         for ns in buckets:
@@ -499,6 +514,8 @@ def synchronize(handle: Handle) -> torch.Tensor:
     assert it.bucket is not None
     it.bucket.wait()
     st.live = [b for b in st.live if not b.done]
+    if not st.pending:
+        st._end_round()        # a wait comes after the round's every start (the contract): the round is over
     return it.t
 
 

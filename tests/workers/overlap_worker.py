@@ -26,15 +26,15 @@ started: list[int] = []
 
 def count_started(p):
     if opt._hooks_on:          # the last micro-batch's backward
-        st = comm_torch._streams["hj.g"]
+        st = comm_torch._streams["grad"]
         started.append(sum(len(b.items) for b in st.live if "hj.g.0.weight" not in [i.name for i in b.items]))
 
 
 model[0].weight.register_post_accumulate_grad_hook(count_started)
 loss_fn = torch.nn.CrossEntropyLoss()
-for _ in range(3):
+for measure in (True, False, False, True):      # measurement iterations: the "grad" stream's hj.m part too
     x, y = torch.randn(12, 8), torch.randint(0, 4, (12,))
-    opt.begin(2, 12)
+    opt.begin(2, 12, measure=measure)
     for sl in (slice(0, 5), slice(5, 12)):
         opt.backward(loss_fn(model(x[sl]), y[sl]), sl.stop - sl.start)
     opt.step()
@@ -42,9 +42,9 @@ for _ in range(3):
     loss_fn(ref(x), y).backward()      # one big batch of the same 12 samples
     ref_opt.step()
 diff = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
-st = comm_torch._streams["hj.g"]
+st = comm_torch._streams["grad"]
 out = {"controller": comm.controller(), "backend": comm.backend(), "size": comm.size(), "started": started,
-       "buckets": st.members, "max_diff": diff}
+       "buckets": st.members, "max_diff": diff, "stats": opt.last_stats is not None}
 comm.shutdown()
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)
