@@ -15,9 +15,10 @@ started (docs/backends.md):
 Same semantics as the Horovod backend. Horovod matches collectives by name, torch.distributed by call order,
 so the asynchronous allreduces (:func:`allreduce_sum_async_`) are put in that order here, the same on every rank:
 
-* a name belongs to a *stream*, its first two dot-separated parts (``hj.g`` the gradients, ``hj.m`` a
-  measurement's extra sums, ``hj.w`` the token weight, ``hj.safepoint`` the stop-signal agreement); each stream
-  has its own process group, made at :func:`init`, so the streams never wait on each other's order;
+* a name belongs to a *stream*: ``grad`` for the gradients (``hj.g``), a measurement's extra sums (``hj.m``) and
+  the token weight (``hj.w``), in that order in its layout; ``hj.safepoint`` for the stop-signal agreement;
+  ``other`` for the rest. Each stream has its own process group, made at :func:`init`, so the streams never
+  wait on each other's order (the ``grad`` stream is one: on a GPU one NCCL communicator);
 * a stream's tensors go into buckets as DistributedDataParallel's do (the first about 1 MB, then about 25 MB):
   their layout is learned in the stream's first round, in the order rank 0 saw the tensors (for gradients: the
   backward's order), sent to the others over the stream's group; from then on a bucket's allreduce starts as
