@@ -42,7 +42,9 @@ normal allreduce of the full gradient sum plus one extra reduction of the half-0
 (split by ``plan.half_split``: identical b, the parity of the global micro-batch index; per-rank
 b, two halves of nearly equal sample counts) and of one small scalar tensor; half 1 = total -
 half 0. No host sync per micro-batch or parameter; one host read per measurement iteration; 1x
-the parameter memory extra (2x for fp16/bf16 parameters, whose half sum is kept in fp32).
+the parameter memory extra (2x for fp16/bf16 parameters, whose half sum is kept in fp32). A noise-only
+measurement (``similarity=False``, goodput's ``measure_every``) keeps no half sum: the small scalar
+reduction only, no extra memory but the micro-batch norms.
 
 Noise scale with mixed micro-batch sizes: with g_j the mean gradient of micro-batch j (b_j
 samples), E|g_j|^2 = |G|^2 + tr(Sigma)/b_j, so the sample-weighted mean sum_j b_j |g_j|^2 / S has
