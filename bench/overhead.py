@@ -35,7 +35,7 @@ median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubs
   the other), all on the same batches, fixed plan b=32 n=1,1,1 -> ``fit_vs_own_loop_horovod``,
   ``fit_vs_own_loop_torch`` (goal <= 1.03), ``fit_torch_vs_horovod`` (torch fit() / Horovod fit()) and
   ``ddp_vs_hvd_loop`` (the two hand-written loops). The process switches backends between loops
-  (``comm.shutdown()``, not timed).
+  (``comm.shutdown()``, not timed); a first round, not counted, runs each loop once (first connections).
 
 Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z overhead_ratio_fit=F
 overhead_ratio_fit_adaptive=G overhead_ratio_fit_safepoint_off=H safepoint_ratio=S safepoint_blocking_ratio=T
@@ -226,7 +226,7 @@ def backend_rounds() -> dict[str, list[float]]:
     out: dict[str, list[float]] = {k: [] for k in ("fit_vs_own_loop_horovod", "fit_vs_own_loop_torch",
                                                    "fit_torch_vs_horovod", "ddp_vs_hvd_loop") if HOROVOD or
                                    k == "fit_vs_own_loop_torch"}
-    for r in range(REPEATS):
+    for r in range(-1, REPEATS):       # round -1: each loop once untimed (first connections, lazy start-up)
         k = r % len(names)
         order = names[k:] + names[:k]
         w: dict[str, float] = {}
@@ -234,6 +234,8 @@ def backend_rounds() -> dict[str, list[float]]:
             be, run = BACKEND_LOOPS[name]
             use_backend(be)
             w[name] = run()
+        if r < 0:
+            continue
         out["fit_vs_own_loop_torch"].append(w["torch_fit"] / w["ddp_loop"])
         if HOROVOD:
             out["fit_vs_own_loop_horovod"].append(w["hvd_fit"] / w["hvd_loop"])
