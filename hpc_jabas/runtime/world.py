@@ -1,8 +1,9 @@
 """Where the job runs: ranks, this rank's device, the GPU type of every rank, and where the types came from.
 
-``World`` is a plain frozen value: a test builds one with its constructor, no Horovod needed.
-``World.detect()`` builds the real one on a Horovod world: the rank facts from ``runtime/comm.py`` (the
-one module that imports Horovod) and one allgather of each rank's GPU type, node and device.
+``World`` is a plain frozen value: a test builds one with its constructor, no collective needed.
+``World.detect()`` builds the real one on the job's world, whichever backend runs it: the rank facts from
+``runtime/comm.py`` (the one seam of every collective: Horovod or torch.distributed, docs/backends.md) and one
+allgather of each rank's GPU type, node and device.
 
 A rank's GPU type, in this order (docs/design.md, section 1):
 
@@ -91,7 +92,7 @@ class World:
     @classmethod
     def detect(cls, gpu_types: Sequence[str] | None = None, *, emulate: bool = False,
                env: Mapping[str, str] | None = None) -> World:
-        """The world of this Horovod job (collective: every rank calls it). ``gpu_types``: the flag's types."""
+        """The world of this job (collective: every rank calls it). ``gpu_types``: the flag's types."""
         import torch
 
         from hpc_jabas.runtime import comm
