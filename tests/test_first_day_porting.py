@@ -35,3 +35,5 @@ def test_a_task_callable_gets_the_jobs_config_when_it_takes_one():
                                                                                                     "epochs": 3}},
                     run_dir="/chain/run")
     assert got == (64, 3, "/chain/run")
+    # a callable whose arguments all have defaults (examples/train_digits.py's build(lr=0.05)) is called with none
+    assert call_task(lambda lr=0.05: lr, {"train": {"batch": 64}}) == 0.05

@@ -30,7 +30,7 @@ import pytest
 from support.package import ROOT, build_wheel, site_packages_copy, wheel_requirements
 
 USER = "hjfirst"
-DOC = ROOT / "docs" / "cluster.md"
+DOC = ROOT / "docs/cluster.md"
 #: run as the user: (iteration of the sbatch run, of the chain, largest relative parameter difference)
 COMPARE = """
 import json, sys

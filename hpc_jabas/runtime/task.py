@@ -4,7 +4,7 @@
         model = make_model()
         return hpc_jabas.Task(model, torch.optim.SGD(model.parameters(), lr=0.1), dataset, nn.CrossEntropyLoss())
 
-A task callable that takes one argument gets the job's JobConfig (``build(cfg)``: ``cfg.batch``, ``cfg.epochs``,
+A task callable with a required argument gets the job's JobConfig (``build(cfg)``: ``cfg.batch``, ``cfg.epochs``,
 ``cfg.seed``, ...; :func:`call_task`), so that its lr or schedule can follow the job's keys.
 
 The fields mirror the Trainer's arguments. A task callable may still return the older dict with the same
@@ -113,12 +113,13 @@ class Task:
 
 
 def call_task(fn: Callable[..., Any], config: Mapping[str, Any], run_dir: str | None = None) -> Any:
-    """What a task callable returns: ``fn(cfg)`` when it takes an argument, with ``cfg`` the job's JobConfig
-    (batch, batch_ref, epochs, seed, ...: the same keys the job's Trainer gets), else ``fn()``."""
+    """What a task callable returns: ``fn(cfg)`` when it has a required positional argument, with ``cfg`` the
+    job's JobConfig (batch, batch_ref, epochs, seed, ...: the same keys the job's Trainer gets), else ``fn()``
+    (a ``build(lr=0.05)`` whose arguments all have defaults is called as before, with none)."""
     import inspect
     try:
         params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
     except (TypeError, ValueError):
         params = []
     if not params:
