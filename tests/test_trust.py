@@ -553,7 +553,7 @@ def test_a_profile_a_second_user_planted_is_refused_as_calibration_json_is(arena
     assert f"refusing to read profile {str(prof / 'v100.json')!r}: it is owned by uid {planter.pw_uid}" in line, line
     with pytest.raises(UntrustedFileError, match=f"profile .*v100.json.*owned by uid {planter.pw_uid}"):
         check_calibration(JobConfig(profile_dir=str(prof)))
-    from hpc_jabas.runtime.profiling.run import _existing        # hpc-jabas profile --out merges what is there
+    from hpc_jabas.runtime.profiling.run import _existing  # hpc-jabas profile --out merges what is there
     with pytest.raises(UntrustedFileError, match=f"profile .*v100.json.*owned by uid {planter.pw_uid}"):
         _existing(str(prof))
 
