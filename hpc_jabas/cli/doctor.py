@@ -47,20 +47,22 @@ def _slurm_offers(say, missing: list[str]) -> None:
                        "ask the site for Slurm built with PMIx")
 
 
-def check(out=sys.stdout) -> int:
-    missing: list[str] = []
-    say = lambda k, v: print(f"{k:<22} {v}", file=out)
-    setup = "make setup   (runs scripts/setup.sh)"
+SETUP = "make setup   (runs scripts/setup.sh)"
 
+
+def _check_torch(say, missing: list[str]) -> None:
     try:
         import torch
         dev = f"cuda ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else "cpu"
         say("torch", f"{torch.__version__}  device={dev}")
     except ImportError:
         say("torch", "MISSING")
-        missing.append(f"torch is not installed: {setup}")
+        missing.append(f"torch is not installed: {SETUP}")
 
-    # the backends (docs/backends.md): Horovod where it is installed, torch.distributed otherwise (backend auto)
+
+def _check_backends(say, missing: list[str]) -> None:
+    """The backends (docs/backends.md): Horovod where it is installed, torch.distributed otherwise (backend
+    auto), and what HPC_JABAS_BACKEND asks for."""
     from hpc_jabas.runtime import comm
     hvd_ok, why = comm.horovod_importable()
     if hvd_ok:
@@ -72,7 +74,7 @@ def check(out=sys.stdout) -> int:
         say("horovod", f"{info['version']}  frameworks=[PyTorch]  controllers={ctrl}  tensor_ops={ops}")
         for need in ("MPI", "Gloo"):
             if need not in ctrl:
-                missing.append(f"horovod lacks the {need} controller: rebuild it with {setup}")
+                missing.append(f"horovod lacks the {need} controller: rebuild it with {SETUP}")
     else:
         say("horovod", f"not installed (optional: backend auto uses torch.distributed; {why})")
     try:
@@ -95,44 +97,55 @@ def check(out=sys.stdout) -> int:
         say("backend", f"{comm.ENV}={asked!r}: not a backend")
         missing.append(str(e))
 
+
+def _check_mpi_and_submitit(say, missing: list[str]) -> None:
     rc, text = _run(["mpirun", "--version"])
     if rc == 0:
         say("mpi", text.splitlines()[0])
     else:
         say("mpi", "MISSING (mpirun not found)")
         missing.append("mpirun not found: apt-get install -y openmpi-bin libopenmpi-dev")
-
     try:
         import mpi4py
         say("mpi4py", mpi4py.__version__)
     except ImportError:
         say("mpi4py", "MISSING")
-        missing.append(f"mpi4py is not installed: {setup}")
-
+        missing.append(f"mpi4py is not installed: {SETUP}")
     try:
         import submitit
         say("submitit", submitit.__version__)
     except ImportError:
         say("submitit", "MISSING")
-        missing.append(f"submitit is not installed: {setup}")
+        missing.append(f"submitit is not installed: {SETUP}")
 
+
+def _check_slurm(say, missing: list[str]) -> None:
     if shutil.which("sinfo") is None:
         say("slurm", "MISSING (sinfo not on PATH)")
         missing.append("sinfo not on PATH: apt-get install -y slurm-client (or `module load slurm` on a cluster)")
+        return
+    rc, text = _run(["sinfo", "-h", "-o", "%P %a %D %T"], timeout=8)
+    if rc == 0:
+        parts = sorted({ln.split()[0] for ln in text.splitlines() if ln.strip()})
+        say("slurm", f"controller reachable; partitions: {', '.join(parts) or '(none)'}")
+        _slurm_offers(say, missing)
     else:
-        rc, text = _run(["sinfo", "-h", "-o", "%P %a %D %T"], timeout=8)
-        if rc == 0:
-            parts = sorted({ln.split()[0] for ln in text.splitlines() if ln.strip()})
-            say("slurm", f"controller reachable; partitions: {', '.join(parts) or '(none)'}")
-            _slurm_offers(say, missing)
-        else:
-            first = text.splitlines()[0] if text else f"exit {rc}"
-            say("slurm", f"sinfo present, controller NOT reachable ({first}); local cluster: slurm/local/up.sh")
+        first = text.splitlines()[0] if text else f"exit {rc}"
+        say("slurm", f"sinfo present, controller NOT reachable ({first}); local cluster: slurm/local/up.sh")
 
+
+def check(out=sys.stdout) -> int:
+    """One line per piece this machine has (or lacks), then one ``missing:`` line per missing piece with the
+    command that fixes it; 0 when nothing is missing, else 1."""
+    missing: list[str] = []
+    say = lambda k, v: print(f"{k:<22} {v}", file=out)
+    _check_torch(say, missing)
+    _check_backends(say, missing)
+    _check_mpi_and_submitit(say, missing)
+    _check_slurm(say, missing)
     lmod = os.environ.get("LMOD_CMD") or next(
         (p for p in ("/usr/share/lmod/lmod/libexec/lmod",) if os.path.exists(p)), None)
     say("lmod", f"present ({lmod})" if lmod else "not found (optional: apt-get install -y lmod)")
-
     for m in missing:
         print(f"missing: {m}", file=out)
     say("status", "OK" if not missing else f"{len(missing)} missing piece(s)")

@@ -91,6 +91,93 @@ def _legend(ax, *more):
                   fontsize=8, frameon=False)
 
 
+def _series(recs: list[dict]) -> dict:
+    """What the panels draw, read from the records once: the iterations (sorted), the job's config, the
+    similarity and B_noise points, the throughput, the evaluation metrics and the perf model's errors."""
+    its = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["it"])
+    if not its:
+        raise ConfigError("the run has no iteration records yet; nothing to draw")
+    start = next((r for r in recs if r.get("type") == "start"), {})
+    dec = [r for r in recs if r.get("type") == "decision"]
+    return {
+        "its": its,
+        "cfg": start.get("config") or {},
+        "st": [(r["it"], r["stats"]) for r in its if r.get("stats") and r["stats"].get("similarity") is not None],
+        "bn": [(d["at_iteration"], d["stats"].get("b_noise")) for d in dec if (d.get("stats") or {}).get("b_noise")],
+        "sps": [(r["it"], r["samples_per_s"]) for r in its if r.get("samples_per_s")],
+        "ev": _eval_series(recs),
+        "pe": [r for r in recs if r.get("type") == "perf_error"],     # predicted vs measured (runtime/calibrate.py)
+    }
+
+
+def _statistics_panel(a, st: list, bn: list, cfg: dict) -> None:
+    """The similarity of the halves (with the similarity policy's gamma line) and B_noise, on a twin axis when
+    both are there."""
+    twins = []
+    if st:
+        a.plot([i for i, _ in st], [s["similarity"] for _, s in st], "o-", ms=3, label="similarity (halves)")
+        if cfg.get("policy") == "similarity" and cfg.get("gamma") is not None:
+            a.axhline(float(cfg["gamma"]), color="tab:gray", ls="--", lw=1.0,
+                      label=f"gamma = {float(cfg['gamma']):g} (grow below, shrink above)")
+        a.set_ylabel("gradient similarity")
+    if bn:
+        a2 = a.twinx() if st else a
+        a2.plot([i for i, _ in bn], [v for _, v in bn], "s--", ms=3, color="tab:green", label="B_noise")
+        a2.set_ylabel("B_noise")
+        if a2 is not a:
+            twins.append(a2)
+    _legend(a, *twins)
+
+
+def _evaluation_panel(a, ev: dict[str, list[tuple[int, float]]]) -> None:
+    """The epoch ends' evaluation: losses (and other metrics) on the left, accuracies on a twin axis."""
+    acc = {k: v for k, v in ev.items() if "acc" in k.lower()}
+    rest = {k: v for k, v in ev.items() if k not in acc}
+    for k, v in rest.items():
+        a.plot([i for i, _ in v], [y for _, y in v], "o-", ms=4, label=_test(k))
+    if rest:
+        a.set_ylabel("/".join(_test(k) for k in rest))
+    twins = []
+    if acc:
+        a2 = a.twinx() if rest else a
+        for k, v in acc.items():
+            a2.plot([i for i, _ in v], [y for _, y in v], "^-", ms=4, color="tab:green", label=_test(k))
+        a2.set_ylabel("/".join(_test(k) for k in acc))
+        if a2 is not a:
+            twins.append(a2)
+    _legend(a, *twins)
+
+
+def _iteration_time_panel(a, pe: list[dict]) -> None:
+    """The calibrated perf model's predicted iteration time against the measured one (and the profile's)."""
+    px = [r["it"] for r in pe]
+    a.plot(px, [r["measured_s"] for r in pe], "k.-", label="measured")
+    a.plot(px, [r["predicted_s"] for r in pe], "-", color="tab:purple", label="predicted (calibrated)")
+    a.plot(px, [r["predicted_uncalibrated_s"] for r in pe], "--", color="tab:gray", label="predicted (profile)")
+    a.set_ylabel("iteration s")
+    _legend(a)
+
+
+def _marks(recs: list[dict], ax: dict) -> None:
+    """Epoch ends (dotted) and resumes (solid) on every panel; each job's mix written at the top of the B panel
+    at its start, a move (another mix than the job before) a black line on every panel and "-> MIX"."""
+    for r in recs:
+        if r.get("type") in ("epoch_end", "resume"):
+            for a in ax.values():
+                a.axvline(r["it"], color="grey", lw=0.6, ls=":" if r["type"] == "epoch_end" else "-")
+    prev = None
+    for it, label, resumed in _mixes(recs):
+        if label == prev and resumed:
+            continue                             # a requeue on the same mix: its resume line says it
+        text = label if prev is None else f"-> {label}"
+        if prev is not None:
+            for a in ax.values():
+                a.axvline(it, color="black", lw=1.0)
+        ax["B"].annotate(text, xy=(it, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2),
+                         textcoords="offset points", fontsize=8, va="bottom", ha="left")
+        prev = label
+
+
 def figure(recs: list[dict]):
     """The report's matplotlib Figure: one panel per kind of data the run has (:data:`PANELS`; each axis
     has the panel's name as its ``label``), epoch ends dotted, resumes solid, each job's mix written at its start
@@ -99,20 +186,11 @@ def figure(recs: list[dict]):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    its = sorted((r for r in recs if r.get("type") == "iteration"), key=lambda r: r["it"])
-    if not its:
-        raise ConfigError("the run has no iteration records yet; nothing to draw")
+    d = _series(recs)
+    its = d["its"]
     x = [r["it"] for r in its]
-    start = next((r for r in recs if r.get("type") == "start"), {})
-    cfg = start.get("config") or {}
-    st = [(r["it"], r["stats"]) for r in its if r.get("stats") and r["stats"].get("similarity") is not None]
-    dec = [r for r in recs if r.get("type") == "decision"]
-    bn = [(d["at_iteration"], d["stats"].get("b_noise")) for d in dec if (d.get("stats") or {}).get("b_noise")]
-    sps = [(r["it"], r["samples_per_s"]) for r in its if r.get("samples_per_s")]
-    ev = _eval_series(recs)
-    pe = [r for r in recs if r.get("type") == "perf_error"]      # predicted vs measured (runtime/calibrate.py)
-    have = {"B": True, "lr": True, "statistics": bool(st or bn), "throughput": bool(sps), "evaluation": bool(ev),
-            "iteration time": bool(pe)}
+    have = {"B": True, "lr": True, "statistics": bool(d["st"] or d["bn"]), "throughput": bool(d["sps"]),
+            "evaluation": bool(d["ev"]), "iteration time": bool(d["pe"])}
     names = [n for n in PANELS if have[n]]
     fig, axs = plt.subplots(len(names), 1, figsize=(11, 2.3 * len(names) + 0.8), sharex=True, squeeze=False)
     ax = dict(zip(names, axs[:, 0]))
@@ -123,66 +201,17 @@ def figure(recs: list[dict]):
     ax["lr"].plot(x, [r["lr_scale"] for r in its], color="tab:orange", label="lr scale")
     ax["lr"].set_ylabel("lr scale")
     if "statistics" in ax:
-        a = ax["statistics"]
-        twins = []
-        if st:
-            a.plot([i for i, _ in st], [s["similarity"] for _, s in st], "o-", ms=3, label="similarity (halves)")
-            if cfg.get("policy") == "similarity" and cfg.get("gamma") is not None:
-                a.axhline(float(cfg["gamma"]), color="tab:gray", ls="--", lw=1.0,
-                          label=f"gamma = {float(cfg['gamma']):g} (grow below, shrink above)")
-            a.set_ylabel("gradient similarity")
-        if bn:
-            a2 = a.twinx() if st else a
-            a2.plot([i for i, _ in bn], [v for _, v in bn], "s--", ms=3, color="tab:green", label="B_noise")
-            a2.set_ylabel("B_noise")
-            if a2 is not a:
-                twins.append(a2)
-        _legend(a, *twins)
+        _statistics_panel(ax["statistics"], d["st"], d["bn"], d["cfg"])
     if "throughput" in ax:
+        sps = d["sps"]
         ax["throughput"].plot([i for i, _ in sps], [v for _, v in sps], color="tab:red", lw=0.8, label="samples/s")
         ax["throughput"].set_ylabel("samples/s")
     if "evaluation" in ax:
-        a = ax["evaluation"]
-        acc = {k: v for k, v in ev.items() if "acc" in k.lower()}
-        rest = {k: v for k, v in ev.items() if k not in acc}
-        left = a if rest else None
-        for k, v in rest.items():
-            a.plot([i for i, _ in v], [y for _, y in v], "o-", ms=4, label=_test(k))
-        if rest:
-            a.set_ylabel("/".join(_test(k) for k in rest))
-        twins = []
-        if acc:
-            a2 = a.twinx() if left is not None else a
-            for k, v in acc.items():
-                a2.plot([i for i, _ in v], [y for _, y in v], "^-", ms=4, color="tab:green", label=_test(k))
-            a2.set_ylabel("/".join(_test(k) for k in acc))
-            if a2 is not a:
-                twins.append(a2)
-        _legend(a, *twins)
+        _evaluation_panel(ax["evaluation"], d["ev"])
     if "iteration time" in ax:
-        a = ax["iteration time"]
-        px = [r["it"] for r in pe]
-        a.plot(px, [r["measured_s"] for r in pe], "k.-", label="measured")
-        a.plot(px, [r["predicted_s"] for r in pe], "-", color="tab:purple", label="predicted (calibrated)")
-        a.plot(px, [r["predicted_uncalibrated_s"] for r in pe], "--", color="tab:gray", label="predicted (profile)")
-        a.set_ylabel("iteration s")
-        _legend(a)
+        _iteration_time_panel(ax["iteration time"], d["pe"])
     axs[-1, 0].set_xlabel("iteration")
-    for r in recs:
-        if r.get("type") in ("epoch_end", "resume"):
-            for a in ax.values():
-                a.axvline(r["it"], color="grey", lw=0.6, ls=":" if r["type"] == "epoch_end" else "-")
-    prev = None
-    for it, label, resumed in _mixes(recs):     # each job's mix, written at the top of the B panel
-        if label == prev and resumed:
-            continue                             # a requeue on the same mix: its resume line says it
-        text = label if prev is None else f"-> {label}"
-        if prev is not None:
-            for a in ax.values():
-                a.axvline(it, color="black", lw=1.0)
-        ax["B"].annotate(text, xy=(it, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2),
-                         textcoords="offset points", fontsize=8, va="bottom", ha="left")
-        prev = label
+    _marks(recs, ax)
     fig.suptitle(f"hpc-jabas run: {', '.join(names)} (dotted: epoch ends; solid: resumes; black: moves)",
                  fontsize=10)
     fig.tight_layout()

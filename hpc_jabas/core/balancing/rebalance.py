@@ -123,6 +123,43 @@ def interpolate_plan(current: Plan, candidate: Plan, step: float) -> Plan:
 # the decision
 # ---------------------------------------------------------------------------------------------
 
+def _checked_speeds(B: int, current_plan: Plan, predicted_speed_factors: Sequence[float]) -> list[float]:
+    """The predicted speed factors, one positive number per rank of ``current_plan``, whose B is ``B``."""
+    if not isinstance(current_plan, Plan):
+        raise ConfigError(f"current_plan is a {type(current_plan).__name__}, not a Plan")
+    if isinstance(B, bool) or not isinstance(B, int) or B != current_plan.B:
+        raise ConfigError(f"global batch B={B!r} differs from the current plan's B={current_plan.B} "
+                          f"({current_plan}); rebalancing keeps B fixed")
+    R = current_plan.world_size
+    sf = list(predicted_speed_factors)
+    if len(sf) != R:
+        raise ConfigError(f"{len(sf)} predicted speed factors for {R} ranks; give one per rank")
+    return [positive(f, f"predicted speed factor of rank {i}") for i, f in enumerate(sf)]
+
+
+def _candidate(plan_fn: PlanFn, B: int, R: int, sf: list[float]) -> Plan:
+    """plan_fn's plan for the speed factors, checked: a Plan of the same B on the same R ranks."""
+    cand = plan_fn(B, list(sf))
+    if not isinstance(cand, Plan):
+        raise ConfigError(f"plan_fn returned a {type(cand).__name__}, not a Plan")
+    if cand.B != B or cand.world_size != R:
+        raise ConfigError(f"plan_fn returned {cand} (B={cand.B}, {cand.world_size} ranks) for B={B} on "
+                          f"{R} ranks; it must keep B and give one count per rank")
+    return cand
+
+
+def share_directions(current: Plan, cand: Plan) -> list[int]:
+    """Per rank, which way its share of the samples moves from ``current`` to ``cand``: +1, -1, or 0 within
+    half a micro-batch (plans of identical micro-batches) or half a sample (otherwise)."""
+    s_cur = [x / current.B for x in current.xs]      # sample shares (n_i / M for identical b)
+    s_cand = [x / cand.B for x in cand.xs]
+    if current.identical_b and cand.identical_b:
+        tol = 0.5 / min(current.M, cand.M)             # half a micro-batch
+    else:
+        tol = 0.5 / min(current.B, cand.B)             # half a sample
+    return [0 if abs(c - p) <= tol else (1 if c > p else -1) for p, c in zip(s_cur, s_cand)]
+
+
 class Rebalancer:
     """LB-BSP re-plan decision with hysteresis (threshold) and oscillation damping.
 
@@ -179,27 +216,14 @@ class Rebalancer:
         t_current / t_candidate / t_new (predicted seconds), candidate (str), damped (bool), step,
         reversed_ranks, kept (bool), reason (str).
         """
-        if not isinstance(current_plan, Plan):
-            raise ConfigError(f"current_plan is a {type(current_plan).__name__}, not a Plan")
-        if isinstance(B, bool) or not isinstance(B, int) or B != current_plan.B:
-            raise ConfigError(f"global batch B={B!r} differs from the current plan's B={current_plan.B} "
-                              f"({current_plan}); rebalancing keeps B fixed")
+        sf = _checked_speeds(B, current_plan, predicted_speed_factors)
         R = current_plan.world_size
-        sf = list(predicted_speed_factors)
-        if len(sf) != R:
-            raise ConfigError(f"{len(sf)} predicted speed factors for {R} ranks; give one per rank")
-        sf = [positive(f, f"predicted speed factor of rank {i}") for i, f in enumerate(sf)]
         if self.world_size != R:
             self.reset()
             self.world_size = R
             self.last_dir = [0] * R
 
-        cand = plan_fn(B, list(sf))
-        if not isinstance(cand, Plan):
-            raise ConfigError(f"plan_fn returned a {type(cand).__name__}, not a Plan")
-        if cand.B != B or cand.world_size != R:
-            raise ConfigError(f"plan_fn returned {cand} (B={cand.B}, {cand.world_size} ranks) for B={B} on "
-                              f"{R} ranks; it must keep B and give one count per rank")
+        cand = _candidate(plan_fn, B, R, sf)
         t_cur = positive(time_fn(current_plan, list(sf)), "time_fn(current plan)")
         t_cand = positive(time_fn(cand, list(sf)), "time_fn(candidate plan)")
         gain = 1.0 - t_cand / t_cur
@@ -220,13 +244,7 @@ class Rebalancer:
             return None, info
 
         # direction of every rank's share, and reversals versus its last move
-        s_cur = [x / current_plan.B for x in current_plan.xs]      # sample shares (n_i / M for identical b)
-        s_cand = [x / cand.B for x in cand.xs]
-        if current_plan.identical_b and cand.identical_b:
-            tol = 0.5 / min(current_plan.M, cand.M)                   # half a micro-batch
-        else:
-            tol = 0.5 / min(current_plan.B, cand.B)                   # half a sample
-        dirs = [0 if abs(c - p) <= tol else (1 if c > p else -1) for p, c in zip(s_cur, s_cand)]
+        dirs = share_directions(current_plan, cand)
         rev = [i for i in range(R) if dirs[i] and self.last_dir[i] == -dirs[i]]
         for i, dr in enumerate(dirs):
             if dr:
