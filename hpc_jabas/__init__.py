@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_jabas import exits as _exits
 from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
 from hpc_jabas.core.config import from_args as _from_args
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.jobspec import JobSpec, SlurmRequest
 from hpc_jabas.core.planning import Plan, proportional_plan
 from hpc_jabas.errors import (
     CheckpointError,
@@ -64,7 +64,7 @@ __all__ = [
     "run_main",
     "report_throughput",
     # Slurm
-    "JobSpec", "submit", "Submission", "wait_chain",
+    "JobSpec", "SlurmRequest", "submit", "Submission", "wait_chain",
     # logging
     "configure_logging", "add_verbosity_flags", "configure_from_args",
     # errors

@@ -298,7 +298,7 @@ def run(args) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise ConfigError(f"--timeout {args.timeout:g} must be > 0 seconds")
     spec = dataclasses.replace(spec, mix=mix, method=args.method or spec.method,
-                               extra={**spec.extra, **_slurm_extra(args)})
+                               slurm=dataclasses.replace(spec.slurm, **_slurm_extra(args)))
     _check_spec(spec)
     _check_time_options(spec)
     _check_ranks(spec)

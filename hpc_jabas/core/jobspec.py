@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,44 @@ def check_job_table(job: Any, path: str | Path) -> dict[str, Any]:
     return job
 
 
+@dataclass(frozen=True)
+class SlurmRequest:
+    """The Slurm options given for a job's submissions (``hpc-jabas submit``'s flags, ``JobSpec(slurm=...)``, or
+    the older ``JobSpec(extra={...})``). A field left None is the job config's [slurm] key, else the default:
+    ``hpc_jabas.slurm.components.SlurmOptions.of(spec)`` resolves them and checks every value at once (one line
+    for a bad value) before anything is written or submitted; the numbers may also be given in their flag
+    forms ("60", 60.0)."""
+    time_min: int | None = None                 # the [slurm] keys (core/config.py SlurmJobConfig)
+    signal_lead_s: int | None = None
+    max_timeouts: int | None = None
+    max_failures: int | None = None
+    mem_per_task_mb: int | None = None          # memory per rank (default 512)
+    job_name: str | None = None                 # default "hpc-jabas"
+    account: str | None = None                  # Slurm names: letters, digits, _ . + -
+    qos: str | None = None
+    sbatch_args: list[str] | str | None = None  # --flag or --flag=value items (or one shell-quoted string of them)
+
+    @classmethod
+    def of(cls, given: SlurmRequest | Mapping[str, Any] | None) -> SlurmRequest:
+        """From a mapping of option -> value (a JSON job spec's table, ``extra=``); an unknown option is one line."""
+        if given is None:
+            return cls()
+        if isinstance(given, SlurmRequest):
+            return given
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"Slurm options {given!r} must be a table of option -> value, e.g. "
+                              "{'account': 'proj-1'}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        bad = [k for k in given if k not in names]
+        if bad:
+            raise ConfigError(f"unknown Slurm option {bad[0]!r}; valid: {', '.join(names)}")
+        return cls(**given)
+
+    def given(self) -> dict[str, Any]:
+        """The options given (those not None)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
 @dataclass
 class JobSpec:
     task: str                          # "module:callable" -> a hpc_jabas.Task (or the older dict)
@@ -48,9 +86,17 @@ class JobSpec:
     method: str = "submitit"           # how the next job is submitted: submitit | sbatch
     pythonpath: list[str] = field(default_factory=list)
     python: str | None = None          # interpreter for sbatch jobs (default: the submitting one)
-    extra: dict[str, Any] = field(default_factory=dict)
+    slurm: SlurmRequest = field(default_factory=SlurmRequest)   # the Slurm options given (a mapping is read)
+    #: the older form of ``slurm``: a mapping of option -> value, read into ``slurm`` (over what it holds)
+    extra: InitVar[Mapping[str, Any] | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, extra: Mapping[str, Any] | None = None) -> None:
+        self.slurm = SlurmRequest.of(self.slurm)
+        if extra:
+            if not isinstance(extra, Mapping):
+                raise ConfigError(f"extra={extra!r} must be a table of Slurm option -> value, e.g. "
+                                  "{'account': 'proj-1'}")
+            self.slurm = SlurmRequest.of({**self.slurm.given(), **extra})
         if ":" not in self.task:
             raise ConfigError(f"task {self.task!r} must be 'module:callable', e.g. examples.train_digits:build")
         if self.method not in ("submitit", "sbatch"):

@@ -296,8 +296,8 @@ def resubmit_after_failure(spec: JobSpec, job_id: str, rc: int, env=None, sleep=
     sleep(failure_backoff_s(failures + 1))
     bad = _failed_nodes(env)
     if bad:                              # nodes the failure points to (down, drained now): not again
-        spec = dataclasses.replace(spec, extra={**spec.extra, "sbatch_args": [*extra_args(spec),
-                                                                               f"--exclude={','.join(bad)}"]})
+        spec = dataclasses.replace(spec, slurm=dataclasses.replace(
+            spec.slurm, sbatch_args=[*extra_args(spec), f"--exclude={','.join(bad)}"]))
     new_id = (submit or submit_job)(spec.with_mix(mix))
     chainlog.append(spec.chain_dir, "requeue", from_job=job_id, to_job=new_id, reason="failure", exit_code=rc,
                     excluded=bad, signature=sig,

@@ -6,10 +6,11 @@ assumes), started with ``srun --het-group=0,..,k`` so that one MPI/Horovod world
 
 Per component: ``--partition``, ``--ntasks`` = GPUs (one rank per GPU), the partition's typed GPUs
 (``--gres=gpu:<type>:<n>`` on one node; ``--nodes=N --gpus-per-task=<type>:1`` when the count needs
-more GPUs than one node of the partition holds), ``--mem`` (so that jobs share nodes). Options of
-``spec.extra`` read here: ``account``, ``qos``, ``sbatch_args``, and the numbers of :class:`SlurmOptions`
-(``mem_per_task_mb`` and the [slurm] keys ``time_min``, ``signal_lead_s``, ``max_timeouts``, ``max_failures``:
-extra, else the job's config, else the default), each checked once, with one error line for a bad value.
+more GPUs than one node of the partition holds), ``--mem`` (so that jobs share nodes). The Slurm options a
+spec gives (``spec.slurm``, a :class:`hpc_jabas.core.jobspec.SlurmRequest`) are resolved and checked here, once:
+:class:`SlurmOptions` (``account``, ``qos``, ``sbatch_args``, ``job_name``, ``mem_per_task_mb`` and the [slurm]
+keys ``time_min``, ``signal_lead_s``, ``max_timeouts``, ``max_failures``: given, else the job's config, else
+the default), with one error line for a bad value.
 """
 from __future__ import annotations
 
@@ -110,16 +111,12 @@ def het_groups(comps: list[Component]) -> str:
     return ",".join(str(k) for k in range(len(comps)))
 
 
-# ---- options of spec.extra --------------------------------------------------------------------
-def extra(spec: JobSpec, key: str, default: Any = None) -> Any:
-    return (spec.extra or {}).get(key, default)
-
-
+# ---- the Slurm options of a spec ----------------------------------------------------------------
 @dataclass(frozen=True)
 class SlurmOptions:
     """What a job's Slurm submissions use, typed and checked once: the [slurm] keys (core/config.py
     ``SlurmJobConfig``: their bounds and defaults), the memory per rank, the job name, account, qos and the
-    user's own sbatch arguments. ``of(spec)`` is the one reader of ``spec.extra``."""
+    user's own sbatch arguments. ``of(spec)`` is the one reader of ``spec.slurm`` (the options given)."""
     time_min: int
     signal_lead_s: int
     max_timeouts: int
@@ -132,7 +129,7 @@ class SlurmOptions:
 
     @classmethod
     def of(cls, spec: JobSpec) -> SlurmOptions:
-        """From ``spec.extra`` (the submit command's flags, submit()'s keywords) first, then the job's config
+        """From ``spec.slurm`` (the submit command's flags, ``JobSpec(slurm=...)``) first, then the job's config
         (any table), then the defaults. A bad value is one ConfigError line naming the key and the value."""
         from hpc_jabas.core.config import SlurmJobConfig, flatten
         from hpc_jabas.core.schema import convert
@@ -140,14 +137,15 @@ class SlurmOptions:
         out: dict[str, Any] = {}
         defaults = SlurmJobConfig()
         for f in dataclasses.fields(SlurmJobConfig):
-            v = extra(spec, f.name)
+            v = getattr(spec.slurm, f.name)
             if v is None:
                 v = flat.get(f.name)
             out[f.name] = convert(f.name, _whole(getattr(defaults, f.name) if v is None else v), int, f.metadata)
-        mem = extra(spec, "mem_per_task_mb")
+        mem = spec.slurm.mem_per_task_mb
         out["mem_per_task_mb"] = convert("mem_per_task_mb", _whole(DEFAULT_MEM_PER_TASK_MB if mem is None else mem),
                                          int, MEM_KEY)
-        return cls(**out, job_name=str(extra(spec, "job_name", "hpc-jabas")), account=_name(spec, "account"),
+        name = spec.slurm.job_name
+        return cls(**out, job_name="hpc-jabas" if name is None else str(name), account=_name(spec, "account"),
                    qos=_name(spec, "qos"), sbatch_args=_sbatch_args(spec))
 
 
@@ -188,7 +186,7 @@ MANAGED_OPTIONS = {
 
 
 def _name(spec: JobSpec, key: str) -> str | None:
-    v = extra(spec, key)
+    v = getattr(spec.slurm, key)
     if v is None or v == "":
         return None
     if not isinstance(v, str) or not _SLURM_NAME.fullmatch(v):
@@ -197,7 +195,7 @@ def _name(spec: JobSpec, key: str) -> str | None:
 
 
 def _sbatch_args(spec: JobSpec) -> tuple[str, ...]:
-    a = extra(spec, "sbatch_args", []) or []
+    a: Any = spec.slurm.sbatch_args or []
     if isinstance(a, str):
         try:
             a = shlex.split(a)
@@ -230,12 +228,13 @@ def per_component_options(spec: JobSpec) -> dict[str, str]:
 
 
 def extra_args(spec: JobSpec) -> list[str]:
-    """``spec.extra["sbatch_args"]`` (a list, or one shell-quoted string) as a checked list of ``--flag[=value]``."""
+    """``spec.slurm.sbatch_args`` (a list, or one shell-quoted string) as a checked list of ``--flag[=value]``."""
     return list(_sbatch_args(spec))
 
 
 def check_extra(spec: JobSpec) -> None:
-    """Every option of ``spec.extra`` this module reads, checked at once: what submit calls before Slurm."""
+    """Every option of ``spec.slurm`` (and the config's [slurm] keys), checked at once: what submit calls before
+    Slurm."""
     SlurmOptions.of(spec)
 
 

@@ -24,9 +24,10 @@ Two methods:
   <python> -u -m hpc_jabas.runtime.launch <chain_dir>/jobs/<n>.json``, submitted with
   ``sbatch --parsable``; its output goes to ``<chain_dir>/jobs/<n>-<jobid>.out``.
 
-Optional ``spec.extra`` keys: ``mem_per_task_mb`` (512), ``job_name`` ("hpc-jabas"), ``account``, ``qos``,
-``sbatch_args`` (list of extra ``--flag=value`` strings, every component), and the [slurm] keys ``time_min``,
-``signal_lead_s``, ``max_timeouts`` (else the job config's: :func:`~hpc_jabas.slurm.components.slurm_option`).
+Optional Slurm options, ``spec.slurm`` (:class:`~hpc_jabas.core.jobspec.SlurmRequest`): ``mem_per_task_mb`` (512),
+``job_name`` ("hpc-jabas"), ``account``, ``qos``, ``sbatch_args`` (list of extra ``--flag=value`` strings, every
+component), and the [slurm] keys ``time_min``, ``signal_lead_s``, ``max_timeouts`` (else the job config's:
+:class:`~hpc_jabas.slurm.components.SlurmOptions`).
 
 Preemption and time limits: a job told to stop (USR1/USR2/TERM) checkpoints at the next safe point
 (runtime/safepoint.py); a submitit job then requeues through submitit (``EntryPoint.checkpoint``, at most
@@ -56,13 +57,12 @@ from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.components import (
     Component,
+    SlurmOptions,
     check_extra,
     components,
-    extra,
     extra_args,
     partition_view,
     per_component_options,
-    slurm_option,
 )
 from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.slurm.node_entry import NODE_ENTRY
@@ -201,8 +201,9 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
     het = len(comps) > 1
     if het:
         python = het_srun_python(comps, python, folder)
+    opts = SlurmOptions.of(spec)
     ex = JabasSlurmExecutor(folder, num_tasks=sum(c.ntasks for c in comps), env=env, python=python,
-                            max_num_timeout=slurm_option(spec, "max_timeouts"))
+                            max_num_timeout=opts.max_timeouts)
     c0 = comps[0]
     add: dict[str, object] = {"chdir": str(workdir(spec))}
     for k, v in per_component_options(spec).items():
@@ -213,9 +214,7 @@ def make_executor(spec: JobSpec, comps: list[Component], env: Mapping[str, str] 
         add[k] = v if v else True
     params: dict[str, Any] = dict(
         partition=c0.partition, mem=f"{c0.mem_mb}M", nodes=c0.nodes,
-        signal_delay_s=int(extra(spec, "signal_delay_s", slurm_option(spec, "signal_lead_s"))),
-        time=slurm_option(spec, "time_min"),
-        job_name=str(extra(spec, "job_name", "hpc-jabas")),
+        signal_delay_s=opts.signal_lead_s, time=opts.time_min, job_name=opts.job_name,
         setup=(het_block(spec, comps[1:]) if het else []) + setup_lines(spec))
     if spec_path is not None:
         params["teardown"] = failure_teardown(spec, spec_path)
@@ -275,8 +274,7 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     pt = (spec.config.get("autoscale") or {}).get("partition_types") if isinstance(spec.config, dict) else None
     if view is None:
         view = partition_view(pt)
-    mem = slurm_option(spec, "mem_per_task_mb")
-    comps = components(spec.mix, view, mem_per_task_mb=mem)
+    comps = components(spec.mix, view, mem_per_task_mb=SlurmOptions.of(spec).mem_per_task_mb)
     spec = dataclasses.replace(spec, mix={c.partition: c.ntasks for c in comps})
     job: JabasSlurmJob | None = None
     script: Path | None = None

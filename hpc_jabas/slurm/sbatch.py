@@ -24,7 +24,14 @@ from pathlib import Path
 
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.slurm.components import Component, extra, extra_args, het_groups, per_component_options, slurm_option
+from hpc_jabas.slurm.components import (
+    Component,
+    SlurmOptions,
+    extra_args,
+    het_groups,
+    per_component_options,
+    slurm_option,
+)
 from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import TRUST_GROUP_ENV, refuse_control_chars
 
@@ -101,7 +108,7 @@ def normalize(spec: JobSpec, method: str | None) -> JobSpec:
                               python=spec.python or sys.executable)
     refuse_control_chars(str(out.chain_dir), "chain_dir (resolved)")
     refuse_control_chars(str(workdir(out)), "the working directory")
-    refuse_control_chars(str(extra(out, "job_name", "hpc-jabas")), "job_name")
+    refuse_control_chars(SlurmOptions.of(out).job_name, "job_name")
     return out
 
 
@@ -198,7 +205,7 @@ def render_sbatch(spec: JobSpec, comps: list[Component], spec_path: str | Path, 
     """Job script text (method "sbatch"): #SBATCH blocks, set-up lines, srun of the job entry module."""
     lines = ["#!/bin/bash", f"# hpc-jabas chain {spec.chain_dir}: mix "
              + ", ".join(f"{c.partition}:{c.ntasks}" for c in comps)]
-    lines.append(f"#SBATCH --job-name={shlex.quote(str(extra(spec, 'job_name', 'hpc-jabas')))}")
+    lines.append(f"#SBATCH --job-name={shlex.quote(SlurmOptions.of(spec).job_name)}")
     lines.append(f"#SBATCH --output={shlex.quote(str(output))}")
     lines.append(f"#SBATCH --chdir={shlex.quote(str(workdir(spec)))}")
     lines.append(f"#SBATCH --signal=B:USR1@{slurm_option(spec, 'signal_lead_s')}")
