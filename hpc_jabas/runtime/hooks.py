@@ -73,11 +73,23 @@ class TrainerView(Protocol):
     decisions: Any                               # the decision protocol (runtime/protocol.py DecisionChannel)
     metrics: Any                                 # metrics.jsonl writer (rank 0; a no-op elsewhere): .write(dict)
     run_dir: Path
-    resumed_from: str | None
-    last_checkpoint_time: float | None
     moved_to: MoveDecision | None
-    samples_local: int                           # samples this rank computed in this job
-    compute_local_s: float
+
+    @property
+    def resumed_from(self) -> str | None:        # the checkpointer's: where this job resumed from
+        ...
+
+    @property
+    def last_checkpoint_time(self) -> float | None:
+        ...
+
+    @property
+    def samples_local(self) -> int:              # samples this rank computed in this job
+        ...
+
+    @property
+    def compute_local_s(self) -> float:
+        ...
 
     def perf_model(self) -> Any:
         """The job's performance model (core/perfmodel.py), built on first use."""

@@ -165,6 +165,7 @@ class Checkpointer:
         self.replan, self.metrics, self.enabled, self.keep = replan, metrics, enabled, keep
         self.bn = BufferAverager(model)
         self.saved_at: float | None = None      # wall clock of the last save (every rank)
+        self.resumed_from: str | None = None    # the checkpoint resume() loaded (every rank), None: none
 
     @property
     def world(self) -> int:
@@ -287,7 +288,8 @@ class Checkpointer:
         except (CheckpointError, ConfigError) as e:
             raise rank_error(type(e), str(e), self.rank) from None
         self.load_state_dict(st)
-        return src if found else "broadcast"
+        self.resumed_from = src if found else "broadcast"
+        return self.resumed_from
 
     def _check_model(self, st: dict[str, Any], src: str) -> None:
         """The checkpoint holds this model (the same tensor names and shapes), else one line naming both."""

@@ -16,6 +16,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -98,6 +99,14 @@ class _InState(Generic[_T]):
         setattr(trainer.state, self.name, value)
 
 
+@dataclass
+class RankTotals:
+    """What this rank computed in this job (not checkpointed: a resumed job counts afresh): samples, and compute
+    seconds (an emulated GPU's wait included). The trainer's ``samples_local`` and ``compute_local_s``."""
+    samples: int = 0
+    compute_s: float = 0.0
+
+
 class Trainer:
     """Heterogeneous data-parallel training with adaptive batching on Horovod.
 
@@ -174,16 +183,34 @@ class Trainer:
     # ---- set-up helpers ----------------------------------------------------------------
     def _start_records(self) -> None:
         """What this job has done so far: nothing (a resume restores the TrainState, not these)."""
-        self.resumed_from: str | None = None
         self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
         self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
         self._periodic = sp.PeriodicCheckpoint(self.cfg.checkpoint_every, self.cfg.checkpoint_minutes)
         self.safe_points = sp.SafePoints()             # the boundary agreement, overlapped with the next iteration
-        self.samples_local = 0
-        self.compute_local_s = 0.0
-        self.last_checkpoint_time: float | None = None   # wall clock of the last checkpoint (every rank)
+        self.totals = RankTotals()                     # this rank's samples and compute seconds in this job
         self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
+
+    # what this job has done, read from the parts that keep it
+    @property
+    def resumed_from(self) -> str | None:
+        """The checkpoint this job resumed from (None: it started afresh)."""
+        return self.checkpointer.resumed_from
+
+    @property
+    def last_checkpoint_time(self) -> float | None:
+        """Wall clock of this job's last checkpoint (every rank; None: none yet)."""
+        return self.checkpointer.saved_at
+
+    @property
+    def samples_local(self) -> int:
+        """Samples this rank computed in this job."""
+        return self.totals.samples
+
+    @property
+    def compute_local_s(self) -> float:
+        """This rank's compute seconds in this job (an emulated GPU's wait included)."""
+        return self.totals.compute_s
 
     def _adaptive_range(self) -> dict | None:
         """An adaptive policy without batch_min/batch_max gets a range it can move in (the rule:
@@ -393,13 +420,13 @@ class Trainer:
         loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
         clock.compute_stop()
         t_sync = time.perf_counter()
-        self.samples_local += sum(len(i) for i in mine)
+        self.totals.samples += sum(len(i) for i in mine)
         self.opt.step(lr_scale=self.lr_scale)
         # agreed at the safe point (runtime/safepoint.py); an fp16 step the scaler skipped is not an error
         self.nonfinite_loss = not math.isfinite(loss_sum) and not self.opt.last_step_skipped
         t_end = clock.end()                        # on a GPU: after the step's kernels, counted in this iteration
         compute = clock.compute_s()
-        self.compute_local_s += compute + emu_wait
+        self.totals.compute_s += compute + emu_wait
         rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
                "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
@@ -458,7 +485,6 @@ class Trainer:
         self.calib.sync(write=self.cfg.checkpoint)        # every rank's fit in the checkpoint and calibration.json
         self.flush_metrics()
         path = self.checkpointer.save(self.samples_local)
-        self.last_checkpoint_time = self.checkpointer.saved_at
         self._periodic.mark(self.iteration)
         return path
 
@@ -488,7 +514,6 @@ class Trainer:
         source = self.checkpointer.resume()
         if source is None:
             return False
-        self.resumed_from = source
         refuse_finished(self, epochs or self.cfg.epochs)
         self.checkpointer.announce_resume(source)
         return True
