@@ -150,7 +150,6 @@ class Trainer:
                                           amp=cfg.amp)
         # a Dataset (fetched on this thread) or a DataLoader (its workers fetch ahead): runtime/data.py
         self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)
-        self.dataset, self.fetch = self.feed.dataset, self.feed.fetch
         self.decision_lead = self.feed.lead        # decisions announced this far ahead (setup() agrees the job's)
         self.feed.attach(lambda it: self.state.plan_at(it))
         self.run_dir = Path(str(cfg.run_dir))           # set (the default one) above when unset
@@ -190,6 +189,16 @@ class Trainer:
         self.safe_points = sp.SafePoints()             # the boundary agreement, overlapped with the next iteration
         self.totals = RankTotals()                     # this rank's samples and compute seconds in this job
         self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
+
+    @property
+    def dataset(self) -> Any:
+        """The training dataset (the feed's: a DataLoader's dataset when given one)."""
+        return self.feed.dataset
+
+    @property
+    def fetch(self) -> Callable:
+        """idx -> the batch of those samples (the feed's: a DataLoader's workers may have fetched it ahead)."""
+        return self.feed.fetch
 
     # what this job has done, read from the parts that keep it
     @property
