@@ -103,16 +103,20 @@ def test_one_rank_world_and_overlapping_buckets(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(out.read_text())
     assert (r["controller"], r["backend"], r["size"]) == ("single", "torch", 1)
-    # the layout: one bucket per gradient (256-byte buckets), in the backward's order, learned in iteration 1,
-    # then the measurement's extra sums, each alone (reduced in place)
-    assert r["buckets"][:6] == [["hj.g.4.bias"], ["hj.g.4.weight"], ["hj.g.2.bias"], ["hj.g.2.weight"],
-                                ["hj.g.0.bias"], ["hj.g.0.weight"]]
-    assert sorted(b[0] for b in r["buckets"][6:]) == sorted([f"hj.m.h0.{i}" for i in range(6)] + ["hj.m.scal"])
-    assert all(len(b) == 1 for b in r["buckets"][6:])
-    # iteration 1 learns the layout (nothing starts early); then all 5 other gradients' allreduces have started when
-    # the backward's last gradient arrives; in the measuring iteration 4 also the 6 extra sums, which start once
-    # every gradient's has (the layout's order)
-    assert r["started"] == [0, 5, 5, 11] and r["stats"]
+    # the layout: 256-byte buckets closed as DDP closes them (once they hold 256 bytes or more: a layer's bias and
+    # weight), in the backward's order, learned in iteration 1; a "large" CPU tensor (the middle weight, 1 KB here)
+    # alone, reduced in place, which closes the bucket before it; then the measurement's extra sums, each alone
+    assert r["buckets"][:4] == [["hj.g.4.bias", "hj.g.4.weight"], ["hj.g.2.bias"], ["hj.g.2.weight"],
+                                ["hj.g.0.bias", "hj.g.0.weight"]]
+    assert sorted(b[0] for b in r["buckets"][4:]) == sorted([f"hj.m.h0.{i}" for i in range(6)] + ["hj.m.scal"])
+    assert all(len(b) == 1 for b in r["buckets"][4:])
+    # the two buckets of several tensors keep their flat buffers from round to round (no allocation per round)
+    assert set(r["buffers"][0]) == {"hj.g.4.bias", "hj.g.0.bias"}
+    assert all(b == r["buffers"][0] for b in r["buffers"])
+    # iteration 1 learns the layout (nothing starts early); then the 4 gradients of the other buckets have started
+    # their allreduces when the backward's last gradient arrives; in the measuring iteration 4 also the 6 extra sums,
+    # which start once every gradient's bucket has (the layout's order)
+    assert r["started"] == [0, 4, 4, 10] and r["stats"]
     assert r["max_diff"] < 1e-6           # two micro-batches of 5 and 7 samples = one batch of 12 (float32)
 
 

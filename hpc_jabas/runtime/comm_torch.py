@@ -19,18 +19,20 @@ so the asynchronous allreduces (:func:`allreduce_sum_async_`) are put in that or
   the token weight (``hj.w``), in that order in its layout; ``hj.safepoint`` for the stop-signal agreement;
   ``other`` for the rest. Each stream has its own process group, made at :func:`init`, so the streams never
   wait on each other's order (the ``grad`` stream is one: on a GPU one NCCL communicator);
-* a stream's tensors go into buckets as DistributedDataParallel's do (the first about 1 MB, then about 25 MB):
-  their layout is learned in the stream's first round, in the order rank 0 saw the tensors (for gradients: the
-  backward's order), sent to the others over the stream's group; from then on a bucket's allreduce starts as
-  soon as all its tensors are there and every earlier bucket has started, so the gradients' reduction overlaps
-  the rest of the backward, as DDP's does;
+* a stream's tensors go into buckets as DistributedDataParallel's do (a bucket closes once it holds its cap:
+  1 MB for the first, then 25 MB), except that a CPU tensor of CPU_IN_PLACE_BYTES or more is reduced alone, in
+  place (copying it into a bucket and back costs more on a CPU than one more Gloo allreduce); a bucket's flat
+  buffer is kept from round to round, as DDP keeps its buckets. The layout is learned in the stream's first
+  round, in the order rank 0 saw the tensors (for gradients: the backward's order), sent to the others over the
+  stream's group; from then on a bucket's allreduce starts as soon as all its tensors are there and every
+  earlier bucket has started, so the gradients' reduction overlaps the rest of the backward, as DDP's does;
 * what is not started when a rank waits for one of the stream's tensors (:func:`synchronize`) starts then: the
   complete buckets in the layout's order, then the tensors not in the layout in one new part of it.
 
 The contract (the trainer, the optimizer wrapper and the gradient statistics keep it, as they must for
 Horovod): every rank starts the same names of a stream, and starts all of a round's before it waits for any.
 One ``Sum`` allreduce per bucket with the postscale applied to each tensor afterwards (the same factor on every
-rank): the weighted reduction of docs/formulas.md, section 1.
+rank; in the copy out of a bucket's buffer, one pass): the weighted reduction of docs/formulas.md, section 1.
 """
 from __future__ import annotations
 
@@ -64,6 +66,10 @@ BUCKET_BYTES = 25 << 20
 #: streams whose tensors are reduced in place, one allreduce each: a measurement's half-batch sums are a buffer
 #: as large as the parameters already, and a bucket's copy would double it (docs/invariants.md: 1x extra)
 IN_PLACE_PREFIXES = ("hj.m.",)
+#: a CPU tensor this large is reduced alone, in place: on the CPU, copying it into a bucket and back (two passes
+#: over its memory) costs more than one more Gloo allreduce (bench/overhead.py: 4 MB and 16 MB weights, ~8 ms
+#: of copies per iteration). On a GPU, copies are cheap next to a collective's launch: DDP's buckets throughout
+CPU_IN_PLACE_BYTES = 1 << 20
 #: how long a rank waits for the others at the rendezvous and in a collective before it fails (a hung rank)
 TIMEOUT_S = float(os.environ.get("HPC_JABAS_TORCH_TIMEOUT_S", "300"))
 #: how long a rank tries each of rank 0's addresses
@@ -365,9 +371,11 @@ class _Item:
 
 
 class _Bucket:
-    """One allreduce of some tensors flattened into one buffer (a tensor alone is reduced in place)."""
+    """One allreduce of some tensors flattened into one buffer (a tensor alone is reduced in place). ``buf``: the
+    layout's buffer for this bucket, kept from round to round (DDP keeps its buckets so: no allocation, no page
+    faults, per round), used when its size and dtype fit and no earlier round still holds it."""
 
-    def __init__(self, items: list[_Item], group: Any):
+    def __init__(self, items: list[_Item], group: Any, buf: torch.Tensor | None = None):
         self.items = items
         for it in items:
             it.bucket = self
@@ -379,7 +387,12 @@ class _Bucket:
             dtype = ts[0].dtype
             for t in ts[1:]:
                 dtype = torch.promote_types(dtype, t.dtype)
-            self.flat = torch.cat([t.reshape(-1).to(dtype) for t in ts])
+            flats = [t.reshape(-1) for t in ts]
+            if buf is not None and buf.dtype == dtype and buf.device == ts[0].device \
+                    and buf.numel() == sum(t.numel() for t in ts) and all(t.dtype == dtype for t in ts):
+                self.flat = torch.cat(flats, out=buf)
+            else:
+                self.flat = torch.cat([t.to(dtype) for t in flats])
         self.work = dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
         self.done = False
 
@@ -396,11 +409,14 @@ class _Bucket:
             off = 0
             for it in self.items:
                 n = it.t.numel()
-                it.t.copy_(self.flat[off:off + n].view(it.t.shape))
-                if it.postscale != 1.0:
-                    it.t.mul_(it.postscale)
+                part = self.flat[off:off + n].view(it.t.shape)
+                if it.postscale != 1.0:          # the copy back and the postscale in one pass (same product)
+                    torch.mul(part, it.postscale, out=it.t)
+                else:
+                    it.t.copy_(part)
                 off += n
-        self.flat = None                  # the buffer goes now, whoever still holds the bucket
+        self.flat = None                  # the bucket lets go of its buffer (the layout keeps a reused one)
+        self.items = []                   # and of the tensors (the layout's record of the bucket outlives the round)
         self.done = True
 
 
@@ -415,6 +431,7 @@ class _Stream:
         self.next = 0                           # the first bucket of the layout not started this round
         self.started: set[int] = set()
         self.live: list[_Bucket] = []           # started, not waited for
+        self.bufs: dict[str, tuple[torch.Tensor, _Bucket]] = {}   # a layout bucket's first name -> its buffer, user
 
     def add(self, it: _Item) -> None:
         if it.name in self.pending:
@@ -427,9 +444,18 @@ class _Stream:
         return all(n in self.pending for n in self.members[b])
 
     def _start(self, b: int) -> None:
-        items = [self.pending.pop(n) for n in self.members[b]]
-        self.live.append(_Bucket(items, _groups[self.name]))
+        self._launch([self.pending.pop(n) for n in self.members[b]], keep=True)
         self.started.add(b)
+
+    def _launch(self, items: list[_Item], keep: bool) -> None:
+        """Start one bucket; ``keep``: a bucket of the layout, whose flat buffer is kept for the next rounds."""
+        key = items[0].name
+        held = self.bufs.get(key) if keep else None
+        buf = held[0] if held is not None and held[1].done else None     # an earlier round still on it: a new one
+        bk = _Bucket(items, _groups[self.name], buf)
+        if keep and bk.flat is not None and bk.flat is not items[0].t:
+            self.bufs[key] = (bk.flat, bk)
+        self.live.append(bk)
 
     def _start_ready(self) -> None:
         """Start the layout's buckets in order while the next one is complete (the eager, overlapping start)."""
@@ -469,14 +495,19 @@ class _Stream:
             size, cur = 0, list[str]()
             for n in (n for n in new if _part(n) == part):
                 t = self.pending[n].t
-                cap = 0 if n.startswith(IN_PLACE_PREFIXES) else FIRST_BUCKET_BYTES if first + len(buckets) == 0 \
-                    else BUCKET_BYTES
-                if cur and (size + t.numel() * t.element_size() > cap or t.dtype != self.pending[cur[0]].t.dtype
+                nbytes = t.numel() * t.element_size()
+                alone = n.startswith(IN_PLACE_PREFIXES) or (t.device.type == "cpu" and nbytes >= CPU_IN_PLACE_BYTES)
+                if cur and (alone or t.dtype != self.pending[cur[0]].t.dtype
                             or t.device != self.pending[cur[0]].t.device):
                     buckets.append(cur)
                     size, cur = 0, []
                 cur.append(n)
-                size += t.numel() * t.element_size()
+                size += nbytes
+                # DDP's rule: a bucket closes once it holds its cap or more (the first bucket's cap is small)
+                cap = FIRST_BUCKET_BYTES if first + len(buckets) == 0 else BUCKET_BYTES
+                if alone or size >= cap:
+                    buckets.append(cur)
+                    size, cur = 0, []
             if cur:
                 buckets.append(cur)
         if self.name != "other":
@@ -487,9 +518,9 @@ class _Stream:
         # what is still pending: names of the layout whose bucket is incomplete this round, and the new ones
         rest = [n for n in order if n in self.pending and n not in new]
         for ns in buckets:
-            self.live.append(_Bucket([self.pending.pop(n) for n in ns], _groups[self.name]))
+            self._launch([self.pending.pop(n) for n in ns], keep=self.name != "other")
         if rest:
-            self.live.append(_Bucket([self.pending.pop(n) for n in rest], _groups[self.name]))
+            self._launch([self.pending.pop(n) for n in rest], keep=False)
 
     def _end_round(self) -> None:
         self.next = 0
