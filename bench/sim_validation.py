@@ -116,7 +116,7 @@ def _records(path: Path) -> list[dict]:
 def chain_real(chain_dir: Path) -> dict:
     """What a finished chain did, from its own records: ``total_s`` from the first job's start to the last
     job's end (chain.jsonl), its moves as (epoch ended, mix), the measured restart overheads (checkpoint ->
-    the next job's first iteration), the iterations (it, B, iter_s, measure) and the jobs' fit() walls."""
+    the next job's first iteration), the iterations (it, B, iter_s, measure, samples) and the jobs' fit() walls."""
     from hpc_jabas.slurm import chain as chainlog
     ev = chainlog.read(chain_dir)
     starts = [e for e in ev if e["event"] == "start"]
@@ -130,7 +130,8 @@ def chain_real(chain_dir: Path) -> dict:
             "moves": [(int(e["epoch"]) - 1, dict(e["mix"])) for e in ev if e["event"] == "move"],
             "restarts_s": [float(e["overhead_s"]) for e in ev if e["event"] == "restart"],
             "first_mix": dict(starts[0]["mix"]), "fit_s": sum(float(e["wall_s"]) for e in ends),
-            "its": [(int(x["it"]), int(x["B"]), float(x["iter_s"]), bool(x.get("measure"))) for x in its],
+            "its": [(int(x["it"]), int(x["B"]), float(x["iter_s"]), bool(x.get("measure")), int(x["samples"]))
+                    for x in its],
             "samples": sum(int(x["samples"]) for x in its), "B": [int(x["B"]) for x in its],
             "autoscale": [x for x in recs if x["type"] == "autoscale" and "free" in x],
             "spec": json.loads(Path(spec_path).read_text())}
@@ -142,9 +143,9 @@ def chain_overheads(real: dict, epochs: int) -> dict:
     (the jobs' fit() - their iterations) / epochs."""
     from hpc_jabas.core.overheads import OverheadMeter
     m = OverheadMeter()
-    for _, B, t, meas in real["its"]:
-        m.observe_iteration(B, t, meas)
-    iters = sum(t for _, _, t, _ in real["its"])
+    for _, B, t, meas, n in real["its"]:
+        m.observe_iteration(B, t, meas, n)
+    iters = sum(t for _, _, t, _, _ in real["its"])
     return {"measure_factor": m.estimate().measure_factor, "epoch_end_s": max(real["fit_s"] - iters, 0.0) / epochs}
 
 

@@ -12,7 +12,9 @@ ADAPTIVE = {"planner": "lbbsp", "micro_batch": 4, "speeds": [1.0, 0.5, 0.25], "p
             "batch_min": 16, "batch_max": 96, "lr_rule": "sqrt"}
 
 
-POLICIES = [("similarity", {"gamma": 0.9, "alpha": 0.25}), ("noise-scale", {})]
+# goodput measures once a period here (its default, p / 10, would measure every iteration and decide early: that
+# schedule is tests/test_noise_memory.py's)
+POLICIES = [("similarity", {"gamma": 0.9, "alpha": 0.25}), ("noise-scale", {"measure_every": 5})]
 
 
 @pytest.fixture(scope="module")

@@ -67,9 +67,9 @@ def test_limits_state_and_names():
 
 
 def test_a_per_iteration_scheduler_advances_r_steps_per_iteration(tmp_path):
-    """On one rank with goodput and lr_rule = adascale: every decision's lr scale is the gain of the controller's
-    smoothed estimates at its B, and a per-iteration scheduler has stepped sum(lr_scale) times (the fraction
-    carried), not once per iteration."""
+    """On one rank with goodput and lr_rule = adascale: every decision's lr scale is the gain of the goodput
+    policy's estimates (est_G2, est_S: its memory in samples, the one estimate B and the lr read) at its B, and a
+    per-iteration scheduler has stepped sum(lr_scale) times (the fraction carried), not once per iteration."""
     from reference import make_data, make_model
 
     from hpc_jabas.core.config import JobConfig
@@ -91,12 +91,12 @@ def test_a_per_iteration_scheduler_advances_r_steps_per_iteration(tmp_path):
     assert decisions
     for dec in decisions:
         st_ = dec["stats"]
-        if st_["G2"] is None:
+        if st_["est_G2"] is None:
             assert dec["lr_scale"] == 1.0
             continue
-        var = max(0.0, st_["S_trace"]) / 4                # batch_ref = 4: the lr was tuned at B = 4
+        var = max(0.0, st_["est_S"]) / 4                  # batch_ref = 4: the lr was tuned at B = 4
         s = dec["B"] / 4
-        want = s if st_["G2"] <= 0 else (var + st_["G2"]) / (var / s + st_["G2"])
+        want = s if st_["est_G2"] <= 0 else (var + st_["est_G2"]) / (var / s + st_["est_G2"])
         assert dec["lr_scale"] == pytest.approx(want, rel=1e-9)
     total = sum(r["lr_scale"] for r in its)
     assert sched.last_epoch == math.floor(total + 1e-9)

@@ -109,8 +109,8 @@ def _run(tmp_path, name, **kw):
     model = make_model()
     kw.setdefault("lr_rule", "none")
     kw.setdefault("p", 4)
-    cfg = JobConfig(policy="noise-scale", batch=B, batch_min=8, batch_max=64, checkpoint=False,
-                    run_dir=str(tmp_path / name), **kw)
+    kw.setdefault("policy", "noise-scale")
+    cfg = JobConfig(batch=B, batch_min=8, batch_max=64, checkpoint=False, run_dir=str(tmp_path / name), **kw)
     tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), make_data(n), torch.nn.CrossEntropyLoss(),
                  config=cfg, world=World(rank=0, size=1, gpu_types=("rtx2060",)))
     tr.fit()
@@ -119,9 +119,10 @@ def _run(tmp_path, name, **kw):
 
 
 def test_noise_only_measurement_equals_the_full_one(tmp_path):
-    """Iteration 3 (before any decision takes effect) measured with and without the half-batch sum: the same
-    micro-batch norms and |g|^2 (the one micro-batch split in two in both), no similarity in the noise-only one."""
-    _, full, _ = _run(tmp_path, "full", epochs=1)
+    """Iteration 3 (before any decision takes effect) measured with the half-batch sum (the similarity policy's
+    measurement) and without (goodput's): the same micro-batch norms and |g|^2 (the one micro-batch split in two in
+    both), no similarity in the noise-only one."""
+    _, full, _ = _run(tmp_path, "full", epochs=1, policy="similarity")
     _, cheap, _ = _run(tmp_path, "cheap", epochs=1, measure_every=1)
     assert [r["it"] for r in full if "stats" in r] == [3] and [r["it"] for r in cheap if "stats" in r] == [0, 1, 2, 3]
     a, b = full[3]["stats"], cheap[3]["stats"]
@@ -158,6 +159,7 @@ def test_measure_every_feeds_the_policy_between_decisions(tmp_path):
     # the controller's state (checkpointed) round-trips: the estimate and the samples since the last measurement
     from hpc_jabas.runtime.controller import AdaptiveController
     c = AdaptiveController(tr.cfg)
+    c.policy.use_memory(M)                     # what attach sets, before a resume loads the state
     c.load_state_dict(json.loads(json.dumps(tr.controller.state_dict())))
     assert c.policy.noise.b_noise == tr.controller.policy.noise.b_noise and c._fed == tr.controller._fed
 
@@ -197,12 +199,21 @@ def test_measure_every_decides_early_once_warmed_up(tmp_path):
     assert "B_noise=" in decisions[0]["reason"] or "unresolved" in decisions[0]["reason"]
 
 
-def test_default_goodput_warms_up_on_decisions(tmp_path):
-    """Without measure_every nothing changes: one full measurement per decision, the warm-up counts them."""
-    _, its, decisions = _run(tmp_path, "default", n=128, epochs=2)
+def test_default_goodput_measures_ten_times_a_period_with_a_memory_of_one_epoch(tmp_path):
+    """Goodput's defaults: measure_every = p / 10 (p = 20: every 2nd iteration, noise-only), the first decision once
+    the warm-up's 3 + 1 measurements are in (iteration 8), and a memory of min(1,000 x B0, one epoch) samples
+    (B0 = 16, 96 samples a epoch: 96). Set by hand, measure_every = p is one measurement per decision again."""
+    tr, its, decisions = _run(tmp_path, "default", n=96, epochs=8, p=20)
+    assert [r["it"] for r in its[:12] if "stats" in r] == [1, 3, 5, 7, 9, 11]
+    assert all(r["stats"]["similarity"] is None for r in its if "stats" in r)
+    assert decisions[0]["at_iteration"] == 8 and decisions[0]["stats"]["measurements"] == 4
+    assert tr.controller.policy.noise_memory == 96.0
+    tr, its, decisions = _run(tmp_path, "once", n=128, epochs=2, measure_every=4)
     assert [r["it"] for r in its[:12] if "stats" in r] == [3, 7, 11]
-    assert "warming up" in decisions[0]["reason"] and "measurements" not in decisions[0]["stats"]
+    assert "warming up" in decisions[0]["reason"]
     assert [d["stats"]["window_count"] for d in decisions[:3]] == [1, 2, 3]
+    assert tr.controller.policy.noise_memory == pytest.approx(16 / -math.log(0.999)) or \
+        tr.controller.policy.noise_memory == 128.0
 
 
 def test_the_simulator_measures_as_the_controller_does(monkeypatch):

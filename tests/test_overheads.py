@@ -39,6 +39,23 @@ def test_the_meter_recovers_an_injected_measurement_factor_and_epoch_end(factor,
                                            (sorted(ends)[len(ends) // 2 - 1] + sorted(ends)[len(ends) // 2]) / 2)
 
 
+def test_an_epochs_shrunk_tail_is_not_a_normal_iteration():
+    """A policy that measures nearly every iteration leaves only the epochs' shrunk tails unmeasured; read as normal
+    iterations at B (they take a fraction of one), they priced a measurement at 10x (a replayed demo chain moved to
+    another mix than the real one did). With their samples given, they are left out: nothing to compare with."""
+    m, tails = OverheadMeter(), OverheadMeter()
+    for k in range(60):
+        m.observe_iteration(64, 0.16, True, 64)
+        tails.observe_iteration(64, 0.16, True, 64)
+        if k % 20 == 19:                                  # an epoch's last iteration: 6 of 64 samples, unmeasured
+            m.observe_iteration(64, 0.016, False, 6)
+            tails.observe_iteration(64, 0.016, False)     # without its samples: taken as a normal iteration
+    assert m.estimate().measure_factor == 1.0 and m.estimate().measure_share == 0.0
+    assert tails.estimate().measure_factor == pytest.approx(10.0)
+    m.observe_iteration(64, 0.08, False, 64)             # a full unmeasured iteration still counts
+    assert len(m.iterations) == 61
+
+
 def test_nothing_measured_prices_nothing_and_memory_is_bounded():
     m = OverheadMeter()
     assert m.estimate() == Overheads()

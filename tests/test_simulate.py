@@ -261,7 +261,17 @@ def test_measured_overheads_price_only_what_runs():
     assert run("lbbsp", measure_factor=3.0).totals == base["lbbsp"]            # a fixed B measures nothing
     slow = run("goodput", measure_factor=3.0).totals
     assert slow["iterations"] == base["goodput"]["iterations"]                # the same decisions
-    assert base["goodput"]["time_s"] < slow["time_s"] < 3.0 * base["goodput"]["time_s"]
+    # goodput measures every iteration here (p = 10: measure_every = p / 10 = 1), so every iteration is 3x
+    assert slow["time_s"] == pytest.approx(3.0 * base["goodput"]["time_s"], rel=1e-9)
+
+    def run_k(k, **model):
+        j = job(stop="samples", epochs=3, model={"measure_factor": 1.0, "epoch_end_s": 0.0, **model},
+                policy={"measure_every": k})
+        return Simulation(cluster(), j).run("goodput").totals
+    base4, slow4 = run_k(4), run_k(4, measure_factor=3.0)                   # every 4th and every 10th: 6 of 20
+    assert slow4["iterations"] == base4["iterations"]
+    assert base4["time_s"] < slow4["time_s"] < 3.0 * base4["time_s"]
+    assert simulate.measurements(0, 20, 10, 4) == 6 and simulate.measure_share(10, 4) == pytest.approx(6 / 20)
     with pytest.raises(simulate.ConfigError, match="measure_factor"):
         job(model={"measure_factor": 0.5})
 

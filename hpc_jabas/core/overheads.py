@@ -61,7 +61,11 @@ class OverheadMeter:
         self.iterations: deque[tuple[int, float, bool]] = deque(maxlen=KEEP_ITERATIONS)   # (B, seconds, measure)
         self.epoch_ends: deque[float] = deque(maxlen=KEEP_EPOCH_ENDS)
 
-    def observe_iteration(self, B: int, seconds: float, measure: bool) -> None:
+    def observe_iteration(self, B: int, seconds: float, measure: bool, samples: int | None = None) -> None:
+        """One iteration at B; ``samples`` (None: B) fewer than B is an epoch's shrunk tail, which never measures
+        and takes less than an iteration at B: left out, or it would pass for a fast normal iteration at B."""
+        if samples is not None and int(samples) != int(B):
+            return
         if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
             self.iterations.append((int(B), float(seconds), bool(measure)))
 

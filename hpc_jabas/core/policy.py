@@ -95,8 +95,17 @@ _LR_ALIASES = {
 DEFAULT_GOODPUT_WARMUP = 3
 #: the goodput policy moves B by at most this factor per decision (a trust region around the current B)
 DEFAULT_GOODPUT_MAX_STEP = 2.0
-#: the goodput policy averages the |G|^2 and tr(Sigma) estimates of its last this many measurements
+#: the goodput policy averages the |G|^2 and tr(Sigma) estimates of its last this many measurements (with a
+#: memory in samples unset: ``make_policy`` and the API; a job's default is the memory, ``default_noise_memory``)
 DEFAULT_GOODPUT_WINDOW = 20
+#: the trust region's widest factor: after decisions that each stop at the region's edge on the same side (the
+#: goodput argmax lies further out), the next may move by max_step^k, up to this (Pollux has no region at all)
+DEFAULT_GOODPUT_MAX_REACH = 16.0
+#: a job's goodput policy measures the noise scale this many times per decision period (measure_every = p / this,
+#: at least every iteration): noise-only measurements cost a few scalars, not a gradient-sized allreduce
+GOODPUT_MEASUREMENTS_PER_PERIOD = 10
+#: Pollux's estimate decays by 0.999^(B / B0) per step: a memory of B0 / -ln(0.999), about 1,000 x B0 samples
+POLLUX_MEMORY_PER_B0 = 1.0 / -math.log(0.999)
 #: the goodput policy moves B only for a predicted goodput gain of at least this fraction (Pollux's 5%: a
 #: smaller predicted gain is within the estimate's noise, and each move also moves the lr)
 DEFAULT_GOODPUT_MIN_GAIN = 0.05
@@ -236,20 +245,42 @@ class SimilarityPolicy(BatchPolicy):
         # errors do not accumulate (otherwise 58 <-> 64 is a fixed point of grow/shrink at alpha 0.1)
         self.exact: float | None = None
         self.last: int | None = None
+        self.pending: list[float] = []     # cosines measured since the last decision (observe)
+        self.last_mean: tuple[float, int] | None = None   # what the last decision read: (mean cosine, how many)
 
     def _base(self, B: int) -> float:
         return self.exact if self.exact is not None and self.last == B else float(B)
 
+    def observe(self, similarity: float | None) -> bool:
+        """One cosine measured between decisions (the controller's ``measure_every``): the next decision reads
+        the mean of these and its own. A missing or non-finite value is left out. Whether it was taken."""
+        if similarity is None or not is_number(similarity, nan=False) or not math.isfinite(similarity):
+            return False
+        self.pending.append(float(similarity))
+        return True
+
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         sim, B = state.similarity, int(state.B)
         base = self._base(B)
-        if sim is None or not is_number(sim, nan=False):
+        vals = list(self.pending)
+        if sim is not None and is_number(sim, nan=False) and math.isfinite(sim):
+            vals.append(float(sim))
+        self.pending = []
+        self.last_mean = (math.fsum(vals) / len(vals), len(vals)) if vals else None
+        if not vals:
             return Wish(STAY, float(B), "similarity not measured; keep B")
+        sim = math.fsum(vals) / len(vals)
+        if len(vals) > 1:
+            # the mean of the period's cosines: one cosine swings widely from one period to the next
+            return self._wish(sim, B, base, f"mean similarity of {len(vals)} measurements={sim:.3f}")
+        return self._wish(sim, B, base, f"similarity={sim:.3f}")
+
+    def _wish(self, sim: float, B: int, base: float, what: str) -> Wish:
         if sim < self.gamma:
-            return Wish(GROW, base * (1.0 + self.alpha), f"similarity={sim:.3f} < gamma={self.gamma:g}: grow")
+            return Wish(GROW, base * (1.0 + self.alpha), f"{what} < gamma={self.gamma:g}: grow")
         if sim > self.gamma:
-            return Wish(SHRINK, base * (1.0 - self.alpha), f"similarity={sim:.3f} > gamma={self.gamma:g}: shrink")
-        return Wish(STAY, float(B), f"similarity={sim:.3f} == gamma: keep B")
+            return Wish(SHRINK, base * (1.0 - self.alpha), f"{what} > gamma={self.gamma:g}: shrink")
+        return Wish(STAY, float(B), f"{what} == gamma: keep B")
 
     def decide(self, state: PolicyState | Mapping[str, Any], space: BatchSpace | None = None) -> BatchDecision:
         """As the base class; then remembers the (clipped) unrounded target for the next decision."""
@@ -278,10 +309,11 @@ class SimilarityPolicy(BatchPolicy):
         return {**super().config(), "gamma": self.gamma, "alpha": self.alpha}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.config(), "exact": self.exact, "last": self.last}
+        return {**self.config(), "exact": self.exact, "last": self.last, "pending": list(self.pending)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        self.pending = [float(x) for x in state.get("pending", [])]
         ex, last = state.get("exact"), state.get("last")
         self.exact = None if ex is None else float(ex)
         self.last = None if last is None else int(last)
@@ -311,7 +343,7 @@ class GoodputPolicy(BatchPolicy):
     def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
                  window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN,
-                 noise_memory: float | None = None) -> None:
+                 noise_memory: float | None = None, max_reach: float = DEFAULT_GOODPUT_MAX_REACH) -> None:
         super().__init__(B_min, B_max, p)
         if not is_number(min_gain, nan=False) or not 0.0 <= min_gain < 1.0:
             raise ConfigError(f"min_gain={min_gain!r} is invalid; the smallest predicted goodput gain that moves "
@@ -328,6 +360,14 @@ class GoodputPolicy(BatchPolicy):
         self.noise: NoiseWindow | NoiseMemory = NoiseWindow(self.window) if noise_memory is None \
             else NoiseMemory(noise_memory)
         self.seen = 0
+        if not is_number(max_reach, nan=False) or not max_reach > 1.0:
+            raise ConfigError(f"max_reach={max_reach!r} is invalid; the trust region's widest factor must be > 1, "
+                              "e.g. 16 (at most max_step: the region never widens)")
+        self.max_reach = max(float(max_reach), self.max_step)
+        # the trust region's factor for the next decision, and the side its last decision stopped at the edge of
+        # (+1 up, -1 down, 0: the argmax was inside): two edge stops in a row on one side widen it (x max_step)
+        self.reach = self.max_step
+        self.edge = 0
 
     def observe(self, g2: float | None, s: float | None, samples: float | None = None) -> bool:
         """One fresh estimate (G2, S) into the noise-scale estimate, between decisions or at one; ``samples``:
@@ -376,16 +416,21 @@ class GoodputPolicy(BatchPolicy):
             if not rows:
                 return Wish(STAY, float(cur), f"noise scale unresolved (|G|^2 estimate <= 0 over "
                                               f"{self.noise.count} measurements); B={cur} is already the largest")
-        # a trust region: at most max_step x (or / max_step) per decision, so one noisy estimate cannot
-        # move B (and the lr that follows it) across the whole range at once
-        lo, hi = cur / self.max_step, cur * self.max_step
+        # a trust region: at most reach x (or / reach) per decision, so one noisy estimate cannot move B (and
+        # the lr that follows it) across the whole range at once; reach = max_step, wider after edge stops
+        # (wider only toward the side where the last decisions found the argmax beyond the edge)
+        reach = self.reach
+        lo = cur / (reach if self.edge < 0 else self.max_step)
+        hi = cur * (reach if self.edge > 0 else self.max_step)
         key = lambda r: (-goodput(r[0], r[1], bn, self.B0), abs(r[0] - cur), r[0])  # noqa: E731
         near = [r for r in rows if lo <= r[0] <= hi]
-        how = "goodput argmax"
+        Bg = min(rows, key=key)[0]
+        # an unresolved estimate (E = 1 everywhere) is no confident argmax: it never widens the region
+        self._next_reach(0 if unresolved else 1 if Bg > hi else -1 if Bg < lo else 0)
+        how = "goodput argmax" if reach == self.max_step else f"goodput argmax within x{reach:g}"
         if not near:
             # nothing realisable inside the trust region: one step to the nearest realisable B on the
             # side of the global argmax (never a jump across the range, never silently unbounded)
-            Bg = min(rows, key=key)[0]
             side = [r for r in rows if (r[0] > cur if Bg > cur else r[0] < cur)]
             if Bg == cur or not side:
                 return Wish(STAY, float(cur), f"B_noise={bn:.4g}: goodput argmax is B={cur}; keep B")
@@ -404,17 +449,38 @@ class GoodputPolicy(BatchPolicy):
         return Wish(GROW if unresolved else SET, float(Bs),
                     f"{pre}{how} B={Bs} ({Bs / ts:.4g} samples/s x E={E:.3f})")
 
+    def use_memory(self, memory: float | None) -> None:
+        """The estimate's memory in training samples (None: the last ``window`` measurements), set once the job
+        knows its epoch (the controller's attach, the simulator's start); a change restarts the estimate."""
+        m = None if memory is None else float(memory)
+        if m == self.noise_memory:
+            return
+        self.noise = NoiseWindow(self.window) if m is None else NoiseMemory(m)
+        self.noise_memory = m
+        self.seen = 0
+
+    def _next_reach(self, edge: int) -> None:
+        """After a decision whose goodput argmax lay beyond the trust region's edge on side ``edge`` (0: inside):
+        the same side as the decision before widens the next region on that side by max_step (up to max_reach): two
+        estimates in a row put the argmax out there, so B need not crawl to it one factor of 2 a period; a
+        turn, or an argmax inside, resets it to max_step."""
+        self.reach = min(self.reach * self.max_step, self.max_reach) if edge and edge == self.edge else self.max_step
+        self.edge = edge
+
     def config(self) -> dict[str, Any]:
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
-                "window": self.window, "min_gain": self.min_gain,
+                "max_reach": self.max_reach, "window": self.window, "min_gain": self.min_gain,
                 **({} if self.noise_memory is None else {"noise_memory": self.noise_memory})}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict()}
+        return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict(), "reach": self.reach,
+                "edge": self.edge}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.seen = int(state.get("seen", self.warmup))
+        self.reach = min(max(float(state.get("reach", self.max_step)), self.max_step), self.max_reach)
+        self.edge = int(state.get("edge", 0))
         if state.get("noise_memory") != self.noise_memory:
             # the estimate's kind changed since the checkpoint (window <-> memory in samples): it restarts
             self.noise = NoiseWindow(self.window) if self.noise_memory is None else NoiseMemory(self.noise_memory)
@@ -468,7 +534,7 @@ class RampPolicy(BatchPolicy):
 _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
-    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "window", "noise_memory"},
+    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "max_reach", "window", "noise_memory"},
     "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
 
@@ -507,6 +573,33 @@ def default_batch_range(policy: str, batch: int, batch_min: int | None, batch_ma
              f"batch_max={hi} = max(batch {batch}, one epoch {n})"]
     return BatchRange(lo, hi, f"policy {canonical_policy(policy)!r} moves B in [{lo}, {hi}]: " + "; ".join(parts)
                       + " (set batch_min/batch_max to choose)")
+
+
+def default_measure_every(policy: str, measure_every: int | None, p: int) -> int | None:
+    """The iterations between a job's statistic measurements for ``policy`` at decision period ``p`` (None: at
+    decisions only). Set by hand: as set (similarity and goodput; other policies measure nothing between
+    decisions). Unset: goodput measures GOODPUT_MEASUREMENTS_PER_PERIOD times a period (p / 10, at least every
+    iteration: Pollux measures at every step; a noise-only measurement costs a few scalars); similarity at its
+    decisions only, as JABAS (an averaged measurement costs a gradient-sized allreduce)."""
+    key = canonical_policy(policy)
+    if key not in ("noise-scale", "similarity"):
+        return None
+    if measure_every is not None:
+        return integer(measure_every, "measure_every", lo=1)
+    if key == "noise-scale":
+        return max(1, round(integer(p, "p", lo=1) / GOODPUT_MEASUREMENTS_PER_PERIOD))
+    return None
+
+
+def default_noise_memory(noise_memory: float | None, batch: int, samples_per_epoch: int) -> float:
+    """The goodput estimate's memory in training samples: as set, else Pollux's (about 1,000 x the initial batch)
+    but at most one epoch, so the estimate follows a noise scale that grows as the loss falls within a run of a
+    few epochs (Pollux's runs are hundreds of epochs long)."""
+    if noise_memory is not None:
+        return float(noise_memory)
+    b = integer(batch, "batch", lo=1)
+    n = integer(samples_per_epoch, "samples per epoch", lo=1)
+    return float(min(POLLUX_MEMORY_PER_B0 * b, n))
 
 
 def decision_period(p: int | None, samples_per_epoch: int, batch: int) -> int:

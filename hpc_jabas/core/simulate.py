@@ -50,7 +50,14 @@ from hpc_jabas.core.mixbound import peak_rate
 from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, PlanSpec, make_planner, snap_nearest
-from hpc_jabas.core.policy import PolicyState, decision_period, make_lr_rule, make_policy
+from hpc_jabas.core.policy import (
+    PolicyState,
+    decision_period,
+    default_measure_every,
+    default_noise_memory,
+    make_lr_rule,
+    make_policy,
+)
 from hpc_jabas.core.simconfig import Cluster, Job
 from hpc_jabas.core.stats import statistical_efficiency
 from hpc_jabas.errors import ConfigError, InfeasibleError
@@ -148,6 +155,21 @@ class _Run:
     measure_every: int | None = None  # goodput's noise-only measurements between decisions ([policy])
     since: int = 0                    # samples trained since the last fresh measurement
     early: int | None = None          # with measure_every: the early first decision (the controller's)
+
+
+def measurements(done: int, end: int, p: int, k: int | None) -> int:
+    """The measuring iterations after ``done`` up to ``end`` (iterations counted from 1): every p-th (a decision's)
+    and every k-th (measure_every's; None: none), each counted once."""
+    n = end // p - done // p
+    if k is not None:
+        both = math.lcm(p, k)
+        n += (end // k - done // k) - (end // both - done // both)
+    return n
+
+
+def measure_share(p: int, k: int | None) -> float:
+    """The share of iterations that measure (``measurements`` over a long run): 1/p + 1/k - 1/lcm(p, k)."""
+    return (1.0 / p) if k is None else 1.0 / p + 1.0 / k - 1.0 / math.lcm(p, k)
 
 
 class Simulation:
@@ -265,9 +287,7 @@ class Simulation:
         if st.policy == "similarity":
             kw.update(gamma=pol.gamma, alpha=pol.alpha)
         elif st.policy == "noise-scale":
-            kw.update(B0=B0, warmup=pol.warmup)
-            if pol.noise_memory is not None:
-                kw.update(noise_memory=pol.noise_memory)
+            kw.update(B0=B0, warmup=pol.warmup, noise_memory=default_noise_memory(pol.noise_memory, B0, N))
         elif st.policy == "ramp":
             kw.update(B0=B0, at=list(pol.ramp_at), factor=pol.ramp_factor)
         if st.objective is not None:
@@ -280,8 +300,9 @@ class Simulation:
         wait0 = self.cluster.queue.wait(mix, 0.0)
         r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
                  float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
-        r.measure_every = k = pol.measure_every if st.policy == "noise-scale" else None
-        if k is not None and (k * (r.policy.warmup + 1)) < p:    # the first decision once the warm-up's are in
+        r.measure_every = k = default_measure_every(st.policy, pol.measure_every, p) if lo < hi else None
+        if st.policy == "noise-scale" and k is not None and (k * (r.policy.warmup + 1)) < p:
+            # the first decision once the warm-up's measurements are in
             r.early = k * (r.policy.warmup + 1)
         r.res.trajectory.append((0, B))
         r.res.timeline.append((round(r.t, 3), 0, B, round(r.lr_rule.lr_scale(B), 4)))
@@ -330,7 +351,7 @@ class Simulation:
             tail = its * r.B > left           # the epoch's last iteration is short: the trainer measures nothing
             ep_t += its * T
             if m_extra > 0:
-                ep_t += ((r.it + its) // p - r.it // p) * T * m_extra
+                ep_t += measurements(r.it, r.it + its, p, k) * T * m_extra
             left -= n
             ep_samples += n
             sw += n * r.B
@@ -341,10 +362,14 @@ class Simulation:
                 break
             decides = r.st.policy != "fixed" and (r.it % p == 0 or r.it == r.early)
             if k is not None and r.it % k == 0 and not decides and not tail:
-                # the controller's measure_every: a fresh (G2, S) into the policy's estimate between decisions
-                g2_, s_ = self._draw_between(r.B, min(r.done_eff / r.target, 1.0), r.rng)
-                if r.policy.observe(g2_, s_, r.since):
-                    r.since = 0
+                # the controller's measure_every between decisions: goodput a fresh (G2, S) into its estimate,
+                # similarity a cosine into the next decision's mean
+                if r.st.policy == "similarity":
+                    r.policy.observe(self._draw(r.B, min(r.done_eff / r.target, 1.0), r.rng)[2])
+                else:
+                    g2_, s_ = self._draw_between(r.B, min(r.done_eff / r.target, 1.0), r.rng)
+                    if r.policy.observe(g2_, s_, r.since):
+                        r.since = 0
             if decides:
                 self._since, self._fresh = r.since or None, False
                 nb = self._decide(r.policy, r.B, r.it, min(r.done_eff / r.target, 1.0), r.space, r.rng, r.res)
@@ -488,11 +513,13 @@ class Simulation:
 
     def run_overheads(self, st: Strategy, p: int) -> Overheads:
         """What the job file says a run costs besides its iterations, as the trainer's meter would measure it:
-        one measurement iteration per period p for a policy that measures, and the epoch end."""
+        a policy's measurement iterations (one per period p, and every measure_every between), and the epoch end."""
         factor = self.job.model.measure_factor
         measures = st.policy in ("similarity", "noise-scale") and factor > 1.0
-        return Overheads(measure_share=1.0 / p if measures else 0.0, measure_factor=factor if measures else 1.0,
-                         epoch_end_s=self.job.model.epoch_end_s)
+        k = default_measure_every(st.policy, self.job.policy.measure_every, p) \
+            if self.job.batch_min < self.job.batch_max else None
+        return Overheads(measure_share=measure_share(p, k) if measures else 0.0,
+                         measure_factor=factor if measures else 1.0, epoch_end_s=self.job.model.epoch_end_s)
 
     def _pricing(self, fc: list[int], fp: int, ov: Overheads | None = None
                  ) -> tuple[autoscale.EpochTimeFn, mixsearch.Bound, dict[Any, Any] | None]:

@@ -171,9 +171,7 @@ class AdaptiveController(BaseController):
         if self.policy_name == "similarity":
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
-            kw.update(B0=cfg.batch)
-            if cfg.noise_memory is not None:
-                kw.update(noise_memory=cfg.noise_memory)
+            kw.update(B0=cfg.batch)             # its memory in samples: set at attach (default_noise_memory)
         elif self.policy_name == "ramp":
             kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
         self.policy = make_policy(self.policy_name, **kw)
@@ -185,9 +183,10 @@ class AdaptiveController(BaseController):
         self._wd_base: list[float] | None = None     # the optimizer's own weight decay per param group
         self._wd_set: list[float] | None = None      # what the rule last set (a change elsewhere is a new base)
         self.noise = NoiseScale()
-        # goodput: also measure the noise scale (noise-only, no half-batch sum) every measure_every iterations
-        # between decisions, each fresh (G2, S) into the policy's estimate (rank 0); None: decisions only
-        self.measure_every: int | None = cfg.measure_every if self.policy_name == "noise-scale" else None
+        # measure every measure_every iterations between decisions too (rank 0 feeds the policy): goodput the noise
+        # scale only (no half-batch sum), each fresh (G2, S) into its estimate; similarity the cosine, averaged at
+        # the next decision. None: at decisions only. Resolved at attach (policy.default_measure_every, from p)
+        self.measure_every: int | None = None
         self._since = 0                    # samples trained since the last fresh measurement (rank 0)
         self._fed = 0                      # fresh measurements given to the policy (rank 0)
         self._early: int | None = None     # with measure_every: one early decision round (attach)
@@ -204,8 +203,11 @@ class AdaptiveController(BaseController):
     def attach(self, trainer: TrainerView) -> None:
         super().attach(trainer)
         cfg = self.cfg
-        from hpc_jabas.core.policy import decision_period
+        from hpc_jabas.core.policy import GoodputPolicy, decision_period, default_measure_every, default_noise_memory
         self.p = self.policy.p = decision_period(cfg.p, trainer.sampler.num_samples, cfg.batch)
+        self.measure_every = default_measure_every(self.policy_name, cfg.measure_every, self.p) if self.moves else None
+        if isinstance(self.policy, GoodputPolicy):
+            self.policy.use_memory(default_noise_memory(cfg.noise_memory, cfg.batch, trainer.sampler.num_samples))
         if trainer.rank == 0 and self.policy_name != "fixed":
             from hpc_jabas.log import get_logger
             if not self.moves:
@@ -236,7 +238,6 @@ class AdaptiveController(BaseController):
                 self._telemetry = HostTelemetry()
         # measure_every: the first decision comes once the warm-up's measurements are in (iteration (warmup + 1) k),
         # when that is before the first period's end; then every p iterations as without
-        from hpc_jabas.core.policy import GoodputPolicy
         k, pol = self.measure_every, self.policy
         early = (pol.warmup + 1) * k if k is not None and isinstance(pol, GoodputPolicy) else None
         self._early = early if early is not None and early < self.p else None
@@ -289,8 +290,8 @@ class AdaptiveController(BaseController):
             ((iteration + 1) % self.p == 0 or (k is not None and (iteration + 1) % k == 0))
 
     def measures_similarity(self, iteration: int) -> bool:
-        """Whether a measurement iteration needs the half-batch cosine (False: noise-only, with measure_every)."""
-        return self.measure_every is None
+        """Whether a measurement iteration needs the half-batch cosine (False: goodput's noise-only measurements)."""
+        return self.policy_name != "noise-scale" or self.measure_every is None
 
     def _fresh_terms(self, st: dict[str, Any] | None) -> tuple[float | None, float | None]:
         """This measurement's unbiased (G2, S) (None, None: none, one micro-batch, or non-finite); the controller's
@@ -340,6 +341,9 @@ class AdaptiveController(BaseController):
                 if g2 is not None and self.policy.observe(g2, s_tr, self._since):   # type: ignore[attr-defined]
                     self._since = 0
                     self._fed += 1
+        elif self.policy_name == "similarity" and trainer.rank == 0 and self.measure_every is not None \
+                and rec.get("stats") and not self._policy_round(done):
+            self.policy.observe(rec["stats"].get("similarity"))          # type: ignore[attr-defined]
         if not self.is_round(done):
             return None
         from hpc_jabas.runtime import comm
@@ -415,9 +419,13 @@ class AdaptiveController(BaseController):
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
                  "g2": g2, "s": s_tr, "direction": bd.direction, "target": bd.target, "moved": bd.moved,
                  "B_before": B_now}
+        mean = getattr(self.policy, "last_mean", None)
+        if mean is not None and self.measure_every is not None:  # similarity averaged over the period's measurements
+            stats.update(similarity_mean=mean[0], similarity_count=mean[1])
         win = getattr(self.policy, "noise", None)
         if win is not None:                # the goodput policy's own window: what it decided on
-            stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None)
+            stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None,
+                         est_G2=win.G2, est_S=win.S)
             if self.measure_every is not None:     # the fresh measurements fed so far, decisions' included
                 stats.update(measurements=self._fed)
         self.last_stats = stats

@@ -89,7 +89,8 @@ class EpochEndAutoscaler(EpochEndHook):
     def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
         """Every rank, after every iteration: rank 0 meters it (its time includes waiting for the slowest)."""
         if trainer.rank == 0:
-            self.meter.observe_iteration(int(rec["B"]), float(rec["iter_s"]), bool(rec.get("measure")))
+            self.meter.observe_iteration(int(rec["B"]), float(rec["iter_s"]), bool(rec.get("measure")),
+                                         rec.get("samples"))
             self._last_step_end = time.perf_counter()
 
     def record_restart(self, overhead_s: float) -> None:
