@@ -129,13 +129,15 @@ class AdaptiveConfig(Section):
                       choices=POLICIES, canon=policy_name)
     p: int | None = key(None, "iterations between batch-size decisions (unset: a tenth of an epoch's iterations "
                         "at the initial batch, at most 100)", lo=1, shown="epoch/10")
-    measure_every: int | None = key(None, "noise-scale policy: also measure the noise scale every N iterations "
-                                    "between decisions (noise-only: no half-batch sum), each measurement into "
-                                    "the policy's estimate; the first decision once the warm-up's 4 are in",
-                                    lo=1, shown="decisions only", metavar="N")
+    measure_every: int | None = key(None, "measure the gradient statistics every N iterations between decisions "
+                                    "too: noise-scale takes each noise-scale measurement (noise-only: no half-batch "
+                                    "sum) into its estimate and decides first once its warm-up's 4 are in; "
+                                    "similarity decides on the mean of the period's cosines (each measurement an "
+                                    "extra gradient-sized allreduce)", lo=1,
+                                    shown="noise-scale: p/10; similarity: decisions only", metavar="N")
     noise_memory: float | None = key(None, "noise-scale policy: the noise-scale estimate's memory in training "
-                                           "samples (Pollux: about 1000 x batch); unset: the last 20 measurements",
-                                     lo=0.0, lo_open=True, shown="20 measurements", metavar="SAMPLES")
+                                           "samples (Pollux: about 1000 x batch)", lo=0.0, lo_open=True,
+                                     shown="min(1000 x batch, one epoch)", metavar="SAMPLES")
     alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)
