@@ -122,6 +122,15 @@ TARGET_AT = 0.6              # the target: fixed-small's median accuracy at this
 BOOT = 4000
 ROOT = Path("/tmp/hj-bench-tta")
 POLICIES = ("ramp", "similarity", "noise-scale")
+#: beside each policy at its defaults: the policy with these JobConfig overrides (kind "<policy>+<tag>"), so the
+#: benchmark decides a default (lr rule "auto" for goodput; similarity averaged over the period's measurements)
+VARIANTS: dict[str, dict] = {"noise-scale+adascale": {"lr_rule": "adascale"},
+                             "similarity+avg": {"measure_every": 5}}
+#: a variant's name in the last line's keys
+VARIANT_KEYS = {"noise-scale+adascale": "goodput_adascale", "noise-scale+linear": "goodput_linear",
+                "similarity+avg": "similarity_avg"}
+nan = math.nan
+ONLY: str | None = None      # --only REGEX: a development aid; its figures are not the protocol's
 
 
 @dataclass
@@ -149,7 +158,9 @@ class Task:
         return len(self.train_ds) if self.train_ds is not None else len(self.tensors[0])
 
     def phase2(self) -> list[str]:
-        return [*(f"fixed-{b}-{rule}" for b in self.grid for rule in ("sqrt", "linear")), *POLICIES]
+        import re
+        kinds = [*(f"fixed-{b}-{rule}" for b in self.grid for rule in ("sqrt", "linear")), *POLICIES, *VARIANTS]
+        return [k for k in kinds if ONLY is None or re.search(ONLY, k)]
 
 
 def make_tasks(quick: bool) -> list[Task]:
@@ -279,10 +290,13 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     if kind.endswith("+wd"):
         kind = kind[:-3]
         cfg["wd_rule"] = "linear"
-    policy = kind in POLICIES
+    name = kind
+    policy = kind in POLICIES or kind in VARIANTS
     if policy:
         B = SMALL
-        cfg.update(policy=kind, batch=SMALL, batch_min=SMALL, batch_max=LARGE)      # everything else: defaults
+        base = kind.split("+")[0]
+        cfg.update(policy=base, batch=SMALL, batch_min=SMALL, batch_max=LARGE)      # everything else: defaults
+        cfg.update(VARIANTS.get(kind, {}))
         lr = task.lr0
     else:
         parts = kind.split("-")
@@ -357,7 +371,7 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     if modelled:
         for e in evals:
             e["model_clock"] = sum(modelled[:e["it"]])
-    kind += "+wd" if cfg.get("wd_rule") == "linear" else ""
+    kind = name + ("+wd" if cfg.get("wd_rule") == "linear" else "")
     res = {"task": task.name, "kind": kind, "seed": seed, "regime": regime, "evals": evals, "probes": probes,
            "iterations": iters, "costs": costs, "mean_B": task.epochs * task.n_train / max(iters, 1),
            "final": evals[-1]["acc"], "train_s": evals[-1]["clock"], "real_share": share, "overruns": overruns}
@@ -440,7 +454,7 @@ def report(task: Task, regime: str, res: list[dict], target: float, rng: np.rand
               f"{statistics.median(accs):.2f} [{min(accs):.2f},{max(accs):.2f}]{'':<6} {gap:>6.2f} "
               f"{med([r['iterations'] for r in v]):>6.0f} {med([r['mean_B'] for r in v]):>6.0f} {rm:>6.3f}  "
               f"{_traj([e['B'] for e in v[0]['evals']])}")
-    for k in (k for k in POLICIES if k in by):
+    for k in (k for k in (*POLICIES, *VARIANTS) if k in by):
         for r in by[k]:
             accs = ",".join(f"{100 * e['acc']:.1f}" for e in r["evals"])
             print(f"  {k} seed {r['seed']}: B at epoch ends {_traj([e['B'] for e in r['evals']])}; acc % {accs}")
@@ -459,6 +473,15 @@ def report(task: Task, regime: str, res: list[dict], target: float, rng: np.rand
             r_, lo, hi = boot_ratio(tt[k], tt[other], rng)
             out.setdefault("vs", {})[(k, other)] = (r_, lo, hi)
             print(f"  {k} / {other}: {r_:.3f} [{lo:.3f},{hi:.3f}] -> {verdict(lo, hi)}")
+    for k in (k for k in VARIANTS if k in by):
+        default = k.split("+")[0]
+        if default in by:
+            r_, lo, hi = boot_ratio(tt[k], tt[default], rng)
+            out.setdefault("vs", {})[(k, default)] = (r_, lo, hi)
+            accs_k = statistics.median(100 * r["final"] for r in by[k])
+            accs_d = statistics.median(100 * r["final"] for r in by[default])
+            print(f"  {k} / {default}: {r_:.3f} [{lo:.3f},{hi:.3f}] -> {verdict(lo, hi)}; final accuracy "
+                  f"{accs_k:.2f}% against {accs_d:.2f}%")
     print("  ratio: median time to target over fixed-32's (wall clock); model: the same on the modelled clock "
           "(the profiled perf model's time of each iteration's plan; no decision or measurement cost)")
     regrets(by, tt, target, out, rng)
@@ -483,7 +506,7 @@ def regrets(by: dict, tt: dict, target: float, out: dict, rng: np.random.Generat
     grid_cost = [sum(by[k][i]["train_s"] for k in fixed) for i in range(n)]
     out["grid_cost"] = med(grid_cost)
     print(f"  the grid: {len(fixed)} fixed runs per seed, {out['grid_cost']:.0f} s of training per seed (median)")
-    for k in (k for k in POLICIES if k in by):
+    for k in (k for k in (*POLICIES, *VARIANTS) if k in by):
         rb = boot_ratio(tt[k], tt[out["best"]], rng)
         rg = boot_ratio(tt[k], grid_med, rng)
         cost = med([r["train_s"] for r in by[k]])
@@ -501,7 +524,12 @@ def main() -> None:
                     help="only the image section: the ResNet example on JPEG files, compute-bound, the full protocol")
     ap.add_argument("--adamw", action="store_true",
                     help="only the AdamW section: goodput with and without wd_rule = linear on the shapes task")
+    ap.add_argument("--only", metavar="REGEX", default=None,
+                    help="development aid: run only the phase-2 kinds matching REGEX (fixed-32 always runs: it sets "
+                         "the target); the figures are not the protocol's")
     args = ap.parse_args()
+    global ONLY
+    ONLY = args.only
     torch.set_num_threads(1)
     comm.init()
     rank = comm.rank()
@@ -554,13 +582,21 @@ def main() -> None:
     fields, goals = [], []
     for regime in REGIMES:
         rm = reps[(regime, main_t)]
-        gaps = {k: max(reps[(regime, t.name)]["gap"][k] for t in ts if (regime, t.name) in reps)
+        gaps = {k: max(reps[(regime, t.name)]["gap"].get(k, nan) for t in ts if (regime, t.name) in reps)
                 for k in ("similarity", "noise-scale")}
         best = rm["best"]
-        for key, k in (("similarity", "similarity"), ("goodput", "noise-scale"), ("ramp", "ramp")):
+        for k in ("similarity", "noise-scale", "ramp", *VARIANTS):     # a kind --only left out: nan
+            for d in ("ratio", "lo", "hi"):
+                rm[d].setdefault(k, nan)
+        for key, k in (("similarity", "similarity"), ("goodput", "noise-scale"), ("ramp", "ramp"),
+                       *((VARIANT_KEYS.get(v, v), v) for v in VARIANTS)):
             fields.append(f"{regime}_tta_ratio_{key}={rm['ratio'][k]:.3f} "
                           f"{regime}_tta_ratio_{key}_lo={rm['lo'][k]:.3f} "
                           f"{regime}_tta_ratio_{key}_hi={rm['hi'][k]:.3f}")
+            if k in VARIANTS:
+                rv = rm.get("regret", {}).get(k, {}).get("best", (nan,) * 3)
+                fields.append(f"{regime}_{key}_vs_best_fixed={rv[0]:.3f} {regime}_{key}_vs_best_fixed_lo={rv[1]:.3f} "
+                              f"{regime}_{key}_vs_best_fixed_hi={rv[2]:.3f}")
         fields.append(f"{regime}_best_fixed_tta_ratio={rm['ratio'][best]:.3f} "
                       f"{regime}_best_fixed_tta_ratio_lo={rm['lo'][best]:.3f} "
                       f"{regime}_best_fixed_tta_ratio_hi={rm['hi'][best]:.3f}")
