@@ -29,7 +29,9 @@ def test_the_simulator_replays_a_real_goodput_run_decision_for_decision(tmp_path
     real = sv.real_run(sv.CASES["goodput"], profile, run_dir, epochs)
     recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     moves = sorted({r["B"] for r in recs if r["type"] == "decision"})
-    assert len(moves) >= 2, moves                       # the run did move B: there is something to replay
+    # the run did move B off its start: there is something to replay (at goodput's defaults this 2-epoch run moves
+    # once, 32 -> 64, and stays: every later argmax predicts under the 5% gain a move needs)
+    assert any(b != sv.CASES["goodput"]["batch"] for b in moves), moves
     us, _, measured = read_stats_trace(run_dir / "metrics.jsonl")
     assert all(b > a for a, b in zip(us, us[1:]))       # progress in samples, strictly increasing
     # the decisions' fresh estimates are on record (a decision without a new measurement has none, and is
