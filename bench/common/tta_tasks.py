@@ -110,12 +110,14 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def noise_scale(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, b_small: int = 32,
-                n_small: int = 64, gen: torch.Generator | None = None) -> tuple[float, float, float]:
+                n_small: int = 64, gen: torch.Generator | None = None,
+                forward_fn=None) -> tuple[float, float, float]:
     """Gradient noise scale of the model on the training data, as the optimizer would see it
     (train mode, augmentation on): n_small disjoint batches of b_small samples drawn at random,
     |g_small|^2 averaged over them, |g_big|^2 of their mean (b_big = n_small * b_small; n_small is
     capped at N // b_small), then McCandlish et al.'s unbiased estimators. Returns
-    (B_noise, |G|^2, tr(Sigma)). The model's parameters and .grad are left untouched."""
+    (B_noise, |G|^2, tr(Sigma)). The model's parameters and .grad are left untouched. ``forward_fn``
+    (model, (x, y)) -> loss or (loss, weight), in place of ``loss_fn(model(x), y)``: the LM task's token-mean loss."""
     n_small = max(2, min(n_small, x.shape[0] // b_small))
     idx = torch.randperm(x.shape[0], generator=gen)[: b_small * n_small]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -125,7 +127,12 @@ def noise_scale(model: nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor, b_s
     model.train()
     for j in range(n_small):
         sel = idx[j * b_small:(j + 1) * b_small]
-        grads = torch.autograd.grad(loss_fn(model(x[sel]), y[sel]), params)
+        if forward_fn is None:
+            loss = loss_fn(model(x[sel]), y[sel])
+        else:
+            loss = forward_fn(model, (x[sel], y[sel]))
+            loss = loss[0] if isinstance(loss, tuple) else loss
+        grads = torch.autograd.grad(loss, params)
         sq_small += float(sum(g.double().pow(2).sum() for g in grads))
         for t, g in zip(total, grads):
             t.add_(g)
@@ -181,3 +188,91 @@ def image_bundle():
     torch.manual_seed(0)
     x = torch.randn(64, 3, IMAGE_SIZE, IMAGE_SIZE)
     return image_model(), nn.CrossEntropyLoss(), (x, torch.randint(0, 10, (64,)))
+
+
+# ---- the language-model task: examples/train_lm.py's tiny transformer, next-token prediction ------------------
+#: the task's sizes: TinyLM at width LM_WIDTH (2 layers, 4 heads, feed-forward 2 x width: 20K parameters, so
+#: that its real CPU compute stays well below the emulated time with 3 ranks on 2 cores), LM_TRAIN training and
+#: LM_TEST validation sequences of a Markov chain of order LM_ORDER
+LM_WIDTH, LM_TRAIN, LM_TEST = 32, 6144, 512
+#: the chain's order. The example's own chain (make_data) is of order 1: a bigram table that this model learns
+#: to its ceiling within the first epoch at any batch size (58.0% next-token accuracy after one epoch at B = 32,
+#: 58.4% after 8; 56.2% after one at B = 512), so a target at 60% of the budget would sit in the plateau's noise.
+#: Order 2 (the next token drawn from a table over the previous two: 961 contexts) is learned over the whole
+#: budget (B = 32, lr 0.01: 16, 36, 43, 45, 47, 48, 48, 49% at the 8 epoch ends), the regime adaptive batching
+#: is for. The sequences keep the example's format (vocabulary, padding, lengths 8..32), so its TinyLM,
+#: lm_forward and lm_terms run on them unchanged.
+LM_ORDER = 2
+
+
+def lm_chain(n: int, seed: int = 0, order: int = LM_ORDER):
+    """``n`` sequences in examples/train_lm.py's format, TensorDataset(tokens [n, MAX_LEN] long, lengths [n] long):
+    order 1 is the example's own make_data; order 2 draws each token from a fixed random table (peaked as the
+    example's: softmax of 3 x normal logits) over the previous two tokens. The table is the same for every split;
+    ``seed`` draws the lengths (8..32) and the tokens."""
+    from examples.train_lm import MAX_LEN, PAD, VOCAB, make_data
+    if order == 1:
+        return make_data(n, seed=seed)
+    if order != 2:
+        raise ValueError(f"lm_chain: order {order} (1 or 2)")
+    V = VOCAB - 1                                             # real tokens 1..V; 0 pads
+    g = torch.Generator().manual_seed(4321)
+    trans = torch.softmax(torch.randn(V * V, V, generator=g) * 3.0, dim=1)
+    g.manual_seed(seed)
+    lengths = torch.randint(8, MAX_LEN + 1, (n,), generator=g)
+    tokens = torch.full((n, MAX_LEN), PAD, dtype=torch.long)
+    prev, cur = torch.randint(0, V, (n,), generator=g), torch.randint(0, V, (n,), generator=g)
+    for t in range(MAX_LEN):
+        tokens[:, t] = torch.where(t < lengths, cur + 1, PAD)
+        prev, cur = cur, torch.multinomial(trans[prev * V + cur], 1, generator=g).squeeze(1)
+    return torch.utils.data.TensorDataset(tokens, lengths)
+
+
+def lm_data(n_train: int = LM_TRAIN, n_test: int = LM_TEST):
+    """(training TensorDataset(tokens, lengths), validation tokens, validation lengths): data seed 0 and 1."""
+    val = lm_chain(n_test, seed=1)
+    return lm_chain(n_train, seed=0), val.tensors[0], val.tensors[1]
+
+
+def lm_model() -> nn.Module:
+    """examples/train_lm.py's TinyLM at width LM_WIDTH: forward(tokens, pad_mask) -> logits."""
+    from examples.train_lm import TinyLM
+    return TinyLM(d=LM_WIDTH, layers=2, heads=4, ff=2 * LM_WIDTH)
+
+
+def lm_accuracy(model: nn.Module, tokens: torch.Tensor, lengths: torch.Tensor) -> float:
+    """Next-token accuracy over the validation set's real target tokens (token-weighted), through the example's
+    lm_terms, in eval mode and without gradients (the model's mode is restored)."""
+    from examples.train_lm import lm_terms
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        _, correct, ntok = lm_terms(model, (tokens, lengths))
+    model.train(was)
+    return float(correct) / max(int(ntok), 1)
+
+
+class LMProfiled(nn.Module):
+    """lm_bundle's module: `hpc-jabas profile` runs ``loss_fn(model(x), y)`` and takes no forward_fn, while the
+    LM needs both tensors of its (tokens, lengths) batch. So this module holds the LM and passes the tokens
+    through; the bundle's loss runs the example's lm_forward on (tokens, lengths). The profiled micro-batch is the
+    Trainer's: the same forward, token-mean loss and backward over the same parameters."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens
+
+
+def lm_bundle():
+    """For `hpc-jabas profile --model bench.common.tta_tasks:lm_bundle`: (LMProfiled(the task's LM), a loss that
+    runs lm_forward on the batch, 256 training sequences as (tokens, lengths))."""
+    from examples.train_lm import lm_forward
+    torch.manual_seed(0)
+    m = LMProfiled(lm_model())
+
+    def loss(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return lm_forward(m.lm, (tokens, lengths))[0]
+    return m, loss, tuple(lm_chain(256).tensors)
