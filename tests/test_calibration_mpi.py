@@ -32,10 +32,12 @@ def test_unannounced_slowdown_is_calibrated_and_survives_resume(tmp_path):
         miss = sorted(abs(fit["factor"] * x + fit["offset_s"] * n - y) / y for x, n, y in last)
         assert miss[5] < 0.10, (r["rank"], fit, last)
         # the ranks nobody slowed stay at 1, unless what they measured says the machine did slow them
-        # (a CPU rank on a loaded 2-core host: the calibration then follows it, as it should)
+        # (a CPU rank on a loaded 2-core host: the calibration then follows it, as it should). Within 10%, not 5%:
+        # CI once saw 1.066 on rank 0 while its last 10 iterations ran a median 1.029x the profile; the slowed
+        # rank's 2.0 is ten times further off.
         if r["rank"] != 1:
             against_profile = sorted(y / x for x, n, y in last)[5]
-            assert fit["factor"] == pytest.approx(1.0, rel=0.05) or against_profile > 1.05, (factors, against_profile)
+            assert fit["factor"] == pytest.approx(1.0, rel=0.10) or against_profile > 1.05, (factors, against_profile)
     # written beside the run's checkpoints for the next job and `hpc-jabas plan --calibration`
     assert Calibration.load(run_dir / CALIBRATION_FILE).to_dict() == cal
     recs = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
