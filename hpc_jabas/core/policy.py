@@ -266,10 +266,11 @@ class SimilarityPolicy(BatchPolicy):
         if sim is not None and is_number(sim, nan=False) and math.isfinite(sim):
             vals.append(float(sim))
         self.pending = []
-        self.last_mean = (math.fsum(vals) / len(vals), len(vals)) if vals else None
         if not vals:
+            self.last_mean = None
             return Wish(STAY, float(B), "similarity not measured; keep B")
         sim = math.fsum(vals) / len(vals)
+        self.last_mean = (sim, len(vals))
         if len(vals) > 1:
             # the mean of the period's cosines: one cosine swings widely from one period to the next
             return self._wish(sim, B, base, f"mean similarity of {len(vals)} measurements={sim:.3f}")
@@ -325,8 +326,9 @@ class GoodputPolicy(BatchPolicy):
     The noise scale: each fresh measurement brings the unbiased estimates (G2, S) of |G|^2 and
     tr(Sigma) (``PolicyState.g2`` / ``s``, stats.noise_scale_terms); the policy averages each over
     its last ``window`` measurements and divides the averages (``stats.NoiseWindow``, McCandlish et
-    al.); with ``noise_memory`` (opt-in) it averages them with a memory of that many training samples
-    instead (``stats.NoiseMemory``, Pollux's estimate). Measurements between decisions come in through
+    al.); with ``noise_memory`` (a job's default: ``default_noise_memory``, set at attach through
+    :meth:`use_memory`) it averages them with a memory of that many training samples instead
+    (``stats.NoiseMemory``, Pollux's estimate). Measurements between decisions come in through
     :meth:`observe` (the controller's ``measure_every``). A caller without raw estimates may pass a smoothed
     ``b_noise`` instead (used only while the estimate is empty).
 

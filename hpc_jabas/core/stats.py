@@ -11,9 +11,9 @@ b_small < b_big give the unbiased estimators of ``noise_scale_terms``; the simpl
 B_noise = tr(Sigma) / |G|^2 = S / G2. Single estimates are very noisy (G2 can be negative), so
 ``NoiseScale`` smooths G2 and S separately with a bias-corrected EMA and takes the ratio of the
 averages, as McCandlish et al. recommend (what the controller logs); ``NoiseWindow`` averages them
-uniformly over the last measurements (what the goodput policy decides on by default); ``NoiseMemory``
-averages them with weights that decay per training sample, so its memory is fixed in samples whatever
-the measurement period (Pollux's, opt-in: ``noise_memory``).
+uniformly over the last measurements (the goodput policy's estimate when built without a memory, e.g. by
+``make_policy``); ``NoiseMemory`` averages them with weights that decay per training sample, so its memory is
+fixed in samples whatever the measurement period (Pollux's; a job's default, ``policy.default_noise_memory``).
 """
 from __future__ import annotations
 
