@@ -220,7 +220,7 @@ def test_profile_under_mpirun_fits_the_allreduce(tmp_path):
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "hpc_jabas.cli"]
     cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", *cmd, "profile", "--model", MODEL,
            "--emulate", "--gpu-type", "v100", "--b-list", "1,8", "--warmup", "1", "--repeats", "3",
-           "--allreduce-sizes", "4K,256K,2M", "--allreduce-repeats", "5", "--out", str(out)]
+           "--allreduce-sizes", "4K,1M,16M", "--allreduce-repeats", "5", "--out", str(out)]
     p = subprocess.run(cmd, env=mpi_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "allreduce fitted from 4 sizes over 2 ranks" in p.stdout
@@ -339,3 +339,20 @@ def test_a_batchnorm_model_that_cannot_train_on_one_sample_is_profiled_from_b2(t
     assert measure_compute(wide, [1, 2], warmup=1, repeats=2).b == [1, 2]   # 3 x 3 values per channel at b=1
     with pytest.raises(ConfigError, match="cannot train on b=1"):
         measure_compute(bundle, [1], warmup=1, repeats=2)
+
+
+def test_allreduce_note_says_when_no_bandwidth_was_measured(tmp_path):
+    """Sizes that took no longer as they grew (a loaded host, Horovod's cycle time): the fit keeps only the
+    constant, and the line says so instead of printing the unused default bandwidth as if it were measured."""
+    from hpc_jabas.runtime.profiling.run import _write
+    prof = PerfModel.emulated(["v100"]).profiles["v100"].to_dict()
+    flat = [(4096, 2, 0.0050), (1 << 20, 2, 0.0049), (16 << 20, 2, 0.0048)]
+    res = _write(str(tmp_path / "flat"), [prof], flat, 2, 68904, None)
+    assert res.model.allreduce.a == 0.0 and res.model.allreduce.c == pytest.approx(0.0049)
+    line = next(n for n in res.notes if n.startswith("allreduce fitted"))
+    assert "no bandwidth measured" in line and "GB/s" not in line, line
+    # 1 ms + 16 MiB ideal (2 (N-1)/N x 16 MiB over 2 ranks) at 2 GB/s: the line gives that bandwidth
+    grows = [(n, 2, 0.001 + n / 2e9) for n in (4096, 1 << 20, 16 << 20)]
+    res = _write(str(tmp_path / "grows"), [prof], grows, 2, 68904, None)
+    line = next(n for n in res.notes if n.startswith("allreduce fitted"))
+    assert res.model.allreduce.a == 1.0 and "2.000 GB/s effective" in line, line

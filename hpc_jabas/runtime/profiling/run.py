@@ -202,8 +202,13 @@ def _write(out_dir: str, profiles: list[dict[str, Any]], samples: list[tuple[int
         profs[p.gpu] = p
     if samples:
         ar = fit_allreduce(samples)
-        notes.append(f"allreduce fitted from {len(samples)} sizes over {world} ranks: "
-                     f"{ar.c * 1e3:.3f} ms + ideal at {ar.bandwidth / 1e9:.3f} GB/s effective")
+        if ar.a > 0:
+            notes.append(f"allreduce fitted from {len(samples)} sizes over {world} ranks: "
+                         f"{ar.c * 1e3:.3f} ms + ideal at {ar.bandwidth / 1e9:.3f} GB/s effective")
+        else:       # the larger messages took no longer than the smaller ones: no bandwidth in what was measured
+            notes.append(f"allreduce fitted from {len(samples)} sizes over {world} ranks: {ar.c * 1e3:.3f} ms "
+                         f"whatever the size (sizes {min(n for n, _, _ in samples)}-{max(n for n, _, _ in samples)} "
+                         "B took no longer as they grew); no bandwidth measured: give larger --allreduce-sizes")
     elif old is not None:
         ar = old.allreduce
         notes.append(f"allreduce not measured (1 rank); kept the fit already in {out_dir}")
