@@ -14,16 +14,31 @@ same way, then the directory is fsynced: the sidecar is the commit record, so a 
 (truncation) and the SHA-256 (corruption) before unpickling; ``load_latest`` walks from the newest
 checkpoint to older ones and uses the first good one, naming each bad one it skipped. Files of the
 first format (b"HPCJABAS1\\n" + checksum + payload in one file) are still read.
+
+The sidecar's ``format`` is read back: a format this version does not know (a newer hpc-jabas wrote it) is
+refused in one line (:class:`CheckpointFormatError`), never loaded and never skipped past silently.
+
+Writing never follows a link and never fills a disk by surprise: the temporary file is created with
+``O_EXCL | O_NOFOLLOW`` (a planted link is refused, not written through), the free space is checked against the
+payload's size with a margin before the first byte is written, and a write that fails (ENOSPC, EDQUOT, EFBIG)
+removes its temporary file and is one line naming the directory and the free space (:class:`DiskFullError`).
+
+Pruning keeps checkpoints by validity, not by name (:func:`prune`): only checkpoints that verify (sidecar, size,
+checksum) count toward ``keep``, the one just written is never deleted, and a torn or unverifiable file newer
+than the kept ones is moved aside (renamed ``<name>.bad``, with a warning) instead of taking a good one's place.
 """
 from __future__ import annotations
 
 import collections
+import errno
 import hashlib
 import io
 import json
 import os
 import pickle
 import re
+import shutil
+import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,10 +48,23 @@ import numpy as np
 import torch
 
 from hpc_jabas.errors import CheckpointError
-from hpc_jabas.trust import check_file, open_private, private_dir
+from hpc_jabas.trust import UntrustedFileError, check_file, open_private, private_dir
 
 MAGIC = b"HPCJABAS1\n"               # the first format's header (read only)
 FORMAT = "hpc-jabas-checkpoint/2"
+KNOWN_FORMATS = (FORMAT,)             # the sidecar formats this version reads
+BAD_SUFFIX = ".bad"                   # a torn or unverifiable checkpoint set aside by pruning
+#: free space wanted beyond the payload before a checkpoint is written: this fraction of it, and at least
+SPACE_MARGIN, SPACE_MARGIN_MIN = 0.05, 1 << 20
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint whose sidecar names a format this version does not read: refused, not skipped."""
+
+
+class DiskFullError(CheckpointError):
+    """No room for a checkpoint (too little free space, a quota, a file size limit): nothing was written."""
 SIDECAR_SUFFIX = ".sha256"
 _NAME = re.compile(r"^ckpt-(\d{6})-(\d{9})\.pt$")
 
@@ -58,13 +86,84 @@ def sidecar(path: str | os.PathLike) -> Path:
     return p.with_name(p.name + SIDECAR_SUFFIX)
 
 
+def _free_bytes(d: Path) -> int | None:
+    try:
+        return shutil.disk_usage(d).free
+    except OSError:
+        return None
+
+
+def _size_text(n: int | None) -> str:
+    if n is None:
+        return "an unknown amount"
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _disk_full(d: Path, need: int, e: OSError | None = None) -> DiskFullError:
+    why = f"writing failed ({e.strerror})" if e is not None else "there is not enough free space"
+    return DiskFullError(f"cannot write a checkpoint in {str(d)!r}: {why}; it needs {_size_text(need)} and the "
+                         f"file system has {_size_text(_free_bytes(d))} free; the previous checkpoints are "
+                         "intact: free space (or raise the quota), then run again to resume")
+
+
+def _check_space(d: Path, size: int) -> None:
+    """DiskFullError before anything is written when ``d``'s file system has no room for ``size`` bytes and a
+    margin (``ulimit -f`` and quotas show only when writing: :func:`_write_atomic` turns those into the same)."""
+    need = size + max(SPACE_MARGIN_MIN, int(SPACE_MARGIN * size))
+    free = _free_bytes(d)
+    if free is not None and free < need:
+        raise _disk_full(d, need)
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a new temporary file beside it (``O_EXCL | O_NOFOLLOW``: a link planted
+    at its name is refused, never written through), fsynced and renamed over ``path`` (a rename replaces a link
+    at ``path`` itself, never its target). A failed write removes the temporary file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_TRUNC), "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    flags = os.O_WRONLY | os.O_EXCL | os.O_NOFOLLOW
+    try:
+        try:
+            fd = open_private(tmp, flags)
+        except FileExistsError:           # our own leftover (same pid, an earlier failed try): not followed
+            os.unlink(tmp)
+            fd = open_private(tmp, flags)
+    except OSError as e:
+        raise CheckpointError(f"cannot write a checkpoint in {str(path.parent)!r}: {e.strerror} ({tmp.name}); "
+                              "give a run directory you own and can write (--run-dir)") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if e.errno in _DISK_FULL:
+            raise _disk_full(path.parent, len(data), e) from None
+        raise CheckpointError(f"cannot write checkpoint {str(path)!r}: {e.strerror}") from None
+
+
+def _check_own_dir(d: Path) -> None:
+    """The checkpoint directory is a real directory (not a link, not a file) of this user: one line otherwise."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CheckpointError(f"checkpoint directory {str(d)!r} cannot be used: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+        raise CheckpointError(f"checkpoint directory {str(d)!r} is {kind}; hpc-jabas writes checkpoints only into "
+                              "a directory of its own: move it away, or give another --run-dir")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise CheckpointError(f"checkpoint directory {str(d)!r} is owned by uid {st.st_uid}, not by this user; "
+                              "give a run directory of your own (--run-dir)")
 
 
 _ND = "__hj_ndarray__"
@@ -110,15 +209,26 @@ def from_plain(obj: Any) -> Any:
 
 
 def save(path: str | os.PathLike, state: Any) -> Path:
+    """Checkpoint ``state`` at ``path`` atomically (payload, then its sidecar, the commit record). A failure is
+    one line (CheckpointError; DiskFullError for space) and leaves no partial file and no ``.pt`` without a
+    valid sidecar behind."""
     path = Path(path)
+    _check_own_dir(path.parent)
     private_dir(path.parent)
     buf = io.BytesIO()
     torch.save(to_plain(state), buf)
     payload = buf.getvalue()
-    record = {"format": FORMAT, "sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}
+    digest = hashlib.sha256(payload).hexdigest()
+    record = {"format": FORMAT, "sha256": digest, "size": len(payload)}
+    _check_space(path.parent, len(payload))
     _write_atomic(path, payload)
-    _write_atomic(sidecar(path), (json.dumps(record) + "\n").encode())
+    try:
+        _write_atomic(sidecar(path), (json.dumps(record) + "\n").encode())
+    except CheckpointError:
+        remove(path)                    # a .pt without its record is torn: not left for pruning to keep
+        raise
     _fsync_dir(path.parent)
+    _remember_good(path)
     return path
 
 
@@ -147,18 +257,61 @@ def read_verified(path: str | os.PathLike) -> bytes:
     try:
         rec = json.loads(side.read_text())
         size, digest = int(rec["size"]), str(rec["sha256"])
+        fmt = rec.get("format", FORMAT)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} is truncated or incomplete: its integrity record "
                               f"{side.name} is missing") from None
     except (OSError, ValueError, KeyError, TypeError):
         raise CheckpointError(f"checkpoint {path} is corrupted: its integrity record {side.name} "
                               "is unreadable") from None
+    if fmt not in KNOWN_FORMATS:
+        raise CheckpointFormatError(
+            f"checkpoint {path} has format {fmt!r}, which this hpc-jabas does not read (it reads "
+            f"{', '.join(map(repr, KNOWN_FORMATS))}): resume with the hpc-jabas version that wrote it, or move "
+            f"{path.name} and {side.name} out of {str(path.parent)!r} to resume from the checkpoint before it")
     if len(data) != size:
         raise CheckpointError(f"checkpoint {path} is truncated or corrupted: {len(data)} bytes, "
                               f"its record says {size}")
     if hashlib.sha256(data).hexdigest() != digest:
         raise CheckpointError(f"checkpoint {path} is corrupted (checksum mismatch)")
+    _remember_good(path)
     return data
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """What identifies a checkpoint's bytes and its record on disk (inode, size, mtime of both)."""
+    try:
+        a, b = os.stat(path), os.stat(sidecar(path))
+    except OSError:
+        return None
+    return (a.st_ino, a.st_size, a.st_mtime_ns, b.st_ino, b.st_size, b.st_mtime_ns)
+
+
+_GOOD: dict[str, tuple[int, ...]] = {}       # checkpoints verified (or written) by this process: path -> identity
+
+
+def _remember_good(path: Path) -> None:
+    ident = _identity(path)
+    if ident is not None:
+        _GOOD[str(path)] = ident
+
+
+def verify(path: str | os.PathLike) -> str | None:
+    """None when checkpoint ``path`` verifies (its record, size and checksum; a format this version does not read
+    still counts as whole), else why not. A file this process wrote or verified, unchanged since, is not read
+    again."""
+    p = Path(path)
+    ident = _identity(p)
+    if ident is not None and _GOOD.get(str(p)) == ident:
+        return None
+    try:
+        read_verified(p)
+    except CheckpointFormatError:
+        pass
+    except (CheckpointError, UntrustedFileError) as e:
+        return str(e)
+    _remember_good(p)
+    return None
 
 
 def _numpy_globals() -> list[Any]:
@@ -208,17 +361,69 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
     return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: p.name)
 
 
-def save_in(directory: str | os.PathLike, state: Any, epoch: int, iteration: int, keep: int = 3) -> Path:
-    """Save as ckpt-<epoch>-<iteration>.pt in directory; keep the newest ``keep`` good ones.
+def latest_good(directory: str | os.PathLike) -> Path | None:
+    """The newest checkpoint in ``directory`` that verifies, None when none does."""
+    return next((p for p in reversed(list_checkpoints(directory)) if verify(p) is None), None)
+
+
+def set_aside(path: Path, why: str, log=None) -> Path | None:
+    """Rename a torn or unverifiable checkpoint (and its record) to ``<name>.bad``, with a warning; the new
+    name, None when it could not be moved (then it is left where it is)."""
+    log = log or (lambda m: print(m, file=sys.stderr))
+    dest = path.with_name(path.name + BAD_SUFFIX)
+    try:
+        os.replace(path, dest)
+    except OSError:
+        return None
+    try:
+        os.replace(sidecar(path), dest.with_name(sidecar(path).name + BAD_SUFFIX))
+    except OSError:
+        pass
+    log(f"hpc-jabas: set aside checkpoint {path.name} ({why}) as {dest.name}: it does not count as one of the "
+        "checkpoints kept; remove it when you no longer need it")
+    return dest
+
+
+def prune(directory: str | os.PathLike, keep: int, newest: Path | None = None, log=None) -> list[Path]:
+    """Keep the ``keep`` newest checkpoints that verify (``newest``, the one just written, always among them);
+    older ones are removed. A torn or unverifiable one is set aside (:func:`set_aside`) when it is newer than
+    ``newest`` or would have been kept, never kept in place of a good one; a good one newer than ``newest`` (a
+    run started over in the same directory) is neither counted nor removed, with a warning (a resume would
+    continue from it). The kept checkpoints, newest first."""
+    say = log or (lambda m: print(m, file=sys.stderr))
+    kept: list[Path] = [newest] if newest is not None else []
+    for p in reversed(list_checkpoints(directory)):
+        if newest is not None and p.name == newest.name:
+            continue
+        later = newest is not None and p.name > newest.name
+        if not later and keep > 0 and len(kept) >= keep:
+            remove(p)
+            continue
+        why = verify(p)
+        if why is not None:
+            if set_aside(p, why.removeprefix(f"checkpoint {p} is ").removeprefix(f"checkpoint {p} "), log) is None:
+                remove(p)
+        elif later and newest is not None:
+            say(f"hpc-jabas: checkpoint {p.name} is newer than the one just written ({newest.name}): it is kept, "
+                "and a resume would continue from it; remove it if this run supersedes it")
+        else:
+            kept.append(p)
+    return kept
+
+
+def save_in(directory: str | os.PathLike, state: Any, epoch: int, iteration: int, keep: int = 3,
+            log=None) -> Path:
+    """Save as ckpt-<epoch>-<iteration>.pt in directory; keep the newest ``keep`` good ones (:func:`prune`).
     Temporary files a killed writer left behind are removed first (one writer: the run directory's lock)."""
-    for stale in Path(directory).glob(".ckpt-*.pt*.tmp*") if Path(directory).is_dir() else []:
+    d = Path(directory)
+    _check_own_dir(d)
+    for stale in d.glob(".ckpt-*.pt*.tmp*") if d.is_dir() else []:
         try:
             stale.unlink()
         except OSError:
             pass
-    p = save(Path(directory) / name_for(epoch, iteration), state)
-    for old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
-        remove(old)
+    p = save(d / name_for(epoch, iteration), state)
+    prune(d, keep, newest=p, log=log)
     return p
 
 
@@ -230,6 +435,8 @@ def load_latest(directory: str | os.PathLike, log=None) -> tuple[Any, Path] | No
     for p in reversed(cands):
         try:
             return load(p), p
+        except CheckpointFormatError:
+            raise                        # a newer version's checkpoint: not skipped past silently
         except CheckpointError as e:
             bad.append(p)
             log(f"hpc-jabas: skipping bad checkpoint: {e}; trying the previous one")

@@ -134,6 +134,29 @@ def model_difference(saved: dict[str, Any], mine: dict[str, Any]) -> str | None:
     return f"{extra[0]!r} is only in the checkpoint" if extra else None
 
 
+#: what a resume restores from a Trainer checkpoint (state.TrainState's keys included)
+REQUIRED_KEYS = ("model", "optimizer", "sampler", "iteration", "B", "plan", "lr_scale", "rng")
+
+
+def optimizer_difference(saved_cls: str | None, saved: dict[str, Any], cls: str, mine: dict[str, Any]) -> str | None:
+    """The first difference between a checkpoint's optimizer (its class name when recorded, its state_dict) and
+    this run's; None when this run's optimizer can load it."""
+    if saved_cls and saved_cls != cls:
+        return f"{saved_cls} there, {cls} here"
+    groups, my_groups = list(saved.get("param_groups") or []), list(mine.get("param_groups") or [])
+    if len(groups) != len(my_groups):
+        return f"{len(groups)} parameter group(s) there, {len(my_groups)} here"
+    for i, (g, h) in enumerate(zip(groups, my_groups)):
+        if len(g.get("params", [])) != len(h.get("params", [])):
+            return f"parameter group {i} has {len(g.get('params', []))} parameters there, {len(h['params'])} here"
+        keys, my_keys = set(g) - {"params"}, set(h) - {"params"}
+        if keys != my_keys:
+            only = sorted(keys - my_keys) or sorted(my_keys - keys)
+            side = "there" if keys - my_keys else "here"
+            return f"parameter group {i}'s settings differ ({', '.join(only)} only {side}: another optimizer)"
+    return None
+
+
 def finite_weights(model: torch.nn.Module) -> bool:
     """Every parameter and buffer is finite (one host read; identical on every rank after the step)."""
     ts = [t.detach() for t in model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point()]
@@ -182,6 +205,7 @@ class Checkpointer:
             cuda_rng = [r["cuda_all"][torch.cuda.current_device()] if r.get("cuda_all") else None
                         for r in ranks_rng]
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "optimizer_class": type(self.optimizer).__name__,
                 "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
                 **self.state.state_dict(),       # sampler, iteration, B, plan, lr_scale, pending
                 "controller": self.controller.state_dict() if self.controller is not None else None,
@@ -235,12 +259,22 @@ class Checkpointer:
                              f"({last_checkpoint_name(self.ckpt_dir, self.enabled)}); lower the learning rate, check "
                              "the data, or use clip_grad_norm", self.rank)
         ranks_rng = gather_rng() if self.enabled else None
-        path = None
+        path, err = None, None
         self.saved_at = time.time()
         if self.rank == 0 and self.enabled:
-            path = ckpt.save_in(self.ckpt_dir, self.state_dict(ranks_rng=ranks_rng), self.state.epoch, it,
-                                keep=self.keep)
-        return comm.broadcast_object(str(path) if path else None, name="hj.ckpt")
+            try:      # a full disk, a planted link: one line on every rank, the earlier checkpoints intact
+                path = ckpt.save_in(self.ckpt_dir, self.state_dict(ranks_rng=ranks_rng), self.state.epoch, it,
+                                    keep=self.keep, log=log.warning)
+            except (CheckpointError, ConfigError) as e:
+                err = (type(e).__name__, str(e))
+        path, err = comm.broadcast_object((str(path) if path else None, err), name="hj.ckpt")
+        if err:
+            from hpc_jabas.runtime.dirlock import rank_error
+            cls = ckpt.DiskFullError if err[0] == "DiskFullError" else CheckpointError
+            if self.rank == 0:
+                self.metrics.write({"type": "checkpoint_failed", "it": it, "error": err[1]})
+            raise rank_error(cls, err[1], self.rank)
+        return path
 
     def save_hook_state(self, checkpoint: str | None) -> None:
         """Rank 0, after the epoch-end hook decided: its state, tied to the checkpoint it follows."""
@@ -283,13 +317,39 @@ class Checkpointer:
         if st is None:
             return None
         try:                                     # the same checks on every rank: rank 0 says the line
+            self._check_layout(st, src)
             self._check_model(st, src)
+            self._check_optimizer(st, src)
             self.changed = self._check_config(st, src)
         except (CheckpointError, ConfigError) as e:
             raise rank_error(type(e), str(e), self.rank) from None
         self.load_state_dict(st)
         self.resumed_from = src if found else "broadcast"
         return self.resumed_from
+
+    def _check_layout(self, st: Any, src: str) -> None:
+        """The checkpoint holds every part a resume restores (a payload written by hpc-jabas's Trainer), else one
+        line naming what is missing."""
+        if not isinstance(st, dict):
+            raise CheckpointError(f"{src} is not an hpc-jabas training checkpoint (it holds a "
+                                  f"{type(st).__name__}, not the Trainer's state); give this run its own --run-dir")
+        missing = [k for k in REQUIRED_KEYS if k not in st]
+        if missing:
+            raise CheckpointError(f"{src} lacks {', '.join(map(repr, missing))}, which a resume restores: it was not "
+                                  "written by hpc-jabas's Trainer, or it was edited; move it out of the checkpoint "
+                                  "directory to resume from the one before it, or give a new --run-dir")
+
+    def _check_optimizer(self, st: dict[str, Any], src: str) -> None:
+        """The checkpoint's optimizer is this run's: the same class (when recorded), the same number of parameter
+        groups, each with as many parameters, and the same hyperparameter names; else one line naming the
+        difference (torch would fail with a traceback, or load one optimizer's settings into another)."""
+        saved, mine = st.get("optimizer") or {}, self.optimizer.state_dict()
+        cls = type(self.optimizer).__name__
+        diff = optimizer_difference(st.get("optimizer_class"), saved, cls, mine)
+        if diff is None:
+            return
+        raise CheckpointError(f"{src} holds the state of another optimizer than this script's: {diff}. Resume with "
+                              f"the optimizer that run used, or give a new --run-dir to start over with {cls}")
 
     def _check_model(self, st: dict[str, Any], src: str) -> None:
         """The checkpoint holds this model (the same tensor names and shapes), else one line naming both."""

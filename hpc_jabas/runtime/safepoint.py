@@ -326,8 +326,8 @@ def finish(trainer: SafePointHost) -> None:
 def last_checkpoint_name(ckpt_dir: Path, enabled: bool) -> str:
     """What a stop without checkpointing leaves on disk, for its message."""
     from hpc_jabas.runtime import checkpoint as ckpt
-    found = ckpt.list_checkpoints(ckpt_dir) if enabled else []
-    return f"the last checkpoint {str(found[-1])!r} is kept" if found else "no checkpoint was written"
+    found = ckpt.latest_good(ckpt_dir) if enabled else None
+    return f"the last checkpoint {str(found)!r} is kept" if found else "no checkpoint was written"
 
 
 def stop_nonfinite(trainer: SafePointHost, ranks: int, iteration: int | None = None) -> None:
