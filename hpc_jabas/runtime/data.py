@@ -33,10 +33,15 @@ an iteration the loader has already drawn raises.
 
 Checkpoints hold the trainer's sampler (its position, not the loader's); after a resume, an
 epoch start or anything else that moves the trainer, the loader restarts at the trainer's
-position (iteration, epoch, cursor). Worker-side randomness (augmentation) follows torch's
-per-worker seeds, seeded from the job's seed, the rank, the epoch and the start cursor when the
-DataLoader has no generator of its own: a resume inside an epoch replays the same samples in the
-same micro-batches, but the workers' random streams restart.
+position (iteration, epoch, cursor). Worker-side randomness (augmentation) is seeded per micro-batch when
+the DataLoader has no generator of its own: each index list carries a seed made from the job's seed, the rank,
+the epoch, the iteration's start cursor and the micro-batch's place in it (:class:`SeededIndices`), and the
+worker seeds torch's, numpy's and Python's generators from it before it reads the micro-batch
+(:class:`SeededDataset`). A micro-batch's augmentation is then a function of where it is in the run, not of
+which worker read it or how long that worker has lived: a resume (at an epoch boundary or inside an epoch)
+replays the same samples with the same draws, with ``persistent_workers=True`` too (persistent workers are
+never reseeded by torch between epochs). With a ``generator`` of the user's the workers follow torch's
+per-worker seeds from it, and a resume is exact for the samples but not for worker-side draws.
 
 Preemption. Slurm's TERM (preemption, scancel) reaches every process of the job, the loader's workers
 included; a worker killed by it made PyTorch raise "DataLoader worker ... is killed by signal" in the
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import signal
 import threading
 import weakref
@@ -113,6 +119,40 @@ class _Collate:
         return self.fn(items) if len(items) else None
 
 
+class SeededIndices(list):
+    """A micro-batch's index list with the seed its worker draws from (``seed``; None: not seeded)."""
+
+    seed: int | None = None
+
+
+def micro_seed(seed: int, rank: int, epoch: int, start: int, k: int) -> int:
+    """The seed of micro-batch ``k`` of the iteration starting at ``start`` of ``epoch`` on ``rank``."""
+    return int(np.random.SeedSequence([seed, rank, epoch, start, k]).generate_state(1)[0])
+
+
+class SeededDataset(Dataset):
+    """The user's dataset as the workers read it: before a micro-batch, in a worker, torch's, numpy's and
+    Python's generators are seeded from its :class:`SeededIndices` seed (on the training thread, never)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.dataset[i]
+
+    def __getitems__(self, idx: list[int]) -> list[Any]:
+        seed = getattr(idx, "seed", None)
+        if seed is not None and torch.utils.data.get_worker_info() is not None:
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            random.seed(seed)
+        many = getattr(self.dataset, "__getitems__", None)
+        return list(many(list(idx))) if callable(many) else [self.dataset[int(i)] for i in idx]
+
+
 class HeterogeneousBatchSampler(torch.utils.data.Sampler[list[int]]):
     """This rank's micro-batch index lists, iteration after iteration, to the end of an epoch.
 
@@ -123,9 +163,9 @@ class HeterogeneousBatchSampler(torch.utils.data.Sampler[list[int]]):
     """
 
     def __init__(self, num_samples: int, rank: int, seed: int = 0, tail: str = "shrink",
-                 plan_at: Callable[[int], Plan] | None = None) -> None:
+                 plan_at: Callable[[int], Plan] | None = None, seeded: bool = False) -> None:
         self.sampler = HeterogeneousSampler(num_samples, seed=seed, tail=tail)
-        self.rank = rank
+        self.rank, self.seed, self.seeded = rank, seed, seeded      # seeded: lists carry their worker seed
         self.plan_at = plan_at
         self.start: Position = (0, 0, 0)
         self.records: deque[tuple[int, int, int, IndexArray | None]] = deque()
@@ -163,9 +203,12 @@ class HeterogeneousBatchSampler(torch.utils.data.Sampler[list[int]]):
             if not mine:
                 self.records.append((it, ib.epoch, ib.start, None))
                 yield []
-            for idx in mine:
+            for k, idx in enumerate(mine):
                 self.records.append((it, ib.epoch, ib.start, idx))
-                yield idx.tolist()
+                out = SeededIndices(idx.tolist())
+                if self.seeded:
+                    out.seed = micro_seed(self.seed, self.rank, ib.epoch, ib.start, k)
+                yield out
             it += 1
 
 
@@ -279,17 +322,20 @@ class LoaderFeed:
         self.dataset: Any = dataset
         self.rank = rank
         self.seed = seed
-        self.batch_sampler = HeterogeneousBatchSampler(check_dataset(dataset), rank, seed=seed, tail=tail)
         kw = dict(kwargs)
         self._own_generator = kw.get("generator") is None
         if self._own_generator:
             kw["generator"] = torch.Generator()
+        nw = int(kw.get("num_workers", 0))
+        seeded = self._own_generator and nw > 0        # worker draws seeded per micro-batch (module docstring)
+        self.batch_sampler = HeterogeneousBatchSampler(check_dataset(dataset), rank, seed=seed, tail=tail,
+                                                       seeded=seeded)
         kw["collate_fn"] = _Collate(kw.get("collate_fn") or torch.utils.data.default_collate)
         self._collate = kw["collate_fn"]
-        nw = int(kw.get("num_workers", 0))
         if nw > 0:
             kw["worker_init_fn"] = QuietWorkerInit(kw.get("worker_init_fn"))
-        self.loader = DataLoader(dataset, batch_sampler=self.batch_sampler, **kw)
+        self.loader = DataLoader(SeededDataset(dataset) if seeded else dataset, batch_sampler=self.batch_sampler,
+                                 **kw)
         self.direct = False          # a worker died after a stop signal: read on this thread up to the stop
         _LIVE.add(self)
         self.lead = int(kw.get("prefetch_factor") or 2) * nw if nw > 0 else 0
