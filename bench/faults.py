@@ -1,7 +1,8 @@
 """Faults on the local Slurm cluster: preemption, time limits, killed ranks, checkpoint writes, drains.
 
     .venv/bin/python -m bench.faults [--quick] [--iterations 5] [--cases ...] [--json FILE]
-                                     [--only preempt,matrix,timelimit,kill,corrupt,drain,planted,bad]
+                                     [--only preempt,matrix,timelimit,kill,corrupt,drain,planted,bad,
+                                             prune,disk,format]
 
 * preempt: tests/preempt_task.py (float64, Adam, fixed plan b=4 n=2,2 on 2 x rtx2060, 2 epochs = 30 iterations,
   periodic checkpoints every 4) is signalled once iteration k is on record, k random, for each signal (USR1,
@@ -37,6 +38,10 @@
 * bad: tests/test_bad_input.py's table of malformed inputs: clear when exit 2, one line on stderr, no
   traceback and no existing file modified.
 
+* prune, disk, format (bench/common/write_faults.py): pruning after a fallback past a torn newer checkpoint, a
+  file size limit and a full file system while checkpointing, a checkpoint of an unknown format, without a
+  key, or of another optimizer: each a user's script run as a process.
+
 * planted: checkpoints another user could have planted as the newest in a run directory (a pickle payload
   with a matching sidecar; the file owned by another uid; the file or its sidecar writable by every user):
   refused (or, for the payload, skipped for the good one) without running code.
@@ -44,7 +49,8 @@
 The last line: ``preempt_real_exact=N/N preempt_real_loader_exact=N/N preempt_signal_exact=N/N
 preempt_counted_as_failure=0 planted_checkpoint_refused=N/N preempt_exact=N/N matrix_exact=N/N
 timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
-corrupt_detected=N/N bad_inputs_clear=N/N lost_iterations_max=N``.
+corrupt_detected=N/N bad_inputs_clear=N/N prune_kept_good=N/N disk_full_clear=N/N format_checked=N/N
+lost_iterations_max=N``.
 """
 from __future__ import annotations
 
@@ -56,10 +62,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.common import write_faults
 from tests.localcluster import LocalCluster, kill_rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -499,7 +507,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 random iteration per case, one time-limit chain")
     ap.add_argument("--iterations", type=int, default=5, help="random iterations per preemption case (default 5)")
-    ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,planted,bad")
+    ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,planted,bad,prune,disk,format")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default="sbatch,submitit", help="launchers of the preemption cases")
     ap.add_argument("--signals", default="USR1,USR2,TERM", help="signals of the preemption cases")
@@ -516,6 +524,20 @@ def main() -> int:
     out: dict = {}
     if "drain" in only:
         drain(out)
+    with tempfile.TemporaryDirectory(prefix="hj-faults-") as td:     # no cluster needed: one process or mpirun
+        if "prune" in only:
+            write_faults.prune_cases(Path(td), rng, 3 if a.quick else 9, out)
+        if "disk" in only:
+            write_faults.disk_cases(Path(td), out)
+        if "format" in only:
+            write_faults.format_cases(Path(td), out)
+    if only - {"prune", "disk", "format"}:
+        on_cluster(only, a, n, rng, out)
+    return report(out, a)
+
+
+def on_cluster(only: set[str], a: argparse.Namespace, n: int, rng: random.Random, out: dict) -> None:
+    """The cases that run on the local Slurm cluster."""
     with LocalCluster() as cl:
         os.environ.update(SLURM_CONF=str(cl.conf))
         if "bad" in only:
@@ -534,6 +556,9 @@ def main() -> int:
             timelimit(cl, cl.shared, out, ("sbatch",) if a.quick else ("sbatch", "submitit"))
         if "kill" in only:
             kill(cl, cl.shared, n, rng, out)
+
+
+def report(out: dict, a: argparse.Namespace) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1, default=str))
     lost = [r.get("lost", 0) for k in ("preempt", "matrix", "timelimit", "kill") for r in out.get(k, [])
@@ -551,6 +576,8 @@ def main() -> int:
           f"timelimit_recovered={frac(out.get('timelimit'))} "
           f"kill_recovered={frac(out.get('kill'))} drain_avoided={frac(out.get('drain'))} "
           f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear={frac(out.get('bad_inputs'))} "
+          f"prune_kept_good={frac(out.get('prune'))} disk_full_clear={frac(out.get('disk'))} "
+          f"format_checked={frac(out.get('format'))} "
           f"lost_iterations_max={max(lost) if lost else 'n/a'}")
     return 0
 
