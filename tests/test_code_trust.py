@@ -283,3 +283,43 @@ def test_open_trusted_reads_the_file_it_checked_and_refuses_what_is_not_one(tmp_
     os.mkfifo(fifo, 0o600)                        # a FIFO would block an open for reading: refused at once
     with pytest.raises(UntrustedFileError, match=r"fifo.pkl': it is not a regular file \(mode p"):
         trust.open_trusted(fifo, "submitit result")
+
+
+# ---- the one test on the local Slurm cluster: real submitit jobs' results ---------------------------------------
+def opens_its_folder_then_returns_a_payload(folder: str, marker: str) -> Payload:
+    """A submitted function (run on a node): after the node entry's check of the submitted pickle, the job's
+    folder becomes world-writable (as if opened to others), and the result it writes there would create
+    ``marker`` when unpickled: a result pickle that appears after the reader's check, in a folder others can
+    write."""
+    os.chmod(folder, 0o777)
+    return Payload(marker)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_real_submitit_results_are_read_from_the_checked_file_once_they_appear(slurm_cluster, slurm_tmp):
+    import operator
+
+    from hpc_jabas.slurm.executor import JabasSlurmExecutor
+
+    def executor(folder: Path) -> JabasSlurmExecutor:
+        ex = JabasSlurmExecutor(folder, num_tasks=1, python=slurm_cluster.python)
+        ex.update_parameters(partition="v100", mem="256M", nodes=1, ntasks_per_node=1, time=5,
+                             job_name="hj-codetrust", setup=[f"export PYTHONPATH={ROOT}:{ROOT / 'tests'}"],
+                             additional_parameters={"chdir": str(slurm_tmp)})
+        return ex
+    # the control: our own job's result comes back (node_entry checked the submitted pickle on the node)
+    job = executor(slurm_tmp / "ok" / "submitit").submit(operator.mul, 6, 7)
+    assert job.result() == 42
+    assert job.paths.result_pickle.stat().st_mode & 0o022 == 0      # node_entry's umask: ours to trust
+    # read as submitit does once sacct says the job ended, before the file is there (a slow file system)
+    folder, marker = slurm_tmp / "opened" / "submitit", slurm_tmp / "marker"
+    job = executor(folder).submit(opens_its_folder_then_returns_a_payload, str(folder), str(marker))
+    job._results_timeout_s = 120
+    with pytest.raises(UntrustedFileError) as e:
+        job._get_outcome_and_result()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"refusing to read submitit result {str(job.paths.result_pickle)!r}: "
+                                              f"its directory {str(folder)!r} is writable by every user"), msg
+    assert job.paths.result_pickle.exists() and not marker.exists(), "the result's payload ran"
+    os.chmod(folder, 0o755)
