@@ -2,8 +2,8 @@
 
 Before hpc-jabas reads a file whose content decides what runs or what is restored (a checkpoint and its
 ``.sha256`` sidecar, a chain's ``chain.jsonl``, a job spec ``<chain_dir>/jobs/<n>.json``, a run's
-``calibration.json``, ``progress.json`` and ``metrics.jsonl`` read back, a submitit result pickle),
-:func:`check_file` refuses it when
+``calibration.json``, ``progress.json`` and ``metrics.jsonl`` read back, a job file or ``--config`` TOML, the
+module file a task names), :func:`check_file` refuses it when
 
 - another user owns it (not this process's effective user and not root), or
 - anyone may write it (world-writable), or
@@ -18,6 +18,9 @@ Before hpc-jabas reads a file whose content decides what runs or what is restore
   (``/tmp``, a cluster's ``/scratch``) owned by root or this user counts as safe: others cannot rename or
   remove what this user owns in it, and what is below it is checked on its own.
 
+:func:`open_trusted` makes the same check on the file it has opened, for a pickle (submitit's result, the
+submitted job): it is read from that open file, not looked up by name again.
+
 :func:`check_dir` is the same check for a directory hpc-jabas writes into and a job later reads from (a chain
 directory, its ``jobs/`` and ``jobs/submitit/``: submit refuses them before anything reaches Slurm), and
 :func:`check_profile_dir` for a perf-model directory (``<gpu>.json`` and ``allreduce.json``).
@@ -29,11 +32,13 @@ wrong and the fix. :func:`private_dir` creates the run and chain directories wit
 """
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import shlex
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from hpc_jabas.errors import ConfigError
 
@@ -135,6 +140,47 @@ def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | Non
         where = "its directory" if q in (parent, parent.resolve()) else "the directory above it"
         raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: {where} {str(q)!r} "
                                  f"{dbad[0]}; {dbad[1].format(f=shlex.quote(str(q)))}")
+
+
+def open_trusted(path: str | os.PathLike, what: str = "file", group_ok: bool | None = None) -> BinaryIO:
+    """``path`` opened for reading (binary), once what was opened has passed :func:`check_file`'s test: the
+    OPEN file (``os.fstat``: a regular file, owned by this user or root, not writable by others) and its
+    directory and those above it. Read from the returned file object, never by name again: nothing can be
+    swapped in between the check and the read (a pickle is code). A symbolic link is refused (the file is
+    opened with ``O_NOFOLLOW``), and so is anything that is not a regular file (a FIFO does not block the
+    open: ``O_NONBLOCK``). A missing file is the OSError of ``os.open`` (FileNotFoundError): unlike
+    :func:`check_file`, nothing is passed unchecked."""
+    p = Path(path)
+    gok = trust_group() if group_ok is None else group_ok
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(p):
+            raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it is a symbolic link (to "
+                                     f"{os.readlink(p)!r}); a {what} is read only as a regular file: remove "
+                                     f"the link ({shlex.quote(str(p))})") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it is not a regular file (mode "
+                                     f"{stat.filemode(st.st_mode)}); remove it")
+        bad = _problem(st, False, gok)
+        if bad is not None:
+            raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it {bad[0]}; "
+                                     f"{bad[1].format(f=shlex.quote(str(p)))}")
+        parent = p.absolute().parent
+        found = _check_dirs(parent, gok)
+        if found is not None:
+            q, dbad = found
+            where = "its directory" if q in (parent, parent.resolve()) else "the directory above it"
+            raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: {where} {str(q)!r} "
+                                     f"{dbad[0]}; {dbad[1].format(f=shlex.quote(str(q)))}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def check_dir(path: str | os.PathLike, what: str = "directory", group_ok: bool | None = None) -> None:

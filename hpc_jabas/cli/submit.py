@@ -108,6 +108,15 @@ def _trust_group(spec) -> None:
     set_trust_group(flat.get("trust_group") is True)
 
 
+def _check_code(spec) -> None:
+    """The code the job file names (pythonpath directories, the task's module file, the python interpreter) is
+    trust-checked on the login node before it is imported (runtime/launch.py ``check_code``; the launcher checks
+    it again on the compute node), on the path the job imports it from."""
+    from hpc_jabas.runtime.launch import check_code
+    from hpc_jabas.slurm.sbatch import job_pythonpath
+    check_code(spec, search=[*job_pythonpath(spec), *sys.path, str(Path.cwd())])
+
+
 def _check_task(spec, dry_run: bool = True) -> None:
     """The task callable resolves and (dry run) returns a valid hpc_jabas.Task (or the older dict): the
     same check (runtime/task.py, ``Task.from_parts``) as the job's launcher makes."""
@@ -286,8 +295,9 @@ def run(args) -> int:
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     job = _check_job_table(args.job)          # before spec_from_file: a [job] value of the wrong type is one line
-    spec = spec_from_file(args.job)
+    spec = spec_from_file(args.job)           # both read the job file once it has passed the trust check
     _trust_group(spec)
+    _check_code(spec)                         # before anything of the task is looked up or imported here
     if args.mix:
         mix = parse_mix(args.mix)
     else:

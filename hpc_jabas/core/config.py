@@ -62,9 +62,27 @@ from hpc_jabas.errors import ConfigError
 
 
 def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
-    """A TOML file as a dict; a missing or malformed file is one clear ConfigError."""
+    """A TOML file as a dict; a missing or malformed file is one clear ConfigError. A config or job file names
+    the code that runs (a job file's ``task``, ``pythonpath`` and ``python``) and steers what a job does: one
+    that another user owns or others may write, or that sits below a directory others may write, is refused
+    before it is read (hpc_jabas/trust.py ``check_file``: UntrustedFileError, one line, exit 2). Every config
+    TOML goes through here: ``--config`` of a script, ``JobConfig.from_toml``, ``hpc-jabas submit JOB.toml``
+    and the job's launcher (``python -m hpc_jabas.runtime.launch JOB.toml``) on the node."""
     from hpc_jabas.core.textfile import read_toml as read
+    from hpc_jabas.trust import TRUST_GROUP_ENV, UntrustedFileError, check_file
+    try:
+        check_file(path, what)
+    except UntrustedFileError as e:      # its trust_group key cannot vouch for the file it is in
+        msg = str(e)
+        if _GROUP_FIX in msg:
+            msg = msg.replace(_GROUP_FIX, f"export {TRUST_GROUP_ENV}=1 (a file's own trust_group key counts only "
+                                          "once it has been read)")
+        raise UntrustedFileError(msg) from None
     return read(path, what, "a TOML file")
+
+
+#: the fix trust.py's refusal of a group-writable file names, which cannot apply to the config file itself
+_GROUP_FIX = "set trust_group = true in the job's config (hpc-jabas status: --trust-group)"
 
 
 # ---- the sections -----------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def spec_from_file(path: str) -> JobSpec:
         check_file(p, "job spec")
         return JobSpec.load(p)
     from hpc_jabas.core.config import read_toml
-    d = read_toml(p, "job file")
+    d = read_toml(p, "job file")        # it names the code that runs too: trust-checked before it is read
     job = d.pop("job", None)
     if job is not None:
         check_job_table(job, path)         # unknown keys, a value of the wrong type: one line (as submit says it)
@@ -61,6 +61,47 @@ def spec_from_file(path: str) -> JobSpec:
                    mix=job.get("mix") or {"unknown": 1}, method=job.get("method", "sbatch"),
                    pythonpath=[pp] if isinstance(pp := job.get("pythonpath", []), str) else list(pp),
                    python=job.get("python"))
+
+
+def check_code(spec: JobSpec, search: list[str] | None = None) -> None:
+    """The code a job spec names, trust-checked before any of it is imported (hpc_jabas/trust.py; one line,
+    UntrustedFileError, exit 2): every ``pythonpath`` directory (``check_dir``: whoever can write one could plant
+    a module there that any import of the job picks up), the file the ``task``'s module resolves to and the
+    ``__init__.py`` of each package on its way (``check_file``, which walks the directories above them), and the
+    ``python`` interpreter the job scripts name. The module is located without running any of it (importlib's
+    ``PathFinder``, package by package), on ``search`` (default: the spec's pythonpath, then ``sys.path`` and the
+    current directory, as the job imports it). A module that is not found is left to the loader to report.
+    ``hpc-jabas submit`` calls this on the login node, the launcher (``run_job``) again on the compute node."""
+    import importlib.machinery
+    import shutil
+
+    from hpc_jabas.trust import check_dir
+    for p in spec.pythonpath:
+        check_dir(p, "pythonpath directory")
+    if spec.python:
+        exe = spec.python if os.sep in spec.python else shutil.which(spec.python)
+        if exe:
+            check_file(exe, "python interpreter")
+    mod = spec.task.partition(":")[0] if isinstance(spec.task, str) else ""
+    if not mod or any(not part.isidentifier() for part in mod.split(".")):
+        return                                 # the loader says what a valid task is
+    path = [str(p) for p in (search if search is not None else [*spec.pythonpath, *sys.path, os.getcwd()])]
+    path = [p or os.getcwd() for p in path]
+    locations: list[str] | None = path
+    name = ""
+    for part in mod.split("."):
+        name = f"{name}.{part}" if name else part
+        try:
+            found = importlib.machinery.PathFinder.find_spec(name, locations)
+        except (ImportError, ValueError, OSError):
+            return
+        if found is None:
+            return
+        if found.origin and found.has_location:
+            check_file(found.origin, f"task module {mod!r} of task {spec.task!r}, file")
+        locations = list(found.submodule_search_locations or [])
+        if not locations:
+            return
 
 
 def current_mix(comm) -> dict[str, int]:
@@ -85,6 +126,11 @@ def run_job(spec: JobSpec | dict) -> dict | None:
 
 
 def _run_job(spec: JobSpec) -> dict | None:
+    from hpc_jabas.core.config import flatten
+    from hpc_jabas.trust import set_trust_group
+    if flatten(spec.config or {})[0].get("trust_group") is True:   # the spec was checked before it was read
+        set_trust_group(True)
+    check_code(spec)                   # on the node again: before anything of the job is imported
     for p in spec.pythonpath:
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -97,7 +143,6 @@ def _run_job(spec: JobSpec) -> dict | None:
     stop_signals().install()                       # from here on a stop signal is a flag (safe points)
     # before Horovod's background thread starts polling; a Task or the older dict, checked (one line, exit 2)
     task = Task.from_parts(call_task(load_callable(spec.task, "task"), spec.config, spec.run_dir), spec.task)
-    from hpc_jabas.core.config import flatten
     comm.use(flatten(spec.config)[0].get("backend"))     # the job's backend key (top level or [train])
     comm.init()
     rank = comm.rank()

@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import re
 import shlex
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import submitit
-from submitit.core.utils import JobPaths
+from submitit.core.utils import JobPaths, UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from hpc_jabas.core.jobspec import JobSpec
@@ -80,7 +82,7 @@ from hpc_jabas.slurm.sbatch import (
 )
 from hpc_jabas.slurm.text import parse_sbatch_id
 from hpc_jabas.slurm.watch import fold_state
-from hpc_jabas.trust import check_dir, check_file, make_private, private_dir, trust_group
+from hpc_jabas.trust import check_dir, make_private, open_trusted, private_dir, trust_group
 
 SBATCH_TIMEOUT_S = 60.0
 
@@ -142,11 +144,39 @@ class JabasSlurmJob(submitit.SlurmJob):
             return self.results()[0]
         return super().result()
 
-    # PRIVATE submitit API (1.5.4): the one method that unpickles a task's result file. A pickle is code:
-    # one that another user owns or others may write is refused before it is read (hpc_jabas/trust.py).
+    # PRIVATE submitit API (1.5.4): the one method that unpickles a task's result file (``results()`` and
+    # ``exception()`` call it). A pickle is code: this one waits for the file as 1.5.4's does, then opens it
+    # and checks what it opened (owner, mode, a regular file, its directories: trust.open_trusted) and
+    # unpickles from that same open file. A missing file is never passed unchecked, and nothing that appears
+    # after the check is read.
     def _get_outcome_and_result(self) -> tuple[str, Any]:
-        check_file(self.paths.result_pickle, "submitit result")
-        return super()._get_outcome_and_result()
+        assert not self._sub_jobs, "This should not be called for a meta-job"
+        rp, folder = self.paths.result_pickle, self.paths.folder
+        timeout = self._results_timeout_s
+        try:
+            folder.chmod(folder.stat().st_mode)   # as submitit: refreshes a network file system's cache
+        except PermissionError:
+            timeout *= 2
+        except OSError:
+            pass
+        start = time.time()
+        while not rp.exists() and time.time() - start < timeout:
+            time.sleep(1)
+        for attempt in (1, 2):
+            try:
+                with open_trusted(rp, "submitit result") as f:
+                    return cast(tuple[str, Any], pickle.load(f))
+            except FileNotFoundError:
+                log = self.stderr()
+                raise UncompletedJobError(
+                    f"Job {self.job_id} (task: {self.task_id}) with path {rp}\nhas not produced any output "
+                    f"(state: {self.state})" + (f"\nError stream produced:\n{'-' * 40}\n{log}" if log else
+                                                f"\nNo error stream produced: look at {self.paths.stdout}")) from None
+            except EOFError:                      # as submitit: a file still being written, once more in 2 s
+                if attempt == 2:
+                    raise
+                time.sleep(2)
+        raise AssertionError("not reached")
 
 
 class JabasSlurmExecutor(submitit.SlurmExecutor):

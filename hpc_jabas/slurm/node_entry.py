@@ -5,8 +5,11 @@ and mode checks (hpc_jabas/trust.py).
 submitit unpickles ``FOLDER/<job id>_submitted.pkl`` before any hpc-jabas code runs, and a pickle is code: one
 that another user owns, or that sits in a directory others can write (so that it could have been swapped
 between sbatch and the job's start), is refused here with one line on stderr and exit code 2, and nothing of
-it is loaded. The executor (hpc_jabas/slurm/executor.py: ``JabasSlurmExecutor._submitit_command_str``) writes
-this module into the job script.
+it is loaded. The check is made on the open file (hpc_jabas/trust.py ``open_trusted``), once it has appeared:
+a file that vanished after it appeared is not passed unchecked. submitit then opens it again by name; that is
+safe because the check covered its directory and every one above it (no one else can write them, so no one
+else can put another file under that name). The executor (hpc_jabas/slurm/executor.py:
+``JabasSlurmExecutor._submitit_command_str``) writes this module into the job script.
 
 The process's umask loses group and world write (group write kept with group trust), so that the pickles
 submitit writes here (the result, the requeued job's pickle) pass the same check when they are read back.
@@ -17,7 +20,7 @@ import os
 import sys
 import time
 
-from hpc_jabas.trust import UntrustedFileError, check_file, trust_group
+from hpc_jabas.trust import UntrustedFileError, open_trusted, trust_group
 
 #: what the job script runs: ``<python> -u -m NODE_ENTRY <folder>``
 NODE_ENTRY = "hpc_jabas.slurm.node_entry"
@@ -42,10 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     if not pkl.exists():
         print(f"hpc-jabas: the submitted job {str(pkl)!r} did not appear within {WAIT_S} s", file=sys.stderr)
         return 2
-    try:
-        check_file(pkl, "submitted job pickle")
+    try:              # the file that is there now and its directories: a missing one is never passed unchecked
+        open_trusted(pkl, "submitted job pickle").close()
     except UntrustedFileError as e:
         print(f"hpc-jabas: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"hpc-jabas: the submitted job {str(pkl)!r} cannot be read ({e.strerror or type(e).__name__})",
+              file=sys.stderr)
         return 2
     old = os.umask(0o077)
     os.umask(old | (0o002 if trust_group() else 0o022))
