@@ -291,3 +291,23 @@ def test_a_chain_dir_another_user_owns_or_a_planted_chain_record_is_refused(tmp_
     os.chown(chain, os.geteuid(), -1)
     chainlog.append(chain, "submit", job_id="1")
     assert [e["job_id"] for e in chainlog.read(chain)] == ["1"]
+
+
+@pytest.mark.mpi
+def test_two_ranks_both_refuse_a_planted_link_in_one_line_before_training(tmp_path):
+    """Rank 0 checks the run directory; every rank raises its one line at the first agreement (trainer
+    ``_agree_run_dir``), before any iteration, and the link's target keeps its bytes."""
+    from mpi_util import run_ranks
+    run, target = tmp_path / "run", tmp_path / "target"
+    run.mkdir(mode=0o755)
+    target.write_bytes(PRECIOUS)
+    (run / "metrics.jsonl").symlink_to(target)
+    res = run_ranks("guard_worker.py", {"plan": "b=8 n=1,1", "n": 64, "optimizer": "adam", "lr": 0.01, "steps": 2,
+                                        "run_dir": str(run)}, np_=2)
+    assert len(res) == 2
+    for r in res:
+        cls, msg = r["error"]
+        assert cls == "ConfigError" and "\n" not in msg, r["error"]
+        assert f"refusing to write metrics record {str(run / 'metrics.jsonl')!r}: it is a symbolic link" in msg, msg
+    assert res[0]["error"] == res[1]["error"]
+    assert target.read_bytes() == PRECIOUS and _tree(run) == ["metrics.jsonl"]
