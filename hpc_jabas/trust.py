@@ -291,13 +291,13 @@ def check_write_dir(path: str | os.PathLike, what: str = "run directory", group_
     if not os.fspath(p):
         raise ConfigError(f"{what} is empty; give a directory")
     check_dir(p, what, group_ok)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{what} {str(p)!r} is not a directory; give a directory you can write")
     try:
         private_dir(p)
     except OSError as e:
-        raise ConfigError(f"{what} {str(p)!r} cannot be made: {e.strerror or e}; give a directory you can "
+        raise ConfigError(f"{what} {str(p)!r} cannot be written: {e.strerror or e}; give a directory you can "
                           "write") from None
-    if not p.is_dir():
-        raise ConfigError(f"{what} {str(p)!r} is not a directory; give a directory you can write")
     check_dir(p, what, group_ok)
     return p
 
