@@ -228,8 +228,6 @@ def private_dir(path: str | os.PathLike) -> Path:
 RUN_DIR_FILES = (".hpc-jabas.lock", "metrics.jsonl", "progress.json", "progress.json.tmp", "calibration.json",
                  "calibration.json.tmp")
 RUN_DIR_DIRS = ("checkpoints",)
-#: what hpc-jabas writes in a chain directory (besides ``jobs/``, which submit checks: check_chain_dirs)
-CHAIN_DIR_FILES = (".hpc-jabas.lock", "chain.jsonl")
 
 
 def _file_mode() -> int:
