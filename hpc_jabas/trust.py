@@ -259,3 +259,192 @@ def private_dir(path: str | os.PathLike) -> Path:
     for d in missing:
         make_private(d)
     return p
+
+
+# ---- the write side: the directories hpc-jabas writes into and the files it creates or appends to ------------
+#
+# Before the first write, a run or chain directory must pass the read side's rule (check_dir: this user's or
+# root's, no world write, no group write unless group trust, the same for every directory above it), and what
+# sits where the project's own files go must be a regular file (or, for ``checkpoints/``, a directory) of this
+# user's: a symbolic link planted there is refused, never written through. Every file is then opened with
+# O_NOFOLLOW (a new one with O_EXCL, or written beside and renamed into place) and the open descriptor checked:
+# a regular file this user owns.
+
+#: what hpc-jabas writes in a run directory: its files, and its one directory
+RUN_DIR_FILES = (".hpc-jabas.lock", "metrics.jsonl", "progress.json", "progress.json.tmp", "calibration.json",
+                 "calibration.json.tmp")
+RUN_DIR_DIRS = ("checkpoints",)
+
+
+def _file_mode() -> int:
+    return 0o664 if trust_group() else 0o644
+
+
+def _kind(st: os.stat_result) -> str:
+    m = st.st_mode
+    return ("a directory" if stat.S_ISDIR(m) else "a symbolic link" if stat.S_ISLNK(m) else
+            "a named pipe" if stat.S_ISFIFO(m) else "a socket" if stat.S_ISSOCK(m) else
+            "a device" if stat.S_ISCHR(m) or stat.S_ISBLK(m) else "a regular file" if stat.S_ISREG(m) else
+            "a special file")
+
+
+def _link_error(p: str, what: str) -> UntrustedFileError:
+    try:
+        to = f" (to {os.readlink(p)!r})"
+    except OSError:
+        to = ""
+    return UntrustedFileError(f"refusing to write {what} {p!r}: it is a symbolic link{to}; hpc-jabas writes its own "
+                              f"files in place, never through a link: look at it, then remove it "
+                              f"(rm {shlex.quote(p)}), or give another directory")
+
+
+def check_entry(path: str | os.PathLike, what: str = "file", kind: str = "file",
+                group_ok: bool | None = None) -> None:
+    """Refuse (one line) what sits at ``path`` where hpc-jabas is about to write its own ``kind`` ("file" or
+    "dir"): a symbolic link (UntrustedFileError), something of another kind (ConfigError: a file named
+    ``checkpoints``, a directory named ``metrics.jsonl``), or one another user owns or others may write
+    (UntrustedFileError). Nothing there passes: it will be created."""
+    p = os.fspath(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ConfigError(f"{what} {p!r} cannot be examined: {e.strerror}; give a directory you can write") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _link_error(p, what)
+    want_dir = kind == "dir"
+    if not (stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)):
+        raise ConfigError(f"{what} {p!r} is {_kind(st)}, where hpc-jabas writes its {what} "
+                          f"({'a directory' if want_dir else 'a regular file'}); move it away, or give another "
+                          "directory")
+    bad = _problem(st, want_dir, trust_group() if group_ok is None else group_ok)
+    if bad is not None:
+        raise UntrustedFileError(f"refusing to write {what} {p!r}: it {bad[0]}; {bad[1].format(f=shlex.quote(p))}")
+
+
+def check_write_dir(path: str | os.PathLike, what: str = "run directory", group_ok: bool | None = None) -> Path:
+    """A directory hpc-jabas is about to write into (a run or chain directory), checked before the first write
+    and made when missing (:func:`private_dir`): :func:`check_dir` on where it would be made (the nearest
+    existing directory and those above it), then on the directory itself, so that an existing one another user
+    owns or others may write (group: unless group trust) is refused, not used as it is. UntrustedFileError, or
+    ConfigError when it cannot be made (a file in its place, no permission): one line. The directory itself may
+    be a symbolic link (both its path and its real path are walked); the files in it may not
+    (:func:`check_entry`)."""
+    p = Path(path)
+    if not os.fspath(p):
+        raise ConfigError(f"{what} is empty; give a directory")
+    check_dir(p, what, group_ok)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{what} {str(p)!r} is not a directory; give a directory you can write")
+    try:
+        private_dir(p)
+    except OSError as e:
+        raise ConfigError(f"{what} {str(p)!r} cannot be written: {e.strerror or e}; give a directory you can "
+                          "write") from None
+    check_dir(p, what, group_ok)
+    return p
+
+
+def check_run_dir(path: str | os.PathLike, group_ok: bool | None = None) -> Path:
+    """A run directory before anything is written into it (rank 0, before training): :func:`check_write_dir`,
+    then :func:`check_entry` on every name hpc-jabas writes there (``RUN_DIR_FILES``, ``checkpoints/``)."""
+    p = check_write_dir(path, "run directory", group_ok)
+    names = {".hpc-jabas.lock": "run directory lock", "metrics.jsonl": "metrics record",
+             "progress.json": "progress record", "calibration.json": "calibration"}
+    for n in RUN_DIR_FILES:
+        base = n.removesuffix(".tmp")
+        check_entry(p / n, names.get(base, "file") + (" (temporary file)" if n != base else ""), "file", group_ok)
+    for n in RUN_DIR_DIRS:
+        check_entry(p / n, "checkpoint directory", "dir", group_ok)
+    return p
+
+
+def open_nofollow(path: str | os.PathLike, flags: int, what: str = "file") -> int:
+    """``os.open`` of a file hpc-jabas writes in a checked directory, never through a link: ``flags`` plus
+    O_NOFOLLOW, O_CLOEXEC (and O_NONBLOCK while opening: a planted FIFO does not block), a new file made 0o644
+    (0o664 with group trust) whatever the umask. The open descriptor must be a regular file this user owns
+    (else one line, UntrustedFileError or ConfigError, the descriptor closed); its world write (and group
+    write, unless group trust) is removed. A symbolic link at ``path`` is UntrustedFileError; with O_EXCL, an
+    existing regular file is FileExistsError; other failures (no space, no permission) are OSError."""
+    import errno
+    import fcntl
+    p = os.fspath(path)
+    try:
+        fd = os.open(p, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, _file_mode())
+    except OSError as e:
+        if e.errno == errno.ELOOP or (e.errno == errno.EEXIST and os.path.islink(p)):
+            raise _link_error(p, what) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{what} {p!r} is {_kind(st)}, where hpc-jabas writes its {what} (a regular file); "
+                              "move it away, or give another directory")
+        if st.st_uid != os.geteuid():
+            raise UntrustedFileError(f"refusing to write {what} {p!r}: it is owned by uid {st.st_uid}, not by this "
+                                     f"user (uid {os.geteuid()}); check who wrote it, then move it away")
+        mode = stat.S_IMODE(st.st_mode)
+        strip = stat.S_IWOTH | (0 if trust_group() else stat.S_IWGRP)
+        if mode & strip:
+            os.fchmod(fd, mode & ~strip)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_append_nofollow(path: str | os.PathLike, what: str = "file") -> int:
+    """A log hpc-jabas appends to (``metrics.jsonl``, ``chain.jsonl``): :func:`open_nofollow` with O_RDWR
+    (the tail can be read back and repaired), O_APPEND and O_CREAT. The caller closes the descriptor."""
+    return open_nofollow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, what)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (os.write again after a short write; the error, e.g. ENOSPC, raised)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def write_atomic_nofollow(path: str | os.PathLike, data: bytes, what: str = "file",
+                          tmp: str | os.PathLike | None = None, fsync: bool = False) -> Path:
+    """Replace ``path`` with ``data`` atomically, never through a link: ``path`` checked (:func:`check_entry`:
+    not a link, a regular file of ours when it exists), ``data`` written to ``tmp`` (default ``<path>.tmp``),
+    made with O_CREAT | O_EXCL | O_NOFOLLOW (a regular temporary file of ours that a killed writer left is
+    removed first; a link there is refused), then renamed over ``path``. ``fsync``: the file and its
+    directory are synced. On any failure the temporary file is removed and the error raised (the old
+    ``path`` stays as it was)."""
+    p = Path(path)
+    t = Path(tmp) if tmp is not None else p.with_name(p.name + ".tmp")
+    check_entry(p, what)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        fd = open_nofollow(t, flags, what)
+    except FileExistsError:
+        check_entry(t, f"{what} (temporary file)")      # a link or another user's: refused, not removed
+        os.unlink(t)
+        fd = open_nofollow(t, flags, what)
+    try:
+        try:
+            write_all(fd, data)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(t, p)
+    except BaseException:
+        try:
+            os.unlink(t)
+        except OSError:
+            pass
+        raise
+    if fsync:
+        dfd = os.open(p.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return p

@@ -7,7 +7,6 @@ iteration time. A panel the run has no data for is left out.
 simulation drawn like a run, as PNGs and a Markdown summary in SIM_DIR or --out DIR (cli/simreport.py)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hpc_jabas.errors import ConfigError
@@ -32,13 +31,13 @@ def load_metrics(run_dir: str | Path) -> list[dict]:
     if not f.exists():
         raise ConfigError(f"no metrics at {str(f)!r}; give a run directory that holds metrics.jsonl")
     check_file(f, "metrics record")
-    recs = []
+    from hpc_jabas.core import jsonl
     from hpc_jabas.core.textfile import read_text
-    for ln in read_text(f, "metrics record", "a run's metrics.jsonl (JSON lines) or its run directory").splitlines():
-        try:
-            recs.append(json.loads(ln))
-        except json.JSONDecodeError:
-            continue          # a torn last line of a killed job: skip it, keep the rest
+    from hpc_jabas.log import get_logger
+    text = read_text(f, "metrics record", "a run's metrics.jsonl (JSON lines) or its run directory")
+    recs, notes = jsonl.parse(text, str(f))      # a line that is not a record is said, not skipped silently
+    for n in notes:
+        get_logger(__name__).warning("%s", n)
     return recs
 
 

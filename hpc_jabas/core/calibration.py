@@ -275,12 +275,17 @@ class Calibration:
                 out.append(RankCalibration(g))
         return Calibration(out, dec, self.tail_scale)
 
+    def to_json(self) -> str:
+        """What :meth:`save` writes (and the run's ``calibration.json``: runtime/calibrate.py)."""
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+
     def save(self, path: str | os.PathLike[str]) -> str:
+        """Written beside ``path`` and renamed into place; the temporary file is never opened through a link."""
         p = os.fspath(path)
         tmp = p + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1, sort_keys=True)
-            f.write("\n")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.to_json())
         os.replace(tmp, p)
         return p
 

@@ -349,6 +349,9 @@ class JobConfig(_FlatKeys):
         if self.planner == "fixed" and not self.plan:
             raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
         self._check_planning()
+        if self.run_dir is not None and not self.run_dir:         # Path("") is the current directory
+            raise ConfigError("run_dir='' is empty; give a directory (--run-dir DIR), or leave run_dir unset for "
+                              "the default runs/SCRIPT-HASH")
         bmin, bmax = self.B_min, self.B_max
         if bmin > bmax:
             raise ConfigError(f"batch_min={bmin} > batch_max={bmax}; need batch_min <= batch_max")

@@ -21,7 +21,7 @@ from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibr
 from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.trust import check_file, check_profile_dir, make_private
+from hpc_jabas.trust import check_file, check_profile_dir, write_atomic_nofollow
 
 if TYPE_CHECKING:
     from hpc_jabas.core.config import JobConfig
@@ -167,8 +167,9 @@ class Calibrator:
             self.controller.model_changed()       # goodput prices B with its batch space's times
         if write and self.rank == 0:
             try:
-                make_private(self.cal.save(os.path.join(str(self.cfg.run_dir), CALIBRATION_FILE)))
-            except OSError as e:
+                write_atomic_nofollow(os.path.join(str(self.cfg.run_dir), CALIBRATION_FILE),
+                                      self.cal.to_json().encode(), "calibration")    # never through a link
+            except (OSError, ConfigError) as e:     # a full disk; a link planted after the run directory's check
                 log.warning("calibration not written: %s", e)
 
     def _record(self, windows: list[list[list[float]]], old: Calibration) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.slurm.env import SlurmEnv
-from hpc_jabas.trust import private_dir
+from hpc_jabas.trust import check_write_dir, open_nofollow
 
 LOCK_NAME = ".hpc-jabas.lock"
 _HELD: dict[str, DirLock] = {}      # lock file -> the DirLock of this process that holds it
@@ -51,8 +51,13 @@ class DirLock:
 
     def holder(self) -> dict[str, Any] | None:
         try:
-            return dict(json.loads(self.path.read_text() or "null") or {}) or None
-        except (OSError, ValueError):
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                text = os.read(fd, 1 << 16).decode()
+            finally:
+                os.close(fd)
+            return dict(json.loads(text or "null") or {}) or None
+        except (OSError, ValueError, TypeError):
             return None
 
     def locked_by_other(self) -> dict[str, Any] | None:
@@ -60,7 +65,7 @@ class DirLock:
         if self.held or str(self.path.resolve()) in _HELD or not self.path.exists():
             return None
         try:
-            fd = os.open(self.path, os.O_RDWR)
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return None
         try:
@@ -77,9 +82,9 @@ class DirLock:
         mine = _HELD.get(str(self.path.resolve()))
         if mine is not None and mine.held:        # this process holds it already (another DirLock object)
             return mine
+        check_write_dir(self.dir, self.what)      # this user's, not writable by others (hpc_jabas/trust.py)
         try:
-            private_dir(self.dir)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, f"{self.what} lock")    # never through a link
         except OSError as e:
             raise ConfigError(f"{self.what} {str(self.dir)!r} cannot be written: {e.strerror}") from None
         deadline = time.time() + max(0.0, wait_s)

@@ -371,15 +371,12 @@ def _started(ev: list[dict], job_id: str) -> float:
 
 
 def _metrics(spec: JobSpec) -> list[dict]:
-    import json
+    from hpc_jabas.core import jsonl
     p = Path(spec.run_dir) / "metrics.jsonl"
     check_file(p, "metrics record")     # the lost iterations recorded in the chain are counted from it
-    out = []
-    for ln in (p.read_text().splitlines() if p.exists() else []):
-        try:
-            out.append(json.loads(ln))
-        except ValueError:
-            continue
+    out, notes = jsonl.parse(p.read_text() if p.exists() else "", str(p))
+    for n in notes:                     # a line that is not a record is said, not skipped silently
+        log.warning("%s", n)
     return out
 
 

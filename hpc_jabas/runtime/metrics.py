@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
+
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.log import get_logger
+from hpc_jabas.trust import check_write_dir, open_append_nofollow, open_nofollow, write_all
 
 # per rank, per iteration: what the allgather carries (column order)
 PER_RANK = ("rank", "it", "compute_s", "real_compute_s", "emulation_wait_s", "wait_s", "iter_s", "n_local",
@@ -40,31 +45,128 @@ def json_safe(obj: Any) -> Any:
         return str(obj)
 
 
+TORN_SUFFIX = ".torn-"
+
+
 class MetricsWriter:
-    """JSONL in the run directory, written by rank 0 only (``path=None`` elsewhere: writes are dropped)."""
+    """JSONL in the run directory, written by rank 0 only (``path=None`` elsewhere: writes are dropped).
+
+    The run directory is checked before the first write (hpc_jabas/trust.py: this user's, not writable by
+    others, no link where the log goes) and the log is opened without following a link. Each record is one
+    whole line written with one ``write``; a write cut short (a full disk) is taken back to the last whole
+    line. A torn last line that an earlier run left (a kill, a full disk) is set aside before the first record
+    is written (:func:`set_torn_tail_aside`; then the run directory's lock is held, so the tail is not one
+    that another live writer is writing), so that no record is glued onto it."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._f: IO[str] | None = None
+        self._fd: int | None = None
+        self._tail_checked = False
         if path is not None:
+            check_write_dir(path.parent, "run directory")       # ConfigError: one line, nothing written
             try:
-                from hpc_jabas.trust import make_private, private_dir
-                private_dir(path.parent)
-                self._f = open(path, "a", buffering=1)
-                make_private(path)              # read back (lost iterations, the next mix): hpc_jabas/trust.py
-            except OSError as e:      # a file where the run directory should be, no permission, /proc...
-                from hpc_jabas.errors import ConfigError
+                self._fd = open_append_nofollow(path, "metrics record")
+            except OSError as e:      # no permission, a full disk, /proc...
                 raise ConfigError(f"run_dir {str(path.parent)!r} cannot be written: {e.strerror or e}; "
                                   "give a directory you can write (--run-dir)") from None
 
     def write(self, rec: dict[str, Any]) -> None:
-        if self._f is not None:
-            self._f.write(json.dumps(json_safe(rec), allow_nan=False) + "\n")
+        if self._fd is None:
+            return
+        if not self._tail_checked:
+            assert self.path is not None
+            set_torn_tail_aside(self._fd, self.path)
+            self._tail_checked = True
+        append_line(self._fd, (json.dumps(json_safe(rec), allow_nan=False) + "\n").encode())
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:       # an interpreter shutting down
+            pass
+
+
+def append_line(fd: int, line: bytes) -> None:
+    """``line`` (one whole line) appended to ``fd`` (opened O_APPEND by its one writer) in one ``write``; when
+    the write fails or is cut short (a full disk), the log is taken back to where it was and the error raised:
+    it never ends in a torn line of ours."""
+    size = os.fstat(fd).st_size
+    try:
+        n = os.write(fd, line)
+        if n < len(line):
+            write_all(fd, line[n:])
+    except BaseException:
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            pass
+        raise
+
+
+def _last_newline_end(fd: int, size: int) -> int:
+    """The offset just after the last newline in the first ``size`` bytes of ``fd`` (0 when none)."""
+    pos, chunk = size, 1 << 16
+    while pos > 0:
+        lo = max(0, pos - chunk)
+        i = os.pread(fd, pos - lo, lo).rfind(b"\n")
+        if i >= 0:
+            return lo + i + 1
+        pos = lo
+    return 0
+
+
+def set_torn_tail_aside(fd: int, path: Path) -> Path | None:
+    """When the log open at ``fd`` ends without a newline (a writer killed or stopped by a full disk): a torn
+    last record that is whole JSON gets its newline; other torn bytes are moved to ``<path>.torn-<n>`` (a new
+    file, never through a link) and the log is cut back to its last whole line, with a warning naming both.
+    Returns the file they went to (None when nothing was set aside). When they cannot be saved (a full disk),
+    the line is ended in place instead (readers say it and leave it out), so nothing is lost."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return None
+    start = _last_newline_end(fd, size)
+    torn = os.pread(fd, size - start, start)
+    try:
+        whole = isinstance(json.loads(torn), dict)
+    except ValueError:
+        whole = False
+    log = get_logger(__name__)
+    if whole:
+        os.write(fd, b"\n")
+        log.warning("%s: its last record had no line end (a writer cut short); ended it", path)
+        return None
+    n = 1
+    while True:
+        aside = path.with_name(f"{path.name}{TORN_SUFFIX}{n}")
+        try:
+            afd = open_nofollow(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "torn metrics bytes")
+            break
+        except FileExistsError:
+            n += 1
+    try:
+        try:
+            write_all(afd, torn)
+            os.fsync(afd)
+        finally:
+            os.close(afd)
+    except OSError:
+        try:
+            os.unlink(aside)
+        except OSError:
+            pass
+        os.write(fd, b"\n")
+        log.warning("%s ends in a torn line (%d bytes of a write cut short); they could not be set aside, so "
+                    "the line was ended in place (readers leave it out)", path, len(torn))
+        return None
+    os.ftruncate(fd, start)
+    log.warning("%s ended in a torn line (%d bytes of a write cut short: a kill or a full disk); set aside in %s, "
+                "new records start on a line of their own", path, len(torn), aside)
+    return aside
 
 
 def _horovod_allgather(t: torch.Tensor, name: str) -> torch.Tensor:

@@ -29,7 +29,7 @@ from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_console_writer
 from hpc_jabas.runtime.hooks import Callback
 from hpc_jabas.slurm.env import SlurmEnv
-from hpc_jabas.trust import check_file, make_private
+from hpc_jabas.trust import check_file, write_atomic_nofollow
 
 PROGRESS_FILE = "progress.json"
 T = TypeVar("T")
@@ -157,6 +157,7 @@ class ProgressFile(Callback):
         self._t0: float | None = None
         self._n0 = 0
         self._last = 0.0
+        self._refused = False
 
     def on_first_step(self, trainer: Any) -> None:
         if trainer.rank == 0:
@@ -183,14 +184,15 @@ class ProgressFile(Callback):
 
     def write(self, trainer: Any) -> None:
         self._last = time.time()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps(self.snapshot(trainer)))
-            make_private(tmp)
-            os.replace(tmp, self.path)
+        if self._refused:
+            return
+        try:       # written beside and renamed into place, never through a link (hpc_jabas/trust.py)
+            write_atomic_nofollow(self.path, json.dumps(self.snapshot(trainer)).encode(), "progress record")
         except OSError:
             pass        # progress is informative only; a full disk shows up in the checkpoint instead
+        except ConfigError as e:     # a link or another user's file planted after the run directory's check
+            self._refused = True
+            log.warning("progress not written: %s", e)
 
 
 def read(run_dir: str | Path) -> dict[str, Any] | None:

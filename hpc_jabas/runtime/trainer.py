@@ -156,6 +156,9 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
         self._run_dir_error: str | None = None      # rank 0's: said on every rank by setup()'s first agreement
         try:
+            if self.rank == 0:          # before the first write: ours, no planted link or file (hpc_jabas/trust.py)
+                from hpc_jabas.trust import check_run_dir
+                check_run_dir(self.run_dir)
             self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
         except ConfigError as e:
             self.metrics, self._run_dir_error = MetricsWriter(None), str(e)

@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.trust import check_file, open_private, private_dir
+from hpc_jabas.trust import check_file, check_write_dir, open_append_nofollow, write_all
 
 
 def path(chain_dir: str | Path) -> Path:
@@ -23,11 +23,13 @@ def path(chain_dir: str | Path) -> Path:
 def append(chain_dir: str | Path, event: str, **kw) -> dict:
     rec = {"event": event, "time": time.time(), **kw}
     p = path(chain_dir)
-    private_dir(p.parent)
-    with os.fdopen(open_private(p, os.O_WRONLY | os.O_APPEND), "a") as f:
-        f.write(json.dumps(rec, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    check_write_dir(p.parent, "chain directory")      # this user's, not writable by others (hpc_jabas/trust.py)
+    fd = open_append_nofollow(p, "chain record")      # never through a link
+    try:
+        write_all(fd, (json.dumps(rec, default=str) + "\n").encode())     # one whole line
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     return rec
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_jabas.core import autoscale
+from hpc_jabas.core import autoscale, jsonl
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import JabasError, SlurmError
 from hpc_jabas.log import get_logger
@@ -111,13 +111,18 @@ def _last_table(spec: JobSpec, mix: Mapping[str, int]) -> list[dict] | None:
     check_file(p, "metrics record")     # its priced table picks the next mix
     table = None
     want = autoscale.mix_key(mix)
-    for ln in p.read_text().splitlines():
+    for n, ln in enumerate(p.read_text().splitlines(), 1):
         if '"autoscale"' not in ln:
             continue
         try:
             r = json.loads(ln)
-        except ValueError:
-            continue
+        except ValueError:              # torn bytes with a record glued after them: that record, said
+            g = jsonl.glued_record(ln)
+            log.warning("%s line %d is %s", p, n, "torn: the record after the torn bytes read" if g
+                        else "not a JSON record: left out")
+            if g is None:
+                continue
+            r = g[1]
         if r.get("type") == "autoscale" and r.get("table") and autoscale.mix_key(r.get("choice") or {}) == want:
             table = r["table"]
     return table
