@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.faults [--quick] [--iterations 5] [--cases ...] [--json FILE]
                                      [--only preempt,matrix,timelimit,kill,corrupt,drain,planted,bad,
-                                             prune,disk,format]
+                                             prune,disk,format,write_trust]
 
 * preempt: tests/preempt_task.py (float64, Adam, fixed plan b=4 n=2,2 on 2 x rtx2060, 2 epochs = 30 iterations,
   periodic checkpoints every 4) is signalled once iteration k is on record, k random, for each signal (USR1,
@@ -38,7 +38,9 @@
 * bad: tests/test_bad_input.py's table of malformed inputs: clear when exit 2, one line on stderr, no
   traceback and no existing file modified.
 
-* prune, disk, format (bench/common/write_faults.py): pruning after a fallback past a torn newer checkpoint, a
+* write_trust, prune, disk, format (bench/common/write_faults.py): a run directory of another user, under a
+  parent open to all, or with links planted where hpc-jabas writes; pruning after a fallback past a torn
+  newer checkpoint, a
   file size limit and a full file system while checkpointing, a checkpoint of an unknown format, without a
   key, or of another optimizer: each a user's script run as a process.
 
@@ -50,7 +52,7 @@ The last line: ``preempt_real_exact=N/N preempt_real_loader_exact=N/N preempt_si
 preempt_counted_as_failure=0 planted_checkpoint_refused=N/N preempt_exact=N/N matrix_exact=N/N
 timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
 corrupt_detected=N/N bad_inputs_clear=N/N prune_kept_good=N/N disk_full_clear=N/N format_checked=N/N
-lost_iterations_max=N``.
+write_trust_refused=N/N lost_iterations_max=N``.
 """
 from __future__ import annotations
 
@@ -507,7 +509,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 random iteration per case, one time-limit chain")
     ap.add_argument("--iterations", type=int, default=5, help="random iterations per preemption case (default 5)")
-    ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,planted,bad,prune,disk,format")
+    ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,planted,bad,prune,disk,format,"
+                                       "write_trust")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default="sbatch,submitit", help="launchers of the preemption cases")
     ap.add_argument("--signals", default="USR1,USR2,TERM", help="signals of the preemption cases")
@@ -531,7 +534,9 @@ def main() -> int:
             write_faults.disk_cases(Path(td), out)
         if "format" in only:
             write_faults.format_cases(Path(td), out)
-    if only - {"prune", "disk", "format"}:
+        if "write_trust" in only:
+            write_faults.write_trust_cases(Path(td), out)
+    if only - {"prune", "disk", "format", "write_trust"}:
         on_cluster(only, a, n, rng, out)
     return report(out, a)
 
@@ -577,7 +582,7 @@ def report(out: dict, a: argparse.Namespace) -> int:
           f"kill_recovered={frac(out.get('kill'))} drain_avoided={frac(out.get('drain'))} "
           f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear={frac(out.get('bad_inputs'))} "
           f"prune_kept_good={frac(out.get('prune'))} disk_full_clear={frac(out.get('disk'))} "
-          f"format_checked={frac(out.get('format'))} "
+          f"format_checked={frac(out.get('format'))} write_trust_refused={frac(out.get('write_trust'))} "
           f"lost_iterations_max={max(lost) if lost else 'n/a'}")
     return 0
 

@@ -158,3 +158,39 @@ def format_cases(work: Path, out: dict) -> None:
         rows.append({"case": name, "ok": ok, "line": lines[0] if lines else p.stderr[-300:]})
         print(f"format {name:24s} ok={ok} {lines[0] if lines else p.stderr[-200:]!r}", flush=True)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def write_trust_cases(work: Path, out: dict) -> None:
+    """A run directory another user could have prepared: it is theirs (uid 12345), its parent is writable by
+    every user (not sticky), or it holds a link (to a file outside) where hpc-jabas writes its lock, metrics or
+    progress, or a file named ``checkpoints``. Refused when one error line (exit 2) and the outside file, or the
+    planted one, kept its bytes."""
+    rows = out.setdefault("write_trust", [])
+    for case in ("other_owner", "open_parent", "link_lock", "link_metrics", "link_progress", "checkpoints_file"):
+        base = work / f"trust-{case}"
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        os.chmod(base, 0o755)
+        victim = base / "victim"
+        victim.write_bytes(b"precious\n")
+        run = base / "run"
+        run.mkdir()
+        watched = victim
+        if case == "other_owner":
+            os.chown(run, 12345, 12345)
+        elif case == "open_parent":
+            os.chmod(base, 0o777)
+        elif case.startswith("link_"):
+            name = {"link_lock": ".hpc-jabas.lock", "link_metrics": "metrics.jsonl", "link_progress": "progress.json"}
+            (run / name[case]).symlink_to(victim)
+        else:
+            watched = run / "checkpoints"
+            watched.write_bytes(b"mine\n")
+        before = watched.read_bytes()
+        p = run_user(run, 1)
+        lines = error_lines(p)
+        ok = p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr and watched.read_bytes() == before
+        rows.append({"case": case, "ok": ok, "line": lines[0] if lines else p.stderr[-300:]})
+        print(f"write_trust {case:18s} ok={ok} {lines[0] if lines else p.stderr[-200:]!r}", flush=True)
+        os.chmod(base, 0o755)
+        shutil.rmtree(base, ignore_errors=True)

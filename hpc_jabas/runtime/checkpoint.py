@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from hpc_jabas.errors import CheckpointError
-from hpc_jabas.trust import UntrustedFileError, check_file, open_private, private_dir
+from hpc_jabas.trust import UntrustedFileError, check_file, check_write_dir, open_private
 
 MAGIC = b"HPCJABAS1\n"               # the first format's header (read only)
 FORMAT = "hpc-jabas-checkpoint/2"
@@ -214,7 +214,7 @@ def save(path: str | os.PathLike, state: Any) -> Path:
     valid sidecar behind."""
     path = Path(path)
     _check_own_dir(path.parent)
-    private_dir(path.parent)
+    check_write_dir(path.parent, "checkpoint directory")   # this user's, not writable by others (trust.py)
     buf = io.BytesIO()
     torch.save(to_plain(state), buf)
     payload = buf.getvalue()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,15 @@ class MetricsWriter:
             assert self.path is not None
             set_torn_tail_aside(self._fd, self.path)
             self._tail_checked = True
-        append_line(self._fd, (json.dumps(json_safe(rec), allow_nan=False) + "\n").encode())
+        try:
+            append_line(self._fd, (json.dumps(json_safe(rec), allow_nan=False) + "\n").encode())
+        except OSError as e:            # a full disk, a quota, a file size limit: the log ends in a whole line
+            assert self.path is not None
+            free = shutil.disk_usage(self.path.parent).free if self.path.parent.exists() else None
+            raise ConfigError(f"cannot write {str(self.path)!r}: {e.strerror or e}"
+                              f"{f' ({free} bytes free)' if free is not None else ''}; the records so far and the "
+                              "checkpoints are intact: free space (or raise the quota), then run again to "
+                              "resume") from None
 
     def close(self) -> None:
         if self._fd is not None:
