@@ -66,6 +66,7 @@ from hpc_jabas.slurm.components import (
 )
 from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.slurm.node_entry import NODE_ENTRY
+from hpc_jabas.slurm.nodepaths import check_job_environment
 from hpc_jabas.slurm.sbatch import (
     JOB_ENTRY,
     SRUN_ARGS,
@@ -269,6 +270,7 @@ def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
     spec = normalize(spec, method)
     check_extra(spec)                    # account, qos, sbatch_args and the numbers: refused before Slurm sees them
     check_chain_dirs(spec.chain_dir)     # what the job will run is read from there: only this user may write it
+    check_job_environment(spec, os.environ if env is None else env)    # its nodes see its python and its code
     sub_env = submission_env(env)
     proc.require(("sbatch", "srun"), sub_env)
     pt = (spec.config.get("autoscale") or {}).get("partition_types") if isinstance(spec.config, dict) else None
