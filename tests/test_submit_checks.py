@@ -218,6 +218,45 @@ def test_the_local_clusters_slurm_conf_says_which_tmp_paths_it_shares(tmp_path):
         assert [str(p) for p in cluster_shared({"SLURM_CONF": str(live)})] == [str(Path(w).resolve()) for w in want]
 
 
+def test_the_line_that_says_why_a_job_died_on_its_node_and_where_it_is(tmp_path):
+    """The log a job's ranks left (submitit's per-rank stderr first, then stdout, then the job script's output) and
+    its telling line: the last exception or hpc-jabas error line, not Slurm's own lines after it."""
+    from hpc_jabas.cli.submit import stopped_line
+    from hpc_jabas.slurm import chain as chainlog
+    from hpc_jabas.slurm.watch import log_line, node_log
+    chain = tmp_path / "chain"
+    sub = chain / "jobs" / "submitit"
+    sub.mkdir(parents=True)
+    tb = ("Traceback (most recent call last):\n  File \"<frozen runpy>\", line 112, in _get_module_details\n"
+          "ModuleNotFoundError: No module named 'numpy'\nsrun: error: gpur1: task 0: Exited with exit code 1\n"
+          "slurmstepd-gpur1: error: *** STEP 42.0 ON gpur1 CANCELLED AT 2026-12-04T17:15:13 ***\n")
+    (sub / "42_0_log.out").write_text("hpc-jabas[0] INFO: starting\n")
+    (sub / "42_1_log.err").write_text(tb)
+    (sub / "42_0_log.err").write_text("")
+    chainlog.append(chain, "submit", job_id="42", mix={"rtx2060": 2}, method="submitit", by="user", script="")
+    assert node_log(chain, "42") == {"log": str(sub / "42_1_log.err"),
+                                     "line": "ModuleNotFoundError: No module named 'numpy'"}
+    script = chain / "jobs" / "1.sbatch"                      # method sbatch: the script's --output
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={chain / 'jobs' / '1-%j.out'}\n")
+    (chain / "jobs" / "1-43.out").write_text("hpc-jabas: error: task module 'hj_gone' of task 'hj_gone:build' is "
+                                           "not importable\nsrun: error: gpur1: task 0: Exited with exit code 2\n")
+    chainlog.append(chain, "submit", job_id="43", mix={"rtx2060": 1}, method="sbatch", by="user", script=str(script))
+    got = node_log(chain, "43")
+    assert got == {"log": str(chain / "jobs" / "1-43.out"),
+                   "line": "hpc-jabas: error: task module 'hj_gone' of task 'hj_gone:build' is not importable"}, got
+    assert node_log(chain, "44") is None
+    (tmp_path / "slurm-only.out").write_text("hello\nsrun: error: gpur1: task 0: Exited with exit code 1\n")
+    assert log_line(tmp_path / "slurm-only.out") == "hello" and log_line(tmp_path / "none") is None
+    line = stopped_line({"ok": False, "job_id": "43", "state": "FAILED", "jobs": ["43"], "before_start": got}, None,
+                        str(chain))
+    assert line == (f"hpc-jabas: chain stopped: job 43 is FAILED before it started training: the last line of its "
+                    f"log {chain / 'jobs' / '1-43.out'}: {got['line']}")
+    line = stopped_line({"ok": False, "job_id": "44", "state": "FAILED", "jobs": ["44"], "before_start": {}}, None,
+                        str(chain))
+    assert line == f"hpc-jabas: chain stopped: job 44 is FAILED before it started training; it left no log under " \
+                   f"{chain / 'jobs'}"
+
+
 @pytest.mark.slurm
 def test_a_job_that_dies_on_its_node_before_training_is_reported_failed_with_its_log_line(slurm_cluster, slurm_tmp):
     """The job's python is a bare venv (its environment lacks the packages on the node, as when the set-up's cache

@@ -122,14 +122,19 @@ def script_output(script: str | Path, job_id: str) -> str | None:
     return None
 
 
-#: a Python exception's line, the last of a traceback ("ModuleNotFoundError: No module named 'numpy'")
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+#: a line that says why a process ended: a Python exception's (the last of a traceback, "ModuleNotFoundError: No
+#: module named 'numpy'", in a log record too) or hpc-jabas's own error line ("hpc-jabas: error: ...")
+_EXCEPTION_LINE = re.compile(r"^(hpc-jabas\[\d+\] )?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b"
+                             r"|^hpc-jabas(\[\d+\])?(: error:| ERROR:)")
+#: what Slurm's own commands add to a job's output ("srun: error: gpur1: task 0: Exited with exit code 1")
+_SLURM_LINE = re.compile(r"^(srun|sbatch|salloc|slurmstepd(-[\w.-]+)?):")
 _LOG_TAIL_BYTES = 65536
 
 
 def log_line(path: str | Path) -> str | None:
-    """The line of a node log that says why its job ended: the last exception line in it (a traceback's last line),
-    else its last non-empty line; None when the file is missing, empty or unreadable (its last 64 KiB are read)."""
+    """The line of a node log that says why its job ended: the last exception or hpc-jabas error line in it (a
+    traceback's last line), else its last non-empty line that is not Slurm's own, else its last line; None when
+    the file is missing, empty or unreadable (its last 64 KiB are read)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -139,7 +144,8 @@ def log_line(path: str | Path) -> str | None:
         return None
     if not lines:
         return None
-    return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1])
+    return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)),
+                next((ln for ln in reversed(lines) if not _SLURM_LINE.match(ln)), lines[-1]))
 
 
 def job_logs(chain_dir: str | Path, job_id: str, events: list[dict] | None = None,
