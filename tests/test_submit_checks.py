@@ -256,6 +256,24 @@ def test_the_line_that_says_why_a_job_died_on_its_node_and_where_it_is(tmp_path)
     assert line == f"hpc-jabas: chain stopped: job 44 is FAILED before it started training; it left no log under " \
                    f"{chain / 'jobs'}"
 
+    # hpc-jabas status: the job's batch shell recorded its failure (an end event, no start): the same log line
+    from hpc_jabas.cli import status as st
+    from hpc_jabas.slurm import watch
+    from hpc_jabas.slurm.text import parse_sacct
+    chainlog.append(chain, "end", job_id="43", state="failed", exit_code=2, iteration=0, lost_iterations=0,
+                    signature=None)
+    sacct = "43|FAILED|3|2026-12-04T17:15:10|2026-12-04T17:15:13|rtx2060|gpur1|billing=1,cpu=1,gres/gpu=1\n"
+    rows_ = watch.fold_attempts(parse_sacct(sacct, watch.ATTEMPT_FIELDS))          # sacct -D's rows, as parsed
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(watch, "sacct_attempts", lambda ids, env=None: {k: v for k, v in rows_.items() if k in ids})
+        mp.setattr(watch, "job_details", lambda job_id, env=None: {})              # the controller let go of it
+        cur = st.status(chain)["chains"][-1]["current"]
+    finally:
+        mp.undo()
+    assert cur == (f"stopped: job 43 is FAILED in Slurm before it started; the last line of its log "
+                   f"{chain / 'jobs' / '1-43.out'}: {got['line']}"), cur
+
 
 @pytest.mark.slurm
 def test_a_job_that_dies_on_its_node_before_training_is_reported_failed_with_its_log_line(slurm_cluster, slurm_tmp):

@@ -57,7 +57,7 @@ def _current(last: dict | None, cancel: dict | None = None, end: dict | None = N
     if cancel is not None and (st == "submitted" or (sl and is_terminal(sl))):
         return f"cancelled (hpc-jabas cancel): job {last['job_id']} is {sl or st}; no successor"
     bs = last.get("before_start")
-    if bs and sl and is_terminal(sl) and st == "submitted":
+    if bs and sl and is_terminal(sl) and st in ("submitted", "failed"):
         why = ", ".join(x for x in (f"Slurm's reason: {bs['reason']}" if bs.get("reason") not in (None, "None") else "",
                                     f"exit code {bs['exit_code']}" if bs.get("exit_code") else "") if x)
         out = bs.get("output")
@@ -69,6 +69,12 @@ def _current(last: dict | None, cancel: dict | None = None, end: dict | None = N
             + f"; {where}"
     if sl and is_terminal(sl) and st in ("submitted", "running"):
         return f"stopped: job {last['job_id']} is {sl} in Slurm without finishing the training"
+    if st == "failed":            # its batch shell recorded the failure (method sbatch's, submitit's teardown)
+        if sl and not is_terminal(sl):
+            return f"failing: job {last['job_id']} failed, {sl} in Slurm: its batch shell may still resubmit it"
+        msg = (end or {}).get("message")
+        return (f"stopped: job {last['job_id']} failed" + (f" ({sl} in Slurm)" if sl else "")
+                + (f": {msg}" if msg else "") + "; no successor")
     if st == "submitted":
         return f"waiting: job {last['job_id']} submitted" + (f", {sl} in Slurm" if sl else "")
     if st == "running":
@@ -161,8 +167,9 @@ def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now
             r["restart_overhead_s"] = rs.get("overhead_s")
         _attempts(r, evs, slurm.get(r["job_id"]) or [])
         _reconcile(r)
-        if r.get("state") == "submitted" and r.get("slurm"):
-            _before_start(r, evs, chain_dir)
+        if r.get("slurm") and (r.get("state") == "submitted" or (r.get("state") == "failed" and not any(
+                e["event"] == "start" and str(e.get("job_id")) == r["job_id"] for e in evs))):
+            _before_start(r, evs, chain_dir)          # it ended before it started training
     last = rows[-1] if rows else None
     from hpc_jabas.slurm.cancel import chain_cancel
     cancel = chain_cancel(events, ids[0]) if ids else None
