@@ -126,7 +126,7 @@ def script_output(script: str | Path, job_id: str) -> str | None:
 #: module named 'numpy'", in a log record too) or hpc-jabas's own error line ("hpc-jabas: error: ...")
 _EXCEPTION_LINE = re.compile(r"^(hpc-jabas\[\d+\] )?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b"
                              r"|^hpc-jabas(\[\d+\])?(: error:| ERROR:)")
-#: what Slurm's own commands add to a job's output ("srun: error: gpur1: task 0: Exited with exit code 1")
+#: what Slurm's own commands add to a job's output ("srun: error: gpur1: ...: Exited with exit code 1")
 _SLURM_LINE = re.compile(r"^(srun|sbatch|salloc|slurmstepd(-[\w.-]+)?):")
 _LOG_TAIL_BYTES = 65536
 
