@@ -136,10 +136,13 @@ def python_paths(python: str | None = None) -> list[tuple[str, str]]:
     """(path, what it is) of everything the interpreter ``python`` (default: this one) needs on a node: the
     interpreter (as named, and the file it resolves to), its environment (sys.prefix), that environment's base
     (sys.base_prefix) and the existing entries of its sys.path (a site directory a .pth file adds is named with
-    that file). Only the interpreter itself when it cannot run here."""
+    that file). Only the interpreter itself when it cannot run here; nothing for a bare name that is not on PATH
+    here (the nodes' PATH finds it)."""
     import shutil
     python = python or sys.executable
-    exe = python if os.sep in python else (shutil.which(python) or python)
+    exe = os.path.abspath(python) if os.sep in python else (shutil.which(python) or python)   # the job runs in cwd
+    if not os.path.isabs(exe):
+        return []
     out = [(exe, "the job's python"), (str(Path(exe).parent), "the directory of the job's python")]
     info = _probe(exe)
     if info is None:
