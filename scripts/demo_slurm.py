@@ -13,7 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hpc_jabas.cli.submit import stopped_line  # noqa: E402
 from hpc_jabas.core.jobspec import JobSpec  # noqa: E402
+from hpc_jabas.errors import JabasError  # noqa: E402
 from hpc_jabas.slurm.executor import submit  # noqa: E402
 from hpc_jabas.slurm.watch import wait_chain  # noqa: E402
 
@@ -31,24 +33,29 @@ def main(out: str) -> int:
     spec = JobSpec(task="examples.train_digits:build", config={**train, "autoscale": auto},
                    chain_dir=str(chain_dir), mix={"a100": 1, "v100": 2}, method="submitit",
                    pythonpath=[str(ROOT)])
-    sub = submit(spec)
+    try:
+        sub = submit(spec)      # refused in one line when the nodes could not see the python environment or the code
+    except JabasError as e:
+        print(f"demo: not submitted: {e}", file=sys.stderr)
+        return 2
     print(f"submitted job {sub.job_id} onto {sub.mix} (submitit); following the chain ...", flush=True)
     res = wait_chain(chain_dir, sub.job_id, timeout=400,
                      on_event=lambda e: print(f"  chain: {e['event']:<7} " + ", ".join(
                          f"{k}={e[k]}" for k in ("job_id", "from_job", "to_job", "mix", "epoch", "overhead_s")
                          if k in e), flush=True))
+    hj = str(ROOT / ".venv" / "bin" / "hpc-jabas")
+    if not res["ok"]:               # (a job that died on its node before training wrote no metrics)
+        subprocess.run([hj, "status", str(chain_dir)], check=False)
+        print(stopped_line(res, 400, str(chain_dir)), file=sys.stderr)
+        return 1
     import json
     for ln in (chain_dir / "run" / "metrics.jsonl").read_text().splitlines():
         r = json.loads(ln)
         if r.get("type") == "autoscale" and "reason" in r:
             fe = f", forecast error of the finished epoch {r['forecast_error']:.1%}" if "forecast_error" in r else ""
             print(f"  epoch {r['epoch']} end: {'MOVE' if r.get('move') else 'stay'}: {r['reason']}{fe}")
-    hj = str(ROOT / ".venv" / "bin" / "hpc-jabas")
     subprocess.run([hj, "status", str(chain_dir)], check=False)
     subprocess.run([hj, "report", str(chain_dir / "run")], check=False)
-    if not res["ok"]:
-        print(f"the chain did not finish: {res}", file=sys.stderr)
-        return 1
     return 0
 
 

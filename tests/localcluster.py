@@ -66,6 +66,14 @@ class LocalCluster:
         os.environ.update(SLURM_CONF=str(self.conf), HPC_JABAS_SLURM_DIR=str(self.state),
                           HPC_JABAS_SHARED_TMP=self.env["HPC_JABAS_SHARED_TMP"])
         self.shared.mkdir(mode=0o1777, exist_ok=True)
+        # the /tmp paths the running cluster binds into every node's /tmp (its slurm.conf says which: the checkout
+        # it was brought up from when that lies under /tmp): declared too, so that an environment that names another
+        # SLURM_CONF still accepts them (hpc_jabas/slurm/nodepaths.py reads them from the cluster's slurm.conf)
+        from hpc_jabas.slurm.nodepaths import cluster_shared
+        have = self.env["HPC_JABAS_SHARED_TMP"].split(":")
+        more = [str(p) for p in cluster_shared({"SLURM_CONF": str(self.conf)}) if str(p) not in have]
+        if more:
+            self.env["HPC_JABAS_SHARED_TMP"] = os.environ["HPC_JABAS_SHARED_TMP"] = ":".join([*have, *more])
         return self
 
     def __exit__(self, *exc) -> None:

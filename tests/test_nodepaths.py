@@ -18,15 +18,19 @@ ROOT = Path(__file__).resolve().parents[1]
 HPC_JABAS = str(ROOT / ".venv" / "bin" / "hpc-jabas")
 
 
+NO_CLUSTER = {"SLURM_CONF": "/nonexistent"}          # no local cluster's slurm.conf declares anything here
+
+
 def test_node_local_roots_and_the_shared_declaration(tmp_path):
-    assert node_local_root("/tmp/a/b", {}) == "/tmp" and node_local_root("/tmp", {}) == "/tmp"
-    assert node_local_root("/var/tmp/x", {}) == "/var/tmp" and node_local_root("/dev/shm/x", {}) == "/dev/shm"
-    assert node_local_root("/tmpfoo/x", {}) is None and node_local_root("/home/u/chain", {}) is None
-    assert node_local_root("/var/tmp/x", {ENV: "/scratch:/var/tmp"}) is None
-    assert node_local_root("/var/tmp/x", {ENV: "/var/tmp/y"}) == "/var/tmp"       # a prefix of whole names only
+    assert node_local_root("/tmp/a/b", NO_CLUSTER) == "/tmp" and node_local_root("/tmp", NO_CLUSTER) == "/tmp"
+    assert node_local_root("/var/tmp/x", NO_CLUSTER) == "/var/tmp"
+    assert node_local_root("/dev/shm/x", NO_CLUSTER) == "/dev/shm"
+    assert node_local_root("/tmpfoo/x", NO_CLUSTER) is None and node_local_root("/home/u/chain", NO_CLUSTER) is None
+    assert node_local_root("/var/tmp/x", {**NO_CLUSTER, ENV: "/scratch:/var/tmp"}) is None
+    assert node_local_root("/var/tmp/x", {**NO_CLUSTER, ENV: "/var/tmp/y"}) == "/var/tmp"   # whole names only
     link = tmp_path / "link"                      # a link from elsewhere into /tmp is followed
     link.symlink_to(tmp_path)
-    assert node_local_root(link / "c", {}) == "/tmp"
+    assert node_local_root(link / "c", NO_CLUSTER) == "/tmp"
 
 
 def _job(d: Path, chain: Path) -> Path:
@@ -37,10 +41,18 @@ def _job(d: Path, chain: Path) -> Path:
     return f
 
 
+def declared(*shared: Path) -> str:
+    """HPC_JABAS_SHARED_TMP naming ``shared`` plus this checkout and its python environment, wherever they lie (a
+    clone under /tmp included): the refusals tested are of the test's own paths."""
+    from hpc_jabas.slurm.nodepaths import python_paths
+    return ":".join([*map(str, shared), str(ROOT), *(p for p, _ in python_paths())])
+
+
 def test_submit_refuses_node_local_paths_in_one_line_before_slurm(tmp_path, monkeypatch, capsys):
     from hpc_jabas.cli.main import main
-    monkeypatch.delenv(ENV, raising=False)
     monkeypatch.setenv("SLURM_CONF", "/nonexistent")        # nothing may reach Slurm before the refusal
+    shared = tmp_path / "shared"                             # what this "site" shares: not tmp_path itself
+    monkeypatch.setenv(ENV, declared(shared))
 
     def submit(job: Path) -> str:
         rc = main(["submit", str(job), "--mix", "rtx2060:1", "--no-dry-run"])
@@ -49,12 +61,12 @@ def test_submit_refuses_node_local_paths_in_one_line_before_slurm(tmp_path, monk
         return err[0]
     line = submit(_job(tmp_path, tmp_path / "chain"))
     assert f"chain_dir '{tmp_path / 'chain'}' is under /tmp" in line and f"{ENV}=/tmp" in line, line
-    shared = ROOT / "runs" / f"np-{uuid.uuid4().hex[:8]}"    # not made: the checks make nothing
-    line = submit(_job(tmp_path, shared))
+    chain = shared / f"np-{uuid.uuid4().hex[:8]}"            # not made: the checks make nothing
+    line = submit(_job(tmp_path, chain))
     assert f"task module 'hj_np_task' of task 'hj_np_task:build', at '{tmp_path / 'hj_np_task.py'}' is under /tmp" \
         in line, line
-    assert not shared.exists() and not (tmp_path / "chain").exists()
-    monkeypatch.setenv(ENV, str(tmp_path))                   # the site shares it: the next check speaks (Slurm)
+    assert not chain.exists() and not (tmp_path / "chain").exists()
+    monkeypatch.setenv(ENV, declared(tmp_path))              # the site shares it: the next check speaks (Slurm)
     line = submit(_job(tmp_path, tmp_path / "chain"))
     assert "SLURM_CONF=/nonexistent" in line and "is under" not in line, line
 

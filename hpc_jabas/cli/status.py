@@ -57,16 +57,24 @@ def _current(last: dict | None, cancel: dict | None = None, end: dict | None = N
     if cancel is not None and (st == "submitted" or (sl and is_terminal(sl))):
         return f"cancelled (hpc-jabas cancel): job {last['job_id']} is {sl or st}; no successor"
     bs = last.get("before_start")
-    if bs and sl and is_terminal(sl) and st == "submitted":
+    if bs and sl and is_terminal(sl) and st in ("submitted", "failed"):
         why = ", ".join(x for x in (f"Slurm's reason: {bs['reason']}" if bs.get("reason") not in (None, "None") else "",
                                     f"exit code {bs['exit_code']}" if bs.get("exit_code") else "") if x)
         out = bs.get("output")
         where = ("no output file known" if not out else f"sbatch output: {out}" if bs.get("output_exists")
                  else f"sbatch output: {out} (missing: the job's nodes may not see that directory)")
+        if bs.get("log_line"):
+            where = f"the last line of its log {bs['log']}: {bs['log_line']}"
         return f"stopped: job {last['job_id']} is {sl} in Slurm before it started" + (f" ({why})" if why else "") \
             + f"; {where}"
     if sl and is_terminal(sl) and st in ("submitted", "running"):
         return f"stopped: job {last['job_id']} is {sl} in Slurm without finishing the training"
+    if st == "failed":            # its batch shell recorded the failure (method sbatch's, submitit's teardown)
+        if sl and not is_terminal(sl):
+            return f"failing: job {last['job_id']} failed, {sl} in Slurm: its batch shell may still resubmit it"
+        msg = (end or {}).get("message")
+        return (f"stopped: job {last['job_id']} failed" + (f" ({sl} in Slurm)" if sl else "")
+                + (f": {msg}" if msg else "") + "; no successor")
     if st == "submitted":
         return f"waiting: job {last['job_id']} submitted" + (f", {sl} in Slurm" if sl else "")
     if st == "running":
@@ -116,11 +124,12 @@ def _attempts(r: dict, evs: list[dict], runs: list[dict]) -> None:
     r["wall_s"] = r["elapsed_s"] if r["elapsed_s"] is not None else r["train_s"]
 
 
-def _before_start(r: dict, evs: list[dict]) -> None:
+def _before_start(r: dict, evs: list[dict], chain_dir: Path) -> None:
     """A job that Slurm ended before it wrote its start event (its nodes could not see the chain directory, its
-    interpreter is missing...) wrote no log of ours: the row gets Slurm's reason and exit code (scontrol, while
-    the controller still holds the job) and the path of its sbatch output (``before_start``)."""
-    from hpc_jabas.slurm.watch import is_terminal, job_details, script_output
+    python environment is missing there...) wrote no log of ours: the row gets Slurm's reason and exit code
+    (scontrol, while the controller still holds the job), the path of its sbatch output and, when its ranks wrote a
+    log on the node, that log's path and the line that says why (``before_start``; watch.node_log)."""
+    from hpc_jabas.slurm.watch import is_terminal, job_details, node_log, script_output
     if not is_terminal(r["slurm"]) or r["slurm"] == "COMPLETED":
         return
     sub = next((e for e in reversed(evs) if e["event"] == "submit" and str(e.get("job_id")) == r["job_id"]), None)
@@ -128,6 +137,9 @@ def _before_start(r: dict, evs: list[dict]) -> None:
     out = d.get("StdOut") or (script_output(sub["script"], r["job_id"]) if sub and sub.get("script") else None)
     r["before_start"] = {"reason": d.get("Reason"), "exit_code": d.get("ExitCode"), "output": out,
                          "output_exists": out is not None and Path(out).exists()}
+    nl = node_log(chain_dir, r["job_id"], evs, d)
+    if nl is not None:
+        r["before_start"].update(log=nl["log"], log_line=nl["line"])
 
 
 #: what sacct may still say for a while about a job whose chain has recorded its end (sacct lags)
@@ -155,8 +167,9 @@ def _chain(events: list[dict], ids: list[str], chain_dir: Path, slurm: dict, now
             r["restart_overhead_s"] = rs.get("overhead_s")
         _attempts(r, evs, slurm.get(r["job_id"]) or [])
         _reconcile(r)
-        if r.get("state") == "submitted" and r.get("slurm"):
-            _before_start(r, evs)
+        if r.get("slurm") and (r.get("state") == "submitted" or (r.get("state") == "failed" and not any(
+                e["event"] == "start" and str(e.get("job_id")) == r["job_id"] for e in evs))):
+            _before_start(r, evs, chain_dir)          # it ended before it started training
     last = rows[-1] if rows else None
     from hpc_jabas.slurm.cancel import chain_cancel
     cancel = chain_cancel(events, ids[0]) if ids else None

@@ -81,9 +81,10 @@ def _check_spec(spec) -> None:
 
 
 def _check_node_visible(spec) -> None:
-    """The chain directory and the task's module are not in a node-local directory (/tmp, /var/tmp, /dev/shm,
-    unless HPC_JABAS_SHARED_TMP declares them shared): the nodes could not see them (slurm/nodepaths.py)."""
-    from hpc_jabas.slurm.nodepaths import check_node_visible
+    """The chain directory, the task's module, the job's python environment and its code are not in a node-local
+    directory (/tmp, /var/tmp, /dev/shm, unless HPC_JABAS_SHARED_TMP or the local cluster declares them shared): the
+    nodes could not see them (slurm/nodepaths.py)."""
+    from hpc_jabas.slurm.nodepaths import check_job_environment, check_node_visible
     from hpc_jabas.slurm.sbatch import job_pythonpath
     check_node_visible(spec.chain_dir, "chain_dir")
     mod = spec.task.partition(":")[0]
@@ -98,6 +99,7 @@ def _check_node_visible(spec) -> None:
             sys.path.remove(p)
     if found is not None and found.origin and found.has_location:
         check_node_visible(found.origin, f"task module {mod!r} of task {spec.task!r}, at")
+    check_job_environment(spec)
 
 
 def _trust_group(spec) -> None:
@@ -159,6 +161,35 @@ def _check_mix(spec, view) -> None:
             if cap is not None and cfg.micro_batch > cap:
                 raise ConfigError(f"micro_batch={cfg.micro_batch} does not fit the memory of partition {part!r} "
                                   f"({g}: at most {cap} samples per micro-batch); lower micro_batch or leave it unset")
+
+
+def _autoscale(spec):
+    from hpc_jabas.core.config import AutoscaleConfig
+    return AutoscaleConfig.from_dict((spec.config or {}).get("autoscale"))
+
+
+def _check_autoscale_bounds(spec) -> None:
+    """The starting mix is one the auto-scaler may choose: its GPU count within [autoscale] min_gpus..max_gpus."""
+    from hpc_jabas.core.autoscale import mix_label
+    a = _autoscale(spec)
+    n = sum(int(v) for v in spec.mix.values())
+    if a.enabled and not a.min_gpus <= n <= a.max_gpus:
+        raise ConfigError(f"the starting mix {mix_label(spec.mix)} has {n} GPU(s), outside autoscale.min_gpus="
+                          f"{a.min_gpus}..max_gpus={a.max_gpus}: the auto-scaler could never choose it; start on "
+                          f"{a.min_gpus} to {a.max_gpus} GPUs, or change min_gpus/max_gpus")
+
+
+def _check_autoscale_names(spec, view) -> None:
+    """Every name in [autoscale] allowed is a partition with GPUs of this cluster or the GPU type of one."""
+    a = _autoscale(spec)
+    if not a.enabled or a.allowed is None:
+        return
+    parts = [p for p in view.partitions.values() if p.has_gpus]
+    valid = {p.name for p in parts} | {p.gpu_type for p in parts if p.gpu_type}
+    unknown = [x for x in a.allowed if x not in valid]
+    if unknown:
+        raise ConfigError(f"autoscale.allowed names {', '.join(map(repr, unknown))}: not a partition with GPUs of "
+                          f"this cluster, nor the GPU type of one; valid: {', '.join(sorted(valid)) or 'none'}")
 
 
 def _slurm_fields() -> list[dataclasses.Field]:
@@ -312,6 +343,7 @@ def run(args) -> int:
     _check_spec(spec)
     _check_time_options(spec)
     _check_ranks(spec)
+    _check_autoscale_bounds(spec)
     _check_dirs(spec)
     _check_not_finished(spec)
     _check_node_visible(spec)             # before anything asks Slurm
@@ -319,6 +351,7 @@ def run(args) -> int:
     from hpc_jabas.slurm.components import partition_view
     view = partition_view((spec.config.get("autoscale") or {}).get("partition_types"))
     _check_mix(spec, view)
+    _check_autoscale_names(spec, view)
     _check_task(spec, dry_run=not args.no_dry_run)
     s = submit(spec, view=view)
     print(f"submitted job {s.job_id} on {mix_label(s.mix)} ({s.method}); chain {spec.chain_dir}")
@@ -338,8 +371,14 @@ def run(args) -> int:
 
 
 def stopped_line(res: dict, timeout: float | None, chain_dir: str) -> str:
-    """What --wait says when it ends without a finished chain: a job that ended, or --timeout reached while
-    the job still runs (or waits in the queue)."""
+    """What --wait says when it ends without a finished chain: a job that ended (before it started training: with
+    the last line of its node log and the log's path), or --timeout reached while the job still runs (or waits in
+    the queue)."""
+    if res["state"] != "timeout" and "before_start" in res:     # it died on its node before it started training
+        bs = res["before_start"]
+        why = (f": the last line of its log {bs['log']}: {bs['line']}" if bs.get("line") else
+               f"; it left no log under {Path(chain_dir) / 'jobs'}")
+        return f"hpc-jabas: chain stopped: job {res['job_id']} is {res['state']} before it started training{why}"
     if res["state"] != "timeout":
         return (f"hpc-jabas: chain stopped: job {res['job_id']} is {res['state']} without finishing the training; "
                 f"logs under {Path(chain_dir) / 'jobs'}")

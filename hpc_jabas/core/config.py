@@ -428,7 +428,8 @@ def default_run_dir(cfg: JobConfig, script: str) -> str:
 
 def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(job keys, autoscale table) of a TOML-like dict: tables other than slowdown/autoscale are groups
-    of job keys (their names do not matter); dashes in key names become underscores."""
+    of job keys (their names do not matter); dashes in key names become underscores. A section's name with a
+    value that is no table (``train = 5``, ``[[train]]``) is one ConfigError line."""
     flat: dict[str, Any] = {}
     auto: dict[str, Any] = {}
     for k, v in d.items():
@@ -441,9 +442,21 @@ def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             inner, more = flatten(v)
             flat.update(inner)
             auto.update(more)
+        elif k in SECTIONS:
+            raise ConfigError(_not_a_table(k, v))
         else:
             flat[k] = v
     return flat, auto
+
+
+def _not_a_table(section: str, v: Any) -> str:
+    """The one line for a section name given a value (``train = 5``) or an array of tables (``[[train]]``)."""
+    first = dataclasses.fields(SECTIONS[section])[0].name
+    if isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+        return (f"[[{section}]] is an array of {len(v)} table(s) where one [{section}] table belongs; write its keys "
+                f"under a single [{section}] header (e.g. [{section}] {first} = ...)")
+    return (f"{section}={v!r} must be a table of keys ([{section}] is a section, e.g. [{section}] {first} = ..., or "
+            f"give {first} = ... before any header), not a value of type {type(v).__name__}")
 
 
 # ---- flags and the reference, generated from the fields ----------------------------------------

@@ -68,6 +68,7 @@ from hpc_jabas.slurm.components import (
 )
 from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.slurm.node_entry import NODE_ENTRY
+from hpc_jabas.slurm.nodepaths import check_job_environment
 from hpc_jabas.slurm.sbatch import (
     JOB_ENTRY,
     SRUN_ARGS,
@@ -295,10 +296,14 @@ class Submission:
 
 def submit(spec: JobSpec, *, method: str | None = None, view: Any = None,
            env: Mapping[str, str] | None = None) -> Submission:
-    """Submit ``run_job(spec)`` onto ``spec.mix``; append a ``submit`` event to the chain."""
+    """Submit ``run_job(spec)`` onto ``spec.mix``; append a ``submit`` event to the chain. Refused in one line
+    before Slurm sees it: bad Slurm options, a chain directory another user can write, and (outside a job) a
+    python environment or code that the nodes cannot see (slurm/nodepaths.py ``check_job_environment``)."""
     spec = normalize(spec, method)
     check_extra(spec)                    # account, qos, sbatch_args and the numbers: refused before Slurm sees them
     check_chain_dirs(spec.chain_dir)     # what the job will run is read from there: only this user may write it
+    if not SlurmEnv().job_id:            # its nodes see its python and its code (a job resubmitting itself runs there)
+        check_job_environment(spec, os.environ if env is None else env)
     sub_env = submission_env(env)
     proc.require(("sbatch", "srun"), sub_env)
     pt = (spec.config.get("autoscale") or {}).get("partition_types") if isinstance(spec.config, dict) else None

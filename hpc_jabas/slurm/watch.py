@@ -9,6 +9,7 @@ first component that did not complete; else COMPLETED.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -121,6 +122,74 @@ def script_output(script: str | Path, job_id: str) -> str | None:
     return None
 
 
+#: a line that says why a process ended: a Python exception's (the last of a traceback, "ModuleNotFoundError: No
+#: module named 'numpy'", in a log record too) or hpc-jabas's own error line ("hpc-jabas: error: ...")
+_EXCEPTION_LINE = re.compile(r"^(hpc-jabas\[\d+\] )?[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b"
+                             r"|^hpc-jabas(\[\d+\])?(: error:| ERROR:)")
+#: what Slurm's own commands add to a job's output ("srun: error: gpur1: ...: Exited with exit code 1")
+_SLURM_LINE = re.compile(r"^(srun|sbatch|salloc|slurmstepd(-[\w.-]+)?):")
+_LOG_TAIL_BYTES = 65536
+
+
+def log_line(path: str | Path) -> str | None:
+    """The line of a node log that says why its job ended: the last exception or hpc-jabas error line in it (a
+    traceback's last line), else its last non-empty line that is not Slurm's own, else its last line; None when
+    the file is missing, empty or unreadable (its last 64 KiB are read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - _LOG_TAIL_BYTES))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    if not lines:
+        return None
+    return next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)),
+                next((ln for ln in reversed(lines) if not _SLURM_LINE.match(ln)), lines[-1]))
+
+
+def job_logs(chain_dir: str | Path, job_id: str, events: list[dict] | None = None,
+             details: Mapping[str, str] | None = None) -> list[Path]:
+    """The files a job's ranks wrote on its nodes, most telling first: method submitit's per-rank stderr, then
+    stdout (``<chain_dir>/jobs/submitit/<id>_<rank>_log.{err,out}``), the job script's output (method sbatch:
+    ``#SBATCH --output``, stderr included), then what the controller names (``details``: StdErr, StdOut of
+    :func:`job_details`). Only files that exist."""
+    folder = Path(chain_dir) / "jobs" / "submitit"
+
+    def rank(p: Path) -> int:
+        r = p.name.split("_")[1] if p.name.count("_") >= 2 else ""
+        return int(r) if r.isdigit() else 1 << 30
+    out = [p for ext in ("err", "out") for p in sorted(folder.glob(f"{job_id}_*_log.{ext}"), key=rank)]
+    if events is None:
+        events = chainlog.read(chain_dir)
+    sub = next((e for e in reversed(events) if e.get("event") == "submit" and str(e.get("job_id")) == str(job_id)),
+               None)
+    if sub is not None and sub.get("script") and sub.get("method") == "sbatch":
+        o = script_output(sub["script"], str(job_id))
+        if o:
+            out.append(Path(o))
+    for k in ("StdErr", "StdOut"):
+        named = (details or {}).get(k)
+        if named:
+            out.append(Path(named))
+    return [p for i, p in enumerate(out) if p not in out[:i] and p.is_file()]
+
+
+def node_log(chain_dir: str | Path, job_id: str, events: list[dict] | None = None,
+             details: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """{"log": path, "line": line} of the job's node log that says why it ended (:func:`job_logs`, :func:`log_line`):
+    the first whose telling line is an exception's, else the first with any line; None when none has one."""
+    found: list[tuple[Path, str]] = []
+    for p in job_logs(chain_dir, job_id, events, details):
+        ln = log_line(p)
+        if ln:
+            found.append((p, ln))
+    if not found:
+        return None
+    p, ln = next(((p, ln) for p, ln in found if _EXCEPTION_LINE.match(ln)), found[0])
+    return {"log": str(p), "line": ln}
+
+
 #: chain events that hand the training from one job to the next (a requeue in place has to_job == from_job)
 LINKS = ("move", "requeue", "replan")
 
@@ -214,8 +283,10 @@ def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None,
     """Follow a chain from ``job_id`` through its moves until a job finishes the training or fails.
 
     Returns {"ok": bool, "job_id": last job, "state": "finished" | "cancelled" | Slurm state | "timeout",
-    "jobs": [ids followed]}. ``on_event(e)`` sees every new chain event. ``on_pending(job_id)`` is called
-    while the followed job is PENDING (slurm/replan.py's ``PendingWatch.check``): a new job id returned
+    "jobs": [ids followed]}; a job that Slurm ended before it started training (no ``start`` event: its python
+    environment missing on the node, an import error...) adds ``before_start``: {"log", "line"} of its node log
+    (:func:`node_log`; {} when it left none). ``on_event(e)`` sees every new chain event. ``on_pending(job_id)`` is
+    called while the followed job is PENDING (slurm/replan.py's ``PendingWatch.check``): a new job id returned
     replaces it (it was cancelled and re-planned; the chain has a ``replan`` event).
     """
     t0 = time.time()
@@ -252,7 +323,10 @@ def wait_chain(chain_dir: str | Path, job_id: str, timeout: float | None = None,
         if st in TERMINAL:
             terminal_since = terminal_since or time.time()
             if time.time() - terminal_since > grace_s:   # the end event would be there by now
-                return {"ok": False, "job_id": cur, "state": st, "jobs": jobs}
+                res: dict[str, Any] = {"ok": False, "job_id": cur, "state": st, "jobs": jobs}
+                if not any(e["event"] == "start" and str(e.get("job_id")) == cur for e in ev):
+                    res["before_start"] = node_log(chain_dir, cur, ev, job_details(cur)) or {}
+                return res
         if timeout is not None and time.time() - t0 > timeout:
             return {"ok": False, "job_id": cur, "state": "timeout", "jobs": jobs}
         time.sleep(poll_s)
