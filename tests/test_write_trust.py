@@ -233,11 +233,12 @@ def test_readers_keep_a_record_glued_onto_a_torn_line_and_say_so(tmp_path, capfd
 
 def test_a_full_disk_never_leaves_a_torn_line_of_ours(tmp_path):
     """``ulimit -f`` in a child process: the write that crosses the limit is cut short, then EFBIG; the log is
-    taken back to its last whole line."""
+    taken back to its last whole line, and the error is one line naming the file (a ConfigError: exit 2)."""
     log = tmp_path / "metrics.jsonl"
     code = f"""
 import resource, signal, sys
 from pathlib import Path
+from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.metrics import MetricsWriter
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (5000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
@@ -247,8 +248,8 @@ try:
     while True:
         w.write({{"type": "iteration", "it": n, "pad": "x" * 333}})
         n += 1
-except OSError as e:
-    print(n, e.errno)
+except ConfigError as e:
+    print(n, 27 if "File too large" in str(e) and str({str(log)!r}) in str(e) and "\\n" not in str(e) else -1)
 """
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
