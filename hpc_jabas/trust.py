@@ -29,6 +29,12 @@ or a comment of a job script would start a new shell line).
 
 A refusal is one line (:class:`UntrustedFileError`, a ConfigError: exit 2) naming the file, what is
 wrong and the fix. :func:`private_dir` creates the run and chain directories without world write.
+
+The write side (the end of this module): before the first write, a run or chain directory passes the same rule
+(:func:`check_write_dir`, :func:`check_run_dir`: an existing directory of another user is refused, not used as
+it is), what sits where hpc-jabas writes its own files must not be a link (:func:`check_entry`), and every file
+is opened with O_NOFOLLOW and checked on its descriptor (:func:`open_nofollow`, :func:`open_append_nofollow`,
+:func:`write_atomic_nofollow`): a planted link is refused in one line, never written through.
 """
 from __future__ import annotations
 
