@@ -217,7 +217,7 @@ class DivergenceGuard:
         self._prune()
 
     def _prune(self) -> None:
-        ats = [w for w in (self.watch[0] if self.watch else None, self.after[0] if self.after else None) if w is not None]
+        ats = [w[0] for w in (self.watch, self.after) if w is not None]
         at = min(ats) if ats else None
         before = [x for x in self.losses if at is None or x[0] < at]
         after = [x for x in self.losses if at is not None and x[0] >= at]
