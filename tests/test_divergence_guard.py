@@ -32,7 +32,7 @@ def _drive(g: DivergenceGuard, losses, p: int, start_B: int = 16, grow: int = 8)
     """A policy that asks to grow B (and the lr with it, linearly) at every round of p iterations, the guard in
     front of it. Returns (moves, reverts, the trajectory of (round end, B))."""
     B, lr, it, moves, reverts, traj = start_B, 1.0, 0, 0, [], []
-    for k, x in enumerate(losses):
+    for x in losses:
         g.observe(it, x)
         it += 1
         if it % p:
@@ -254,7 +254,7 @@ def test_bad_parameters_are_one_line_errors():
 N = 2048
 
 
-def _fit(run_dir, lr: float, guard: bool = True):
+def _fit(run_dir, lr: float, guard: bool = True, epochs: int = 4, checkpoint: bool = False):
     """1 rank on the CPU: a small MLP, momentum SGD 0.9, the similarity policy asked to grow at every decision
     (gamma = 0.99, alpha = 0.5) with the linear lr rule: B and the lr x1.5 a period, p = 8."""
     g = torch.Generator().manual_seed(0)
@@ -263,8 +263,8 @@ def _fit(run_dir, lr: float, guard: bool = True):
     parser = hj.ArgumentParser()
     hj.add_arguments(parser)
     argv = ["--policy", "similarity", "--gamma", "0.99", "--alpha", "0.5", "--batch", "16", "--batch-min", "16",
-            "--batch-max", "256", "--lr-rule", "linear", "--p", "8", "--epochs", "4", "--no-checkpoint",
-            "--run-dir", str(run_dir)] + ([] if guard else ["--no-guard"])
+            "--batch-max", "256", "--lr-rule", "linear", "--p", "8", "--epochs", str(epochs),
+            "--run-dir", str(run_dir)] + ([] if guard else ["--no-guard"]) + ([] if checkpoint else ["--no-checkpoint"])
     cfg = hj.config_from_args(parser.parse_args(argv))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -321,3 +321,25 @@ def test_a_normal_adaptive_run_is_left_alone(tmp_path, capfd):
     assert len(judged) >= 5 and not any(j["exceeded"] for j in judged)
     Bs = [r["B"] for r in recs if r["type"] == "iteration"]
     assert max(Bs) >= 128                                         # B grew as asked
+
+
+def test_the_guard_resumes_exactly(tmp_path):
+    """One epoch, a checkpoint, a new job resuming it for three more: the same B, lr scale and loss at every
+    iteration and the same revert as the uninterrupted run (the guard's state and the losses since the last round
+    are in the checkpoint)."""
+    _, straight = _fit(tmp_path / "straight", lr=0.1, checkpoint=True)
+    _fit(tmp_path / "cut", lr=0.1, epochs=1, checkpoint=True)
+    _, cut = _fit(tmp_path / "cut", lr=0.1, checkpoint=True)
+
+    def line(recs):
+        its = {r["it"]: (r["B"], r["lr_scale"], r["loss"]) for r in recs if r["type"] == "iteration"}
+        return [its[i] for i in sorted(its)]
+    guards = [[{k: v for k, v in r.items() if k != "it"} for r in recs if r["type"] == "guard"]
+              for recs in (straight, cut)]
+    assert guards[0] and guards[0] == guards[1]
+    first_job = max(r["it"] for r in cut if r["type"] == "epoch_end" and r["epoch"] == 0)
+    assert first_job < guards[0][0]["moved_at"]              # the move and its verdict come after the resume
+    assert line(straight) == line(cut)
+    verdicts = [[(r["at_iteration"], r["stats"].get("guard")) for r in recs if r["type"] == "decision"]
+                for recs in (straight, cut)]
+    assert verdicts[0] == verdicts[1]                        # each verdict on the same windows of losses

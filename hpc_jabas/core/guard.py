@@ -1,27 +1,28 @@
 """The divergence guard on adaptive moves: a move that raises B (and with it the lr) is judged on the training loss
 after it, and undone when that loss rose beyond its noise band. Pure: plain Python, no torch, no clock.
 
-What it reads: the loss of every iteration of the whole batch (what metrics.jsonl records as ``loss``: the sum of
+What it reads: the loss of every iteration over the whole batch (what metrics.jsonl records as ``loss``: the sum of
 every rank's loss over the batch's samples), fed in iteration order (``observe``). Those numbers are the same on
 any GPU mix, and so is everything decided from them (allocation invariance); nothing here reads a time.
 
 The rule (docs/formulas.md, section 8). A move up is a decision that raises B or the lr scale; it is watched from
 the iteration it takes effect at. At the next decision round (``check``) the losses of the iterations run since
 (the post window, n1 >= 1 of them, mean m1) are compared with the ``window`` iterations before it (the pre
-window, n0 >= ``MIN_PRE``, mean m0, sample standard deviation s0):
+window, n0 >= ``MIN_PRE``, mean m0, s0 the spread about its straight-line trend):
 
     revert  when  m1 - m0 > max(sigma * s0 * sqrt(1/n0 + 1/n1),  rise * |m0|)
 
 or when a loss after the move is not finite. The first term is the noise band: under "nothing changed" the
 difference of the two means has standard deviation s * sqrt(1/n0 + 1/n1), and s is estimated from the pre window
 alone (a diverging post window's own spread would widen the band it is judged by). The second asks for a rise that
-matters besides one that is real: with long windows and a quiet loss a harmless few-percent rise is significant.
-Both must hold. A move whose pre window holds fewer than ``MIN_PRE`` losses (the first iterations of a run or of a
-resumed job) is accepted unjudged. A revert goes back to the B and lr scale in force before the move (the last
-good state) and starts a cool-down: until ``cooldown`` x 2^(r - 1) iterations later (r: the reverts so far), no
-decision may raise B above that B, nor the lr scale above that scale, so the policy does not walk straight back
-into the B that broke training; a second revert waits twice as long. While a move up is not judged yet (it takes
-effect later than the next round, with a DataLoader's lookahead), no further move up is allowed either.
+matters besides one that is real. Both must hold. A move whose pre window holds fewer than ``MIN_PRE`` losses is
+accepted unjudged. A rise within the band but past ``SUSPECT`` of it keeps the pre-move level as the reference the
+next moves answer to (a creep of small rises is judged as a whole), and the good state a revert returns to stays the
+one before it. A revert goes back to the last good state (B and lr scale) and starts a cool-down: until
+``cooldown`` x 2^(r - 1) iterations later (r: the reverts so far), no decision may raise B above that B, nor the lr
+scale above that scale. When the loss after a revert is still above the band and no lower than where it had risen
+to, the guard goes one good state further back. While a move up (or a revert) is not judged yet, no further move up
+is allowed.
 
 The weights are not rolled back: the guard restores the step size, not the parameters a diverging stretch left.
 """

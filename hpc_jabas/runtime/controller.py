@@ -515,7 +515,14 @@ class AdaptiveController(BaseController):
                 "measured": [self._since, self._fed],
                 "predictors": self.predictors.state_dict() if self.predictors is not None else None,
                 "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None,
-                "guard": self.guard.state_dict() if self.guard is not None else None}
+                "guard": self.guard.state_dict() if self.guard is not None else None,
+                "guard_pending": [list(r) for r in self._losses] if self._one_rank() else None}
+
+    def _one_rank(self) -> bool:
+        """One rank: its pending losses are the whole batch's, so a checkpoint can hold them (with more ranks each
+        holds its own part until the next round, and rank 0 alone writes the checkpoint)."""
+        tr = getattr(self, "trainer", None)
+        return self.guard is not None and tr is not None and int(tr.world) == 1
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.policy.load_state_dict(d["policy"])
@@ -525,6 +532,9 @@ class AdaptiveController(BaseController):
         self._since, self._fed = (int(x) for x in d.get("measured", (0, 0)))
         if self.guard is not None and d.get("guard"):
             self.guard.load_state_dict(d["guard"])
+            pend = d.get("guard_pending")
+            self._losses = [(int(r[0]), float(r[1]), float(r[2])) for r in pend] \
+                if pend is not None and self._one_rank() else []
         wd = d.get("wd") or [None, None]
         self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
         if self.balance and d.get("predictors") and self.predictors is not None and self.rebalancer is not None \
