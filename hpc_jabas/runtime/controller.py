@@ -205,7 +205,7 @@ class AdaptiveController(BaseController):
         # the whole batch's loss of each, what metrics.jsonl records as ``loss``
         from hpc_jabas.core.guard import DivergenceGuard
         self.guard = DivergenceGuard(cfg.guard_sigma, cfg.guard_rise) if cfg.guard and self.moves else None
-        self._losses: list[tuple[int, float, float]] = []
+        self._losses: list[tuple[int, float, float, bool]] = []     # (it, samples, loss sum, step skipped)
 
     def attach(self, trainer: TrainerView) -> None:
         super().attach(trainer)
@@ -350,14 +350,16 @@ class AdaptiveController(BaseController):
             return
         sums = comm.allreduce_sum(torch.tensor([r[2] for r in rows], dtype=torch.float64), name="hj.guard.loss")
         if trainer.rank == 0 and self.guard is not None:
-            for (it, n, _), s in zip(rows, sums.tolist()):
-                self.guard.observe(it, s / n if n > 0 else float("nan"))
+            for (it, n, _, skipped), s in zip(rows, sums.tolist()):
+                if not skipped:                  # an fp16 step the scaler skipped (inf/nan) trained nothing
+                    self.guard.observe(it, s / n if n > 0 else float("nan"))
 
     def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
         if self.balance:
             self._window.append(rec)
         if self.guard is not None:
-            self._losses.append((int(rec["it"]), float(rec.get("samples", 0)), float(rec.get("loss_sum", 0.0))))
+            self._losses.append((int(rec["it"]), float(rec.get("samples", 0)), float(rec.get("loss_sum", 0.0)),
+                                 bool(rec.get("skipped", False))))
         done = trainer.iteration
         if self.policy_name == "noise-scale" and trainer.rank == 0:
             self._since += int(rec.get("samples", 0))
@@ -533,7 +535,7 @@ class AdaptiveController(BaseController):
         if self.guard is not None and d.get("guard"):
             self.guard.load_state_dict(d["guard"])
             pend = d.get("guard_pending")
-            self._losses = [(int(r[0]), float(r[1]), float(r[2])) for r in pend] \
+            self._losses = [(int(r[0]), float(r[1]), float(r[2]), bool(r[3])) for r in pend] \
                 if pend is not None and self._one_rank() else []
         wd = d.get("wd") or [None, None]
         self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
