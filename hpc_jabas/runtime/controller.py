@@ -419,10 +419,10 @@ class AdaptiveController(BaseController):
         statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr -> the
         guard's consent (a move up during its cool-down, or before the last one is judged, keeps B)."""
         g = self.guard
-        rv = g.check(trainer.iteration, announce_at(trainer)) if g is not None else None
-        d = self._decide_policy(trainer, rec)
+        d = self._decide_policy(trainer, rec)        # first: should it raise, the guard's state is left as it was
         if g is None:
             return d
+        rv = g.check(trainer.iteration, d.at_iteration)
         B_now, plan_now, lr_now = announced(trainer)
         if rv is not None:
             return self._revert(trainer, rv, d)
