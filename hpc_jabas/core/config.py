@@ -33,6 +33,9 @@ from hpc_jabas.core.defaults import (
     BALANCE_MODES,
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
+    DEFAULT_GUARD_COOLDOWN,
+    DEFAULT_GUARD_RISE,
+    DEFAULT_GUARD_SIGMA,
     DEFAULT_MARGIN,
     DEFAULT_RAMP_AT,
     DEFAULT_RAMP_FACTOR,
@@ -172,6 +175,17 @@ class AdaptiveConfig(Section):
     ramp_factor: float = key(DEFAULT_RAMP_FACTOR, "ramp policy: the factor B is multiplied by at each ramp_at",
                              lo=0.0, lo_open=True)
     wd_rule: str = key("none", "weight decay vs B: none, or linear (weight decay x B / batch_ref)", choices=WD_RULES)
+    guard: bool = key(True, "divergence guard on adaptive moves: a move that raises B or the lr is undone when the "
+                            "mean loss after it rises beyond its noise band (guard_sigma, guard_rise), then no "
+                            "move above the restored B for guard_cooldown decision periods")
+    guard_sigma: float = key(DEFAULT_GUARD_SIGMA, "divergence guard: the rise that reverts, in standard errors of the "
+                                                  "difference of the loss means after and before a move", lo=0.0,
+                             lo_open=True)
+    guard_rise: float = key(DEFAULT_GUARD_RISE, "divergence guard: the rise that reverts must also exceed this "
+                                                "fraction of the mean loss before the move", lo=0.0)
+    guard_cooldown: int = key(DEFAULT_GUARD_COOLDOWN, "divergence guard: decision periods without a move above the "
+                                                      "restored B after a revert (doubling with each further "
+                                                      "revert)", lo=0)
 
 
 @dataclass

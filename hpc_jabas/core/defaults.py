@@ -46,6 +46,12 @@ WD_RULES = ("none", "linear")
 #: the ramp policy multiplies the initial B by DEFAULT_RAMP_FACTOR at each of these fractions of the run
 DEFAULT_RAMP_AT = (0.25, 0.5, 0.75)
 DEFAULT_RAMP_FACTOR = 2.0
+#: the divergence guard on adaptive moves (core/guard.py, docs/formulas.md section 8): a move up is undone when the
+#: mean loss after it exceeds the mean before it by GUARD_SIGMA standard errors and by GUARD_RISE of it; then no
+#: move above the restored B for GUARD_COOLDOWN decision periods (doubling with each further revert)
+DEFAULT_GUARD_SIGMA = 5.0
+DEFAULT_GUARD_RISE = 0.1
+DEFAULT_GUARD_COOLDOWN = 10
 
 
 def canonical_policy(name: str) -> str:

@@ -24,6 +24,7 @@ from hpc_jabas.runtime.telemetry import HostTelemetry
 if TYPE_CHECKING:
     from hpc_jabas.core.balancing import RankPredictors, Rebalancer
     from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.guard import Revert
     from hpc_jabas.core.planning import BatchSpace
 
 
@@ -199,6 +200,12 @@ class AdaptiveController(BaseController):
         self._window: list[dict[str, Any]] = []
         self._telemetry: HostTelemetry | None = None
         self.planner: Planner | None = None       # the trainer's (attach)
+        # the divergence guard on moves up (core/guard.py): every rank keeps its part of each iteration's loss
+        # (iteration, samples, loss sum) until the next decision round, where one small allreduce gives rank 0
+        # the whole batch's loss of each, what metrics.jsonl records as ``loss``
+        from hpc_jabas.core.guard import DivergenceGuard
+        self.guard = DivergenceGuard(cfg.guard_sigma, cfg.guard_rise) if cfg.guard and self.moves else None
+        self._losses: list[tuple[int, float, float, bool]] = []     # (it, samples, loss sum, step skipped)
 
     def attach(self, trainer: TrainerView) -> None:
         super().attach(trainer)
@@ -223,6 +230,9 @@ class AdaptiveController(BaseController):
         if self.space is None and self.policy_name != "fixed":
             # the B the trainer's planner realises on this mix, timed by the job's perf model
             self.space = self.planner.batch_space(cfg.B_min, cfg.B_max)
+        if self.guard is not None:
+            from hpc_jabas.core.guard import guard_window
+            self.guard.configure(guard_window(self.p), cfg.guard_cooldown * self.p)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
@@ -329,9 +339,27 @@ class AdaptiveController(BaseController):
         exo = self._telemetry.sample(trainer.device) if self._telemetry is not None else {}
         return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": exo}
 
+    def _gather_losses(self, trainer: TrainerView) -> None:
+        """Collective (every rank, on policy rounds): the whole batch's loss of every iteration since the last
+        round, as metrics.jsonl records it (the ranks' loss sums over the batch's samples), into the guard."""
+        import torch
+
+        from hpc_jabas.runtime import comm
+        rows, self._losses = self._losses, []
+        if not rows:
+            return
+        sums = comm.allreduce_sum(torch.tensor([r[2] for r in rows], dtype=torch.float64), name="hj.guard.loss")
+        if trainer.rank == 0 and self.guard is not None:
+            for (it, n, _, skipped), s in zip(rows, sums.tolist()):
+                if not skipped:                  # an fp16 step the scaler skipped (inf/nan) trained nothing
+                    self.guard.observe(it, s / n if n > 0 else float("nan"))
+
     def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
         if self.balance:
             self._window.append(rec)
+        if self.guard is not None:
+            self._losses.append((int(rec["it"]), float(rec.get("samples", 0)), float(rec.get("loss_sum", 0.0)),
+                                 bool(rec.get("skipped", False))))
         done = trainer.iteration
         if self.policy_name == "noise-scale" and trainer.rank == 0:
             self._since += int(rec.get("samples", 0))
@@ -350,6 +378,8 @@ class AdaptiveController(BaseController):
         bal = self.balance and done % self.cfg.p_balance == 0
         pol = self._policy_round(done)
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
+        if pol and self.guard is not None:
+            self._gather_losses(trainer)
         return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
     def _decide_round(self, trainer: TrainerView, rec: dict[str, Any], pol: bool,
@@ -385,6 +415,46 @@ class AdaptiveController(BaseController):
         return self.decide(trainer, rec)
 
     def decide(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision:
+        """Rank 0: the divergence guard's verdict on the last move up (a revert is the decision), else
+        statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr -> the
+        guard's consent (a move up during its cool-down, or before the last one is judged, keeps B)."""
+        g = self.guard
+        d = self._decide_policy(trainer, rec)        # first: should it raise, the guard's state is left as it was
+        if g is None:
+            return d
+        rv = g.check(trainer.iteration, d.at_iteration)
+        B_now, plan_now, lr_now = announced(trainer)
+        if rv is not None:
+            return self._revert(trainer, rv, d)
+        why = g.allow(trainer.iteration, B_now, lr_now, d.B, d.lr_scale)
+        if why is not None:
+            stats = {**d.stats, "guard_blocked": {"B": d.B, "lr_scale": d.lr_scale}}
+            d = Decision(d.at_iteration, B_now, plan_now, lr_now, reason=f"{d.reason}; {why}", stats=stats)
+        if g.last is not None:
+            d.stats["guard"] = g.last.to_dict()          # the verdict on the last move up: accepted
+        g.moved(d.at_iteration, B_now, lr_now, d.B, d.lr_scale)
+        return d
+
+    def _revert(self, trainer: TrainerView, rv: Revert, d: Decision) -> Decision:
+        """The guard undid the last move up: back to its B and lr scale, said in one line and one record. The
+        policy has decided (its statistics taken, as without the guard), its wish is dropped."""
+        from hpc_jabas.log import get_logger
+        B = rv.B
+        if self.space is not None and not self.space.is_realisable(B):      # a resumed job on another mix
+            from hpc_jabas.core.planning import snap_nearest
+            B = snap_nearest(self.space, B)
+        plan = trainer.planner.plan(B, list(self.factors) if self.factors else None)
+        get_logger(__name__).warning("%s", rv.line(d.at_iteration))
+        rec = {"type": "guard", "it": trainer.iteration, "at_iteration": d.at_iteration, **rv.to_dict(),
+               "B": plan.B, "policy_wished": d.B}
+        trainer.metrics.write(rec)
+        stats = {**d.stats, "guard": rv.to_dict(), "B_before": announced(trainer)[0]}
+        return Decision(d.at_iteration, plan.B, plan, float(rv.lr_scale),
+                        reason=f"divergence guard: revert to B={plan.B} (the loss rose from {rv.band.pre_mean:.4g} "
+                               f"to {rv.band.post_mean:.4g} at B={rv.B_bad}); the policy wished B={d.B}",
+                        stats=stats)
+
+    def _decide_policy(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision:
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
         from hpc_jabas.core.policy import PolicyState
         st = rec.get("stats")
@@ -446,7 +516,15 @@ class AdaptiveController(BaseController):
                 "factors": self.factors, "wd": [self._wd_base, self._wd_set],
                 "measured": [self._since, self._fed],
                 "predictors": self.predictors.state_dict() if self.predictors is not None else None,
-                "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None}
+                "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None,
+                "guard": self.guard.state_dict() if self.guard is not None else None,
+                "guard_pending": [list(r) for r in self._losses] if self._one_rank() else None}
+
+    def _one_rank(self) -> bool:
+        """One rank: its pending losses are the whole batch's, so a checkpoint can hold them (with more ranks each
+        holds its own part until the next round, and rank 0 alone writes the checkpoint)."""
+        tr = getattr(self, "trainer", None)
+        return self.guard is not None and tr is not None and int(tr.world) == 1
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.policy.load_state_dict(d["policy"])
@@ -454,6 +532,11 @@ class AdaptiveController(BaseController):
         self.noise.load_state_dict(d["noise"])
         self.trajectory = [tuple(x) for x in d["trajectory"]]
         self._since, self._fed = (int(x) for x in d.get("measured", (0, 0)))
+        if self.guard is not None and d.get("guard"):
+            self.guard.load_state_dict(d["guard"])
+            pend = d.get("guard_pending")
+            self._losses = [(int(r[0]), float(r[1]), float(r[2]), bool(r[3])) for r in pend] \
+                if pend is not None and self._one_rank() else []
         wd = d.get("wd") or [None, None]
         self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
         if self.balance and d.get("predictors") and self.predictors is not None and self.rebalancer is not None \
