@@ -125,16 +125,22 @@ def run_job(spec: JobSpec | dict) -> dict | None:
         raise
 
 
-def _run_job(spec: JobSpec) -> dict | None:
+def _trust_and_path(spec: JobSpec) -> None:
+    """On the node, before anything of the job is imported: the job's group trust, its code checked again
+    (``check_code``), its ``pythonpath`` put in front."""
     from hpc_jabas.core.config import flatten
     from hpc_jabas.trust import set_trust_group
     if flatten(spec.config or {})[0].get("trust_group") is True:   # the spec was checked before it was read
         set_trust_group(True)
-    check_code(spec)                   # on the node again: before anything of the job is imported
+    check_code(spec)
     for p in spec.pythonpath:
         if p not in sys.path:
             sys.path.insert(0, p)
-    from hpc_jabas.core.config import JobConfig
+
+
+def _run_job(spec: JobSpec) -> dict | None:
+    _trust_and_path(spec)
+    from hpc_jabas.core.config import JobConfig, flatten
     from hpc_jabas.runtime import comm
     from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
     from hpc_jabas.runtime.safepoint import stop_signals
