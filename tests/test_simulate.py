@@ -17,7 +17,6 @@ from hpc_jabas.cli.main import main
 from hpc_jabas.core import (
     autoscale,
     forecast,
-    grouptimes,
     mixbound,
     mixsearch,
     perfmodel,
@@ -26,7 +25,7 @@ from hpc_jabas.core import (
     simulate,
     stats,
 )
-from hpc_jabas.core.planning import proportional_plan
+from hpc_jabas.core.planning import grouptimes, proportional_plan
 from hpc_jabas.core.simconfig import (
     NoiseCurve,
     QueueModel,

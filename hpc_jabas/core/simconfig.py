@@ -64,9 +64,12 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import gpus as catalog
+from hpc_jabas.core import textfile
 from hpc_jabas.core.config import AdaptiveConfig, AutoscaleConfig, PlanningConfig, TrainConfig
 from hpc_jabas.core.policy import DEFAULT_GOODPUT_WARMUP, default_batch_range
 from hpc_jabas.core.schema import Section, key, like, read_table
+from hpc_jabas.core.stats import noise_scale_terms
+from hpc_jabas.core.textfile import read_text
 from hpc_jabas.errors import ConfigError
 
 CURVES = ("mccandlish", "merrill", "trace")
@@ -75,8 +78,7 @@ STOPS = ("progress", "samples")
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    from hpc_jabas.core.textfile import read_toml as read
-    return read(path, what, "a TOML file")
+    return textfile.read_toml(path, what, "a TOML file")
 
 
 # ---------------------------------------------------------------- the queue
@@ -208,7 +210,6 @@ def _read_trace(path: Path, parts: Mapping[str, Partition]) -> dict[str, tuple[l
     if not path.is_file():
         raise ConfigError(f"queue trace {str(path)!r} does not exist; give a CSV of time_s,partition,wait_s rows")
     rows: dict[str, list[tuple[float, float]]] = {}
-    from hpc_jabas.core.textfile import read_text
     text = read_text(path, "queue trace", "a CSV of time_s,partition,wait_s rows")
     for i, row in enumerate(csv.reader(text.splitlines()), 1):
         if not row or row[0].strip().startswith("#") or row[0].strip() == "time_s":
@@ -348,8 +349,6 @@ def read_noise_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
 def read_iteration_measurements(path: Path) -> tuple[tuple[float, float, float], ...]:
     """(u after the iteration, |G|^2, tr(Sigma)) of every iteration record of a run's metrics.jsonl that measured
     both (stats.noise_scale_terms of its norms), u in the run's samples as ``read_stats_trace`` places them."""
-    from hpc_jabas.core.stats import noise_scale_terms
-    from hpc_jabas.core.textfile import read_text
     per_it: dict[int, tuple[int, dict[str, Any] | None]] = {}
     for line in read_text(path, "gradstats trace", "a run's metrics.jsonl").splitlines():
         try:
@@ -390,7 +389,6 @@ def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
         raise ConfigError(f"gradstats trace {str(path)!r} does not exist; give a run's metrics.jsonl")
     pts: list[tuple[int, float, tuple[float | None, float | None, float | None, bool]]] = []
     per_it: dict[int, int] = {}
-    from hpc_jabas.core.textfile import read_text
     for line in read_text(path, "gradstats trace", "a run's metrics.jsonl").splitlines():
         try:
             r = json.loads(line)

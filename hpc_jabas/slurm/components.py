@@ -22,7 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.config import SlurmJobConfig, flatten
 from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.schema import convert
 from hpc_jabas.core.validate import integer, passes
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.cluster import ClusterView, read_cluster
@@ -131,8 +133,6 @@ class SlurmOptions:
     def of(cls, spec: JobSpec) -> SlurmOptions:
         """From ``spec.slurm`` (the submit command's flags, ``JobSpec(slurm=...)``) first, then the job's config
         (any table), then the defaults. A bad value is one ConfigError line naming the key and the value."""
-        from hpc_jabas.core.config import SlurmJobConfig, flatten
-        from hpc_jabas.core.schema import convert
         flat, _ = flatten(spec.config or {})
         out: dict[str, Any] = {}
         defaults = SlurmJobConfig()

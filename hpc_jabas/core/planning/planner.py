@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from hpc_jabas.core import gpus as catalog
 from hpc_jabas.core.perfmodel import PerfModel, declared_speed_factors
+from hpc_jabas.core.planning.grouptimes import group_space
 from hpc_jabas.core.planning.identical import plan_batch
 from hpc_jabas.core.planning.plan import Plan, proportional_plan, proportional_samples_plan
 from hpc_jabas.core.planning.space import BatchSpace, optimal_space, planner_space
@@ -156,7 +157,7 @@ class Planner(Protocol):
 
     def pricing_space(self, B_min: int, B_max: int) -> BatchSpace:
         """The batch space the auto-scaler and the simulator price a mix with (identical b, no declared
-        factors): ``optimal``'s rank-group times (grouptimes.group_space, no per-rank plans of thousands
+        factors): ``optimal``'s rank-group times (grouptimes.py's group_space, no per-rank plans of thousands
         of ranks), else ``batch_space``."""
         ...
 
@@ -339,7 +340,6 @@ class OptimalPlanner(_JobPlanner):
         return self.spec.candidates(self.gpus, self.model())
 
     def pricing_space(self, B_min: int, B_max: int) -> BatchSpace:
-        from hpc_jabas.core.grouptimes import group_space
         return group_space(self.gpus, self.model(), B_min, B_max, self.cands)
 
     def _plan(self, B: int, factors: list[float] | None) -> Plan:
