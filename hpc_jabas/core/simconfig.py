@@ -52,7 +52,6 @@ B / (B + 2 B_noise); both times a lognormal measurement noise of ``noise`` (sigm
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
 from bisect import bisect_right
@@ -434,51 +433,39 @@ def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
     return us, tuple(b for _, b, _ in pts), tuple(m for _, _, m in pts)
 
 
+#: each curve's own keys in ``[gradstats]`` (besides ``curve`` and ``noise``, which every curve has)
+CURVE_KEYS: dict[str, tuple[str, ...]] = {"mccandlish": ("b_start", "b_end", "tau"),
+                                          "merrill": ("b_min", "b_plateau", "u_rise"), "trace": ("path",)}
+
+
 @dataclass
-class McCandlishKeys(Section):
-    """``[gradstats] curve = "mccandlish"``."""
+class CurveKeys(Section):
+    """``[gradstats]``: the curve, its measurement noise and every curve's own keys (``CURVE_KEYS`` says
+    which are whose; a key of another curve is refused by :func:`noise_curve`)."""
     curve: str = key("mccandlish", "the curve", choices=CURVES)
     noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
-    b_start: float = key(256.0, "B_noise at the start", lo=0.0, lo_open=True)
-    b_end: float = key(8192.0, "B_noise towards the end", lo=0.0, lo_open=True)
-    tau: float = key(0.3, "progress scale of the loss's fall", lo=0.0, lo_open=True)
-
-
-@dataclass
-class MerrillKeys(Section):
-    """``[gradstats] curve = "merrill"``."""
-    curve: str = key("merrill", "the curve", choices=CURVES)
-    noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
-    b_min: float = key(64.0, "critical batch at the start", lo=0.0, lo_open=True)
-    b_plateau: float = key(4096.0, "critical batch's plateau", lo=0.0, lo_open=True)
-    u_rise: float = key(0.15, "progress scale of the rise", lo=0.0, lo_open=True)
-
-
-@dataclass
-class TraceKeys(Section):
-    """``[gradstats] curve = "trace"``."""
-    curve: str = key("trace", "the curve", choices=CURVES)
-    noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
-    path: str = key("", "a recorded run's metrics.jsonl")
-
-
-_CURVE_KEYS: dict[str, type[McCandlishKeys] | type[MerrillKeys] | type[TraceKeys]] = {
-    "mccandlish": McCandlishKeys, "merrill": MerrillKeys, "trace": TraceKeys}
+    b_start: float = key(256.0, "mccandlish: B_noise at the start", lo=0.0, lo_open=True)
+    b_end: float = key(8192.0, "mccandlish: B_noise towards the end", lo=0.0, lo_open=True)
+    tau: float = key(0.3, "mccandlish: progress scale of the loss's fall", lo=0.0, lo_open=True)
+    b_min: float = key(64.0, "merrill: critical batch at the start", lo=0.0, lo_open=True)
+    b_plateau: float = key(4096.0, "merrill: critical batch's plateau", lo=0.0, lo_open=True)
+    u_rise: float = key(0.15, "merrill: progress scale of the rise", lo=0.0, lo_open=True)
+    path: str = key("", "trace: a recorded run's metrics.jsonl")
 
 
 def noise_curve(d: Any, where: str, base: Path | None = None) -> NoiseCurve:
-    d = d or {}
-    kind = read_table(McCandlishKeys, {"curve": d.get("curve", "mccandlish")}, where).curve if isinstance(d, Mapping) \
-        else "mccandlish"
-    k = read_table(_CURVE_KEYS[kind], d, where)
-    params = {f.name: float(getattr(k, f.name)) for f in dataclasses.fields(k) if f.name not in ("curve", "noise",
-                                                                                                  "path")}
-    if isinstance(k, TraceKeys):
+    k = read_table(CurveKeys, d, where)
+    own = CURVE_KEYS[k.curve]
+    alien = sorted(str(n) for n in (d or {}) if n not in ("curve", "noise", *own))
+    if alien:
+        raise ConfigError(f"{where}: {', '.join(alien)} is no key of curve {k.curve!r}; its keys: curve, noise, "
+                          f"{', '.join(own)}")
+    if k.curve == "trace":
         tp = Path(k.path)
         path = tp if tp.is_absolute() or base is None else base / tp
         us, bs, measured = read_stats_trace(path)
-        return NoiseCurve(kind, params, k.noise, (us, bs), measured, read_iteration_measurements(path))
-    return NoiseCurve(kind, params, k.noise, None)
+        return NoiseCurve(k.curve, {}, k.noise, (us, bs), measured, read_iteration_measurements(path))
+    return NoiseCurve(k.curve, {n: float(getattr(k, n)) for n in own}, k.noise, None)
 
 
 # ---------------------------------------------------------------- the job
