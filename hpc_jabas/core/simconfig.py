@@ -236,21 +236,18 @@ class Cluster:
     restart_s: float
     queue: QueueModel
 
-    @property
-    def types(self) -> dict[str, str]:
-        return {p: q.gpu for p, q in sorted(self.partitions.items())}
+    #: partition -> its GPU type, GPU count, rate per GPU-hour and GPUs per node, in partition-name order
+    types: dict[str, str] = field(init=False)
+    capacity: dict[str, int] = field(init=False)
+    rates: dict[str, float] = field(init=False)
+    units: dict[str, int] = field(init=False)
 
-    @property
-    def capacity(self) -> dict[str, int]:
-        return {p: q.size for p, q in sorted(self.partitions.items())}
-
-    @property
-    def rates(self) -> dict[str, float]:
-        return {p: q.rate for p, q in sorted(self.partitions.items())}
-
-    @property
-    def units(self) -> dict[str, int]:
-        return {p: q.gpus_per_node for p, q in sorted(self.partitions.items())}
+    def __post_init__(self) -> None:
+        ps = sorted(self.partitions.items())
+        self.types = {p: q.gpu for p, q in ps}
+        self.capacity = {p: q.size for p, q in ps}
+        self.rates = {p: q.rate for p, q in ps}
+        self.units = {p: q.gpus_per_node for p, q in ps}
 
 
 def cluster_from_dict(d: Mapping[str, Any], where: str = "cluster", base: Path | None = None) -> Cluster:
