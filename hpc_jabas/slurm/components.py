@@ -2,7 +2,7 @@
 
 A mix of one partition is a plain Slurm job; a mix of several is ONE heterogeneous job, component
 k holding the k-th partition in sorted order (the rank order ``hpc_jabas.runtime.lifecycle.expand_mix``
-assumes), started with ``srun --het-group=0,..,k`` so that one MPI/Horovod world spans them.
+assumes), started with ``srun --het-group=0,..,k`` so that one world of ranks spans them.
 
 Per component: ``--partition``, ``--ntasks`` = GPUs (one rank per GPU), the partition's typed GPUs
 (``--gres=gpu:<type>:<n>`` on one node; ``--nodes=N --gpus-per-task=<type>:1`` when the count needs
