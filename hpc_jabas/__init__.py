@@ -1,4 +1,5 @@
-"""hpc-jabas: adaptive batching and weighted heterogeneous data parallelism on Horovod + Slurm.
+"""hpc-jabas: adaptive batching and weighted data parallelism for PyTorch on mixed GPU kinds and Slurm, over
+torch.distributed (what DDP runs on) or Horovod.
 
 Everything a user needs is here: ``import hpc_jabas`` and nothing deeper (docs/layout.md). Importing the
 package is cheap: no torch, Horovod or submitit; the names that need them load on first use.
@@ -48,7 +49,7 @@ _LAZY = {
     "DistributedEval": "hpc_jabas.runtime.evaluate",
     "HeterogeneousOptimizer": "hpc_jabas.runtime.optim",
     "HeterogeneousSampler": "hpc_jabas.core.sampler",
-    "Callback": "hpc_jabas.runtime.hooks",          # the trainer's extension points (no Horovod)
+    "Callback": "hpc_jabas.runtime.hooks",          # the trainer's extension points (no backend import)
     "Controller": "hpc_jabas.runtime.hooks",
     "EpochEndHook": "hpc_jabas.runtime.hooks",
     "Decision": "hpc_jabas.core.decision",

@@ -78,12 +78,12 @@ def get_logger(name: str) -> logging.Logger:
 
 
 def current_rank() -> int:
-    """This process's rank as last set by :func:`set_rank` (0 before Horovod starts)."""
+    """This process's rank as last set by :func:`set_rank` (0 before the communication backend starts)."""
     return int(_state["rank"])
 
 
 def set_rank(rank: int) -> None:
-    """Called once Horovod knows this process's rank."""
+    """Called once the communication backend (runtime/comm.py) knows this process's rank."""
     _state["rank"] = int(rank)
 
 

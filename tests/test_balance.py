@@ -191,6 +191,27 @@ def test_state_round_trip():
         q.load_state_dict({"kind": "rebalancer", "version": 1})
 
 
+def test_both_balancing_parts_restore_through_one_state_check():
+    """A malformed state is one StateError line naming the part and what makes a good one; a state for another
+    rank count says so as it is (not wrapped as "malformed"); the part is unchanged after either."""
+    rp = RankPredictors(3, kind="last")
+    good = rp.state_dict()
+    two = RankPredictors(2, kind="last").state_dict()
+    two["n_ranks"] = 3
+    with pytest.raises(StateError) as e:
+        rp.load_state_dict(two)
+    assert str(e.value) == "rank predictor state has 2 ranks, expected 3"
+    with pytest.raises(StateError) as e:
+        rp.load_state_dict({k: v for k, v in good.items() if k != "n_scored"})
+    assert str(e.value) == ("rank predictor state is malformed (KeyError: 'n_scored'); give a dict made by "
+                            "RankPredictors.state_dict()")
+    assert rp.state_dict() == good
+    with pytest.raises(StateError) as e:
+        Rebalancer().load_state_dict({"kind": "rebalancer", "version": 1, "config": {}, "world_size": "x"})
+    assert str(e.value) == ("rebalancer state is malformed (ValueError: invalid literal for int() with base 10: "
+                            "'x'); give a dict made by Rebalancer.state_dict()")
+
+
 @pytest.mark.parametrize("make, needle", [
     (lambda: Rebalancer(threshold=1.0), "threshold=1.0"),
     (lambda: Rebalancer(threshold=-0.1), "threshold=-0.1"),

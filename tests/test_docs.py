@@ -138,3 +138,85 @@ def test_bench_is_a_package_that_make_bench_lists_in_full():
     assert set(rows) == set(scripts), (rows, scripts)
     edits = [str(p.relative_to(ROOT)) for p in (ROOT / "bench").rglob("*.py") if "sys.path" in p.read_text()]
     assert edits == [], edits
+
+
+#: a module a document names: ``hpc_jabas/core/validate.py``, ``runtime/comm.py``, ``core/validate.integer`` (inside
+#: the package; a path to another file of the repository, ``slurm/local/up.sh``, is one too),
+#: ``hpc_jabas.core.planning`` or ``hpc_jabas.core.planning.make_planner`` (a module, or a name it defines)
+MODULE_PATH = re.compile(r"(?<![\w/.-])((?:hpc_jabas/)?(?:core|runtime|slurm|cli|data)/[\w/]*\w|hpc_jabas/\w+)"
+                         r"(\.\w+)?(?![\w-])")
+DOTTED = re.compile(r"(?<![\w.])(hpc_jabas(?:\.\w+)+)")
+DOC_FILES = _files("README.md", "docs/*.md", "examples/*.md", "bench/*.md", "slurm/**/*.md")
+
+
+def _defines(module: Path, name: str) -> bool:
+    """Whether the module file (or package ``__init__``) defines, imports or exports (``__all__``) ``name``."""
+    import ast
+    tree = ast.parse(module.read_text())
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets) \
+                and name in ast.literal_eval(n.value):
+            return True
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name:
+            return True
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == name
+                                                               for a in n.names):
+            return True
+    return False
+
+
+def missing_modules(path: Path, root: Path = ROOT) -> list[tuple[str, str]]:
+    """(where, reference) of the package modules ``path`` names that do not exist: a module path (from the
+    repository root, or from ``hpc_jabas/``), or a dotted name whose longest module prefix is a file of the
+    package and whose next part, if any, is a name that module defines (a further ``.attr`` is not checked)."""
+    pkg, bad = root / "hpc_jabas", []
+    for line, text in _text(path):
+        for stem, suffix in MODULE_PATH.findall(text):
+            ok = ((root / (stem + suffix)).exists() or (root / stem).exists()
+                  or any((base / stem).with_suffix(".py").is_file() or (base / stem / "__init__.py").is_file()
+                         for base in (root, pkg)))
+            if not ok:
+                bad.append((f"{path.relative_to(root)}:{line}", stem + suffix))
+        for ref in DOTTED.findall(text):
+            parts = ref.split(".")
+            if parts[-1] in ("py", "md", "toml", "json"):
+                continue
+            k, mod = 1, pkg / "__init__.py"
+            for i in range(2, len(parts) + 1):
+                stem = root.joinpath(*parts[:i])
+                if stem.with_suffix(".py").is_file():
+                    k, mod = i, stem.with_suffix(".py")
+                elif (stem / "__init__.py").is_file():
+                    k, mod = i, stem / "__init__.py"
+                else:
+                    break
+            if k < len(parts) and not _defines(mod, parts[k]):
+                bad.append((f"{path.relative_to(root)}:{line}", ref))
+    return bad
+
+
+def test_every_module_a_document_names_exists():
+    assert len(DOC_FILES) >= 10, DOC_FILES
+    bad = [b for p in DOC_FILES for b in missing_modules(p)]
+    assert not bad, "documents name modules that do not exist:\n" + "\n".join(f"{w}: {r}" for w, r in bad)
+
+
+def test_the_module_check_sees_a_missing_module(tmp_path):
+    (tmp_path / "hpc_jabas" / "core").mkdir(parents=True)
+    (tmp_path / "hpc_jabas" / "__init__.py").write_text("")
+    (tmp_path / "hpc_jabas" / "core" / "__init__.py").write_text("from os import path\n")
+    (tmp_path / "hpc_jabas" / "core" / "validate.py").write_text("def parse_int(): ...\nLIMIT = 3\n")
+    doc = tmp_path / "d.md"
+    doc.write_text("`core/validate.py`, `hpc_jabas/core/validate.py`, hpc_jabas.core.validate.parse_int,\n"
+                   "hpc_jabas.core.validate.LIMIT, hpc_jabas.core.path; but core/grouptimes.py,\n"
+                   "hpc_jabas.core.grouptimes, hpc_jabas.core.validate.parse_float and runtime/comm_x.py;\n"
+                   "core/validate.parse_int and core/schema.read_table (a module that is not there)\n")
+    (tmp_path / "hpc_jabas" / "__init__.py").write_text('__all__ = ["Trainer"]\n')
+    doc.write_text(doc.read_text() + "hpc_jabas.Trainer, but hpc_jabas.Trainr\n")
+    assert sorted(r for _, r in missing_modules(doc, tmp_path)) == [
+        "core/grouptimes.py", "core/schema.read_table", "hpc_jabas.Trainr", "hpc_jabas.core.grouptimes",
+        "hpc_jabas.core.validate.parse_float", "runtime/comm_x.py"]

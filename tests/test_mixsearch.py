@@ -279,8 +279,8 @@ def test_vectorised_snapped_iterations_equal_the_scalar_counts(fc, period, sampl
        update=st.sampled_from([0.0, 0.003]))
 def test_group_space_has_the_optimal_spaces_times(mix, lo, width, mb, update):
     """grouptimes.group_space: the B and the seconds of snapping.optimal_space, bit for bit, without plans."""
-    from hpc_jabas.core.grouptimes import group_space
     from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.planning.grouptimes import group_space
     from hpc_jabas.core.planning.space import optimal_space
     model = PerfModel.emulated(["a100", "v100", "rtx2060", "p100"], [1, 2, 4, 8, 16, 32, 64], 0.002, 0.0002,
                                update_s=update)

@@ -358,9 +358,10 @@ def test_cli_range_and_extrapolation_note(tmp_path):
 
 @pytest.mark.parametrize("argv, needle", [
     (["plan", "--batch", "2048", "--gpus", "v100:4,k80:2"], "k80"),
-    (["plan", "--batch", "2048", "--gpus", "v100:x"], "not an integer"),
+    (["plan", "--batch", "2048", "--gpus", "v100:x"], "GPU count in 'v100:x'='x' is invalid; it must be an integer"),
     (["plan", "--batch", "2048", "--gpus", "v100:0"], ">= 1"),
-    (["plan", "--batch", "abc", "--gpus", "v100:4"], "not an integer"),
+    (["plan", "--batch", "abc", "--gpus", "v100:4"], "--batch='abc' is invalid; it must be an integer in 1..10000000"),
+    (["plan", "--batch", "9" * 41, "--gpus", "v100:4"], "--batch='" + "9" * 36 + "...' is invalid"),
     (["plan", "--batch", "3", "--gpus", "v100:4"], "too small"),
     (["plan", "--batch-range", "300", "--gpus", "v100:4"], "LO:HI"),
     (["plan", "--batch", "64", "--gpus", "v100:4", "--profile", "/nonexistent/dir"], "does not exist"),

@@ -17,7 +17,6 @@ from hpc_jabas.cli.main import main
 from hpc_jabas.core import (
     autoscale,
     forecast,
-    grouptimes,
     mixbound,
     mixsearch,
     perfmodel,
@@ -26,12 +25,13 @@ from hpc_jabas.core import (
     simulate,
     stats,
 )
-from hpc_jabas.core.planning import proportional_plan
+from hpc_jabas.core.planning import grouptimes, proportional_plan
 from hpc_jabas.core.simconfig import (
     NoiseCurve,
     QueueModel,
     cluster_from_dict,
     job_from_dict,
+    noise_curve,
     read_noise_trace,
     read_stats_trace,
 )
@@ -98,6 +98,24 @@ def test_a_fixed_b_of_the_grid_runs_at_its_b_and_pays_its_statistical_efficiency
             sim.run("lbbsp", fixed_B=bad)
     with pytest.raises(ConfigError, match="fixed_B"):
         sim.run("simigrad", fixed_B=256)
+
+
+def test_one_curve_section_reads_each_curve_and_refuses_another_curves_keys():
+    """[gradstats] is one section: a curve gets its own keys (defaults filled), a key of another curve, a typo
+    or a bad value is one line naming it and what is valid."""
+    assert noise_curve({"curve": "merrill", "b_min": 32}, "[gradstats]").params == \
+        {"b_min": 32.0, "b_plateau": 4096.0, "u_rise": 0.15}
+    c = noise_curve(None, "[gradstats]")
+    assert (c.kind, c.params, c.noise) == ("mccandlish", {"b_start": 256.0, "b_end": 8192.0, "tau": 0.3}, 0.2)
+    with pytest.raises(ConfigError) as e:
+        noise_curve({"curve": "merrill", "b_start": 1, "tau": 2}, "[gradstats]")
+    assert str(e.value) == ("[gradstats]: b_start, tau is no key of curve 'merrill'; its keys: curve, noise, "
+                            "b_min, b_plateau, u_rise")
+    with pytest.raises(ConfigError, match=r"^\[gradstats\]: unknown key\(s\) b_strat \(did you mean 'b_start'\?\)"):
+        noise_curve({"b_strat": 1}, "[gradstats]")
+    with pytest.raises(ConfigError, match=r"^\[gradstats\]: u_rise") as e:
+        noise_curve({"curve": "merrill", "u_rise": 0}, "[gradstats]")
+    assert "\n" not in str(e.value)
 
 
 # ---------------------------------------------------------------- determinism, the comparison

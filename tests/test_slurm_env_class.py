@@ -83,7 +83,7 @@ def test_slurm_env_details():
     assert not SlurmEnv.job_variable("SLURM_CONF") and not SlurmEnv.job_variable("PATH")
     assert SlurmEnv.STOP_SIGNALS == (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
     assert SlurmEnv({"SLURM_STEP_ID": "interactive", "SLURM_PROCID": "0"}).in_step is False
-    with pytest.raises(ConfigError, match=r"SLURM_PROCID='x' in the environment is not an integer"):
+    with pytest.raises(ConfigError, match=r"^SLURM_PROCID='x' in the environment is invalid; it must be an integer$"):
         _ = SlurmEnv({"SLURM_PROCID": "x"}).procid
 
 

@@ -79,3 +79,45 @@ def test_no_core_module_keeps_a_private_number_check_of_its_own():
                      r"_positive|_check_int|_int_at_least|_num)\(", re.M)
     found = [f"{p.relative_to(core)}: {m[1]}" for p in core.rglob("*.py") for m in old.finditer(p.read_text())]
     assert not found, found
+
+
+def test_parse_int_reads_text_and_names_a_bad_one_in_one_line():
+    assert V.parse_int(" 42 ", "--epochs", lo=1) == 42 and V.parse_int("-3", "n") == -3 and V.parse_int("+7", "n") == 7
+    for bad, rule in [("x", "an integer >= 1"), ("1.5", "an integer >= 1"), ("", "an integer >= 1"),
+                      ("0", "an integer >= 1"), ("1e3", "an integer >= 1")]:
+        m = _refusal(V.parse_int, bad, "--epochs", lo=1)
+        assert (m["what"], m["val"], m["rule"]) == ("--epochs", repr(bad), rule)
+    assert _refusal(V.parse_int, "65", "--ranks", lo=1, hi=64)["rule"] == "an integer in 1..64"
+    with pytest.raises(ConfigError) as e:                  # thousands of digits: refused, shown cut, no traceback
+        V.parse_int("9" * 5000, "--batch", lo=1, hi=10)
+    assert str(e.value) == f"--batch='{'9' * 36}...' is invalid; it must be an integer in 1..10"
+    with pytest.raises(ConfigError) as e:
+        V.parse_int("v", "SLURM_NTASKS", lo=1, where="in the environment", hint="Slurm sets it")
+    assert str(e.value) == "SLURM_NTASKS='v' in the environment is invalid; it must be an integer >= 1; Slurm sets it"
+    assert V.parse_ints("1, 2,,8", "--b-list", lo=1) == [1, 2, 8]
+    m = _refusal(V.parse_ints, "1,x", "--b-list", lo=1)
+    assert (m["what"], m["val"], m["rule"]) == ("--b-list value", "'x'", "an integer >= 1")
+    assert _refusal(V.parse_ints, " , ", "--b-list", lo=1, hint="e.g. 1,2,4,8")["rule"] == \
+        "a list of at least one integer; e.g. 1,2,4,8"
+
+
+#: the modules whose text-to-integer parsing goes through validate.parse_int / parse_ints (no private parser)
+TEXT_PARSERS = ["slurm/env.py", "slurm/components.py", "cli/simulate.py", "cli/plan.py", "cli/profile.py",
+                "core/planning/plan.py"]
+
+
+@pytest.mark.parametrize("rel", TEXT_PARSERS)
+def test_no_private_text_to_int_parser(rel):
+    """No ``int(...)`` under a ``try`` that catches ValueError, and no ``str.isdigit()`` test: a text becomes an
+    integer through core/validate.py only."""
+    import ast
+    tree = ast.parse((Path(V.__file__).parent.parent / rel).read_text())
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Try) and any(h.type is not None and "ValueError" in ast.unparse(h.type)
+                                          for h in n.handlers):
+            found += [ast.unparse(c) for st in n.body for c in ast.walk(st)
+                      if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == "int"]
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "isdigit":
+            found.append(ast.unparse(n))
+    assert found == [], f"{rel} parses text itself: {found}"

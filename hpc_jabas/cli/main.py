@@ -29,7 +29,8 @@ SUBCOMMANDS = ("plan", "report", "status", "profile", "submit", "cancel", "expor
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="hpc-jabas", description="Adaptive heterogeneous-GPU training on Horovod and Slurm")
+    ap = _Parser(prog="hpc-jabas",
+                 description="Adaptive heterogeneous-GPU training on torch.distributed or Horovod, and Slurm")
     ap.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = ap.add_subparsers(dest="cmd", parser_class=_Parser)
     sub.add_parser("doctor", help="check torch, Horovod, MPI, submitit, Slurm, Lmod")

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpc_jabas.core import gpus as _gpus
 from hpc_jabas.core.perfmodel import EMU_GRAD_BYTES, PerfModel
 from hpc_jabas.core.planning import Plan, plan_batch, plan_range
+from hpc_jabas.core.validate import parse_int
 from hpc_jabas.errors import ConfigError, InfeasibleError, JabasError
 
 
@@ -60,16 +61,8 @@ def parse_gpus(spec: str) -> list[str]:
             continue
         name, _, count = part.partition(":")
         key = _gpus.normalize(name)
-        if count.strip() == "":
-            k = 1
-        else:
-            try:
-                k = int(count)
-            except ValueError:
-                raise ConfigError(f"GPU count {count!r} in {part!r} is not an integer; write TYPE:COUNT, "
-                                  "e.g. v100:4") from None
-            if k < 1:
-                raise ConfigError(f"GPU count {k} in {part!r} must be >= 1")
+        k = 1 if count.strip() == "" else parse_int(count, f"GPU count in {part!r}", lo=1,
+                                                     hint="write TYPE:COUNT, e.g. v100:4")
         out += [key] * k
     if not out:
         raise ConfigError(f"--gpus {spec!r} names no GPU; write TYPE:COUNT,..., e.g. v100:4,p100:4")
@@ -79,18 +72,8 @@ def parse_gpus(spec: str) -> list[str]:
 MAX_BATCH = 10_000_000     # a global batch above this is a typo (the largest published ones are ~10^6 samples)
 
 
-def _int(text: str, what: str, hi: int = MAX_BATCH) -> int:
-    t = str(text).strip()
-    try:
-        v = int(t)
-    except ValueError:
-        raise ConfigError(f"{what} {text!r} is not an integer") from None
-    if v < 1:
-        raise ConfigError(f"{what} {v} must be >= 1")
-    if v > hi:
-        raise ConfigError(f"{what} {t if len(t) <= 24 else t[:20] + '...'} is above the largest global batch this "
-                          f"plans, {hi:,}; give a batch of at most {hi}")
-    return v
+def _int(text: str, what: str) -> int:
+    return parse_int(text, what, lo=1, hi=MAX_BATCH, hint=f"a batch of at most {MAX_BATCH} (a larger one is a typo)")
 
 
 def _range(text: str) -> tuple[int, int]:

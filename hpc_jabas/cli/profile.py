@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
+from hpc_jabas.core.validate import parse_ints
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.profiling.defaults import DEFAULT_B_LIMIT, DEFAULT_B_LIST, OPTIMIZERS  # no torch
 
@@ -63,21 +64,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _ints(text: str, what: str) -> list[int]:
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            v = int(part)
-        except ValueError:
-            raise ConfigError(f"{what} value {part!r} is not an integer; e.g. 1,2,4,8") from None
-        if v < 1:
-            raise ConfigError(f"{what} value {v} must be >= 1")
-        out.append(v)
-    if not out:
-        raise ConfigError(f"{what} {text!r} lists nothing; e.g. 1,2,4,8")
-    return out
+    return parse_ints(text, what, lo=1, hint="e.g. 1,2,4,8")
 
 
 def parse_size(text: str) -> int:

@@ -13,6 +13,7 @@ Reads SIM_DIR/simulation.json and writes, into SIM_DIR (or --out DIR):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,17 @@ def draw(doc: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
+def _over_time(fig: Any, ax: Any, title: str, top: str, bottom: str) -> Any:
+    """A two-panel figure's labels: the top panel's y label and the runs' legend; the bottom panel over
+    simulated time."""
+    ax[0].set_ylabel(top)
+    ax[0].legend(fontsize=8, ncol=2)
+    ax[1].set_xlabel("simulated time (h)")
+    ax[1].set_ylabel(bottom)
+    fig.suptitle(title)
+    return fig
+
+
 def _batch_and_lr(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
     """B and lr over simulated time."""
     fig, ax = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
@@ -92,35 +104,43 @@ def _batch_and_lr(plt: Any, res: dict[str, Any], colors: dict[str, str], title: 
         ax[0].step(xs, [p[2] for p in tl] + [tl[-1][2]], where="post", color=colors[n], label=n, lw=1.2)
         ax[1].step(xs, [p[3] for p in tl] + [tl[-1][3]], where="post", color=colors[n], lw=1.2)
     ax[0].set_yscale("log", base=2)
-    ax[0].set_ylabel("global batch B")
-    ax[0].legend(fontsize=8, ncol=2)
-    ax[1].set_ylabel("lr scale")
-    ax[1].set_xlabel("simulated time (h)")
-    fig.suptitle(f"{title}: B and lr over time")
-    return fig
+    return _over_time(fig, ax, f"{title}: B and lr over time", "global batch B", "lr scale")
 
 
-def _allocation(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
-    """GPUs per partition and epoch, one panel per run; dashed: a move after the epoch."""
-    parts = sorted({p for r in res.values() for e in r["epochs"] for p in _mix(e["mix"])})
-    pc = {p: f"C{i % 10}" for i, p in enumerate(parts)}
+def _per_run(plt: Any, res: dict[str, Any], of: Callable[[dict[str, Any]], dict[str, Any]], ylabel: str,
+             draw: Callable[[Any, list[int], str, list[Any], str], None]) -> tuple[Any, list[Any]]:
+    """One panel per run, one colour per key that ``of(epoch)`` maps to a value (the keys of every run's epochs):
+    ``draw(panel, epochs, key, values, colour)`` for each key with a non-zero value in the run."""
+    keys = sorted({k for r in res.values() for e in r["epochs"] for k in of(e)})
+    colour = {k: f"C{i % 10}" for i, k in enumerate(keys)}
     fig, axs = _grid(plt, len(res))
     for a, n in zip(axs, res):
         eps = res[n]["epochs"]
         x = [e["epoch"] for e in eps]
-        bottom = [0] * len(eps)
-        for p in parts:
-            h = [_mix(e["mix"]).get(p, 0) for e in eps]
-            if any(h):
-                a.bar(x, h, bottom=bottom, color=pc[p], width=0.9, label=p)
-                bottom = [b + v for b, v in zip(bottom, h)]
-        for e in eps:
+        for k in keys:
+            ys = [of(e).get(k, 0) for e in eps]
+            if any(ys):
+                draw(a, x, k, ys, colour[k])
+        a.set_ylabel(ylabel)
+        a.set_xticks(x)
+    return fig, axs
+
+
+def _allocation(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
+    """GPUs per partition and epoch, one panel per run; dashed: a move after the epoch."""
+    bottoms: dict[int, list[int]] = {}
+
+    def stack(a: Any, x: list[int], part: str, h: list[Any], c: str) -> None:
+        b = bottoms.setdefault(id(a), [0] * len(x))
+        a.bar(x, h, bottom=b, color=c, width=0.9, label=part)
+        bottoms[id(a)] = [u + v for u, v in zip(b, h)]
+    fig, axs = _per_run(plt, res, lambda e: _mix(e["mix"]), "GPUs", stack)
+    for a, n in zip(axs, res):
+        for e in res[n]["epochs"]:
             if e.get("restart"):
                 a.axvline(e["epoch"] + 0.5, color="k", lw=0.8, ls="--")
         k = res[n]["totals"]["restarts"]
         a.set_title(f"{n}: {k} move{'' if k == 1 else 's'}", fontsize=9)
-        a.set_ylabel("GPUs")
-        a.set_xticks(x)
         a.legend(fontsize=6, loc="upper left", ncol=4)
     fig.suptitle(f"{title}: allocation per epoch (dashed: a move after the epoch)")
     return fig
@@ -139,29 +159,18 @@ def _cost(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> 
         ax[1].step([0.0] + [e["wall_s"] / 3600 for e in eps], cum, where="post", color=colors[n], lw=1.2)
     ax[0].set_xlabel("epoch")
     ax[0].set_xticks(sorted({e["epoch"] for r in res.values() for e in r["epochs"]}))
-    ax[0].set_ylabel("cost of the epoch")
-    ax[0].legend(fontsize=8, ncol=2)
-    ax[1].set_xlabel("simulated time (h)")
-    ax[1].set_ylabel("cumulative cost (epochs)")
-    fig.suptitle(f"{title}: cost per epoch (restarts' cost in the totals only)")
-    return fig
+    return _over_time(fig, ax, f"{title}: cost per epoch (restarts' cost in the totals only)", "cost of the epoch",
+                      "cumulative cost (epochs)")
 
 
 def _throughput(plt: Any, res: dict[str, Any], colors: dict[str, str], title: str) -> Any:
     """Samples per second per GPU type and epoch (dashed: all), one panel per run."""
-    types = sorted({g for r in res.values() for e in r["epochs"] for g in e.get("by_type", {})})
-    tc = {g: f"C{i % 10}" for i, g in enumerate(types)}
-    fig, axs = _grid(plt, len(res))
+    fig, axs = _per_run(plt, res, lambda e: e.get("by_type", {}), "samples/s",
+                        lambda a, x, g, ys, c: a.plot(x, ys, ".-", color=c, label=g, lw=1))
     for a, n in zip(axs, res):
         eps = res[n]["epochs"]
-        for g in types:
-            ys = [e.get("by_type", {}).get(g, 0.0) for e in eps]
-            if any(ys):
-                a.plot([e["epoch"] for e in eps], ys, ".-", color=tc[g], label=g, lw=1)
         a.plot([e["epoch"] for e in eps], [e.get("samples_per_s", 0.0) for e in eps], "k--", lw=0.8, label="all")
         a.set_title(n, fontsize=9)
-        a.set_ylabel("samples/s")
-        a.set_xticks([e["epoch"] for e in eps])
         a.legend(fontsize=6, loc="upper left", ncol=3)
     fig.suptitle(f"{title}: throughput per GPU type and epoch")
     return fig

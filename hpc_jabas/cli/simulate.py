@@ -16,6 +16,7 @@ import json
 import time
 from pathlib import Path
 
+from hpc_jabas.core.validate import parse_int
 from hpc_jabas.errors import ConfigError
 
 
@@ -40,15 +41,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _int(text: str | None, what: str, lo: int) -> int | None:
-    if text is None:
-        return None
-    try:
-        v = int(str(text).strip())
-    except ValueError:
-        raise ConfigError(f"{what} {text!r} is not an integer") from None
-    if v < lo:
-        raise ConfigError(f"{what} {v} must be >= {lo}")
-    return v
+    return None if text is None else parse_int(text, what, lo=lo)
 
 
 def run(args) -> int:

@@ -30,10 +30,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_jabas.core import gpus
 from hpc_jabas.core.defaults import DEFAULT_MARGIN
 from hpc_jabas.core.defaults import OBJECTIVES as OBJECTIVES
 from hpc_jabas.core.defaults import RESTART_PRIOR_S as RESTART_PRIOR_S
 from hpc_jabas.core.overheads import Overheads
+from hpc_jabas.core.planning import make_planner, snap_nearest
 from hpc_jabas.core.planning.planner import PlanSpec
 from hpc_jabas.core.validate import integer, number, passes
 from hpc_jabas.errors import ConfigError, InfeasibleError
@@ -189,7 +191,6 @@ def mix_rate(mix: Mapping[str, int], rates: Mapping[str, float]) -> float:
 
 def catalog_rates(types: Mapping[str, str], prices: Mapping[str, float] | None = None) -> dict[str, float]:
     """Rates per GPU-hour from the GPU catalog (gpus.py), partition -> price of its GPU type."""
-    from hpc_jabas.core import gpus
     return {p: gpus.get(t, dict(prices) if prices is not None else None).price_per_hour for p, t in types.items()}
 
 
@@ -245,7 +246,6 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
     ``spec``: the job's PlanSpec (the trainer's planner's), in place of ``cands``, ``planner``, ``speeds`` and
     ``min_micro_batch``; each mix's space is its planner's ``pricing_space`` (identical b, no declared factors).
     """
-    from hpc_jabas.core.planning import make_planner, snap_nearest
     if not forecast:
         raise ConfigError("the forecast B trajectory is empty; give at least one batch size")
     lo = int(B_min) if B_min is not None else max(1, math.floor(min(forecast)))

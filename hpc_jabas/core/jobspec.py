@@ -8,6 +8,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpc_jabas.core.textfile import read_json
 from hpc_jabas.errors import ConfigError
 
 #: the keys of a job file's [job] table
@@ -126,5 +127,4 @@ class JobSpec:
 
     @classmethod
     def load(cls, path: str | Path) -> JobSpec:
-        from hpc_jabas.core.textfile import read_json
         return cls.from_dict(read_json(path, "job spec", "the JSON job spec hpc-jabas submit wrote"))

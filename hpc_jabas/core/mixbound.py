@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.planning.space import GRAIN_TOL, TIE_REL
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,10 @@ def perf_bound(model: PerfModel, types: Mapping[str, str], samples: int, B_max: 
     iters: int | Callable[[int], int] = math.ceil(samples / max(1, B_max))
     vec = None
     if forecast and period:
-        from hpc_jabas.core.planning.space import GRAIN_TOL, TIE_REL  # the widest band snap_nearest may pick from
         b0 = micro_batch or max(min(model.profile(t).b) for t in set(types.values()))
         table: dict[int, int] = {}
-        count = snapped_iterations(forecast, period, samples, B_min, B_max, b0, GRAIN_TOL + TIE_REL)
+        count = snapped_iterations(forecast, period, samples, B_min, B_max, b0,
+                                   GRAIN_TOL + TIE_REL)  # the widest band snap_nearest may pick from
 
         def iters_fn(n: int) -> int:
             if n not in table:

@@ -81,6 +81,7 @@ from hpc_jabas.core.autoscale import (
     RestartOverhead,
     WaitFn,
     choose,
+    enumerate_mixes,
 )
 from hpc_jabas.core.mixbound import Bound as Bound
 from hpc_jabas.core.mixbound import peak_rate as peak_rate
@@ -122,7 +123,6 @@ def partition_counts(free: Mapping[str, int], types: Mapping[str, str], max_gpus
                      exact_upto: int = 0) -> dict[str, list[int]]:
     """partition -> its allowed counts <= max_gpus (:func:`allowed_counts`), for the partitions to consider
     (``allowed``: names or GPU types, None: all) that have a free GPU; checked like ``enumerate_mixes``."""
-    from hpc_jabas.core.autoscale import enumerate_mixes
     enumerate_mixes({p: 0 for p in free}, types, max_gpus, allowed=allowed)     # the same checks and messages
     for part, n in free.items():
         integer(n, f"free GPU count for partition {part!r}", lo=0)

@@ -41,12 +41,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from hpc_jabas.core import gpus as _gpus
+from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration
 from hpc_jabas.core.compute_profile import FORMAT_VERSION as FORMAT_VERSION
 from hpc_jabas.core.compute_profile import ComputeProfile as ComputeProfile
 from hpc_jabas.core.compute_profile import check_version
 from hpc_jabas.core.compute_profile import emulated_time as emulated_time
 from hpc_jabas.core.defaults import EMU_BASE_S as EMU_BASE_S
 from hpc_jabas.core.defaults import EMU_PER_SAMPLE_S as EMU_PER_SAMPLE_S
+from hpc_jabas.core.textfile import read_json
 from hpc_jabas.core.validate import integer, number
 from hpc_jabas.errors import ConfigError
 
@@ -319,7 +321,6 @@ class PerfModel:
 
 
 def _read_json(path: str) -> Any:
-    from hpc_jabas.core.textfile import read_json
     return read_json(path, "profile file", "a JSON file that hpc-jabas profile wrote")
 
 
@@ -381,7 +382,6 @@ def job_perf_model(cfg: JobModelConfig, gpu_types: Iterable[str], calibrated: bo
         model = PerfModel.emulated(sorted(set(gpu_types)), bs, cfg.emulate_base_s, cfg.emulate_per_sample_s)
     run_dir = getattr(cfg, "run_dir", None)
     if calibrated and getattr(cfg, "calibrate", False) and isinstance(run_dir, str):
-        from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration  # it does not import this module
         path = os.path.join(run_dir, CALIBRATION_FILE)
         if os.path.isfile(path):
             calibrate_model(model, Calibration.load(path))

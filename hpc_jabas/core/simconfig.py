@@ -52,7 +52,6 @@ B / (B + 2 B_noise); both times a lognormal measurement noise of ``noise`` (sigm
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
 from bisect import bisect_right
@@ -64,9 +63,12 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import gpus as catalog
+from hpc_jabas.core import textfile
 from hpc_jabas.core.config import AdaptiveConfig, AutoscaleConfig, PlanningConfig, TrainConfig
 from hpc_jabas.core.policy import DEFAULT_GOODPUT_WARMUP, default_batch_range
 from hpc_jabas.core.schema import Section, key, like, read_table
+from hpc_jabas.core.stats import noise_scale_terms
+from hpc_jabas.core.textfile import read_text
 from hpc_jabas.errors import ConfigError
 
 CURVES = ("mccandlish", "merrill", "trace")
@@ -75,8 +77,7 @@ STOPS = ("progress", "samples")
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    from hpc_jabas.core.textfile import read_toml as read
-    return read(path, what, "a TOML file")
+    return textfile.read_toml(path, what, "a TOML file")
 
 
 # ---------------------------------------------------------------- the queue
@@ -208,7 +209,6 @@ def _read_trace(path: Path, parts: Mapping[str, Partition]) -> dict[str, tuple[l
     if not path.is_file():
         raise ConfigError(f"queue trace {str(path)!r} does not exist; give a CSV of time_s,partition,wait_s rows")
     rows: dict[str, list[tuple[float, float]]] = {}
-    from hpc_jabas.core.textfile import read_text
     text = read_text(path, "queue trace", "a CSV of time_s,partition,wait_s rows")
     for i, row in enumerate(csv.reader(text.splitlines()), 1):
         if not row or row[0].strip().startswith("#") or row[0].strip() == "time_s":
@@ -236,21 +236,18 @@ class Cluster:
     restart_s: float
     queue: QueueModel
 
-    @property
-    def types(self) -> dict[str, str]:
-        return {p: q.gpu for p, q in sorted(self.partitions.items())}
+    #: partition -> its GPU type, GPU count, rate per GPU-hour and GPUs per node, in partition-name order
+    types: dict[str, str] = field(init=False)
+    capacity: dict[str, int] = field(init=False)
+    rates: dict[str, float] = field(init=False)
+    units: dict[str, int] = field(init=False)
 
-    @property
-    def capacity(self) -> dict[str, int]:
-        return {p: q.size for p, q in sorted(self.partitions.items())}
-
-    @property
-    def rates(self) -> dict[str, float]:
-        return {p: q.rate for p, q in sorted(self.partitions.items())}
-
-    @property
-    def units(self) -> dict[str, int]:
-        return {p: q.gpus_per_node for p, q in sorted(self.partitions.items())}
+    def __post_init__(self) -> None:
+        ps = sorted(self.partitions.items())
+        self.types = {p: q.gpu for p, q in ps}
+        self.capacity = {p: q.size for p, q in ps}
+        self.rates = {p: q.rate for p, q in ps}
+        self.units = {p: q.gpus_per_node for p, q in ps}
 
 
 def cluster_from_dict(d: Mapping[str, Any], where: str = "cluster", base: Path | None = None) -> Cluster:
@@ -348,8 +345,6 @@ def read_noise_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
 def read_iteration_measurements(path: Path) -> tuple[tuple[float, float, float], ...]:
     """(u after the iteration, |G|^2, tr(Sigma)) of every iteration record of a run's metrics.jsonl that measured
     both (stats.noise_scale_terms of its norms), u in the run's samples as ``read_stats_trace`` places them."""
-    from hpc_jabas.core.stats import noise_scale_terms
-    from hpc_jabas.core.textfile import read_text
     per_it: dict[int, tuple[int, dict[str, Any] | None]] = {}
     for line in read_text(path, "gradstats trace", "a run's metrics.jsonl").splitlines():
         try:
@@ -390,7 +385,6 @@ def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
         raise ConfigError(f"gradstats trace {str(path)!r} does not exist; give a run's metrics.jsonl")
     pts: list[tuple[int, float, tuple[float | None, float | None, float | None, bool]]] = []
     per_it: dict[int, int] = {}
-    from hpc_jabas.core.textfile import read_text
     for line in read_text(path, "gradstats trace", "a run's metrics.jsonl").splitlines():
         try:
             r = json.loads(line)
@@ -436,51 +430,39 @@ def read_stats_trace(path: Path) -> tuple[tuple[float, ...], tuple[float, ...],
     return us, tuple(b for _, b, _ in pts), tuple(m for _, _, m in pts)
 
 
+#: each curve's own keys in ``[gradstats]`` (besides ``curve`` and ``noise``, which every curve has)
+CURVE_KEYS: dict[str, tuple[str, ...]] = {"mccandlish": ("b_start", "b_end", "tau"),
+                                          "merrill": ("b_min", "b_plateau", "u_rise"), "trace": ("path",)}
+
+
 @dataclass
-class McCandlishKeys(Section):
-    """``[gradstats] curve = "mccandlish"``."""
+class CurveKeys(Section):
+    """``[gradstats]``: the curve, its measurement noise and every curve's own keys (``CURVE_KEYS`` says
+    which are whose; a key of another curve is refused by :func:`noise_curve`)."""
     curve: str = key("mccandlish", "the curve", choices=CURVES)
     noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
-    b_start: float = key(256.0, "B_noise at the start", lo=0.0, lo_open=True)
-    b_end: float = key(8192.0, "B_noise towards the end", lo=0.0, lo_open=True)
-    tau: float = key(0.3, "progress scale of the loss's fall", lo=0.0, lo_open=True)
-
-
-@dataclass
-class MerrillKeys(Section):
-    """``[gradstats] curve = "merrill"``."""
-    curve: str = key("merrill", "the curve", choices=CURVES)
-    noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
-    b_min: float = key(64.0, "critical batch at the start", lo=0.0, lo_open=True)
-    b_plateau: float = key(4096.0, "critical batch's plateau", lo=0.0, lo_open=True)
-    u_rise: float = key(0.15, "progress scale of the rise", lo=0.0, lo_open=True)
-
-
-@dataclass
-class TraceKeys(Section):
-    """``[gradstats] curve = "trace"``."""
-    curve: str = key("trace", "the curve", choices=CURVES)
-    noise: float = key(0.2, "lognormal measurement noise (sigma)", lo=0.0)
-    path: str = key("", "a recorded run's metrics.jsonl")
-
-
-_CURVE_KEYS: dict[str, type[McCandlishKeys] | type[MerrillKeys] | type[TraceKeys]] = {
-    "mccandlish": McCandlishKeys, "merrill": MerrillKeys, "trace": TraceKeys}
+    b_start: float = key(256.0, "mccandlish: B_noise at the start", lo=0.0, lo_open=True)
+    b_end: float = key(8192.0, "mccandlish: B_noise towards the end", lo=0.0, lo_open=True)
+    tau: float = key(0.3, "mccandlish: progress scale of the loss's fall", lo=0.0, lo_open=True)
+    b_min: float = key(64.0, "merrill: critical batch at the start", lo=0.0, lo_open=True)
+    b_plateau: float = key(4096.0, "merrill: critical batch's plateau", lo=0.0, lo_open=True)
+    u_rise: float = key(0.15, "merrill: progress scale of the rise", lo=0.0, lo_open=True)
+    path: str = key("", "trace: a recorded run's metrics.jsonl")
 
 
 def noise_curve(d: Any, where: str, base: Path | None = None) -> NoiseCurve:
-    d = d or {}
-    kind = read_table(McCandlishKeys, {"curve": d.get("curve", "mccandlish")}, where).curve if isinstance(d, Mapping) \
-        else "mccandlish"
-    k = read_table(_CURVE_KEYS[kind], d, where)
-    params = {f.name: float(getattr(k, f.name)) for f in dataclasses.fields(k) if f.name not in ("curve", "noise",
-                                                                                                  "path")}
-    if isinstance(k, TraceKeys):
+    k = read_table(CurveKeys, d, where)
+    own = CURVE_KEYS[k.curve]
+    alien = sorted(str(n) for n in (d or {}) if n not in ("curve", "noise", *own))
+    if alien:
+        raise ConfigError(f"{where}: {', '.join(alien)} is no key of curve {k.curve!r}; its keys: curve, noise, "
+                          f"{', '.join(own)}")
+    if k.curve == "trace":
         tp = Path(k.path)
         path = tp if tp.is_absolute() or base is None else base / tp
         us, bs, measured = read_stats_trace(path)
-        return NoiseCurve(kind, params, k.noise, (us, bs), measured, read_iteration_measurements(path))
-    return NoiseCurve(kind, params, k.noise, None)
+        return NoiseCurve(k.curve, {}, k.noise, (us, bs), measured, read_iteration_measurements(path))
+    return NoiseCurve(k.curve, {n: float(getattr(k, n)) for n in own}, k.noise, None)
 
 
 # ---------------------------------------------------------------- the job

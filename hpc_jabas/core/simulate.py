@@ -2,7 +2,7 @@
 
 The simulator owns no decision: every iteration time is the perf model's (core/perfmodel.py) for the plan
 the job's planner makes (core/planning: ``make_planner``; for the optimal identical-b planner the same
-times from ``grouptimes.group_space``, what the auto-scaler prices too), every B comes from a policy of
+times from ``planning.grouptimes.group_space``, what the auto-scaler prices too), every B comes from a policy of
 core/policy.py (``make_policy``) fed with simulated gradient statistics (core/simconfig.py), every epoch
 end runs the forecaster (core/forecast.py) and the auto-scaler's search (core/mixsearch.py, pricing with
 ``autoscale.epoch_time_fn`` and ``mixsearch.perf_bound``), and a move costs what it costs on the cluster:
@@ -45,11 +45,11 @@ from typing import Any
 import numpy as np
 
 from hpc_jabas.core import autoscale, forecast, mixsearch
-from hpc_jabas.core.grouptimes import group_space  # noqa: F401  (the optimal planner's pricing_space)
 from hpc_jabas.core.mixbound import peak_rate
 from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, PlanSpec, make_planner, snap_nearest
+from hpc_jabas.core.planning.grouptimes import group_space  # noqa: F401  (the optimal planner's pricing_space)
 from hpc_jabas.core.policy import (
     PolicyState,
     decision_period,

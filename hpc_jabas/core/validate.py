@@ -15,6 +15,9 @@ The rules are the same everywhere:
 * bounds are closed unless marked open: ``lo_open=True`` makes ``lo`` strict, ``hi_open=True`` makes ``hi``
   strict, and the message spells the range as ``> 0``, ``>= 1``, ``in [0, 1)``, ``in 1..64``.
 
+Text (a flag, an environment variable, a field of a spec such as ``v100:4``) becomes a number here too, in one
+place: :func:`parse_int` and :func:`parse_ints`, with the same line (``where`` and an example may follow).
+
 Saved state that fails a check is the caller's to report as a :class:`~hpc_jabas.errors.StateError`.
 """
 from __future__ import annotations
@@ -66,24 +69,61 @@ def positive(x: Any, what: str) -> float:
     return number(x, what, lo=0.0, lo_open=True)
 
 
+def _int_rule(lo: int | None, hi: int | None) -> str:
+    if lo is not None and hi is not None:
+        return f"an integer in {lo}..{hi}"
+    bounds = _range_text(lo, hi, False, False, "d")
+    return "an integer" + (" " + bounds if bounds else "")
+
+
+#: text that :func:`parse_int` (and :func:`integer` with ``digits``) reads as an integer: decimal digits, a sign,
+#: blanks around them; at most 30 digits (a longer one is out of any range this package checks, and ``int()`` of
+#: thousands of digits is refused by Python itself)
+_INT_TEXT = re.compile(r"\s*[-+]?[0-9]{1,30}\s*")
+
+
 def integer(x: Any, what: str, *, lo: int | None = None, hi: int | None = None, whole_float: bool = True,
             digits: bool = False) -> int:
     """``x`` as an int, checked: an integer (or, with ``whole_float``, an integral float; with ``digits``, a
     string of decimal digits such as a flag's "60") within the closed bounds."""
     v: int | None = None
-    if digits and isinstance(x, str) and re.fullmatch(r"\s*-?[0-9]+\s*", x):
+    if digits and isinstance(x, str) and _INT_TEXT.fullmatch(x):
         v = int(x)
     elif isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
         v = int(x)
     elif whole_float and isinstance(x, (float, np.floating)) and math.isfinite(float(x)) and float(x).is_integer():
         v = int(x)
     if v is None or (lo is not None and v < lo) or (hi is not None and v > hi):
-        if lo is not None and hi is not None:
-            bounds = f" in {lo}..{hi}"
-        else:
-            bounds = " " + _range_text(lo, hi, False, False, "d") if lo is not None or hi is not None else ""
-        raise ConfigError(f"{what}={x!r} is invalid; it must be an integer{bounds}")
+        raise ConfigError(f"{what}={x!r} is invalid; it must be {_int_rule(lo, hi)}")
     return v
+
+
+def parse_int(text: Any, what: str, *, lo: int | None = None, hi: int | None = None, where: str = "",
+              hint: str = "") -> int:
+    """Text (a flag, an environment variable, a field of a spec such as ``v100:4``) as an int within the closed
+    bounds: decimal digits, an optional sign, blanks around them. Otherwise one line::
+
+        <what>=<the text> [<where>] is invalid; it must be an integer [<bounds>][; <hint>]
+
+    (``where``: where the text came from, e.g. "in the environment"; ``hint``: an example of a good value;
+    a text longer than 40 characters is shown cut)."""
+    t = str(text)
+    v = int(t) if _INT_TEXT.fullmatch(t) else None
+    if v is None or (lo is not None and v < lo) or (hi is not None and v > hi):
+        shown = t if len(t) <= 40 else t[:36] + "..."
+        raise ConfigError(f"{what}={shown!r}{' ' + where if where else ''} is invalid; it must be "
+                          f"{_int_rule(lo, hi)}{'; ' + hint if hint else ''}")
+    return v
+
+
+def parse_ints(text: Any, what: str, *, lo: int | None = None, hi: int | None = None, hint: str = "") -> list[int]:
+    """A comma-separated list of integers (``1,2,4,8``; blanks and empty items ignored), each read by
+    :func:`parse_int` as ``<what> value``; a list with no item is refused in one line too."""
+    out = [parse_int(part, f"{what} value", lo=lo, hi=hi, hint=hint) for part in str(text).split(",") if part.strip()]
+    if not out:
+        raise ConfigError(f"{what}={str(text)!r} is invalid; it must be a list of at least one integer"
+                          f"{'; ' + hint if hint else ''}")
+    return out
 
 
 def passes(check: Callable[..., Any], x: Any, **rule: Any) -> bool:

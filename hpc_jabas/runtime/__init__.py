@@ -1,1 +1,2 @@
-"""What every rank runs: torch + Horovod (comm.py is the only Horovod import)."""
+"""What every rank runs: torch and one communication backend. Every collective goes through comm.py, which
+forwards to comm_torch.py (torch.distributed) or comm_horovod.py (the only Horovod import); docs/backends.md."""

@@ -38,7 +38,7 @@ D = TypeVar("D", bound=Encodable)
 Broadcast = Callable[[Any, str], Any]
 
 
-def _horovod_broadcast(obj: Any, name: str) -> Any:
+def _comm_broadcast(obj: Any, name: str) -> Any:
     from hpc_jabas.runtime import comm
     return comm.broadcast_object(obj, root_rank=0, name=name)
 
@@ -46,14 +46,15 @@ def _horovod_broadcast(obj: Any, name: str) -> Any:
 class DecisionChannel:
     """Rank 0 decides, every rank gets the same decision (or the no-op when rank 0's step raised).
 
-    ``broadcast(obj, name)`` defaults to Horovod's named object broadcast from rank 0; tests
-    without MPI pass their own (e.g. the identity on a single rank).
+    ``broadcast(obj, name)`` defaults to the backend's named object broadcast from rank 0
+    (``comm.broadcast_object``: Horovod's or torch.distributed's); tests without ranks pass their own (e.g. the
+    identity on a single rank).
     """
 
     def __init__(self, rank: int, metrics: MetricsSink | None = None, broadcast: Broadcast | None = None) -> None:
         self.rank = rank
         self.metrics = metrics
-        self._broadcast = broadcast or _horovod_broadcast
+        self._broadcast = broadcast or _comm_broadcast
         self.contained_errors = 0
 
     def run(self, name: str, iteration: int, decide: Callable[[], D | None], decode: Callable[[dict[str, Any]], D],

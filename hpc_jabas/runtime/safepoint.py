@@ -306,15 +306,6 @@ def boundary(host: SafePointHost, periodic: PeriodicCheckpoint) -> StopReason | 
     return None
 
 
-def safe_point(trainer: Any, periodic: PeriodicCheckpoint) -> bool:
-    """:func:`boundary` for an object that keeps the reason as ``stop_reason`` (the older form: the Trainer
-    calls ``boundary`` and keeps the reason itself): True when the job stops here."""
-    reason = boundary(trainer, periodic)
-    if reason is not None:
-        trainer.stop_reason = reason
-    return reason is not None
-
-
 def finish(trainer: SafePointHost) -> None:
     """Every rank, when fit's loop ends: the agreement still in flight (overlap mode) is read; a non-finite loss
     it reports stops the run as at a safe point (a stop signal is not acted on: the job ends anyway)."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from hpc_jabas.errors import ConfigError, JabasError, SlurmError
 from hpc_jabas.slurm import chain as chainlog
-from hpc_jabas.slurm import proc
+from hpc_jabas.slurm import cluster, proc, watch
 
 #: the chain event that ends a chain on purpose
 EVENT = "cancel"
@@ -37,8 +37,7 @@ SACCT_LAG_S = 3.0
 
 
 def _chain_of(events: list[dict], job_id: str) -> list[str]:
-    from hpc_jabas.slurm.watch import split_chains
-    return next((c for c in split_chains(events) if str(job_id) in c), [str(job_id)])
+    return next((c for c in watch.split_chains(events) if str(job_id) in c), [str(job_id)])
 
 
 def _first_time(events: list[dict], jobs: list[str]) -> float:
@@ -60,17 +59,15 @@ def slurm_cancelled(job_id: str, env: Mapping[str, str] | None = None, lag_s: fl
     """Slurm's record when the job was cancelled (``scancel`` without ``--signal``: sacct CANCELLED), else None.
     squeue shows a cancelled job as COMPLETING before sacct may have it: then sacct is asked again for up to
     ``lag_s`` seconds. Slurm not answering: None (a stop is then requeued as before)."""
-    from hpc_jabas.slurm.cluster import job_clock
-    from hpc_jabas.slurm.watch import sacct_states
     end = time.time() + lag_s
     while True:
         try:
-            st = sacct_states([job_id], env).get(str(job_id), {}).get("State", "")
+            st = watch.sacct_states([job_id], env).get(str(job_id), {}).get("State", "")
         except JabasError:
             return None
         if st == "CANCELLED":
             return st
-        if time.time() >= end or job_clock(job_id, env)["state"] != "COMPLETING":
+        if time.time() >= end or cluster.job_clock(job_id, env)["state"] != "COMPLETING":
             return None
         sleep(0.3)
 
@@ -102,7 +99,6 @@ def cancel_chain(chain_dir: str | Path, env: Mapping[str, str] | None = None) ->
     (it checkpoints at its next safe point and ends) and cancel each pending one. Returns {"event", "running",
     "starting", "pending", "ended"} (job ids). ConfigError when the directory holds no chain; SlurmError when
     Slurm cannot be asked."""
-    from hpc_jabas.slurm.watch import TERMINAL, sacct_states
     d = Path(chain_dir)
     events = chainlog.read(d) if d.is_dir() else []
     if not events:
@@ -114,11 +110,11 @@ def cancel_chain(chain_dir: str | Path, env: Mapping[str, str] | None = None) ->
                   if e.get(k) is not None and str(e[k]).isdigit()}, key=int)
     rec = chainlog.append(d, EVENT, by="user", jobs=ids)
     events = chainlog.read(d)            # read after the event: a job starting later reads it itself
-    states = sacct_states(ids, env)
+    states = watch.sacct_states(ids, env)
     out: dict[str, Any] = {"event": rec, "running": [], "starting": [], "pending": [], "ended": []}
     for j in ids:
         st = states.get(j, {}).get("State", "")
-        if st in TERMINAL or not st:
+        if st in watch.TERMINAL or not st:
             out["ended"].append(j)
         elif st in ("PENDING", "REQUEUED", "SUSPENDED"):
             _cancel(j, env)
@@ -142,19 +138,18 @@ def wait_ended(chain_dir: str | Path, jobs: list[str], timeout_s: float, poll_s:
                env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Until each of ``jobs`` has recorded its end in the chain or Slurm lists it as ended (at most ``timeout_s``):
     job id -> its chain end state ("cancelled", ...), its Slurm state, or "running" when still going."""
-    from hpc_jabas.slurm.watch import TERMINAL, sacct_states
     deadline = time.time() + timeout_s
     while True:
         ev = chainlog.read(chain_dir)
         out: dict[str, str] = {}
         try:
-            states = sacct_states(jobs, env) if jobs else {}
+            states = watch.sacct_states(jobs, env) if jobs else {}
         except SlurmError:
             states = {}
         for j in jobs:
             end = next((e for e in reversed(ev) if e.get("event") == "end" and str(e.get("job_id")) == j), None)
             st = states.get(j, {}).get("State", "")
-            out[j] = str(end["state"]) if end is not None else st if st in TERMINAL else "running"
+            out[j] = str(end["state"]) if end is not None else st if st in watch.TERMINAL else "running"
         if all(v != "running" for v in out.values()) or time.time() >= deadline:
             return out
         time.sleep(poll_s)

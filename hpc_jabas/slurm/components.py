@@ -2,7 +2,7 @@
 
 A mix of one partition is a plain Slurm job; a mix of several is ONE heterogeneous job, component
 k holding the k-th partition in sorted order (the rank order ``hpc_jabas.runtime.lifecycle.expand_mix``
-assumes), started with ``srun --het-group=0,..,k`` so that one MPI/Horovod world spans them.
+assumes), started with ``srun --het-group=0,..,k`` so that one world of ranks spans them.
 
 Per component: ``--partition``, ``--ntasks`` = GPUs (one rank per GPU), the partition's typed GPUs
 (``--gres=gpu:<type>:<n>`` on one node; ``--nodes=N --gpus-per-task=<type>:1`` when the count needs
@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.config import SlurmJobConfig, flatten
 from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.validate import integer, passes
+from hpc_jabas.core.schema import convert
+from hpc_jabas.core.validate import integer, parse_int, passes
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.cluster import ClusterView, read_cluster
 
@@ -131,8 +133,6 @@ class SlurmOptions:
     def of(cls, spec: JobSpec) -> SlurmOptions:
         """From ``spec.slurm`` (the submit command's flags, ``JobSpec(slurm=...)``) first, then the job's config
         (any table), then the defaults. A bad value is one ConfigError line naming the key and the value."""
-        from hpc_jabas.core.config import SlurmJobConfig, flatten
-        from hpc_jabas.core.schema import convert
         flat, _ = flatten(spec.config or {})
         out: dict[str, Any] = {}
         defaults = SlurmJobConfig()
@@ -156,8 +156,8 @@ MEM_KEY: dict[str, Any] = {"lo": 1, "hi": None, "lo_open": False, "hi_open": Fal
 def _whole(v: Any) -> Any:
     """The flag and keyword forms of a whole number as an int ("60", 60.0); anything else as given (the
     schema's check names it)."""
-    if isinstance(v, str) and re.fullmatch(r"\s*-?[0-9]+\s*", v):
-        return int(v)
+    if isinstance(v, str) and passes(parse_int, v):
+        return parse_int(v, "value")
     if isinstance(v, float) and v.is_integer():
         return int(v)
     return v
@@ -247,12 +247,12 @@ def parse_mix(text: str) -> dict[str, int]:
             continue
         part, sep, n = item.partition(":")
         part = part.strip()
-        if not sep or not part or not n.strip().isdigit() or int(n) < 1:
+        if not sep or not part or not passes(parse_int, n, lo=1):
             raise ConfigError(f"mix {text!r} is invalid: {item!r} must be PARTITION:COUNT with COUNT >= 1, "
                               "e.g. a100:1,v100:2")
         if part in out:
             raise ConfigError(f"mix {text!r} names partition {part!r} twice")
-        out[part] = int(n)
+        out[part] = parse_int(n, "count")
     if not out:
         raise ConfigError(f"mix {text!r} is empty; give PARTITION:COUNT[,...], e.g. a100:1,v100:2")
     return dict(sorted(out.items()))

@@ -29,7 +29,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.core.validate import parse_int
 from hpc_jabas.slurm.text import expand_hostlist
 
 #: prefixes of the variables Slurm sets for a job, its steps and its commands (SLURM_CONF aside)
@@ -73,10 +73,7 @@ class SlurmEnv:
         name = next((n for n in names if env.get(n)), None)
         if name is None:
             return None
-        try:
-            return int(env[name])
-        except ValueError:
-            raise ConfigError(f"{name}={env[name]!r} in the environment is not an integer") from None
+        return parse_int(env[name], name, where="in the environment")
 
     # ---- the job ---------------------------------------------------------------------------------
     @property

@@ -30,6 +30,7 @@ from hpc_jabas.errors import JabasError, SlurmError
 from hpc_jabas.log import get_logger
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
+from hpc_jabas.slurm.cluster import read_cluster
 from hpc_jabas.slurm.text import expand_hostlist
 from hpc_jabas.trust import check_file
 
@@ -163,7 +164,6 @@ class PendingWatch:
             if self.view_fn is not None:
                 view = self.view_fn(cfg.get("partition_types"))
             else:
-                from hpc_jabas.slurm.cluster import read_cluster
                 view = read_cluster(cfg.get("partition_types"), env=self.env)
         except JabasError as e:
             log.warning("cannot read the cluster to check pending job %s: %s", job_id, e)

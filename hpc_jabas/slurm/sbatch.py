@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hpc_jabas.core.config import flatten
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.components import (
@@ -179,7 +180,6 @@ def setup_lines(spec: JobSpec) -> list[str]:
 def _trusts_group(spec: JobSpec) -> bool:
     """The job's ``trust_group = true``: its launcher then accepts the group-writable job spec and chain record it
     reads before the config (hpc_jabas/trust.py). The script is the user's, written by submit; Slurm keeps a copy."""
-    from hpc_jabas.core.config import flatten
     cfg = spec.config if isinstance(spec.config, Mapping) else {}
     return flatten(cfg)[0].get("trust_group") is True
 

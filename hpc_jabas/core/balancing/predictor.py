@@ -46,6 +46,7 @@ from hpc_jabas.core.balancing.speed_models import (
     SpeedModel,
     check_state,
     exo_dict,
+    restoring,
 )
 from hpc_jabas.core.validate import integer, positive
 from hpc_jabas.errors import ConfigError, StateError
@@ -168,7 +169,7 @@ class RankPredictors:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         st = check_state(state, "ranks")
-        try:
+        with restoring("rank predictor", "RankPredictors.state_dict()"):
             kind, kwargs, n = st["predictor"], dict(st["kwargs"]), st["n_ranks"]
             kwargs = {k: tuple(v) if k == "clip" else v for k, v in kwargs.items()}
             new = RankPredictors(n, kind, **kwargs)
@@ -179,9 +180,4 @@ class RankPredictors:
             new.n_scored = int(st["n_scored"])
             new._err_sum = float(st["err_sum"])
             new._base_sum = float(st["base_sum"])
-        except ConfigError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"rank predictor state is malformed ({type(e).__name__}: {e}); "
-                              "give a dict made by RankPredictors.state_dict()") from e
         self.__dict__.update(new.__dict__)

@@ -47,6 +47,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from hpc_jabas.core.balancing.speed_models import restoring
 from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.core.validate import positive
 from hpc_jabas.errors import ConfigError, StateError
@@ -284,7 +285,7 @@ class Rebalancer:
         if not isinstance(state, Mapping) or state.get("kind") != "rebalancer" \
                 or state.get("version") != STATE_VERSION:
             raise ConfigError("rebalancer state is not a state_dict() of this version of Rebalancer")
-        try:
+        with restoring("rebalancer", "Rebalancer.state_dict()"):
             new = Rebalancer(**dict(state["config"]))
             ws = state["world_size"]
             new.world_size = None if ws is None else int(ws)
@@ -293,11 +294,6 @@ class Rebalancer:
                 new.history.append(dict(h))
             new.n_proposals = int(state["n_proposals"])
             new.n_replans = int(state["n_replans"])
-        except ConfigError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise StateError(f"rebalancer state is malformed ({type(e).__name__}: {e}); "
-                              "give a dict made by Rebalancer.state_dict()") from e
         if new.world_size is not None and len(new.last_dir) != new.world_size:
             raise StateError(f"rebalancer state has {len(new.last_dir)} directions for "
                               f"{new.world_size} ranks; give a dict made by state_dict()")

@@ -47,14 +47,15 @@ model output is always clipped to [clip_lo, clip_hi] x the last observed speed (
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import numpy as np
 
 from hpc_jabas.core.validate import integer, is_number, number, positive
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import ConfigError, JabasError, StateError
 
 STATE_VERSION = 2          # 2: signals lag one window (predict() takes none)
 MAX_LAGS = 64
@@ -89,6 +90,19 @@ def check_state(state: Any, kind: str) -> Mapping[str, Any]:
         raise ConfigError(f"predictor state version {state.get('version')!r} is not supported; "
                           f"this version reads {STATE_VERSION}")
     return state
+
+
+@contextlib.contextmanager
+def restoring(what: str, made_by: str) -> Iterator[None]:
+    """Around the restore of a balancing part's ``state_dict``: a missing key or a value of the wrong type or
+    form is one StateError line naming ``what`` and ``made_by``; our own errors raised inside pass as they are."""
+    try:
+        yield
+    except JabasError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise StateError(f"{what} state is malformed ({type(e).__name__}: {e}); give a dict made by {made_by}") \
+            from e
 
 
 # ---------------------------------------------------------------------------------------------

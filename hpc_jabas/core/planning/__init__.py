@@ -9,6 +9,7 @@ Modules, along their seams:
 * ``slots.py``: its slot arithmetic on the rank groups;
 * ``per_rank.py``: the exact planner for per-rank micro-batch sizes;
 * ``prices.py``: per-rank plans' iteration times over a range of B;
+* ``grouptimes.py``: the optimal planner's iteration times without its plans (the auto-scaler's pricing);
 * ``space.py``: ``BatchSpace`` (the realisable B of a mix) and the direction-preserving snap;
 * ``planner.py``: the ``Planner`` protocol and ``make_planner``, the one place a job's planner is
   built (kinds ``optimal``, ``lbbsp``, ``fixed``).

@@ -25,20 +25,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_jabas.core.validate import integer, parse_ints
 from hpc_jabas.errors import ConfigError
 
 
 def _ints(v: Any, what: str) -> tuple[int, ...]:
+    """A plan's list of integers (ints, integral floats or digit strings, as JSON or a caller may give them)."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__iter__"):
+        raise ConfigError(f"plan {what}={v!r} is invalid; it must be a list of integers")
     vals = tuple(v)
-    if all(type(x) is int for x in vals):
+    if all(type(x) is int for x in vals):          # the planners' own plans: nothing to convert
         return vals
-    try:
-        out = tuple(int(x) for x in vals)
-    except (TypeError, ValueError):
-        raise ConfigError(f"plan {what}={vals!r} must be a list of integers") from None
-    if any(isinstance(b, bool) or not float(a) == float(b) for a, b in zip(out, vals)):
-        raise ConfigError(f"plan {what}={list(vals)} must be integers")
-    return out
+    return tuple(integer(x, f"plan {what} value", digits=True) for x in vals)
 
 
 @dataclass(frozen=True, init=False)
@@ -176,7 +174,7 @@ class Plan:
                               "'b=8,4,4 n=2,3,1' (per rank) or 'b=8,4,4 n=2,3,1 x=13,12,4' (samples per rank)")
 
         def nums(g: str) -> tuple[int, ...]:
-            return tuple(int(v) for v in g.replace(" ", "").split(","))
+            return tuple(parse_ints(g, "plan"))
         bl = nums(m.group(1))
         return cls(bl[0] if len(bl) == 1 else bl, nums(m.group(2)), nums(m.group(3)) if m.group(3) else None)
 

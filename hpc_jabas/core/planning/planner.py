@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from hpc_jabas.core import gpus as catalog
 from hpc_jabas.core.perfmodel import PerfModel, declared_speed_factors
+from hpc_jabas.core.planning.grouptimes import group_space
 from hpc_jabas.core.planning.identical import plan_batch
 from hpc_jabas.core.planning.plan import Plan, proportional_plan, proportional_samples_plan
 from hpc_jabas.core.planning.space import BatchSpace, optimal_space, planner_space
@@ -156,7 +157,7 @@ class Planner(Protocol):
 
     def pricing_space(self, B_min: int, B_max: int) -> BatchSpace:
         """The batch space the auto-scaler and the simulator price a mix with (identical b, no declared
-        factors): ``optimal``'s rank-group times (grouptimes.group_space, no per-rank plans of thousands
+        factors): ``optimal``'s rank-group times (grouptimes.py's group_space, no per-rank plans of thousands
         of ranks), else ``batch_space``."""
         ...
 
@@ -184,6 +185,22 @@ def lbbsp_speeds(gpus: Sequence[str], speeds: Sequence[float] | None = None, *, 
     return [catalog.get(g).relative_speed for g in gpus]
 
 
+@dataclass(frozen=True)
+class BuildArgs:
+    """What ``make_planner`` resolved for a kind's ``build``: the spec, the ranks' GPU types, the perf model (or
+    the function that builds it), the plan kind (identical b or not), the declared speed factors given (None:
+    none), the user's planner function, whether lbbsp refuses speeds that do not fit the ranks, and whether
+    the declared factors are still to be derived from ``spec.speeds`` (``optimal`` only)."""
+    spec: PlanSpec
+    types: list[str]
+    perf_model: ModelSource
+    identical_b: bool
+    given: list[float] | None
+    plan_fn: PlannerFn | None
+    strict_speeds: bool
+    derive: bool
+
+
 class _JobPlanner:
     """The parts every kind shares: the ranks, the perf model (built on first use), the plan kind,
     and an optional planner function that replaces the kind's own rule (the user's ``planner_fn``)."""
@@ -194,14 +211,13 @@ class _JobPlanner:
     #: its batch space steps in whole micro-batches whatever the plan kind (lbbsp's identical-b split)
     space_in_micro_batches: ClassVar[bool] = False
 
-    def __init__(self, spec: PlanSpec, gpus: Sequence[str], perf_model: ModelSource, identical_b: bool,
-                 declared: list[float] | None, plan_fn: PlannerFn | None) -> None:
-        self._spec = spec
-        self.gpus = list(gpus)
-        self._model = perf_model
-        self._identical_b = identical_b
+    def __init__(self, a: BuildArgs, declared: list[float] | None) -> None:
+        self._spec = a.spec
+        self.gpus = list(a.types)
+        self._model = a.perf_model
+        self._identical_b = a.identical_b
         self._declared = declared
-        self._plan_fn = plan_fn
+        self._plan_fn = a.plan_fn
 
     @property
     def spec(self) -> PlanSpec:
@@ -234,9 +250,7 @@ class _JobPlanner:
         return self.batch_space(B_min, B_max)
 
     @classmethod
-    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
-              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
-              derive: bool) -> _JobPlanner:
+    def build(cls, a: BuildArgs) -> _JobPlanner:
         raise NotImplementedError
 
 
@@ -246,23 +260,21 @@ class FixedPlanner(_JobPlanner):
     kind = "fixed"
     changes_B = False
 
-    def __init__(self, fixed: Plan | None, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, a: BuildArgs, fixed: Plan | None) -> None:
+        super().__init__(a, None)
         self.fixed = fixed
 
     @classmethod
-    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
-              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
-              derive: bool) -> _JobPlanner:
-        fixed = None
-        if plan_fn is None:
+    def build(cls, a: BuildArgs) -> _JobPlanner:
+        spec, fixed = a.spec, None
+        if a.plan_fn is None:
             if not spec.plan:
                 raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
             if spec.speeds and not spec.emulate:     # a config may keep them; the job's ranks cannot use them
                 raise ConfigError(f"speeds={list(spec.speeds)} are not used by planner='fixed' (its plan is given); "
                                   "drop speeds, or use planner='optimal' or 'lbbsp'")
             fixed = Plan.parse(spec.plan)
-        return cls(fixed, spec, types, perf_model, identical_b, None, plan_fn)
+        return cls(a, fixed)
 
     def _plan(self, B: int, factors: list[float] | None) -> Plan:
         assert self.fixed is not None
@@ -276,15 +288,12 @@ class LbbspPlanner(_JobPlanner):
     space_in_micro_batches = True
 
     @classmethod
-    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
-              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
-              derive: bool) -> _JobPlanner:
-        speeds = None if plan_fn is not None else lbbsp_speeds(types, spec.speeds, strict=strict_speeds)
-        return cls(spec.micro_batch or spec.min_micro_batch or 1, speeds, spec, types, perf_model, identical_b,
-                   given, plan_fn)
+    def build(cls, a: BuildArgs) -> _JobPlanner:
+        speeds = None if a.plan_fn is not None else lbbsp_speeds(a.types, a.spec.speeds, strict=a.strict_speeds)
+        return cls(a, a.spec.micro_batch or a.spec.min_micro_batch or 1, speeds)
 
-    def __init__(self, b: int, speeds: list[float] | None, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, a: BuildArgs, b: int, speeds: list[float] | None) -> None:
+        super().__init__(a, a.given)
         self.b = b
         self.speeds = speeds
         self._caps: list[int] | None = None
@@ -320,18 +329,17 @@ class OptimalPlanner(_JobPlanner):
     every_rank_runs = True
 
     @classmethod
-    def build(cls, spec: PlanSpec, types: list[str], perf_model: ModelSource, identical_b: bool,
-              given: list[float] | None, plan_fn: PlannerFn | None, strict_speeds: bool,
-              derive: bool) -> _JobPlanner:
-        if derive and plan_fn is None:
-            pm = perf_model if isinstance(perf_model, PerfModel) else perf_model()
-            given = declared_speed_factors(list(spec.speeds) if spec.speeds else None, types, pm)
-        return cls(spec.micro_batch, spec.min_micro_batch, spec, types, perf_model, identical_b, given, plan_fn)
+    def build(cls, a: BuildArgs) -> _JobPlanner:
+        given = a.given
+        if a.derive and a.plan_fn is None:
+            pm = a.perf_model if isinstance(a.perf_model, PerfModel) else a.perf_model()
+            given = declared_speed_factors(list(a.spec.speeds) if a.spec.speeds else None, a.types, pm)
+        return cls(a, given)
 
-    def __init__(self, micro_batch: int | None, min_micro_batch: int | None, *args: Any) -> None:
-        super().__init__(*args)
-        self.micro_batch = micro_batch
-        self.min_micro_batch = min_micro_batch
+    def __init__(self, a: BuildArgs, declared: list[float] | None) -> None:
+        super().__init__(a, declared)
+        self.micro_batch = a.spec.micro_batch
+        self.min_micro_batch = a.spec.min_micro_batch
 
     @functools.cached_property
     def cands(self) -> list[int] | None:
@@ -339,7 +347,6 @@ class OptimalPlanner(_JobPlanner):
         return self.spec.candidates(self.gpus, self.model())
 
     def pricing_space(self, B_min: int, B_max: int) -> BatchSpace:
-        from hpc_jabas.core.grouptimes import group_space
         return group_space(self.gpus, self.model(), B_min, B_max, self.cands)
 
     def _plan(self, B: int, factors: list[float] | None) -> Plan:
@@ -382,7 +389,8 @@ def make_planner(spec: PlanSpec | JobConfig, gpu_types: Sequence[str], perf_mode
         identical_b = True if custom else wants_identical_b(s, coupled_layers)
     derive = isinstance(speed_factors, str)          # "declared": from spec.speeds (optimal only)
     given = None if isinstance(speed_factors, str) or not speed_factors else list(speed_factors)
-    return _KINDS[s.kind].build(s, list(gpu_types), perf_model, identical_b, given, plan_fn, strict_speeds, derive)
+    return _KINDS[s.kind].build(BuildArgs(s, list(gpu_types), perf_model, identical_b, given, plan_fn, strict_speeds,
+                                          derive))
 
 
 def job_batch_space(cfg: PlanSpec | JobConfig | Any, gpus: Sequence[str], model: PerfModel,

@@ -16,7 +16,7 @@ examples/models.py) the profiler measures, on the current device:
   (measured at two sizes) + the input; fixed = parameters x (weights, gradients, optimizer
   state). Both are capped at ``b_limit``;
 * **gradient size** ``grad_bytes``: bytes of the parameters that require gradients;
-* **allreduce** (:mod:`.allreduce`, only inside a Horovod world of >= 2 ranks): seconds of an
+* **allreduce** (:mod:`.allreduce`, only inside a world of >= 2 ranks): seconds of an
   ``op=Sum`` allreduce of several message sizes (after a tiny allreduce as barrier; per repeat
   the slowest rank; median over repeats), fitted by ``AllreduceModel.fit``. The fitted
   ``bandwidth`` is rescaled so that ``a == 1``: it is then the measured effective bytes/s.
@@ -31,5 +31,5 @@ Modules: :mod:`.defaults` (constants; no torch, for the CLI), :mod:`.load` (the 
 ``module:callable`` loader, the model bundle, devices), :mod:`.timing`, :mod:`.memory`,
 :mod:`.allreduce`, :mod:`.compute` (measurement -> profiles) and :mod:`.run` (``hpc-jabas
 profile``); import the names from those modules. Only the allreduce part
-touches Horovod (``comm`` is imported lazily there).
+touches the communication backend (``comm`` is imported lazily there).
 """

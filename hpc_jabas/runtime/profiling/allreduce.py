@@ -1,4 +1,5 @@
-"""Allreduce: timed op=Sum allreduces over the Horovod world, and their fit (AllreduceModel)."""
+"""Allreduce: timed op=Sum allreduces over the ranks' world (runtime/comm.py: torch.distributed or Horovod), and
+their fit (AllreduceModel)."""
 from __future__ import annotations
 
 import statistics
@@ -14,7 +15,7 @@ from hpc_jabas.runtime.profiling.load import resolve_device
 
 def measure_allreduce(sizes: Iterable[int], *, warmup: int = 3, repeats: int = 10,
                       device: str | None = None) -> list[tuple[int, int, float]]:
-    """(nbytes, N, seconds) per message size, over the current Horovod world (all ranks call).
+    """(nbytes, N, seconds) per message size, over the current world of ranks (all ranks call).
 
     Each timed allreduce starts after a one-element allreduce (a barrier); its time is the
     slowest rank's; the result per size is the median over repeats. The sizes take turns

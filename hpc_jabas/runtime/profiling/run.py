@@ -89,7 +89,7 @@ class ProfileSettings:
 
 @dataclass
 class _World:
-    """Who measures what: the Horovod world (comm None: one process), this rank's device and the GPU
+    """Who measures what: the world of ranks (comm None: one process), this rank's device and the GPU
     types it measures (the lowest rank of each type)."""
 
     comm: Any
@@ -129,7 +129,7 @@ def run_profile(model_spec: str, out_dir: str, settings: ProfileSettings | None 
 
 
 def _join(s: ProfileSettings, types: list[str]) -> _World:
-    """Join the Horovod world (when started as N >= 2 ranks) and pick this rank's device and types."""
+    """Join the ranks' world through the backend (when started as N >= 2 ranks); pick this rank's device, types."""
     world, comm, rank = world_size(), None, 0
     if world > 1:
         from hpc_jabas.runtime import comm as _comm
