@@ -1,8 +1,9 @@
 """The layers of hpc_jabas (cli -> runtime -> slurm -> core), checked on the source text.
 
 Every import counts, lazy ones inside functions included:
-- core/ is pure: no torch, horovod, mpi4py, submitit, subprocess or clock, and only core + errors
-  from the package;
+- core/ is pure: no torch, horovod, mpi4py, submitit, subprocess or clock, and only core + the leaves
+  (errors, and trust: the owner and mode checks a config file passes before core/config.py reads it, which
+  import nothing of the package but errors) from the package;
 - slurm/ never imports runtime/ or cli/; runtime/ never imports cli/;
 - exactly one module imports horovod (runtime/comm_horovod.py, the Horovod backend of runtime/comm.py);
 - core/config.py imports no implementation module: its choices and defaults come from core/defaults.py,
@@ -66,8 +67,17 @@ def _internal(name: str) -> set[str]:
 def test_core_is_pure(name):
     bad = {m for m in _imports(name, MODS[name]) if m.split(".")[0] in FORBIDDEN_IN_CORE}
     assert not bad, f"{name} imports {sorted(bad)}"
-    up = {m for m in _internal(name) if not (m.startswith("hpc_jabas.core") or m == "hpc_jabas.errors")}
+    up = {m for m in _internal(name) if not (m.startswith("hpc_jabas.core") or m in LEAVES)}
     assert not up, f"{name} imports {sorted(up)} from outside core/"
+
+
+#: the package's leaf modules core/ may use: nothing of the package besides errors inside them
+LEAVES = {"hpc_jabas.errors", "hpc_jabas.trust"}
+
+
+def test_the_leaves_import_nothing_of_the_package_but_errors():
+    for leaf in LEAVES:
+        assert _internal(leaf) <= {"hpc_jabas.errors"}, f"{leaf} imports {sorted(_internal(leaf))}"
 
 
 def test_layers_point_down():
@@ -90,9 +100,10 @@ def test_one_module_imports_horovod():
 
 #: what core/config.py may import from the package: its defaults, its generic half (the schema) and the
 #: leaves it validates with (GPU type names, slowdown specs, the one number checker core/validate.py, which
-#: the schema decides with), and the one text-file reader (core/textfile.py)
+#: the schema decides with), the one text-file reader (core/textfile.py) and the trust check of the files it reads
 CONFIG_MAY_IMPORT = {"hpc_jabas.core.defaults", "hpc_jabas.core.schema", "hpc_jabas.core.gpus",
-                     "hpc_jabas.core.slowdown", "hpc_jabas.core.textfile", "hpc_jabas.core.validate"}
+                     "hpc_jabas.core.slowdown", "hpc_jabas.core.textfile", "hpc_jabas.core.validate",
+                     "hpc_jabas.trust"}
 
 
 def test_config_imports_no_implementation_module():
