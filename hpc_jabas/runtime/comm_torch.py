@@ -386,6 +386,7 @@ class DDPReducer:
     (``loss x count / c``, c = S / world) the result is the mean gradient of the S samples."""
 
     eager_extras = False
+    keeps_grads = True
 
     def __init__(self, model: torch.nn.Module, bucket_cap_mb: float | None = None):
         _need()

@@ -132,7 +132,10 @@ class HeterogeneousOptimizer:
                 if set_to_none:
                     p.grad = None
                 else:
-                    p.grad.detach_()
+                    if p.grad.grad_fn is not None:      # torch's Optimizer.zero_grad: a view (DDP's bucket
+                        p.grad.detach_()                # views) cannot be detached in place
+                    else:
+                        p.grad.requires_grad_(False)
                     p.grad.zero_()
 
     # ---- the gradient reducer (runtime/reducer.py) ---------------------------------------------
@@ -194,7 +197,9 @@ class HeterogeneousOptimizer:
             raise ValueError(f"total_samples={total_samples} must be >= 1")
         if self._meas is not None:
             self._meas.remove_hooks()
-        self.zero_grad(set_to_none=True)     # the first backward then stores its gradient: no memset, no add
+        # the first backward then stores its gradient: no memset, no add; gradients that are views of the
+        # reducer's buckets (DDP's gradient_as_bucket_view) stay there, zeroed in place (no new tensor, no copy)
+        self.zero_grad(set_to_none=self.reducer is None or not self.reducer.keeps_grads)
         self._n_local, self._done_local = int(n_local), 0
         self._total = int(total_samples)
         try:

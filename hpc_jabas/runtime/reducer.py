@@ -24,7 +24,8 @@ Beside the gradients, a measurement iteration reduces its half-batch sums and th
 (:meth:`GradReducer.sum_async`): ``eager_extras`` says whether they may start while the gradients' sums are in
 flight (Horovod matches collectives by name) or only after them, in one order on every rank (torch.distributed
 matches them by call order). :class:`FlatReducer` is the torch backend's reducer for the low-level API, where the
-optimizer wrapper has the parameters but not the model: one fused allreduce of every gradient at ``finish``.
+optimizer wrapper has the parameters but not the model: the gradients are views of flat buffers, each summed in
+one allreduce at ``finish``.
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ class GradReducer(Protocol):
     eager_extras: bool
     #: what the forward runs through (DDP's wrapper), or None: the model itself
     module: torch.nn.Module | None
+    #: the gradients are views of the reducer's buckets: zeroed in place between iterations, never set to None
+    keeps_grads: bool
 
     def begin(self, n_local: int) -> None:
         """A new iteration with ``n_local`` micro-batches on this rank (the gradients were zeroed)."""
@@ -97,17 +100,12 @@ class _Pending:
         return self.wait_fn(self.handle)
 
 
-def _zero_grads(named: Sequence[tuple[str, torch.Tensor]]) -> None:
-    for _, p in named:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-
-
 class HookReducer:
     """Per-parameter named allreduces started from post-accumulate-grad hooks during the last micro-batch's
     backward (``overlap``), so that they overlap the rest of it and the backend fuses them (Horovod)."""
 
     eager_extras = True
+    keeps_grads = False
     module: torch.nn.Module | None = None
 
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]], world: int, start: StartSum, wait: WaitSum,
@@ -170,17 +168,21 @@ class HookReducer:
 
 
 class FlatReducer:
-    """No hooks: at ``finish`` every gradient (zeros where a parameter has none) is flattened into one buffer per
-    (device, dtype), summed in one collective each and copied back with the postscale 1/world. The torch
-    backend's reducer where no model is at hand (the optimizer wrapper used alone); extras after the gradients."""
+    """No hooks: the gradients live in one flat buffer per (device, dtype) (each ``.grad`` a view of it, as DDP's
+    ``gradient_as_bucket_view``: set up at the first ``finish``, zeroed in place afterwards), and ``finish`` sums
+    each buffer in one collective, in place, with the postscale 1/world. The torch backend's reducer where no
+    model is at hand (the optimizer wrapper used alone); no overlap with the backward; extras after the gradients."""
 
     eager_extras = False
+    keeps_grads = True
     module: torch.nn.Module | None = None
 
     def __init__(self, named: Sequence[tuple[str, torch.Tensor]], world: int, start: StartSum, wait: WaitSum):
         self.named = list(named)
         self.world = int(world)
         self._start, self._wait = start, wait
+        self._flats: list[torch.Tensor] = []
+        self._views: list[torch.Tensor] = []
 
     def begin(self, n_local: int) -> None:
         pass
@@ -191,22 +193,34 @@ class FlatReducer:
     def zero_step(self) -> None:
         pass
 
-    def finish(self) -> None:
-        _zero_grads(self.named)
-        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for _, p in self.named:
-            assert p.grad is not None
-            groups.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
-        pending = []
-        for k, (_, grads) in enumerate(groups.items()):
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            pending.append((grads, flat, self._start(flat, f"hj.g.flat{k}", 1.0 / self.world)))
-        for grads, flat, h in pending:
-            self._wait(h)
+    def _layout(self) -> None:
+        """The flat buffers and the views the gradients become (their values copied in, zeros where none)."""
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, (_, p) in enumerate(self.named):
+            groups.setdefault((p.device, p.dtype), []).append(i)
+        self._flats, self._views = [], [torch.empty(0)] * len(self.named)
+        for (dev, dt), idx in groups.items():
+            flat = torch.zeros(sum(self.named[i][1].numel() for i in idx), device=dev, dtype=dt)
             off = 0
-            for g in grads:
-                g.copy_(flat[off:off + g.numel()].view_as(g))
-                off += g.numel()
+            for i in idx:
+                p = self.named[i][1]
+                self._views[i] = flat[off:off + p.numel()].view_as(p)
+                off += p.numel()
+            self._flats.append(flat)
+
+    def finish(self) -> None:
+        if not self._flats:
+            self._layout()
+        for (_, p), v in zip(self.named, self._views):
+            if p.grad is not v:                   # first time, or set to None / replaced by the caller
+                if p.grad is None:
+                    v.zero_()
+                else:
+                    v.copy_(p.grad)
+                p.grad = v
+        handles = [self._start(flat, f"hj.g.flat{k}", 1.0 / self.world) for k, flat in enumerate(self._flats)]
+        for h in handles:
+            self._wait(h)
 
     def sum_async(self, t: torch.Tensor, name: str) -> PendingSum:
         return _Pending(self._start(t, name, 1.0), self._wait)
