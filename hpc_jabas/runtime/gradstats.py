@@ -205,7 +205,7 @@ class Measurement:
             for i in range(len(self.h0)):
                 self._reduce_h0(i)
         else:
-            for i, done in enumerate(self._touched):
+            for i, done in enumerate(self._touched[:len(self.h0)]):      # no h0 for a noise-only measurement
                 if not done:
                     self.h0[i].zero_()
                     self._touched[i] = True

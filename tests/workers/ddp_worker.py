@@ -46,10 +46,10 @@ def forward(m, batch):
 
 
 counts, stats, kept = [], [], []
-for measure in (False, True, False, True, True):
+for measure in (False, True, False, True, True, "noise"):        # "noise": a noise-only measurement
     x, y = torch.randn(12, 8, dtype=torch.float64), torch.randint(0, 4, (12,))
     s0 = seq()
-    opt.begin(3, 12, measure=measure)
+    opt.begin(3, 12, measure=bool(measure), similarity=measure != "noise")
     kept.append(all(p.grad is not None and p.grad._base is not None for p in model.parameters()))
     sums = None
     for sl in (slice(0, 3), slice(3, 8), slice(8, 12)):
@@ -57,7 +57,7 @@ for measure in (False, True, False, True, True):
     read_sums(sums, opt, 12)
     opt.step()
     counts.append(seq() - s0)
-    stats.append(opt.last_stats is not None)
+    stats.append(opt.last_stats is not None and (opt.last_stats.similarity is None) == (measure == "noise"))
     ref_opt.zero_grad()
     loss_fn(ref(x), y).backward()      # one big batch of the same 12 samples
     ref_opt.step()
@@ -65,7 +65,7 @@ diff = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(
 views = all(p.grad is not None and p.grad._base is not None for p in model.parameters())
 # from iteration 1 on, begin() zeroes the gradients in their buckets: not set to None (a new tensor per
 # iteration, copied into the bucket at the reduction)
-stable = kept[1:] == [True] * 4 and not kept[0]
+stable = kept[1:] == [True] * 5 and not kept[0]
 
 # an iteration without micro-batches on this rank: one synced zero step through DDP, the user's forward not run
 n_fw = len(forwards)
