@@ -16,6 +16,8 @@ handler runs, so none can wait in a collective (MPI_Finalize, Horovod's shutdown
 from __future__ import annotations
 
 import inspect
+import io
+import json
 import os
 import sys
 import time
@@ -59,8 +61,27 @@ def say(e: JabasError) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def record_for_torchrun(e: JabasError) -> None:
+    """Under torchrun (``TORCHELASTIC_ERROR_FILE`` set): the error's line as this rank's error file, in the
+    format of torch.distributed.elastic's ``record``, so that torchrun's failure report names it as the root
+    cause instead of "To enable traceback see ..."."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": f"hpc-jabas: error: {e}", "timestamp": str(int(time.time()))}, f)
+    except OSError:                 # the report falls back to torchrun's own words
+        pass
+
+
 def exit_on_error(e: JabasError) -> None:
     """Say ``e`` (once per job) and end this process with exit code 2, no exit handlers run."""
+    if isinstance(sys.stderr, io.StringIO) and sys.__stderr__ is not None:
+        # a hook in front of ours captures stderr to print it after ours returns (torch.distributed's, which
+        # prefixes the rank): ours does not return, so the line goes to the real stderr
+        sys.stderr = sys.__stderr__
+    record_for_torchrun(e)
     say(e)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -98,6 +119,7 @@ def run_main(fn: Callable[..., Any], argv: list[str] | None = None) -> None:
         takes_argv = _takes_argument(fn)
         rc = fn(argv) if takes_argv else fn()
     except JabasError as e:
+        record_for_torchrun(e)
         say(e)
         sys.exit(2)          # SystemExit, as before: a caller (a test, a wrapper) may catch it
     sys.exit(rc or 0)

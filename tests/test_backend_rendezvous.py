@@ -2,9 +2,9 @@
 
 * how a rank learns its place from the launcher's environment (pure: torchrun, Open MPI's mpirun, MPICH's PMI,
   srun including a heterogeneous step, a batch shell, nothing);
-* a world of one rank with no launcher, and the bucketed gradient reduction seen from inside the backward: the
-  buckets laid out in the backward's order, all but the last started before the backward's last gradient
-  (the overlap), the result one big batch's update;
+* a world of one rank with no launcher and its gradient reducer, DistributedDataParallel: the collectives of
+  every iteration counted (a small constant, not one per parameter), the zero step of a rank without
+  micro-batches, the result one big batch's update;
 * a real 2-rank torchrun launch training against the one-process reference (backend auto picks torch there);
 * the ``backend`` key: one line naming the value and the valid ones, from a job file and from the flag.
 """
@@ -63,10 +63,10 @@ def test_launcher_refuses_a_garbled_rank_and_horovodrun_in_one_line():
         launcher({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": "1"})
 
 
-def test_streams_of_the_trainers_names():
-    assert [stream_of(n) for n in ("hj.g.layer1.0.weight", "hj.m.h0.3", "hj.m.scal", "hj.w", "hj.safepoint",
-                                   "hj.lossmode", "wm")] == ["grad", "grad", "grad", "grad", "hj.safepoint",
-                                                             "other", "other"]
+def test_groups_of_the_trainers_names():
+    """Only the stop-signal agreement, in flight across an iteration, has a group of its own."""
+    assert [stream_of(n) for n in ("hj.m.h0.0", "hj.m.scal", "hj.w", "hj.safepoint", "hj.lossmode", "wm")] == \
+        ["default", "default", "default", "hj.safepoint", "default", "default"]
 
 
 def test_backend_key_one_line_from_a_job_file_and_the_flag(capsys):
@@ -96,28 +96,24 @@ def test_submit_refuses_an_unknown_backend_before_slurm(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["job.toml"]          # nothing written, nothing submitted
 
 
-def test_one_rank_world_and_overlapping_buckets(tmp_path):
-    out = tmp_path / "ov.json"
-    p = run_script([str(WORKERS / "overlap_worker.py"), str(out)], env=dict(mpi_env(), OMP_NUM_THREADS="1"),
+def test_one_rank_world_ddp_reducer_collectives_and_zero_step(tmp_path):
+    out = tmp_path / "ddp.json"
+    p = run_script([str(WORKERS / "ddp_worker.py"), str(out)], env=dict(mpi_env(), OMP_NUM_THREADS="1"),
                    cwd=str(ROOT), timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     r = json.loads(out.read_text())
     assert (r["controller"], r["backend"], r["size"]) == ("single", "torch", 1)
-    # the layout: 256-byte buckets closed as DDP closes them (once they hold 256 bytes or more: a layer's bias and
-    # weight), in the backward's order, learned in iteration 1; a "large" CPU tensor (the middle weight, 1 KB here)
-    # alone, reduced in place, which closes the bucket before it; then the measurement's extra sums, each alone
-    assert r["buckets"][:4] == [["hj.g.4.bias", "hj.g.4.weight"], ["hj.g.2.bias"], ["hj.g.2.weight"],
-                                ["hj.g.0.bias", "hj.g.0.weight"]]
-    assert sorted(b[0] for b in r["buckets"][4:]) == sorted([f"hj.m.h0.{i}" for i in range(6)] + ["hj.m.scal"])
-    assert all(len(b) == 1 for b in r["buckets"][4:])
-    # the two buckets of several tensors keep their flat buffers from round to round (no allocation per round)
-    assert set(r["buffers"][0]) == {"hj.g.4.bias", "hj.g.0.bias"}
-    assert all(b == r["buffers"][0] for b in r["buffers"])
-    # iteration 1 learns the layout (nothing starts early); then the 4 gradients of the other buckets have started
-    # their allreduces when the backward's last gradient arrives; in the measuring iteration 4 also the 6 extra sums,
-    # which start once every gradient's bucket has (the layout's order)
-    assert r["started"] == [0, 4, 4, 10] and r["stats"]
-    assert r["max_diff"] < 1e-6           # two micro-batches of 5 and 7 samples = one batch of 12 (float32)
+    assert r["reducer"] == "DistributedDataParallel" and r["bucket_views"]     # the gradients are DDP's buckets
+    assert r["stable_grads"]              # zeroed in place each iteration: never a new tensor copied into a bucket
+    # collectives per iteration, of 30 parameter tensors: never one per parameter. Iteration 0 adds the loss
+    # kind's agreement, iteration 1 DDP's bucket rebuild (2 broadcasts); then a normal iteration is one bucket's
+    # allreduce and a measuring one adds the half-batch sum (one flat buffer) and the small scalar vector; a
+    # noise-only measurement (the last) only the scalars
+    assert r["params"] == 30 and r["stats"] == [False, True, False, True, True, True]
+    assert r["collectives"][2:] == [1, 3, 3, 2] and max(r["collectives"]) <= 5, r["collectives"]
+    assert r["max_diff"] < 1e-12          # three micro-batches of 3, 5 and 4 samples = one batch of 12 (float64)
+    # no micro-batch here: one synced zero step (one collective), the user's forward not run, zero gradients
+    assert r["zero"] == {"collectives": 1, "forwards": 0, "max_grad": 0.0}
 
 
 @pytest.mark.mpi
@@ -139,3 +135,62 @@ def test_torchrun_two_ranks_equal_one_big_batch():
         assert r["iterations"] == 12
         assert_params_close(r["params"], ref)
     assert os.environ.get("TORCHELASTIC_RUN_ID") is None
+
+
+#: a DDP script's start: its own process group first (a world of one over TCP), then hpc-jabas; argv[1]: "use"
+#: (the model as it is) or "wrapped" (the model still in the script's DistributedDataParallel)
+OWN_GROUP_SCRIPT = """import json, socket, sys
+import torch
+import torch.distributed as dist
+from torch import nn
+import hpc_jabas
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+group = dist.group.WORLD
+x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+ds = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+model = nn.Linear(4, 2)
+if sys.argv[1] == "wrapped":
+    model = nn.parallel.DistributedDataParallel(model)
+cfg = hpc_jabas.JobConfig(batch=8, run_dir=sys.argv[2], epochs=1)          # backend auto
+tr = hpc_jabas.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), ds, nn.CrossEntropyLoss(), config=cfg)
+tr.fit(max_iterations=3)
+from hpc_jabas.runtime import comm
+out = {"backend": comm.backend(), "iterations": tr.iteration, "same_group": dist.group.WORLD is group,
+       "reducer": type(tr.forward_module).__name__}
+comm.shutdown()
+out["still_initialized"] = dist.is_initialized()
+print("@@" + json.dumps(out))
+"""
+
+
+def _own_group_run(tmp_path, how: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "own_group.py"
+    script.write_text(OWN_GROUP_SCRIPT)
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_BACKEND"))}
+    return subprocess.run([PY, str(script), how, str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=str(tmp_path))
+
+
+def test_an_existing_process_group_is_used_and_said_once(tmp_path):
+    p = _own_group_run(tmp_path, "use")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(next(ln[2:] for ln in p.stdout.splitlines() if ln.startswith("@@")))
+    # backend auto picks torch (Horovod is installed here: the script's group decides), trains on that group,
+    # and leaves it to the script at shutdown
+    assert out == {"backend": "torch", "iterations": 3, "same_group": True, "reducer": "DistributedDataParallel",
+                   "still_initialized": True}
+    said = [ln for ln in (p.stdout + p.stderr).splitlines() if "process group" in ln]
+    assert len(said) == 1 and "using this process's process group (gloo, rank 0 of 1)" in said[0], said
+
+
+def test_a_model_already_in_ddp_is_one_line_telling_what_to_remove(tmp_path):
+    p = _own_group_run(tmp_path, "wrapped")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "hpc-jabas: error: the model given to Trainer is already wrapped in DistributedDataParallel: remove the "
+        "DistributedDataParallel(...) wrap and pass the model itself (hpc-jabas reduces the gradients: on the "
+        "torch backend it wraps the model in DDP for you)"], p.stderr
+    assert not (tmp_path / "run").exists()          # refused before anything was written

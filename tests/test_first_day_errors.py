@@ -75,3 +75,57 @@ def test_an_interactive_session_survives_an_error():
     r = subprocess.run([PY, "-c", "import hpc_jabas\nhpc_jabas.JobConfig(batch=0).validate()\nprint('alive')"],
                        capture_output=True, text=True, timeout=60, env=mpi_env())
     assert r.returncode == 2 and r.stdout == "" and r.stderr == "hpc-jabas: error: batch=0 must be an integer >= 1\n"
+
+
+#: a script in the shape docs/porting.md shows (no run_main) on the torch backend: the run directory is refused in
+#: setup(), after the process group started (torch.distributed's own sys.excepthook is then in front of ours)
+TORCH_SCRIPT = """import sys
+import torch
+from torch import nn
+import hpc_jabas
+x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+ds = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+model = nn.Linear(4, 2)
+cfg = hpc_jabas.JobConfig(batch=8, backend="torch", run_dir=sys.argv[1], epochs=1)
+trainer = hpc_jabas.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), ds, nn.CrossEntropyLoss(),
+                            config=cfg)
+trainer.fit()
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launcher", ["python", "mpirun", "torchrun"])
+def test_torch_backend_error_after_start_is_one_line_without_run_main(tmp_path, launcher):
+    script = tmp_path / "port.py"
+    script.write_text(TORCH_SCRIPT)
+    run_dir = unwritable(tmp_path)
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_BACKEND"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", HPC_JABAS_ERROR_GRACE_S="60")
+    cmd = {"python": [PY, str(script), run_dir],
+           "mpirun": ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", PY, str(script), run_dir],
+           "torchrun": [str(ROOT / ".venv" / "bin" / "torchrun"), "--standalone", "--nproc-per-node=2", str(script),
+                        run_dir]}[launcher]
+    p = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    lines = [ln for ln in p.stderr.splitlines() if "hpc-jabas: error" in ln]
+    assert lines and all("cannot be written" in ln for ln in lines), f"rc {p.returncode}\n{p.stdout}\n{p.stderr}"
+    if launcher == "torchrun":
+        # torchrun adds its failure report (exit code 1): its root cause is our line, not "To enable traceback"
+        assert p.returncode != 0 and "To enable traceback" not in p.stderr, p.stderr
+        assert any(ln.lstrip().startswith("traceback : hpc-jabas: error:") for ln in p.stderr.splitlines()), p.stderr
+    else:
+        assert p.returncode == 2, f"rc {p.returncode}\n{p.stderr}"
+        assert lines == [f"hpc-jabas: error: {lines[0].split('hpc-jabas: error: ', 1)[1]}"], p.stderr
+        assert "Traceback" not in p.stderr and "[rank" not in p.stderr, p.stderr
+
+
+def test_backend_horovod_without_horovod_is_one_line_naming_torch(tmp_path):
+    script = tmp_path / "hvd.py"
+    script.write_text("import sys\nsys.modules['horovod'] = None          # import horovod -> ImportError\n"
+                      + TORCH_SCRIPT.replace('backend="torch"', 'backend="horovod"'))
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_BACKEND"))}
+    p = subprocess.run([PY, str(script), str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpc-jabas: error: backend='horovod' but horovod.torch does not "
+                                                   "import here"), p.stderr
+    assert "use backend='torch' (--backend torch)" in lines[0]

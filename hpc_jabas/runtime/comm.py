@@ -5,7 +5,10 @@ Two backends give the same functions with the same meaning (docs/backends.md):
 * ``"horovod"`` (runtime/comm_horovod.py, the only module that imports horovod): Horovod's named,
   negotiated collectives, tensor fusion, its MPI or Gloo controller.
 * ``"torch"`` (runtime/comm_torch.py): ``torch.distributed``, Gloo on CPU and NCCL on CUDA, with its own
-  rendezvous under mpirun, srun or torchrun; gradients reduced in buckets as DDP does.
+  rendezvous under mpirun, srun or torchrun; the gradients reduced by torch's DistributedDataParallel.
+
+The gradients go through a :class:`~hpc_jabas.runtime.reducer.GradReducer` (:func:`make_reducer`), the typed
+seam both backends implement; every other collective is a function here.
 
 The backend is chosen once per process, before the first collective: :func:`use` (the Trainer calls it with the
 config's ``backend`` key; ``hpc_jabas.runtime.launch`` with the job's) or the ``HPC_JABAS_BACKEND`` environment
@@ -18,11 +21,14 @@ count, then one ``Sum`` allreduce runs with a postscale factor that is the same 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 from hpc_jabas.core.defaults import BACKENDS
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.reducer import GradReducer
 
 #: the environment variable that picks the backend when no config key does (the config key wins)
 ENV = "HPC_JABAS_BACKEND"
@@ -49,13 +55,21 @@ def horovod_importable() -> tuple[bool, str]:
     return True, ""
 
 
+def _torch_group_exists() -> bool:
+    """Whether this process already has a torch.distributed default process group (a DDP script's own)."""
+    dist = sys.modules.get("torch.distributed")          # not imported: no group
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
 def resolve(name: str) -> str:
-    """The backend ``name`` stands for: "auto" is "horovod" when it imports (and torchrun
-    did not start this process), else "torch"."""
+    """The backend ``name`` stands for: "auto" is "horovod" when it imports (and neither did torchrun start
+    this process nor has it a torch.distributed process group already), else "torch"."""
     check_backend(name)
     if name != "auto":
         return name
     if "TORCHELASTIC_RUN_ID" in os.environ:     # torchrun started the ranks: Horovod cannot form a world there
+        return "torch"
+    if _torch_group_exists():                   # the script made its process group: it is used (comm_torch)
         return "torch"
     return "horovod" if horovod_importable()[0] else "torch"
 
@@ -84,11 +98,20 @@ def _set(mod: ModuleType | None) -> None:
 
 
 def impl() -> ModuleType:
-    """The backend module (imported on first need)."""
+    """The backend module (imported on first need; a Horovod that does not import is one line naming torch)."""
     if _impl is None:
         name = resolve(_requested or os.environ.get(ENV) or "auto")
-        import importlib
-        _set(importlib.import_module(f"hpc_jabas.runtime.comm_{name}"))
+        if name == "horovod":
+            try:
+                from hpc_jabas.runtime import comm_horovod
+            except Exception as e:               # not installed, or a build missing a symbol of its library
+                raise ConfigError(f"backend='horovod' but horovod.torch does not import here ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}); use backend='torch' (--backend "
+                                  "torch), or install Horovod built against this torch") from None
+            _set(comm_horovod)
+        else:
+            from hpc_jabas.runtime import comm_torch
+            _set(comm_torch)
     assert _impl is not None
     return _impl
 
@@ -139,9 +162,20 @@ def weighted_mean(t, weight: float, total: float, name: str | None = None):
     return impl().weighted_mean(t, weight, total, name=name)
 
 
+def make_reducer(named_parameters: Sequence[tuple[str, Any]], model: Any = None, overlap: bool = True,
+                 bucket_cap_mb: float | None = None) -> GradReducer:
+    """The backend's gradient reducer (runtime/reducer.py) of these parameters: Horovod's per-parameter hooks;
+    on torch, DistributedDataParallel around ``model`` (the forward then runs through ``reducer.module``), or
+    without a model one fused allreduce of every gradient."""
+    # the seam's own sum functions, looked up at each call (a test may wrap comm.synchronize)
+    return impl().make_reducer(list(named_parameters), lambda t, name, post: allreduce_sum_async_(t, name, post),
+                               lambda h: synchronize(h), model=model, overlap=overlap, bucket_cap_mb=bucket_cap_mb)
+
+
 def allreduce_sum_async_(t, name: str, postscale: float = 1.0):
     """In-place asynchronous sum with one postscale factor shared by all ranks; returns a handle for
-    :func:`synchronize`. Every rank starts the same names (in any order: the backend matches them)."""
+    :func:`synchronize`. Every rank starts the same names in the same order (Horovod matches them by name,
+    torch.distributed by the order of the calls)."""
     return impl().allreduce_sum_async_(t, name=name, postscale=postscale)
 
 

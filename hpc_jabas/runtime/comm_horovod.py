@@ -16,6 +16,7 @@ import horovod.torch as hvd
 import torch
 
 from hpc_jabas.log import set_rank
+from hpc_jabas.runtime.reducer import GradReducer, HookReducer, StartSum, WaitSum
 
 _initialized = False
 
@@ -95,6 +96,14 @@ def synchronize(handle):
         while not hvd.poll(handle):
             time.sleep(min(WAIT_POLL_MAX_S, max(5e-5, (time.perf_counter() - t0) / 10)))
     return hvd.synchronize(handle)
+
+
+def make_reducer(named_parameters, start: StartSum, wait: WaitSum, model: torch.nn.Module | None = None,
+                 overlap: bool = True, bucket_cap_mb: float | None = None) -> GradReducer:
+    """Per-parameter named allreduces (``start``/``wait``: the seam's, runtime/comm.py) started from the last
+    backward's hooks; Horovod fuses them (its fusion buffer, HOROVOD_FUSION_THRESHOLD, plays the part of a
+    bucket size). ``model`` is not needed."""
+    return HookReducer(named_parameters, size(), start, wait, overlap=overlap)
 
 
 def allreduce_sum(t: torch.Tensor, name: str | None = None) -> torch.Tensor:

@@ -12,35 +12,23 @@ started (docs/backends.md):
   and a port derived from the job and step ids;
 * nothing: a world of one rank.
 
-Same semantics as the Horovod backend. Horovod matches collectives by name, torch.distributed by call order,
-so the asynchronous allreduces (:func:`allreduce_sum_async_`) are put in that order here, the same on every rank:
+A process group this process already has (a DDP script's own ``init_process_group``) is used as it is, and
+said once in the log; it is left to its owner at shutdown.
 
-* a name belongs to a *stream*: ``grad`` for the gradients (``hj.g``), a measurement's extra sums (``hj.m``) and
-  the token weight (``hj.w``), in that order in its layout; ``hj.safepoint`` for the stop-signal agreement;
-  ``other`` for the rest. Each stream has its own process group, made at :func:`init`, so the streams never
-  wait on each other's order (the ``grad`` stream is one: on a GPU one NCCL communicator);
-* a stream's tensors go into buckets as DistributedDataParallel's do (a bucket closes once it holds its cap:
-  1 MB for the first, then 25 MB), except that a CPU tensor of CPU_IN_PLACE_BYTES or more is reduced alone, in
-  place (copying it into a bucket and back costs more on a CPU than one more Gloo allreduce); a bucket's flat
-  buffer is kept from round to round, as DDP keeps its buckets. The layout is learned in the stream's first
-  round, in the order rank 0 saw the tensors (for gradients: the backward's order), sent to the others over the
-  stream's group; from then on a bucket's allreduce starts as soon as all its tensors are there and every
-  earlier bucket has started, so the gradients' reduction overlaps the rest of the backward, as DDP's does;
-* what is not started when a rank waits for one of the stream's tensors (:func:`synchronize`) starts then: the
-  complete buckets in the layout's order, then the tensors not in the layout in one new part of it.
-
-The contract (the trainer, the optimizer wrapper and the gradient statistics keep it, as they must for
-Horovod): every rank starts the same names of a stream, and starts all of a round's before it waits for any.
-One ``Sum`` allreduce per bucket with the postscale applied to each tensor afterwards (the same factor on every
-rank; in the copy out of a bucket's buffer, one pass): the weighted reduction of docs/formulas.md, section 1.
+The gradients are reduced by torch's own DistributedDataParallel (:class:`DDPReducer`, the backend's
+:class:`~hpc_jabas.runtime.reducer.GradReducer`). Every other sum is one collective (:func:`allreduce_sum_async_`)
+matched by the order of the calls, the same on every rank: on the default group, except the stop-signal
+agreement (``hj.safepoint``), which has a group of its own because it stays in flight across an iteration.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
+import inspect
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,27 +37,14 @@ import torch.distributed as dist
 
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_rank
+from hpc_jabas.runtime.reducer import FlatReducer, GradReducer, StartSum, WaitSum
 from hpc_jabas.slurm.env import SlurmEnv
 
 log = get_logger(__name__)
 
 NAME = "torch"
-#: the streams that get a process group of their own (every other name goes to "other": started when waited for)
-STREAMS = ("grad", "hj.safepoint")
-#: the parts of the "grad" stream, in their layout order: the gradients, a measurement's extra sums, the token
-#: weight. One stream, so one NCCL communicator: kernels of several communicators issued in different orders on
-#: different ranks (a rank without micro-batches starts them in another order) can deadlock a GPU
-GRAD_PARTS = ("hj.g", "hj.m", "hj.w")
-#: DistributedDataParallel's bucket sizes: a small first bucket (it starts early in the backward), then larger
-FIRST_BUCKET_BYTES = 1 << 20
-BUCKET_BYTES = 25 << 20
-#: streams whose tensors are reduced in place, one allreduce each: a measurement's half-batch sums are a buffer
-#: as large as the parameters already, and a bucket's copy would double it (docs/invariants.md: 1x extra)
-IN_PLACE_PREFIXES = ("hj.m.",)
-#: a CPU tensor this large is reduced alone, in place: on the CPU, copying it into a bucket and back (two passes
-#: over its memory) costs more than one more Gloo allreduce (bench/overhead.py: 4 MB and 16 MB weights, ~8 ms
-#: of copies per iteration). On a GPU, copies are cheap next to a collective's launch: DDP's buckets throughout
-CPU_IN_PLACE_BYTES = 1 << 20
+#: the names whose sums have a process group of their own (every other name: the default group)
+STREAMS = ("hj.safepoint",)
 #: how long a rank waits for the others at the rendezvous and in a collective before it fails (a hung rank)
 TIMEOUT_S = float(os.environ.get("HPC_JABAS_TORCH_TIMEOUT_S", "300"))
 #: how long a rank tries each of rank 0's addresses
@@ -135,21 +110,11 @@ def launcher(env: Mapping[str, str] | None = None) -> Launch:
     return Launch("single", 0, 1, 0)
 
 
-def _head(name: str) -> str:
-    return ".".join(name.split(".")[:2])
-
-
 def stream_of(name: str) -> str:
-    """The stream a collective's name belongs to: "grad" for the GRAD_PARTS, else its first two dot-separated
-    parts when they are one of STREAMS, else "other"."""
-    s = _head(name)
-    return "grad" if s in GRAD_PARTS else s if s in STREAMS else "other"
-
-
-def _part(name: str) -> int:
-    """The position of a name's part in the "grad" stream's layout (GRAD_PARTS' order)."""
-    s = _head(name)
-    return GRAD_PARTS.index(s) if s in GRAD_PARTS else len(GRAD_PARTS)
+    """The group a sum's name goes to: its first two dot-separated parts when they are one of STREAMS, else
+    "default" (the default process group, DDP's)."""
+    head = ".".join(name.split(".")[:2])
+    return head if head in STREAMS else "default"
 
 
 # ---- state -------------------------------------------------------------------------------------------------
@@ -157,7 +122,7 @@ _initialized = False
 _launch: Launch | None = None
 _store: Any = None
 _groups: dict[str, Any] = {}
-_streams: dict[str, _Stream] = {}
+_owned = False          # this backend made the default process group (else: the script's, left to it)
 _device = torch.device("cpu")
 
 
@@ -276,7 +241,7 @@ def _node_address(node: str) -> str:
 
 
 def init() -> None:
-    global _initialized, _launch, _store, _device
+    global _initialized, _launch, _store, _device, _owned
     if _initialized:
         return
     ln = _launch = launcher()
@@ -287,34 +252,46 @@ def init() -> None:
         _device = torch.device("cuda", idx)
     else:
         _device = torch.device("cpu")
-    backend = "cpu:gloo,cuda:nccl" if cuda and dist.is_nccl_available() else "gloo"
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
-    if ln.how == "torchrun":
-        dist.init_process_group(backend, init_method="env://", rank=ln.rank, world_size=ln.size, timeout=timeout)
-    elif ln.size == 1:
-        _store = dist.HashStore()
-        dist.init_process_group(backend, store=_store, rank=0, world_size=1, timeout=timeout)
+    if dist.is_initialized():                  # the script's own init_process_group: used, not fought
+        _owned = False
+        set_rank(dist.get_rank())
+        backend = str(dist.get_backend())
+        _launch = Launch(ln.how, dist.get_rank(), dist.get_world_size(), ln.local_rank, ln.addr, ln.port, ln.notes)
+        log.info("torch backend: using this process's process group (%s, rank %d of %d): it stays the script's",
+                 backend, dist.get_rank(), dist.get_world_size())
     else:
-        _store = _store_for(ln)
-        dist.init_process_group(backend, store=_store, rank=ln.rank, world_size=ln.size, timeout=timeout)
-    for s in (*STREAMS, "other"):          # every rank, in this order: one group per stream
-        _groups[s] = dist.new_group(backend=None)
-        _streams[s] = _Stream(s)
+        _owned = True
+        backend = "cpu:gloo,cuda:nccl" if cuda and dist.is_nccl_available() else "gloo"
+        if ln.how == "torchrun":
+            dist.init_process_group(backend, init_method="env://", rank=ln.rank, world_size=ln.size,
+                                    timeout=timeout)
+        elif ln.size == 1:
+            _store = dist.HashStore()
+            dist.init_process_group(backend, store=_store, rank=0, world_size=1, timeout=timeout)
+        else:
+            _store = _store_for(ln)
+            dist.init_process_group(backend, store=_store, rank=ln.rank, world_size=ln.size, timeout=timeout)
+        set_rank(ln.rank)             # log lines carry the rank; INFO from rank 0 only
+        log.info("torch backend: %s, %d rank(s) started by %s", backend, ln.size, ln.how)
+    for s in STREAMS:                       # every rank, in this order
+        _groups[s] = dist.new_group(backend=None, timeout=timeout)
     _initialized = True
     atexit.register(_at_exit)
-    set_rank(ln.rank)
-    log.info("torch backend: %s, %d rank(s) started by %s", backend, ln.size, ln.how)
 
 
 def shutdown() -> None:
-    """Stop torch.distributed in this process; a later :func:`init` starts it again."""
+    """Stop torch.distributed in this process (a process group the script made stays; only ours go); a later
+    :func:`init` starts it again."""
     global _initialized, _store
     if _initialized:
-        for st in _streams.values():
-            st.drain()
-        dist.destroy_process_group()
+        for g in _groups.values():
+            if _owned:
+                break
+            dist.destroy_process_group(g)
+        if _owned:
+            dist.destroy_process_group()
         _groups.clear()
-        _streams.clear()
         _store = None
         _initialized = False
 
@@ -323,7 +300,7 @@ def _at_exit() -> None:
     """At interpreter exit: the process group goes before Python does. Left to the interpreter's finalisation,
     a Gloo worker thread may drop the last reference to a tensor after the GIL is gone, and the process aborts
     (signal 6) after a run that finished (seen on 2 of 8 runs of tests/test_nonroot.py's mpirun job)."""
-    if not _initialized or any(st.live or st.pending for st in _streams.values()):
+    if not _initialized or _inflight:
         return                      # a sum still in flight (an error exit): waiting for it could hang on a peer
     try:
         shutdown()
@@ -361,208 +338,159 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-# ---- asynchronous sums in buckets --------------------------------------------------------------------------
-class _Item:
-    __slots__ = ("name", "t", "postscale", "bucket")
-
-    def __init__(self, name: str, t: torch.Tensor, postscale: float):
-        self.name, self.t, self.postscale = name, t, float(postscale)
-        self.bucket: _Bucket | None = None
-
-
-class _Bucket:
-    """One allreduce of some tensors flattened into one buffer (a tensor alone is reduced in place). ``buf``: the
-    layout's buffer for this bucket, kept from round to round (DDP keeps its buckets so: no allocation, no page
-    faults, per round), used when its size and dtype fit and no earlier round still holds it."""
-
-    def __init__(self, items: list[_Item], group: Any, buf: torch.Tensor | None = None):
-        self.items = items
-        for it in items:
-            it.bucket = self
-        ts = [it.t for it in items]
-        self.flat: torch.Tensor | None
-        if len(ts) == 1 and ts[0].is_contiguous():
-            self.flat = ts[0]
-        else:
-            dtype = ts[0].dtype
-            for t in ts[1:]:
-                dtype = torch.promote_types(dtype, t.dtype)
-            flats = [t.reshape(-1) for t in ts]
-            if buf is not None and buf.dtype == dtype and buf.device == ts[0].device \
-                    and buf.numel() == sum(t.numel() for t in ts) and all(t.dtype == dtype for t in ts):
-                self.flat = torch.cat(flats, out=buf)
-            else:
-                self.flat = torch.cat([t.to(dtype) for t in flats])
-        self.work = dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=group, async_op=True)
-        self.done = False
-
-    def wait(self) -> None:
-        if self.done:
-            return
-        self.work.wait()
-        assert self.flat is not None
-        if len(self.items) == 1 and self.flat is self.items[0].t:
-            it = self.items[0]
-            if it.postscale != 1.0:
-                it.t.mul_(it.postscale)
-        else:
-            off = 0
-            for it in self.items:
-                n = it.t.numel()
-                part = self.flat[off:off + n].view(it.t.shape)
-                if it.postscale != 1.0:          # the copy back and the postscale in one pass (same product)
-                    torch.mul(part, it.postscale, out=it.t)
-                else:
-                    it.t.copy_(part)
-                off += n
-        self.flat = None                  # the bucket lets go of its buffer (the layout keeps a reused one)
-        self.items = []                   # and of the tensors (the layout's record of the bucket outlives the round)
-        self.done = True
-
-
-class _Stream:
-    """One stream's layout (names in buckets, in order) and this round's tensors (module docstring)."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.bucket_of: dict[str, int] = {}     # name -> bucket index in the layout
-        self.members: list[list[str]] = []      # bucket index -> its names, in order
-        self.pending: dict[str, _Item] = {}     # this round's tensors not started yet
-        self.next = 0                           # the first bucket of the layout not started this round
-        self.started: set[int] = set()
-        self.live: list[_Bucket] = []           # started, not waited for
-        self.bufs: dict[str, tuple[torch.Tensor, _Bucket]] = {}   # a layout bucket's first name -> its buffer, user
-
-    def add(self, it: _Item) -> None:
-        if it.name in self.pending:
-            raise RuntimeError(f"{it.name!r} started twice before it was waited for")
-        self.pending[it.name] = it
-        if self.name != "other" and it.name in self.bucket_of:
-            self._start_ready()
-
-    def _complete(self, b: int) -> bool:
-        return all(n in self.pending for n in self.members[b])
-
-    def _start(self, b: int) -> None:
-        self._launch([self.pending.pop(n) for n in self.members[b]], keep=True)
-        self.started.add(b)
-
-    def _launch(self, items: list[_Item], keep: bool) -> None:
-        """Start one bucket; ``keep``: a bucket of the layout, whose flat buffer is kept for the next rounds."""
-        key = items[0].name
-        held = self.bufs.get(key) if keep else None
-        buf = held[0] if held is not None and held[1].done else None     # an earlier round still on it: a new one
-        bk = _Bucket(items, _groups[self.name], buf)
-        if keep and bk.flat is not None and bk.flat is not items[0].t:
-            self.bufs[key] = (bk.flat, bk)
-        self.live.append(bk)
-
-    def _start_ready(self) -> None:
-        """Start the layout's buckets in order while the next one is complete (the eager, overlapping start)."""
-        while self.next < len(self.members) and self._complete(self.next):
-            self._start(self.next)
-            self.next += 1
-        if self.next == len(self.members) and not self.pending:
-            self._end_round()                 # every bucket started: the next tensors begin the next round
-
-    def flush(self) -> None:
-        """Start everything not started: the complete buckets in the layout's order, then the new names."""
-        self._start_ready()
-        for b in range(self.next, len(self.members)):
-            if b not in self.started and self._complete(b):
-                self._start(b)
-        if self.pending:
-            self._extend()
-        self._end_round()
-
-    def _extend(self) -> None:
-        """The pending names not in a complete bucket become new buckets, in rank 0's order (sent over the
-        stream's group, so every rank gets the same layout)."""
-        names = list(self.pending)             # this rank's arrival order
-        if self.name == "other":
-            order = sorted(names)
-        else:
-            box: list[Any] = [names]
-            dist.broadcast_object_list(box, src=0, group=_groups[self.name])
-            order = list(box[0])
-            if sorted(order) != sorted(names):
-                raise RuntimeError(f"the ranks started different tensors in stream {self.name}: rank 0 "
-                                   f"{sorted(order)[:5]}..., this rank {sorted(names)[:5]}...")
-        new = [n for n in order if n not in self.bucket_of]
-        first = len(self.members)
-        buckets: list[list[str]] = []
-        for part in range(len(GRAD_PARTS) + 1):       # part by part, so that no bucket mixes two parts
-            size, cur = 0, list[str]()
-            for n in (n for n in new if _part(n) == part):
-                t = self.pending[n].t
-                nbytes = t.numel() * t.element_size()
-                alone = n.startswith(IN_PLACE_PREFIXES) or (t.device.type == "cpu" and nbytes >= CPU_IN_PLACE_BYTES)
-                if cur and (alone or t.dtype != self.pending[cur[0]].t.dtype
-                            or t.device != self.pending[cur[0]].t.device):
-                    buckets.append(cur)
-                    size, cur = 0, []
-                cur.append(n)
-                size += nbytes
-                # DDP's rule: a bucket closes once it holds its cap or more (the first bucket's cap is small)
-                cap = FIRST_BUCKET_BYTES if first + len(buckets) == 0 else BUCKET_BYTES
-                if alone or size >= cap:
-                    buckets.append(cur)
-                    size, cur = 0, []
-            if cur:
-                buckets.append(cur)
-        if self.name != "other":
-            # the layout part by part (each part's older buckets first): a bucket starts early only when every
-            # bucket before it has, and the gradients, in every round, come first
-            self.members = sorted(self.members + buckets, key=lambda ns: _part(ns[0]))
-            self.bucket_of = {n: b for b, ns in enumerate(self.members) for n in ns}
-        # what is still pending: names of the layout whose bucket is incomplete this round, and the new ones
-        rest = [n for n in order if n in self.pending and n not in new]
-        for ns in buckets:
-            self._launch([self.pending.pop(n) for n in ns], keep=self.name != "other")
-        if rest:
-            self._launch([self.pending.pop(n) for n in rest], keep=False)
-
-    def _end_round(self) -> None:
-        self.next = 0
-        self.started = set()
-
-    def drain(self) -> None:
-        if self.pending:
-            self.flush()
-        for b in self.live:
-            b.wait()
-        self.live = []
+# ---- asynchronous sums (non-gradient: the gradients go through DDPReducer) ----------------------------------
+_inflight = 0          # sums started and not waited for (an exit with one in flight does not shut down)
 
 
 class Handle:
     """What :func:`allreduce_sum_async_` returns; :func:`synchronize` waits for it."""
-    __slots__ = ("item", "stream")
+    __slots__ = ("work", "t", "buf", "postscale", "done")
 
-    def __init__(self, item: _Item, stream: _Stream):
-        self.item, self.stream = item, stream
+    def __init__(self, work: Any, t: torch.Tensor, buf: torch.Tensor, postscale: float):
+        self.work, self.t, self.buf, self.postscale, self.done = work, t, buf, float(postscale), False
 
 
 def allreduce_sum_async_(t: torch.Tensor, name: str, postscale: float = 1.0) -> Handle:
-    """In-place asynchronous sum with one postscale factor shared by all ranks; returns a handle."""
+    """In-place asynchronous sum with one postscale factor shared by all ranks; returns a handle. One collective
+    on the name's group (:func:`stream_of`): every rank starts a group's sums in the same order."""
+    global _inflight
     _need()
-    st = _streams[stream_of(name)]
-    it = _Item(name, t, postscale)
-    st.add(it)
-    return Handle(it, st)
+    buf = t if t.is_contiguous() else t.contiguous()
+    work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=_groups.get(stream_of(name)), async_op=True)
+    _inflight += 1
+    return Handle(work, t, buf, postscale)
 
 
 def synchronize(handle: Handle) -> torch.Tensor:
-    """Wait for the handle's allreduce (starting the stream's tensors not started yet); returns its tensor.
-    Gloo waits on a condition variable and NCCL makes the current CUDA stream wait: no spinning, no host sync."""
-    it, st = handle.item, handle.stream
-    if it.bucket is None:
-        st.flush()
-    assert it.bucket is not None
-    it.bucket.wait()
-    st.live = [b for b in st.live if not b.done]
-    if not st.pending:
-        st._end_round()        # a wait comes after the round's every start (the contract): the round is over
-    return it.t
+    """Wait for the handle's allreduce; returns its tensor (the postscale applied). Gloo waits on a condition
+    variable and NCCL makes the current CUDA stream wait: no spinning, no host sync."""
+    global _inflight
+    if not handle.done:
+        handle.work.wait()
+        if handle.buf is not handle.t:
+            handle.t.copy_(handle.buf)
+        if handle.postscale != 1.0:
+            handle.t.mul_(handle.postscale)
+        handle.done = True
+        _inflight -= 1
+    return handle.t
+
+
+# ---- the gradients: torch's DistributedDataParallel ---------------------------------------------------------
+class DDPReducer:
+    """The torch backend's :class:`~hpc_jabas.runtime.reducer.GradReducer`: the user's model wrapped in
+    ``DistributedDataParallel`` (``gradient_as_bucket_view``: the gradients are views of DDP's buckets, no copies;
+    buffers not synced in the forward; ``bucket_cap_mb`` the user's or DDP's 25). The forward runs through
+    :attr:`module`; ``no_sync`` is DDP's; DDP's reduction ends inside the last micro-batch's backward, so
+    ``finish`` only checks that it ran. DDP averages (a sum with 1/world): with the backward's weighting
+    (``loss x count / c``, c = S / world) the result is the mean gradient of the S samples."""
+
+    eager_extras = False
+    keeps_grads = True
+
+    def __init__(self, model: torch.nn.Module, bucket_cap_mb: float | None = None):
+        _need()
+        from torch.nn.parallel import DistributedDataParallel
+        kw: dict[str, Any] = {"gradient_as_bucket_view": True}
+        opts = inspect.signature(DistributedDataParallel.__init__).parameters
+        # buffers (BatchNorm's statistics) stay each rank's; the Checkpointer averages them at epoch ends
+        kw["forward_sync_buffers" if "forward_sync_buffers" in opts else "broadcast_buffers"] = False
+        if bucket_cap_mb is not None:
+            kw["bucket_cap_mb"] = float(bucket_cap_mb)
+        dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if dev.type == "cuda":
+            kw["device_ids"] = [dev.index]
+        self.inner = model
+        self.ddp = DistributedDataParallel(model, **kw)
+        self.module: torch.nn.Module | None = self.ddp
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._synced_forwards = 0
+        self._n_local = 0
+        self._hook = self.ddp.register_forward_pre_hook(self._count)
+        self._ready: Callable[[], None] | None = None
+        self._post = 1.0 / size()
+        # torch's own allreduce hook's shape, with a sum then the postscale 1/world (the Horovod backend's
+        # arithmetic), and the moment this rank's last bucket is ready (its compute ends; the rest waits)
+        self.ddp.register_comm_hook(self, _sum_then_postscale)
+
+    def on_ready(self, fn: Callable[[], None] | None) -> None:
+        self._ready = fn
+
+    def _count(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
+            self._synced_forwards += 1
+
+    def begin(self, n_local: int) -> None:
+        self._n_local = int(n_local)
+        self._synced_forwards = 0
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self.ddp.no_sync()
+
+    def zero_step(self) -> None:
+        """One synced backward of zero gradients, through DDP, without the user's forward (no data, no
+        BatchNorm statistics touched): DDP's module is, for this one call, a stand-in whose output is
+        ``0 x sum(parameters)``."""
+        zero = _ZeroOutput(self._params)
+        mods = self.ddp._modules
+        mods["module"] = zero
+        try:
+            out = self.ddp()
+        finally:
+            mods["module"] = self.inner
+        out.backward()
+
+    def finish(self) -> None:
+        if self._n_local > 0 and self._synced_forwards == 0:
+            raise ConfigError("forward_fn did not call the model it is given: on the torch backend that is the "
+                              "DistributedDataParallel wrapper, whose forward starts the gradients' reduction; call "
+                              "model(...) on forward_fn's first argument (model.module is your model)")
+
+    def sum_async(self, t: torch.Tensor, name: str) -> _Sum:
+        return _Sum(allreduce_sum_async_(t, name))
+
+    def close(self) -> None:
+        self._hook.remove()
+
+
+def _sum_then_postscale(state, bucket):       # DDP checks the annotations: none (or dist.GradBucket, Future)
+    """DDPReducer's comm hook (``state``: the reducer): one Sum allreduce of the bucket, then x 1/world."""
+    if bucket.is_last() and state._ready is not None:
+        state._ready()
+    post = state._post
+    fut = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].mul_(post))
+
+
+class _ZeroOutput(torch.nn.Module):
+    """Stands in for the user's module in a zero step: ``0 x sum(parameters)`` (every gradient exactly zero)."""
+
+    def __init__(self, params: Sequence[torch.Tensor]):
+        super().__init__()
+        self._ps = list(params)
+
+    def forward(self) -> torch.Tensor:
+        return torch.stack([p.sum().to(torch.float32) * 0.0 for p in self._ps]).sum()
+
+
+class _Sum:
+    __slots__ = ("h",)
+
+    def __init__(self, h: Handle):
+        self.h = h
+
+    def wait(self) -> torch.Tensor:
+        return synchronize(self.h)
+
+
+def make_reducer(named_parameters, start: StartSum, wait: WaitSum, model: torch.nn.Module | None = None,
+                 overlap: bool = True, bucket_cap_mb: float | None = None) -> GradReducer:
+    """DistributedDataParallel around ``model``; without one (the optimizer wrapper used alone), one fused
+    allreduce of every gradient after the backward (runtime/reducer.py ``FlatReducer``, with the seam's
+    ``start``/``wait``)."""
+    if model is not None:
+        return DDPReducer(model, bucket_cap_mb=bucket_cap_mb)
+    return FlatReducer(named_parameters, size(), start, wait)
 
 
 def weighted_mean(t: torch.Tensor, weight: float, total: float, name: str | None = None) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Measurement iterations: the gradient statistics of the batch-size policies for one extra reduction.
 
-On a measurement iteration the HeterogeneousOptimizer runs its normal weighted allreduce of the
-full gradient sum (the same asynchronous per-parameter path, fused by Horovod) and, besides it,
-a :class:`Measurement` keeps
+On a measurement iteration the HeterogeneousOptimizer runs its normal weighted reduction of the
+full gradient sum (the backend's reducer, runtime/reducer.py) and, besides it, a
+:class:`Measurement` keeps
 
 - ``h0``: the sum of the gradients of this rank's half-0 micro-batches, in one flat buffer per
   (device, dtype) group (the parameters' dtype; fp32 for fp16/bf16 parameters), filled from
@@ -12,9 +12,11 @@ a :class:`Measurement` keeps
   from the per-parameter norms of g_in (device tensors, fp64; fp32 on devices without fp64);
 - the micro-batch count and the samples of each half (host integers).
 
-``h0`` is allreduced per parameter (Horovod fuses these like the gradients' allreduces), started
-from the hooks of this rank's last micro-batch, so the reduction overlaps the rest of that
-backward; one small scalar tensor is allreduced after the backward. Half 1 is ``N g - H0`` (g
+``h0`` is reduced through the reducer's ``sum_async``: on Horovod per parameter (fused like the
+gradients), started from the hooks of this rank's last micro-batch so that the reduction overlaps
+the rest of that backward; on torch (whose sums are matched by call order) one allreduce per flat
+buffer after the backward, never one per parameter. One small scalar tensor is allreduced after the
+backward. Half 1 is ``N g - H0`` (g
 the mean gradient of the iteration, N its normaliser: S samples, or the global token weight),
 computed in place in ``h0``. Every scalar stays on the device until the optimizer's one host
 read of the iteration (:meth:`Measurement.values`).
@@ -32,11 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.reducer import GradReducer, PendingSum
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -104,11 +105,15 @@ class Measurement:
     """One measurement iteration's half-batch buffer, hooks and scalars (module docstring)."""
 
     def __init__(self, params: Sequence[torch.Tensor], halves: Sequence[int], overlap: bool = True,
-                 similarity: bool = True):
-        """``similarity``: keep and reduce the half-0 sum (False: the noise scale's scalars only)."""
+                 similarity: bool = True, reducer: GradReducer | None = None):
+        """``similarity``: keep and reduce the half-0 sum (False: the noise scale's scalars only). ``reducer``: its
+        ``sum_async`` reduces the extra sums; per parameter from the last backward's hooks when its extras may
+        start early (``eager_extras``, Horovod: it fuses them), else one sum per flat buffer after the backward."""
         self.params = list(params)
         self.similarity = bool(similarity)
-        self.overlap = overlap
+        self._reducer = reducer
+        self.eager = reducer is None or reducer.eager_extras
+        self.overlap = overlap and self.eager
         self.halves = [int(h) for h in halves]
         if any(h not in (0, 1) for h in self.halves):
             raise ValueError(f"half labels must be 0 or 1, got {sorted(set(self.halves))}")
@@ -136,7 +141,7 @@ class Measurement:
         self._last = False
         self._parts: list[torch.Tensor] = []
         self._hooks = [p.register_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
-        self._handles: dict[str, Any] = {}
+        self._handles: dict[str, PendingSum] = {}
 
     def _make_hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(g: torch.Tensor) -> None:       # the micro-batch's gradient, before accumulation into .grad
@@ -184,21 +189,35 @@ class Measurement:
             if not self._touched[i]:
                 self.h0[i].zero_()
                 self._touched[i] = True
-            self._handles[key] = comm.allreduce_sum_async_(self.h0[i], name=key)
+            self._handles[key] = self._sum(self.h0[i], key)
+
+    def _sum(self, t: torch.Tensor, name: str) -> PendingSum:
+        if self._reducer is None:
+            raise RuntimeError("a measurement without a reducer cannot reduce its sums")
+        return self._reducer.sum_async(t, name)
 
     def launch(self) -> None:
-        """Start the extra reductions not started yet: H0 per parameter (Horovod fuses them; most started
-        during the last backward) and [sq, M, n0, n1] in one small tensor."""
+        """Start the extra reductions not started yet: H0 per parameter when the reducer's extras are eager
+        (Horovod fuses them; most started during the last backward), else one sum per flat buffer (one
+        collective for parameters of one device and dtype); and [sq, M, n0, n1] in one small tensor."""
         self.remove_hooks()
-        for i in range(len(self.h0)):
-            self._reduce_h0(i)
+        if self.eager:
+            for i in range(len(self.h0)):
+                self._reduce_h0(i)
+        else:
+            for i, done in enumerate(self._touched[:len(self.h0)]):      # no h0 for a noise-only measurement
+                if not done:
+                    self.h0[i].zero_()
+                    self._touched[i] = True
+            for k, flat in enumerate(self.flat.values()):
+                self._handles[f"hj.m.h0.{k}"] = self._sum(flat, f"hj.m.h0.{k}")
         counts = torch.tensor([self.m_local, self.samples[0], self.samples[1]], dtype=self.sd)
         self.scal = torch.cat([self.sq.reshape(1), counts.to(self.device, non_blocking=True)])
-        self._handles["hj.m.scal"] = comm.allreduce_sum_async_(self.scal, name="hj.m.scal")
+        self._handles["hj.m.scal"] = self._sum(self.scal, "hj.m.scal")
 
     def wait(self) -> None:
         for h in self._handles.values():
-            comm.synchronize(h)
+            h.wait()
         self._handles = {}
 
     def values(self, grads: Sequence[torch.Tensor], norm: torch.Tensor | float,

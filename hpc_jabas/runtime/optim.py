@@ -14,9 +14,11 @@ gradient accumulation, which keeps fp16 gradients in range); one ``op=Sum`` allr
 postscale 1/world (the same on every rank) leaves the mean gradient of all S samples of the
 iteration on every rank: exactly the gradient of one big batch (docs/invariants.md, invariants 1-2;
 Horovod refuses per-rank scale factors, so the weight is applied locally by the sample count).
-The allreduce of each parameter is started asynchronously from a post-accumulate-grad hook
-during the last micro-batch's backward, so it overlaps the rest of that backward and Horovod
-fuses small tensors (its tensor fusion).
+The gradients go through the backend's reducer (runtime/reducer.py, ``GradReducer``): on Horovod
+each parameter's allreduce starts from a post-accumulate-grad hook during the last micro-batch's
+backward (overlapping the rest of it; Horovod fuses small tensors); on torch the Trainer's model is
+in DistributedDataParallel, all but the last micro-batch run in its ``no_sync()`` (``micro()``), and a
+rank without micro-batches joins with one zero step. Either way the sum, then the postscale 1/world.
 
 Token-weighted losses: ``opt.backward(loss, count, weight=w)`` (``loss`` the mean over the w
 tokens of the micro-batch) accumulates w x grad(loss) / c (c = the previous iteration's W / world,
@@ -65,6 +67,7 @@ from torch.utils.hooks import RemovableHandle
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.amp import Amp
 from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, scalar, stat_dtype
+from hpc_jabas.runtime.reducer import GradReducer
 
 __all__ = ["GradStats", "HeterogeneousOptimizer"]
 
@@ -86,8 +89,6 @@ class HeterogeneousOptimizer:
         self.device = self.named[0][1].device if self.named else torch.device("cpu")
         self.amp = Amp(amp, optimizer, self.device)
         self._sd = stat_dtype(self.device)
-        self._handles: dict[int, object] = {}
-        self._hooks_on = False
         self._n_local = 0
         self._done_local = 0
         self._total = 1
@@ -109,8 +110,8 @@ class HeterogeneousOptimizer:
         self._w_done = False
         self._found_inf: torch.Tensor | None = None
         self._found_host: bool | None = None
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(i))
-                       for i, (_, p) in enumerate(self.named)]
+        self.reducer: GradReducer | None = None    # the backend's (runtime/reducer.py), made at the first begin()
+        self._joined = False                       # a rank without micro-batches ran its zero step
         self.last_stats: GradStats | None = None
         self.last_step_skipped = False
 
@@ -131,19 +132,36 @@ class HeterogeneousOptimizer:
                 if set_to_none:
                     p.grad = None
                 else:
-                    p.grad.detach_()
+                    if p.grad.grad_fn is not None:      # torch's Optimizer.zero_grad: a view (DDP's bucket
+                        p.grad.detach_()                # views) cannot be detached in place
+                    else:
+                        p.grad.requires_grad_(False)
                     p.grad.zero_()
 
-    def _make_hook(self, i: int):
-        name = self.named[i][0]
+    # ---- the gradient reducer (runtime/reducer.py) ---------------------------------------------
+    def use_reducer(self, reducer: GradReducer) -> None:
+        """Reduce the gradients with ``reducer`` (the Trainer gives the torch backend's DDP one); the one in use
+        is closed. Without a call, the first ``begin`` asks the backend for its reducer of these parameters."""
+        if self.reducer is not None and self.reducer is not reducer:
+            self.reducer.close()
+        self.reducer = reducer
 
-        def hook(p: torch.Tensor):
-            if self._hooks_on and i not in self._handles:
-                if p.grad is None:      # post-accumulate-grad hooks run after .grad is set
-                    raise RuntimeError(f"gradient hook of {name!r} ran before its gradient was accumulated")
-                self._handles[i] = comm.allreduce_sum_async_(p.grad, name=f"hj.g.{name}",
-                                                             postscale=1.0 / self._world)
-        return hook
+    def _eager(self) -> bool:
+        return self.reducer is None or self.reducer.eager_extras
+
+    def micro(self) -> contextlib.AbstractContextManager[None]:
+        """The context of the next micro-batch's forward and backward: the reducer's ``no_sync`` for all but this
+        iteration's last micro-batch (runtime/step.py enters it around both)."""
+        if self.reducer is None or self._done_local >= self._n_local - 1:
+            return contextlib.nullcontext()
+        return self.reducer.no_sync()
+
+    def _join(self) -> None:
+        """A rank without micro-batches in this iteration joins the gradients' reduction (zeros), at the point
+        where the others end their last backward: before any other collective of the iteration."""
+        if self._done_local == 0 and not self._joined and self.reducer is not None:
+            self._joined = True
+            self.reducer.zero_step()
 
     # ---- hooks and the Horovod-style surface -------------------------------------------------
     def add_pre_step_hook(self, fn: PreStepHook) -> RemovableHandle:
@@ -179,7 +197,9 @@ class HeterogeneousOptimizer:
             raise ValueError(f"total_samples={total_samples} must be >= 1")
         if self._meas is not None:
             self._meas.remove_hooks()
-        self.zero_grad(set_to_none=True)     # the first backward then stores its gradient: no memset, no add
+        # the first backward then stores its gradient: no memset, no add; gradients that are views of the
+        # reducer's buckets (DDP's gradient_as_bucket_view) stay there, zeroed in place (no new tensor, no copy)
+        self.zero_grad(set_to_none=self.reducer is None or not self.reducer.keeps_grads)
         self._n_local, self._done_local = int(n_local), 0
         self._total = int(total_samples)
         try:
@@ -192,8 +212,11 @@ class HeterogeneousOptimizer:
         self._halves = None if halves is None else [int(h) for h in halves]
         if self._halves is not None and len(self._halves) != self._n_local:
             raise ValueError(f"halves has {len(self._halves)} labels for {self._n_local} local micro-batches")
-        self._handles.clear()
-        self._hooks_on = self.overlap and self._n_local == 1
+        if self.reducer is None and comm.is_initialized():
+            self.reducer = comm.make_reducer(self.named, overlap=self.overlap)
+        if self.reducer is not None:
+            self.reducer.begin(self._n_local)
+        self._joined = False
         self._synced = False
         self._local_mode = None
         self._w_local, self._w_handle, self._w_total, self._w_done = None, None, None, False
@@ -205,7 +228,7 @@ class HeterogeneousOptimizer:
             labels = self._halves if self._halves is not None else \
                 [(self._first_global + k) % 2 for k in range(self._n_local)]
             self._meas = Measurement([p for _, p in self.named], labels, overlap=self.overlap,
-                                     similarity=similarity)
+                                     similarity=similarity, reducer=self.reducer)
 
     def backward(self, loss: torch.Tensor, count: int, weight: torch.Tensor | float | None = None) -> None:
         """Backward of one micro-batch's mean loss, weighted by its sample count, or by ``weight`` (e.g. its
@@ -224,14 +247,14 @@ class HeterogeneousOptimizer:
             w = scalar(weight, self._sd, self.device)
             self._w_local = w.clone() if self._w_local is None else self._w_local + w
             mult: torch.Tensor | float = (w / self._c).to(loss.dtype)
-            if last and self._mode == "weighted":
+            if last and self._mode == "weighted" and self._eager():
                 self._launch_weight()            # overlaps the last backward
         else:
             mult = count / self._c if isinstance(self._c, float) else (count / self._c).to(loss.dtype)
-        self._hooks_on = self.overlap and last
         if self._meas is not None:
             self._meas.start_micro(self._done_local)
-        self.amp.scale(loss * mult).backward()
+        with self.micro():                       # all but the last micro-batch: the reducer does not sync
+            self.amp.scale(loss * mult).backward()
         if self._meas is not None:
             self._meas.end_micro(count, w)    # |g_in|^2 / w: x c^2 / scale^2 in synchronize
         self._done_local += 1
@@ -255,16 +278,18 @@ class HeterogeneousOptimizer:
         if self._w_handle is None:
             w = self._w_local if self._w_local is not None else torch.zeros((), dtype=self._sd, device=self.device)
             self._w_total = w.reshape(1).clone()
-            self._w_handle = comm.allreduce_sum_async_(self._w_total, name="hj.w")
+            assert self.reducer is not None
+            self._w_handle = self.reducer.sum_async(self._w_total, "hj.w")
 
     def weight_total(self) -> torch.Tensor | None:
         """The global sum of the iteration's token weights (a device scalar; None for plain losses).
         Collective on the first iteration (the mode agreement): every rank calls it, or ``synchronize``."""
+        self._join()
         if self._agree_mode() != "weighted":
             return None
         self._launch_weight()
         if not self._w_done:
-            comm.synchronize(self._w_handle)
+            self._w_handle.wait()
             self._w_done = True
         assert self._w_total is not None
         self._w_prev = self._w_total.reshape(())
@@ -276,20 +301,20 @@ class HeterogeneousOptimizer:
         weights: of the W tokens), unscaled. Idempotent within an iteration (runs once after ``begin``)."""
         if self._synced:
             return
-        for i, (name, p) in enumerate(self.named):
-            if i in self._handles:
-                continue
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            self._handles[i] = comm.allreduce_sum_async_(p.grad, name=f"hj.g.{name}",
-                                                         postscale=1.0 / self._world)
-        if self._meas is not None:
-            self._meas.launch()
-        W = self.weight_total()
-        for h in self._handles.values():
-            comm.synchronize(h)
-        self._handles.clear()
-        self._hooks_on = False
+        if self.reducer is None:
+            raise RuntimeError("the gradients cannot be reduced: no backend is initialised (comm.init() first) "
+                               "or begin() was not called")
+        self._join()
+        if self._eager():                     # Horovod: the extra sums start beside the gradients' (named)
+            if self._meas is not None:
+                self._meas.launch()
+            W = self.weight_total()
+            self.reducer.finish()
+        else:                                 # torch.distributed: after the gradients, in one order on every rank
+            self.reducer.finish()
+            if self._meas is not None:
+                self._meas.launch()
+            W = self.weight_total()
         grads = [p.grad for _, p in self.named if p.grad is not None]
         if W is not None:
             mul_(grads, self._c * self._world / W)         # sum w g / (c world), x c world / W: the token mean
@@ -347,8 +372,7 @@ class HeterogeneousOptimizer:
             self.amp.update()
 
     def remove_hooks(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        if self.reducer is not None:
+            self.reducer.close()
         if self._meas is not None:
             self._meas.remove_hooks()

@@ -63,20 +63,22 @@ def micro_step_sums(model: torch.nn.Module, forward_fn: Callable[[torch.nn.Modul
                     sums: LossSums | None = None) -> LossSums:
     """Run one micro-batch of ``count`` samples; return ``sums`` plus its (weight x loss, weight), detached."""
     autocast = getattr(opt, "autocast", None)
-    with autocast() if callable(autocast) else contextlib.nullcontext():
-        out = forward_fn(model, to_device(batch, device))
-    if isinstance(out, tuple):
-        if len(out) != 2:
-            raise ValueError(f"forward_fn returned a tuple of {len(out)}; return a loss or (loss, weight)")
-        loss, weight = out
-        w = scalar(weight, stat_dtype(loss.device), loss.device)
-        opt.backward(loss, count, weight=w)
-        part, wsum = loss.detach().to(w.dtype) * w, w.detach()
-        if sums is None:
-            return LossSums(part, wsum)
-        return LossSums(sums.loss + part, sums.weight + wsum)
-    loss = out
-    opt.backward(loss, count)
+    micro = getattr(opt, "micro", None)           # the reducer's no_sync for all but the last micro-batch
+    with micro() if callable(micro) else contextlib.nullcontext():
+        with autocast() if callable(autocast) else contextlib.nullcontext():
+            out = forward_fn(model, to_device(batch, device))
+        if isinstance(out, tuple):
+            if len(out) != 2:
+                raise ValueError(f"forward_fn returned a tuple of {len(out)}; return a loss or (loss, weight)")
+            loss, weight = out
+            w = scalar(weight, stat_dtype(loss.device), loss.device)
+            opt.backward(loss, count, weight=w)
+            part, wsum = loss.detach().to(w.dtype) * w, w.detach()
+            if sums is None:
+                return LossSums(part, wsum)
+            return LossSums(sums.loss + part, sums.weight + wsum)
+        loss = out
+        opt.backward(loss, count)
     part = loss.detach() * count
     if sums is None:
         return LossSums(part, float(count))

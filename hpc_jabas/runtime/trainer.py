@@ -40,6 +40,7 @@ from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.pending import PendingDecisions
 from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
 from hpc_jabas.runtime.protocol import DecisionChannel
+from hpc_jabas.runtime.reducer import check_model
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.state import TrainState
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
@@ -138,6 +139,7 @@ class Trainer:
             self.cfg = cfg = _with_default_run_dir(cfg)
         set_trust_group(cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
+        check_model(model)                    # not already in a DistributedDataParallel (runtime/reducer.py)
         comm.use(cfg.backend)                 # horovod | torch | auto (runtime/comm.py), before the first collective
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
         self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
@@ -276,7 +278,18 @@ class Trainer:
         if has_state:
             sd = comm.broadcast_object(self.opt.optimizer.state_dict() if self.rank == 0 else None, name="hj.opt")
             self.opt.optimizer.load_state_dict(sd)
+        # the gradients' reducer (runtime/reducer.py): Horovod's hooks, or torch's DistributedDataParallel around
+        # the model (its forward then runs through the wrapper: forward_module); checkpoints keep self.model
+        self.opt.use_reducer(comm.make_reducer(self.opt.named, model=self.model, overlap=self.opt.overlap,
+                                               bucket_cap_mb=getattr(self.cfg, "bucket_cap_mb", None)))
         self._set_up = True
+
+    @property
+    def forward_module(self) -> torch.nn.Module:
+        """What ``forward_fn`` is given: the torch backend's DistributedDataParallel wrapper of the model (its
+        ``.module`` is the model), else the model itself."""
+        r = self.opt.reducer
+        return r.module if r is not None and r.module is not None else self.model
 
     def _emulator(self) -> Emulator | None:
         if not self.cfg.emulate:
@@ -417,17 +430,7 @@ class Trainer:
         self.opt.begin(len(mine), ib.total, measure=measure, halves=halves,
                        similarity=not measure or sim_fn is None or bool(sim_fn(self.iteration)))
         self.model.train()
-        emu_wait = 0.0
-        sums: LossSums | None = None
-        if self.emulator is not None:
-            self.emulator.start()
-        for idx in mine:
-            clock.compute_start()
-            sums = micro_step_sums(self.model, self.forward_fn, self.opt, self.fetch(idx), len(idx), self.device,
-                                   sums)                  # runtime/step.py: the loss stays on the device
-            clock.compute_stop()
-            if self.emulator is not None:
-                emu_wait += self.emulator.wait_next(len(idx), self.iteration)
+        sums, emu_wait = self._micro_batches(mine, clock)
         clock.compute_start()
         loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
         clock.compute_stop()
@@ -471,6 +474,36 @@ class Trainer:
         if len(self._iter_metrics) >= self.cfg.metrics_period:
             self.flush_metrics()
         return rec
+
+    def _micro_batches(self, mine: Sequence[Any], clock: IterationClock) -> tuple[LossSums | None, float]:
+        """This rank's micro-batches of the iteration (runtime/step.py: the loss stays on the device), each
+        timed as compute; returns the loss sums and the emulated GPU's wait. A reducer whose reduction blocks
+        the last backward (DDP: its end waits for the other ranks) stops the clock when this rank's last
+        gradient is ready, so that the wait for slower ranks is not counted as this rank's compute."""
+        emu_wait = 0.0
+        sums: LossSums | None = None
+        if self.emulator is not None:
+            self.emulator.start()
+        computing = [False]
+
+        def ready() -> None:
+            if computing[0]:
+                computing[0] = False
+                clock.compute_stop()
+        assert self.opt.reducer is not None
+        self.opt.reducer.on_ready(ready)
+        for idx in mine:
+            clock.compute_start()
+            computing[0] = True
+            sums = micro_step_sums(self.forward_module, self.forward_fn, self.opt, self.fetch(idx), len(idx),
+                                   self.device, sums)
+            if computing[0]:
+                computing[0] = False
+                clock.compute_stop()
+            if self.emulator is not None:
+                emu_wait += self.emulator.wait_next(len(idx), self.iteration)
+        self.opt.reducer.on_ready(None)
+        return sums, emu_wait
 
     def flush_metrics(self) -> None:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them."""

@@ -1,5 +1,5 @@
-"""The torch backend's collectives on however the ranks were started (no spec): bucketed sums started in a
-rank-dependent order (rank 0 in name order, the others reversed), a safe-point-like tensor in its own stream,
+"""The torch backend's collectives on however the ranks were started (no spec): asynchronous sums started in
+one order on every rank and waited for in another, a safe-point-like tensor on its own group,
 object broadcast and allgather, a ragged tensor allgather. Prints one JSON line per rank."""
 import json
 
@@ -16,7 +16,7 @@ for _ in range(3):
     ts = {nm: torch.full((3 + i,), float(r + 1) * (i + 1)) for i, nm in enumerate(names)}
     sp = comm.allreduce_sum_async_(torch.tensor([float(r)]), name="hj.safepoint")
     hs = {nm: comm.allreduce_sum_async_(ts[nm], name=nm, postscale=1.0 / n)
-          for nm in (names if r == 0 else names[::-1])}
+          for nm in names}
     for nm in sorted(hs):
         comm.synchronize(hs[nm])
     want = sum(range(1, n + 1)) / n

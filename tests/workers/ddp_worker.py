@@ -1,0 +1,83 @@
+"""One process, no launcher: the torch backend's world of one rank (a HashStore, Gloo) and its gradient reducer,
+torch's DistributedDataParallel, driven as the Trainer drives it (runtime/step.py's micro-batch step through the
+reducer's module). A deep model (30 parameter tensors) so that one collective per parameter would show. Counts
+the collectives of every iteration (the default group's sequence number: every collective on it adds one), in
+normal and measuring iterations, and of an iteration without micro-batches (the zero step); compares the
+parameters with one big batch of the same samples. Writes a JSON result to argv[1]."""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+from hpc_jabas.runtime.step import micro_step_sums, read_sums
+
+comm.use("torch")
+comm.init()
+torch.manual_seed(0)
+
+
+def build():
+    layers = [torch.nn.Linear(8, 16), torch.nn.Tanh()]
+    for _ in range(13):
+        layers += [torch.nn.Linear(16, 16), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(16, 4)).double()
+
+
+model, ref = build(), build()
+ref.load_state_dict(model.state_dict())
+opt = HeterogeneousOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+opt.use_reducer(comm.make_reducer(opt.named, model=model))
+ddp = opt.reducer.module
+ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+loss_fn = torch.nn.CrossEntropyLoss()
+forwards = []
+model.register_forward_hook(lambda m, a, out: forwards.append(1))
+
+
+def seq() -> int:
+    return dist.group.WORLD._get_sequence_number_for_group()
+
+
+def forward(m, batch):
+    return loss_fn(m(batch[0]), batch[1])
+
+
+counts, stats, kept = [], [], []
+for measure in (False, True, False, True, True, "noise"):        # "noise": a noise-only measurement
+    x, y = torch.randn(12, 8, dtype=torch.float64), torch.randint(0, 4, (12,))
+    s0 = seq()
+    opt.begin(3, 12, measure=bool(measure), similarity=measure != "noise")
+    kept.append(all(p.grad is not None and p.grad._base is not None for p in model.parameters()))
+    sums = None
+    for sl in (slice(0, 3), slice(3, 8), slice(8, 12)):
+        sums = micro_step_sums(ddp, forward, opt, (x[sl], y[sl]), sl.stop - sl.start, "cpu", sums)
+    read_sums(sums, opt, 12)
+    opt.step()
+    counts.append(seq() - s0)
+    stats.append(opt.last_stats is not None and (opt.last_stats.similarity is None) == (measure == "noise"))
+    ref_opt.zero_grad()
+    loss_fn(ref(x), y).backward()      # one big batch of the same 12 samples
+    ref_opt.step()
+diff = max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), ref.parameters()))
+views = all(p.grad is not None and p.grad._base is not None for p in model.parameters())
+# from iteration 1 on, begin() zeroes the gradients in their buckets: not set to None (a new tensor per
+# iteration, copied into the bucket at the reduction)
+stable = kept[1:] == [True] * 5 and not kept[0]
+
+# an iteration without micro-batches on this rank: one synced zero step through DDP, the user's forward not run
+n_fw = len(forwards)
+s0 = seq()
+opt.begin(0, 12)
+read_sums(None, opt, 12)
+opt.synchronize()
+zero = {"collectives": seq() - s0, "forwards": len(forwards) - n_fw,
+        "max_grad": max(float(p.grad.abs().max()) for p in model.parameters())}
+out = {"controller": comm.controller(), "backend": comm.backend(), "size": comm.size(), "reducer": type(ddp).__name__,
+       "params": len(list(model.parameters())), "collectives": counts, "stats": stats, "max_diff": diff,
+       "bucket_views": views, "stable_grads": stable, "zero": zero}
+comm.shutdown()
+with open(sys.argv[1], "w") as f:
+    json.dump(out, f)
