@@ -37,3 +37,20 @@ def test_a_task_callable_gets_the_jobs_config_when_it_takes_one():
     assert got == (64, 3, "/chain/run")
     # a callable whose arguments all have defaults (examples/train_digits.py's build(lr=0.05)) is called with none
     assert call_task(lambda lr=0.05: lr, {"train": {"batch": 64}}) == 0.05
+
+
+def test_the_ddp_pair_in_the_guide_is_the_files_diff():
+    """docs/porting.md's torch DDP section: its diff block is ``diff -u`` of the two files, its counts are the
+    diff's, the DDP script is a standard torchrun one, and the port has no DDP wrap, sampler or own loop."""
+    doc = (ROOT / "docs/porting.md").read_text()
+    plain = (ROOT / "examples" / "porting" / "ddp_mnist.py").read_text()
+    port = (ROOT / "examples" / "porting" / "ddp_jabas_mnist.py").read_text()
+    block = re.findall(r"```diff\n(.*?)```", doc, re.S)
+    diff = list(difflib.unified_diff(plain.splitlines(), port.splitlines(), lineterm=""))[2:]
+    assert len(block) == 1 and [ln.rstrip() for ln in block[0].splitlines()] == [ln.rstrip() for ln in diff]
+    added = sum(1 for ln in diff if ln.startswith("+"))
+    removed = sum(1 for ln in diff if ln.startswith("-"))
+    assert f"{added} lines added and {removed} removed" in doc.replace("\n", " ")
+    for gone in ("DistributedDataParallel", "DistributedSampler", "set_epoch", "init_process_group", "torch.save"):
+        assert gone in plain and gone not in port, gone
+    assert "hpc_jabas.ArgumentParser" in port and "torchrun --standalone --nproc-per-node=2" in doc

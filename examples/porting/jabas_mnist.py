@@ -1,13 +1,11 @@
 # jabas_mnist.py: the same classifier on hpc-jabas (a global batch, weighted heterogeneous ranks, adaptive B)
-import argparse
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import hpc_jabas
 
-parser = argparse.ArgumentParser(description="MNIST-style classifier, hpc-jabas")
+parser = hpc_jabas.ArgumentParser(description="MNIST-style classifier, hpc-jabas")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--lr", type=float, default=0.1, help="learning rate of the global batch --batch")
 parser.add_argument("--momentum", type=float, default=0.5)
