@@ -7,7 +7,9 @@ index (the third-party packages come from the shared environment of scripts/setu
 environment's path as the clone's .venv has them, so torch is not downloaded again); ``hpc_jabas`` imports from
 the new environment's site-packages; ``hpc-jabas doctor`` and ``hpc-jabas plan`` run; and a 2-rank mpirun job
 of a small script that uses the public API only trains (its loss falls, every sample of every epoch counted
-once). tests/test_nonroot.py installs the same wheel as a user who is not root.
+once); and the README's first torchrun run (the ``torchrun`` line of its "Installing on a cluster without root"
+block, as written, with examples/porting/ copied beside it) trains on 2 ranks of the torch backend.
+tests/test_nonroot.py installs the same wheel as a user who is not root.
 """
 from __future__ import annotations
 
@@ -117,5 +119,24 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     recs = [json.loads(ln) for ln in (outside / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     its = [r for r in recs if r.get("type") == "iteration"]
     assert sorted(r["it"] for r in its) == list(range(len(its))) and len(its) == res["result"]["iterations"]
+    acc = _readme_torchrun(vpy, outside, env)
+    print(f"README torchrun line: test accuracy {acc}")
     print(f"wheel {whl.name}: {n_py} Python files in {len(got)} packages; doctor OK; plan 16 ranks B=2048; "
           f"2-rank fit {res['result']['iterations']} iterations, loss {res['before']:.3f} -> {res['after']:.3f}")
+
+
+def _readme_torchrun(vpy: Path, outside: Path, env: dict) -> float:
+    """The README's torchrun line, run from the wheel's environment (``torchrun`` is ``python -m
+    torch.distributed.run``, what the torchrun command runs); its test accuracy."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Installing on a cluster without root"):]
+    line = next(ln for ln in section.splitlines() if ln.startswith("torchrun "))
+    argv = line.split("#")[0].split()
+    (outside / "examples" / "porting").mkdir(parents=True)
+    script = next(a for a in argv if a.endswith(".py"))
+    (outside / script).write_text((ROOT / script).read_text())
+    out = _run([str(vpy), "-m", "torch.distributed.run", *argv[1:]], outside, env, timeout=300)
+    acc = float(out.strip().splitlines()[-1].split()[-1])
+    assert "test accuracy" in out and acc > 0.5, out
+    assert list((outside / "runs").glob("ddp_jabas_mnist-*/metrics.jsonl")), sorted((outside / "runs").iterdir())
+    return acc
