@@ -4,6 +4,7 @@ and writes ``OUT/<step>.json`` (the shell's last line sums them up).
     python scripts/gpu_check.py info OUT
     python -m torch.distributed.run --standalone --nproc_per_node=2 scripts/gpu_check.py equiv OUT
     python scripts/gpu_check.py nccl OUT           # one rank on the torch backend (NCCL on CUDA)
+    python scripts/gpu_check.py stats OUT          # the half-batch statistics through the DDP reducer
     python scripts/gpu_check.py timing OUT
     python scripts/gpu_check.py amp OUT
     python scripts/gpu_check.py oom OUT
@@ -16,6 +17,9 @@ cheaply, for tests/test_gpu_check.py). The trainer runs on the torch backend (``
   replayed here on the CPU in float64 (an independent reference: plain torch, no hpc_jabas code in the loop).
   Two ranks on one GPU share it; NCCL refuses two ranks of one communicator on one device, so that case runs
   Gloo on the CUDA tensors, and ``nccl`` runs NCCL with one rank against the same reference.
+* ``stats``: one rank on the torch backend (NCCL on CUDA: the model in torch's DistributedDataParallel) with the
+  similarity policy measuring at every iteration: at least half the iterations measured, every statistic and
+  loss finite, and the reducer is DDP's.
 * ``timing``: the optimizer's step of iteration 2 queues a kernel that keeps the GPU busy for STEP_S
   (``torch.cuda._sleep``; on the CPU a sleep): with CUDA events and a wait after ``opt.step()``
   (runtime/clock.py) it is in iteration 2's time and in no iteration's compute.
@@ -79,9 +83,10 @@ def config(plan: str, run_dir: Path, world: int, **kw):
     from hpc_jabas.core.planning import Plan
     if int(os.environ.get("RANK", "0")) == 0:
         shutil.rmtree(run_dir, ignore_errors=True)                 # a fresh run each time (rank 0 writes it)
-    cfg = JobConfig(planner="fixed", plan=plan, batch=Plan.parse(plan).B, batch_min=1, batch_max=10**9,
-                    run_dir=str(run_dir), checkpoint=False, epochs=1000, backend="torch",
-                    gpu_types=["v100"] * world, **kw)
+    keys = {"planner": "fixed", "plan": plan, "batch": Plan.parse(plan).B, "batch_min": 1, "batch_max": 10**9,
+            "run_dir": str(run_dir), "checkpoint": False, "epochs": 1000, "backend": "torch",
+            "gpu_types": ["v100"] * world}
+    cfg = JobConfig(**{**keys, **kw})
     cfg.validate()
     return cfg
 
@@ -153,6 +158,20 @@ def step_nccl(out: Path) -> None:
     tr, params = train(ONE_RANK_PLAN, out, "nccl", 1)
     err, moved = compare(params, ONE_RANK_PLAN)
     say("nccl", err <= 1e-9 and moved > 1e-3, device=str(tr.device), backend=dist.get_backend(), max_rel_err=err)
+
+
+def step_stats(out: Path) -> None:
+    import torch.distributed as dist
+    tr, _ = train(ONE_RANK_PLAN, out, "stats", 1, policy="similarity", p=4, measure_every=1, planner="optimal")
+    recs = [json.loads(ln) for ln in (out / "stats" / "metrics.jsonl").read_text().splitlines()]
+    its = [r for r in recs if r.get("type") == "iteration"]
+    measured = [r for r in its if r.get("stats")]
+    values = [v for r in measured for v in r["stats"].values() if isinstance(v, float)]
+    finite = bool(values) and all(math.isfinite(v) for v in values) and all(math.isfinite(r["loss"]) for r in its)
+    reducer = type(tr.opt.reducer).__name__ if getattr(tr.opt, "reducer", None) is not None else "none"
+    say("stats", finite and len(measured) >= STEPS // 2 and "DDP" in reducer, device=str(tr.device),
+        backend=dist.get_backend(), reducer=reducer, measured=len(measured), iterations=len(its),
+        B=f"{its[0]['B']}->{its[-1]['B']}" if its else "none")
 
 
 class SlowStep(torch.optim.SGD):
@@ -256,8 +275,8 @@ def step_oom(out: Path) -> None:
         probes=len(peaks), probe_s=time.perf_counter() - t0)
 
 
-STEPS_BY_NAME = {"info": step_info, "equiv": step_equiv, "nccl": step_nccl, "timing": step_timing,
-                 "amp": step_amp, "oom": step_oom}
+STEPS_BY_NAME = {"info": step_info, "equiv": step_equiv, "nccl": step_nccl, "stats": step_stats,
+                 "timing": step_timing, "amp": step_amp, "oom": step_oom}
 
 
 def run(step: str, out: Path) -> int:

@@ -17,6 +17,7 @@
 #   2. info: torch, CUDA, the devices
 #   3. equiv: 2 ranks (torchrun) against one big batch on the GPU (2 ranks share one device if only one)
 #   4. nccl: one rank on NCCL against the same reference
+#   4b. stats: the half-batch statistics through the DDP reducer (similarity measuring every iteration)
 #   5. timing: CUDA events, the optimizer step inside its own iteration
 #   6. amp: bf16 and fp16 (loss scaling)
 #   7. oom: the profiler's out-of-memory probe under a memory cap
@@ -25,14 +26,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CPU=0 HOROVOD=0 OUT=runs/gpu-check ONLY=""
-STEPS="info equiv nccl timing amp oom"
+STEPS="info equiv nccl stats timing amp oom"
 for a in "$@"; do
   case $a in
     --cpu) CPU=1 ;;
     --horovod) HOROVOD=1 ;;
     --only=*) ONLY=" ${a#--only=} "; ONLY=${ONLY//,/ }
               for s in $ONLY; do [[ " $STEPS " == *" $s "* ]] || { echo "gpu_check: --only: unknown step $s; valid: ${STEPS// /,}"; exit 2; }; done ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "gpu_check: unknown flag $a; valid: --cpu, --horovod, --only=STEP[,STEP], OUT_DIR"; exit 2 ;;
     *) OUT=$a ;;
   esac
@@ -90,6 +91,7 @@ run_step() {   # NAME TIMEOUT_S [launcher words...]: one line from scripts/gpu_c
 run_step info 60 "$PY"
 run_step equiv 180 "$PY" -m torch.distributed.run --standalone --nproc_per_node=2
 run_step nccl 120 "$PY"
+run_step stats 120 "$PY"
 run_step timing 120 "$PY"
 run_step amp 150 "$PY"
 run_step oom 150 "$PY"
@@ -98,6 +100,7 @@ FIG=$("$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 keys = {"info": ["gpu", "torch", "devices"], "equiv": ["backend", "max_rel_err"], "nccl": ["backend", "max_rel_err"],
+        "stats": ["reducer", "measured", "B"],
         "timing": ["events", "slow_iter_s", "next_compute_s"], "amp": ["bf16_loss", "fp16_loss"], "oom": ["max_b"]}
 out = []
 for step, ks in keys.items():

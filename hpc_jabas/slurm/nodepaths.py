@@ -33,6 +33,7 @@ from pathlib import Path
 
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.slurm.env import SlurmEnv
 
 #: directories that are node-local on most clusters
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")
@@ -55,7 +56,7 @@ def cluster_shared(env: Mapping[str, str] | None = None) -> list[Path]:
     such line (a site's slurm.conf) or cannot be read."""
     env = os.environ if env is None else env
     try:
-        with open(env.get("SLURM_CONF") or DEFAULT_CONF, encoding="utf-8", errors="replace") as f:
+        with open(SlurmEnv(env).conf or DEFAULT_CONF, encoding="utf-8", errors="replace") as f:
             head = f.read(8192).splitlines()[:5]
     except OSError:
         return []
