@@ -34,12 +34,16 @@ median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubs
   a torch user writes; its construction broadcasts rank 0's parameters, as ``hvd.broadcast_parameters`` does in
   the other), all on the same batches, fixed plan b=32 n=1,1,1 -> ``fit_vs_own_loop_horovod``,
   ``fit_vs_own_loop_torch`` (goal <= 1.03), ``fit_torch_vs_horovod`` (torch fit() / Horovod fit()) and
-  ``ddp_vs_hvd_loop`` (the two hand-written loops). The process switches backends between loops
+  ``ddp_vs_hvd_loop`` (the two hand-written loops); and a fifth, the DDP loop built as the torch backend's fit()
+  builds DDP (``gradient_as_bucket_view=True``, the same bucket size) -> ``fit_vs_ddp_loop`` (goal <= 1.03, the
+  last figure of the last line) and ``fit_minus_ddp_loop_ms`` (the time fit() adds per iteration, in ms). The
+  process switches backends between loops
   (``comm.shutdown()``, not timed); a first round, not counted, runs each loop once (first connections).
 
 Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z overhead_ratio_fit=F
 overhead_ratio_fit_adaptive=G overhead_ratio_fit_safepoint_off=H safepoint_ratio=S safepoint_blocking_ratio=T
-fit_vs_own_loop_horovod=.. fit_vs_own_loop_torch=.. fit_torch_vs_horovod=.. ddp_vs_hvd_loop=..``.
+fit_vs_own_loop_horovod=.. fit_vs_own_loop_torch=.. fit_torch_vs_horovod=.. ddp_vs_hvd_loop=..
+fit_minus_ddp_loop_ms=.. fit_vs_ddp_loop=..``.
 
     python -m bench.overhead                   # everything (about 15 minutes here)
     python -m bench.overhead --backends-only   # only the two backends' four loops
@@ -197,13 +201,19 @@ def use_backend(name: str) -> None:
         comm.init()
 
 
-def ddp_whole() -> float:
+#: the torch backend's fit() wraps the model in DDP with DDP's bucket size (JobConfig has no bucket_cap_mb here)
+BUCKET_MB = 25.0
+
+
+def ddp_whole(bucket_view: bool = False) -> float:
     """The hand-written DistributedDataParallel loop as one block (the torch backend's process group): DDP's
-    construction (it broadcasts rank 0's parameters), ITERS iterations of the same batches as theirs."""
+    construction (it broadcasts rank 0's parameters), ITERS iterations of the same batches as theirs.
+    ``bucket_view``: as the torch backend's fit() builds it (gradient_as_bucket_view=True, the same bucket size)."""
     from torch.nn.parallel import DistributedDataParallel
     barrier("d0")
     t0 = time.perf_counter()
-    ddp = DistributedDataParallel(model())
+    kw = {"gradient_as_bucket_view": True, "bucket_cap_mb": BUCKET_MB} if bucket_view else {}
+    ddp = DistributedDataParallel(model(), **kw)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     perm = torch.randperm(N, generator=torch.Generator().manual_seed(0))
@@ -217,15 +227,17 @@ def ddp_whole() -> float:
 
 
 BACKEND_LOOPS = {"hvd_loop": ("horovod", theirs_whole), "hvd_fit": ("horovod", lambda: fit_whole("fixed")),
-                 "ddp_loop": ("torch", ddp_whole), "torch_fit": ("torch", lambda: fit_whole("fixed"))}
+                 "ddp_loop": ("torch", ddp_whole), "torch_fit": ("torch", lambda: fit_whole("fixed")),
+                 "ddp_bv_loop": ("torch", lambda: ddp_whole(bucket_view=True))}
 
 
 def backend_rounds() -> dict[str, list[float]]:
     """REPEATS rounds of the four whole loops (both backends), their order rotated every round."""
     names = [n for n, (be, _) in BACKEND_LOOPS.items() if HOROVOD or be == "torch"]
     out: dict[str, list[float]] = {k: [] for k in ("fit_vs_own_loop_horovod", "fit_vs_own_loop_torch",
-                                                   "fit_torch_vs_horovod", "ddp_vs_hvd_loop") if HOROVOD or
-                                   k == "fit_vs_own_loop_torch"}
+                                                   "fit_torch_vs_horovod", "ddp_vs_hvd_loop", "fit_minus_ddp_loop_ms",
+                                                   "fit_vs_ddp_loop") if HOROVOD or
+                                   k in ("fit_vs_own_loop_torch", "fit_minus_ddp_loop_ms", "fit_vs_ddp_loop")}
     for r in range(-1, REPEATS):       # round -1: each loop once untimed (first connections, lazy start-up)
         k = r % len(names)
         order = names[k:] + names[:k]
@@ -237,6 +249,8 @@ def backend_rounds() -> dict[str, list[float]]:
         if r < 0:
             continue
         out["fit_vs_own_loop_torch"].append(w["torch_fit"] / w["ddp_loop"])
+        out["fit_minus_ddp_loop_ms"].append((w["torch_fit"] - w["ddp_bv_loop"]) / ITERS * 1e3)   # added per iteration
+        out["fit_vs_ddp_loop"].append(w["torch_fit"] / w["ddp_bv_loop"])
         if HOROVOD:
             out["fit_vs_own_loop_horovod"].append(w["hvd_fit"] / w["hvd_loop"])
             out["fit_torch_vs_horovod"].append(w["torch_fit"] / w["hvd_fit"])

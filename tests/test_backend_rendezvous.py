@@ -194,3 +194,25 @@ def test_a_model_already_in_ddp_is_one_line_telling_what_to_remove(tmp_path):
         "DistributedDataParallel(...) wrap and pass the model itself (hpc-jabas reduces the gradients: on the "
         "torch backend it wraps the model in DDP for you)"], p.stderr
     assert not (tmp_path / "run").exists()          # refused before anything was written
+
+
+def test_an_unused_parameter_is_one_line_not_ddps_error(tmp_path):
+    """A model with a layer its loss does not use: DDP (find_unused_parameters=False) would fail at the next
+    forward with its own many-line error; the first iteration names the parameters in one line instead."""
+    script = tmp_path / "unused.py"
+    script.write_text(OWN_GROUP_SCRIPT.replace('model = nn.Linear(4, 2)\n', 'class Net(nn.Module):\n'
+                                               '    def __init__(self):\n'
+                                               '        super().__init__()\n'
+                                               '        self.fc, self.aux = nn.Linear(4, 2), nn.Linear(4, 2)\n'
+                                               '    def forward(self, x):\n'
+                                               '        return self.fc(x)\n'
+                                               'model = Net()\n'))
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_BACKEND"))}
+    p = subprocess.run([PY, str(script), "use", str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=str(tmp_path))
+    assert p.returncode == 2, p.stdout + p.stderr
+    errs = [ln for ln in p.stderr.splitlines() if "error" in ln.lower()]
+    assert errs == ["hpc-jabas: error: parameter(s) aux.weight, aux.bias got no gradient in the last micro-batch's "
+                    "backward: DistributedDataParallel (the torch backend) reduces only parameters the loss uses; "
+                    "set requires_grad=False on the unused ones, or use backend='horovod'"], p.stderr
+    assert "Traceback" not in p.stderr

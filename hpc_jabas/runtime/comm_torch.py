@@ -407,6 +407,12 @@ class DDPReducer:
         self._synced_forwards = 0
         self._n_local = 0
         self._hook = self.ddp.register_forward_pre_hook(self._count)
+        # the first iteration with micro-batches checks that the synced backward reaches every parameter (DDP,
+        # with find_unused_parameters=False, would fail at the next forward with a long error of its own)
+        self._names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
+        self._unchecked = True
+        self._seen: set[int] = set()
+        self._probes: list[Any] = []
         self._ready: Callable[[], None] | None = None
         self._post = 1.0 / size()
         # torch's own allreduce hook's shape, with a sum then the postscale 1/world (the Horovod backend's
@@ -423,6 +429,14 @@ class DDPReducer:
     def begin(self, n_local: int) -> None:
         self._n_local = int(n_local)
         self._synced_forwards = 0
+        if self._unchecked and self._n_local > 0 and not self._probes:
+            self._probes = [p.register_hook(self._probe(id(p))) for p in self._params]
+
+    def _probe(self, key: int) -> Callable[[torch.Tensor], None]:
+        def hook(g: torch.Tensor) -> None:
+            if self.ddp.require_backward_grad_sync:       # the last micro-batch's (synced) backward
+                self._seen.add(key)
+        return hook
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         return self.ddp.no_sync()
@@ -441,6 +455,18 @@ class DDPReducer:
         out.backward()
 
     def finish(self) -> None:
+        if self._probes:
+            for h in self._probes:
+                h.remove()
+            self._probes, self._unchecked = [], False
+            unused = [n for k, n in self._names.items() if k not in self._seen]
+            self._seen = set()
+            if unused:
+                more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+                raise ConfigError(f"parameter(s) {', '.join(unused[:3])}{more} got no gradient in the last "
+                                  "micro-batch's backward: DistributedDataParallel (the torch backend) reduces only "
+                                  "parameters the loss uses; set requires_grad=False on the unused ones, or use "
+                                  "backend='horovod'")
         if self._n_local > 0 and self._synced_forwards == 0:
             raise ConfigError("forward_fn did not call the model it is given: on the torch backend that is the "
                               "DistributedDataParallel wrapper, whose forward starts the gradients' reduction; call "

@@ -477,33 +477,37 @@ class Trainer:
 
     def _micro_batches(self, mine: Sequence[Any], clock: IterationClock) -> tuple[LossSums | None, float]:
         """This rank's micro-batches of the iteration (runtime/step.py: the loss stays on the device), each
-        timed as compute; returns the loss sums and the emulated GPU's wait. A reducer whose reduction blocks
-        the last backward (DDP: its end waits for the other ranks) stops the clock when this rank's last
-        gradient is ready, so that the wait for slower ranks is not counted as this rank's compute."""
-        emu_wait = 0.0
-        sums: LossSums | None = None
-        if self.emulator is not None:
-            self.emulator.start()
-        computing = [False]
+        timed as compute, then (emulating) its GPU type's wait; returns the loss sums and the emulated waits.
+        A reducer whose reduction blocks the last backward (DDP: its end waits for the other ranks) calls
+        ``ready`` when this rank's last gradient is ready: the clock stops there and an emulated GPU waits there,
+        before the reduction starts, so that neither counts the wait for slower ranks as this rank's compute."""
+        emu = self.emulator
+        st = {"computing": False, "emulated": False, "b": 0, "wait": 0.0}
 
         def ready() -> None:
-            if computing[0]:
-                computing[0] = False
+            if st["computing"]:
+                st["computing"] = False
                 clock.compute_stop()
+                if emu is not None:
+                    st["wait"] += emu.wait_next(int(st["b"]), self.iteration)
+                    st["emulated"] = True
+        sums: LossSums | None = None
+        if emu is not None:
+            emu.start()
         assert self.opt.reducer is not None
         self.opt.reducer.on_ready(ready)
         for idx in mine:
             clock.compute_start()
-            computing[0] = True
+            st.update(computing=True, emulated=False, b=len(idx))
             sums = micro_step_sums(self.forward_module, self.forward_fn, self.opt, self.fetch(idx), len(idx),
                                    self.device, sums)
-            if computing[0]:
-                computing[0] = False
+            if st["computing"]:
+                st["computing"] = False
                 clock.compute_stop()
-            if self.emulator is not None:
-                emu_wait += self.emulator.wait_next(len(idx), self.iteration)
+            if emu is not None and not st["emulated"]:
+                st["wait"] += emu.wait_next(len(idx), self.iteration)
         self.opt.reducer.on_ready(None)
-        return sums, emu_wait
+        return sums, float(st["wait"])
 
     def flush_metrics(self) -> None:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them."""
