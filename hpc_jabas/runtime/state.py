@@ -27,7 +27,8 @@ Replan = Callable[[int], Plan]     # B -> a plan of B for this job's ranks
 @dataclass
 class TrainState:
     """``iteration`` iterations done; ``B``, ``plan``, ``lr_scale`` in force; ``pending``: announced decisions;
-    ``sampler``: the epoch and the cursor of the sample order."""
+    ``sampler``: the epoch and the cursor of the sample order; ``samples``: the samples trained on since the run
+    began."""
 
     B: int
     plan: Plan
@@ -36,6 +37,7 @@ class TrainState:
     lr_scale: float = 1.0
     pending: PendingDecisions = field(default_factory=PendingDecisions)
     si_carry: float = 0.0     # AdaScale: the fraction of a scheduler step not taken yet (scheduler_steps)
+    samples: int = 0          # samples trained on since the run began (over every job and resume of it)
 
     @property
     def epoch(self) -> int:
@@ -79,7 +81,7 @@ class TrainState:
         """The checkpoint's entries for this state (plain containers: core/planning's and core/decision's dicts)."""
         return {"sampler": self.sampler.state_dict(), "iteration": self.iteration, "B": self.B,
                 "plan": self.plan.to_dict(), "lr_scale": self.lr_scale, "pending": self.pending.state_dict(),
-                "si_carry": self.si_carry}
+                "si_carry": self.si_carry, "samples": self.samples}
 
     def load_state_dict(self, st: dict[str, Any], world: int, replan: Replan) -> None:
         """Back from a checkpoint. A plan saved for another rank count (a job on another allocation) is
@@ -89,6 +91,8 @@ class TrainState:
         self.B = int(st["B"])
         self.lr_scale = float(st["lr_scale"])
         self.si_carry = float(st.get("si_carry", 0.0))       # absent in checkpoints of earlier versions
+        # absent in checkpoints of earlier versions: the epochs done and the cursor (exact with tail "shrink")
+        self.samples = int(st.get("samples", self.sampler.epoch * self.sampler.num_samples + self.sampler.cursor))
         plan = Plan.from_dict(st["plan"])
         self.plan = plan if plan.world_size == world else replan(self.B)
         # decisions announced ahead of the loader, not in force yet (the sampler above is the position)

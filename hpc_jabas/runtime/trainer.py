@@ -587,7 +587,7 @@ class Trainer:
                                 "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration,
                                 "gpu_source": self.world_info.source, "ranks": self.world_info.ranks(),
                                 "batch_range": self.batch_range})
-        t0 = time.perf_counter()
+        t0, it0 = time.perf_counter(), self.iteration
         samples = 0
         first_step = True
         while self.sampler.epoch < epochs:
@@ -597,6 +597,7 @@ class Trainer:
                 continue
             rec = self.train_step()
             samples += rec["samples"]
+            self.state.samples += rec["samples"]
             if first_step:
                 first_step = False
                 for cb in self.callbacks:
@@ -612,7 +613,9 @@ class Trainer:
         if installed_here:
             sp.stop_signals().uninstall()
         wall = time.perf_counter() - t0
-        return {"iterations": self.iteration, "epoch": self.sampler.epoch, "samples": samples, "wall_s": wall,
+        # the run's totals (over every job and resume of it), and this call's
+        return {"iterations": self.iteration, "epoch": self.sampler.epoch, "samples": self.state.samples,
+                "iterations_here": self.iteration - it0, "samples_here": samples, "wall_s": wall,
                 "samples_per_s": samples / wall if wall > 0 else 0.0, "stopped": self.stop_reason}
 
     def _safe_point(self) -> bool:
