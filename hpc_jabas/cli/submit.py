@@ -283,40 +283,42 @@ def _check_chain_free(spec) -> None:
                           "or give this job its own chain_dir")
 
 
+#: one line per chain event (``_describe``): its format over the event's fields and the derived ones below
+EVENT_FORMATS = {
+    "submit": "submit  job {job_id} on {mix_label} ({method}, by {by})",
+    "start": "start   job {job_id}: {world} ranks {gpus}, epoch {epoch}, iteration {iteration}",
+    "move": "move    job {from_job} -> {to_job} on {mix_label} at epoch {epoch}",
+    "restart": "restart job {job_id}: {overhead_s:.1f} s from checkpoint to first iteration "
+               "(+{queue_wait_s:.1f} s in the queue)",
+    "requeue": "requeue job {from_job} -> {to_job}: {reason} ({signal}) at iteration {iteration}, "
+               "{lost_iterations} iterations lost",
+    "replan": "replan  job {from_job} pended on {excluded_list} ({reason}): cancelled; job {to_job} on {mix_label}",
+    "replan_wait": "waiting {message}",
+    "error": "error   job {job_id} rank {rank}: {sig_type}: {sig_message} at {sig_where}",
+    "end_message": "end     job {job_id}: {state}: {message}",
+    "end": "end     job {job_id}: {state} after {wall_s:.1f} s, epochs {epochs}, cost {cost:.4g}",
+}
+
+
+class _Fields(dict):
+    def __missing__(self, key: str) -> None:         # a field the event lacks reads as None, as e.get() did
+        return None
+
+
 def _describe(e: dict) -> str:
     from hpc_jabas.core.autoscale import mix_label
     t = time.strftime("%H:%M:%S", time.localtime(e.get("time", time.time())))
     ev = e.get("event")
-    if ev == "submit":
-        return (f"{t} submit  job {e.get('job_id')} on {mix_label(e.get('mix') or {})} "
-                f"({e.get('method')}, by {e.get('by')})")
-    if ev == "start":
-        return (f"{t} start   job {e.get('job_id')}: {e.get('world')} ranks {','.join(e.get('gpu_types') or [])}, "
-                f"epoch {e.get('epoch')}, iteration {e.get('iteration')}")
-    if ev == "move":
-        return (f"{t} move    job {e.get('from_job')} -> {e.get('to_job')} on {mix_label(e.get('mix') or {})} "
-                f"at epoch {e.get('epoch')}")
-    if ev == "restart":
-        return (f"{t} restart job {e.get('job_id')}: {e.get('overhead_s', 0):.1f} s from checkpoint to first iteration"
-                f" (+{e.get('queue_wait_s', 0):.1f} s in the queue)")
-    if ev == "requeue":
-        return (f"{t} requeue job {e.get('from_job')} -> {e.get('to_job')}: {e.get('reason')} ({e.get('signal')}) "
-                f"at iteration {e.get('iteration')}, {e.get('lost_iterations', 0)} iterations lost")
-    if ev == "replan":
-        return (f"{t} replan  job {e.get('from_job')} pended on {','.join(e.get('excluded') or [])} "
-                f"({e.get('reason')}): cancelled; job {e.get('to_job')} on {mix_label(e.get('mix') or {})}")
-    if ev == "replan_wait":
-        return f"{t} waiting {e.get('message')}"
-    if ev == "error":
-        sig = e.get("signature") or {}
-        return (f"{t} error   job {e.get('job_id')} rank {e.get('rank')}: {sig.get('type')}: {sig.get('message')} "
-                f"at {sig.get('where')}")
-    if ev == "end" and e.get("message"):
-        return f"{t} end     job {e.get('job_id')}: {e.get('state')}: {e.get('message')}"
-    if ev == "end":
-        return (f"{t} end     job {e.get('job_id')}: {e.get('state')} after {e.get('wall_s', 0):.1f} s, "
-                f"epochs {e.get('epochs')}, cost {e.get('cost', 0):.4g}")
-    return f"{t} {ev} {e}"
+    key = "end_message" if ev == "end" and e.get("message") else ev
+    if key not in EVENT_FORMATS:
+        return f"{t} {ev} {e}"
+    sig = e.get("signature") or {}
+    f = _Fields({k: 0 for k in ("overhead_s", "queue_wait_s", "lost_iterations", "wall_s", "cost")})
+    f.update({k: v for k, v in e.items() if v is not None or k not in f})
+    f.update(mix_label=mix_label(e.get("mix") or {}), gpus=",".join(e.get("gpu_types") or []),
+             excluded_list=",".join(e.get("excluded") or []), sig_type=sig.get("type"),
+             sig_message=sig.get("message"), sig_where=sig.get("where"))
+    return f"{t} {EVENT_FORMATS[key].format_map(f)}"
 
 
 def run(args) -> int:

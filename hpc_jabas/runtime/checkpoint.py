@@ -38,7 +38,6 @@ import os
 import pickle
 import re
 import shutil
-import stat
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,7 +47,7 @@ import numpy as np
 import torch
 
 from hpc_jabas.errors import CheckpointError
-from hpc_jabas.trust import UntrustedFileError, check_file, check_write_dir, open_private
+from hpc_jabas.trust import UntrustedFileError, check_entry, check_file, check_write_dir, open_private
 
 MAGIC = b"HPCJABAS1\n"               # the first format's header (read only)
 FORMAT = "hpc-jabas-checkpoint/2"
@@ -150,20 +149,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _check_own_dir(d: Path) -> None:
-    """The checkpoint directory is a real directory (not a link, not a file) of this user: one line otherwise."""
-    try:
-        st = os.lstat(d)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise CheckpointError(f"checkpoint directory {str(d)!r} cannot be used: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
-        raise CheckpointError(f"checkpoint directory {str(d)!r} is {kind}; hpc-jabas writes checkpoints only into "
-                              "a directory of its own: move it away, or give another --run-dir")
-    if st.st_uid not in (os.geteuid(), 0):
-        raise CheckpointError(f"checkpoint directory {str(d)!r} is owned by uid {st.st_uid}, not by this user; "
-                              "give a run directory of your own (--run-dir)")
+    """The checkpoint directory is a real directory of this user's, not a link or a file (trust.check_entry: one
+    line otherwise)."""
+    check_entry(d, "checkpoint directory", "dir")
 
 
 _ND = "__hj_ndarray__"
