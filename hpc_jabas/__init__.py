@@ -86,7 +86,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def report_throughput(trainer, result: dict | None = None, file=None) -> list[dict]:
+def report_throughput(trainer: Trainer, result: dict | None = None, file=None) -> list[dict]:
     """Gather every rank's samples and compute time; rank 0 prints one line per rank."""
     from hpc_jabas.runtime import comm
     rows = comm.allgather_object({"rank": trainer.rank, "gpu": trainer.gpu_types[trainer.rank],

@@ -69,6 +69,17 @@ def test_no_function_over_80_lines():
     assert not done, "no longer over the limit: take them off OVER_80 in tests/test_code_shape.py:\n" + "\n".join(done)
 
 
+#: the Trainer's constructor only composes its parts (docs/design.md, section 1): at most this many lines
+TRAINER_INIT_MAX = 40
+
+
+def test_the_trainer_constructor_only_composes():
+    path = PKG / "runtime" / "trainer.py"
+    n = dict(function_lengths(ast.parse(path.read_text())))["Trainer.__init__"]
+    assert n <= TRAINER_INIT_MAX, f"Trainer.__init__ is {n} lines; at most {TRAINER_INIT_MAX} (move a part's " \
+                                  "building into a helper or the part)"
+
+
 # ---- module names in docstrings and comments --------------------------------------------------------
 @cache
 def top_names(path: Path) -> frozenset[str]:

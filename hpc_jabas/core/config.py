@@ -19,6 +19,7 @@ job key as a flat attribute (``cfg.batch``, ``cfg.policy``) besides its sections
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import typing
 from collections.abc import Mapping
@@ -51,6 +52,7 @@ from hpc_jabas.core.defaults import (
     policy_name,
 )
 from hpc_jabas.core.schema import (
+    Freezable,
     Section,
     check_fields,
     default_text,
@@ -306,7 +308,7 @@ if typing.TYPE_CHECKING:
         """What a type checker sees of the flat keys: every section's fields, with their types. At run time
         they are the :class:`_Flat` attributes that :func:`_with_flat_keys` adds."""
 else:
-    _FlatKeys = object
+    _FlatKeys = Freezable       # what JobConfig shares with its sections: JobConfig.frozen
 
 
 def _with_flat_keys(cls: type[JobConfig]) -> type[JobConfig]:
@@ -350,6 +352,28 @@ class JobConfig(_FlatKeys):
             norm = {str(k).replace("-", "_"): v for k, v in (autoscale or {}).items()}
             reject_unknown(norm, AutoscaleConfig.keys(), "autoscale key")
             self.autoscale = AutoscaleConfig(**norm)
+
+    if not typing.TYPE_CHECKING:          # hidden from a type checker, which then still checks the names assigned
+        def __setattr__(self, name: str, value: Any) -> None:
+            self._refuse_if_frozen(name)
+            object.__setattr__(self, name, value)
+
+    def frozen(self) -> JobConfig:
+        """A deep copy that refuses every assignment, to a key or a section (FrozenInstanceError); the Trainer's
+        resolved configuration. Its copies (``copy.deepcopy``, :meth:`replace`) are not frozen."""
+        out = copy.deepcopy(self)
+        for s in (*SECTIONS, "autoscale"):
+            getattr(out, s).freeze()
+        out.freeze()
+        return out
+
+    def replace(self, **changes: Any) -> JobConfig:
+        """A deep copy (not frozen) with ``changes`` (flat keys) assigned; not validated."""
+        reject_unknown(changes, JobConfig.keys(), "config key")
+        out = copy.deepcopy(self)
+        for name, value in changes.items():
+            setattr(out, name, value)
+        return out
 
     def validate(self) -> JobConfig:
         """``self`` if every key is valid (unchanged), else one ConfigError line."""

@@ -197,12 +197,37 @@ def _keys_of(cls: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
     return keys
 
 
-class Section:
+class Freezable:
+    """An object that :meth:`freeze` makes refuse every assignment (FrozenInstanceError); its copies (``copy``,
+    ``deepcopy``, pickle) are not frozen."""
+
+    def freeze(self) -> None:
+        object.__setattr__(self, "_frozen", True)
+
+    @property
+    def is_frozen(self) -> bool:
+        return bool(self.__dict__.get("_frozen"))
+
+    def _refuse_if_frozen(self, name: str) -> None:
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(f"cannot assign to {name!r}: this configuration is resolved and "
+                                                  "frozen; make a changed copy with JobConfig.replace")
+
+    def __delattr__(self, name: str) -> None:
+        self._refuse_if_frozen(name)
+        object.__delattr__(self, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_frozen"}
+
+
+class Section(Freezable):
     """Base of a section dataclass: a value assigned to a key (in the constructor too) is stored
     normalised when it is valid (an alias as its canonical name, a comma-separated list as a list, an
     int as a float, ...) and as given when it is not, for :func:`check_fields` to name the problem."""
 
     def __setattr__(self, name: str, value: Any) -> None:
+        self._refuse_if_frozen(name)
         tm = _keys_of(type(self)).get(name)
         if tm is not None:
             try:

@@ -22,6 +22,8 @@ from hpc_jabas.runtime.hooks import Controller, TrainerView
 from hpc_jabas.runtime.telemetry import HostTelemetry
 
 if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
     from hpc_jabas.core.balancing import RankPredictors, Rebalancer
     from hpc_jabas.core.config import JobConfig
     from hpc_jabas.core.guard import Revert
@@ -180,7 +182,7 @@ class AdaptiveController(BaseController):
         self.moves = self.policy_name != "fixed" and cfg.B_min < cfg.B_max
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
         self.wd_rule = make_wd_rule(cfg.wd_rule, B_ref=cfg.batch_ref or cfg.batch)
-        self._wd_hook = None
+        self._wd_hook: RemovableHandle | None = None
         self._wd_base: list[float] | None = None     # the optimizer's own weight decay per param group
         self._wd_set: list[float] | None = None      # what the rule last set (a change elsewhere is a new base)
         self.noise = NoiseScale()

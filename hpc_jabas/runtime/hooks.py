@@ -24,10 +24,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from hpc_jabas.core.decision import Decision, MoveDecision
 from hpc_jabas.core.planning.plan import Plan
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:        # the trainer's parts: imported for the type checker only (the trainer imports this module)
+    import torch
+
     from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.perfmodel import PerfModel
     from hpc_jabas.core.planning.planner import Planner
     from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.runtime.metrics import MetricsWriter
+    from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+    from hpc_jabas.runtime.protocol import DecisionChannel
 
 SchedulerStep = Literal["epoch", "iteration"]
 SCHEDULER_STEPS: tuple[SchedulerStep, ...] = ("epoch", "iteration")
@@ -51,8 +57,12 @@ class TrainerView(Protocol):
     def gpu_types(self) -> list[str]:            # one per rank
         ...
 
-    device: Any                                  # this rank's torch.device
-    cfg: JobConfig
+    device: torch.device                         # this rank's device
+
+    @property
+    def cfg(self) -> JobConfig:                  # resolved once and frozen (runtime/resolve.py)
+        ...
+
     # the state in force (applied decisions)
     iteration: int                               # iterations done
     B: int
@@ -68,10 +78,10 @@ class TrainerView(Protocol):
     # declared_factors (the config's speeds relative to the perf model), spec (its PlanSpec)
     planner: Planner
     # the parts around the loop
-    opt: Any                                     # the HeterogeneousOptimizer
+    opt: HeterogeneousOptimizer
     controller: Controller | None
-    decisions: Any                               # the decision protocol (runtime/protocol.py DecisionChannel)
-    metrics: Any                                 # metrics.jsonl writer (rank 0; a no-op elsewhere): .write(dict)
+    decisions: DecisionChannel                   # the decision protocol (runtime/protocol.py)
+    metrics: MetricsWriter                       # metrics.jsonl writer (rank 0; a no-op elsewhere): .write(dict)
     run_dir: Path
     moved_to: MoveDecision | None
 
@@ -91,7 +101,7 @@ class TrainerView(Protocol):
     def compute_local_s(self) -> float:
         ...
 
-    def perf_model(self) -> Any:
+    def perf_model(self) -> PerfModel:
         """The job's performance model (core/perfmodel.py), built on first use."""
 
     def announced(self) -> tuple[int, Plan, float]:

@@ -27,7 +27,7 @@ from typing import IO, Any, TypeVar
 
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_console_writer
-from hpc_jabas.runtime.hooks import Callback
+from hpc_jabas.runtime.hooks import Callback, TrainerView
 from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import check_file, write_atomic_nofollow
 
@@ -106,7 +106,7 @@ def iterate(items: Sequence[T], desc: str, unit: str = "it", rank: int = 0,
         bar.close()
 
 
-def _done(trainer: Any) -> int:
+def _done(trainer: TrainerView) -> int:
     """Samples of the run done so far (whole epochs by the dataset size, plus the epoch's cursor)."""
     return int(trainer.sampler.epoch) * int(trainer.sampler.num_samples) + int(trainer.sampler.cursor)
 
@@ -120,14 +120,14 @@ class ProgressBar(Callback):
         self.enabled = bar_wanted(self.file) if enabled is None else bool(enabled)
         self.bar: Any = None
 
-    def _open(self, trainer: Any) -> None:
+    def _open(self, trainer: TrainerView) -> None:
         from tqdm import tqdm
         total = self.epochs * int(trainer.sampler.num_samples)
         self.bar = _tqdm(self.file, total=total, initial=min(_done(trainer), total), unit="sample", unit_scale=True,
                          desc="train", smoothing=0.1)
         set_console_writer(lambda line: tqdm.write(line, file=sys.stderr))   # log lines above the bar
 
-    def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
         if not self.enabled or trainer.rank != 0:
             return
         first = self.bar is None
@@ -138,7 +138,7 @@ class ProgressBar(Callback):
                             f"it={trainer.iteration} B={trainer.B}", refresh=False)
         bar.update(0 if first else int(rec.get("samples", 0)))
 
-    def on_epoch_end(self, trainer: Any, epoch: int) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         if self.bar is not None and epoch + 1 >= self.epochs:
             self.bar.n = self.bar.total      # a dropped tail leaves a few samples unused
             self.bar.close()
@@ -159,19 +159,19 @@ class ProgressFile(Callback):
         self._last = 0.0
         self._refused = False
 
-    def on_first_step(self, trainer: Any) -> None:
+    def on_first_step(self, trainer: TrainerView) -> None:
         if trainer.rank == 0:
             self._t0, self._n0 = time.time(), _done(trainer)
 
-    def on_step_end(self, trainer: Any, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
         if trainer.rank == 0 and time.time() - self._last >= self.period_s:
             self.write(trainer)
 
-    def on_epoch_end(self, trainer: Any, epoch: int) -> None:
+    def on_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         if trainer.rank == 0:
             self.write(trainer)
 
-    def snapshot(self, trainer: Any) -> dict[str, Any]:
+    def snapshot(self, trainer: TrainerView) -> dict[str, Any]:
         now = time.time()
         done, total = _done(trainer), self.epochs * int(trainer.sampler.num_samples)
         rate = None
@@ -182,7 +182,7 @@ class ProgressFile(Callback):
                 "iteration": int(trainer.iteration), "B": int(trainer.B), "samples_done": done,
                 "samples_total": total, "samples_per_s": rate, "eta_s": eta}
 
-    def write(self, trainer: Any) -> None:
+    def write(self, trainer: TrainerView) -> None:
         self._last = time.time()
         if self._refused:
             return
@@ -207,7 +207,7 @@ def read(run_dir: str | Path) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
-def refuse_finished(trainer: Any, epochs: int) -> None:
+def refuse_finished(trainer: TrainerView, epochs: int) -> None:
     """After a resume: a checkpoint that already finished ``epochs`` is not "resumed" into a run that trains
     nothing and exits 0. Rank 0 says so on stdout and every rank raises ConfigError (exit code 2), unless
     ``resume_finished`` is set (then a warning, and the run goes on: more epochs, or nothing to do)."""
@@ -225,7 +225,7 @@ def refuse_finished(trainer: Any, epochs: int) -> None:
     raise ConfigError(msg, quiet=True)   # said once, above, on rank 0's stdout: run_main and the CLI do not repeat it
 
 
-def default_callbacks(trainer: Any) -> list[Callback]:
+def default_callbacks(trainer: TrainerView) -> list[Callback]:
     """What the Trainer adds on rank 0: the bar (shown only when :func:`bar_wanted`) and the progress file."""
     if trainer.rank != 0:
         return []

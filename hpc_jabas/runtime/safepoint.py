@@ -242,7 +242,8 @@ class SafePointHost(Protocol):
     nonfinite_loss: bool                # this rank's last loss was not finite
     safe_points: SafePoints
     metrics: MetricsWriter
-    cfg: JobConfig
+    @property
+    def cfg(self) -> JobConfig: ...            # the Trainer's resolved, frozen configuration
     ckpt_dir: Path
 
     @property

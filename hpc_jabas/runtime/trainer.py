@@ -24,6 +24,7 @@ import torch
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
+from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.planning import Plan, Planner, half_split
 from hpc_jabas.core.sampler import HeterogeneousSampler, split_single_micro
 from hpc_jabas.errors import ConfigError
@@ -41,6 +42,7 @@ from hpc_jabas.runtime.pending import PendingDecisions
 from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.reducer import check_model
+from hpc_jabas.runtime.resolve import resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.state import TrainState
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
@@ -48,22 +50,6 @@ from hpc_jabas.runtime.world import World
 from hpc_jabas.trust import set_trust_group
 
 log = get_logger(__name__)
-
-
-def _with_default_run_dir(cfg: JobConfig) -> JobConfig:
-    """A copy of ``cfg`` with the run directory of this script and configuration (core/config.py
-    ``default_run_dir``), said once."""
-    import copy
-    import sys
-
-    from hpc_jabas.core.config import default_run_dir
-    from hpc_jabas.exits import process_rank
-    script = str(Path(sys.argv[0]).resolve()) if sys.argv and sys.argv[0] not in ("", "-c") else "python"
-    out = copy.deepcopy(cfg)
-    out.run_dir = default_run_dir(cfg, script)
-    if process_rank() == 0:                     # before the backend starts: the launcher's rank
-        log.info("run_dir %s (this script and configuration; --run-dir to choose)", out.run_dir)
-    return out
 
 
 def check_parts(dataset, scheduler, scheduler_step: str, controller, epoch_end_hook, callbacks) -> None:
@@ -91,12 +77,12 @@ class _InState(Generic[_T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, trainer: Any, owner: type | None = None) -> _T:
+    def __get__(self, trainer: Trainer | None, owner: type | None = None) -> _T:
         if trainer is None:                      # looked up on the class (help(), introspection)
             return self  # type: ignore[return-value]
         return getattr(trainer.state, self.name)
 
-    def __set__(self, trainer: Any, value: _T) -> None:
+    def __set__(self, trainer: Trainer, value: _T) -> None:
         setattr(trainer.state, self.name, value)
 
 
@@ -134,9 +120,7 @@ class Trainer:
                  planner_fn: Callable | None = None, gpu_types: list[str] | None = None,
                  callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
                  history_len: int = 100_000, world: World | None = None):
-        self.cfg = cfg = (config or JobConfig()).validate()
-        if cfg.run_dir is None:                 # a default unique to the script and its configuration
-            self.cfg = cfg = _with_default_run_dir(cfg)
+        cfg = (config or JobConfig()).validate()
         set_trust_group(cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
         check_model(model)                    # not already in a DistributedDataParallel (runtime/reducer.py)
@@ -144,49 +128,63 @@ class Trainer:
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
         self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
         self._clock = IterationClock(self.device)   # an iteration's compute and end (runtime/clock.py)
+        # a Dataset (fetched on this thread) or a DataLoader (its workers fetch ahead): runtime/data.py
+        self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)
+        # the configuration every part reads: resolved once, here, and frozen (runtime/resolve.py)
+        self.resolved = resolve_config(cfg, model, len(self.feed.dataset), self.rank, planner_fn is not None)
         self.model = model.to(self.device)
         self.loss_fn, self.scheduler, self.scheduler_step, self.eval_fn = loss_fn, scheduler, scheduler_step, eval_fn
         self.forward_fn = forward_fn or (lambda m, batch: loss_fn(m(batch[0]), batch[1]))
         self.epoch_end_hook = epoch_end_hook
         self.opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), clip_grad_norm=cfg.clip_grad_norm,
                                           amp=cfg.amp)
-        # a Dataset (fetched on this thread) or a DataLoader (its workers fetch ahead): runtime/data.py
-        self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)
         self.decision_lead = self.feed.lead        # decisions announced this far ahead (setup() agrees the job's)
         self.feed.attach(lambda it: self.state.plan_at(it))
-        self.run_dir = Path(str(cfg.run_dir))           # set (the default one) above when unset
-        self.ckpt_dir = self.run_dir / "checkpoints"
-        self._run_dir_error: str | None = None      # rank 0's: said on every rank by setup()'s first agreement
-        try:
-            if self.rank == 0:          # before the first write: ours, no planted link or file (hpc_jabas/trust.py)
-                from hpc_jabas.trust import check_run_dir
-                check_run_dir(self.run_dir)
-            self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
-        except ConfigError as e:
-            self.metrics, self._run_dir_error = MetricsWriter(None), str(e)
-        self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
-        self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
-        self._perf_model: Any = None          # built on first use (perf_model())
-        self.calib = Calibrator(cfg, self.gpu_types, self.rank, self.metrics)   # that model's online calibration
+        self._open_run_dir()                       # run_dir, metrics.jsonl, the decision channel
+        self._perf_model: PerfModel | None = None     # built on first use (perf_model())
+        self.calib = Calibrator(self.cfg, self.gpu_types, self.rank, self.metrics)   # that model's calibration
         self.emulator = self._emulator()
-        from hpc_jabas.core.policy import canonical_policy, lr_rule_name
-        # AdaScale's progress is in scale-invariant iterations: a per-iteration scheduler steps lr_scale times
-        self._scale_invariant = cfg.policy != "fixed" and \
-            lr_rule_name(cfg.lr_rule, canonical_policy(cfg.policy)) == "adascale"
         self.planner: Planner = self._planner(planner_fn)     # core/planning/planner.py
         sampler = HeterogeneousSampler(len(self.dataset), seed=cfg.seed, tail=cfg.tail)
         self.state = TrainState(*self._initial_plan(), sampler=sampler)    # B, plan, sampler, iteration, ...
-        self.batch_range = self._adaptive_range()       # an adaptive policy's unset bounds (core/policy.py)
         self.controller: Controller | None = controller if controller is not None else self._default_controller()
         self.calib.attach(self.controller, self.planner.declared_factors, lambda: self.iteration)
         self.callbacks: list[Callback] = [*callbacks, *default_callbacks(self)]   # rank 0: tqdm bar, progress.json
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self._start_records()
         self.checkpointer = self._checkpointer()
-        self._set_up = False                            # setup() (collective) not run yet
+
+    @property
+    def cfg(self) -> JobConfig:
+        """The resolved configuration (frozen: an assignment raises; runtime/resolve.py)."""
+        return self.resolved.cfg
+
+    @property
+    def batch_range(self) -> dict | None:
+        """The range an adaptive policy without batch_min/batch_max was given (core/policy.py), else None."""
+        return self.resolved.batch_range
+
+    def _open_run_dir(self) -> None:
+        """The run directory (rank 0 checks it before the first write: ours, no planted link or file,
+        hpc_jabas/trust.py; its refusal is said on every rank by setup()'s first agreement), metrics.jsonl's
+        writer (rank 0) and the decision channel (rank 0 decides, every rank applies)."""
+        self.run_dir = Path(str(self.cfg.run_dir))
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self._run_dir_error: str | None = None
+        try:
+            if self.rank == 0:
+                from hpc_jabas.trust import check_run_dir
+                check_run_dir(self.run_dir)
+            self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
+        except ConfigError as e:
+            self.metrics, self._run_dir_error = MetricsWriter(None), str(e)
+        self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
+        self.decisions = DecisionChannel(self.rank, self.metrics)
+
     # ---- set-up helpers ----------------------------------------------------------------
     def _start_records(self) -> None:
         """What this job has done so far: nothing (a resume restores the TrainState, not these)."""
+        self._set_up = False                            # setup() (collective) not run yet
         self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
         self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
@@ -225,25 +223,6 @@ class Trainer:
     def compute_local_s(self) -> float:
         """This rank's compute seconds in this job (an emulated GPU's wait included)."""
         return self.totals.compute_s
-
-    def _adaptive_range(self) -> dict | None:
-        """An adaptive policy without batch_min/batch_max gets a range it can move in (the rule:
-        ``core.policy.default_batch_range``), on the trainer's own copy of the config; said once (rank 0)."""
-        from hpc_jabas.core.policy import default_batch_range
-        cfg = self.cfg
-        if cfg.policy == "fixed" or (cfg.batch_min is not None and cfg.batch_max is not None):
-            return None
-        rng = default_batch_range(cfg.policy, cfg.batch, cfg.batch_min, cfg.batch_max,
-                                  samples_per_epoch=self.state.sampler.num_samples,
-                                  min_micro_batch=cfg.micro_batch or cfg.min_micro_batch or 1)
-        if rng is None:
-            return None
-        import copy
-        self.cfg = copy.deepcopy(cfg)
-        self.cfg.batch_min, self.cfg.batch_max = rng.lo, rng.hi
-        if self.rank == 0:
-            log.info("%s", rng.rule)
-        return rng.to_dict()
 
     def _default_controller(self) -> Controller | None:
         """The adaptive controller when the config adapts B or balances; None otherwise."""
@@ -300,7 +279,7 @@ class Trainer:
         return Emulator(self.gpu_types[self.rank], speed=speed, base_s=self.cfg.emulate_base_s,
                         per_sample_s=self.cfg.emulate_per_sample_s, slowdown=slow, rank=self.rank)
 
-    def perf_model(self):
+    def perf_model(self) -> PerfModel:
         """The job's perf model (built once; the planner, snapping and balancing share it)."""
         if self._perf_model is None:      # the calibrated view: corrected in place on calibration rounds
             self._perf_model = self.calib.model()
@@ -310,26 +289,11 @@ class Trainer:
         """The job's planner (core/planning/planner.py ``make_planner``, from the config's PlanSpec): its
         identical or per-rank b, declared speeds used; the user's ``planner_fn`` (one b on every rank assumed)
         replaces its plans, the kind still gives the batch space."""
-        from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH, PlanSpec, make_planner
-        from hpc_jabas.runtime.batchnorm import batch_coupled_layers
-        coupled = batch_coupled_layers(self.model)
-        # a measuring iteration with one micro-batch in all runs it as two halves (core/sampler.py,
-        # split_single_micro): with batch-coupled layers, only into halves of at least the minimum micro-batch
-        self._min_split = (self.cfg.micro_batch or self.cfg.min_micro_batch or COUPLED_MIN_MICRO_BATCH) \
-            if coupled else 1
+        from hpc_jabas.core.planning.planner import PlanSpec, make_planner
+        spec = PlanSpec.from_config(self.cfg)    # the resolved smallest b: batch-coupled layers' (runtime/resolve.py)
         if planner_fn is not None:
-            return make_planner(PlanSpec.from_config(self.cfg), self.gpu_types, self.perf_model, plan_fn=planner_fn)
-        if coupled and self.cfg.identical_micro_batch == "false":
-            log.warning("identical_micro_batch='false' with batch-coupled layers (%s): their statistics "
-                        "differ between micro-batch sizes", ", ".join(coupled))
-        if coupled and self.cfg.min_micro_batch is None and not self.cfg.micro_batch:
-            # BatchNorm's statistics come from each micro-batch: the planner, the controller's batch space and
-            # the auto-scaler read the job's smallest b from the trainer's config (core/planning/planner.py,
-            # candidate_sizes); a copy, so the caller's JobConfig is not changed
-            import copy
-            self.cfg = copy.deepcopy(self.cfg)
-            self.cfg.min_micro_batch = COUPLED_MIN_MICRO_BATCH
-        return make_planner(PlanSpec.from_config(self.cfg), self.gpu_types, self.perf_model, coupled)
+            return make_planner(spec, self.gpu_types, self.perf_model, plan_fn=planner_fn)
+        return make_planner(spec, self.gpu_types, self.perf_model, self.resolved.coupled)
 
     @property
     def planner_fn(self) -> Callable[[int, list[float] | None], Plan]:
@@ -428,7 +392,7 @@ class Trainer:
             measure = False  # no statistics on the shrunk epoch tail
         halves = half_split(ib.plan)[self.rank] if measure else None
         if measure:
-            mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self._min_split)
+            mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self.resolved.min_split)
         # a noise-only measurement (the controller's measure_every) keeps no half-batch sum (runtime/gradstats.py)
         sim_fn = getattr(self.controller, "measures_similarity", None)
         self.opt.begin(len(mine), ib.total, measure=measure, halves=halves,
@@ -462,7 +426,7 @@ class Trainer:
         self.calib.observe(rec)
         self.iteration += 1
         if self.scheduler is not None and self.scheduler_step == "iteration":
-            for _ in range(self.state.scheduler_steps(self._scale_invariant)):   # AdaScale: lr_scale steps
+            for _ in range(self.state.scheduler_steps(self.resolved.scale_invariant)):   # AdaScale: lr_scale steps
                 self.scheduler.step()
         if self.calib.is_round(self.iteration):
             self.calib.sync()                       # collective: the decision sees the calibrated model
