@@ -14,10 +14,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hpc_jabas.core.balancing import RankPredictors, Rebalancer
 from hpc_jabas.core.decision import Decision
-from hpc_jabas.core.planning import Plan, Planner
+from hpc_jabas.core.guard import DivergenceGuard, guard_window
+from hpc_jabas.core.planning import Plan, Planner, snap_nearest
+from hpc_jabas.core.policy import (
+    DEFAULT_P,
+    GoodputPolicy,
+    PolicyState,
+    canonical_policy,
+    decision_period,
+    default_measure_every,
+    default_noise_memory,
+    make_lr_rule,
+    make_policy,
+    make_wd_rule,
+)
 from hpc_jabas.core.scaling import AdaScaleRule
+from hpc_jabas.core.stats import NoiseScale, noise_scale_terms
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.log import get_logger
+from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.hooks import Controller, TrainerView
 from hpc_jabas.runtime.telemetry import HostTelemetry
 
@@ -158,14 +175,6 @@ class AdaptiveController(BaseController):
 
     def __init__(self, cfg: JobConfig, space: BatchSpace | None = None) -> None:
         """``space``: the BatchSpace to snap into (tests); default: built from the trainer at attach."""
-        from hpc_jabas.core.policy import (
-            DEFAULT_P,
-            canonical_policy,
-            make_lr_rule,
-            make_policy,
-            make_wd_rule,
-        )
-        from hpc_jabas.core.stats import NoiseScale
         self.cfg = cfg
         self.p = cfg.p or DEFAULT_P          # unset: resolved from the epoch's length at attach
         self.space = space
@@ -205,20 +214,17 @@ class AdaptiveController(BaseController):
         # the divergence guard on moves up (core/guard.py): every rank keeps its part of each iteration's loss
         # (iteration, samples, loss sum) until the next decision round, where one small allreduce gives rank 0
         # the whole batch's loss of each, what metrics.jsonl records as ``loss``
-        from hpc_jabas.core.guard import DivergenceGuard
         self.guard = DivergenceGuard(cfg.guard_sigma, cfg.guard_rise) if cfg.guard and self.moves else None
         self._losses: list[tuple[int, float, float, bool]] = []     # (it, samples, loss sum, step skipped)
 
     def attach(self, trainer: TrainerView) -> None:
         super().attach(trainer)
         cfg = self.cfg
-        from hpc_jabas.core.policy import GoodputPolicy, decision_period, default_measure_every, default_noise_memory
         self.p = self.policy.p = decision_period(cfg.p, trainer.sampler.num_samples, cfg.batch)
         self.measure_every = default_measure_every(self.policy_name, cfg.measure_every, self.p) if self.moves else None
         if isinstance(self.policy, GoodputPolicy):
             self.policy.use_memory(default_noise_memory(cfg.noise_memory, cfg.batch, trainer.sampler.num_samples))
         if trainer.rank == 0 and self.policy_name != "fixed":
-            from hpc_jabas.log import get_logger
             if not self.moves:
                 get_logger(__name__).warning(
                     "policy %r cannot move B: batch_min=%d = batch_max=%d; it measures nothing (set a wider "
@@ -233,14 +239,12 @@ class AdaptiveController(BaseController):
             # the B the trainer's planner realises on this mix, timed by the job's perf model
             self.space = self.planner.batch_space(cfg.B_min, cfg.B_max)
         if self.guard is not None:
-            from hpc_jabas.core.guard import guard_window
             self.guard.configure(guard_window(self.p), cfg.guard_cooldown * self.p)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
             self._wd_hook = trainer.opt.add_pre_step_hook(self._apply_wd)
         if self.balance:
-            from hpc_jabas.core.balancing import RankPredictors, Rebalancer
             self.model = trainer.perf_model()
             if self.predictors is None or self.predictors.n_ranks != trainer.world:
                 self.predictors = RankPredictors(trainer.world, kind="narx" if cfg.balance == "predictive" else "last")
@@ -269,7 +273,6 @@ class AdaptiveController(BaseController):
         try:
             self.space = self.planner.batch_space(self.cfg.B_min, self.cfg.B_max)
         except ConfigError as e:
-            from hpc_jabas.log import get_logger
             get_logger(__name__).warning("batch space kept on the previous model: %s", e)
 
     def _apply_wd(self, opt: Any) -> None:
@@ -308,7 +311,6 @@ class AdaptiveController(BaseController):
     def _fresh_terms(self, st: dict[str, Any] | None) -> tuple[float | None, float | None]:
         """This measurement's unbiased (G2, S) (None, None: none, one micro-batch, or non-finite); the controller's
         moving average takes them too."""
-        from hpc_jabas.core.stats import noise_scale_terms
         if not st or not st["S"] > st["b"]:
             return None, None
         try:
@@ -346,7 +348,6 @@ class AdaptiveController(BaseController):
         round, as metrics.jsonl records it (the ranks' loss sums over the batch's samples), into the guard."""
         import torch
 
-        from hpc_jabas.runtime import comm
         rows, self._losses = self._losses, []
         if not rows:
             return
@@ -376,7 +377,6 @@ class AdaptiveController(BaseController):
             self.policy.observe(rec["stats"].get("similarity"))          # type: ignore[attr-defined]
         if not self.is_round(done):
             return None
-        from hpc_jabas.runtime import comm
         bal = self.balance and done % self.cfg.p_balance == 0
         pol = self._policy_round(done)
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
@@ -440,10 +440,8 @@ class AdaptiveController(BaseController):
     def _revert(self, trainer: TrainerView, rv: Revert, d: Decision) -> Decision:
         """The guard undid the last move up: back to its B and lr scale, said in one line and one record. The
         policy has decided (its statistics taken, as without the guard), its wish is dropped."""
-        from hpc_jabas.log import get_logger
         B = rv.B
         if self.space is not None and not self.space.is_realisable(B):      # a resumed job on another mix
-            from hpc_jabas.core.planning import snap_nearest
             B = snap_nearest(self.space, B)
         plan = trainer.planner.plan(B, list(self.factors) if self.factors else None)
         get_logger(__name__).warning("%s", rv.line(d.at_iteration))
@@ -458,7 +456,6 @@ class AdaptiveController(BaseController):
 
     def _decide_policy(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision:
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
-        from hpc_jabas.core.policy import PolicyState
         st = rec.get("stats")
         sim = st["similarity"] if st else None
         g2, s_tr = self._fresh_terms(st)   # this iteration's fresh estimates (None: no fresh measurement)
@@ -481,7 +478,6 @@ class AdaptiveController(BaseController):
         if isinstance(self.lr_rule, AdaScaleRule):
             # its gain reads the smoothed noise-scale terms: goodput's estimate with a memory in samples where one
             # is set (noise_memory, as Pollux: one estimate for B and the lr), else the controller's moving average
-            from hpc_jabas.core.policy import GoodputPolicy
             pol = self.policy
             est = pol.noise if isinstance(pol, GoodputPolicy) and pol.noise_memory is not None else self.noise
             self.lr_rule.observe(est.G2, est.S)

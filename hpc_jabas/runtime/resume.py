@@ -35,6 +35,8 @@ from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.batchnorm import BufferAverager
+from hpc_jabas.runtime.dirlock import rank_error
+from hpc_jabas.runtime.safepoint import NonFiniteError, last_checkpoint_name
 from hpc_jabas.runtime.state import Replan, TrainState
 from hpc_jabas.trust import UntrustedFileError
 
@@ -250,8 +252,6 @@ class Checkpointer:
         it = self.state.iteration
         self.average_buffers(samples_local)        # every rank the same BatchNorm buffers in the checkpoint
         if self.enabled and not finite_weights(self.model):
-            from hpc_jabas.runtime.dirlock import rank_error
-            from hpc_jabas.runtime.safepoint import NonFiniteError, last_checkpoint_name
             if self.rank == 0:
                 self.metrics.write({"type": "nonfinite_stop", "it": it, "weights": True})
             raise rank_error(NonFiniteError, f"training diverged: the weights after iteration {it - 1} are not "
@@ -269,7 +269,6 @@ class Checkpointer:
                 err = (type(e).__name__, str(e))
         path, err = comm.broadcast_object((str(path) if path else None, err), name="hj.ckpt")
         if err:
-            from hpc_jabas.runtime.dirlock import rank_error
             cls = ckpt.DiskFullError if err[0] == "DiskFullError" else CheckpointError
             if self.rank == 0:
                 self.metrics.write({"type": "checkpoint_failed", "it": it, "error": err[1]})
@@ -310,7 +309,6 @@ class Checkpointer:
                 err = (type(e).__name__, str(e))
         src = str(found[1]) if found else None
         st, err, src = comm.broadcast_object((found[0] if found else None, err, src), name="hj.resume")
-        from hpc_jabas.runtime.dirlock import rank_error
         if err:
             raise rank_error(UntrustedFileError if err[0] == "UntrustedFileError" else CheckpointError, err[1],
                              self.rank)
