@@ -7,11 +7,11 @@ line on stderr; any other exception goes to the previous hook, untouched. ``run_
 Who says the line: an error every rank raised together is said by rank 0 only. The Trainer's collective checks
 (the run directory, the checkpoint) raise on every rank, ``quiet`` on all but rank 0 (runtime/dirlock.py
 ``rank_error``). An error that is not ``quiet`` on another rank (a configuration every rank checks alike, or
-one that concerns that rank alone) waits ``GRACE_S`` seconds first: when rank 0 failed as well, the launcher
-(mpirun, horovodrun, srun --kill-on-bad-exit) ends this rank before it repeats rank 0's line; when it did not,
-this rank's line comes, prefixed with its rank. From the hook the process ends with ``os._exit(2)``: no exit
-handler runs, so none can wait in a collective (MPI_Finalize, Horovod's shutdown) for ranks that are gone.
-``run_main`` raises ``SystemExit(2)`` instead (what it always did), which its caller may catch.
+one that concerns that rank alone) waits ``HPC_JABAS_ERROR_GRACE_S`` seconds (10) first: when rank 0 failed as
+well, the launcher (mpirun, horovodrun, srun --kill-on-bad-exit) ends this rank before it repeats rank 0's line;
+when it did not, this rank's line comes, prefixed with its rank. From the hook the process ends with
+``os._exit(2)``: no exit handler runs, so none can wait in a collective (MPI_Finalize, Horovod's shutdown) for
+ranks that are gone. ``run_main`` raises ``SystemExit(2)`` instead (what it always did), which its caller may catch.
 """
 from __future__ import annotations
 
@@ -24,10 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hpc_jabas.errors import JabasError, error_line
+from hpc_jabas import settings
+from hpc_jabas.errors import ConfigError, JabasError, error_line
 
-#: seconds a rank other than 0 waits before saying an error that rank 0 may be saying too
-GRACE_S = float(os.environ.get("HPC_JABAS_ERROR_GRACE_S", "10"))
 _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK")   # then srun's (SlurmEnv)
 
 
@@ -48,6 +47,15 @@ def process_rank() -> int:
         return 0
 
 
+def _grace_s() -> float:
+    """HPC_JABAS_ERROR_GRACE_S; a bad value (the backends refuse it at start-up) is not allowed to hide the
+    error being said: the default then."""
+    try:
+        return settings.error_grace_s()
+    except ConfigError:
+        return 10.0
+
+
 def say(e: JabasError) -> None:
     """The error's one line on stderr, by the rule of the module docstring (nothing for a ``quiet`` one)."""
     line = error_line(e)
@@ -56,7 +64,7 @@ def say(e: JabasError) -> None:
     rank = process_rank()
     if rank != 0:
         sys.stderr.flush()
-        time.sleep(GRACE_S)                # the launcher ends this rank when rank 0 failed too
+        time.sleep(_grace_s())             # the launcher ends this rank when rank 0 failed too
         line = line.replace(": error: ", f": error: rank {rank}: ", 1)
     print(line, file=sys.stderr, flush=True)
 

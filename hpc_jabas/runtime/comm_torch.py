@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_rank
 from hpc_jabas.runtime.reducer import FlatReducer, GradReducer, StartSum, WaitSum
@@ -45,8 +46,6 @@ log = get_logger(__name__)
 NAME = "torch"
 #: the names whose sums have a process group of their own (every other name: the default group)
 STREAMS = ("hj.safepoint",)
-#: how long a rank waits for the others at the rendezvous and in a collective before it fails (a hung rank)
-TIMEOUT_S = float(os.environ.get("HPC_JABAS_TORCH_TIMEOUT_S", "300"))
 #: how long a rank tries each of rank 0's addresses
 CONNECT_TIMEOUT_S = 2.0
 
@@ -193,7 +192,7 @@ def _mpi_world(size: int):
 
 def _store_for(ln: Launch):
     """The TCPStore every rank meets at (rank 0 hosts it)."""
-    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=settings.torch_timeout_s())
     via_mpi = ln.how == "mpirun" or (ln.how == "srun" and bool(ln.notes.get("mpi")))
     mpi = _mpi_world(ln.size) if via_mpi and ln.size > 1 else None
     if mpi is not None:
@@ -252,7 +251,7 @@ def init() -> None:
         _device = torch.device("cuda", idx)
     else:
         _device = torch.device("cpu")
-    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=settings.torch_timeout_s())
     if dist.is_initialized():                  # the script's own init_process_group: used, not fought
         _owned = False
         set_rank(dist.get_rank())
