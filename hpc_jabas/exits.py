@@ -27,8 +27,6 @@ from typing import Any
 from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError, JabasError, error_line
 
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK")   # then srun's (SlurmEnv)
-
 
 def process_rank() -> int:
     """This process's rank: the one the logger was told (comm.init), else the launcher's, else 0."""
@@ -36,13 +34,9 @@ def process_rank() -> int:
     r = current_rank()
     if r:
         return r
-    for v in _RANK_VARS:
-        val = os.environ.get(v, "")
-        if val.isdigit():
-            return int(val)
-    from hpc_jabas.slurm.env import SlurmEnv
+    from hpc_jabas.runtime import launchers  # not at import: ``import hpc_jabas`` stays light
     try:
-        return SlurmEnv().procid or 0
+        return launchers.detect().rank
     except JabasError:                  # not an integer: no rank to tell
         return 0
 
@@ -73,7 +67,9 @@ def record_for_torchrun(e: JabasError) -> None:
     """Under torchrun (``TORCHELASTIC_ERROR_FILE`` set): the error's line as this rank's error file, in the
     format of torch.distributed.elastic's ``record``, so that torchrun's failure report names it as the root
     cause instead of "To enable traceback see ..."."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    from hpc_jabas.runtime import launchers
+    ln = launchers.detect()
+    path = ln.error_file if isinstance(ln, launchers.Torchrun) else None
     if not path:
         return
     try:

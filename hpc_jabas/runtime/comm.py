@@ -29,6 +29,7 @@ from typing import Any
 from hpc_jabas import settings
 from hpc_jabas.core.defaults import BACKENDS
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime import launchers
 from hpc_jabas.runtime.reducer import GradReducer
 
 #: the environment variable that picks the backend when no config key does (the config key wins)
@@ -68,7 +69,7 @@ def resolve(name: str) -> str:
     check_backend(name)
     if name != "auto":
         return name
-    if "TORCHELASTIC_RUN_ID" in os.environ:     # torchrun started the ranks: Horovod cannot form a world there
+    if launchers.Torchrun.detect(os.environ):   # torchrun started the ranks: Horovod cannot form a world there
         return "torch"
     if _torch_group_exists():                   # the script made its process group: it is used (comm_torch)
         return "torch"

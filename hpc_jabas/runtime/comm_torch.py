@@ -1,7 +1,7 @@
 """The torch.distributed backend of runtime/comm.py: Gloo on CPU, NCCL on CUDA (Gloo beside it for CPU tensors).
 
-No Horovod anywhere on this path, and no environment from the user: :func:`launcher` reads how the ranks were
-started (docs/backends.md):
+No Horovod anywhere on this path, and no environment from the user: :func:`launcher` tells how the ranks were
+started, from runtime/launchers.py (docs/backends.md):
 
 * ``torchrun``: its own variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
 * ``mpirun`` (Open MPI: OMPI_COMM_WORLD_*; MPICH/Intel MPI: PMI_RANK/PMI_SIZE): rank 0 opens a TCPStore on a
@@ -38,8 +38,8 @@ import torch.distributed as dist
 from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_rank
+from hpc_jabas.runtime import launchers
 from hpc_jabas.runtime.reducer import FlatReducer, GradReducer, StartSum, WaitSum
-from hpc_jabas.slurm.env import SlurmEnv
 
 log = get_logger(__name__)
 
@@ -65,48 +65,19 @@ class Launch:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
-    v = env.get(name, "")
-    try:
-        return int(v)
-    except ValueError:
-        raise ConfigError(f"{name}={v!r} in the environment is not an integer") from None
-
-
 def launcher(env: Mapping[str, str] | None = None) -> Launch:
-    """How this process was started: torchrun, then mpirun (Open MPI, then PMI), then srun, else one rank."""
-    env = os.environ if env is None else env
-    if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        return Launch("torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                      _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
-                      env.get("MASTER_ADDR"), _int(env, "MASTER_PORT") if "MASTER_PORT" in env else None)
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return Launch("mpirun", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
-                      _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0)
-    if "HOROVOD_RANK" in env and env.get("HOROVOD_SIZE", "1") != "1":
+    """How this process was started (runtime/launchers.py's :func:`~hpc_jabas.runtime.launchers.detect`, in its
+    order: torchrun, Open MPI, horovodrun, srun, MPICH's PMI, else one rank)."""
+    ln = launchers.detect(env)
+    if isinstance(ln, launchers.Horovodrun):
         raise ConfigError("these ranks were started by horovodrun --gloo, where the torch backend cannot meet: "
                           "use backend = \"horovod\", or start them with mpirun, srun or torchrun")
-    senv = SlurmEnv(env)
-    if senv.in_step:
-        size = senv.step_ntasks or 0
-        nodes = senv.step_nodelist or ""
-        het = senv.het_size is not None
-        addr = None
-        if nodes and not het:          # block distribution: rank 0 runs on the step's first node
-            from hpc_jabas.slurm.text import expand_hostlist
-            first = expand_hostlist(nodes)
-            addr = first[0] if first else None
-        job = int(senv.job_id or 0)           # a het job's leader id: the same in every component
-        sid = senv.step_id or ""
-        step = int(sid) if sid.isdigit() else 0
-        return Launch("srun", senv.procid or 0, size, senv.localid or 0, addr,
-                      20000 + (job * 31 + step) % 20000,
-                      # an srun MPI plugin (PMIx, PMI-2) set up MPI: mpi4py may start (without one, MPI_Init aborts)
-                      {"het": "1" if het else "", "mpi": "1" if any(k in env for k in ("PMIX_RANK", "PMI_FD")) else ""})
-    if "PMI_RANK" in env and "PMI_SIZE" in env:
-        return Launch("mpirun", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
-                      _int(env, "MPI_LOCALRANKID") if "MPI_LOCALRANKID" in env else 0)
-    return Launch("single", 0, 1, 0)
+    if isinstance(ln, launchers.Single):
+        return Launch("single", 0, 1, 0)
+    notes: dict[str, str] = {}
+    if isinstance(ln, launchers.Srun):
+        notes = {"het": "1" if ln.heterogeneous else "", "mpi": "1" if ln.mpi_plugin else ""}
+    return Launch(ln.name, ln.rank, ln.world_size, ln.local_rank, ln.master_addr, ln.master_port, notes)
 
 
 def stream_of(name: str) -> str:
