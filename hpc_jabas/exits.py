@@ -56,7 +56,7 @@ def say(e: JabasError) -> None:
     if line is None:
         return
     rank = process_rank()
-    if rank != 0:
+    if rank != 0 and not getattr(e, "now", False):
         sys.stderr.flush()
         time.sleep(_grace_s())             # the launcher ends this rank when rank 0 failed too
         line = line.replace(": error: ", f": error: rank {rank}: ", 1)
@@ -93,11 +93,27 @@ def exit_on_error(e: JabasError) -> None:
 
 
 def _hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    if not isinstance(value, JabasError) and not _interactive():
+        lost = _peer_lost(value)
+        if lost is not None:            # a rank is gone: one line naming it, not the collective's traceback
+            exit_on_error(lost)
     if isinstance(value, JabasError) and not _interactive():
         exit_on_error(value)
     if isinstance(value, JabasError) and getattr(value, "quiet", False):
         return                                 # an interactive session: rank 0 said it
     _previous(tp, value, tb)
+
+
+def _peer_lost(value: BaseException) -> JabasError | None:
+    """The torch backend's line for a collective that failed because another rank is gone (when that backend
+    runs in this process; it is not imported for the question)."""
+    mod = sys.modules.get("hpc_jabas.runtime.comm_torch")
+    if mod is None:
+        return None
+    try:
+        return mod.peer_lost(value)
+    except Exception:                  # the question must not hide the original error
+        return None
 
 
 def _interactive() -> bool:
