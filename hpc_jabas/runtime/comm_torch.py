@@ -246,6 +246,10 @@ def init() -> None:
             dist.init_process_group(backend, store=_store, rank=ln.rank, world_size=ln.size, timeout=timeout)
         set_rank(ln.rank)             # log lines carry the rank; INFO from rank 0 only
         log.info("torch backend: %s, %d rank(s) started by %s", backend, ln.size, ln.how)
+    if _owned and ln.size > 1:              # who this rank is, for a survivor that names a rank that is gone
+        with contextlib.suppress(Exception):
+            (_store or dist.distributed_c10d._get_default_store()).set(f"hj.pid.{ln.rank}",
+                                                                       f"{socket.gethostname()}:{os.getpid()}")
     for s in STREAMS:                       # every rank, in this order
         _groups[s] = dist.new_group(backend=None, timeout=timeout)
     _initialized = True
@@ -330,16 +334,38 @@ def _alive(n: int, me: int) -> set[int] | None:
     store itself is gone (its host: rank 0, or torchrun's agent)."""
     try:
         store = _store if _store is not None else dist.distributed_c10d._get_default_store()
+        tcp = store
+        while hasattr(tcp, "underlying_store"):
+            tcp = tcp.underlying_store
+        if isinstance(tcp, dist.TCPStore):    # its host gone: no store call (torch would log its C++ stack first)
+            with socket.create_connection((tcp.host, tcp.port), timeout=CONNECT_TIMEOUT_S):
+                pass
         store.set_timeout(datetime.timedelta(seconds=SURVIVOR_WAIT_S + 2))
         store.set(f"hj.alive.{me}", "1")
         end = time.monotonic() + SURVIVOR_WAIT_S
         while True:
             alive = {r for r in range(n) if r == me or store.check([f"hj.alive.{r}"])}
             if len(alive) == n or time.monotonic() > end:
-                return alive
+                break
             time.sleep(0.05)
+        # a rank on this host that did not answer (stuck in a collective, or ended by the launcher meanwhile)
+        # but whose process was not killed counts as alive: only a process that is gone is named
+        return alive | {r for r in set(range(n)) - alive if _process_lives(store, r)}
     except Exception:                 # the store's host is gone too, or never was (a world of one)
         return None
+
+
+def _process_lives(store: Any, r: int) -> bool:
+    """Whether rank ``r``'s process (``hj.pid.<r>``: host and pid, set at :func:`init`) is on this host and still
+    there (not a zombie); False when it is elsewhere or unknown."""
+    try:
+        host, pid = store.get(f"hj.pid.{r}").decode().rsplit(":", 1)
+        if host != socket.gethostname():
+            return False
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except Exception:
+        return False
 
 
 def peer_lost(exc: BaseException) -> PeerLostError | None:
