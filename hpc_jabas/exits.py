@@ -7,11 +7,11 @@ line on stderr; any other exception goes to the previous hook, untouched. ``run_
 Who says the line: an error every rank raised together is said by rank 0 only. The Trainer's collective checks
 (the run directory, the checkpoint) raise on every rank, ``quiet`` on all but rank 0 (runtime/dirlock.py
 ``rank_error``). An error that is not ``quiet`` on another rank (a configuration every rank checks alike, or
-one that concerns that rank alone) waits ``GRACE_S`` seconds first: when rank 0 failed as well, the launcher
-(mpirun, horovodrun, srun --kill-on-bad-exit) ends this rank before it repeats rank 0's line; when it did not,
-this rank's line comes, prefixed with its rank. From the hook the process ends with ``os._exit(2)``: no exit
-handler runs, so none can wait in a collective (MPI_Finalize, Horovod's shutdown) for ranks that are gone.
-``run_main`` raises ``SystemExit(2)`` instead (what it always did), which its caller may catch.
+one that concerns that rank alone) waits ``HPC_JABAS_ERROR_GRACE_S`` seconds (10) first: when rank 0 failed as
+well, the launcher (mpirun, horovodrun, srun --kill-on-bad-exit) ends this rank before it repeats rank 0's line;
+when it did not, this rank's line comes, prefixed with its rank. From the hook the process ends with
+``os._exit(2)``: no exit handler runs, so none can wait in a collective (MPI_Finalize, Horovod's shutdown) for
+ranks that are gone. ``run_main`` raises ``SystemExit(2)`` instead (what it always did), which its caller may catch.
 """
 from __future__ import annotations
 
@@ -24,11 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hpc_jabas.errors import JabasError, error_line
-
-#: seconds a rank other than 0 waits before saying an error that rank 0 may be saying too
-GRACE_S = float(os.environ.get("HPC_JABAS_ERROR_GRACE_S", "10"))
-_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "RANK")   # then srun's (SlurmEnv)
+from hpc_jabas import settings
+from hpc_jabas.errors import ConfigError, JabasError, error_line
 
 
 def process_rank() -> int:
@@ -37,15 +34,20 @@ def process_rank() -> int:
     r = current_rank()
     if r:
         return r
-    for v in _RANK_VARS:
-        val = os.environ.get(v, "")
-        if val.isdigit():
-            return int(val)
-    from hpc_jabas.slurm.env import SlurmEnv
+    from hpc_jabas.runtime import launchers  # not at import: ``import hpc_jabas`` stays light
     try:
-        return SlurmEnv().procid or 0
+        return launchers.detect().rank
     except JabasError:                  # not an integer: no rank to tell
         return 0
+
+
+def _grace_s() -> float:
+    """HPC_JABAS_ERROR_GRACE_S; a bad value (the backends refuse it at start-up) is not allowed to hide the
+    error being said: the default then."""
+    try:
+        return settings.error_grace_s()
+    except ConfigError:
+        return 10.0
 
 
 def say(e: JabasError) -> None:
@@ -54,9 +56,9 @@ def say(e: JabasError) -> None:
     if line is None:
         return
     rank = process_rank()
-    if rank != 0:
+    if rank != 0 and not getattr(e, "now", False):
         sys.stderr.flush()
-        time.sleep(GRACE_S)                # the launcher ends this rank when rank 0 failed too
+        time.sleep(_grace_s())             # the launcher ends this rank when rank 0 failed too
         line = line.replace(": error: ", f": error: rank {rank}: ", 1)
     print(line, file=sys.stderr, flush=True)
 
@@ -65,7 +67,9 @@ def record_for_torchrun(e: JabasError) -> None:
     """Under torchrun (``TORCHELASTIC_ERROR_FILE`` set): the error's line as this rank's error file, in the
     format of torch.distributed.elastic's ``record``, so that torchrun's failure report names it as the root
     cause instead of "To enable traceback see ..."."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    from hpc_jabas.runtime import launchers
+    ln = launchers.detect()
+    path = ln.error_file if isinstance(ln, launchers.Torchrun) else None
     if not path:
         return
     try:
@@ -89,11 +93,27 @@ def exit_on_error(e: JabasError) -> None:
 
 
 def _hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+    if not isinstance(value, JabasError) and not _interactive():
+        lost = _peer_lost(value)
+        if lost is not None:            # a rank is gone: one line naming it, not the collective's traceback
+            exit_on_error(lost)
     if isinstance(value, JabasError) and not _interactive():
         exit_on_error(value)
     if isinstance(value, JabasError) and getattr(value, "quiet", False):
         return                                 # an interactive session: rank 0 said it
     _previous(tp, value, tb)
+
+
+def _peer_lost(value: BaseException) -> JabasError | None:
+    """The torch backend's line for a collective that failed because another rank is gone (when that backend
+    runs in this process; it is not imported for the question)."""
+    mod = sys.modules.get("hpc_jabas.runtime.comm_torch")
+    if mod is None:
+        return None
+    try:
+        return mod.peer_lost(value)
+    except Exception:                  # the question must not hide the original error
+        return None
 
 
 def _interactive() -> bool:

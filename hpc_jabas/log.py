@@ -11,6 +11,8 @@ import logging
 import os
 import sys
 
+from hpc_jabas import settings
+
 ROOT = "hpc_jabas"
 _state: dict = {"rank": 0, "configured": False, "console": None}
 
@@ -89,9 +91,8 @@ def set_rank(rank: int) -> None:
 
 def configure(level: str | int | None = None, all_ranks: bool | None = None) -> None:
     """(Re)configure: level 'debug' | 'info' | 'warning' (or a logging constant)."""
-    env = os.environ.get("HPC_JABAS_LOG", "").strip().lower()
     if level is None:
-        level = env or "info"
+        level = settings.log_level() or "info"
     if isinstance(level, str):
         level = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
                  "quiet": logging.WARNING, "error": logging.ERROR}.get(level.lower(), logging.INFO)

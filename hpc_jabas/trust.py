@@ -46,11 +46,12 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
+from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError
 
 _TRUST_GROUP = False
 #: set to 1 by the job scripts of a job with trust_group = true (slurm/sbatch.py: setup_lines)
-TRUST_GROUP_ENV = "HPC_JABAS_TRUST_GROUP"
+TRUST_GROUP_ENV = settings.TRUST_GROUP
 
 
 class UntrustedFileError(ConfigError):
@@ -64,7 +65,7 @@ def set_trust_group(on: bool) -> None:
 
 
 def trust_group() -> bool:
-    return _TRUST_GROUP or os.environ.get(TRUST_GROUP_ENV) == "1"
+    return _TRUST_GROUP or settings.trust_group()
 
 
 def _problem(st: os.stat_result, is_dir: bool, group_ok: bool) -> tuple[str, str] | None:

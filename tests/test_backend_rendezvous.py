@@ -56,7 +56,8 @@ def test_srun_steps_of_one_job_meet_on_different_ports():
 
 
 def test_launcher_refuses_a_garbled_rank_and_horovodrun_in_one_line():
-    with pytest.raises(ConfigError, match=r"^OMPI_COMM_WORLD_SIZE='three' in the environment is not an integer$"):
+    with pytest.raises(ConfigError, match=r"^OMPI_COMM_WORLD_SIZE='three' in the environment is invalid; "
+                                          r"it must be an integer >= 0$"):
         launcher({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "three"})
     # horovodrun --gloo's ranks would each make a world of one: refused, not trained apart
     with pytest.raises(ConfigError, match=r"^these ranks were started by horovodrun --gloo.*mpirun, srun or torchrun$"):

@@ -71,13 +71,15 @@ def test_core_is_pure(name):
     assert not up, f"{name} imports {sorted(up)} from outside core/"
 
 
-#: the package's leaf modules core/ may use: nothing of the package besides errors inside them
-LEAVES = {"hpc_jabas.errors", "hpc_jabas.trust"}
+#: the package's leaf modules core/ may use: nothing of the package besides errors and the other leaves inside
+#: them (trust reads HPC_JABAS_TRUST_GROUP through settings, the one reader of HPC_JABAS_* variables)
+LEAVES = {"hpc_jabas.errors", "hpc_jabas.trust", "hpc_jabas.settings"}
 
 
 def test_the_leaves_import_nothing_of_the_package_but_errors():
     for leaf in LEAVES:
-        assert _internal(leaf) <= {"hpc_jabas.errors"}, f"{leaf} imports {sorted(_internal(leaf))}"
+        assert _internal(leaf) <= LEAVES - {leaf}, f"{leaf} imports {sorted(_internal(leaf))}"
+    assert _internal("hpc_jabas.settings") == {"hpc_jabas.errors"}
 
 
 def test_layers_point_down():
@@ -100,10 +102,11 @@ def test_one_module_imports_horovod():
 
 #: what core/config.py may import from the package: its defaults, its generic half (the schema) and the
 #: leaves it validates with (GPU type names, slowdown specs, the one number checker core/validate.py, which
-#: the schema decides with), the one text-file reader (core/textfile.py) and the trust check of the files it reads
+#: the schema decides with), the one text-file reader (core/textfile.py), the trust check of the files it reads
+#: and the environment settings that check reads (HPC_JABAS_TRUST_GROUP)
 CONFIG_MAY_IMPORT = {"hpc_jabas.core.defaults", "hpc_jabas.core.schema", "hpc_jabas.core.gpus",
                      "hpc_jabas.core.slowdown", "hpc_jabas.core.textfile", "hpc_jabas.core.validate",
-                     "hpc_jabas.trust"}
+                     "hpc_jabas.trust", "hpc_jabas.settings"}
 
 
 def test_config_imports_no_implementation_module():

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError
 
 
@@ -87,14 +88,15 @@ def _check_backends(say, missing: list[str]) -> None:
                            "with distributed support (pip install torch)")
     except ImportError:
         pass
-    asked = os.environ.get(comm.ENV) or "auto"
+    asked = "auto"
     try:
+        asked = settings.backend() or "auto"
         got = comm.resolve(asked)
         say("backend", f"{asked} -> {got}  (JobConfig backend, --backend, {comm.ENV})")
         if got == "horovod" and not hvd_ok:
             missing.append(f"{comm.ENV}={asked} but Horovod does not import: unset it (auto uses torch.distributed)")
     except ConfigError as e:
-        say("backend", f"{comm.ENV}={asked!r}: not a backend")
+        say("backend", f"{comm.ENV}: not a backend")
         missing.append(str(e))
 
 

@@ -15,6 +15,7 @@ import sys
 import tomllib
 import traceback
 
+from hpc_jabas import settings
 from hpc_jabas.errors import JabasError, error_line
 from hpc_jabas.log import add_verbosity_flags, configure_from_args
 
@@ -51,7 +52,7 @@ _LIBRARY_FRAMES = ("/codecs.py", "/pathlib.py", "/json/", "/tomllib/", "<frozen 
 
 
 def debug_on(args: argparse.Namespace | None = None) -> bool:
-    return bool(getattr(args, "debug", False)) or os.environ.get("HPC_JABAS_DEBUG", "") not in ("", "0")
+    return bool(getattr(args, "debug", False)) or settings.debug()
 
 
 def _file_of(e: BaseException) -> str | None:

@@ -26,12 +26,14 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from hpc_jabas import settings
 from hpc_jabas.core.defaults import BACKENDS
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime import launchers
 from hpc_jabas.runtime.reducer import GradReducer
 
 #: the environment variable that picks the backend when no config key does (the config key wins)
-ENV = "HPC_JABAS_BACKEND"
+ENV = settings.BACKEND
 
 _requested: str | None = None        # what use() asked for ("auto" resolved on first need)
 _impl: ModuleType | None = None      # the backend module in use
@@ -67,7 +69,7 @@ def resolve(name: str) -> str:
     check_backend(name)
     if name != "auto":
         return name
-    if "TORCHELASTIC_RUN_ID" in os.environ:     # torchrun started the ranks: Horovod cannot form a world there
+    if launchers.Torchrun.detect(os.environ):   # torchrun started the ranks: Horovod cannot form a world there
         return "torch"
     if _torch_group_exists():                   # the script made its process group: it is used (comm_torch)
         return "torch"
@@ -79,8 +81,8 @@ def use(name: str | None) -> str:
     ConfigError when another backend is already running here (shut it down first)."""
     global _requested
     name = check_backend(name or "auto")
-    if name == "auto" and os.environ.get(ENV):      # the config's auto defers to the environment's choice
-        name = check_backend(os.environ[ENV])
+    if name == "auto":                              # the config's auto defers to the environment's choice
+        name = settings.backend() or "auto"
     if _impl is not None and _impl.is_initialized():
         if name != "auto" and _impl.NAME != name:
             raise ConfigError(f"backend={name!r} asked for, but this process already runs the {_impl.NAME} "
@@ -100,7 +102,7 @@ def _set(mod: ModuleType | None) -> None:
 def impl() -> ModuleType:
     """The backend module (imported on first need; a Horovod that does not import is one line naming torch)."""
     if _impl is None:
-        name = resolve(_requested or os.environ.get(ENV) or "auto")
+        name = resolve(_requested or settings.backend() or "auto")
         if name == "horovod":
             try:
                 from hpc_jabas.runtime import comm_horovod
@@ -127,6 +129,9 @@ def is_initialized() -> bool:
 
 # ---- the functions every backend gives --------------------------------------------------------------------
 def init() -> None:
+    """Start the backend; every HPC_JABAS_* variable is checked first (a bad one: its line, before any rank
+    waits for another)."""
+    settings.check()
     impl().init()
 
 

@@ -1,7 +1,7 @@
 """The torch.distributed backend of runtime/comm.py: Gloo on CPU, NCCL on CUDA (Gloo beside it for CPU tensors).
 
-No Horovod anywhere on this path, and no environment from the user: :func:`launcher` reads how the ranks were
-started (docs/backends.md):
+No Horovod anywhere on this path, and no environment from the user: :func:`launcher` tells how the ranks were
+started, from runtime/launchers.py (docs/backends.md):
 
 * ``torchrun``: its own variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT);
 * ``mpirun`` (Open MPI: OMPI_COMM_WORLD_*; MPICH/Intel MPI: PMI_RANK/PMI_SIZE): rank 0 opens a TCPStore on a
@@ -27,7 +27,9 @@ import contextlib
 import datetime
 import inspect
 import os
+import re
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,18 +37,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpc_jabas.errors import ConfigError
+from hpc_jabas import settings
+from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger, set_rank
+from hpc_jabas.runtime import launchers
 from hpc_jabas.runtime.reducer import FlatReducer, GradReducer, StartSum, WaitSum
-from hpc_jabas.slurm.env import SlurmEnv
 
 log = get_logger(__name__)
 
 NAME = "torch"
 #: the names whose sums have a process group of their own (every other name: the default group)
 STREAMS = ("hj.safepoint",)
-#: how long a rank waits for the others at the rendezvous and in a collective before it fails (a hung rank)
-TIMEOUT_S = float(os.environ.get("HPC_JABAS_TORCH_TIMEOUT_S", "300"))
 #: how long a rank tries each of rank 0's addresses
 CONNECT_TIMEOUT_S = 2.0
 
@@ -66,48 +67,19 @@ class Launch:
     notes: dict[str, str] = field(default_factory=dict)
 
 
-def _int(env: Mapping[str, str], name: str) -> int:
-    v = env.get(name, "")
-    try:
-        return int(v)
-    except ValueError:
-        raise ConfigError(f"{name}={v!r} in the environment is not an integer") from None
-
-
 def launcher(env: Mapping[str, str] | None = None) -> Launch:
-    """How this process was started: torchrun, then mpirun (Open MPI, then PMI), then srun, else one rank."""
-    env = os.environ if env is None else env
-    if "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
-        return Launch("torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                      _int(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
-                      env.get("MASTER_ADDR"), _int(env, "MASTER_PORT") if "MASTER_PORT" in env else None)
-    if "OMPI_COMM_WORLD_RANK" in env:
-        return Launch("mpirun", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
-                      _int(env, "OMPI_COMM_WORLD_LOCAL_RANK") if "OMPI_COMM_WORLD_LOCAL_RANK" in env else 0)
-    if "HOROVOD_RANK" in env and env.get("HOROVOD_SIZE", "1") != "1":
+    """How this process was started (runtime/launchers.py's :func:`~hpc_jabas.runtime.launchers.detect`, in its
+    order: torchrun, Open MPI, horovodrun, srun, MPICH's PMI, else one rank)."""
+    ln = launchers.detect(env)
+    if isinstance(ln, launchers.Horovodrun):
         raise ConfigError("these ranks were started by horovodrun --gloo, where the torch backend cannot meet: "
                           "use backend = \"horovod\", or start them with mpirun, srun or torchrun")
-    senv = SlurmEnv(env)
-    if senv.in_step:
-        size = senv.step_ntasks or 0
-        nodes = senv.step_nodelist or ""
-        het = senv.het_size is not None
-        addr = None
-        if nodes and not het:          # block distribution: rank 0 runs on the step's first node
-            from hpc_jabas.slurm.text import expand_hostlist
-            first = expand_hostlist(nodes)
-            addr = first[0] if first else None
-        job = int(senv.job_id or 0)           # a het job's leader id: the same in every component
-        sid = senv.step_id or ""
-        step = int(sid) if sid.isdigit() else 0
-        return Launch("srun", senv.procid or 0, size, senv.localid or 0, addr,
-                      20000 + (job * 31 + step) % 20000,
-                      # an srun MPI plugin (PMIx, PMI-2) set up MPI: mpi4py may start (without one, MPI_Init aborts)
-                      {"het": "1" if het else "", "mpi": "1" if any(k in env for k in ("PMIX_RANK", "PMI_FD")) else ""})
-    if "PMI_RANK" in env and "PMI_SIZE" in env:
-        return Launch("mpirun", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
-                      _int(env, "MPI_LOCALRANKID") if "MPI_LOCALRANKID" in env else 0)
-    return Launch("single", 0, 1, 0)
+    if isinstance(ln, launchers.Single):
+        return Launch("single", 0, 1, 0)
+    notes: dict[str, str] = {}
+    if isinstance(ln, launchers.Srun):
+        notes = {"het": "1" if ln.heterogeneous else "", "mpi": "1" if ln.mpi_plugin else ""}
+    return Launch(ln.name, ln.rank, ln.world_size, ln.local_rank, ln.master_addr, ln.master_port, notes)
 
 
 def stream_of(name: str) -> str:
@@ -193,7 +165,7 @@ def _mpi_world(size: int):
 
 def _store_for(ln: Launch):
     """The TCPStore every rank meets at (rank 0 hosts it)."""
-    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=settings.torch_timeout_s())
     via_mpi = ln.how == "mpirun" or (ln.how == "srun" and bool(ln.notes.get("mpi")))
     mpi = _mpi_world(ln.size) if via_mpi and ln.size > 1 else None
     if mpi is not None:
@@ -252,7 +224,7 @@ def init() -> None:
         _device = torch.device("cuda", idx)
     else:
         _device = torch.device("cpu")
-    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    timeout = datetime.timedelta(seconds=settings.torch_timeout_s())
     if dist.is_initialized():                  # the script's own init_process_group: used, not fought
         _owned = False
         set_rank(dist.get_rank())
@@ -274,6 +246,10 @@ def init() -> None:
             dist.init_process_group(backend, store=_store, rank=ln.rank, world_size=ln.size, timeout=timeout)
         set_rank(ln.rank)             # log lines carry the rank; INFO from rank 0 only
         log.info("torch backend: %s, %d rank(s) started by %s", backend, ln.size, ln.how)
+    if _owned and ln.size > 1:              # who this rank is, for a survivor that names a rank that is gone
+        with contextlib.suppress(Exception):
+            (_store or dist.distributed_c10d._get_default_store()).set(f"hj.pid.{ln.rank}",
+                                                                       f"{socket.gethostname()}:{os.getpid()}")
     for s in STREAMS:                       # every rank, in this order
         _groups[s] = dist.new_group(backend=None, timeout=timeout)
     _initialized = True
@@ -336,6 +312,84 @@ def device() -> torch.device:
         torch.cuda.set_device(idx)
         return torch.device("cuda", idx)
     return torch.device("cpu")
+
+
+# ---- a rank that is gone ---------------------------------------------------------------------------------------
+class PeerLostError(JabasError, RuntimeError):
+    """Another rank is gone (killed, its node lost, stopped past the timeout): this rank stops too, in one line.
+    ``now``: said at once (the launcher may end this rank any moment), by the lowest surviving rank only."""
+
+    now = True
+
+
+#: what Gloo, NCCL and the store say when a peer's connection breaks or a collective waits past the timeout
+_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe|[Tt]imed out|timeout|NCCL (error|communicator)"
+                   r"|remote worker|DistNetworkError|DistBackendError")
+#: how long a survivor waits for the others to say they are alive (the store's handshake)
+SURVIVOR_WAIT_S = 1.0
+
+
+def _alive(n: int, me: int) -> set[int] | None:
+    """The ranks that answer on the store within SURVIVOR_WAIT_S (each survivor sets its key); None when the
+    store itself is gone (its host: rank 0, or torchrun's agent)."""
+    try:
+        store = _store if _store is not None else dist.distributed_c10d._get_default_store()
+        tcp = store
+        while hasattr(tcp, "underlying_store"):
+            tcp = tcp.underlying_store
+        if isinstance(tcp, dist.TCPStore):    # its host gone: no store call (torch would log its C++ stack first)
+            with socket.create_connection((tcp.host, tcp.port), timeout=CONNECT_TIMEOUT_S):
+                pass
+        store.set_timeout(datetime.timedelta(seconds=SURVIVOR_WAIT_S + 2))
+        store.set(f"hj.alive.{me}", "1")
+        end = time.monotonic() + SURVIVOR_WAIT_S
+        while True:
+            alive = {r for r in range(n) if r == me or store.check([f"hj.alive.{r}"])}
+            if len(alive) == n or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        # a rank on this host that did not answer (stuck in a collective, or ended by the launcher meanwhile)
+        # but whose process was not killed counts as alive: only a process that is gone is named
+        return alive | {r for r in set(range(n)) - alive if _process_lives(store, r)}
+    except Exception:                 # the store's host is gone too, or never was (a world of one)
+        return None
+
+
+def _process_lives(store: Any, r: int) -> bool:
+    """Whether rank ``r``'s process (``hj.pid.<r>``: host and pid, set at :func:`init`) is on this host and still
+    there (not a zombie); False when it is elsewhere or unknown."""
+    try:
+        host, pid = store.get(f"hj.pid.{r}").decode().rsplit(":", 1)
+        if host != socket.gethostname():
+            return False
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except Exception:
+        return False
+
+
+def peer_lost(exc: BaseException) -> PeerLostError | None:
+    """The one-line error for a collective that failed because a rank is gone, naming that rank; None for
+    anything else (not a torch.distributed failure, or no world of several ranks here)."""
+    if not isinstance(exc, RuntimeError) or isinstance(exc, JabasError) or not _initialized:
+        return None
+    if not (dist.is_initialized() and _LOST.search(str(exc))):
+        return None
+    n, me = dist.get_world_size(), dist.get_rank()
+    if n < 2:
+        return None
+    alive = {me} if n == 2 else _alive(n, me)          # two ranks: the other one is gone
+    if alive is None:
+        lost, alive = [0], set(range(1, n))             # the store (rank 0's, or the agent's) is gone with it
+    else:
+        lost = sorted(set(range(n)) - alive)
+    if not lost:
+        return None
+    who = ", ".join(str(r) for r in lost)
+    return PeerLostError(f"rank{'s' if len(lost) > 1 else ''} {who} of {n} gone (killed, node lost, or no answer "
+                         f"within HPC_JABAS_TORCH_TIMEOUT_S={settings.torch_timeout_s():g} s); rank {me} stops "
+                         "too: the run resumes from its last checkpoint",
+                         quiet=me != min(alive))
 
 
 # ---- asynchronous sums (non-gradient: the gradients go through DDPReducer) ----------------------------------

@@ -28,6 +28,7 @@ from hpc_jabas.core.jobspec import JobSpec, check_job_table
 from hpc_jabas.core.loader import load_callable
 from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger
+from hpc_jabas.runtime import launchers
 from hpc_jabas.runtime.hooks import Callback
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm.env import SlurmEnv
@@ -273,10 +274,9 @@ def record_error(spec: JobSpec, exc: BaseException) -> None:
     Never masks the exception itself."""
     senv = SlurmEnv()
     job_id = senv.local_job_id()
-    rank = next((os.environ[k] for k in ("HOROVOD_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-                 if os.environ.get(k)), str(senv.procid or 0))
     try:
-        chainlog.append(spec.chain_dir, "error", job_id=job_id, rank=int(rank),
+        rank = launchers.detect().rank
+        chainlog.append(spec.chain_dir, "error", job_id=job_id, rank=rank,
                         signature=chainlog.failure_signature(exc))
     except (OSError, ValueError, JabasError) as e:
         log.warning("the error could not be recorded in the chain (%s)", e)

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_console_writer
 from hpc_jabas.runtime.hooks import Callback, TrainerView
@@ -41,8 +42,8 @@ def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None)
     ``srun --pty`` step counts as a terminal), hpc-jabas logging at INFO or below, HPC_JABAS_PROGRESS != 0."""
     env = dict(os.environ if env is None else env)
     stream = stream or sys.stdout
-    forced = env.get("HPC_JABAS_PROGRESS", "").strip().lower()
-    if forced in ("0", "off", "no", "false"):
+    forced = settings.progress(env)
+    if forced is False:
         return False
     try:
         if not stream.isatty():
@@ -51,7 +52,7 @@ def bar_wanted(stream: IO[str] | None = None, env: dict[str, str] | None = None)
         return False
     if SlurmEnv(env).batch:
         return False
-    if forced not in ("1", "on", "yes", "true") and launcher_stdout_is_tty(env) is False:
+    if forced is None and launcher_stdout_is_tty(env) is False:
         return False
     return logging.getLogger("hpc_jabas").isEnabledFor(logging.INFO)
 

@@ -31,13 +31,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpc_jabas import settings
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.env import SlurmEnv
 
 #: directories that are node-local on most clusters
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")
-ENV = "HPC_JABAS_SHARED_TMP"
+ENV = settings.SHARED_TMP
 
 
 def _under(p: Path, root: Path) -> bool:
@@ -70,7 +71,7 @@ def shared_entries(env: Mapping[str, str] | None = None) -> list[Path]:
     """The paths HPC_JABAS_SHARED_TMP declares shared, then those the local cluster's slurm.conf declares
     (:func:`cluster_shared`); resolved, empty entries skipped."""
     env = os.environ if env is None else env
-    return [Path(x).resolve() for x in (env.get(ENV) or "").split(":") if x.strip()] + cluster_shared(env)
+    return [Path(x).resolve() for x in settings.shared_tmp(env)] + cluster_shared(env)
 
 
 def node_local_root(path: str | os.PathLike, env: Mapping[str, str] | None = None) -> str | None:

@@ -20,6 +20,7 @@ from hpc_jabas.core.perfmodel import (
 )
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
+from hpc_jabas.runtime import launchers
 from hpc_jabas.runtime.profiling.allreduce import fit_allreduce, measure_allreduce
 from hpc_jabas.runtime.profiling.compute import ComputeMeasurement, check_b_list, measure_compute, measured_profile
 from hpc_jabas.runtime.profiling.defaults import DEFAULT_ALLREDUCE_SIZES, DEFAULT_B_LIMIT, DEFAULT_B_LIST
@@ -28,11 +29,8 @@ from hpc_jabas.runtime.profiling.load import grad_bytes, load_model, resolve_dev
 
 
 def world_size() -> int:
-    for k in ("OMPI_COMM_WORLD_SIZE", "HOROVOD_SIZE", "PMI_SIZE", "PMIX_SIZE"):
-        v = os.environ.get(k)
-        if v and v.isdigit():
-            return int(v)
-    return 1
+    """The ranks the launcher started (runtime/launchers.py; 1 without one)."""
+    return launchers.detect().world_size
 
 
 def parse_types(text: str | Sequence[str] | None) -> list[str]:

@@ -1,0 +1,80 @@
+"""A dead rank never leaves the others with a traceback on the torch backend: kill -9 of one rank of a training
+run under torchrun and under mpirun; the survivor ends with exactly one line naming the lost rank (no
+traceback), the launcher exits non-zero, and the last checkpoint still loads."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from mpi_util import PY, ROOT, WORKERS, mpi_env
+from reference import make_model
+
+from hpc_jabas.runtime.checkpoint import load_latest
+
+#: the survivors' exit, from the kill: a bound, not a timing (today's cause of a hang is the collective timeout)
+BOUND_S = 60
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    d = out / "run" / "checkpoints"
+    return sorted(d.glob("ckpt-*.pt")) if d.is_dir() else []
+
+
+def _launch(cmd: list[str], out: Path, env: dict, n: int = 2, kill: int = 1) -> tuple[int, str, float]:
+    """Start the run, kill -9 rank ``kill`` once every rank trained 12 iterations and a checkpoint exists; return
+    (rc, stderr, seconds from the kill to the launcher's exit)."""
+    (out / "spec.json").write_text(json.dumps({"out_dir": str(out), "plan": "b=4 n=" + ",".join(["1"] * n)}))
+    with open(out / "stderr", "w") as err:
+        p = subprocess.Popen(cmd + [str(WORKERS / "dead_rank_worker.py"), str(out / "spec.json")], env=env,
+                             stdout=subprocess.DEVNULL, stderr=err, cwd=str(ROOT))
+        try:
+            end = time.monotonic() + 240
+            while not all((out / f"pid{r}").exists() for r in range(n)) or not _checkpoints(out):
+                assert p.poll() is None and time.monotonic() < end, (out / "stderr").read_text()[-3000:]
+                time.sleep(0.1)
+            time.sleep(0.5)
+            os.kill(int((out / f"pid{kill}").read_text()), signal.SIGKILL)
+            t0 = time.monotonic()
+            rc = p.wait(timeout=BOUND_S + 30)
+            return rc, (out / "stderr").read_text(), time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
+
+
+def _check(rc: int, err: str, elapsed: float, out: Path, n: int = 2, kill: int = 1) -> None:
+    assert rc != 0
+    assert elapsed < BOUND_S, elapsed
+    ours = [ln for ln in err.splitlines() if ln.startswith("hpc-jabas: error:")]
+    speaker = 1 if kill == 0 else 0                 # the lowest surviving rank
+    assert ours == [f"hpc-jabas: error: rank {kill} of {n} gone (killed, node lost, or no answer within "
+                    f"HPC_JABAS_TORCH_TIMEOUT_S=300 s); rank {speaker} stops too: the run resumes from its last "
+                    "checkpoint"], err
+    assert "[rank" not in err and "RuntimeError" not in err and "frame #" not in err, err[-3000:]
+    latest = load_latest(out / "run" / "checkpoints")
+    assert latest is not None
+    state, path = latest
+    assert path == _checkpoints(out)[-1] and state["iteration"] >= 5 and state["iteration"] % 5 == 0, path
+    make_model().load_state_dict(state["model"])          # the model's weights load into a fresh model
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_kill_9_under_torchrun(tmp_path, n):
+    """Three ranks: the survivors agree on the store (torchrun's agent holds it) who is gone; rank 0 says it."""
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_"))}
+    rc, err, elapsed = _launch([str(Path(PY).parent / "torchrun"), "--standalone", f"--nproc-per-node={n}"],
+                               tmp_path, env, n)
+    _check(rc, err, elapsed, tmp_path, n)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,kill", [(2, 1), (3, 0)])
+def test_kill_9_under_mpirun(tmp_path, n, kill):
+    """(3, 0): rank 0 holds the rendezvous store; the survivors find it gone and name rank 0."""
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("PMI", "SLURM_", "HPC_JABAS_"))}
+    rc, err, elapsed = _launch(["mpirun", "-np", str(n), "--oversubscribe", PY], tmp_path, env, n, kill)
+    _check(rc, err, elapsed, tmp_path, n, kill)
