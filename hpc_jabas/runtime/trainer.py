@@ -301,14 +301,15 @@ class Trainer:
         return self.planner.plan
 
     def _initial_plan(self) -> tuple[int, Plan]:
-        n = len(self.dataset)
-        if self.cfg.batch > n:     # an iteration would be the whole epoch, cut short: not a batch of B samples
-            raise ConfigError(f"batch={self.cfg.batch} is larger than the dataset ({n} samples): one iteration "
-                              f"cannot hold more samples than an epoch; give --batch {n} or less")
         plan = self.planner.plan(self.cfg.batch, None)
         if plan.world_size != self.world:
             raise ConfigError(f"plan {plan} has {plan.world_size} ranks but the job has {self.world}; "
                               "give one micro-batch count per rank")
+        n = len(self.dataset)
+        if plan.B > n:             # an iteration would be the whole epoch, cut short: not a batch of B samples
+            what = f"batch={plan.B}" if self.cfg.plan is None else f"plan {plan} (B={plan.B})"
+            raise ConfigError(f"{what} is larger than the dataset ({n} samples): one iteration cannot hold more "
+                              f"samples than an epoch; give --batch {n} or less")
         return plan.B, plan
 
     # ---- the ranks (the World, runtime/world.py) --------------------------------------------
