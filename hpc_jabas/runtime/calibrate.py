@@ -21,6 +21,7 @@ from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibr
 from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
+from hpc_jabas.runtime.controller import AdaptiveController, BaseController
 from hpc_jabas.trust import check_file, check_profile_dir, write_atomic_nofollow
 
 if TYPE_CHECKING:
@@ -142,7 +143,6 @@ class Calibrator:
     def is_round(self, iteration: int) -> bool:
         """The controller's decision rounds when it has them (runtime/controller.py ``BaseController``),
         else every ``metrics_period`` iterations."""
-        from hpc_jabas.runtime.controller import BaseController
         ctrl = self.controller
         if isinstance(ctrl, BaseController) and ctrl.has_rounds():
             return bool(ctrl.is_round(iteration))
@@ -153,7 +153,7 @@ class Calibrator:
         """Every rank at the same point: gather the fits, rebuild the view, rank 0 records the error."""
         if not self.enabled or self.mine is None:
             return
-        from hpc_jabas.runtime import comm
+        from hpc_jabas.runtime import comm  # not at import: the calibration's pure half runs without a backend
         got = comm.allgather_object({"state": self.mine.state_dict(), "window": self.window}, name="hj.calib")
         self.window = []
         assert self.cal is not None
@@ -162,7 +162,6 @@ class Calibrator:
                                old.tail_scale)
         self._record([g["window"] for g in got], old)       # every rank: the tail scale; rank 0 writes
         self._rebuild()
-        from hpc_jabas.runtime.controller import AdaptiveController
         if isinstance(self.controller, AdaptiveController):
             self.controller.model_changed()       # goodput prices B with its batch space's times
         if write and self.rank == 0:

@@ -202,7 +202,7 @@ def _node_address(node: str) -> str:
         return node
     except OSError:
         pass
-    from hpc_jabas.slurm.proc import run
+    from hpc_jabas.slurm.proc import run  # only under srun, when the node name does not resolve
     from hpc_jabas.slurm.text import parse_scontrol
     rows = parse_scontrol(run(["scontrol", "-o", "show", "node", node], timeout=30))
     addr = rows[0].get("NodeAddr") if rows else None

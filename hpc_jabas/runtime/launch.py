@@ -13,6 +13,11 @@ a submitit job through submitit (``EntryPoint.checkpoint``, ``scontrol requeue``
 submitting its successor onto the same mix (chain event ``requeue``). A stop within ``signal_lead_s`` (+60 s:
 Slurm may signal early) of the time limit is a time-out; after ``max_timeouts`` of them the chain stops
 (preemptions are not counted).
+
+The package's own modules that import torch, Horovod or submitit are imported inside the functions that need
+them: this module runs first on a node, and the job's code is trust-checked and its ``pythonpath`` put in
+front (``_trust_and_path``), and the stop signals turned into flags, before any of them is imported; the batch
+shell's ``--after-failure`` path needs none of them.
 """
 from __future__ import annotations
 

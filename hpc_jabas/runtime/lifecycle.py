@@ -28,14 +28,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hpc_jabas.core import autoscale, forecast, mixsearch
 from hpc_jabas.core.autoscale import epoch_time_fn, expand_mix  # noqa: F401 (pure; re-exported)
 from hpc_jabas.core.config import AutoscaleConfig
 from hpc_jabas.core.decision import MoveDecision
 from hpc_jabas.core.overheads import OverheadMeter
+from hpc_jabas.core.perfmodel import job_perf_model
+from hpc_jabas.core.policy import decision_period
 from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
+from hpc_jabas.runtime.calibrate import check_calibration
 from hpc_jabas.runtime.hooks import EpochEndHook, TrainerView
 from hpc_jabas.slurm import chain as chainlog
+from hpc_jabas.slurm.cancel import stop_cause as _cause
+from hpc_jabas.slurm.cluster import available_gpus, job_nodes, read_cluster
+from hpc_jabas.slurm.env import SlurmEnv
 
 if TYPE_CHECKING:
     from hpc_jabas.core.jobspec import JobSpec
@@ -120,9 +127,6 @@ class EpochEndAutoscaler(EpochEndHook):
             return MoveDecision.stay(f"resubmission failed: {e}")
 
     def _decide(self, trainer: TrainerView, epoch: int) -> MoveDecision:
-        from hpc_jabas.core import autoscale, forecast
-        from hpc_jabas.core.perfmodel import job_perf_model
-        from hpc_jabas.core.policy import decision_period
         cfg, jc = self.cfg, trainer.cfg
         st = self.state
         traj = trainer.b_trajectory()
@@ -150,9 +154,7 @@ class EpochEndAutoscaler(EpochEndHook):
         view = (self.read_cluster or _read_cluster)(cfg.partition_types)
         types = view.types
         # what this job holds comes back when it moves, but only on nodes that are not drained or down
-        from hpc_jabas.slurm.cluster import available_gpus, job_nodes
         free = available_gpus(view, self.mix, job_nodes())
-        from hpc_jabas.runtime.calibrate import check_calibration
         check_calibration(jc)               # job_perf_model (pure) reads the run's calibration.json
         model = job_perf_model(jc, types.values())
         if self._last_step_end is not None:      # this epoch end so far: evaluation, checkpoint, the last safe point
@@ -166,7 +168,6 @@ class EpochEndAutoscaler(EpochEndHook):
         overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
         for s in st.restart_overheads:
             overhead.record(s)
-        from hpc_jabas.core.mixsearch import perf_bound, search
         wait_fn = None
         if cfg.queue_aware or cfg.max_queue_wait_s is not None:     # off by default: no sbatch --test-only
             from hpc_jabas.slurm.queue import capacity, wait_estimator
@@ -174,9 +175,9 @@ class EpochEndAutoscaler(EpochEndHook):
             free = capacity(view, free)                              # busy GPUs too: the wait prices them
         unit = cfg.unit or {q: max([view.nodes[n].gpus_total for n in view.partitions[q].nodes if n in view.nodes],
                                    default=1) for q in types}       # 0: whole nodes
-        choice = search(self.mix, free, types, fn, rates, cfg.objective, overhead,
-                        perf_bound(model, types, N, jc.B_max, every_rank_runs=spec.every_rank_runs, forecast=fc,
-                                   period=p, B_min=jc.B_min, micro_batch=jc.micro_batch),
+        bound = mixsearch.perf_bound(model, types, N, jc.B_max, every_rank_runs=spec.every_rank_runs, forecast=fc,
+                                     period=p, B_min=jc.B_min, micro_batch=jc.micro_batch)
+        choice = mixsearch.search(self.mix, free, types, fn, rates, cfg.objective, overhead, bound,
                         max_gpus=cfg.max_gpus, min_gpus=cfg.min_gpus, allowed=cfg.allowed,
                         max_partitions=cfg.max_partitions, unit=unit, exact_upto=cfg.exact_upto, margin=cfg.margin,
                         budget=cfg.budget, deadline_s=cfg.deadline_s, remaining_epochs=remaining, wait_fn=wait_fn,
@@ -214,8 +215,6 @@ def stop_cause(spec: JobSpec, job_id: str | None, under_slurm: bool) -> dict[str
     resubmission after a failure): why the chain ends here instead, or None to go on. A ``cancel`` event in the
     chain (``hpc-jabas cancel``), or Slurm's record that a user cancelled this job (a plain ``scancel``: sacct
     CANCELLED); Slurm's preemption and time limit are not cancels (slurm/cancel.py)."""
-    from hpc_jabas.slurm.cancel import stop_cause as _cause
-    from hpc_jabas.slurm.env import SlurmEnv
     if job_id is None:
         return None
     here = SlurmEnv().is_job(job_id)                                   # Slurm's own job
@@ -235,5 +234,4 @@ def _B_at(traj: list[tuple[int, int]], it: int) -> int:
 
 
 def _read_cluster(partition_types: dict[str, str] | None = None) -> ClusterView:
-    from hpc_jabas.slurm.cluster import read_cluster
     return read_cluster(partition_types)

@@ -26,6 +26,7 @@ from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.planning import Plan, Planner, half_split
+from hpc_jabas.core.planning.planner import PlanSpec, make_planner
 from hpc_jabas.core.sampler import HeterogeneousSampler, split_single_micro
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
@@ -33,7 +34,9 @@ from hpc_jabas.runtime import comm, data, evaluate
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.calibrate import Calibrator
 from hpc_jabas.runtime.clock import IterationClock
+from hpc_jabas.runtime.controller import AdaptiveController
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
+from hpc_jabas.runtime.dirlock import DirLock, lock_on_rank0, rank_error
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
@@ -231,7 +234,6 @@ class Trainer:
         if not self.planner.spec.changes_B:
             raise ConfigError(f"policy={self.cfg.policy!r} / balance={self.cfg.balance!r} re-plan, which a "
                               "fixed plan cannot follow; use planner='optimal' or 'lbbsp'")
-        from hpc_jabas.runtime.controller import AdaptiveController
         return AdaptiveController(self.cfg)
 
     def setup(self) -> None:
@@ -289,7 +291,6 @@ class Trainer:
         """The job's planner (core/planning/planner.py ``make_planner``, from the config's PlanSpec): its
         identical or per-rank b, declared speeds used; the user's ``planner_fn`` (one b on every rank assumed)
         replaces its plans, the kind still gives the batch space."""
-        from hpc_jabas.core.planning.planner import PlanSpec, make_planner
         spec = PlanSpec.from_config(self.cfg)    # the resolved smallest b: batch-coupled layers' (runtime/resolve.py)
         if planner_fn is not None:
             return make_planner(spec, self.gpu_types, self.perf_model, plan_fn=planner_fn)
@@ -509,7 +510,6 @@ class Trainer:
     def _agree_run_dir(self) -> None:
         """Collective, before any other: what only rank 0 can check (the run directory can be written and no
         other job holds it) is agreed by every rank; refused, every rank raises rank 0's line (quiet elsewhere)."""
-        from hpc_jabas.runtime.dirlock import DirLock, rank_error
         err = self._run_dir_error
         if self.rank == 0 and err is None:
             try:
@@ -522,7 +522,6 @@ class Trainer:
 
     def lock_run_dir(self, wait_s: float = 0.0) -> None:
         """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
-        from hpc_jabas.runtime.dirlock import lock_on_rank0
         lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
 
     def maybe_resume(self, epochs: int | None = None) -> bool:
