@@ -31,6 +31,13 @@ class LrScripted(ScriptedController):
         return Decision(d.at_iteration, d.B, d.plan, float(self.lrs.get(trainer.iteration, d.lr_scale)), d.reason)
 
 
+class Measuring(ScriptedController):
+    """Measures the gradient statistics every iteration, B kept (tests/test_uneven_stats_mpi.py)."""
+
+    def wants_stats(self, iteration):
+        return True
+
+
 def run(spec: dict) -> None:
     ds = make_data(spec.get("n", 240))
     model = make_model()
@@ -46,7 +53,9 @@ def run(spec: dict) -> None:
         setattr(cfg, k, {int(r): x for r, x in v.items()} if k == "slowdown" else v)
     cfg.validate()
     ctrl = None
-    if spec.get("schedule"):
+    if spec.get("measure"):
+        ctrl = Measuring({})
+    elif spec.get("schedule"):
         lrs = {int(k): v for k, v in (spec.get("lr_scales") or {}).items()}
         ctrl = LrScripted(spec["schedule"], lrs) if lrs else ScriptedController(spec["schedule"])
     tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)
