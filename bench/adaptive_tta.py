@@ -137,6 +137,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from bench.common import phases  # noqa: E402
 from bench.common import tta_tasks as tasks  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
@@ -232,11 +233,13 @@ def goyal_warmup(opt: torch.optim.Optimizer, B: int, iters: int) -> None:
     opt.register_step_post_hook(post)
 
 
-def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]]:
+def read_iterations(run_dir: Path, profile_dir: Path,
+                    iters: list[tuple[int, int, float]] | None = None) -> tuple[dict, list[float]]:
     """From the run's metrics.jsonl (rank 0): (costs, modelled) where costs maps (B, plan) of
     the full iterations (not the shrunk epoch tail) to (iterations, measured seconds), and modelled[i]
     is iteration i's time predicted by the profiled perf model for the plan it ran (empty when the
-    file, the profile or the format is missing)."""
+    file, the profile or the format is missing). ``iters``: filled with every iteration's (B, samples, seconds)
+    in order (the phase split, bench/common/phases.py)."""
     import json
 
     from hpc_jabas.core.perfmodel import PerfModel
@@ -258,6 +261,8 @@ def read_iterations(run_dir: Path, profile_dir: Path) -> tuple[dict, list[float]
                     modelled[int(r["it"])] = memo[plan]
                 if r.get("samples") == r.get("B"):
                     rows.setdefault((int(r["B"]), plan), []).append(float(r["iter_s"]))
+                if iters is not None:
+                    iters.append((int(r["B"]), int(r["samples"]), float(r["iter_s"])))
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return {}, []
     n = len(modelled)
@@ -440,7 +445,8 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     gathered = comm.allgather_object(mine, name="tta.overruns")
     overruns = sum(o for o, _ in gathered)
     share = max((x for _, x in gathered), default=math.nan)
-    costs, modelled = read_iterations(Path(cfg["run_dir"]), prof) if rank == 0 else ({}, [])
+    rows: list[tuple[int, int, float]] = []
+    costs, modelled = read_iterations(Path(cfg["run_dir"]), prof, rows) if rank == 0 else ({}, [])
     cosines = decided_cosines(Path(cfg["run_dir"])) if rank == 0 and name.startswith("similarity") else []
     if modelled:
         for e in evals:
@@ -449,7 +455,7 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     res = {"task": task.name, "kind": kind, "seed": seed, "regime": regime, "evals": evals, "probes": probes,
            "iterations": iters, "costs": costs, "mean_B": task.epochs * task.n_train / max(iters, 1),
            "final": evals[-1]["acc"], "train_s": evals[-1]["clock"], "real_share": share, "overruns": overruns,
-           "cosines": cosines}
+           "cosines": cosines, "rows": rows}
     if rank == 0:
         print(f"  [{regime} {task.name} seed {seed}] {kind:<16} final={100 * res['final']:.2f}% "
               f"train={res['train_s']:.1f}s iters={iters} mean_B={res['mean_B']:.0f} "
@@ -562,6 +568,7 @@ def report(task: Task, regime: str, res: list[dict], target: float, rng: np.rand
     print("  ratio: median time to target over fixed-32's (wall clock); model: the same on the modelled clock "
           "(the profiled perf model's time of each iteration's plan; no decision or measurement cost)")
     regrets(by, tt, target, out, rng)
+    phase_split(by, target, out)
     if task.probe_noise and by[f"fixed-{SMALL}"][0]["probes"]:
         traj = noise_trajectory(by[f"fixed-{SMALL}"], task.epochs)
         out["noise_growth"] = traj[-1] / traj[0]
@@ -591,6 +598,34 @@ def regrets(by: dict, tt: dict, target: float, out: dict, rng: np.random.Generat
         print(f"  {k}: regret vs best fixed ({out['best']}) {rb[0]:.3f} [{rb[1]:.3f},{rb[2]:.3f}]; vs the median "
               f"grid point {rg[0]:.3f} [{rg[1]:.3f},{rg[2]:.3f}] ({verdict(rg[1], rg[2])}); one run {cost:.0f} s "
               f"= {cost / out['grid_cost']:.3f} of the grid")
+
+
+def phase_split(by: dict, target: float, out: dict) -> None:
+    """Each policy's time to target less the best fixed B's, per seed, split into phases at equal samples
+    (bench/common/phases.py): medians over the seeds where both reached the target, seconds and the share of the
+    best fixed B's time."""
+    best = by[out["best"]]
+    print(f"  where the time goes, against {out['best']} at equal samples (seconds lost; positive: lost; start = "
+          f"before the first move, climb = until B reaches {phases.CLIMB_END:g} of its value at the target, "
+          "samples = more samples to the target, other = time outside iterations):")
+    for k in (k for k in (*POLICIES, *VARIANTS) if k in by):
+        per: dict[str, list[float]] = {t: [] for t in phases.TERMS}
+        tf_all = []
+        for a, f in zip(by[k], best):
+            ta, tf = tta(a, target), tta(f, target)
+            if not (math.isfinite(ta) and math.isfinite(tf) and a["rows"] and f["rows"]):
+                continue
+            got = phases.split(a["rows"], ta, tta(a, target, "samples"), f["rows"], tf, tta(f, target, "samples"))
+            for t in phases.TERMS:
+                per[t].append(got[t])
+            tf_all.append(tf)
+        if not tf_all:
+            print(f"    {k}: no seed where both reached the target")
+            continue
+        m = {t: med(v) for t, v in per.items()}
+        out.setdefault("phases", {})[k] = {**m, "best_s": med(tf_all), "seeds": len(tf_all)}
+        print(f"    {k} ({len(tf_all)} seeds; {out['best']} {med(tf_all):.1f} s): " + ", ".join(
+            f"{t} {m[t]:+.1f} s ({m[t] / med(tf_all):+.0%})" for t in phases.TERMS))
 
 
 def main() -> None:
@@ -696,6 +731,8 @@ def main() -> None:
                       f"{regime}_goodput_vs_best_fixed_hi={rb[2]:.3f} {regime}_goodput_vs_grid_median={rg[0]:.3f} "
                       f"{regime}_grid_cost_s={rm.get('grid_cost', math.nan):.0f} "
                       f"{regime}_goodput_cost_s={reg.get('cost', math.nan):.0f}")
+        ph = rm.get("phases", {}).get("noise-scale", {})
+        fields.append(" ".join(f"{regime}_goodput_lost_{t}_s={ph.get(t, nan):.2f}" for t in phases.TERMS))
         goals += [(f"{regime}: goodput <= 1.10 of the best fixed B in hindsight (median)", rb[0] <= 1.10),
                   (f"{regime}: goodput <= 0.75 of fixed-32, separated", rm["ratio"]["noise-scale"] <= 0.75
                    and rm["hi"]["noise-scale"] < 1),
@@ -861,6 +898,8 @@ def grid_section(task: Task, regime: str, seeds: list[int], rank: int, rng: np.r
                f"{regime}_real_share_max={max(shares):.2f} {regime}_overruns={over}")
     if "noise_growth" in rep:
         out.append(f"{regime}_noise_growth={rep['noise_growth']:.1f}")
+    ph = rep.get("phases", {}).get("noise-scale", {})
+    out.append(" ".join(f"{regime}_goodput_lost_{t}_s={ph.get(t, nan):.2f}" for t in phases.TERMS))
     print(" ".join(out), flush=True)
 
 
