@@ -153,7 +153,10 @@ POLICIES = ("ramp", "similarity", "noise-scale")
 #: beside each policy at its defaults: the policy with these JobConfig overrides (kind "<policy>+<tag>"), so the
 #: benchmark decides a default (lr rule "auto" for goodput; similarity averaged over the period's measurements)
 VARIANTS: dict[str, dict] = {"noise-scale+adascale": {"lr_rule": "adascale"},
-                             "similarity+avg": {"measure_every": 5}}
+                             "similarity+avg": {"measure_every": 5},
+                             # the priced noise scale kappa x B_noise (docs/formulas.md, section 3)
+                             "noise-scale+kappa2": {"kappa": 2.0}, "noise-scale+kappa4": {"kappa": 4.0},
+                             "noise-scale+kappa8": {"kappa": 8.0}}
 
 
 def variant_key(kind: str) -> str:

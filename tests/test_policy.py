@@ -2,6 +2,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.planning import BatchSpace, optimal_space
@@ -125,6 +127,28 @@ def test_statistical_efficiency_is_pollux_form():
     assert goodput(256, 0.5, 100.0, 64) == pytest.approx(256 / 0.5 * (100 + 64) / (100 + 256))
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.floats(0.2, 16.0), st.floats(50.0, 2000.0))
+def test_goodput_with_kappa_prices_at_kappa_times_the_noise_scale(kappa, bn):
+    """The closed form with the priced noise scale: B* = sqrt(a kappa B_noise / c); the measured B_noise is what the
+    estimate holds (kappa is not folded into the measurements), and a bad kappa is one line."""
+    a, c = 0.1, 0.001
+    space = linear_space(1, 8192, a, c)
+    pol = GoodputPolicy(B0=32, B_min=1, B_max=8192, warmup=0, max_step=math.inf, min_gain=0.0, kappa=kappa)
+    d = pol.decide(PolicyState(B=32, g2=1.0, s=bn), space)
+    assert abs(d.B - math.sqrt(a * kappa * bn / c)) <= 1, (d.B, d.reason)
+    assert pol.noise.b_noise == pytest.approx(bn)
+    assert (f"kappa={kappa:g}" in d.reason) == (kappa != 1.0)
+    assert pol.config()["kappa"] == kappa
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, math.nan, "4"])
+def test_goodput_kappa_must_be_a_positive_finite_number(bad):
+    with pytest.raises(ConfigError) as e:
+        GoodputPolicy(B0=32, B_min=1, B_max=512, kappa=bad)
+    assert "kappa=" in one_line(e)
+
+
 def test_goodput_picks_the_argmax_which_has_a_closed_form():
     # t(B) = a + c B: goodput ~ B / ((a + c B)(Bn + B)), maximal at B* = sqrt(a Bn / c)
     a, c, bn = 0.1, 0.001, 1000.0
@@ -228,7 +252,7 @@ def test_make_policy_names_and_config():
         assert canonical_policy(name) == "noise-scale"
     assert make_policy("noise-scale", B0=64, B_min=16, B_max=512).config() == {
         "name": "noise-scale", "B_min": 16, "B_max": 512, "p": 100, "B0": 64, "warmup": 3, "max_step": 2.0,
-        "max_reach": 16.0, "window": 20, "min_gain": 0.05}
+        "max_reach": 16.0, "window": 20, "min_gain": 0.05, "kappa": 1.0}
     assert isinstance(make_policy("fixed"), FixedPolicy)
     pol = make_policy("similarity", gamma=0.1, B_max=512, p=20)
     assert pol.config() == {"name": "similarity", "B_min": 1, "B_max": 512, "p": 20, "gamma": 0.1, "alpha": 0.1}

@@ -34,6 +34,7 @@ from hpc_jabas.core.defaults import (
     BALANCE_MODES,
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
+    DEFAULT_GOODPUT_KAPPA,
     DEFAULT_GUARD_COOLDOWN,
     DEFAULT_GUARD_RISE,
     DEFAULT_GUARD_SIGMA,
@@ -161,6 +162,8 @@ class AdaptiveConfig(Section):
     noise_memory: float | None = key(None, "noise-scale policy: the noise-scale estimate's memory in training "
                                            "samples (Pollux: about 1000 x batch)", lo=0.0, lo_open=True,
                                      shown="min(1000 x batch, one epoch)", metavar="SAMPLES")
+    kappa: float = key(DEFAULT_GOODPUT_KAPPA, "noise-scale policy: batch sizes are priced with kappa x the "
+                                              "measured noise scale (1: Pollux's pricing)", lo=0.0, lo_open=True)
     alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)

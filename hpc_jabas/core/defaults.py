@@ -40,6 +40,10 @@ DEFAULT_P = 100         # JABAS: iterations between decisions; also the cap of t
 #: p unset: this many decisions per epoch at the initial B (at most DEFAULT_P iterations apart, at least 1)
 DECISIONS_PER_EPOCH = 10
 DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
+#: the goodput policy prices batch sizes with kappa x the measured noise scale (docs/formulas.md, section 3): the
+#: simple noise scale tr(Sigma)/|G|^2 can underestimate the batch size training tolerates (McCandlish et al.'s
+#: B_crit against B_simple); 1 is Pollux's pricing
+DEFAULT_GOODPUT_KAPPA = 1.0
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 LR_RULES = ("auto", "sqrt", "linear", "adascale", "none")
 WD_RULES = ("none", "linear")

@@ -66,6 +66,7 @@ from typing import Any
 from hpc_jabas.core.defaults import DECISIONS_PER_EPOCH
 from hpc_jabas.core.defaults import DEFAULT_ALPHA as DEFAULT_ALPHA
 from hpc_jabas.core.defaults import DEFAULT_GAMMA as DEFAULT_GAMMA
+from hpc_jabas.core.defaults import DEFAULT_GOODPUT_KAPPA as DEFAULT_GOODPUT_KAPPA
 from hpc_jabas.core.defaults import DEFAULT_P as DEFAULT_P
 from hpc_jabas.core.defaults import DEFAULT_RAMP_AT as DEFAULT_RAMP_AT
 from hpc_jabas.core.defaults import DEFAULT_RAMP_FACTOR as DEFAULT_RAMP_FACTOR
@@ -345,8 +346,13 @@ class GoodputPolicy(BatchPolicy):
     def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
                  window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN,
-                 noise_memory: float | None = None, max_reach: float = DEFAULT_GOODPUT_MAX_REACH) -> None:
+                 noise_memory: float | None = None, max_reach: float = DEFAULT_GOODPUT_MAX_REACH,
+                 kappa: float = DEFAULT_GOODPUT_KAPPA) -> None:
         super().__init__(B_min, B_max, p)
+        if not is_number(kappa, nan=False) or not 0.0 < kappa < math.inf:
+            raise ConfigError(f"kappa={kappa!r} is invalid; the factor on the measured noise scale must be a "
+                              "finite number > 0, e.g. 1 (Pollux's pricing) or 4")
+        self.kappa = float(kappa)
         if not is_number(min_gain, nan=False) or not 0.0 <= min_gain < 1.0:
             raise ConfigError(f"min_gain={min_gain!r} is invalid; the smallest predicted goodput gain that moves "
                               "B must be in [0, 1), e.g. 0.05")
@@ -394,8 +400,15 @@ class GoodputPolicy(BatchPolicy):
             return float(state.b_noise)
         return self.noise.b_noise
 
+    def priced(self, b_noise: float | None) -> float | None:
+        """The noise scale B is priced with: kappa x the measured one (inf stays inf, None stays None)."""
+        return None if b_noise is None else self.kappa * b_noise
+
+    def _bn_text(self, bn: float) -> str:
+        return f"B_noise={bn:.4g}" if self.kappa == 1.0 else f"B_noise={bn:.4g} (kappa={self.kappa:g} x measured)"
+
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
-        bn = self._observe(state)
+        bn = self.priced(self._observe(state))
         if bn is None:
             return Wish(STAY, float(state.B), "no noise scale yet; keep B")
         if self.seen <= self.warmup:
@@ -435,7 +448,7 @@ class GoodputPolicy(BatchPolicy):
             # side of the global argmax (never a jump across the range, never silently unbounded)
             side = [r for r in rows if (r[0] > cur if Bg > cur else r[0] < cur)]
             if Bg == cur or not side:
-                return Wish(STAY, float(cur), f"B_noise={bn:.4g}: goodput argmax is B={cur}; keep B")
+                return Wish(STAY, float(cur), f"{self._bn_text(bn)}: goodput argmax is B={cur}; keep B")
             near = [min(side, key=lambda r: abs(r[0] - cur))]
             how = f"one step toward the goodput argmax B={Bg} (none realisable in [{lo:.4g}, {hi:.4g}])"
         Bs, ts = min(near, key=key)
@@ -444,10 +457,10 @@ class GoodputPolicy(BatchPolicy):
         if now is not None and Bs != cur:
             gain = goodput(Bs, ts, bn, self.B0) / goodput(cur, now, bn, self.B0) - 1.0
             if gain < self.min_gain:
-                return Wish(STAY, float(cur), f"B_noise={bn:.4g}: {how} B={Bs} predicts {100 * gain:.1f}% more "
+                return Wish(STAY, float(cur), f"{self._bn_text(bn)}: {how} B={Bs} predicts {100 * gain:.1f}% more "
                                               f"goodput, under the {100 * self.min_gain:g}% a move needs; keep B")
         pre = (f"noise scale unresolved (|G|^2 estimate <= 0 over {self.noise.count} measurements): grow; "
-               if unresolved else f"B_noise={bn:.4g}, ")
+               if unresolved else f"{self._bn_text(bn)}, ")
         return Wish(GROW if unresolved else SET, float(Bs),
                     f"{pre}{how} B={Bs} ({Bs / ts:.4g} samples/s x E={E:.3f})")
 
@@ -471,7 +484,7 @@ class GoodputPolicy(BatchPolicy):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
-                "max_reach": self.max_reach, "window": self.window, "min_gain": self.min_gain,
+                "max_reach": self.max_reach, "window": self.window, "min_gain": self.min_gain, "kappa": self.kappa,
                 **({} if self.noise_memory is None else {"noise_memory": self.noise_memory})}
 
     def state_dict(self) -> dict[str, Any]:
@@ -536,7 +549,8 @@ class RampPolicy(BatchPolicy):
 _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
-    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "max_reach", "window", "noise_memory"},
+    "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "max_reach", "window", "noise_memory",
+                    "kappa"},
     "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
 

@@ -183,7 +183,7 @@ class AdaptiveController(BaseController):
         if self.policy_name == "similarity":
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
-            kw.update(B0=cfg.batch)             # its memory in samples: set at attach (default_noise_memory)
+            kw.update(B0=cfg.batch, kappa=cfg.kappa)    # its memory in samples: set at attach (default_noise_memory)
         elif self.policy_name == "ramp":
             kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
         self.policy = make_policy(self.policy_name, **kw)
@@ -493,7 +493,7 @@ class AdaptiveController(BaseController):
         win = getattr(self.policy, "noise", None)
         if win is not None:                # the goodput policy's own window: what it decided on
             stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None,
-                         est_G2=win.G2, est_S=win.S)
+                         est_G2=win.G2, est_S=win.S, kappa=getattr(self.policy, "kappa", 1.0))
             if self.measure_every is not None:     # the fresh measurements fed so far, decisions' included
                 stats.update(measurements=self._fed)
         self.last_stats = stats
