@@ -156,7 +156,10 @@ VARIANTS: dict[str, dict] = {"noise-scale+adascale": {"lr_rule": "adascale"},
                              "similarity+avg": {"measure_every": 5},
                              # the priced noise scale kappa x B_noise (docs/formulas.md, section 3)
                              "noise-scale+kappa2": {"kappa": 2.0}, "noise-scale+kappa4": {"kappa": 4.0},
-                             "noise-scale+kappa8": {"kappa": 8.0}}
+                             "noise-scale+kappa8": {"kappa": 8.0},
+                             # the start at the throughput's knee, lr warmed up (core/planning/space.py throughput_knee)
+                             "noise-scale+knee": {"batch_start": "knee"},
+                             "noise-scale+knee-kappa4": {"batch_start": "knee", "kappa": 4.0}}
 
 
 def variant_key(kind: str) -> str:

@@ -32,6 +32,7 @@ from hpc_jabas.core.defaults import (
     AMP_MODES,
     BACKENDS,
     BALANCE_MODES,
+    BATCH_STARTS,
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
     DEFAULT_GOODPUT_KAPPA,
@@ -162,6 +163,10 @@ class AdaptiveConfig(Section):
     noise_memory: float | None = key(None, "noise-scale policy: the noise-scale estimate's memory in training "
                                            "samples (Pollux: about 1000 x batch)", lo=0.0, lo_open=True,
                                      shown="min(1000 x batch, one epoch)", metavar="SAMPLES")
+    batch_start: str = key("batch", "where an adaptive run starts: batch, or knee (the smallest B in [batch, "
+                                    "batch_max] whose doubling adds at most 5% modelled samples/s on this mix; the "
+                                    "lr warmed up from batch's over the first decision period, batch stays the lr "
+                                    "reference)", choices=BATCH_STARTS)
     kappa: float = key(DEFAULT_GOODPUT_KAPPA, "noise-scale policy: batch sizes are priced with kappa x the "
                                               "measured noise scale (1: Pollux's pricing)", lo=0.0, lo_open=True)
     alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
@@ -390,6 +395,9 @@ class JobConfig(_FlatKeys):
         if self.planner == "fixed" and not self.plan:
             raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
         self._check_planning()
+        if self.batch_start == "knee" and self.policy not in ("similarity", "noise-scale"):
+            raise ConfigError(f"batch_start='knee' needs an adaptive policy (similarity or noise-scale), not "
+                              f"policy={self.policy!r}; use batch_start='batch'")
         if self.run_dir is not None and not self.run_dir:         # Path("") is the current directory
             raise ConfigError("run_dir='' is empty; give a directory (--run-dir DIR), or leave run_dir unset for "
                               "the default runs/SCRIPT-HASH")

@@ -45,6 +45,11 @@ DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 #: B_crit against B_simple); 1 is Pollux's pricing
 DEFAULT_GOODPUT_KAPPA = 1.0
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
+#: where an adaptive run starts: the given batch, or the profiled throughput's knee (core/planning/space.py
+#: ``throughput_knee``)
+BATCH_STARTS = ("batch", "knee")
+#: the knee: the smallest B whose doubling raises the modelled samples/s by at most this fraction
+KNEE_RISE = 0.05
 LR_RULES = ("auto", "sqrt", "linear", "adascale", "none")
 WD_RULES = ("none", "linear")
 #: the ramp policy multiplies the initial B by DEFAULT_RAMP_FACTOR at each of these fractions of the run

@@ -233,4 +233,6 @@ class IterationMetrics:
                "contained_errors": int(r0.get("contained_errors", 0)), "measure": bool(r0.get("measure", False))}
         if "stats" in r0:
             out["stats"] = r0["stats"]
+        if "lr_warmup" in r0:                  # batch_start = "knee": the step's lr is lr_scale x this
+            out["lr_warmup"] = r0["lr_warmup"]
         return out

@@ -38,6 +38,9 @@ class TrainState:
     pending: PendingDecisions = field(default_factory=PendingDecisions)
     si_carry: float = 0.0     # AdaScale: the fraction of a scheduler step not taken yet (scheduler_steps)
     samples: int = 0          # samples trained on since the run began (over every job and resume of it)
+    # an lr warm-up (batch_start = "knee"): (iterations W, starting factor r0); the step's lr scale is lr_scale x
+    # r0 + (1 - r0) min(1, (iteration + 1) / W). None: none
+    lr_warmup: tuple[int, float] | None = None
 
     @property
     def epoch(self) -> int:
@@ -65,6 +68,13 @@ class TrainState:
         """File an announced decision; it is put in force by :meth:`apply_due`."""
         self.pending.add(d)
 
+    def lr_factor(self) -> float:
+        """The lr warm-up's factor at the current iteration (1 without a warm-up or past it)."""
+        if self.lr_warmup is None:
+            return 1.0
+        w, r0 = self.lr_warmup
+        return r0 + (1.0 - r0) * min(1.0, (self.iteration + 1) / w)
+
     def scheduler_steps(self, scale_invariant: bool) -> int:
         """How often a scheduler stepped per iteration steps after this iteration: once, or under AdaScale
         (``scale_invariant``) the iteration's gain, lr_scale, in scale-invariant iterations, with the fraction
@@ -81,7 +91,8 @@ class TrainState:
         """The checkpoint's entries for this state (plain containers: core/planning's and core/decision's dicts)."""
         return {"sampler": self.sampler.state_dict(), "iteration": self.iteration, "B": self.B,
                 "plan": self.plan.to_dict(), "lr_scale": self.lr_scale, "pending": self.pending.state_dict(),
-                "si_carry": self.si_carry, "samples": self.samples}
+                "si_carry": self.si_carry, "samples": self.samples,
+                "lr_warmup": None if self.lr_warmup is None else list(self.lr_warmup)}
 
     def load_state_dict(self, st: dict[str, Any], world: int, replan: Replan) -> None:
         """Back from a checkpoint. A plan saved for another rank count (a job on another allocation) is
@@ -91,6 +102,8 @@ class TrainState:
         self.B = int(st["B"])
         self.lr_scale = float(st["lr_scale"])
         self.si_carry = float(st.get("si_carry", 0.0))       # absent in checkpoints of earlier versions
+        warm = st.get("lr_warmup")                            # absent in checkpoints of earlier versions: none
+        self.lr_warmup = None if not warm else (int(warm[0]), float(warm[1]))
         # absent in checkpoints of earlier versions: the epochs done and the cursor (exact with tail "shrink")
         self.samples = int(st.get("samples", self.sampler.epoch * self.sampler.num_samples + self.sampler.cursor))
         plan = Plan.from_dict(st["plan"])

@@ -24,10 +24,13 @@ import torch
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
+from hpc_jabas.core.defaults import KNEE_RISE
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.planning import Plan, Planner, half_split
+from hpc_jabas.core.planning import Plan, Planner, half_split, throughput_knee
 from hpc_jabas.core.planning.planner import PlanSpec, make_planner
+from hpc_jabas.core.policy import canonical_policy, decision_period, make_lr_rule
 from hpc_jabas.core.sampler import HeterogeneousSampler, split_single_micro
+from hpc_jabas.core.scaling import AdaScaleRule
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm, data, evaluate
@@ -149,7 +152,7 @@ class Trainer:
         self.emulator = self._emulator()
         self.planner: Planner = self._planner(planner_fn)     # core/planning/planner.py
         sampler = HeterogeneousSampler(len(self.dataset), seed=cfg.seed, tail=cfg.tail)
-        self.state = TrainState(*self._initial_plan(), sampler=sampler)    # B, plan, sampler, iteration, ...
+        self.state = self._initial_state(sampler)      # B, plan, lr scale, sampler, iteration, ...
         self.controller: Controller | None = controller if controller is not None else self._default_controller()
         self.calib.attach(self.controller, self.planner.declared_factors, lambda: self.iteration)
         self.callbacks: list[Callback] = [*callbacks, *default_callbacks(self)]   # rank 0: tqdm bar, progress.json
@@ -301,6 +304,28 @@ class Trainer:
         """``planner.plan``: the plan of a global batch B (and balancing factors, or None)."""
         return self.planner.plan
 
+    def _initial_state(self, sampler: HeterogeneousSampler) -> TrainState:
+        """The state before the first step: the plan of the starting B (``batch_start``: the batch, or the
+        throughput's knee on this mix, its lr warmed up from the batch's over the first decision period)."""
+        cfg = self.cfg
+        B, plan = self._initial_plan()
+        if cfg.batch_start != "knee":
+            return TrainState(B, plan, sampler)
+        rows = [r for r in self.planner.batch_space(cfg.B_min, cfg.B_max).table() if r[0] <= sampler.num_samples]
+        knee = throughput_knee(rows, lo=cfg.batch)
+        if knee is None or knee <= B:
+            return TrainState(B, plan, sampler)
+        rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=canonical_policy(cfg.policy))
+        lr = 1.0 if isinstance(rule, AdaScaleRule) else rule.lr_scale(knee)      # AdaScale's gain starts at 1
+        w = decision_period(cfg.p, sampler.num_samples, cfg.batch)
+        r0 = rule.lr_scale(cfg.batch) / lr if lr > 0 else 1.0
+        if self.rank == 0:
+            log.info("batch_start=knee: B=%d (its doubling adds at most %g%% modelled samples/s on this mix) "
+                     "instead of batch=%d; lr scale %.4g, warmed up from %.4g over %d iterations",
+                     knee, 100 * KNEE_RISE, cfg.batch, lr, lr * r0, w)
+        return TrainState(knee, self.planner.plan(knee, None), sampler, lr_scale=lr,
+                          lr_warmup=(w, r0) if r0 < 1.0 else None)
+
     def _initial_plan(self) -> tuple[int, Plan]:
         plan = self.planner.plan(self.cfg.batch, None)
         if plan.world_size != self.world:
@@ -406,7 +431,8 @@ class Trainer:
         clock.compute_stop()
         t_sync = time.perf_counter()
         self.totals.samples += sum(len(i) for i in mine)
-        self.opt.step(lr_scale=self.lr_scale)
+        warm = self.state.lr_factor()              # batch_start = "knee": the lr warm-up (1 past it)
+        self.opt.step(lr_scale=self.lr_scale * warm)
         # agreed at the safe point (runtime/safepoint.py); an fp16 step the scaler skipped is not an error
         self.nonfinite_loss = not math.isfinite(loss_sum) and not self.opt.last_step_skipped
         t_end = clock.end()                        # on a GPU: after the step's kernels, counted in this iteration
@@ -417,7 +443,7 @@ class Trainer:
                "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
                "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
                "loss_sum": loss_sum, "loss_weight": loss_weight, "lr_scale": self.lr_scale,
-               "measure": measure,
+               "measure": measure, **({"lr_warmup": warm} if warm != 1.0 else {}),
                "skipped": self.opt.last_step_skipped,      # amp fp16 inf/nan: no step, no statistics
                "slowdown": self.emulator.factor(self.iteration) if self.emulator else 1.0}
         if measure and self.opt.last_stats is not None:

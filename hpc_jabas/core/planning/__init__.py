@@ -48,6 +48,7 @@ from hpc_jabas.core.planning.space import (
     planner_space,
     snap_nearest,
     snap_toward,
+    throughput_knee,
 )
 
 __all__ = [
@@ -55,5 +56,5 @@ __all__ = [
     "grain_of", "half_split", "job_batch_space", "lbbsp_speeds", "make_planner", "optimal_space",
     "per_rank_times", "plan_batch", "plan_range", "planner_space", "proportional_plan",
     "proportional_samples_plan", "rank_split", "snap_batch", "snap_nearest", "snap_toward",
-    "split_proportional", "wants_identical_b",
+    "split_proportional", "throughput_knee", "wants_identical_b",
 ]

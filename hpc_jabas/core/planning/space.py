@@ -45,6 +45,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from hpc_jabas.core.defaults import KNEE_RISE
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.core.planning.identical import plan_range
 from hpc_jabas.core.planning.plan import Plan
@@ -301,3 +302,20 @@ def planner_space(B_min: int, B_max: int, step: int, plan_fn: Callable[[int], Pl
                 out.append((B, time_fn(plan) if time_fn is not None else None))
         return out
     return BatchSpace(B_min, B_max, rows, label or f"multiples of {step}")
+
+
+def throughput_knee(rows: Sequence[tuple[int, float | None]], lo: int, rise: float = KNEE_RISE) -> int | None:
+    """The knee of a batch space's throughput (``rows``: (B, t_iter) of the realisable B, ascending): the smallest
+    B >= ``lo`` whose doubling (the smallest realisable B' >= 2B) raises B / t_iter by at most ``rise``; the largest
+    B >= lo when none does (throughput still rising at the top of the range). None: no timed B >= lo."""
+    pts = [(int(B), float(t)) for B, t in rows if B >= lo and t is not None and t > 0]
+    if not pts:
+        return None
+    pts.sort()
+    for i, (B, t) in enumerate(pts):
+        nxt = next(((B2, t2) for B2, t2 in pts[i + 1:] if B2 >= 2 * B), None)
+        if nxt is None:
+            return pts[-1][0]
+        if (nxt[0] / nxt[1]) <= (1.0 + rise) * (B / t):
+            return B
+    return pts[-1][0]
