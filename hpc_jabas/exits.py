@@ -60,7 +60,10 @@ def say(e: JabasError) -> None:
         sys.stderr.flush()
         time.sleep(_grace_s())             # the launcher ends this rank when rank 0 failed too
         line = line.replace(": error: ", f": error: rank {rank}: ", 1)
-    print(line, file=sys.stderr, flush=True)
+    # one write of line and newline: print() writes them apart, and a launcher that forwards the ranks' stderr
+    # (mpirun) may put its own lines between the two
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def record_for_torchrun(e: JabasError) -> None:
