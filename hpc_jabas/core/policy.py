@@ -347,8 +347,11 @@ class GoodputPolicy(BatchPolicy):
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
                  window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN,
                  noise_memory: float | None = None, max_reach: float = DEFAULT_GOODPUT_MAX_REACH,
-                 kappa: float = DEFAULT_GOODPUT_KAPPA) -> None:
+                 kappa: float = DEFAULT_GOODPUT_KAPPA, noise_trend: bool = False) -> None:
         super().__init__(B_min, B_max, p)
+        if not isinstance(noise_trend, bool):
+            raise ConfigError(f"noise_trend={noise_trend!r} is invalid; it must be true or false")
+        self.noise_trend = noise_trend
         if not is_number(kappa, nan=False) or not 0.0 < kappa < math.inf:
             raise ConfigError(f"kappa={kappa!r} is invalid; the factor on the measured noise scale must be a "
                               "finite number > 0, e.g. 1 (Pollux's pricing) or 4")
@@ -376,6 +379,7 @@ class GoodputPolicy(BatchPolicy):
         # (+1 up, -1 down, 0: the argmax was inside): two edge stops in a row on one side widen it (x max_step)
         self.reach = self.max_step
         self.edge = 0
+        self._measured: float | None = None     # the last decision's measured noise scale (before pricing)
 
     def observe(self, g2: float | None, s: float | None, samples: float | None = None) -> bool:
         """One fresh estimate (G2, S) into the noise-scale estimate, between decisions or at one; ``samples``:
@@ -400,15 +404,28 @@ class GoodputPolicy(BatchPolicy):
             return float(state.b_noise)
         return self.noise.b_noise
 
-    def priced(self, b_noise: float | None) -> float | None:
-        """The noise scale B is priced with: kappa x the measured one (inf stays inf, None stays None)."""
-        return None if b_noise is None else self.kappa * b_noise
+    def priced(self, b_noise: float | None, B: float | None = None) -> float | None:
+        """The noise scale B is priced with: kappa x the measured one (inf stays inf, None stays None); with
+        ``noise_trend``, the measured one carried halfway to the next decision at batch ``B`` (p B / 2 samples
+        ahead, ``NoiseMemory.ahead``)."""
+        if b_noise is None:
+            return None
+        if self.noise_trend and B is not None and isinstance(self.noise, NoiseMemory) and self.noise.count:
+            b_noise = self.noise.ahead(self.p * float(B) / 2.0) or b_noise
+        return self.kappa * b_noise
 
     def _bn_text(self, bn: float) -> str:
-        return f"B_noise={bn:.4g}" if self.kappa == 1.0 else f"B_noise={bn:.4g} (kappa={self.kappa:g} x measured)"
+        text = f"B_noise={bn:.4g}"
+        if self.noise_trend and self._measured is not None and bn != self.kappa * self._measured:
+            text += f" (trend: {self._measured:.4g} measured, priced ahead"
+            text += ")" if self.kappa == 1.0 else f", x kappa={self.kappa:g})"
+        elif self.kappa != 1.0:
+            text += f" (kappa={self.kappa:g} x measured)"
+        return text
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
-        bn = self.priced(self._observe(state))
+        self._measured = self._observe(state)
+        bn = self.priced(self._measured, state.B)
         if bn is None:
             return Wish(STAY, float(state.B), "no noise scale yet; keep B")
         if self.seen <= self.warmup:
@@ -485,6 +502,7 @@ class GoodputPolicy(BatchPolicy):
     def config(self) -> dict[str, Any]:
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
                 "max_reach": self.max_reach, "window": self.window, "min_gain": self.min_gain, "kappa": self.kappa,
+                **({"noise_trend": True} if self.noise_trend else {}),
                 **({} if self.noise_memory is None else {"noise_memory": self.noise_memory})}
 
     def state_dict(self) -> dict[str, Any]:
@@ -550,7 +568,7 @@ _POLICY_KEYS = {
     "fixed": {"B_min", "B_max", "p"},
     "similarity": {"gamma", "alpha", "B_min", "B_max", "p"},
     "noise-scale": {"B0", "B_min", "B_max", "p", "warmup", "max_step", "max_reach", "window", "noise_memory",
-                    "kappa"},
+                    "kappa", "noise_trend"},
     "ramp": {"B0", "at", "factor", "B_min", "B_max", "p"},
 }
 

@@ -519,6 +519,8 @@ class RuleKeys(Section):
     warmup: int = key(DEFAULT_GOODPUT_WARMUP, "goodput: fresh measurements before the first move", lo=0)
     measure_every: int | None = like(AdaptiveConfig, "measure_every")
     noise_memory: float | None = like(AdaptiveConfig, "noise_memory")
+    kappa: float = like(AdaptiveConfig, "kappa")
+    noise_trend: bool = like(AdaptiveConfig, "noise_trend")
 
 
 @dataclass

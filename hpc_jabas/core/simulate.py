@@ -287,7 +287,8 @@ class Simulation:
         if st.policy == "similarity":
             kw.update(gamma=pol.gamma, alpha=pol.alpha)
         elif st.policy == "noise-scale":
-            kw.update(B0=B0, warmup=pol.warmup, noise_memory=default_noise_memory(pol.noise_memory, B0, N))
+            kw.update(B0=B0, warmup=pol.warmup, noise_memory=default_noise_memory(pol.noise_memory, B0, N),
+                      kappa=pol.kappa, noise_trend=pol.noise_trend)
         elif st.policy == "ramp":
             kw.update(B0=B0, at=list(pol.ramp_at), factor=pol.ramp_factor)
         if st.objective is not None:

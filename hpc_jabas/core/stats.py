@@ -181,6 +181,10 @@ class NoiseWindow:
         self._s = [float(x) for x in state["s"]][-self.size:]
 
 
+#: the noise scale priced ahead (``NoiseMemory.ahead``) differs from the estimate by at most this factor either way
+AHEAD_CAP = 4.0
+
+
 class NoiseMemory:
     """Unbiased estimates (G2, S) averaged with a memory of ``memory`` training samples (Pollux's estimate).
 
@@ -197,6 +201,9 @@ class NoiseMemory:
                               "e.g. 32000 (about 1,000 x the initial batch, as Pollux)")
         self.memory = float(memory)
         self._g2 = self._s = self._w = 0.0
+        # the averages of the (bias-corrected) averages, with the same memory: their ratio to the first ones is the
+        # trend the first ones lag by (``ahead``)
+        self._g2b = self._sb = 0.0
         self._n = 0
 
     def add(self, g2: float, s: float, samples: float | None = None) -> float | None:
@@ -210,6 +217,8 @@ class NoiseMemory:
         self._g2 = d * self._g2 + (1.0 - d) * g
         self._s = d * self._s + (1.0 - d) * v
         self._w = d * self._w + (1.0 - d)
+        self._g2b = d * self._g2b + (1.0 - d) * self._g2 / self._w
+        self._sb = d * self._sb + (1.0 - d) * self._s / self._w
         self._n += 1
         return self.b_noise
 
@@ -229,13 +238,41 @@ class NoiseMemory:
     def b_noise(self) -> float | None:
         return noise_ratio(self.G2, self.S)
 
+    def ahead(self, samples: float) -> float | None:
+        """B_noise priced ``samples`` training samples ahead of the last measurement, the averages' lag removed.
+
+        An average with memory tau of a quantity growing as exp(r t) lags it: it holds x / (1 + r tau), and its own
+        average x / (1 + r tau)^2. So each of G2 and S is read as a1^2 / a2 (its value now, exact for an exponential
+        trend) times exp((a1 / a2 - 1) samples / tau) (carried ahead), and B_noise is their ratio. The correction
+        (ahead / b_noise) is held within [1/AHEAD_CAP, AHEAD_CAP]; without a trend it is 1. An unresolved estimate
+        (|G|^2 <= 0 on either level) is returned as ``b_noise``."""
+        bn = self.b_noise
+        if bn is None or math.isinf(bn) or bn <= 0.0 or not float(samples) >= 0.0:
+            return bn
+        w = self._w
+        g1, g2, s1, s2 = self._g2 / w, self._g2b / w, self._s / w, self._sb / w
+        if min(g1, g2, s1, s2) <= 0.0:
+            return bn
+        h = float(samples) / self.memory
+
+        def now_and_ahead(a1: float, a2: float) -> float:
+            r = a1 / a2
+            return a1 * r * math.exp(max(-50.0, min(50.0, (r - 1.0) * h)))
+
+        factor = now_and_ahead(s1, s2) / now_and_ahead(g1, g2) / bn
+        return bn * min(AHEAD_CAP, max(1.0 / AHEAD_CAP, factor))
+
     def state_dict(self) -> dict[str, Any]:
-        return {"memory": self.memory, "g2": self._g2, "s": self._s, "w": self._w, "n": self._n}
+        return {"memory": self.memory, "g2": self._g2, "s": self._s, "w": self._w, "n": self._n,
+                "g2b": self._g2b, "sb": self._sb}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.memory = float(state.get("memory", self.memory))
         self._g2, self._s, self._w = float(state["g2"]), float(state["s"]), float(state["w"])
         self._n = int(state["n"])
+        # a checkpoint from before the second level: it starts at the first (no trend yet)
+        self._g2b = float(state.get("g2b", self._g2))
+        self._sb = float(state.get("sb", self._s))
 
 
 def noise_ratio(g2: float | None, s: float | None) -> float | None:

@@ -183,7 +183,8 @@ class AdaptiveController(BaseController):
         if self.policy_name == "similarity":
             kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
         elif self.policy_name == "noise-scale":
-            kw.update(B0=cfg.batch, kappa=cfg.kappa)    # its memory in samples: set at attach (default_noise_memory)
+            # its memory in samples: set at attach (default_noise_memory)
+            kw.update(B0=cfg.batch, kappa=cfg.kappa, noise_trend=cfg.noise_trend)
         elif self.policy_name == "ramp":
             kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
         self.policy = make_policy(self.policy_name, **kw)
@@ -494,6 +495,8 @@ class AdaptiveController(BaseController):
         if win is not None:                # the goodput policy's own window: what it decided on
             stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None,
                          est_G2=win.G2, est_S=win.S, kappa=getattr(self.policy, "kappa", 1.0))
+            if isinstance(self.policy, GoodputPolicy) and self.policy.noise_trend:   # what B was priced with
+                stats.update(b_noise_priced=self.policy.priced(win.b_noise, B_now))
             if self.measure_every is not None:     # the fresh measurements fed so far, decisions' included
                 stats.update(measurements=self._fed)
         self.last_stats = stats
