@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from hpc_jabas.core.defaults import DECISIONS_PER_EPOCH
 from hpc_jabas.core.defaults import DEFAULT_ALPHA as DEFAULT_ALPHA
@@ -351,7 +351,7 @@ class GoodputPolicy(BatchPolicy):
         super().__init__(B_min, B_max, p)
         if not isinstance(noise_trend, bool):
             raise ConfigError(f"noise_trend={noise_trend!r} is invalid; it must be true or false")
-        self.noise_trend = noise_trend
+        self.noise_trend, self._measured = noise_trend, cast("float | None", None)   # the last measured B_noise
         if not is_number(kappa, nan=False) or not 0.0 < kappa < math.inf:
             raise ConfigError(f"kappa={kappa!r} is invalid; the factor on the measured noise scale must be a "
                               "finite number > 0, e.g. 1 (Pollux's pricing) or 4")
@@ -379,7 +379,6 @@ class GoodputPolicy(BatchPolicy):
         # (+1 up, -1 down, 0: the argmax was inside): two edge stops in a row on one side widen it (x max_step)
         self.reach = self.max_step
         self.edge = 0
-        self._measured: float | None = None     # the last decision's measured noise scale (before pricing)
 
     def observe(self, g2: float | None, s: float | None, samples: float | None = None) -> bool:
         """One fresh estimate (G2, S) into the noise-scale estimate, between decisions or at one; ``samples``:
@@ -405,23 +404,17 @@ class GoodputPolicy(BatchPolicy):
         return self.noise.b_noise
 
     def priced(self, b_noise: float | None, B: float | None = None) -> float | None:
-        """The noise scale B is priced with: kappa x the measured one (inf stays inf, None stays None); with
-        ``noise_trend``, the measured one carried halfway to the next decision at batch ``B`` (p B / 2 samples
-        ahead, ``NoiseMemory.ahead``)."""
-        if b_noise is None:
-            return None
-        if self.noise_trend and B is not None and isinstance(self.noise, NoiseMemory) and self.noise.count:
+        """The noise scale B is priced with: kappa x the measured one (None stays None), with ``noise_trend``
+        carried p B / 2 samples ahead, halfway to the next decision (``NoiseMemory.ahead``)."""
+        if b_noise is not None and self.noise_trend and B is not None and isinstance(self.noise, NoiseMemory):
             b_noise = self.noise.ahead(self.p * float(B) / 2.0) or b_noise
-        return self.kappa * b_noise
+        return None if b_noise is None else self.kappa * b_noise
 
     def _bn_text(self, bn: float) -> str:
-        text = f"B_noise={bn:.4g}"
-        if self.noise_trend and self._measured is not None and bn != self.kappa * self._measured:
-            text += f" (trend: {self._measured:.4g} measured, priced ahead"
-            text += ")" if self.kappa == 1.0 else f", x kappa={self.kappa:g})"
-        elif self.kappa != 1.0:
-            text += f" (kappa={self.kappa:g} x measured)"
-        return text
+        m, k = self._measured, "" if self.kappa == 1.0 else f"kappa={self.kappa:g} x "
+        ahead = self.noise_trend and m is not None and bn != self.kappa * m
+        return f"B_noise={bn:.4g}" + (f" (trend: {m:.4g} measured, {k}priced ahead)" if ahead else
+                                       f" ({k}measured)" if k else "")
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         self._measured = self._observe(state)
@@ -502,8 +495,8 @@ class GoodputPolicy(BatchPolicy):
     def config(self) -> dict[str, Any]:
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
                 "max_reach": self.max_reach, "window": self.window, "min_gain": self.min_gain, "kappa": self.kappa,
-                **({"noise_trend": True} if self.noise_trend else {}),
-                **({} if self.noise_memory is None else {"noise_memory": self.noise_memory})}
+                **({"noise_trend": True} if self.noise_trend else {}), **({} if self.noise_memory is None else
+                                                                        {"noise_memory": self.noise_memory})}
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict(), "reach": self.reach,
