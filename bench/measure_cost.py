@@ -52,6 +52,7 @@ if not in_mpi_world():
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from bench.common.overhead_mlp import data, ddp_loop, model  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
@@ -65,16 +66,7 @@ comm.use("torch")
 comm.init()
 rank = comm.rank()
 assert comm.size() == n_ranks, (comm.size(), n_ranks)
-torch.manual_seed(0)
-N = B * (ITERS + 10)                               # no epoch end inside a loop
-X = torch.randn(N, 512)
-y = (X[:, :8].sum(1) > 0).long()
-ds = torch.utils.data.TensorDataset(X, y)
-
-
-def model() -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+X, y, ds = data(B * (ITERS + 10))                  # no epoch end inside a loop
 
 
 def barrier(tag: str) -> None:
@@ -87,19 +79,6 @@ def clocked(run) -> float:
     run()
     barrier("t1")
     return comm.broadcast_object(time.perf_counter() - t0, name="mc.dt")
-
-
-def ddp_loop() -> None:
-    from torch.nn.parallel import DistributedDataParallel
-    ddp = DistributedDataParallel(model(), gradient_as_bucket_view=True, bucket_cap_mb=25.0)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    perm = torch.randperm(N, generator=torch.Generator().manual_seed(0))
-    for i in range(ITERS):
-        idx = perm[i * B + rank * b:i * B + (rank + 1) * b]
-        opt.zero_grad()
-        loss_fn(ddp(X[idx]), y[idx]).backward()
-        opt.step()
 
 
 def trainer(policy: str) -> Trainer:
@@ -122,7 +101,8 @@ def fit(policy: str) -> float:
     return dt
 
 
-loops = {"ddp": lambda: clocked(ddp_loop), "fixed": lambda: fit("fixed"), "goodput": lambda: fit("noise-scale")}
+loops = {"ddp": lambda: clocked(lambda: ddp_loop(X, y, b, rank, n_ranks, ITERS)), "fixed": lambda: fit("fixed"),
+         "goodput": lambda: fit("noise-scale")}
 res: dict[str, list[float]] = {f"{k}_{n_ranks}r": [] for k in ("goodput_vs_fixed", "goodput_minus_fixed_ms",
                                                                 "fit_vs_ddp", "fit_minus_ddp_ms")}
 for r in range(-1, REPEATS):

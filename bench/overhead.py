@@ -54,6 +54,7 @@ import sys
 import time
 
 from bench.common.launch import ensure_ranks, load_note
+from bench.common.overhead_mlp import data, ddp_loop, model
 
 ensure_ranks(3)
 
@@ -73,17 +74,8 @@ HOROVOD = comm.horovod_importable()[0]
 comm.use("horovod" if HOROVOD else "torch")
 comm.init()
 rank = comm.rank()
-torch.manual_seed(0)
 N = B * (ITERS + WARM + 10)                      # no epoch end inside a loop
-X = torch.randn(N, 512)
-y = (X[:, :8].sum(1) > 0).long()
-ds = torch.utils.data.TensorDataset(X, y)
-
-
-def model() -> nn.Module:
-    torch.manual_seed(1)
-    return nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
-
+X, y, ds = data(N)
 
 PARAMS = sum(p.numel() for p in model().parameters())
 
@@ -201,27 +193,13 @@ def use_backend(name: str) -> None:
         comm.init()
 
 
-#: the torch backend's fit() wraps the model in DDP with DDP's bucket size (JobConfig has no bucket_cap_mb here)
-BUCKET_MB = 25.0
-
-
 def ddp_whole(bucket_view: bool = False) -> float:
     """The hand-written DistributedDataParallel loop as one block (the torch backend's process group): DDP's
     construction (it broadcasts rank 0's parameters), ITERS iterations of the same batches as theirs.
     ``bucket_view``: as the torch backend's fit() builds it (gradient_as_bucket_view=True, the same bucket size)."""
-    from torch.nn.parallel import DistributedDataParallel
     barrier("d0")
     t0 = time.perf_counter()
-    kw = {"gradient_as_bucket_view": True, "bucket_cap_mb": BUCKET_MB} if bucket_view else {}
-    ddp = DistributedDataParallel(model(), **kw)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    perm = torch.randperm(N, generator=torch.Generator().manual_seed(0))
-    for i in range(ITERS):
-        idx = perm[i * B + rank * b:i * B + (rank + 1) * b]
-        opt.zero_grad()
-        loss_fn(ddp(X[idx]), y[idx]).backward()
-        opt.step()
+    ddp_loop(X, y, b, rank, 3, ITERS, bucket_view)
     barrier("d1")
     return comm.broadcast_object(time.perf_counter() - t0, name="oh.ddt")
 
