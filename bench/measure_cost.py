@@ -8,9 +8,10 @@ rotated every round (a first round, not counted, runs each once):
   (gradient_as_bucket_view=True, 25 MB buckets), the same batches: the strongest simple thing a DDP user writes;
 - ``fixed``: ``Trainer.fit(max_iterations=ITERS)`` with the fixed plan b=32 on every rank;
 - ``goodput``: ``fit()`` with the goodput policy at a job's defaults (p = 100, a noise-only measurement every
-  p/10 = 10 iterations, its decisions and their broadcast), held at the same B (batch_min = B, kappa = 1e-9: every
-  larger B is priced as useless, so each decision keeps B), so that only the measuring and deciding differ from
-  ``fixed``. The run asserts that B never moved and that it measured ITERS / 10 times.
+  p/10 = 10 iterations, its decisions and their broadcast), in the range [B, 2B], held at the same B: the policy prices
+  every B and makes its wish, which the bench then replaces by "keep B" (a range of one B measures nothing; a tiny
+  kappa does not hold B where the |G|^2 estimate averages <= 0, which grows B), so that only the measuring and
+  deciding differ from ``fixed``. The run asserts that B never moved and that it measured ITERS / 10 times.
 
 Figures per rank count n (medians over the rounds, min/max beside them on the line before):
 ``goodput_vs_fixed_<n>r`` = goodput / fixed (goal <= 1.05), ``goodput_minus_fixed_ms_<n>r`` (ms added per
@@ -54,6 +55,7 @@ from torch import nn  # noqa: E402
 
 from bench.common.overhead_mlp import data, ddp_loop, model  # noqa: E402
 from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.policy import STAY, Wish  # noqa: E402
 from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
@@ -84,10 +86,18 @@ def clocked(run) -> float:
 def trainer(policy: str) -> Trainer:
     m = model()
     kw = ({"planner": "fixed", "plan": f"b={b} n=" + ",".join(["1"] * n_ranks)} if policy == "fixed" else
-          {"planner": "lbbsp", "p": P, "batch_min": B, "batch_max": 2 * B, "kappa": 1e-9})
+          {"planner": "lbbsp", "p": P, "batch_min": B, "batch_max": 2 * B})
     cfg = JobConfig(batch=B, policy=policy, checkpoint=False, run_dir=f"/tmp/hj-bench-measure-{policy}-{n_ranks}",
                     epochs=1000, backend="torch", **kw)
-    return Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), ds, nn.CrossEntropyLoss(), config=cfg)
+    tr = Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), ds, nn.CrossEntropyLoss(), config=cfg)
+    if policy != "fixed":
+        pol = tr.controller.policy
+        wish = pol.wish
+
+        def held(state, space):                    # the policy's whole decision is made; B is kept
+            return Wish(STAY, float(state.B), "held by bench.measure_cost: " + wish(state, space).reason)
+        pol.wish = held
+    return tr
 
 
 def fit(policy: str) -> float:

@@ -440,7 +440,10 @@ class DDPReducer:
     (``loss x count / c``, c = S / world) the result is the mean gradient of the S samples."""
 
     eager_extras = False
-    keeps_grads = True
+    # set to None between iterations, as torch's zero_grad does: the first backward's AccumulateGrad keeps its
+    # tensor and DDP copies it into the bucket (one pass), where zeroing the bucket views in place costs a memset
+    # and an add (bench.measure_cost: about 2 ms of 45 per iteration for a 5M-parameter MLP on the CPU)
+    keeps_grads = False
 
     def __init__(self, model: torch.nn.Module, bucket_cap_mb: float | None = None):
         _need()

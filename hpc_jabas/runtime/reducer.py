@@ -56,7 +56,8 @@ class GradReducer(Protocol):
     eager_extras: bool
     #: what the forward runs through (DDP's wrapper), or None: the model itself
     module: torch.nn.Module | None
-    #: the gradients are views of the reducer's buckets: zeroed in place between iterations, never set to None
+    #: the gradients are views of the reducer's own buffers: zeroed in place between iterations, never set to None
+    #: (False: set to None, as torch's zero_grad does)
     keeps_grads: bool
 
     def begin(self, n_local: int) -> None:
