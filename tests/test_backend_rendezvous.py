@@ -105,7 +105,7 @@ def test_one_rank_world_ddp_reducer_collectives_and_zero_step(tmp_path):
     r = json.loads(out.read_text())
     assert (r["controller"], r["backend"], r["size"]) == ("single", "torch", 1)
     assert r["reducer"] == "DistributedDataParallel" and r["bucket_views"]     # the gradients are DDP's buckets
-    assert r["stable_grads"]              # zeroed in place each iteration: never a new tensor copied into a bucket
+    assert r["none_at_begin"]             # set to None at each iteration's start (torch's zero_grad), views after
     # collectives per iteration, of 30 parameter tensors: never one per parameter. Iteration 0 adds the loss
     # kind's agreement, iteration 1 DDP's bucket rebuild (2 broadcasts); then a normal iteration is one bucket's
     # allreduce and a measuring one adds the half-batch sum (one flat buffer) and the small scalar vector; a
