@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from mpi_util import PY, ROOT, WORKERS, mpi_env, run_script
+from mpi_util import PY, ROOT, WORKERS, mpi_env, run_ranks, run_script
 from reference import reference_run
 from test_equivalence import assert_params_close
 
@@ -217,3 +217,19 @@ def test_an_unused_parameter_is_one_line_not_ddps_error(tmp_path):
                     "backward: DistributedDataParallel (the torch backend) reduces only parameters the loss uses; "
                     "set requires_grad=False on the unused ones, or use backend='horovod'"], p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.mpi
+def test_ddp_reducer_says_when_this_ranks_compute_ends_before_waiting_for_the_others():
+    """DDP's own reduction (no comm hook): the reducer still says when this rank's last gradient is ready, before
+    the reduction waits for a slower rank (the clock stops there, an emulated GPU waits there): rank 0's ready
+    comes at once, its backward ends only after rank 1's SLOW_S; in the checked first iteration (a hook on every
+    parameter) and after it (one hook on the last one). The gradients are the mean of both ranks' (float64)."""
+    slow = 0.4
+    res = run_ranks("ddp_ready_worker.py", {"slow_s": slow}, np_=2, timeout=120)
+    for rk in res:
+        assert len(rk["its"]) == 4 and all(it["ready_s"] is not None for it in rk["its"]), rk
+        assert max(it["grad_err"] for it in rk["its"]) < 1e-12, rk
+    fast = res[0]["its"]
+    assert all(it["ready_s"] < 0.25 * slow for it in fast), fast          # not the wait for rank 1
+    assert all(it["backward_s"] > 0.75 * slow for it in fast), fast       # the wait is in the backward

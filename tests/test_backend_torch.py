@@ -8,7 +8,7 @@ scenario (tests/workers/backend_worker.py: train_worker.py's cases):
   stream) on two GPU mixes gives the same B trajectory and the same parameters;
 * rebalancing: a rank slowed 3x (emulated) loses share; the run still equals one process fed the same batches.
 
-tests/test_backend_compare.py runs the adaptive case on Horovod and compares.
+The comparison of the two backends' parameters on the adaptive case is in docs/backends.md.
 """
 import pytest
 import torch

@@ -436,8 +436,12 @@ class DDPReducer:
     ``DistributedDataParallel`` (``gradient_as_bucket_view``: the gradients are views of DDP's buckets, no copies;
     buffers not synced in the forward; ``bucket_cap_mb`` the user's or DDP's 25). The forward runs through
     :attr:`module`; ``no_sync`` is DDP's; DDP's reduction ends inside the last micro-batch's backward, so
-    ``finish`` only checks that it ran. DDP averages (a sum with 1/world): with the backward's weighting
-    (``loss x count / c``, c = S / world) the result is the mean gradient of the S samples."""
+    ``finish`` only checks that it ran. DDP averages with its own C++ reduction (no comm hook: each gradient
+    scaled by 1/world as it is copied into its bucket, one pass, then a Sum allreduce per bucket): with the
+    backward's weighting (``loss x count / c``, c = S / world) the result is the mean gradient of the S samples.
+    The moment this rank's compute ends (``on_ready``: the clock stops, an emulated GPU waits, before the last
+    bucket's reduction) comes from one tensor hook on the parameter whose gradient the synced backward computes
+    last, learned in the first iteration (where a hook on every parameter checks that each gets a gradient)."""
 
     eager_extras = False
     # set to None between iterations, as torch's zero_grad does: the first backward's AccumulateGrad keeps its
@@ -470,11 +474,9 @@ class DDPReducer:
         self._unchecked = True
         self._seen: set[int] = set()
         self._probes: list[Any] = []
+        self._order: list[int] = []              # the first checked backward's gradient order (parameter ids)
+        self._last: Any = None                   # the hook on the parameter whose gradient comes last
         self._ready: Callable[[], None] | None = None
-        self._post = 1.0 / size()
-        # torch's own allreduce hook's shape, with a sum then the postscale 1/world (the Horovod backend's
-        # arithmetic), and the moment this rank's last bucket is ready (its compute ends; the rest waits)
-        self.ddp.register_comm_hook(self, _sum_then_postscale)
 
     def on_ready(self, fn: Callable[[], None] | None) -> None:
         self._ready = fn
@@ -492,8 +494,20 @@ class DDPReducer:
     def _probe(self, key: int) -> Callable[[torch.Tensor], None]:
         def hook(g: torch.Tensor) -> None:
             if self.ddp.require_backward_grad_sync:       # the last micro-batch's (synced) backward
-                self._seen.add(key)
+                if key not in self._seen:
+                    self._seen.add(key)
+                    self._order.append(key)
+                if len(self._seen) == len(self._params):
+                    self._signal_ready()
         return hook
+
+    def _signal_ready(self) -> None:
+        if self._ready is not None:
+            self._ready()
+
+    def _on_last(self, g: torch.Tensor) -> None:
+        if self.ddp.require_backward_grad_sync:
+            self._signal_ready()
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         return self.ddp.no_sync()
@@ -517,7 +531,10 @@ class DDPReducer:
                 h.remove()
             self._probes, self._unchecked = [], False
             unused = [n for k, n in self._names.items() if k not in self._seen]
-            self._seen = set()
+            if not unused and self._order and self._last is None:
+                last = next(p for p in self._params if id(p) == self._order[-1])
+                self._last = last.register_hook(self._on_last)
+            self._seen, self._order = set(), []
             if unused:
                 more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
                 raise ConfigError(f"parameter(s) {', '.join(unused[:3])}{more} got no gradient in the last "
@@ -534,15 +551,9 @@ class DDPReducer:
 
     def close(self) -> None:
         self._hook.remove()
-
-
-def _sum_then_postscale(state, bucket):       # DDP checks the annotations: none (or dist.GradBucket, Future)
-    """DDPReducer's comm hook (``state``: the reducer): one Sum allreduce of the bucket, then x 1/world."""
-    if bucket.is_last() and state._ready is not None:
-        state._ready()
-    post = state._post
-    fut = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0].mul_(post))
+        if self._last is not None:
+            self._last.remove()
+            self._last = None
 
 
 class _ZeroOutput(torch.nn.Module):
