@@ -115,6 +115,7 @@ def test_one_rank_world_ddp_reducer_collectives_and_zero_step(tmp_path):
     assert r["max_diff"] < 1e-12          # three micro-batches of 3, 5 and 4 samples = one batch of 12 (float64)
     # no micro-batch here: one synced zero step (one collective), the user's forward not run, zero gradients
     assert r["zero"] == {"collectives": 1, "forwards": 0, "max_grad": 0.0}
+    assert r["bucket_bytes_cap"] == 512 * 1024      # the config's bucket_cap_mb = 0.5, through the Trainer
 
 
 @pytest.mark.mpi

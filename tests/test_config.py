@@ -164,6 +164,9 @@ def test_choices_and_defaults_have_one_definition():
     ({"autoscale": {"objective": "cost-under-deadline"}}, "needs autoscale.deadline_s"),
     ({"autoscale": {"objective": "fastest"}}, "autoscale.objective='fastest' is unknown; valid: time, cost"),
     ({"autoscale": "cost"}, "autoscale='cost' must be a table"),
+    ({"bucket_cap_mb": 0}, "bucket_cap_mb=0 must be"),
+    ({"backend": "horovod", "bucket_cap_mb": 10}, "bucket_cap_mb=10 is the torch backend's DDP bucket size; on "
+                                                   "backend='horovod' set HOROVOD_FUSION_THRESHOLD"),
 ])
 def test_bad_config_is_one_line_naming_key_and_value(d, needle):
     with pytest.raises(ConfigError) as e:

@@ -114,6 +114,9 @@ class TrainConfig(Section):
                           "(inf/nan steps skipped on every rank)", choices=AMP_MODES)
     backend: str = key("auto", "communication backend: horovod, torch (torch.distributed: Gloo on CPU, NCCL on CUDA) "
                                "or auto (Horovod when it imports, else torch); docs/backends.md", choices=BACKENDS)
+    bucket_cap_mb: float | None = key(None, "torch backend: DistributedDataParallel's gradient bucket size in MB "
+                                            "(on Horovod its fusion buffer, HOROVOD_FUSION_THRESHOLD, plays this part)",
+                                      lo=0.0, lo_open=True, shown="DDP's 25", metavar="MB")
 
 
 @dataclass
@@ -401,6 +404,9 @@ class JobConfig(_FlatKeys):
         if self.batch_start == "knee" and self.policy not in ("similarity", "noise-scale"):
             raise ConfigError(f"batch_start='knee' needs an adaptive policy (similarity or noise-scale), not "
                               f"policy={self.policy!r}; use batch_start='batch'")
+        if self.backend == "horovod" and self.bucket_cap_mb is not None:
+            raise ConfigError(f"bucket_cap_mb={self.bucket_cap_mb:g} is the torch backend's DDP bucket size; on "
+                              "backend='horovod' set HOROVOD_FUSION_THRESHOLD (bytes) instead, or use backend='torch'")
         if self.run_dir is not None and not self.run_dir:         # Path("") is the current directory
             raise ConfigError("run_dir='' is empty; give a directory (--run-dir DIR), or leave run_dir unset for "
                               "the default runs/SCRIPT-HASH")

@@ -265,7 +265,7 @@ class Trainer:
         # the gradients' reducer (runtime/reducer.py): Horovod's hooks, or torch's DistributedDataParallel around
         # the model (its forward then runs through the wrapper: forward_module); checkpoints keep self.model
         self.opt.use_reducer(comm.make_reducer(self.opt.named, model=self.model, overlap=self.opt.overlap,
-                                               bucket_cap_mb=getattr(self.cfg, "bucket_cap_mb", None)))
+                                               bucket_cap_mb=self.cfg.bucket_cap_mb))
         self._set_up = True
 
     @property

@@ -78,6 +78,17 @@ zero = {"collectives": seq() - s0, "forwards": len(forwards) - n_fw,
 out = {"controller": comm.controller(), "backend": comm.backend(), "size": comm.size(), "reducer": type(ddp).__name__,
        "params": len(list(model.parameters())), "collectives": counts, "stats": stats, "max_diff": diff,
        "bucket_views": views, "none_at_begin": stable, "zero": zero}
+
+# the config's bucket_cap_mb reaches DDP through the Trainer, as a user sets it
+from pathlib import Path  # noqa: E402
+
+from hpc_jabas import JobConfig, Trainer  # noqa: E402
+
+data = torch.utils.data.TensorDataset(torch.randn(48, 8, dtype=torch.float64), torch.randint(0, 4, (48,)))
+m3 = build()
+tr = Trainer(m3, torch.optim.SGD(m3.parameters(), lr=0.1), data, loss_fn, config=JobConfig(backend="torch", batch=12, bucket_cap_mb=0.5,
+                                                            run_dir=str(Path(sys.argv[1]).parent / "run")))
+out["bucket_bytes_cap"] = int(tr.forward_module.bucket_bytes_cap) if tr.fit(max_iterations=1) is not None else None
 comm.shutdown()
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)
