@@ -4,7 +4,7 @@ writes, on the same batches as the Trainer's fixed plan (b samples per rank, B p
 import torch
 from torch import nn
 
-#: DDP's default bucket size, which the torch backend's fit() uses too (JobConfig has no bucket_cap_mb)
+#: DDP's default bucket size, which the torch backend's fit() uses too unless [train] bucket_cap_mb says otherwise
 BUCKET_MB = 25.0
 
 
