@@ -160,7 +160,8 @@ def run_task(name: str, seeds, points, out: dict) -> None:
         out[f"{tag}_single_spread"] = float(q90 - q10)
         out[f"{tag}_kappa"] = float(np.median(ks)) if ks else float("nan")
         print(f"{name} {'late ' if late else 'early'} k={k:3d} B={B:3d}->{2 * B:3d}: rho pooled median "
-              f"{out[tag + '_rho']:.3f} [min {out[tag + '_rho_lo']:.3f}, max {out[tag + '_rho_hi']:.3f}] over {len(pl)}; "
+              f"{out[tag + '_rho']:.3f} [min {out[tag + '_rho_lo']:.3f}, max {out[tag + '_rho_hi']:.3f}] "
+              f"over {len(pl)}; "
               f"one probe 10-90% [{q10:.2f}, {q90:.2f}] ({1 - len(fin) / len(rs):.0%} undefined); "
               f"implied kappa median {out[tag + '_kappa']:.2f}")
 

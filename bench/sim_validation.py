@@ -1,9 +1,10 @@
 """The simulator against real runs: does ``hpc-jabas simulate`` predict what a real job then takes?
 
-    .venv/bin/python -m bench.sim_validation [--repeats 3] [--epochs 4] [--json FILE]
+    .venv/bin/python -m bench.sim_validation [--repeats 3] [--epochs 4] [--backend torch] [--json FILE]
 
-Real side: 3 emulated Horovod ranks (v100, p100, rtx2060; mpirun, examples/train_digits.py, the
-default emulated speeds), each case run ``--repeats`` times in rotated order:
+Real side: 3 emulated ranks (v100, p100, rtx2060; mpirun, examples/train_digits.py, the default emulated speeds;
+``--backend``: Horovod where it imports, as the recorded runs, or torch DDP), each case run ``--repeats`` times in
+rotated order:
 - ``lbbsp``: fixed B = 96, LB-BSP split (planner lbbsp), micro-batch 8;
 - ``goodput``: the goodput (noise-scale) policy from B0 = 32 in [32, 512], the optimal planner with one
   micro-batch size on every rank (what the simulator's optimal planner prices), auto-scaling off.
@@ -58,11 +59,12 @@ CASES = {
 }
 
 
-def real_run(case: dict, profile: Path, run_dir: Path, epochs: int, seed: int = 0) -> dict:
+def real_run(case: dict, profile: Path, run_dir: Path, epochs: int, seed: int = 0, backend: str = "auto") -> dict:
     summary = run_dir.parent / f"{run_dir.name}-summary.json"
     cmd = [*_mpirun(len(TYPES)), str(ROOT / "examples" / "train_digits.py"), "-q", "--emulate",
            "--gpu-types", ",".join(TYPES), "--profile-dir", str(profile), "--epochs", str(epochs),
-           "--run-dir", str(run_dir), "--summary", str(summary), "--seed", str(seed), *case["args"]]
+           "--run-dir", str(run_dir), "--summary", str(summary), "--seed", str(seed), "--backend", backend,
+           *case["args"]]
     r = subprocess.run(cmd, env=_mpi_env(), capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         raise SystemExit(f"sim_validation: the real run failed (rc={r.returncode}): "
@@ -214,6 +216,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--calibration-runs", type=int, default=3,
                     help="runs (seeds 1..N, not the validated seed 0) that measure the overheads; the median")
+    ap.add_argument("--backend", choices=("auto", "horovod", "torch"), default="auto",
+                    help="the real runs' backend (auto: Horovod when it imports, as the recorded runs)")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args()
     if a.repeats < 1 or a.epochs < 1 or a.calibration_runs < 1:
@@ -230,7 +234,8 @@ def main() -> int:
     for n in names:
         got = []
         for seed in range(1, a.calibration_runs + 1):
-            cal = real_run(CASES[n], profile, work / f"{n}-calibration-{seed}", a.epochs, seed=seed)
+            cal = real_run(CASES[n], profile, work / f"{n}-calibration-{seed}", a.epochs, seed=seed,
+                           backend=a.backend)
             p = decision_period(None, cal["samples"] // a.epochs, CASES[n]["batch"]) \
                 if CASES[n]["strategy"] != "lbbsp" else None
             got.append(run_overheads(cal, a.epochs, p))
@@ -243,7 +248,7 @@ def main() -> int:
         for n in order:
             case = CASES[n]
             run_dir = work / f"{n}-{r}"
-            real = real_run(case, profile, run_dir, a.epochs)
+            real = real_run(case, profile, run_dir, a.epochs, backend=a.backend)
             sim = simulate(case, profile, run_dir, a.epochs, real["samples"] // a.epochs, over[n])
             bare = simulate(case, profile, run_dir, a.epochs, real["samples"] // a.epochs)   # iterations only
             pred, pred_bare = float(sim.totals["time_s"]), float(bare.totals["time_s"])
@@ -275,7 +280,7 @@ def main() -> int:
     figs = {"validation_error": max(figs[f"validation_error_{n}"] for n in names), **figs}
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, "figures": figs}, indent=1))
-    print(f"repeats={a.repeats} epochs={a.epochs} ({load_note()}) " + " ".join(spread))
+    print(f"repeats={a.repeats} epochs={a.epochs} backend={a.backend} ({load_note()}) " + " ".join(spread))
     print(" ".join(f"{k}={v:.3f}" for k, v in figs.items()))
     return 0
 

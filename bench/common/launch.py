@@ -49,8 +49,9 @@ def profile_emulated(what: str, model: str, gpu_types: list[str], base_s: float,
            *extra, "--out", str(out)]
     r = subprocess.run(cmd, env=_mpi_env(), capture_output=True, text=True)
     if r.returncode != 0:
+        said = [ln for ln in r.stderr.splitlines() if ln.strip() and set(ln.strip()) != {"-"}]   # not mpirun's rules
         raise SystemExit(f"{Path(sys.argv[0]).stem}: profiling {what} failed (rc={r.returncode}): "
-                         f"{(r.stderr.strip().splitlines() or [''])[-1]}")
+                         f"{' | '.join(said[-3:])}")
 
 
 def load_note() -> str:
