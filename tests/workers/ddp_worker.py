@@ -86,9 +86,10 @@ from hpc_jabas import JobConfig, Trainer  # noqa: E402
 
 data = torch.utils.data.TensorDataset(torch.randn(48, 8, dtype=torch.float64), torch.randint(0, 4, (48,)))
 m3 = build()
-tr = Trainer(m3, torch.optim.SGD(m3.parameters(), lr=0.1), data, loss_fn, config=JobConfig(backend="torch", batch=12, bucket_cap_mb=0.5,
-                                                            run_dir=str(Path(sys.argv[1]).parent / "run")))
-out["bucket_bytes_cap"] = int(tr.forward_module.bucket_bytes_cap) if tr.fit(max_iterations=1) is not None else None
+cfg = JobConfig(backend="torch", batch=12, bucket_cap_mb=0.5, run_dir=str(Path(sys.argv[1]).parent / "run"))
+tr = Trainer(m3, torch.optim.SGD(m3.parameters(), lr=0.1), data, loss_fn, config=cfg)
+tr.fit(max_iterations=1)
+out["bucket_bytes_cap"] = int(tr.forward_module.bucket_bytes_cap)
 comm.shutdown()
 with open(sys.argv[1], "w") as f:
     json.dump(out, f)
