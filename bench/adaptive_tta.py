@@ -160,9 +160,9 @@ VARIANTS: dict[str, dict] = {"noise-scale+adascale": {"lr_rule": "adascale"},
                              # the start at the throughput's knee, lr warmed up (core/planning/space.py throughput_knee)
                              "noise-scale+knee": {"batch_start": "knee"},
                              "noise-scale+knee-kappa4": {"batch_start": "knee", "kappa": 4.0},
-                             # the noise scale priced ahead along its trend (docs/formulas.md, section 3)
-                             "noise-scale+trend": {"noise_trend": True},
-                             "noise-scale+trend-kappa4": {"noise_trend": True, "kappa": 4.0}}
+                             # the noise scale as measured, not priced ahead along its trend (the default
+                             # before; docs/formulas.md, section 3)
+                             "noise-scale+measured": {"noise_trend": False}}
 
 
 def variant_key(kind: str) -> str:

@@ -87,7 +87,9 @@ def test_decisions_apply_everywhere_at_the_announced_iteration(runs, k):
         checked = warm = 0
         for d in decisions:
             st_ = d["stats"]
-            bn = st_["b_noise_window"]                         # the policy's window of fresh estimates
+            # the policy's window of fresh estimates, as priced: carried along its trend (noise_trend, tested in
+            # tests/test_noise_trend.py) when the record says so
+            bn = st_.get("b_noise_priced", st_["b_noise_window"])
             before = st_["B_before"]
             warm += bool(st_["fresh"])
             if bn is None or warm <= 3:                        # no estimate yet, or the warm-up

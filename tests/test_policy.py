@@ -252,7 +252,7 @@ def test_make_policy_names_and_config():
         assert canonical_policy(name) == "noise-scale"
     assert make_policy("noise-scale", B0=64, B_min=16, B_max=512).config() == {
         "name": "noise-scale", "B_min": 16, "B_max": 512, "p": 100, "B0": 64, "warmup": 3, "max_step": 2.0,
-        "max_reach": 16.0, "window": 20, "min_gain": 0.05, "kappa": 1.0}
+        "max_reach": 16.0, "window": 20, "min_gain": 0.05, "kappa": 1.0, "noise_trend": True}
     assert isinstance(make_policy("fixed"), FixedPolicy)
     pol = make_policy("similarity", gamma=0.1, B_max=512, p=20)
     assert pol.config() == {"name": "similarity", "B_min": 1, "B_max": 512, "p": 20, "gamma": 0.1, "alpha": 0.1}

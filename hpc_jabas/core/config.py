@@ -40,6 +40,7 @@ from hpc_jabas.core.defaults import (
     DEFAULT_GUARD_RISE,
     DEFAULT_GUARD_SIGMA,
     DEFAULT_MARGIN,
+    DEFAULT_NOISE_TREND,
     DEFAULT_RAMP_AT,
     DEFAULT_RAMP_FACTOR,
     EMU_BASE_S,
@@ -172,9 +173,9 @@ class AdaptiveConfig(Section):
                                     "reference)", choices=BATCH_STARTS)
     kappa: float = key(DEFAULT_GOODPUT_KAPPA, "noise-scale policy: batch sizes are priced with kappa x the "
                                               "measured noise scale (1: Pollux's pricing)", lo=0.0, lo_open=True)
-    noise_trend: bool = key(False, "noise-scale policy: price batch sizes with the noise scale carried halfway to "
-                                   "the next decision along its trend (the estimate's lag removed), not the "
-                                   "estimate as measured")
+    noise_trend: bool = key(DEFAULT_NOISE_TREND, "noise-scale policy: price batch sizes with the noise scale "
+                                                 "carried halfway to the next decision along its trend (the "
+                                                 "estimate's lag removed); false: the estimate as measured")
     alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)

@@ -44,6 +44,10 @@ DEFAULT_ALPHA = 0.1     # JABAS: +-10% per decision
 #: simple noise scale tr(Sigma)/|G|^2 can underestimate the batch size training tolerates (McCandlish et al.'s
 #: B_crit against B_simple); 1 is Pollux's pricing
 DEFAULT_GOODPUT_KAPPA = 1.0
+#: the goodput policy prices batch sizes with the noise scale carried halfway to the next decision along its trend
+#: (docs/formulas.md, section 3): on by default since two development runs of bench/adaptive_tta.py (10 seeds per
+#: task) found it no worse than the estimate as measured on every task and without its target misses on digits
+DEFAULT_NOISE_TREND = True
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 #: where an adaptive run starts: the given batch, or the profiled throughput's knee (core/planning/space.py
 #: ``throughput_knee``)

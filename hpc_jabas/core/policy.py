@@ -63,7 +63,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from hpc_jabas.core.defaults import DECISIONS_PER_EPOCH
+from hpc_jabas.core.defaults import DECISIONS_PER_EPOCH, DEFAULT_NOISE_TREND
 from hpc_jabas.core.defaults import DEFAULT_ALPHA as DEFAULT_ALPHA
 from hpc_jabas.core.defaults import DEFAULT_GAMMA as DEFAULT_GAMMA
 from hpc_jabas.core.defaults import DEFAULT_GOODPUT_KAPPA as DEFAULT_GOODPUT_KAPPA
@@ -347,7 +347,7 @@ class GoodputPolicy(BatchPolicy):
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
                  window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN,
                  noise_memory: float | None = None, max_reach: float = DEFAULT_GOODPUT_MAX_REACH,
-                 kappa: float = DEFAULT_GOODPUT_KAPPA, noise_trend: bool = False) -> None:
+                 kappa: float = DEFAULT_GOODPUT_KAPPA, noise_trend: bool = DEFAULT_NOISE_TREND) -> None:
         super().__init__(B_min, B_max, p)
         if not isinstance(noise_trend, bool):
             raise ConfigError(f"noise_trend={noise_trend!r} is invalid; it must be true or false")
@@ -495,8 +495,8 @@ class GoodputPolicy(BatchPolicy):
     def config(self) -> dict[str, Any]:
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
                 "max_reach": self.max_reach, "window": self.window, "min_gain": self.min_gain, "kappa": self.kappa,
-                **({"noise_trend": True} if self.noise_trend else {}), **({} if self.noise_memory is None else
-                                                                        {"noise_memory": self.noise_memory})}
+                "noise_trend": self.noise_trend, **({} if self.noise_memory is None else
+                                                    {"noise_memory": self.noise_memory})}
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict(), "reach": self.reach,
