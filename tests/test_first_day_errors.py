@@ -54,6 +54,24 @@ def test_one_line_and_exit_2_on_three_ranks_without_run_main(tmp_path):
         assert "Traceback" not in out and "horovod" not in out.lower(), f"{name}/{kind}:\n{out}"
 
 
+@pytest.mark.mpi
+def test_a_key_the_resolved_backend_lacks_is_one_line_on_every_rank(tmp_path):
+    """backend = auto resolves to Horovod where it imports (as here): DDP's bucket_cap_mb is then refused in one
+    line, exit code 2, before any rank trains (the config refuses it at once when backend = horovod is explicit:
+    tests/test_config.py)."""
+    assert subprocess.run([PY, "-c", "import horovod.torch"], env=mpi_env()).returncode == 0   # auto is Horovod
+    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", PY, str(ROOT / "examples" / "train_digits.py"),
+           "--epochs", "1", "-q", "--bucket-cap-mb", "10", "--run-dir", str(tmp_path / "run")]
+    p = subprocess.run(cmd, env=dict(mpi_env(), HPC_JABAS_ERROR_GRACE_S="60"), cwd=tmp_path, capture_output=True,
+                       text=True, timeout=240)
+    out = p.stdout + p.stderr
+    lines = [ln for ln in out.splitlines() if "hpc-jabas: error" in ln]
+    assert p.returncode == 2, out
+    assert len(lines) == 1 and "bucket_cap_mb=10 is the torch backend's DDP bucket size" in lines[0], out
+    assert "HOROVOD_FUSION_THRESHOLD" in lines[0] and "Traceback" not in out, out
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()           # refused before a record was written
+
+
 def test_run_main_takes_a_plain_main_and_a_cli_main(tmp_path):
     code = ("import sys, hpc_jabas\n"
             "def plain():\n    print('plain ran')\n    return 3\n"

@@ -405,9 +405,7 @@ class JobConfig(_FlatKeys):
         if self.batch_start == "knee" and self.policy not in ("similarity", "noise-scale"):
             raise ConfigError(f"batch_start='knee' needs an adaptive policy (similarity or noise-scale), not "
                               f"policy={self.policy!r}; use batch_start='batch'")
-        if self.backend == "horovod" and self.bucket_cap_mb is not None:
-            raise ConfigError(f"bucket_cap_mb={self.bucket_cap_mb:g} is the torch backend's DDP bucket size; on "
-                              "backend='horovod' set HOROVOD_FUSION_THRESHOLD (bytes) instead, or use backend='torch'")
+        self.check_backend_keys(self.backend)
         if self.run_dir is not None and not self.run_dir:         # Path("") is the current directory
             raise ConfigError("run_dir='' is empty; give a directory (--run-dir DIR), or leave run_dir unset for "
                               "the default runs/SCRIPT-HASH")
@@ -417,6 +415,13 @@ class JobConfig(_FlatKeys):
         if not bmin <= self.batch <= bmax:
             raise ConfigError(f"batch={self.batch} is outside [batch_min={bmin}, batch_max={bmax}]")
         return self
+
+    def check_backend_keys(self, backend: str) -> None:
+        """The keys one backend has and the other lacks, against ``backend`` (the configured one here; the Trainer
+        calls it again with the backend "auto" resolved to): one ConfigError line."""
+        if backend == "horovod" and self.bucket_cap_mb is not None:
+            raise ConfigError(f"bucket_cap_mb={self.bucket_cap_mb:g} is the torch backend's DDP bucket size; on "
+                              "backend='horovod' set HOROVOD_FUSION_THRESHOLD (bytes) instead, or use backend='torch'")
 
     def _check_planning(self) -> None:
         """The planning keys' cross-field rules (one ConfigError line each)."""

@@ -15,7 +15,6 @@ import horovod
 import horovod.torch as hvd
 import torch
 
-from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import set_rank
 from hpc_jabas.runtime.reducer import GradReducer, HookReducer, StartSum, WaitSum
 
@@ -103,10 +102,7 @@ def make_reducer(named_parameters, start: StartSum, wait: WaitSum, model: torch.
                  overlap: bool = True, bucket_cap_mb: float | None = None) -> GradReducer:
     """Per-parameter named allreduces (``start``/``wait``: the seam's, runtime/comm.py) started from the last
     backward's hooks; Horovod fuses them (its fusion buffer, HOROVOD_FUSION_THRESHOLD, plays the part of a
-    bucket size: ``bucket_cap_mb``, DDP's, is refused here). ``model`` is not needed."""
-    if bucket_cap_mb is not None:
-        raise ConfigError(f"bucket_cap_mb = {bucket_cap_mb:g} is the torch backend's DDP bucket size; on Horovod "
-                          "set HOROVOD_FUSION_THRESHOLD (bytes) in the environment instead, or use backend = torch")
+    bucket size; ``bucket_cap_mb``, DDP's, the config refuses with this backend). ``model`` is not needed."""
     return HookReducer(named_parameters, size(), start, wait, overlap=overlap)
 
 

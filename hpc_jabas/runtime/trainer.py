@@ -131,11 +131,11 @@ class Trainer:
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
         check_model(model)                    # not already in a DistributedDataParallel (runtime/reducer.py)
         comm.use(cfg.backend)                 # horovod | torch | auto (runtime/comm.py), before the first collective
+        cfg.check_backend_keys(comm.backend())   # "auto" resolved: a key the backend lacks is refused here
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
         self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
         self._clock = IterationClock(self.device)   # an iteration's compute and end (runtime/clock.py)
-        # a Dataset (fetched on this thread) or a DataLoader (its workers fetch ahead): runtime/data.py
-        self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)
+        self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)   # a Dataset or DataLoader: data.py
         # the configuration every part reads: resolved once, here, and frozen (runtime/resolve.py)
         self.resolved = resolve_config(cfg, model, len(self.feed.dataset), self.rank, planner_fn is not None)
         self.model = model.to(self.device)
