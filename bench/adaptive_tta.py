@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.adaptive_tta --image    # only the image task: ResNet-18 on JPEG files, 5 seeds
     .venv/bin/python -m bench.adaptive_tta --lm       # only the language-model task: TinyLM, AdamW, 5 seeds (~37 min)
     .venv/bin/python -m bench.adaptive_tta --lm --quick   # its smoke run (under a minute)
+    .venv/bin/python -m bench.adaptive_tta --untuned  # only the task added after the defaults were frozen
     .venv/bin/python -m bench.adaptive_tta --only 'noise-scale'   # development aid: only the kinds matching
 
 Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/common/launch.py) EMULATING v100 / p100 / rtx2060
@@ -53,6 +54,9 @@ Protocol (fixed before the final run; nothing here is tuned per method):
   order 2 (the example's order-1 chain is learned to its ceiling in the first epoch; see tta_tasks.LM_ORDER),
   8 epochs, AdamW (weight_decay 0.01) with the lr picked from 3 on fixed-32, validation next-token accuracy
   (token-weighted) as the metric, its own regime LM_REGIME; the noise scale probed on fixed-32; see lm_section.
+- Untuned task (--untuned, its own run): a 1-D convolutional net with Adam on generated sequences
+  (tasks.seq_data), added after the defaults were frozen and never used to choose one; the grid and the three
+  policies at their defaults, no variants; see untuned_section.
 - Image task (--image, its own run): examples/train_resnet.py's ResNet-18 (BatchNorm) on the example's JPEG files,
   decoded and augmented on every read, compute-bound (IMAGE_REGIME), the same protocol; see image_section.
 
@@ -97,6 +101,11 @@ JPEG_ROOT = Path("/tmp/hj-bench-tta-jpeg")
 #: The per-call part is 38% of a b = 32 micro-batch and 7% at b = 256: B = 32 is latency-bound (29 ms an
 #: iteration on the 3 GPUs, about 1,100 samples/s; B = 512 166 ms, 3,100/s).
 LM_REGIME = dict(emulate_base_s=0.012, emulate_per_sample_s=0.0006)
+#: the untuned section (--untuned): the 1-D conv net's real CPU compute here is about 1 ms at b = 32 and 4 ms at
+#: b = 256 on one core, 1.5x that with 3 ranks on 2 cores; the emulated 6 ms + 0.15 ms per sample is set above it
+#: (the per-call part is 14% of a b = 256 micro-batch; a smoke run at two thirds of these times, beside a test
+#: suite, measured a real share of 0.68). The section prints the real share it measured.
+UNTUNED_REGIME = dict(emulate_base_s=0.006, emulate_per_sample_s=0.00015)
 #: the regimes each task runs in (digits is for accuracy: one regime)
 TASK_REGIMES = {"shapes": ("latency", "compute"), "digits": ("latency",)}
 
@@ -116,6 +125,11 @@ def profile_cluster() -> None:
         profile_emulated("tta_tasks:lm_bundle (lm)", "bench.common.tta_tasks:lm_bundle", TYPES,
                          LM_REGIME["emulate_base_s"], LM_REGIME["emulate_per_sample_s"], PROFILES / "lm" / "lm",
                          "--optimizer", "adam")
+        return
+    if "--untuned" in sys.argv:
+        profile_emulated("tta_tasks:seq_bundle (untuned)", "bench.common.tta_tasks:seq_bundle", TYPES,
+                         UNTUNED_REGIME["emulate_base_s"], UNTUNED_REGIME["emulate_per_sample_s"],
+                         PROFILES / "untuned" / "seq", "--optimizer", "adam")
         return
     if "--adamw" in sys.argv:             # the AdamW section: the shapes model with Adam's step, latency-bound
         emu = REGIMES["latency"]
@@ -188,7 +202,8 @@ class Task:
     train_ds: object = None          # a Dataset read on every step (the image task); else the data's arrays
     forward_fn: object = None        # the Trainer's forward_fn (the LM task: token-weighted), else loss_fn
     acc_fn: object = None            # (model, x, y) -> accuracy; None: tasks.accuracy
-    optimizer: str = "sgd"           # "sgd" (momentum 0.9) or "adamw" (PyTorch's defaults, weight_decay 0.01)
+    optimizer: str = "sgd"           # "sgd" (momentum 0.9), "adamw" (PyTorch's defaults, weight_decay 0.01), "adam"
+    variants: bool = True            # False: the grid and the policies at their defaults only (the untuned task)
 
     def __post_init__(self):
         xtr, ytr, xte, yte = self.data
@@ -205,7 +220,8 @@ class Task:
 
     def phase2(self) -> list[str]:
         import re
-        kinds = [*(f"fixed-{b}-{rule}" for b in self.grid for rule in ("sqrt", "linear")), *POLICIES, *VARIANTS]
+        kinds = [*(f"fixed-{b}-{rule}" for b in self.grid for rule in ("sqrt", "linear")), *POLICIES,
+                 *(VARIANTS if self.variants else ())]
         return [k for k in kinds if ONLY is None or re.search(ONLY, k)]
 
 
@@ -370,7 +386,8 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     prof = PROFILES / regime / (task.name + ("-adam" if adamw_lr is not None else ""))
     cfg = dict(emulate=True, gpu_types=TYPES, checkpoint=False, epochs=task.epochs, seed=seed,
                run_dir=str(ROOT / (f"{regime}-{task.name}-{kind}-s{seed}" + ("-adamw" if adamw_lr else "") + tag)),
-               profile_dir=str(prof), **{"image": IMAGE_REGIME, "lm": LM_REGIME}.get(regime, REGIMES.get(regime, {})))
+               profile_dir=str(prof), **{"image": IMAGE_REGIME, "lm": LM_REGIME,
+                                         "untuned": UNTUNED_REGIME}.get(regime, REGIMES.get(regime, {})))
     if kind.endswith("+wd") and kind not in VARIANTS:       # the AdamW section's kinds
         kind = kind[:-3]
         cfg["wd_rule"] = "linear"
@@ -393,6 +410,8 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr)   # weight_decay: its 0.01
     elif task.optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    elif task.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     if not policy and kind.endswith("-linear"):
@@ -645,6 +664,8 @@ def main() -> None:
                     help="only the image section: the ResNet example on JPEG files, compute-bound, the full protocol")
     ap.add_argument("--lm", action="store_true",
                     help="only the language-model section: the tiny transformer example with AdamW, the full protocol")
+    ap.add_argument("--untuned", action="store_true",
+                    help="only the untuned section: a 1-D conv net with Adam, added after the defaults were frozen")
     ap.add_argument("--adamw", action="store_true",
                     help="only the AdamW section: goodput with and without wd_rule = linear on the shapes task")
     ap.add_argument("--only", metavar="REGEX", default=None,
@@ -668,7 +689,8 @@ def main() -> None:
     ts = make_tasks(args.quick)
     t_start = time.perf_counter()
     if rank == 0:
-        shown = {"image": IMAGE_REGIME} if args.image else {"lm": LM_REGIME} if args.lm else REGIMES
+        shown = ({"image": IMAGE_REGIME} if args.image else {"lm": LM_REGIME} if args.lm
+                 else {"untuned": UNTUNED_REGIME} if args.untuned else REGIMES)
         print(f"adaptive_tta: {RANKS} emulated ranks {TYPES}; regimes "
               + "; ".join(f"{k}: t(b) = ({v['emulate_base_s'] * 1e3:g} ms + {v['emulate_per_sample_s'] * 1e3:g} ms * b)"
                           " / speed" for k, v in shown.items())
@@ -683,6 +705,9 @@ def main() -> None:
         return
     if args.lm:
         lm_section(seeds, rank, rng, args.quick)
+        return
+    if args.untuned:
+        untuned_section(seeds, rank, rng, args.quick)
         return
     for regime in REGIMES:
         for t in ts:
@@ -846,6 +871,24 @@ def lm_section(seeds: list[int], rank: int, rng: np.random.Generator, quick: boo
     grid_section(task, "lm", seeds, rank, rng, (LM_LRS[1],) if quick else LM_LRS)
 
 
+#: the untuned task's lr grid (Adam), picked at run time on fixed-32 as every task's
+UNTUNED_LRS = (0.001, 0.003, 0.01)
+UNTUNED_EPOCHS = 10
+
+
+def untuned_section(seeds: list[int], rank: int, rng: np.random.Generator, quick: bool) -> None:
+    """The task the adaptive defaults were never tuned on, added and run once after they were frozen: a 1-D
+    convolutional net (tasks.seq_model: two convolutions, max pooling) trained with Adam (no weight decay) on
+    tasks.SEQ_TRAIN generated sequences whose class is told by the stronger of two motifs (10% label noise),
+    UNTUNED_REGIME's emulated times, planned on its `hpc-jabas profile --emulate` profile (Adam's step), lr
+    picked from UNTUNED_LRS, the noise scale probed on fixed-32. The protocol of grid_section with the grid and
+    the three policies at their JobConfig defaults (no variants). Last line: its keys with the prefix untuned_."""
+    data = tasks.seq_data(*((800, 400) if quick else (tasks.SEQ_TRAIN, tasks.SEQ_TEST)))
+    task = Task("seq", data, tasks.seq_model, UNTUNED_LRS[1], 3 if quick else UNTUNED_EPOCHS,
+                (128,) if quick else (64, 128, 256, LARGE), True, optimizer="adam", variants=False)
+    grid_section(task, "untuned", seeds, rank, rng, (UNTUNED_LRS[1],) if quick else UNTUNED_LRS)
+
+
 def grid_section(task: Task, regime: str, seeds: list[int], rank: int, rng: np.random.Generator,
                  lrs: tuple[float, ...]) -> None:
     """The main protocol on one task in one regime: fixed-32 with its lr picked once from ``lrs`` by final
@@ -888,17 +931,18 @@ def grid_section(task: Task, regime: str, seeds: list[int], rank: int, rng: np.r
           f"max {max(shares):.2f} over {len(shares)} runs; micro-batches whose real compute overran the emulated "
           f"time, all ranks and runs: {over}")
     best = rep["best"]
-    for k in ("similarity", "noise-scale", "ramp", *VARIANTS):     # a kind --only left out: nan
+    variants = VARIANTS if task.variants else {}
+    for k in ("similarity", "noise-scale", "ramp", *variants):     # a kind --only left out: nan
         for d in ("ratio", "lo", "hi", "gap"):
             rep[d].setdefault(k, nan)
     out = [f"{regime}_tta_ratio_{key}={rep['ratio'][k]:.3f} {regime}_tta_ratio_{key}_lo={rep['lo'][k]:.3f} "
            f"{regime}_tta_ratio_{key}_hi={rep['hi'][k]:.3f}"
            for key, k in (("similarity", "similarity"), ("goodput", "noise-scale"), ("ramp", "ramp"),
-                          *((variant_key(v), v) for v in VARIANTS))]
+                          *((variant_key(v), v) for v in variants))]
     out.append(f"{regime}_best_fixed_tta_ratio={rep['ratio'][best]:.3f} "
                f"{regime}_best_fixed_tta_ratio_lo={rep['lo'][best]:.3f} "
                f"{regime}_best_fixed_tta_ratio_hi={rep['hi'][best]:.3f}")
-    for key, k in (("goodput", "noise-scale"), *((variant_key(v), v) for v in VARIANTS)):
+    for key, k in (("goodput", "noise-scale"), *((variant_key(v), v) for v in variants)):
         g = rep.get("regret", {}).get(k, {}).get("best", (nan, nan, nan))
         out.append(f"{regime}_{key}_vs_best_fixed={g[0]:.3f} {regime}_{key}_vs_best_fixed_lo={g[1]:.3f} "
                    f"{regime}_{key}_vs_best_fixed_hi={g[2]:.3f}")
