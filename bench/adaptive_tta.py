@@ -7,6 +7,7 @@
     .venv/bin/python -m bench.adaptive_tta --lm       # only the language-model task: TinyLM, AdamW, 5 seeds (~37 min)
     .venv/bin/python -m bench.adaptive_tta --lm --quick   # its smoke run (under a minute)
     .venv/bin/python -m bench.adaptive_tta --untuned  # only the task added after the defaults were frozen
+    .venv/bin/python -m bench.adaptive_tta --untuned-cnn   # only the second one: a 2-D conv net with Adam on shapes
     .venv/bin/python -m bench.adaptive_tta --only 'noise-scale'   # development aid: only the kinds matching
 
 Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/common/launch.py) EMULATING v100 / p100 / rtx2060
@@ -56,7 +57,8 @@ Protocol (fixed before the final run; nothing here is tuned per method):
   (token-weighted) as the metric, its own regime LM_REGIME; the noise scale probed on fixed-32; see lm_section.
 - Untuned task (--untuned, its own run): a 1-D convolutional net with Adam on generated sequences
   (tasks.seq_data), added after the defaults were frozen and never used to choose one; the grid and the three
-  policies at their defaults, no variants; see untuned_section.
+  policies at their defaults, no variants; see untuned_section. A second one (--untuned-cnn): a 2-D
+  convolutional net with Adam on the shapes images, the same protocol.
 - Image task (--image, its own run): examples/train_resnet.py's ResNet-18 (BatchNorm) on the example's JPEG files,
   decoded and augmented on every read, compute-bound (IMAGE_REGIME), the same protocol; see image_section.
 
@@ -125,6 +127,11 @@ def profile_cluster() -> None:
         profile_emulated("tta_tasks:lm_bundle (lm)", "bench.common.tta_tasks:lm_bundle", TYPES,
                          LM_REGIME["emulate_base_s"], LM_REGIME["emulate_per_sample_s"], PROFILES / "lm" / "lm",
                          "--optimizer", "adam")
+        return
+    if "--untuned-cnn" in sys.argv:
+        profile_emulated("tta_tasks:shapes_cnn_bundle (cnn)", "bench.common.tta_tasks:shapes_cnn_bundle", TYPES,
+                         UNTUNED_REGIME["emulate_base_s"], UNTUNED_REGIME["emulate_per_sample_s"],
+                         PROFILES / "cnn" / "shapes-cnn", "--optimizer", "adam")
         return
     if "--untuned" in sys.argv:
         profile_emulated("tta_tasks:seq_bundle (untuned)", "bench.common.tta_tasks:seq_bundle", TYPES,
@@ -387,7 +394,8 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     cfg = dict(emulate=True, gpu_types=TYPES, checkpoint=False, epochs=task.epochs, seed=seed,
                run_dir=str(ROOT / (f"{regime}-{task.name}-{kind}-s{seed}" + ("-adamw" if adamw_lr else "") + tag)),
                profile_dir=str(prof), **{"image": IMAGE_REGIME, "lm": LM_REGIME,
-                                         "untuned": UNTUNED_REGIME}.get(regime, REGIMES.get(regime, {})))
+                                         "untuned": UNTUNED_REGIME, "cnn": UNTUNED_REGIME}.get(
+                                             regime, REGIMES.get(regime, {})))
     if kind.endswith("+wd") and kind not in VARIANTS:       # the AdamW section's kinds
         kind = kind[:-3]
         cfg["wd_rule"] = "linear"
@@ -666,6 +674,8 @@ def main() -> None:
                     help="only the language-model section: the tiny transformer example with AdamW, the full protocol")
     ap.add_argument("--untuned", action="store_true",
                     help="only the untuned section: a 1-D conv net with Adam, added after the defaults were frozen")
+    ap.add_argument("--untuned-cnn", action="store_true",
+                    help="only the second untuned section: a 2-D conv net with Adam on the shapes images")
     ap.add_argument("--adamw", action="store_true",
                     help="only the AdamW section: goodput with and without wd_rule = linear on the shapes task")
     ap.add_argument("--only", metavar="REGEX", default=None,
@@ -690,7 +700,7 @@ def main() -> None:
     t_start = time.perf_counter()
     if rank == 0:
         shown = ({"image": IMAGE_REGIME} if args.image else {"lm": LM_REGIME} if args.lm
-                 else {"untuned": UNTUNED_REGIME} if args.untuned else REGIMES)
+                 else {"untuned": UNTUNED_REGIME} if args.untuned or args.untuned_cnn else REGIMES)
         print(f"adaptive_tta: {RANKS} emulated ranks {TYPES}; regimes "
               + "; ".join(f"{k}: t(b) = ({v['emulate_base_s'] * 1e3:g} ms + {v['emulate_per_sample_s'] * 1e3:g} ms * b)"
                           " / speed" for k, v in shown.items())
@@ -706,8 +716,8 @@ def main() -> None:
     if args.lm:
         lm_section(seeds, rank, rng, args.quick)
         return
-    if args.untuned:
-        untuned_section(seeds, rank, rng, args.quick)
+    if args.untuned or args.untuned_cnn:
+        untuned_section(seeds, rank, rng, args.quick, cnn=args.untuned_cnn)
         return
     for regime in REGIMES:
         for t in ts:
@@ -876,13 +886,24 @@ UNTUNED_LRS = (0.001, 0.003, 0.01)
 UNTUNED_EPOCHS = 10
 
 
-def untuned_section(seeds: list[int], rank: int, rng: np.random.Generator, quick: bool) -> None:
+def untuned_section(seeds: list[int], rank: int, rng: np.random.Generator, quick: bool, cnn: bool = False) -> None:
     """The task the adaptive defaults were never tuned on, added and run once after they were frozen: a 1-D
     convolutional net (tasks.seq_model: two convolutions, max pooling) trained with Adam (no weight decay) on
     tasks.SEQ_TRAIN generated sequences whose class is told by the stronger of two motifs (10% label noise),
     UNTUNED_REGIME's emulated times, planned on its `hpc-jabas profile --emulate` profile (Adam's step), lr
     picked from UNTUNED_LRS, the noise scale probed on fixed-32. The protocol of grid_section with the grid and
-    the three policies at their JobConfig defaults (no variants). Last line: its keys with the prefix untuned_."""
+    the three policies at their JobConfig defaults (no variants). Last line: its keys with the prefix untuned_.
+
+    ``cnn``: the second untuned task, added after the first one's run showed its target on the plateau (fixed-32's
+    accuracy at 60% of the budget within 0.15 point of its final one): the shapes images, whose fixed-32 run gains
+    accuracy over its whole budget, through a 2-D convolutional net (tasks.shapes_cnn_model) with Adam, the same
+    regime and lr grid, 8 epochs; its keys have the prefix cnn_."""
+    if cnn:
+        task = Task("shapes-cnn", tasks.shapes_data(*((1200, 500) if quick else ())), tasks.shapes_cnn_model,
+                    UNTUNED_LRS[1], 3 if quick else 8, (128,) if quick else (64, 128, 256, LARGE), True,
+                    optimizer="adam", variants=False)
+        grid_section(task, "cnn", seeds, rank, rng, (UNTUNED_LRS[1],) if quick else UNTUNED_LRS)
+        return
     data = tasks.seq_data(*((800, 400) if quick else (tasks.SEQ_TRAIN, tasks.SEQ_TEST)))
     task = Task("seq", data, tasks.seq_model, UNTUNED_LRS[1], 3 if quick else UNTUNED_EPOCHS,
                 (128,) if quick else (64, 128, 256, LARGE), True, optimizer="adam", variants=False)

@@ -328,3 +328,19 @@ def seq_bundle():
     """For `hpc-jabas profile --model bench.common.tta_tasks:seq_bundle`: (model, loss, 256 samples)."""
     x, y, _, _ = seq_data(n_train=256, n_test=1)
     return seq_model(), nn.CrossEntropyLoss(), (torch.tensor(x), torch.tensor(y, dtype=torch.long))
+
+
+def shapes_cnn_model(noise: float = 0.15) -> nn.Module:
+    """The second untuned task's model: the shapes images through a 2-D convolutional net (Conv2d 1 -> 8 (3x3) ->
+    max pool 2 -> Conv2d 8 -> 16 (3x3) -> max pool 2 -> Linear 144 -> 10, ReLU between; 3k parameters) behind the
+    same training-time pixel noise as shapes_model (no shift)."""
+    return nn.Sequential(Augment(noise=noise), nn.Unflatten(1, (1, SIDE, SIDE)),
+                         nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(16 * (SIDE // 4) ** 2, CLASSES))
+
+
+def shapes_cnn_bundle():
+    """For `hpc-jabas profile --model bench.common.tta_tasks:shapes_cnn_bundle`: (model, loss, 256 samples)."""
+    x, y, _, _ = shapes_data(n_train=256, n_test=1)
+    return shapes_cnn_model(), nn.CrossEntropyLoss(), (torch.tensor(x), torch.tensor(y, dtype=torch.long))
