@@ -19,8 +19,9 @@ simulator's policy then sees the noise scale the real one saw at the same progre
 
 What a run costs besides its iterations (``[model] measure_factor``: a measurement iteration's time over a
 normal one's; ``epoch_end_s``: evaluation, checkpoint and fit()'s own work per epoch) is measured once per
-case, the median over ``--calibration-runs`` runs of other seeds (``run_overheads``), as the profile is
-measured once.
+case, the median over ``--calibration-runs`` runs of other seeds (``run_overheads``: the factor from the
+adaptive runs' real over modelled iteration time, less the fixed case's), as the profile is measured once.
+With ``--backend`` torch or horovod the profile is measured on that backend too.
 
 Per case and run: ``error`` = |predicted - measured| / measured with measured = the whole ``fit()``
 (``summary.json``'s wall_s: iterations, evaluation, checkpoints, safe points) and predicted with those
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -45,7 +47,6 @@ from pathlib import Path
 
 from bench.common.launch import ROOT, _mpi_env, _mpirun, load_note, profile_emulated
 from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.policy import decision_period
 from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict
 from hpc_jabas.core.simulate import Simulation
 
@@ -74,24 +75,23 @@ def real_run(case: dict, profile: Path, run_dir: Path, epochs: int, seed: int = 
     its = [x for x in recs if x.get("type") == "iteration"]
     return {"wall_s": float(s["wall_s"]), "samples": int(s["samples"]), "iterations": int(s["iterations"]),
             "iter_s": sum(float(x["iter_s"]) for x in its), "B": [int(x["B"]) for x in its],
-            "its": [(int(x["it"]), int(x["B"]), float(x["iter_s"])) for x in its]}
+            "its": [(int(x["it"]), int(x["B"]), float(x["iter_s"])) for x in its],
+            "measure_share": sum(bool(x.get("measure")) for x in its) / max(len(its), 1)}
 
 
-def run_overheads(real: dict, epochs: int, p: int | None) -> dict:
+def run_overheads(real: dict, epochs: int, model_ratio: float | None = None, bias: float = 1.0) -> dict:
     """What a run costs besides its iterations, from its own records (the simulator's [model] keys):
-    ``epoch_end_s`` = (fit() - the iterations' sum) / epochs; ``measure_factor`` = median iteration time of the
-    measurement iterations ((it + 1) % p == 0) / that of the others, at the B most iterations ran (1.0 when
-    the run did not measure)."""
+    ``epoch_end_s`` = (fit() - the iterations' sum) / epochs; ``measure_factor`` for an adaptive run, from
+    ``model_ratio`` = its iterations' real time over the profile's model of the same iterations (the simulator
+    without overheads on the run's own B trajectory) and ``bias`` = that ratio on the fixed case (the model's
+    error on iterations that do not measure): with a share m of measurement iterations (the records' "measure"
+    flag), ratio = bias x (1 + m (factor - 1)), so factor = 1 + (ratio / bias - 1) / m, at least 1. Comparing
+    measurement iterations with the run's other ones cannot work here: with p = a tenth of a short epoch,
+    measure_every rounds to 1 and nearly every iteration measures."""
     out = {"epoch_end_s": max(real["wall_s"] - real["iter_s"], 0.0) / epochs, "measure_factor": 1.0}
-    if p:
-        by_b: dict[int, int] = {}
-        for _, B, _ in real["its"]:
-            by_b[B] = by_b.get(B, 0) + 1
-        B = max(by_b, key=lambda k: by_b[k])
-        meas = [t for it, b, t in real["its"] if b == B and (it + 1) % p == 0]
-        norm = [t for it, b, t in real["its"] if b == B and (it + 1) % p != 0]
-        if meas and norm:
-            out["measure_factor"] = max(1.0, statistics.median(meas) / statistics.median(norm))
+    m = real.get("measure_share", 0.0)
+    if model_ratio is not None and m > 0:
+        out["measure_factor"] = max(1.0, 1.0 + (model_ratio / bias - 1.0) / m)
     return out
 
 
@@ -225,23 +225,31 @@ def main() -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="sim-validation-"))
     profile = work / "profile"
+    if a.backend != "auto":              # profiled on the backend the runs use, as a user of that backend would
+        os.environ["HPC_JABAS_BACKEND"] = a.backend
     profile_emulated("examples.models:digits_mlp", "examples.models:digits_mlp", TYPES, EMU_BASE_S,
                      EMU_PER_SAMPLE_S, profile)
     names = list(CASES)
     # what the runs cost besides their iterations, measured once per case on runs of other seeds (as the
     # profile is measured once): the simulator's [model] measure_factor and epoch_end_s
     over: dict[str, dict] = {}
+    bias = 1.0                          # the fixed case's real / modelled iteration time (first in CASES)
     for n in names:
-        got = []
+        got, ratios = [], []
         for seed in range(1, a.calibration_runs + 1):
-            cal = real_run(CASES[n], profile, work / f"{n}-calibration-{seed}", a.epochs, seed=seed,
-                           backend=a.backend)
-            p = decision_period(None, cal["samples"] // a.epochs, CASES[n]["batch"]) \
-                if CASES[n]["strategy"] != "lbbsp" else None
-            got.append(run_overheads(cal, a.epochs, p))
+            cal_dir = work / f"{n}-calibration-{seed}"
+            cal = real_run(CASES[n], profile, cal_dir, a.epochs, seed=seed, backend=a.backend)
+            modelled = float(simulate(CASES[n], profile, cal_dir, a.epochs, cal["samples"] // a.epochs)
+                             .totals["time_s"])
+            ratios.append(cal["iter_s"] / modelled)
+            adaptive = CASES[n]["strategy"] != "lbbsp"
+            got.append(run_overheads(cal, a.epochs, ratios[-1] if adaptive else None, bias))
+        if CASES[n]["strategy"] == "lbbsp":
+            bias = statistics.median(ratios)
         over[n] = {k: statistics.median(g[k] for g in got) for k in got[0]}
         print(f"{n}: measured on {a.calibration_runs} runs of seeds 1-{a.calibration_runs} (median): "
-              f"epoch_end_s={over[n]['epoch_end_s']:.4f} measure_factor={over[n]['measure_factor']:.3f}", flush=True)
+              f"epoch_end_s={over[n]['epoch_end_s']:.4f} measure_factor={over[n]['measure_factor']:.3f} "
+              f"real/modelled iterations={statistics.median(ratios):.3f}", flush=True)
     rows: dict[str, list[dict]] = {n: [] for n in names}
     for r in range(a.repeats):
         order = names[r % len(names):] + names[:r % len(names)]
