@@ -233,8 +233,8 @@ def main() -> int:
     # what the runs cost besides their iterations, measured once per case on runs of other seeds (as the
     # profile is measured once): the simulator's [model] measure_factor and epoch_end_s
     over: dict[str, dict] = {}
-    bias = 1.0                          # the fixed case's real / modelled iteration time (first in CASES)
-    for n in names:
+    bias = 1.0                          # the fixed case's real / modelled iteration time, calibrated first
+    for n in sorted(names, key=lambda k: CASES[k]["strategy"] != "lbbsp"):
         got, ratios = [], []
         for seed in range(1, a.calibration_runs + 1):
             cal_dir = work / f"{n}-calibration-{seed}"
