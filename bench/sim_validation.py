@@ -140,21 +140,15 @@ def chain_real(chain_dir: Path) -> dict:
 
 
 def chain_overheads(real: dict, epochs: int) -> dict:
-    """The simulator's [model] keys from a chain's records, as the trainer's auto-scaler metered them: the median
-    ``measure_factor`` of its epoch-end records (core/overheads.py: measurement iterations against normal ones at
-    the same B, or against the perf model's time on the mix when every iteration measured, as here), else the
-    meter rerun on the iterations (same B only); ``epoch_end_s`` = (the jobs' fit() - their iterations) / epochs."""
+    """The simulator's [model] keys from a chain's records, measured as the trainer's auto-scaler meters them
+    (core/overheads.py: measurement iterations against normal ones at the same B), and ``epoch_end_s`` =
+    (the jobs' fit() - their iterations) / epochs."""
     from hpc_jabas.core.overheads import OverheadMeter
-    metered = [float(x["overheads"]["measure_factor"]) for x in real["autoscale"] if "overheads" in x]
-    if metered:
-        factor = statistics.median(metered)
-    else:
-        m = OverheadMeter()
-        for _, B, t, meas, n in real["its"]:
-            m.observe_iteration(B, t, meas, n)
-        factor = m.estimate().measure_factor
+    m = OverheadMeter()
+    for _, B, t, meas, n in real["its"]:
+        m.observe_iteration(B, t, meas, n)
     iters = sum(t for _, _, t, _, _ in real["its"])
-    return {"measure_factor": factor, "epoch_end_s": max(real["fit_s"] - iters, 0.0) / epochs}
+    return {"measure_factor": m.estimate().measure_factor, "epoch_end_s": max(real["fit_s"] - iters, 0.0) / epochs}
 
 
 def simulate_chain(chain_dir: Path, real: dict, overheads: dict, restart_s: float, work: Path):
