@@ -90,10 +90,6 @@ def test_make_demo_runs_and_shows_what_it_promises(slurm_cluster, slurm_tmp):
     epochs = sorted({x["epoch"] for x in srecs if x["type"] == "epoch_end"})
     assert epochs == [0, 1, 2, 3], epochs
     assert (d / "run" / "report.png").is_file()
-    # every epoch-end decision priced measuring from what the job ran (goodput measures at every iteration here,
-    # so against the perf model's time on the mix: core/overheads.py), never the blind 1 of no comparison
-    priced = [x["overheads"] for x in srecs if x["type"] == "autoscale" and "overheads" in x]
-    assert priced and all(o["basis"] in ("same B", "model") and o["measure_factor"] >= 1.0 for o in priced), priced
     # submitit's own objects, rebuilt from the chain directory: each job's result (global rank 0's summary, the
     # other ranks' None), its log and its final state; the successors' submissions carry no hetjob of the first
     from hpc_jabas.slurm.executor import submitit_job

@@ -37,7 +37,6 @@ from hpc_jabas.core.defaults import RESTART_PRIOR_S as RESTART_PRIOR_S
 from hpc_jabas.core.overheads import Overheads
 from hpc_jabas.core.planning import make_planner, snap_nearest
 from hpc_jabas.core.planning.planner import PlanSpec
-from hpc_jabas.core.planning.space import BatchSpace
 from hpc_jabas.core.validate import integer, number, passes
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
@@ -265,7 +264,8 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
         skey = (mix_key(mix), ps, lo, hi)
         space = None if spaces is None else spaces.get(skey)
         if space is None:
-            space = pricing_space(model, gl, ps, lo, hi)
+            space = make_planner(ps, gl, model, identical_b=True, speed_factors=None,
+                                 strict_speeds=False).pricing_space(lo, hi)
             if spaces is not None:
                 spaces[skey] = space
         total, left, k = 0.0, num_samples, 0
@@ -279,34 +279,6 @@ def epoch_time_fn(model: Any, types: Mapping[str, str], forecast: Sequence[float
             k += 1
         return total + end_s
     return fn
-
-
-def pricing_space(model: Any, gpus: Sequence[str], spec: PlanSpec, lo: int, hi: int) -> BatchSpace:
-    """The batch space a job's planner prices on ``gpus`` (identical b, no declared factors)."""
-    return make_planner(spec, gpus, model, identical_b=True, speed_factors=None,
-                        strict_speeds=False).pricing_space(lo, hi)
-
-
-def iteration_time_fn(model: Any, types: Mapping[str, str], mix: Mix, spec: PlanSpec, lo: int,
-                      hi: int) -> Callable[[int], float | None]:
-    """The perf model's time of one normal iteration at B on ``mix``, as ``epoch_time_fn`` prices it: exact at a B
-    the pricing space realises, interpolated linearly between its realisable neighbours otherwise (None outside
-    [lo, hi] or with no neighbour on a side). What the overhead meter compares a job's iterations with when none of
-    them ran without measuring (core/overheads.py)."""
-    space = pricing_space(model, expand_mix(mix, types), spec, lo, hi)
-
-    def t(B: int) -> float | None:
-        if not lo <= B <= hi:
-            return None
-        if space.is_realisable(B):
-            return space.iter_time(B)
-        a, b = space.below(B), space.above(B)
-        ta = None if a is None else space.iter_time(a)
-        tb = None if b is None else space.iter_time(b)
-        if a is None or b is None or ta is None or tb is None:
-            return None
-        return ta + (tb - ta) * (B - a) / (b - a)
-    return t
 
 
 @dataclass(frozen=True)

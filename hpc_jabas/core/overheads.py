@@ -9,22 +9,16 @@ Two costs that the perf model's iteration time leaves out:
 
 ``OverheadMeter`` is fed what the job measures (rank 0's iteration times, with a flag for measurement
 iterations, and the duration of each epoch end) and gives an ``Overheads`` estimate: medians, robust to a
-slow iteration or two. The factor compares measurement iterations with normal ones at the same B. A job whose
-every iteration measures (goodput's ``measure_every`` is 1 whenever p < 15, i.e. epochs of under about 150
-iterations) has no normal iteration to compare with; given the perf model's iteration time (``modelled``), the
-meter then compares both kinds with the model instead: the factor is the measurement iterations' median
-real/modelled ratio over the normal iterations' (any B; with fewer than MIN_NORMAL of them, over 1, so the model's
-own error on this mix is priced with it, as the job ran it). ``Overheads.iteration_scale`` and ``epoch_end_s`` are
-what ``autoscale.epoch_time_fn`` adds to the perf model's price of an epoch; the simulator prices the same way
-from its job file's ``[model] measure_factor`` and ``epoch_end_s``. The meter takes seconds as given (no clock
-here); the runtime adapter (runtime/lifecycle.py) times them.
+slow iteration or two. ``Overheads.iteration_scale`` and ``epoch_end_s`` are what ``autoscale.epoch_time_fn``
+adds to the perf model's price of an epoch; the simulator prices the same way from its job file's
+``[model] measure_factor`` and ``epoch_end_s``. The meter takes seconds as given (no clock here); the
+runtime adapter (runtime/lifecycle.py) times them.
 """
 from __future__ import annotations
 
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,7 +27,6 @@ from hpc_jabas.errors import ConfigError
 KEEP_ITERATIONS = 512        # the most recent iterations the meter keeps (bounded memory)
 KEEP_EPOCH_ENDS = 16
 MIN_NORMAL = 3               # normal iterations at a B before a measurement iteration there is compared
-MIN_MEASURED = 3             # measurement iterations before the model comparison prices them
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,6 @@ class OverheadMeter:
     def __init__(self) -> None:
         self.iterations: deque[tuple[int, float, bool]] = deque(maxlen=KEEP_ITERATIONS)   # (B, seconds, measure)
         self.epoch_ends: deque[float] = deque(maxlen=KEEP_EPOCH_ENDS)
-        self.basis = "none"          # what the last estimate compared: "same B", "model" or "none"
 
     def observe_iteration(self, B: int, seconds: float, measure: bool, samples: int | None = None) -> None:
         """One iteration at B; ``samples`` (None: B) fewer than B is an epoch's shrunk tail, which never measures
@@ -81,10 +73,8 @@ class OverheadMeter:
         if isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0:
             self.epoch_ends.append(float(seconds))
 
-    def estimate(self, modelled: Callable[[int], float | None] | None = None) -> Overheads:
-        """The medians of what was measured; with nothing to compare, the default (prices nothing).
-        ``modelled(B)``: the perf model's time of a normal iteration at B on this job's mix (None: unknown), the
-        reference when no B has both kinds of iteration. :attr:`basis` says which comparison priced it."""
+    def estimate(self) -> Overheads:
+        """The medians of what was measured; with nothing to compare, the default (prices nothing)."""
         its = list(self.iterations)
         share = sum(1 for _, _, m in its if m) / len(its) if its else 0.0
         by_b: dict[int, tuple[list[float], list[float]]] = {}
@@ -92,34 +82,11 @@ class OverheadMeter:
             by_b.setdefault(B, ([], []))[1 if m else 0].append(s)
         ratios = [(len(meas), statistics.median(meas) / statistics.median(norm))
                   for norm, meas in by_b.values() if meas and len(norm) >= MIN_NORMAL and statistics.median(norm) > 0]
-        factor, self.basis = 1.0, "none"
+        factor = 1.0
         if ratios:                   # the B with the most measurement iterations (ties: the first seen)
-            factor, self.basis = max(1.0, max(ratios, key=lambda r: r[0])[1]), "same B"
-        elif modelled is not None:
-            f = self._against_model(its, modelled)
-            if f is not None:
-                factor, self.basis = max(1.0, f), "model"
+            factor = max(1.0, max(ratios, key=lambda r: r[0])[1])
         end = statistics.median(self.epoch_ends) if self.epoch_ends else 0.0
         return Overheads(measure_share=share if factor > 1.0 else 0.0, measure_factor=factor, epoch_end_s=end)
-
-    @staticmethod
-    def _against_model(its: list[tuple[int, float, bool]], modelled: Callable[[int], float | None]) -> float | None:
-        """Measurement iterations' median real/modelled time over normal iterations' (1 with fewer than
-        MIN_NORMAL of those); None with fewer than MIN_MEASURED measurement iterations the model prices."""
-        cache: dict[int, float | None] = {}
-        kinds: tuple[list[float], list[float]] = ([], [])
-        for B, s, m in its:
-            if B not in cache:
-                t = modelled(B)
-                cache[B] = float(t) if isinstance(t, (int, float)) and math.isfinite(t) and t > 0 else None
-            t = cache[B]
-            if t is not None:
-                kinds[1 if m else 0].append(s / t)
-        norm, meas = kinds
-        if len(meas) < MIN_MEASURED:
-            return None
-        bias = statistics.median(norm) if len(norm) >= MIN_NORMAL else 1.0
-        return statistics.median(meas) / bias if bias > 0 else None
 
     def state_dict(self) -> dict[str, Any]:
         return {"iterations": [list(t) for t in self.iterations], "epoch_ends": list(self.epoch_ends)}

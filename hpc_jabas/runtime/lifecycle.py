@@ -105,16 +105,6 @@ class EpochEndAutoscaler(EpochEndHook):
         self.state.restart_overheads.append(float(overhead_s))
 
     # ---- rank 0 ------------------------------------------------------------------------------
-    def _modelled(self, model: Any, types: dict[str, str], spec: Any, lo: int, hi: int) -> Callable[[int], Any] | None:
-        """The perf model's normal iteration time on this job's mix: what the meter compares with when every
-        iteration measured (core/overheads.py); None when this mix cannot be priced (the meter then prices
-        measuring only from normal iterations, as before)."""
-        try:
-            return autoscale.iteration_time_fn(model, types, self.mix, spec, lo, hi)
-        except (JabasError, KeyError) as e:
-            log.debug("no modelled iteration time on the current mix: %s", e)
-            return None
-
     def decide(self, trainer: TrainerView, epoch: int) -> MoveDecision:
         """Rank 0. Expected failures (no Slurm, an infeasible mix...) are recorded and mean "stay";
         anything else propagates to the decision protocol, which contains it."""
@@ -170,9 +160,9 @@ class EpochEndAutoscaler(EpochEndHook):
         if self._last_step_end is not None:      # this epoch end so far: evaluation, checkpoint, the last safe point
             self.meter.observe_epoch_end(time.perf_counter() - self._last_step_end)
             self._last_step_end = None
+        ov = self.meter.estimate()
+        rec["overheads"] = ov.to_dict()
         spec = trainer.planner.spec             # the job's planner, priced on every mix
-        ov = self.meter.estimate(self._modelled(model, types, spec, jc.B_min, jc.B_max))
-        rec["overheads"] = {**ov.to_dict(), "basis": self.meter.basis}
         fn = epoch_time_fn(model, types, fc, p, N, B_min=jc.B_min, B_max=jc.B_max, overheads=ov, spec=spec)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
         overhead = autoscale.RestartOverhead(prior_s=float(cfg.restart_prior_s))
