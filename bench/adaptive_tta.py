@@ -581,6 +581,10 @@ def report(task: Task, regime: str, res: list[dict], target: float, rng: np.rand
     out["best"] = best
     print(f"best fixed B in hindsight: {best} (ratio {out['ratio'][best]:.3f} "
           f"[{out['lo'][best]:.3f},{out['hi'][best]:.3f}])")
+    both = phases.both_goals({k: out["ratio"][k] for k in fixed}, out["gap"], best)
+    out["both"] = both
+    print(f"  its own final accuracy: {out['gap'][best]:.2f} points below fixed-{SMALL}'s; fixed B within 1.10 of its "
+          f"time and 0.5 point of fixed-{SMALL}'s accuracy: {', '.join(both) or 'none'}")
     for k in ("noise-scale", "similarity"):
         if k not in by:
             continue
@@ -765,7 +769,9 @@ def main() -> None:
                       f"{regime}_best_fixed_tta_ratio_lo={rm['lo'][best]:.3f} "
                       f"{regime}_best_fixed_tta_ratio_hi={rm['hi'][best]:.3f}")
         fields.append(f"{regime}_acc_gap_similarity_pts={gaps['similarity']:.2f} "
-                      f"{regime}_acc_gap_goodput_pts={gaps['noise-scale']:.2f}")
+                      f"{regime}_acc_gap_goodput_pts={gaps['noise-scale']:.2f} "
+                      f"{regime}_best_fixed_acc_gap_pts={rm['gap'][best]:.2f} "
+                      f"{regime}_fixed_meeting_both={len(rm.get('both', []))}")
         vs = rm.get("vs", {})
         g_best = vs.get(("noise-scale", best), (math.nan, math.nan, math.nan))
         g_ramp = vs.get(("noise-scale", "ramp"), (math.nan, math.nan, math.nan))
@@ -967,6 +973,8 @@ def grid_section(task: Task, regime: str, seeds: list[int], rank: int, rng: np.r
         g = rep.get("regret", {}).get(k, {}).get("best", (nan, nan, nan))
         out.append(f"{regime}_{key}_vs_best_fixed={g[0]:.3f} {regime}_{key}_vs_best_fixed_lo={g[1]:.3f} "
                    f"{regime}_{key}_vs_best_fixed_hi={g[2]:.3f}")
+    out.append(f"{regime}_best_fixed_acc_gap_pts={rep['gap'][best]:.2f} "
+               f"{regime}_fixed_meeting_both={len(rep.get('both', []))}")
     out.append(f"{regime}_acc_gap_similarity_pts={rep['gap']['similarity']:.2f} "
                f"{regime}_acc_gap_goodput_pts={rep['gap']['noise-scale']:.2f} {regime}_lr={lr:g} "
                f"{regime}_real_share_max={max(shares):.2f} {regime}_overruns={over}")

@@ -55,3 +55,32 @@ def test_the_terms_add_up_to_the_difference(Bs, speeds, extra_a, extra_f, k_a, k
     got = phases.split(ada, t_a, n_a, fixed, t_f, n_f)
     assert set(got) == set(phases.TERMS)
     assert math.isclose(sum(got.values()), t_a - t_f, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_both_goals_names_the_fixed_runs_that_meet_time_and_accuracy_at_once():
+    """The language-model grid of 2026-12-06 (lm_run): the best fixed B (256-linear) ends 1.51 points below
+    fixed-32; 128-linear is within 1.10 of its time (0.654 <= 1.1 x 0.616) and within 0.5 point; 64-linear is not
+    within the time."""
+    ratio = {"fixed-32": 1.0, "fixed-64-linear": 0.762, "fixed-128-linear": 0.654, "fixed-128-sqrt": 0.752,
+             "fixed-256-linear": 0.616, "fixed-256-sqrt": math.inf}
+    gap = {"fixed-32": 0.0, "fixed-64-linear": 0.11, "fixed-128-linear": 0.10, "fixed-128-sqrt": 1.28,
+           "fixed-256-linear": 1.51, "fixed-256-sqrt": 3.36}
+    assert phases.both_goals(ratio, gap, "fixed-256-linear") == ["fixed-128-linear"]
+    # the image grid (image_run): nothing within 1.10 of 128-linear's time is within 0.5 point
+    ratio = {"fixed-32": 1.0, "fixed-64-sqrt": 0.722, "fixed-128-sqrt": 0.539, "fixed-128-linear": 0.537}
+    gap = {"fixed-32": 0.0, "fixed-64-sqrt": -0.80, "fixed-128-sqrt": 5.80, "fixed-128-linear": 4.20}
+    assert phases.both_goals(ratio, gap, "fixed-128-linear") == []
+    assert phases.both_goals({"a": math.inf}, {"a": 0.0}, "a") == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.floats(0.05, 3.0), st.just(math.inf)), st.floats(-5.0, 20.0)),
+                min_size=1, max_size=10))
+def test_both_goals_against_a_brute_force_reading_of_the_goals(rows):
+    ratio = {f"k{i}": r for i, (r, _) in enumerate(rows)}
+    gap = {f"k{i}": g for i, (_, g) in enumerate(rows)}
+    best = min(ratio, key=lambda k: (ratio[k], k))
+    got = set(phases.both_goals(ratio, gap, best))
+    for k in ratio:
+        meets = math.isfinite(ratio[k]) and ratio[k] / ratio[best] <= 1.10 + 1e-12 and gap[k] <= 0.5
+        assert (k in got) == meets, (k, ratio[k], ratio[best], gap[k])

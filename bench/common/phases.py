@@ -78,3 +78,15 @@ def split(adaptive: Sequence[tuple[int, int, float]], t_a: float, n_a: float,
     out["samples"] = price(cf, ca_n[len(rows)]) - price(cf, n_f)
     out["other"] = (t_a - ca_t[len(rows)]) - (t_f - price(cf, n_f))
     return out
+
+
+def both_goals(ratio: dict[str, float], gap: dict[str, float], best: str, time_goal: float = 1.10,
+               acc_goal: float = 0.5) -> list[str]:
+    """The runs of ``ratio`` (time to target over fixed-32's; inf: a miss) that meet both of the benchmark's goals
+    at once: time within ``time_goal`` x the best fixed B's (``best``) and a final accuracy at most ``acc_goal``
+    points below fixed-32's (``gap``: points below). On a task where no fixed B is in this list, the two goals
+    ask a policy for what no fixed batch size does: the fastest B to the target ends the budget less accurate."""
+    limit = time_goal * ratio[best]
+    if not limit < float("inf"):          # no fixed B reached the target: nothing meets the time goal
+        return []
+    return [k for k in ratio if ratio[k] <= limit and gap[k] <= acc_goal]
