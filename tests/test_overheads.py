@@ -11,6 +11,7 @@ from hpc_jabas.core import autoscale
 from hpc_jabas.core.overheads import KEEP_EPOCH_ENDS, KEEP_ITERATIONS, OverheadMeter, Overheads
 from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.hooks import EpochEndHook
 from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
 
 
@@ -112,3 +113,61 @@ def test_the_auto_scaler_meters_steps_prices_them_and_keeps_them_across_a_resume
     b = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View())
     b.load_state_dict(a.state_dict())
     assert b.meter.estimate() == a.meter.estimate()
+
+
+@settings(max_examples=200, deadline=None)
+@given(done=st.integers(0, 400), span=st.integers(0, 300), p=st.integers(1, 40), k=st.sampled_from([None, 1, 2, 5]))
+def test_reference_iterations_against_a_brute_force_count(done, span, p, k):
+    """A reference iteration: measure_every = 1, done = 9 mod 16, never a decision's; the count, the measuring
+    count and the long-run share of core/simulate.py agree with an iteration-by-iteration reading."""
+    from hpc_jabas.core import simulate
+    from hpc_jabas.core.overheads import is_reference, references
+    end = done + span
+    refs = [x for x in range(done + 1, end + 1) if k == 1 and x % 16 == 9 and x % p]
+    assert references(done, end, p, k) == len(refs)
+    assert all(is_reference(x, p, k) == (x in refs) for x in range(done + 1, end + 1))
+    measuring = [x for x in range(done + 1, end + 1)
+                 if (x % p == 0 or (k is not None and x % k == 0)) and x not in refs]
+    assert simulate.measurements(done, end, p, k, reference=True) == len(measuring)
+    period = 16 * p * (k or 1)
+    whole = [x for x in range(1, period + 1) if (x % p == 0 or (k is not None and x % k == 0))
+             and not (k == 1 and x % 16 == 9 and x % p)]
+    assert simulate.measure_share(p, k, reference=True) == pytest.approx(len(whole) / period)
+
+
+class _Pricing(EpochEndHook):
+    """An epoch-end hook that prices measuring (as the auto-scaler does) and always stays."""
+    prices_measuring = True
+
+    def decide(self, trainer, epoch):
+        from hpc_jabas.core.decision import MoveDecision
+        return MoveDecision.stay("test")
+
+
+@pytest.mark.parametrize("pricing", [True, False])
+def test_a_trainer_that_measures_every_iteration_leaves_references_only_where_measuring_is_priced(tmp_path, pricing):
+    """goodput with p = 5 measures at every iteration (measure_every = 1). With a hook that prices measuring, the
+    iterations completing 9, 25, 41, ... (not a decision's) do not measure, and the meter gets normal iterations to
+    compare with; without one, every full iteration measures, as before."""
+    import json
+
+    import torch
+    from reference import make_data, make_model
+
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.runtime.trainer import Trainer
+    from hpc_jabas.runtime.world import World
+    model = make_model()
+    cfg = JobConfig(policy="noise-scale", batch=16, batch_min=16, batch_max=64, epochs=3, checkpoint=False, p=5,
+                    run_dir=str(tmp_path / "run"))
+    hook = _Pricing() if pricing else None
+    tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), make_data(320), torch.nn.CrossEntropyLoss(),
+                 config=cfg, world=World(rank=0, size=1, gpu_types=("rtx2060",)), epoch_end_hook=hook)
+    tr.fit()
+    assert tr.controller.measure_every == 1 and tr.controller.reference == pricing
+    recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    its = [r for r in recs if r["type"] == "iteration" and r["samples"] == r["B"]]
+    assert len(its) >= 40
+    unmeasured = [r["it"] + 1 for r in its if not r["measure"]]
+    expect = [r["it"] + 1 for r in its if (r["it"] + 1) % 16 == 9 and (r["it"] + 1) % 5] if pricing else []
+    assert unmeasured == expect and (len(expect) >= 2 or not pricing)

@@ -9,10 +9,13 @@ Two costs that the perf model's iteration time leaves out:
 
 ``OverheadMeter`` is fed what the job measures (rank 0's iteration times, with a flag for measurement
 iterations, and the duration of each epoch end) and gives an ``Overheads`` estimate: medians, robust to a
-slow iteration or two. ``Overheads.iteration_scale`` and ``epoch_end_s`` are what ``autoscale.epoch_time_fn``
-adds to the perf model's price of an epoch; the simulator prices the same way from its job file's
-``[model] measure_factor`` and ``epoch_end_s``. The meter takes seconds as given (no clock here); the
-runtime adapter (runtime/lifecycle.py) times them.
+slow iteration or two. A job whose every iteration measures (goodput's ``measure_every`` is 1 when p < 15) has
+no normal iteration to compare with; where its measuring is priced (the epoch-end auto-scaler), its controller
+leaves one iteration in REFERENCE_EVERY unmeasured (``is_reference``), and the simulator replays the same.
+``Overheads.iteration_scale`` and ``epoch_end_s`` are what ``autoscale.epoch_time_fn`` adds to the perf model's
+price of an epoch; the simulator prices the same way from its job file's ``[model] measure_factor`` and
+``epoch_end_s``. The meter takes seconds as given (no clock here); the runtime adapter (runtime/lifecycle.py)
+times them.
 """
 from __future__ import annotations
 
@@ -26,7 +29,26 @@ from hpc_jabas.errors import ConfigError
 
 KEEP_ITERATIONS = 512        # the most recent iterations the meter keeps (bounded memory)
 KEEP_EPOCH_ENDS = 16
-MIN_NORMAL = 3               # normal iterations at a B before a measurement iteration there is compared
+MIN_NORMAL = 3               # normal iterations compared (each with the measurement iterations at its B) before pricing
+#: a job whose every iteration measures (measure_every = 1) and whose measuring is priced (the epoch-end
+#: auto-scaler) leaves one iteration in REFERENCE_EVERY unmeasured, the REFERENCE_AT-th (never a decision's), so
+#: that the meter has normal iterations at the same B to compare with
+REFERENCE_EVERY = 16
+REFERENCE_AT = 9            # odd: never a decision's at an even p (at 8, p = 2, 4 or 8 would take every one)
+
+
+def is_reference(done: int, p: int, k: int | None) -> bool:
+    """Whether the iteration that completes ``done`` iterations (counted from 1) is a reference iteration: with
+    ``k`` (measure_every) = 1 only, at done = REFERENCE_AT mod REFERENCE_EVERY, and never a decision's (p)."""
+    return k == 1 and done % REFERENCE_EVERY == REFERENCE_AT and done % p != 0
+
+
+def references(done: int, end: int, p: int, k: int | None) -> int:
+    """The reference iterations after ``done`` up to ``end`` (counted from 1)."""
+    if k != 1 or end <= done:
+        return 0
+    first = done + 1 + (REFERENCE_AT - (done + 1)) % REFERENCE_EVERY
+    return sum(1 for x in range(first, end + 1, REFERENCE_EVERY) if x % p != 0)
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,7 @@ class OverheadMeter:
     def __init__(self) -> None:
         self.iterations: deque[tuple[int, float, bool]] = deque(maxlen=KEEP_ITERATIONS)   # (B, seconds, measure)
         self.epoch_ends: deque[float] = deque(maxlen=KEEP_EPOCH_ENDS)
+        self.compared = 0            # normal iterations the last estimate compared (< MIN_NORMAL: priced nothing)
 
     def observe_iteration(self, B: int, seconds: float, measure: bool, samples: int | None = None) -> None:
         """One iteration at B; ``samples`` (None: B) fewer than B is an epoch's shrunk tail, which never measures
@@ -80,11 +103,11 @@ class OverheadMeter:
         by_b: dict[int, tuple[list[float], list[float]]] = {}
         for B, s, m in its:
             by_b.setdefault(B, ([], []))[1 if m else 0].append(s)
-        ratios = [(len(meas), statistics.median(meas) / statistics.median(norm))
-                  for norm, meas in by_b.values() if meas and len(norm) >= MIN_NORMAL and statistics.median(norm) > 0]
-        factor = 1.0
-        if ratios:                   # the B with the most measurement iterations (ties: the first seen)
-            factor = max(1.0, max(ratios, key=lambda r: r[0])[1])
+        # each normal iteration against the median measurement iteration at its B, pooled over the Bs: a job
+        # that moves B often still gathers MIN_NORMAL comparisons (reference iterations are 1 in 16)
+        ratios = [statistics.median(meas) / t for norm, meas in by_b.values() if meas for t in norm if t > 0]
+        self.compared = len(ratios)
+        factor = max(1.0, statistics.median(ratios)) if len(ratios) >= MIN_NORMAL else 1.0
         end = statistics.median(self.epoch_ends) if self.epoch_ends else 0.0
         return Overheads(measure_share=share if factor > 1.0 else 0.0, measure_factor=factor, epoch_end_s=end)
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from hpc_jabas.core import autoscale, forecast, mixsearch
 from hpc_jabas.core.mixbound import peak_rate
-from hpc_jabas.core.overheads import Overheads
+from hpc_jabas.core.overheads import REFERENCE_EVERY, Overheads, is_reference, references
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, PlanSpec, make_planner, snap_nearest
 from hpc_jabas.core.planning.grouptimes import group_space  # noqa: F401  (the optimal planner's pricing_space)
@@ -153,23 +153,30 @@ class _Run:
     qwait: float = 0.0
     last_stay: Any = None
     measure_every: int | None = None  # goodput's noise-only measurements between decisions ([policy])
+    reference: bool = False           # measure_every = 1 under auto-scaling: reference iterations (core/overheads.py)
     since: int = 0                    # samples trained since the last fresh measurement
     early: int | None = None          # with measure_every: the early first decision (the controller's)
 
 
-def measurements(done: int, end: int, p: int, k: int | None) -> int:
+def measurements(done: int, end: int, p: int, k: int | None, reference: bool = False) -> int:
     """The measuring iterations after ``done`` up to ``end`` (iterations counted from 1): every p-th (a decision's)
-    and every k-th (measure_every's; None: none), each counted once."""
+    and every k-th (measure_every's; None: none), each counted once, less the reference iterations that the
+    trainer leaves unmeasured when ``reference`` (k = 1 under auto-scaling: core/overheads.py)."""
     n = end // p - done // p
     if k is not None:
         both = math.lcm(p, k)
         n += (end // k - done // k) - (end // both - done // both)
-    return n
+    return n - (references(done, end, p, k) if reference else 0)
 
 
-def measure_share(p: int, k: int | None) -> float:
-    """The share of iterations that measure (``measurements`` over a long run): 1/p + 1/k - 1/lcm(p, k)."""
-    return (1.0 / p) if k is None else 1.0 / p + 1.0 / k - 1.0 / math.lcm(p, k)
+def measure_share(p: int, k: int | None, reference: bool = False) -> float:
+    """The share of iterations that measure (``measurements`` over a long run): 1/p + 1/k - 1/lcm(p, k), less
+    the reference iterations' share when ``reference``."""
+    share = (1.0 / p) if k is None else 1.0 / p + 1.0 / k - 1.0 / math.lcm(p, k)
+    if reference and k == 1:
+        period = math.lcm(p, REFERENCE_EVERY)
+        share -= references(0, period, p, k) / period
+    return share
 
 
 class Simulation:
@@ -302,6 +309,7 @@ class Simulation:
         r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
                  float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
         r.measure_every = k = default_measure_every(st.policy, pol.measure_every, p) if lo < hi else None
+        r.reference = k == 1 and st.objective is not None      # the trainer's auto-scaler prices measuring
         if st.policy == "noise-scale" and k is not None and (k * (r.policy.warmup + 1)) < p:
             # the first decision once the warm-up's measurements are in
             r.early = k * (r.policy.warmup + 1)
@@ -352,7 +360,7 @@ class Simulation:
             tail = its * r.B > left           # the epoch's last iteration is short: the trainer measures nothing
             ep_t += its * T
             if m_extra > 0:
-                ep_t += measurements(r.it, r.it + its, p, k) * T * m_extra
+                ep_t += measurements(r.it, r.it + its, p, k, r.reference) * T * m_extra
             left -= n
             ep_samples += n
             sw += n * r.B
@@ -362,7 +370,8 @@ class Simulation:
             if job.stop == "progress" and r.done_eff >= r.target * (1 - 1e-12):
                 break
             decides = r.st.policy != "fixed" and (r.it % p == 0 or r.it == r.early)
-            if k is not None and r.it % k == 0 and not decides and not tail:
+            if k is not None and r.it % k == 0 and not decides and not tail and \
+                    not (r.reference and is_reference(r.it, p, k)):
                 # the controller's measure_every between decisions: goodput a fresh (G2, S) into its estimate,
                 # similarity a cosine into the next decision's mean
                 if r.st.policy == "similarity":
@@ -519,7 +528,7 @@ class Simulation:
         measures = st.policy in ("similarity", "noise-scale") and factor > 1.0
         k = default_measure_every(st.policy, self.job.policy.measure_every, p) \
             if self.job.batch_min < self.job.batch_max else None
-        return Overheads(measure_share=measure_share(p, k) if measures else 0.0,
+        return Overheads(measure_share=measure_share(p, k, k == 1 and st.objective is not None) if measures else 0.0,
                          measure_factor=factor if measures else 1.0, epoch_end_s=self.job.model.epoch_end_s)
 
     def _pricing(self, fc: list[int], fp: int, ov: Overheads | None = None

@@ -80,6 +80,7 @@ class TrainerView(Protocol):
     # the parts around the loop
     opt: HeterogeneousOptimizer
     controller: Controller | None
+    epoch_end_hook: EpochEndHook | None
     decisions: DecisionChannel                   # the decision protocol (runtime/protocol.py)
     metrics: MetricsWriter                       # metrics.jsonl writer (rank 0; a no-op elsewhere): .write(dict)
     run_dir: Path
@@ -140,6 +141,11 @@ class Controller(Protocol):
 
 class EpochEndHook(ABC):
     """Decide (rank 0), then act (rank 0) at an epoch end; the trainer broadcasts and contains both."""
+
+    #: True when the hook prices the cost of measurement iterations from the run's own iteration times (the
+    #: auto-scaler's meter, core/overheads.py): a controller that would measure at every iteration then leaves a
+    #: few unmeasured (``overheads.is_reference``) for the meter to compare with. The same on every rank.
+    prices_measuring: bool = False
 
     @abstractmethod
     def decide(self, trainer: TrainerView, epoch: int) -> MoveDecision:

@@ -81,6 +81,7 @@ class EpochEndAutoscaler(EpochEndHook):
         self.mix = dict(spec.mix)
         self.state = AutoscalerState()
         self.meter = OverheadMeter()            # measurement iterations and epoch ends, as this chain ran them
+        self.prices_measuring = bool(self.cfg.enabled)     # the decision prices them (EpochEndHook)
         self._last_step_end: float | None = None
 
     # ---- state (checkpointed by the trainer) ---------------------------------------------------
@@ -161,7 +162,7 @@ class EpochEndAutoscaler(EpochEndHook):
             self.meter.observe_epoch_end(time.perf_counter() - self._last_step_end)
             self._last_step_end = None
         ov = self.meter.estimate()
-        rec["overheads"] = ov.to_dict()
+        rec["overheads"] = {**ov.to_dict(), "compared": self.meter.compared}
         spec = trainer.planner.spec             # the job's planner, priced on every mix
         fn = epoch_time_fn(model, types, fc, p, N, B_min=jc.B_min, B_max=jc.B_max, overheads=ov, spec=spec)
         rates = view.billing if all(pt in view.billing for pt in types) else autoscale.catalog_rates(types)
