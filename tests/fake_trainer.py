@@ -49,6 +49,7 @@ class FakeTrainer:
         self.declared_speed_factors = declared_speed_factors
         self.opt: Any = None
         self.controller = None
+        self.epoch_end_hook = None
         self.decisions: Any = None
         self.metrics = Metrics()
         self.run_dir = Path(self.cfg.run_dir or "runs/fake")     # run_dir unset: the trainer names one
