@@ -43,6 +43,13 @@ def is_reference(done: int, p: int, k: int | None) -> bool:
     return k == 1 and done % REFERENCE_EVERY == REFERENCE_AT and done % p != 0
 
 
+def measures_between(done: int, p: int, k: int | None, reference: bool) -> bool:
+    """Whether the iteration completing ``done`` takes a measure_every measurement (``k``; None: none), the
+    reference iterations left out when ``reference`` (measuring priced): the one schedule of the trainer's
+    controller and the simulator. A decision's iteration (done % p == 0) measures whatever this says."""
+    return k is not None and done % k == 0 and not (reference and is_reference(done, p, k))
+
+
 def references(done: int, end: int, p: int, k: int | None) -> int:
     """The reference iterations after ``done`` up to ``end`` (counted from 1)."""
     if k != 1 or end <= done:

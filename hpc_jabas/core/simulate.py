@@ -46,7 +46,7 @@ import numpy as np
 
 from hpc_jabas.core import autoscale, forecast, mixsearch
 from hpc_jabas.core.mixbound import peak_rate
-from hpc_jabas.core.overheads import REFERENCE_EVERY, Overheads, is_reference, references
+from hpc_jabas.core.overheads import REFERENCE_EVERY, Overheads, measures_between, references
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, PlanSpec, make_planner, snap_nearest
 from hpc_jabas.core.planning.grouptimes import group_space  # noqa: F401  (the optimal planner's pricing_space)
@@ -153,7 +153,7 @@ class _Run:
     qwait: float = 0.0
     last_stay: Any = None
     measure_every: int | None = None  # goodput's noise-only measurements between decisions ([policy])
-    reference: bool = False           # measure_every = 1 under auto-scaling: reference iterations (core/overheads.py)
+    reference: bool = False           # under auto-scaling: reference iterations when measure_every = 1 (overheads)
     since: int = 0                    # samples trained since the last fresh measurement
     early: int | None = None          # with measure_every: the early first decision (the controller's)
 
@@ -173,7 +173,7 @@ def measure_share(p: int, k: int | None, reference: bool = False) -> float:
     """The share of iterations that measure (``measurements`` over a long run): 1/p + 1/k - 1/lcm(p, k), less
     the reference iterations' share when ``reference``."""
     share = (1.0 / p) if k is None else 1.0 / p + 1.0 / k - 1.0 / math.lcm(p, k)
-    if reference and k == 1:
+    if reference:                     # references() counts none unless k = 1
         period = math.lcm(p, REFERENCE_EVERY)
         share -= references(0, period, p, k) / period
     return share
@@ -309,7 +309,7 @@ class Simulation:
         r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
                  float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
         r.measure_every = k = default_measure_every(st.policy, pol.measure_every, p) if lo < hi else None
-        r.reference = k == 1 and st.objective is not None      # the trainer's auto-scaler prices measuring
+        r.reference = st.objective is not None      # the trainer's auto-scaler prices measuring
         if st.policy == "noise-scale" and k is not None and (k * (r.policy.warmup + 1)) < p:
             # the first decision once the warm-up's measurements are in
             r.early = k * (r.policy.warmup + 1)
@@ -370,8 +370,7 @@ class Simulation:
             if job.stop == "progress" and r.done_eff >= r.target * (1 - 1e-12):
                 break
             decides = r.st.policy != "fixed" and (r.it % p == 0 or r.it == r.early)
-            if k is not None and r.it % k == 0 and not decides and not tail and \
-                    not (r.reference and is_reference(r.it, p, k)):
+            if measures_between(r.it, p, k, r.reference) and not decides and not tail:
                 # the controller's measure_every between decisions: goodput a fresh (G2, S) into its estimate,
                 # similarity a cosine into the next decision's mean
                 if r.st.policy == "similarity":
@@ -528,7 +527,7 @@ class Simulation:
         measures = st.policy in ("similarity", "noise-scale") and factor > 1.0
         k = default_measure_every(st.policy, self.job.policy.measure_every, p) \
             if self.job.batch_min < self.job.batch_max else None
-        return Overheads(measure_share=measure_share(p, k, k == 1 and st.objective is not None) if measures else 0.0,
+        return Overheads(measure_share=measure_share(p, k, st.objective is not None) if measures else 0.0,
                          measure_factor=factor if measures else 1.0, epoch_end_s=self.job.model.epoch_end_s)
 
     def _pricing(self, fc: list[int], fp: int, ov: Overheads | None = None

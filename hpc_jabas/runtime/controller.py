@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_jabas.core.balancing import RankPredictors, Rebalancer
 from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.guard import DivergenceGuard, guard_window
-from hpc_jabas.core.overheads import is_reference
+from hpc_jabas.core.overheads import measures_between
 from hpc_jabas.core.planning import Plan, Planner, snap_nearest
 from hpc_jabas.core.policy import (
     DEFAULT_P,
@@ -201,7 +201,7 @@ class AdaptiveController(BaseController):
         # scale only (no half-batch sum), each fresh (G2, S) into its estimate; similarity the cosine, averaged at
         # the next decision. None: at decisions only. Resolved at attach (policy.default_measure_every, from p)
         self.measure_every: int | None = None
-        self.reference = False             # measure_every = 1 and a hook prices measuring: see core/overheads.py
+        self.reference = False             # a hook prices measuring: reference iterations (core/overheads.py)
         self._since = 0                    # samples trained since the last fresh measurement (rank 0)
         self._fed = 0                      # fresh measurements given to the policy (rank 0)
         self._early: int | None = None     # with measure_every: one early decision round (attach)
@@ -226,7 +226,7 @@ class AdaptiveController(BaseController):
         self.p = self.policy.p = decision_period(cfg.p, trainer.sampler.num_samples, cfg.batch)
         self.measure_every = default_measure_every(self.policy_name, cfg.measure_every, self.p) if self.moves else None
         hook = trainer.epoch_end_hook
-        self.reference = self.measure_every == 1 and hook is not None and bool(hook.prices_measuring)
+        self.reference = hook is not None and bool(hook.prices_measuring)
         if isinstance(self.policy, GoodputPolicy):
             self.policy.use_memory(default_noise_memory(cfg.noise_memory, cfg.batch, trainer.sampler.num_samples))
         if trainer.rank == 0 and self.policy_name != "fixed":
@@ -307,8 +307,7 @@ class AdaptiveController(BaseController):
     def wants_stats(self, iteration: int) -> bool:
         k = self.measure_every
         return self.moves and self.cfg.policy != "ramp" and \
-            ((iteration + 1) % self.p == 0 or (k is not None and (iteration + 1) % k == 0
-                                               and not (self.reference and is_reference(iteration + 1, self.p, k))))
+            ((iteration + 1) % self.p == 0 or measures_between(iteration + 1, self.p, k, self.reference))
 
     def measures_similarity(self, iteration: int) -> bool:
         """Whether a measurement iteration needs the half-batch cosine (False: goodput's noise-only measurements)."""
