@@ -57,7 +57,7 @@ def test_nonfinite_rides_in_the_safe_point_allreduce():
 
     def two_ranks(t, name):            # the other rank saw a non-finite loss
         sent.append(t.tolist())
-        return t + torch.tensor([0, 0, 0, 0, 0, 1], dtype=t.dtype)
+        return t + torch.tensor([0, 0, 0, 0, 0, 1, 0, 1], dtype=t.dtype)
     a = agree(0, False, False, rank=0, allreduce=two_ranks)
     assert a.nonfinite == 1 and not a.stop and len(sent) == 1 and sent[0][5] == 0.0
     assert agree(0, False, False, 0, allreduce=lambda t, n: t, nonfinite=True).nonfinite == 1

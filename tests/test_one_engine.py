@@ -138,4 +138,4 @@ def test_a_stop_comes_back_as_the_reason_and_nothing_is_written_into_the_trainer
     assert set(vars(h)) == before                      # no attribute added (stop_reason is the caller's to keep)
     h.stop_requested = False
     assert sp.boundary(h, sp.PeriodicCheckpoint(every=None, minutes=None)) is None and h.saved == [7]
-    assert torch.equal(sp.local_vector(0, True, False, 0), torch.tensor([0, 0, 0, 1, 0, 0], dtype=torch.float64))
+    assert torch.equal(sp.local_vector(0, True, False, 0), torch.tensor([0, 0, 0, 1, 0, 0, 1, 0], dtype=torch.float64))

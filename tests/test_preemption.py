@@ -34,10 +34,11 @@ def test_agreement_one_allreduce_any_rank_stops_all():
 
     def fake_allreduce(t, name):     # three ranks: rank 2 got TERM, rank 0's clock says a checkpoint is due
         sent.append((name, t.tolist()))
-        return t + torch.tensor([0, 0, 1, 0, 0, 0], dtype=t.dtype)
+        return t + torch.tensor([0, 0, 1, 0, 0, 0, 0, 0], dtype=t.dtype)
     a = agree(0, False, True, rank=0, allreduce=fake_allreduce)
     assert a == Agreement(stop=True, signal="TERM", checkpoint_due=True)
-    assert sent == [("hj.safepoint", [0.0, 0.0, 0.0, 0.0, 1.0, 0.0])]
+    # [USR1, USR2, TERM, request, due, any non-finite, rank 0's proposed interval, this iteration's non-finite]
+    assert sent == [("hj.safepoint", [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0])]
     b = agree(int(signal.SIGUSR1), False, True, rank=1, allreduce=lambda t, n: t)   # due counts rank 0's only
     assert b == Agreement(stop=True, signal="USR1", checkpoint_due=False)
     assert agree(0, True, False, 0, allreduce=lambda t, n: t).signal == "request"
@@ -54,7 +55,7 @@ class _Ranks:
     """Two ranks' safe points in one process: rank 0 is driven, ``other`` holds rank 1's flags per call."""
 
     def __init__(self):
-        self.other = torch.zeros(6, dtype=torch.float64)
+        self.other = torch.zeros(8, dtype=torch.float64)     # one iteration's flags a boundary
         self.ops: list[str] = []
 
     def allreduce(self, t, name):
@@ -136,6 +137,100 @@ def test_the_agreement_travels_during_the_next_iteration_and_checkpoint_boundari
     assert tr2.safe_points.blocking_count == 1
 
 
+class _Paced(_Trainer):
+    """One iteration takes 0.1 s of rank 0's (fake) clock; the other rank's stop flags ride in ``other``."""
+
+    def __init__(self, interval_s):
+        self.clock, self.other_flags = [0.0], torch.zeros(sp._HEAD, dtype=torch.float64)
+        super().__init__(self, per_epoch=10**6)
+        self.safe_points = sp.SafePoints(allreduce=self.allreduce, allreduce_async=self.start, synchronize=self.sync,
+                                         interval_s=interval_s, clock=lambda: self.clock[0])
+        self.ops, self.cfg = [], type("C", (), {"checkpoint": False})()
+        self.ckpt_dir = Path("/nonexistent")
+
+    def _other(self, t):                  # the other rank: its stop flags, no proposal, finite losses
+        t = t.clone()
+        t[:sp._HEAD] += self.other_flags
+        return t
+
+    def allreduce(self, t, name):
+        self.ops.append(("blocking", self.iteration))
+        return self._other(t)
+
+    def start(self, t, name):
+        self.ops.append(("launch", self.iteration))
+        return self._other(t)
+
+    def sync(self, h):
+        self.ops.append(("read", self.iteration))
+        return h
+
+    def step(self):
+        super().step()
+        self.clock[0] += 0.1
+
+    def flush_metrics(self):
+        pass
+
+
+def test_agreements_come_about_every_interval_at_rank_0s_pace_and_lose_no_flag():
+    tr, periodic = _Paced(interval_s=1.0), PeriodicCheckpoint(every=None, minutes=None)
+    for _ in range(13):
+        tr.step()
+        assert not safe_point(tr, periodic)
+    # boundary 1: nothing measured yet (every 1); 2: rank 0 measured 0.1 s an iteration and proposes 10, agreed
+    # (read) at boundary 3; from there every 10th boundary agrees
+    assert tr.ops == [("launch", 1), ("read", 2), ("launch", 2), ("read", 3), ("launch", 3), ("read", 13),
+                      ("launch", 13)]
+    assert tr.safe_points.every == 10 and tr.safe_points.agreements == 4
+    # the other rank gets TERM after iteration 14: sent at boundary 23, read at 33, where every rank stops
+    tr.other_flags[2] = 1.0
+    stopped = None
+    for _ in range(30):
+        tr.step()
+        if safe_point(tr, periodic):
+            stopped = tr.iteration
+            break
+    assert stopped == 33 and tr.ops[-2:] == [("read", 33), ("blocking", 33)] and tr.saved == [33]
+    assert tr.stop_reason["signal"] == "TERM"
+    # a non-finite loss on this rank at iteration 40 (counted from 0) alone, between agreement boundaries: sent with
+    # the next agreement and named exactly when it is read
+    tr2 = _Paced(interval_s=1.0)
+    with pytest.raises(sp.NonFiniteError, match="the loss of iteration 40 is not a finite number on 1 of 2 rank"):
+        for i in range(80):
+            tr2.nonfinite_loss = i == 40
+            tr2.step()
+            safe_point(tr2, periodic)
+    assert tr2.ops[-1] == ("read", 53)           # flags of 43-52 launched at boundary 43 ... read at 53
+    # a loop that ends between agreement boundaries: fit's finish agrees the flags since the last one, blocking
+    tr3 = _Paced(interval_s=1.0)
+    for i in range(17):
+        tr3.nonfinite_loss = i == 16
+        tr3.step()
+        if i < 16:
+            safe_point(tr3, periodic)
+    with pytest.raises(sp.NonFiniteError, match="the loss of iteration 16 is not"):
+        sp.finish(tr3)
+    assert tr3.ops[-2:] == [("read", 17), ("blocking", 17)]
+
+
+def test_interval_zero_agrees_at_every_boundary_and_the_proposal_is_bounded():
+    tr, periodic = _Paced(interval_s=0.0), PeriodicCheckpoint(every=None, minutes=None)
+    for _ in range(5):
+        tr.step()
+        safe_point(tr, periodic)
+    assert [op for op, _ in tr.ops] == ["launch"] + ["read", "launch"] * 4 and tr.safe_points.every == 1
+    at = sp.SafePoints(interval_s=10.0, clock=lambda: 0.0)
+    at._paced = (-1.0, 0)
+    assert at._proposal(1) == 10                                  # 1 s an iteration: 10 to make 10 s
+    fast = sp.SafePoints(interval_s=10.0, clock=lambda: 0.0)
+    fast._paced = (-1e-3, 0)
+    assert fast._proposal(1) == sp.MAX_EVERY                      # 1 ms an iteration: capped
+    slow = sp.SafePoints(interval_s=0.5, clock=lambda: 100.0)
+    slow._paced = (0.0, 0)
+    assert slow._proposal(10) == 1                                # 10 s an iteration: every boundary
+
+
 def test_blocking_and_off_modes():
     ranks = _Ranks()
     tr, periodic = _Trainer(ranks), PeriodicCheckpoint(every=None, minutes=None)
@@ -215,14 +310,16 @@ def _run_expect_kill(spec: dict, np_: int = 3) -> None:
 
 @pytest.mark.mpi
 def test_signal_on_one_rank_stops_all_at_a_safe_point_and_resume_is_exact(tmp_path):
-    """USR1 to rank 1 only, at a random iteration: all ranks agree and checkpoint at the same iteration, the next
-    one (the agreement travels during it), or that one when it ends an epoch (a checkpoint boundary agrees
-    blocking); no work lost; the resumed run (2 ranks, another plan of the same B) equals the uninterrupted run."""
-    k = random.Random(os.getpid()).randint(3, 20)
+    """USR1 to rank 1 only, at a random iteration, at the default agreement interval: all ranks agree and
+    checkpoint at the same iteration, at the latest at the next epoch end (a checkpoint boundary agrees blocking;
+    these iterations take milliseconds, far below the interval's 0.5 s), or at that iteration when it ends an
+    epoch; no work lost; the resumed run (2 ranks, another plan of the same B) equals the uninterrupted run."""
+    k = random.Random(os.getpid()).randint(3, 15)
     spec = dict(BASE, run_dir=str(tmp_path / "run"), signal_at={"it": k, "rank": 1, "signal": "USR1"})
     first = run_ranks("preempt_worker.py", spec, np_=3)
     assert [r["stopped"]["signal"] for r in first] == ["USR1"] * 3
-    stop_it = k if k % 8 == 0 else k + 1                          # 8 iterations an epoch
+    stop_it = first[0]["iterations"]
+    assert (k if k % 8 == 0 else k + 1) <= stop_it <= -(-k // 8) * 8, (k, stop_it)     # 8 iterations an epoch
     assert [r["iterations"] for r in first] == [stop_it] * 3
     assert ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name.endswith(f"-{stop_it:09d}.pt")
     second = run_ranks("preempt_worker.py", dict(spec, plan="b=4 n=3,5", resume=True), np_=2)

@@ -221,7 +221,8 @@ class OutputConfig(Section):
     """[run] metrics and checkpoints."""
     run_dir: str | None = key(None, "directory of metrics.jsonl and checkpoints", metavar="DIR",
                               shown="runs/SCRIPT-HASH: the script's name and a hash of its configuration")
-    metrics_period: int = key(10, "iterations between metric flushes", lo=1)
+    metrics_period: int = key(10, "iterations between metric flushes (at the first safe point agreement after them)",
+                              lo=1)
     checkpoint: bool = key(True, "write a checkpoint at every epoch end (and at the periodic and signal safe points)")
     keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
     resume_finished: bool = key(False, "resume a run_dir whose checkpoint already finished the epochs (else: "
@@ -230,6 +231,9 @@ class OutputConfig(Section):
                                        metavar="N")
     checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
                                            lo=0.0, lo_open=True, shown="off", metavar="T")
+    safe_point_s: float = key(0.5, "about this many seconds between the ranks' agreements at iteration boundaries "
+                              "(stop signals, non-finite losses, the clock's checkpoints; metrics flush there); 0: "
+                              "every iteration", lo=0.0)
     trust_group: bool = key(False, "accept checkpoints and chain records that the file's group may write (else "
                                    "only the owner, this user or root, may write them)")
 

@@ -1,9 +1,9 @@
 """Per-iteration metrics, gathered to rank 0, written as JSONL (rank 0 only).
 
 Each rank keeps its own per-iteration records (a few numbers: compute, wait, micro-batch count,
-loss sum, slowdown, ...). Every ``metrics_period`` iterations (and before a checkpoint, and at
-the end) the ranks send those numbers as one fixed-width float64 tensor of shape
-(iterations, len(PER_RANK)) through one Horovod allgather; rank 0 joins them with its own
+loss sum, slowdown, ...). At the first safe point agreement boundary after ``metrics_period``
+iterations (and before a checkpoint, and at the end) the ranks send those numbers as one fixed-width float64
+tensor of shape (iterations, len(PER_RANK)) through one Horovod allgather; rank 0 joins them with its own
 records' shared fields (epoch, B, plan, lr scale, statistics) and writes one ``iteration``
 record per iteration. All ranks flush at the same points, so they hold the same number of
 records when they do.

@@ -12,17 +12,23 @@ a rank's loss of the iteration was not finite): every rank gets the same answer,
 (and stop) at the same iteration, even when only one rank got the signal.
 
 That allreduce does not block the loop (:class:`SafePoints`, mode ``"overlap"``, the default): it is started
-asynchronously at one boundary and read at the next, so it travels while the next iteration computes and
-reduces its gradients; the ranks act on it one iteration later, all at the same iteration. A boundary that
-writes a checkpoint anyway (a stop agreed, a periodic checkpoint due, the epoch's end) agrees blocking on the
-current flags instead, so that nothing is written from an iteration whose loss was not finite and a stop
-that reaches such a boundary is not put off. A stop signal therefore stops the job at the next boundary that
-checkpoints anyway, or one iteration after it arrived. Mode ``"blocking"`` is the earlier one (a blocking
-allreduce at every boundary, a stop at the boundary right after the signal); ``"off"`` agrees nothing (no
-stop, no clock-driven checkpoint: for measuring the cost only, ``bench/overhead.py``).
+asynchronously at one agreement boundary and read at the next, so it travels while the iterations between
+compute and reduce their gradients; the ranks act on it then, all at the same iteration. Agreement boundaries
+come about every ``safe_point_s`` seconds (``[output] safe_point_s``, 0.5 s; 0: every boundary): rank 0 puts the
+number of iterations that make that interval at its measured pace (1 to MAX_EVERY) in the vector, and every rank
+takes the agreed number for the next interval, so the ranks' agreement boundaries stay the same. Each rank's
+non-finite losses of the iterations between are kept, one flag per iteration, and sent with the next agreement.
+A boundary that writes a checkpoint anyway (a stop agreed, a periodic checkpoint due, the epoch's end) agrees
+blocking on the current flags instead, so that nothing is written from an iteration whose loss was not finite
+and a stop that reaches such a boundary is not put off. A stop signal therefore stops the job at the next
+boundary that checkpoints anyway, or at the second agreement boundary after it arrived (about 2 x safe_point_s
+later, at least one iteration). Mode ``"blocking"`` is the earlier one (a blocking allreduce at every boundary,
+a stop at the boundary right after the signal); ``"off"`` agrees nothing (no stop, no clock-driven checkpoint:
+for measuring the cost only, ``bench/overhead.py``).
 
 Numbers that make no sense stop the run: a non-finite loss (the host float the trainer reads once per
-iteration anyway) rides in the same vector, so no extra host sync; every rank then raises
+iteration anyway) rides in the same vector, so no extra host sync (the iterations between two agreements are each
+flagged; the first non-finite one is named); every rank then raises
 :class:`NonFiniteError` (one line, exit 2, never resubmitted) without checkpointing: the last
 checkpoint on disk is the last finite one. An fp16 step that the loss scaler skipped is not an error
 (the scaler backs off). A checkpoint is never written from non-finite weights either
@@ -33,7 +39,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -131,19 +137,28 @@ class Agreement:
     stop: bool                  # some rank got a stop signal (or asked to stop)
     signal: str | None          # which one ("USR1", "USR2", "TERM", "request"), the first in STOP_SIGNALS order
     checkpoint_due: bool        # rank 0's clock says a periodic checkpoint is due
-    nonfinite: int = 0          # ranks whose loss of this iteration was not finite (0: none)
+    nonfinite: int = 0          # ranks whose loss of the first flagged iteration was not finite (0: none)
+    nonfinite_offset: int = 0   # that iteration, counted from the first iteration the flags are about
+    every: int = 1              # rank 0's proposal: iterations to the next agreement boundary
 
 
 NOTHING = Agreement(stop=False, signal=None, checkpoint_due=False)
 SAFEPOINT_NAME = "hj.safepoint"
 MODES = ("overlap", "blocking", "off")
+#: the most iterations between two agreement boundaries (bounds the flag vector and a stop's delay in iterations)
+MAX_EVERY = 256
+_HEAD = 7                       # [USR1, USR2, TERM, request, due, any non-finite, every], then one flag an iteration
 
 
 def local_vector(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
-                 nonfinite: bool = False) -> torch.Tensor:
-    """This rank's [USR1, USR2, TERM, request, due, nonfinite] flags (``due`` counts only rank 0's)."""
+                 nonfinite: bool | Sequence[bool] = False, every: int = 1) -> torch.Tensor:
+    """This rank's [USR1, USR2, TERM, request, due, any non-finite, every, non-finite of each iteration...] (``due``
+    and ``every`` count only rank 0's). ``nonfinite``: one flag, or one per iteration since the last agreement."""
+    flags = [bool(nonfinite)] if isinstance(nonfinite, bool) else [bool(x) for x in nonfinite]
     v = [1.0 if local_signal == int(s) else 0.0 for s in STOP_SIGNALS]
-    v += [1.0 if local_request else 0.0, 1.0 if (due_on_rank0 and rank == 0) else 0.0, 1.0 if nonfinite else 0.0]
+    v += [1.0 if local_request else 0.0, 1.0 if (due_on_rank0 and rank == 0) else 0.0, 1.0 if any(flags) else 0.0,
+          float(every) if rank == 0 else 0.0]
+    v += [1.0 if f else 0.0 for f in flags]
     return torch.tensor(v, dtype=torch.float64)
 
 
@@ -154,7 +169,12 @@ def decode(reduced: torch.Tensor) -> Agreement:
     sig = next((signal_name(int(s)) for s, on in zip(STOP_SIGNALS, got[:3]) if on), None)
     if sig is None and got[3]:
         sig = "request"
-    return Agreement(stop=sig is not None, signal=sig, checkpoint_due=got[4], nonfinite=int(round(vals[5])))
+    per_it = vals[_HEAD:]
+    off = next((i for i, x in enumerate(per_it) if x > 0), None)
+    nonfinite = int(round(per_it[off])) if off is not None else int(round(vals[5]))
+    every = min(MAX_EVERY, max(1, int(round(vals[6]))))
+    return Agreement(stop=sig is not None, signal=sig, checkpoint_due=got[4], nonfinite=nonfinite,
+                     nonfinite_offset=off or 0, every=every)
 
 
 def agree(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
@@ -167,10 +187,11 @@ def agree(local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
 
 def merge(earlier: Agreement, now: Agreement) -> Agreement:
     """An agreement read late (``earlier``) together with the one of this boundary: stop and due when either
-    says so, the earlier stop's signal first; ``nonfinite`` is this boundary's (the earlier one is acted on
-    before a blocking agreement is made)."""
+    says so, the earlier stop's signal first; ``nonfinite`` and ``every`` are this boundary's (the earlier
+    non-finite is acted on before a blocking agreement is made)."""
     return Agreement(stop=earlier.stop or now.stop, signal=earlier.signal or now.signal,
-                     checkpoint_due=earlier.checkpoint_due or now.checkpoint_due, nonfinite=now.nonfinite)
+                     checkpoint_due=earlier.checkpoint_due or now.checkpoint_due, nonfinite=now.nonfinite,
+                     nonfinite_offset=now.nonfinite_offset, every=now.every)
 
 
 class SafePoints:
@@ -181,7 +202,8 @@ class SafePoints:
     def __init__(self, mode: str = "overlap",
                  allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
                  allreduce_async: Callable[[torch.Tensor, str], Any] | None = None,
-                 synchronize: Callable[[Any], torch.Tensor] | None = None):
+                 synchronize: Callable[[Any], torch.Tensor] | None = None,
+                 interval_s: float = 0.0, clock: Callable[[], float] = time.perf_counter):
         if mode not in MODES:
             raise ValueError(f"safe point mode {mode!r}: use one of {', '.join(MODES)}")
         self.mode = mode
@@ -189,30 +211,87 @@ class SafePoints:
         self._async = allreduce_async
         self._sync = synchronize
         self._handle: Any = None
-        self._from: int | None = None        # the iteration whose flags are in flight
+        self._from: int | None = None        # the first iteration whose flags are in flight
         self.blocking_count = 0               # blocking agreements made (the overlap mode's checkpoint boundaries)
+        self.interval_s = float(interval_s)   # about this many seconds between agreement boundaries (0: every one)
+        self._clock = clock
+        self.every = 1                        # agreed: iterations from one agreement boundary to the next
+        self._due = 0                         # the iteration count of the next agreement boundary
+        self._first: int | None = None        # the first iteration of the flags not sent yet
+        self._flags: list[bool] = []          # this rank's non-finite loss of each of those iterations
+        self._paced: tuple[float, int] | None = None     # rank 0: (clock, iteration count) at the last proposal
+        self.agreements = 0                   # agreement boundaries so far (launched or blocking)
+        self._noted = 0                       # the iteration count noted up to
 
     @property
     def in_flight(self) -> bool:
         return self._handle is not None
 
-    def blocking(self, v: torch.Tensor) -> Agreement:
+    def agrees_at(self, done: int) -> bool:
+        """Whether the boundary after ``done`` iterations is an agreement boundary (every one but in the overlap
+        mode's intervals; a boundary that checkpoints agrees anyway)."""
+        return self.mode != "overlap" or done >= self._due
+
+    def note(self, iteration: int, nonfinite: bool) -> None:
+        """This rank's flag of the iteration just done (counted from 0), sent with the next agreement."""
+        if self._first is None:
+            self._first = iteration
+        self._flags.append(bool(nonfinite))
+        self._noted = iteration + 1
+
+    def pending(self) -> bool:
+        return bool(self._flags)
+
+    def noted_upto(self) -> int:
+        """The iteration count the flags noted so far reach (every noted iteration is one done)."""
+        return self._noted
+
+    def _proposal(self, done: int) -> int:
+        """Rank 0: the iterations that make about ``interval_s`` at the pace since its last proposal."""
+        if self.interval_s <= 0:
+            return 1
+        now = self._clock()
+        last, self._paced = self._paced, (now, done)
+        if last is None or done <= last[1] or now <= last[0]:
+            return 1
+        per = (now - last[0]) / (done - last[1])
+        return min(MAX_EVERY, max(1, int(self.interval_s / per + 1e-9)))
+
+    def vector(self, local_signal: int, local_request: bool, due_on_rank0: bool, rank: int,
+               done: int) -> tuple[torch.Tensor, int]:
+        """This rank's flag vector for the boundary after ``done`` iterations, and the first iteration its
+        per-iteration flags are about; the flags are sent with it."""
+        flags, first = self._flags or [False], self._first if self._first is not None else done - 1
+        self._flags, self._first = [], None
+        every = self._proposal(done) if rank == 0 else 0
+        return local_vector(local_signal, local_request, due_on_rank0, rank, flags, every), first
+
+    def _agreed(self, a: Agreement) -> Agreement:
+        self.every = a.every
+        return a
+
+    def blocking(self, v: torch.Tensor, first: int | None = None) -> Agreement:
         self.blocking_count += 1
-        return decode((self._allreduce or comm.allreduce_sum)(v, SAFEPOINT_NAME))
+        return self._agreed(decode((self._allreduce or comm.allreduce_sum)(v, SAFEPOINT_NAME)))
 
     def launch(self, v: torch.Tensor, iteration: int) -> None:
-        """Start the allreduce of ``v`` (the flags after ``iteration``); read by the next :meth:`collect`."""
+        """Start the allreduce of ``v`` (the flags from ``iteration`` on); read by the next :meth:`collect`."""
         self.collect()                        # never two in flight under one name
         start = self._async or (lambda t, name: comm.allreduce_sum_async_(t, name=name))
         self._handle, self._from = start(v, SAFEPOINT_NAME), iteration
 
     def collect(self) -> tuple[Agreement | None, int | None]:
-        """(the agreement in flight, the iteration of its flags), or (None, None) when none is."""
+        """(the agreement in flight, the first iteration of its flags), or (None, None) when none is."""
         if self._handle is None:
             return None, None
         h, it = self._handle, self._from
         self._handle, self._from = None, None
-        return decode((self._sync or comm.synchronize)(h)), it
+        return self._agreed(decode((self._sync or comm.synchronize)(h))), it
+
+    def schedule(self, done: int) -> None:
+        """An agreement boundary was made after ``done`` iterations: the next one comes ``every`` later."""
+        self.agreements += 1
+        self._due = done + (self.every if self.mode == "overlap" else 1)
 
 
 class PeriodicCheckpoint:
@@ -273,24 +352,27 @@ def boundary(host: SafePointHost, periodic: PeriodicCheckpoint) -> StopReason | 
     ch = host.safe_points
     if ch.mode == "off":
         return None
-    v = local_vector(stop_signals().signum, host.stop_requested, periodic.due_by_clock(), host.rank,
-                     nonfinite=host.nonfinite_loss)
-    last = host.iteration - 1                              # the iteration these flags are about
+    done = host.iteration
+    ch.note(done - 1, host.nonfinite_loss)
+    checkpoints = periodic.due_by_iterations(done) or host.sampler.epoch_done(host.plan.B)
+    if not checkpoints and not ch.agrees_at(done):
+        return None                                        # between agreement boundaries: the flags are kept
+    v, first = ch.vector(stop_signals().signum, host.stop_requested, periodic.due_by_clock(), host.rank, done)
     if ch.mode == "blocking":
         a = ch.blocking(v)
     else:
-        late, late_it = ch.collect()                       # started at the previous boundary
+        late, late_first = ch.collect()                    # started at the previous agreement boundary
         if late is not None and late.nonfinite:
-            stop_nonfinite(host, late.nonfinite, late_it)
+            stop_nonfinite(host, late.nonfinite, (late_first or 0) + late.nonfinite_offset)
         late = late or NOTHING
-        writes = late.stop or late.checkpoint_due or periodic.due_by_iterations(host.iteration) \
-            or host.sampler.epoch_done(host.plan.B)
-        if not writes:
-            ch.launch(v, last)                             # read at the next boundary
+        if not (late.stop or late.checkpoint_due or checkpoints):
+            ch.launch(v, first)                            # read at the next agreement boundary
+            ch.schedule(done)
             return None
         a = merge(late, ch.blocking(v))                    # a checkpoint follows: agree on this iteration too
+    ch.schedule(done)
     if a.nonfinite:
-        stop_nonfinite(host, a.nonfinite, last)
+        stop_nonfinite(host, a.nonfinite, first + a.nonfinite_offset)
     if a.stop:
         path = host.save_checkpoint()
         reason = {"signal": a.signal, "iteration": host.iteration, "epoch": host.sampler.epoch,
@@ -308,11 +390,23 @@ def boundary(host: SafePointHost, periodic: PeriodicCheckpoint) -> StopReason | 
 
 
 def finish(trainer: SafePointHost) -> None:
-    """Every rank, when fit's loop ends: the agreement still in flight (overlap mode) is read; a non-finite loss
-    it reports stops the run as at a safe point (a stop signal is not acted on: the job ends anyway)."""
-    late, late_it = trainer.safe_points.collect()
+    """Every rank, when fit's loop ends: the agreement still in flight (overlap mode) is read, and the flags of the
+    iterations since the last agreement are agreed blocking (a loop that ended between agreement boundaries, or
+    before its last boundary); a non-finite loss either reports stops the run as at a safe point (a stop signal is
+    not acted on: the job ends anyway)."""
+    ch = trainer.safe_points
+    late, late_first = ch.collect()
     if late is not None and late.nonfinite:
-        stop_nonfinite(trainer, late.nonfinite, late_it)
+        stop_nonfinite(trainer, late.nonfinite, (late_first or 0) + late.nonfinite_offset)
+    if ch.mode == "off":
+        return
+    if trainer.iteration > 0 and ch.noted_upto() < trainer.iteration:       # fit stopped before its boundary
+        ch.note(trainer.iteration - 1, trainer.nonfinite_loss)
+    if ch.pending():                       # the flags of the iterations since the last agreement: one more
+        v, first = ch.vector(0, False, False, trainer.rank, trainer.iteration)
+        a = ch.blocking(v)
+        if a.nonfinite:
+            stop_nonfinite(trainer, a.nonfinite, first + a.nonfinite_offset)
 
 
 def last_checkpoint_name(ckpt_dir: Path, enabled: bool) -> str:

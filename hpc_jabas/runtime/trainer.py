@@ -195,7 +195,7 @@ class Trainer:
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
         self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
         self._periodic = sp.PeriodicCheckpoint(self.cfg.checkpoint_every, self.cfg.checkpoint_minutes)
-        self.safe_points = sp.SafePoints()             # the boundary agreement, overlapped with the next iteration
+        self.safe_points = sp.SafePoints(interval_s=self.cfg.safe_point_s)   # the boundary agreement, overlapped
         self.totals = RankTotals()                     # this rank's samples and compute seconds in this job
         self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
 
@@ -467,8 +467,8 @@ class Trainer:
             self.epoch_end_hook.on_step_end(self, rec)
         for cb in self.callbacks:
             cb.on_step_end(self, rec)
-        if len(self._iter_metrics) >= self.cfg.metrics_period:
-            self.flush_metrics()
+        if len(self._iter_metrics) >= self.cfg.metrics_period and self.safe_points.agrees_at(self.iteration):
+            self.flush_metrics()                         # at the safe point's agreement boundaries (fewer collectives)
         return rec
 
     def _micro_batches(self, mine: Sequence[Any], clock: IterationClock) -> tuple[LossSums | None, float]:

@@ -25,7 +25,8 @@ B = Plan.parse(spec["plan"]).B
 cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=B, batch_min=1, batch_max=10**9, run_dir=spec["run_dir"],
                 epochs=spec.get("epochs", 1000), metrics_period=spec.get("metrics_period", 10),
                 checkpoint_every=spec.get("checkpoint_every"), checkpoint_minutes=spec.get("checkpoint_minutes"),
-                keep_checkpoints=spec.get("keep_checkpoints", 3)).validate()
+                keep_checkpoints=spec.get("keep_checkpoints", 3),
+                **({"safe_point_s": spec["safe_point_s"]} if "safe_point_s" in spec else {})).validate()
 
 
 class SignalAt(Callback):
