@@ -18,6 +18,8 @@ Figures per rank count n (medians over the rounds, min/max beside them on the li
 iteration by measuring), ``fit_vs_ddp_<n>r`` = fixed / ddp (goal <= 1.05), ``fit_minus_ddp_ms_<n>r``.
 
     python -m bench.measure_cost            # 2 then 3 ranks (a few minutes)
+    python -m bench.measure_cost --small    # the same with a 9k-parameter MLP (64-64-64-10), 1000 iterations a loop
+                                            # and 7 rounds: what fit() adds per iteration is most of an iteration
     python -m bench.measure_cost --quick    # a smoke run: 20 iterations, one round (figures meaningless)
 """
 import statistics
@@ -28,6 +30,7 @@ import time
 from bench.common.launch import _mpi_env, _mpirun, in_mpi_world, load_note, self_command
 
 QUICK = "--quick" in sys.argv
+SMALL = "--small" in sys.argv
 RANK_COUNTS = (2, 3)
 
 
@@ -60,7 +63,7 @@ from hpc_jabas.runtime import comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 n_ranks = int(sys.argv[sys.argv.index("--ranks") + 1])
-b, ITERS, REPEATS = (32, 20, 1) if QUICK else (32, 200, 5)
+b, ITERS, REPEATS = (32, 20, 1) if QUICK else (32, 1000, 7) if SMALL else (32, 200, 5)
 B = n_ranks * b
 P = 100                                            # JABAS's p, goodput's measure_every then p/10 = 10
 torch.set_num_threads(1)
@@ -68,7 +71,7 @@ comm.use("torch")
 comm.init()
 rank = comm.rank()
 assert comm.size() == n_ranks, (comm.size(), n_ranks)
-X, y, ds = data(B * (ITERS + 10))                  # no epoch end inside a loop
+X, y, ds = data(B * (ITERS + 10), SMALL)                  # no epoch end inside a loop
 
 
 def barrier(tag: str) -> None:
@@ -84,7 +87,7 @@ def clocked(run) -> float:
 
 
 def trainer(policy: str) -> Trainer:
-    m = model()
+    m = model(SMALL)
     kw = ({"planner": "fixed", "plan": f"b={b} n=" + ",".join(["1"] * n_ranks)} if policy == "fixed" else
           {"planner": "lbbsp", "p": P, "batch_min": B, "batch_max": 2 * B})
     cfg = JobConfig(batch=B, policy=policy, checkpoint=False, run_dir=f"/tmp/hj-bench-measure-{policy}-{n_ranks}",
@@ -111,8 +114,8 @@ def fit(policy: str) -> float:
     return dt
 
 
-loops = {"ddp": lambda: clocked(lambda: ddp_loop(X, y, b, rank, n_ranks, ITERS)), "fixed": lambda: fit("fixed"),
-         "goodput": lambda: fit("noise-scale")}
+loops = {"ddp": lambda: clocked(lambda: ddp_loop(X, y, b, rank, n_ranks, ITERS, small=SMALL)),
+         "fixed": lambda: fit("fixed"), "goodput": lambda: fit("noise-scale")}
 res: dict[str, list[float]] = {f"{k}_{n_ranks}r": [] for k in ("goodput_vs_fixed", "goodput_minus_fixed_ms",
                                                                 "fit_vs_ddp", "fit_minus_ddp_ms")}
 for r in range(-1, REPEATS):
@@ -130,5 +133,6 @@ for r in range(-1, REPEATS):
 if rank == 0:
     print(f"rounds={len(next(iter(res.values())))} ({load_note()}) " +
           " ".join(f"{k}_min={min(v):.3f} {k}_max={max(v):.3f}" for k, v in res.items()))
-    print(" ".join(f"{k}={statistics.median(v):.3f}" for k, v in res.items()), flush=True)
+    tag = "_small" if SMALL else ""
+    print(" ".join(f"{k}{tag}={statistics.median(v):.3f}" for k, v in res.items()), flush=True)
 comm.shutdown()

@@ -6,10 +6,11 @@ scripts, forwarded to the ranks by the batch shell), ``USR2`` (submitit's ``--si
 the first signal and returns: no collective, no file write, no logging inside a handler (Lightning's
 checkpoint-in-the-handler hangs and corrupts checkpoints).
 
-At every iteration boundary the ranks agree through ONE allreduce of a small vector (the stop signals each
-rank saw, a programmatic stop request, whether rank 0's clock says a periodic checkpoint is due, and whether
-a rank's loss of the iteration was not finite): every rank gets the same answer, so all ranks checkpoint
-(and stop) at the same iteration, even when only one rank got the signal.
+At agreement boundaries (iteration boundaries about ``safe_point_s`` apart, below) the ranks agree through ONE
+allreduce of a small vector (the stop signals each rank saw, a programmatic stop request, whether rank 0's clock
+says a periodic checkpoint is due, and whether a rank's loss of each iteration since the last one was not finite):
+every rank gets the same answer, so all ranks checkpoint (and stop) at the same iteration, even when only one
+rank got the signal.
 
 That allreduce does not block the loop (:class:`SafePoints`, mode ``"overlap"``, the default): it is started
 asynchronously at one agreement boundary and read at the next, so it travels while the iterations between
@@ -197,7 +198,8 @@ def merge(earlier: Agreement, now: Agreement) -> Agreement:
 class SafePoints:
     """The trainer's agreement channel (one per Trainer): ``mode`` is one of :data:`MODES`. In ``"overlap"`` mode
     at most one allreduce is in flight (name ``hj.safepoint``): :meth:`launch` starts it, :meth:`collect` reads
-    it at the next boundary (every rank, in the same order: the ranks' boundaries are the same)."""
+    it at the next agreement boundary (every rank, in the same order: the ranks' agreement boundaries are the same,
+    ``every`` iterations apart as the last agreement said)."""
 
     def __init__(self, mode: str = "overlap",
                  allreduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
