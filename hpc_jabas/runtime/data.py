@@ -84,7 +84,10 @@ def tensor_fetch(dataset: Any) -> Callable[[IndexArray], Any]:
     """Fast path for TensorDataset-like datasets; else collate dataset[i]."""
     tensors = getattr(dataset, "tensors", None)
     if tensors is not None:
-        return lambda idx: tuple(t[torch.as_tensor(idx, dtype=torch.long)] for t in tensors)
+        def fetch_tensors(idx: IndexArray) -> Any:
+            i = torch.as_tensor(idx, dtype=torch.long)
+            return tuple(t[i] for t in tensors)
+        return fetch_tensors
 
     def fetch(idx: IndexArray) -> Any:
         items = [dataset[int(i)] for i in idx]

@@ -424,7 +424,8 @@ class Trainer:
         sim_fn = getattr(self.controller, "measures_similarity", None)
         self.opt.begin(len(mine), ib.total, measure=measure, halves=halves,
                        similarity=not measure or sim_fn is None or bool(sim_fn(self.iteration)))
-        self.model.train()
+        if not self.model.training:                # put back after an eval (a walk of every module: not per step)
+            self.model.train()
         sums, emu_wait = self._micro_batches(mine, clock)
         clock.compute_start()
         loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
