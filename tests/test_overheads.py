@@ -118,20 +118,26 @@ def test_the_auto_scaler_meters_steps_prices_them_and_keeps_them_across_a_resume
 @settings(max_examples=200, deadline=None)
 @given(done=st.integers(0, 400), span=st.integers(0, 300), p=st.integers(1, 40), k=st.sampled_from([None, 1, 2, 5]))
 def test_reference_iterations_against_a_brute_force_count(done, span, p, k):
-    """A reference iteration: measure_every = 1, done = 9 mod 16, never a decision's; the count, the measuring
-    count and the long-run share of core/simulate.py agree with an iteration-by-iteration reading."""
+    """A reference iteration: every iteration measures (measure_every = 1 or p = 1), done = 9 mod 16, never a
+    decision's unless p = 1; the count, the measuring count, the schedule the controller and the simulator read,
+    and the long-run share of core/simulate.py agree with an iteration-by-iteration reading."""
     from hpc_jabas.core import simulate
-    from hpc_jabas.core.overheads import is_reference, references
+    from hpc_jabas.core.overheads import is_reference, measures, references
     end = done + span
-    refs = [x for x in range(done + 1, end + 1) if k == 1 and x % 16 == 9 and x % p]
+    refs = [x for x in range(done + 1, end + 1) if (k == 1 or p == 1) and x % 16 == 9 and (x % p or p == 1)]
     assert references(done, end, p, k) == len(refs)
     assert all(is_reference(x, p, k) == (x in refs) for x in range(done + 1, end + 1))
     measuring = [x for x in range(done + 1, end + 1)
                  if (x % p == 0 or (k is not None and x % k == 0)) and x not in refs]
     assert simulate.measurements(done, end, p, k, reference=True) == len(measuring)
+    assert [x for x in range(done + 1, end + 1) if measures(x, p, k, True)] == measuring
+    assert [x for x in range(done + 1, end + 1) if measures(x, p, k, False)] == \
+        [x for x in range(done + 1, end + 1) if x % p == 0 or (k is not None and x % k == 0)]
+    if p == 1 and span >= 16:
+        assert refs                                     # a decision every iteration still leaves references
     period = 16 * p * (k or 1)
     whole = [x for x in range(1, period + 1) if (x % p == 0 or (k is not None and x % k == 0))
-             and not (k == 1 and x % 16 == 9 and x % p)]
+             and not ((k == 1 or p == 1) and x % 16 == 9 and (x % p or p == 1))]
     assert simulate.measure_share(p, k, reference=True) == pytest.approx(len(whole) / period)
 
 
@@ -144,11 +150,14 @@ class _Pricing(EpochEndHook):
         return MoveDecision.stay("test")
 
 
-@pytest.mark.parametrize("pricing", [True, False])
-def test_a_trainer_that_measures_every_iteration_leaves_references_only_where_measuring_is_priced(tmp_path, pricing):
+@pytest.mark.parametrize("pricing,p,policy", [(True, 5, "noise-scale"), (False, 5, "noise-scale"),
+                                              (True, 1, "noise-scale"), (True, 1, "similarity")])
+def test_a_trainer_that_measures_every_iteration_leaves_references_only_where_measuring_is_priced(tmp_path, pricing,
+                                                                                                  p, policy):
     """goodput with p = 5 measures at every iteration (measure_every = 1). With a hook that prices measuring, the
     iterations completing 9, 25, 41, ... (not a decision's) do not measure, and the meter gets normal iterations to
-    compare with; without one, every full iteration measures, as before."""
+    compare with; without one, every full iteration measures, as before. At p = 1 (a decision every iteration,
+    goodput or similarity) the same iterations are decisions made without a fresh measurement."""
     import json
 
     import torch
@@ -158,16 +167,22 @@ def test_a_trainer_that_measures_every_iteration_leaves_references_only_where_me
     from hpc_jabas.runtime.trainer import Trainer
     from hpc_jabas.runtime.world import World
     model = make_model()
-    cfg = JobConfig(policy="noise-scale", batch=16, batch_min=16, batch_max=64, epochs=3, checkpoint=False, p=5,
+    cfg = JobConfig(policy=policy, batch=16, batch_min=16, batch_max=64, epochs=3, checkpoint=False, p=p,
                     run_dir=str(tmp_path / "run"))
     hook = _Pricing() if pricing else None
     tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.05), make_data(320), torch.nn.CrossEntropyLoss(),
                  config=cfg, world=World(rank=0, size=1, gpu_types=("rtx2060",)), epoch_end_hook=hook)
     tr.fit()
-    assert tr.controller.measure_every == 1 and tr.controller.reference == pricing
+    assert tr.controller.measure_every == (1 if policy == "noise-scale" else None)
+    assert tr.controller.reference == pricing
     recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     its = [r for r in recs if r["type"] == "iteration" and r["samples"] == r["B"]]
     assert len(its) >= 40
     unmeasured = [r["it"] + 1 for r in its if not r["measure"]]
-    expect = [r["it"] + 1 for r in its if (r["it"] + 1) % 16 == 9 and (r["it"] + 1) % 5] if pricing else []
+    expect = [r["it"] + 1 for r in its if (r["it"] + 1) % 16 == 9 and ((r["it"] + 1) % p or p == 1)] if pricing else []
     assert unmeasured == expect and (len(expect) >= 2 or not pricing)
+    if p == 1:                                   # every iteration decided, the references without a fresh measurement
+        decisions = [r for r in recs if r["type"] == "decision"]
+        assert len(decisions) >= len(its)
+        if policy == "noise-scale":              # at_iteration: the iterations done when it was made
+            assert [d["at_iteration"] for d in decisions if not d["stats"]["fresh"]] == expect

@@ -247,7 +247,7 @@ def test_a_trace_is_placed_by_samples_and_replays_the_fresh_estimates(tmp_path):
     seen = []
     real = sim._decide.__func__
 
-    def spy(self, policy, B, it, u, space, rng, res):
+    def spy(self, policy, B, it, u, space, rng, res, fresh=True):
         orig = policy.decide
 
         def decide(state, sp):
@@ -255,7 +255,7 @@ def test_a_trace_is_placed_by_samples_and_replays_the_fresh_estimates(tmp_path):
             return orig(state, sp)
         policy.decide = decide
         try:
-            return real(self, policy, B, it, u, space, rng, res)
+            return real(self, policy, B, it, u, space, rng, res, fresh=fresh)
         finally:
             policy.decide = orig
     sim._decide = spy.__get__(sim)
@@ -263,6 +263,28 @@ def test_a_trace_is_placed_by_samples_and_replays_the_fresh_estimates(tmp_path):
     assert seen and all((g, s, m) == (None, None, 0.5) or (g == pytest.approx(2.0) and s == pytest.approx(100.0)
                                                           and m == 0.5) for g, s, m in seen)
     assert {g is None for g, _, _ in seen} == {True, False}            # both kinds of decision were replayed
+
+
+def test_at_p_1_under_auto_scaling_the_reference_decisions_are_made_without_a_fresh_measurement():
+    """p = 1: every iteration decides and measures, so an auto-scaling run (measuring priced) has no normal
+    iteration unless some decision leaves its measurement out; the simulator replays the trainer's rule
+    (core/overheads.py): the decisions completing 9 mod 16 get no fresh statistics, every other one does, and
+    only the strategy that prices measuring leaves any out."""
+    def decisions(strategy):
+        sim = Simulation(cluster(), job(stop="samples", epochs=1, samples=30_000, batch=64, batch_min=64, p=1))
+        seen = []
+        real = sim._decide.__func__
+
+        def spy(self, policy, B, it, u, space, rng, res, fresh=True):
+            seen.append((it, fresh))
+            return real(self, policy, B, it, u, space, rng, res, fresh=fresh)
+        sim._decide = spy.__get__(sim)
+        sim.run(strategy)
+        return seen
+    seen = decisions("hpcjabas-cost")
+    assert len(seen) >= 40 and [it for it, _ in seen] == list(range(1, len(seen) + 1))
+    assert [it for it, fresh in seen if not fresh] == [it for it, _ in seen if it % 16 == 9]
+    assert all(fresh for _, fresh in decisions("goodput"))
 
 
 def test_measured_overheads_price_only_what_runs():

@@ -9,9 +9,10 @@ Two costs that the perf model's iteration time leaves out:
 
 ``OverheadMeter`` is fed what the job measures (rank 0's iteration times, with a flag for measurement
 iterations, and the duration of each epoch end) and gives an ``Overheads`` estimate: medians, robust to a
-slow iteration or two. A job whose every iteration measures (goodput's ``measure_every`` is 1 when p < 15) has
-no normal iteration to compare with; where its measuring is priced (the epoch-end auto-scaler), its controller
-leaves one iteration in REFERENCE_EVERY unmeasured (``is_reference``), and the simulator replays the same.
+slow iteration or two. A job whose every iteration measures (goodput's ``measure_every`` is 1 when p < 15; any
+adaptive policy at p = 1) has no normal iteration to compare with; where its measuring is priced (the epoch-end
+auto-scaler), its controller leaves one iteration in REFERENCE_EVERY unmeasured (``is_reference``), and the
+simulator replays the same.
 ``Overheads.iteration_scale`` and ``epoch_end_s`` are what ``autoscale.epoch_time_fn`` adds to the perf model's
 price of an epoch; the simulator prices the same way from its job file's ``[model] measure_factor`` and
 ``epoch_end_s``. The meter takes seconds as given (no clock here); the runtime adapter (runtime/lifecycle.py)
@@ -30,32 +31,42 @@ from hpc_jabas.errors import ConfigError
 KEEP_ITERATIONS = 512        # the most recent iterations the meter keeps (bounded memory)
 KEEP_EPOCH_ENDS = 16
 MIN_NORMAL = 3               # normal iterations compared (each with the measurement iterations at its B) before pricing
-#: a job whose every iteration measures (measure_every = 1) and whose measuring is priced (the epoch-end
-#: auto-scaler) leaves one iteration in REFERENCE_EVERY unmeasured, the REFERENCE_AT-th (never a decision's), so
-#: that the meter has normal iterations at the same B to compare with
+#: a job whose every iteration measures (measure_every = 1, or a decision every iteration: p = 1) and whose
+#: measuring is priced (the epoch-end auto-scaler) leaves one iteration in REFERENCE_EVERY unmeasured, the
+#: REFERENCE_AT-th, so that the meter has normal iterations at the same B to compare with. It is never a decision's
+#: unless every iteration is one (p = 1): that decision is then made without a fresh measurement, as a decision on
+#: an epoch's shrunk tail is
 REFERENCE_EVERY = 16
 REFERENCE_AT = 9            # odd: never a decision's at an even p (at 8, p = 2, 4 or 8 would take every one)
 
 
 def is_reference(done: int, p: int, k: int | None) -> bool:
-    """Whether the iteration that completes ``done`` iterations (counted from 1) is a reference iteration: with
-    ``k`` (measure_every) = 1 only, at done = REFERENCE_AT mod REFERENCE_EVERY, and never a decision's (p)."""
-    return k == 1 and done % REFERENCE_EVERY == REFERENCE_AT and done % p != 0
+    """Whether the iteration that completes ``done`` iterations (counted from 1) is a reference iteration: when
+    every iteration measures (``k`` = measure_every = 1, or p = 1), at done = REFERENCE_AT mod REFERENCE_EVERY,
+    and never a decision's (p) unless p = 1."""
+    return (k == 1 or p == 1) and done % REFERENCE_EVERY == REFERENCE_AT and (p == 1 or done % p != 0)
 
 
 def measures_between(done: int, p: int, k: int | None, reference: bool) -> bool:
     """Whether the iteration completing ``done`` takes a measure_every measurement (``k``; None: none), the
     reference iterations left out when ``reference`` (measuring priced): the one schedule of the trainer's
-    controller and the simulator. A decision's iteration (done % p == 0) measures whatever this says."""
+    controller and the simulator. A decision's iteration (done % p == 0) measures as :func:`measures` says."""
     return k is not None and done % k == 0 and not (reference and is_reference(done, p, k))
+
+
+def measures(done: int, p: int, k: int | None, reference: bool) -> bool:
+    """Whether the iteration completing ``done`` measures at all: a decision's (every p-th) or measure_every's,
+    less the reference iterations when ``reference`` (at p = 1 these are decisions made without a fresh
+    measurement)."""
+    return (done % p == 0 or (k is not None and done % k == 0)) and not (reference and is_reference(done, p, k))
 
 
 def references(done: int, end: int, p: int, k: int | None) -> int:
     """The reference iterations after ``done`` up to ``end`` (counted from 1)."""
-    if k != 1 or end <= done:
+    if (k != 1 and p != 1) or end <= done:
         return 0
     first = done + 1 + (REFERENCE_AT - (done + 1)) % REFERENCE_EVERY
-    return sum(1 for x in range(first, end + 1, REFERENCE_EVERY) if x % p != 0)
+    return sum(1 for x in range(first, end + 1, REFERENCE_EVERY) if p == 1 or x % p != 0)
 
 
 @dataclass(frozen=True)

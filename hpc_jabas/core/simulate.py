@@ -46,7 +46,7 @@ import numpy as np
 
 from hpc_jabas.core import autoscale, forecast, mixsearch
 from hpc_jabas.core.mixbound import peak_rate
-from hpc_jabas.core.overheads import REFERENCE_EVERY, Overheads, measures_between, references
+from hpc_jabas.core.overheads import REFERENCE_EVERY, Overheads, measures, measures_between, references
 from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, PlanSpec, make_planner, snap_nearest
 from hpc_jabas.core.planning.grouptimes import group_space  # noqa: F401  (the optimal planner's pricing_space)
@@ -161,7 +161,7 @@ class _Run:
 def measurements(done: int, end: int, p: int, k: int | None, reference: bool = False) -> int:
     """The measuring iterations after ``done`` up to ``end`` (iterations counted from 1): every p-th (a decision's)
     and every k-th (measure_every's; None: none), each counted once, less the reference iterations that the
-    trainer leaves unmeasured when ``reference`` (k = 1 under auto-scaling: core/overheads.py)."""
+    trainer leaves unmeasured when ``reference`` (k = 1 or p = 1 under auto-scaling: core/overheads.py)."""
     n = end // p - done // p
     if k is not None:
         both = math.lcm(p, k)
@@ -173,7 +173,7 @@ def measure_share(p: int, k: int | None, reference: bool = False) -> float:
     """The share of iterations that measure (``measurements`` over a long run): 1/p + 1/k - 1/lcm(p, k), less
     the reference iterations' share when ``reference``."""
     share = (1.0 / p) if k is None else 1.0 / p + 1.0 / k - 1.0 / math.lcm(p, k)
-    if reference:                     # references() counts none unless k = 1
+    if reference:                     # references() counts none unless k = 1 or p = 1
         period = math.lcm(p, REFERENCE_EVERY)
         share -= references(0, period, p, k) / period
     return share
@@ -381,7 +381,8 @@ class Simulation:
                         r.since = 0
             if decides:
                 self._since, self._fresh = r.since or None, False
-                nb = self._decide(r.policy, r.B, r.it, min(r.done_eff / r.target, 1.0), r.space, r.rng, r.res)
+                nb = self._decide(r.policy, r.B, r.it, min(r.done_eff / r.target, 1.0), r.space, r.rng, r.res,
+                                  fresh=measures(r.it, p, k, r.reference))
                 if self._fresh:
                     r.since = 0
                 if nb != r.B:
@@ -431,10 +432,14 @@ class Simulation:
             r.policy.last = None                          # B set from outside: the similarity policy restarts
 
     def _decide(self, policy: Any, B: int, it: int, u: float, space: BatchSpace, rng: np.random.Generator,
-                res: Result) -> int:
+                res: Result, fresh: bool = True) -> int:
         """The policy's decision on simulated statistics (simconfig.py's module docstring); ``_since``: the samples
-        trained since the last fresh measurement, what this one stands for (``_fresh``: whether it had one)."""
+        trained since the last fresh measurement, what this one stands for (``_fresh``: whether it had one).
+        ``fresh`` False: the trainer measured nothing at this decision (a reference iteration at p = 1, as
+        core/overheads.py): the draw is made (the same random stream) and dropped."""
         g2_, s_, sim_ = self._draw(B, u, rng)
+        if not fresh:
+            g2_, s_, sim_ = None, None, None
         self._fresh = g2_ is not None
         d = policy.decide(PolicyState(B=B, iteration=it, similarity=sim_, g2=g2_, s=s_, progress=u,
                                       samples=self._since), space)

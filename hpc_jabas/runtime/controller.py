@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_jabas.core.balancing import RankPredictors, Rebalancer
 from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.guard import DivergenceGuard, guard_window
-from hpc_jabas.core.overheads import measures_between
+from hpc_jabas.core.overheads import measures
 from hpc_jabas.core.planning import Plan, Planner, snap_nearest
 from hpc_jabas.core.policy import (
     DEFAULT_P,
@@ -307,7 +307,7 @@ class AdaptiveController(BaseController):
     def wants_stats(self, iteration: int) -> bool:
         k = self.measure_every
         return self.moves and self.cfg.policy != "ramp" and \
-            ((iteration + 1) % self.p == 0 or measures_between(iteration + 1, self.p, k, self.reference))
+            measures(iteration + 1, self.p, k, self.reference)
 
     def measures_similarity(self, iteration: int) -> bool:
         """Whether a measurement iteration needs the half-batch cosine (False: goodput's noise-only measurements)."""
