@@ -1,6 +1,7 @@
-"""A dead rank never leaves the others with a traceback on the torch backend: kill -9 of one rank of a training
+"""A dead rank never leaves the others with a traceback: kill -9 of one rank of a torch-backend training
 run under torchrun and under mpirun; the survivor ends with exactly one line naming the lost rank (no
-traceback), the launcher exits non-zero, and the last checkpoint still loads."""
+traceback), the launcher exits non-zero, and the last checkpoint still loads. On the Horovod backend mpirun itself
+ends the job (its own message names the rank)."""
 import json
 import os
 import signal
@@ -23,10 +24,12 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted(d.glob("ckpt-*.pt")) if d.is_dir() else []
 
 
-def _launch(cmd: list[str], out: Path, env: dict, n: int = 2, kill: int = 1) -> tuple[int, str, float]:
+def _launch(cmd: list[str], out: Path, env: dict, n: int = 2, kill: int = 1,
+            backend: str = "torch") -> tuple[int, str, float]:
     """Start the run, kill -9 rank ``kill`` once every rank trained 12 iterations and a checkpoint exists; return
     (rc, stderr, seconds from the kill to the launcher's exit)."""
-    (out / "spec.json").write_text(json.dumps({"out_dir": str(out), "plan": "b=4 n=" + ",".join(["1"] * n)}))
+    (out / "spec.json").write_text(json.dumps({"out_dir": str(out), "plan": "b=4 n=" + ",".join(["1"] * n),
+                                               "backend": backend}))
     with open(out / "stderr", "w") as err:
         p = subprocess.Popen(cmd + [str(WORKERS / "dead_rank_worker.py"), str(out / "spec.json")], env=env,
                              stdout=subprocess.DEVNULL, stderr=err, cwd=str(ROOT))
@@ -60,6 +63,10 @@ def _check(rc: int, err: str, elapsed: float, out: Path, n: int = 2, kill: int =
     assert "RuntimeError" not in err, err[-3000:]
     if kill != 0:        # rank 0 hosts the store: when it dies, torch's C++ layer may warn first (its own lines)
         assert "[rank" not in err and "frame #" not in err, err[-3000:]
+    _check_checkpoint(out)
+
+
+def _check_checkpoint(out: Path) -> None:
     latest = load_latest(out / "run" / "checkpoints")
     assert latest is not None
     state, path = latest
@@ -84,3 +91,16 @@ def test_kill_9_under_mpirun(tmp_path, n, kill):
     env = {k: v for k, v in mpi_env().items() if not k.startswith(("PMI", "SLURM_", "HPC_JABAS_"))}
     rc, err, elapsed = _launch(["mpirun", "-np", str(n), "--oversubscribe", PY], tmp_path, env, n, kill)
     _check(rc, err, elapsed, tmp_path, n, kill)
+
+
+@pytest.mark.mpi
+def test_kill_9_on_horovod_under_mpirun(tmp_path):
+    """The Horovod backend: Open MPI's mpirun ends the whole job when a rank dies (its own message names the
+    rank; the survivors are killed before they could say anything), within the bound, with no traceback of
+    ours, and the last checkpoint loads."""
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("PMI", "SLURM_", "HPC_JABAS_"))}
+    rc, err, elapsed = _launch(["mpirun", "-np", "2", "--oversubscribe", PY], tmp_path, env, 2, 1, "horovod")
+    assert rc != 0 and elapsed < BOUND_S, (rc, elapsed)
+    assert "process rank 1" in err and "signal 9" in err, err[-3000:]
+    assert "Traceback" not in err and not [ln for ln in err.splitlines() if ln.strip().startswith('File "')], err
+    _check_checkpoint(tmp_path)

@@ -1,5 +1,5 @@
-"""A long torch-backend run that checkpoints every few iterations; each rank writes its pid to
-<out>/pid<rank> once training runs (tests/test_dead_rank.py kills one of them)."""
+"""A long training run (the torch backend unless the spec names another) that checkpoints every few iterations;
+each rank writes its pid to <out>/pid<rank> once training runs (tests/test_dead_rank.py kills one of them)."""
 import json
 import os
 import sys
@@ -28,8 +28,8 @@ class Pid(Callback):
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 out = Path(spec["out_dir"])
-cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=str(out / "run"), backend="torch",
-                checkpoint_every=5, epochs=100000)
+cfg = JobConfig(planner="fixed", plan=spec["plan"], batch=1, run_dir=str(out / "run"),
+                backend=spec.get("backend", "torch"), checkpoint_every=5, epochs=100000)
 cfg.batch = 4 * len(spec["plan"].split("n=")[1].split(","))
 cfg.validate()
 model = make_model()
