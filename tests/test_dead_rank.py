@@ -1,9 +1,10 @@
 """A dead rank never leaves the others with a traceback: kill -9 of one rank of a torch-backend training
-run under torchrun and under mpirun; the survivor ends with exactly one line naming the lost rank (no
+run under torchrun, mpirun and srun; the survivor ends with exactly one line naming the lost rank (no
 traceback), the launcher exits non-zero, and the last checkpoint still loads. On the Horovod backend mpirun itself
 ends the job (its own message names the rank)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -104,3 +105,14 @@ def test_kill_9_on_horovod_under_mpirun(tmp_path):
     assert "process rank 1" in err and "signal 9" in err, err[-3000:]
     assert "Traceback" not in err and not [ln for ln in err.splitlines() if ln.strip().startswith('File "')], err
     _check_checkpoint(tmp_path)
+
+
+@pytest.mark.slurm
+def test_kill_9_under_srun(slurm_cluster, slurm_tmp):
+    """The torch backend under srun on the local Slurm cluster, two nodes, no MPI plugin: the survivor says the
+    one line, srun adds its own and exits non-zero, and the last checkpoint loads."""
+    cmd = ["srun", "-p", "v100", "-N", "2", "-n", "2", "--mpi=none", "-t", "3", f"--chdir={ROOT}",
+           f"--export=ALL,PYTHONPATH={ROOT},OMP_NUM_THREADS=1", PY]
+    rc, err, elapsed = _launch(cmd, slurm_tmp, dict(slurm_cluster.env), 2, 1)
+    assert re.search(r"srun: error: \S+: task 1: Killed", err), err[-3000:]
+    _check(rc, err, elapsed, slurm_tmp)
