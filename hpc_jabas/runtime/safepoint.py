@@ -272,7 +272,7 @@ class SafePoints:
         self.every = a.every
         return a
 
-    def blocking(self, v: torch.Tensor, first: int | None = None) -> Agreement:
+    def blocking(self, v: torch.Tensor) -> Agreement:
         self.blocking_count += 1
         return self._agreed(decode((self._allreduce or comm.allreduce_sum)(v, SAFEPOINT_NAME)))
 
