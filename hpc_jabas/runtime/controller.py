@@ -313,6 +313,25 @@ class AdaptiveController(BaseController):
         """Whether a measurement iteration needs the half-batch cosine (False: goodput's noise-only measurements)."""
         return self.policy_name != "noise-scale" or self.measure_every is None
 
+    def defers_stats(self, iteration: int) -> bool:
+        """Whether this iteration's measurement may be read later (goodput's noise-only measurements between
+        decisions): the trainer then hands it to :meth:`observe_held` before the next iteration's ``after_step``,
+        so that the policy takes it with the same samples and in the same order as if it were read at once."""
+        return self.policy_name == "noise-scale" and self.measure_every is not None \
+            and not self._policy_round(iteration + 1)
+
+    def observe_held(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+        """A deferred measurement (``rec``: its iteration's record, its stats added), read after that iteration's
+        ``after_step`` and before the next one's: rank 0's policy takes it as ``after_step`` would have."""
+        if self.policy_name == "noise-scale" and trainer.rank == 0 and rec.get("stats"):
+            self._observe_between(rec["stats"])
+
+    def _observe_between(self, st: dict[str, Any]) -> None:
+        g2, s_tr = self._fresh_terms(st)
+        if g2 is not None and self.policy.observe(g2, s_tr, self._since):   # type: ignore[attr-defined]
+            self._since = 0
+            self._fed += 1
+
     def _fresh_terms(self, st: dict[str, Any] | None) -> tuple[float | None, float | None]:
         """This measurement's unbiased (G2, S) (None, None: none, one micro-batch, or non-finite); the controller's
         moving average takes them too."""
@@ -373,10 +392,7 @@ class AdaptiveController(BaseController):
             self._since += int(rec.get("samples", 0))
             between = not self._policy_round(done)                  # a decision round takes its own in decide
             if self.measure_every is not None and rec.get("stats") and between:
-                g2, s_tr = self._fresh_terms(rec["stats"])
-                if g2 is not None and self.policy.observe(g2, s_tr, self._since):   # type: ignore[attr-defined]
-                    self._since = 0
-                    self._fed += 1
+                self._observe_between(rec["stats"])
         elif self.policy_name == "similarity" and trainer.rank == 0 and self.measure_every is not None \
                 and rec.get("stats") and not self._policy_round(done):
             self.policy.observe(rec["stats"].get("similarity"))          # type: ignore[attr-defined]

@@ -142,6 +142,7 @@ class Measurement:
         self._parts: list[torch.Tensor] = []
         self._hooks = [p.register_hook(self._make_hook(i)) for i, p in enumerate(self.params)]
         self._handles: dict[str, PendingSum] = {}
+        self._held: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None   # |g|^2, N, factor (hold)
 
     def _make_hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def hook(g: torch.Tensor) -> None:       # the micro-batch's gradient, before accumulation into .grad
@@ -229,15 +230,33 @@ class Measurement:
         N = scalar(norm, sd, self.device)
         inv = scalar(factor, sd, self.device)
         g2 = sq_norms(grads, sd)
-        sq_sum = self.scal[0] * inv * inv
         if not self.similarity:                                 # noise only: no halves' norms (NaN)
-            nan = torch.full((), float("nan"), dtype=sd, device=self.device)
-            return torch.stack([sq_sum, self.scal[1], self.scal[2], self.scal[3], g2, nan, nan, N])
+            self._held = (g2, N, inv)
+            return self.read_held()
+        sq_sum = self.scal[0] * inv * inv
         a = sq_norms(self.h0, sd) * inv * inv                   # |H0|^2, unscaled
         mul_(self.h0, -inv / N)                                 # -H0 / N ...
         torch._foreach_add_(self.h0, list(grads))               # ... + g = H1 / N
         c = sq_norms(self.h0, sd) * N * N                       # |H1|^2
         return torch.stack([sq_sum, self.scal[1], self.scal[2], self.scal[3], g2, a, c, N])
+
+    def hold(self, grads: Sequence[torch.Tensor], norm: torch.Tensor | float, factor: torch.Tensor | float) -> None:
+        """A noise-only measurement read later (:meth:`read_held`, e.g. in the next iteration): what needs this
+        iteration's reduced gradient (|g|^2, N, the factor) is taken now as device scalars, with no host read and no
+        wait; the reduction of the scalars [sq, M, n0, n1] stays in flight until then."""
+        if self.similarity:
+            raise RuntimeError("only a noise-only measurement can be read later (its halves need the gradient)")
+        sd, dev = self.sd, self.device
+        self._held = (sq_norms(grads, sd), scalar(norm, sd, dev), scalar(factor, sd, dev))
+
+    def read_held(self) -> torch.Tensor:
+        """The held measurement's device vector (as :meth:`values`), once its scalars' reduction is waited for."""
+        self.wait()
+        if self._held is None:
+            raise RuntimeError("no measurement is held (hold() first)")
+        g2, N, inv = self._held
+        nan = torch.full((), float("nan"), dtype=self.sd, device=self.device)
+        return torch.stack([self.scal[0] * inv * inv, self.scal[1], self.scal[2], self.scal[3], g2, nan, nan, N])
 
     @staticmethod
     def stats(v: Sequence[float], S: int) -> GradStats:

@@ -46,7 +46,9 @@ b, two halves of nearly equal sample counts) and of one small scalar tensor; hal
 half 0. No host sync per micro-batch or parameter; one host read per measurement iteration; 1x
 the parameter memory extra (2x for fp16/bf16 parameters, whose half sum is kept in fp32). A noise-only
 measurement (``similarity=False``, goodput's ``measure_every``) keeps no half sum: the small scalar
-reduction only, no extra memory but the micro-batch norms.
+reduction only, no extra memory but the micro-batch norms. With ``begin(defer=True)`` (goodput's measurements
+between decisions) that reduction is not waited for in its own iteration: ``read_held`` reads it later (the
+trainer: after the next iteration's loss read), with no wait once it is done.
 
 Noise scale with mixed micro-batch sizes: with g_j the mean gradient of micro-batch j (b_j
 samples), E|g_j|^2 = |G|^2 + tr(Sigma)/b_j, so the sample-weighted mean sum_j b_j |g_j|^2 / S has
@@ -114,6 +116,11 @@ class HeterogeneousOptimizer:
         self._joined = False                       # a rank without micro-batches ran its zero step
         self.last_stats: GradStats | None = None
         self.last_step_skipped = False
+        self._defer = False
+        # a noise-only measurement held for a later read (begin(defer=True)): (measurement, S), or its stats once
+        # a synchronize had to read it first
+        self._held: tuple[Measurement, int] | None = None
+        self._held_read: tuple[bool, GradStats | None] = (False, None)
 
     # expose the usual optimizer surface
     @property
@@ -187,11 +194,13 @@ class HeterogeneousOptimizer:
     # ---- iteration protocol ------------------------------------------------------------
     def begin(self, n_local: int, total_samples: int, measure: bool = False,
               first_global_microbatch: int = 0, b: int = 1, halves: Sequence[int] | None = None,
-              similarity: bool = True) -> None:
+              similarity: bool = True, defer: bool = False) -> None:
         """``halves``: per local micro-batch, the half (0/1) it belongs to on a measurement iteration
         (``plan.half_split(plan)[rank]``); default the parity of the global micro-batch index.
         ``similarity``: False for a noise-only measurement (no half-batch buffer, no gradient-sized extra
-        reduction; ``last_stats.similarity`` None).
+        reduction; ``last_stats.similarity`` None). ``defer``: a noise-only measurement is not waited for nor read in
+        this iteration's ``synchronize``: its scalars' reduction stays in flight and :meth:`read_held` reads it later
+        (``last_stats`` None until then; not with fp16, whose skipped steps discard statistics).
         ``b`` is accepted for compatibility and unused (the statistics use the true sample counts)."""
         if total_samples < 1:
             raise ValueError(f"total_samples={total_samples} must be >= 1")
@@ -208,6 +217,7 @@ class HeterogeneousOptimizer:
             self._world = 1
         self._c = self._total / self._world if self._w_prev is None else self._w_prev / self._world
         self._measure = bool(measure)
+        self._defer = bool(defer) and not similarity
         self._first_global = int(first_global_microbatch)
         self._halves = None if halves is None else [int(h) for h in halves]
         if self._halves is not None and len(self._halves) != self._n_local:
@@ -304,6 +314,8 @@ class HeterogeneousOptimizer:
         if self.reducer is None:
             raise RuntimeError("the gradients cannot be reduced: no backend is initialised (comm.init() first) "
                                "or begin() was not called")
+        if self._held is not None:            # not read since: read before another measurement reuses its names
+            self._held_read = self.read_held()
         self._join()
         if self._eager():                     # Horovod: the extra sums start beside the gradients' (named)
             if self._meas is not None:
@@ -320,6 +332,10 @@ class HeterogeneousOptimizer:
             mul_(grads, self._c * self._world / W)         # sum w g / (c world), x c world / W: the token mean
         self._found_inf = self.amp.unscale_and_check()
         self._synced = True
+        if self._meas is not None and self._defer and self._found_inf is None:
+            inv = self.amp.inv_scale()
+            self._meas.hold(grads, W if W is not None else self._total, self._c * inv if inv is not None else self._c)
+            self._held, self._meas = (self._meas, self._total), None
         if self._meas is not None:
             self._meas.wait()
             inv = self.amp.inv_scale()
@@ -333,6 +349,16 @@ class HeterogeneousOptimizer:
             self.last_stats = None if self._found_host else Measurement.stats(vals, self._total)
             self._meas = None
         self._measure = False
+
+    def read_held(self) -> tuple[bool, GradStats | None]:
+        """The measurement that an earlier ``synchronize`` held (``begin(defer=True)``), read now: its one host read,
+        with no wait once its reduction is done. (True, stats) where one was held, (False, None) otherwise."""
+        if self._held is None:
+            out, self._held_read = self._held_read, (False, None)
+            return out
+        meas, total = self._held
+        self._held = None
+        return True, Measurement.stats(meas.read_held().tolist(), total)
 
     def found_inf(self) -> bool:
         """fp16: whether this iteration's reduced gradients had an inf/nan (the step is skipped); one host read."""

@@ -194,6 +194,7 @@ class Trainer:
         self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
         self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
+        self._held_rec: dict | None = None              # the record of a deferred measurement not read yet
         self._periodic = sp.PeriodicCheckpoint(self.cfg.checkpoint_every, self.cfg.checkpoint_minutes)
         self.safe_points = sp.SafePoints(interval_s=self.cfg.safe_point_s)   # the boundary agreement, overlapped
         self.totals = RankTotals()                     # this rank's samples and compute seconds in this job
@@ -422,7 +423,10 @@ class Trainer:
             mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self.resolved.min_split)
         # a noise-only measurement (the controller's measure_every) keeps no half-batch sum (runtime/gradstats.py)
         sim_fn = getattr(self.controller, "measures_similarity", None)
-        self.opt.begin(len(mine), ib.total, measure=measure, halves=halves,
+        # goodput's measurements between decisions are read in the next iteration (no wait for their reduction)
+        defer_fn = getattr(self.controller, "defers_stats", None)
+        defer = measure and defer_fn is not None and bool(defer_fn(self.iteration))
+        self.opt.begin(len(mine), ib.total, measure=measure, halves=halves, defer=defer,
                        similarity=not measure or sim_fn is None or bool(sim_fn(self.iteration)))
         if not self.model.training:                # put back after an eval (a walk of every module: not per step)
             self.model.train()
@@ -430,6 +434,7 @@ class Trainer:
         clock.compute_start()
         loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
         clock.compute_stop()
+        self.read_held_stats()                     # the previous iteration's deferred measurement, after that read
         t_sync = time.perf_counter()
         self.totals.samples += sum(len(i) for i in mine)
         warm = self.state.lr_factor()              # batch_start = "knee": the lr warm-up (1 past it)
@@ -449,6 +454,8 @@ class Trainer:
                "slowdown": self.emulator.factor(self.iteration) if self.emulator else 1.0}
         if measure and self.opt.last_stats is not None:
             rec["stats"] = self.opt.last_stats.to_dict()
+        if defer:
+            self._held_rec = rec                   # its stats come with read_held_stats
         rec["contained_errors"] = self.decisions.contained_errors
         self.history.append({"it": self.iteration, "B": self.B, "plan": str(self.plan), "lr_scale": self.lr_scale})
         self._iter_metrics.add(rec)
@@ -507,8 +514,24 @@ class Trainer:
         return sums, float(st["wait"])
 
     def flush_metrics(self) -> None:
-        """Collective: every rank's pending iteration numbers to rank 0, which writes them."""
+        """Collective: every rank's pending iteration numbers to rank 0, which writes them (a deferred measurement
+        read first: a checkpoint, which flushes, holds the policy with it)."""
+        self.read_held_stats()
         self._iter_metrics.flush()
+
+    def read_held_stats(self) -> None:
+        """Every rank: read the measurement an earlier iteration deferred (``controller.defers_stats``) into its
+        record, and hand it to the controller, before anything that reads the policy (the next iteration's
+        decision, a checkpoint, the metrics)."""
+        held, st = self.opt.read_held()
+        rec, self._held_rec = self._held_rec, None
+        if not held or rec is None:
+            return
+        if st is not None:
+            rec["stats"] = st.to_dict()
+        observe = getattr(self.controller, "observe_held", None)
+        if observe is not None:
+            observe(self, rec)
 
     # ---- state, checkpoints, resume (the Checkpointer, runtime/resume.py) ---------------------
     def _checkpointer(self) -> Checkpointer:
@@ -520,6 +543,7 @@ class Trainer:
                             config=self.cfg.to_dict())
 
     def state_dict(self) -> dict:
+        self.read_held_stats()                     # the policy with every measurement taken
         return self.checkpointer.state_dict()
 
     def load_state_dict(self, st: dict) -> None:

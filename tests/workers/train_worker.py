@@ -38,6 +38,28 @@ class Measuring(ScriptedController):
         return True
 
 
+def _watch_deferral(tr: Trainer, defer: bool) -> tuple[list[int], list[bool]]:
+    """The iterations whose measurement the trainer deferred, and each read of the optimizer's held measurement
+    (True: one was held); ``defer`` False switches deferral off (tests/test_deferred_stats_mpi.py)."""
+    deferred: list[int] = []
+    held: list[bool] = []
+    begin, read = tr.opt.begin, tr.opt.read_held
+    if not defer and tr.controller is not None:
+        tr.controller.defers_stats = lambda iteration: False           # type: ignore[attr-defined]
+
+    def watched_begin(*a, **k):
+        if k.get("defer"):
+            deferred.append(tr.iteration)
+        return begin(*a, **k)
+
+    def watched_read():
+        r = read()
+        held.append(r[0])
+        return r
+    tr.opt.begin, tr.opt.read_held = watched_begin, watched_read      # type: ignore[method-assign]
+    return deferred, held
+
+
 def run(spec: dict) -> None:
     ds = make_data(spec.get("n", 240))
     model = make_model()
@@ -59,6 +81,7 @@ def run(spec: dict) -> None:
         lrs = {int(k): v for k, v in (spec.get("lr_scales") or {}).items()}
         ctrl = LrScripted(spec["schedule"], lrs) if lrs else ScriptedController(spec["schedule"])
     tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, controller=ctrl)
+    deferred, held = _watch_deferral(tr, spec.get("defer", True))
     stop_at = spec.get("stop_at")
     res = tr.fit(max_iterations=stop_at or spec["steps"], resume=spec.get("resume", False))
     if stop_at:
@@ -68,7 +91,7 @@ def run(spec: dict) -> None:
            "compute_local_s": tr.compute_local_s, "resumed_from": tr.resumed_from,
            "sampler": tr.sampler.state_dict(), "result": res,
            "trajectory": tr.controller.b_trajectory() if tr.controller is not None else None,
-           "backend": comm.backend()}
+           "backend": comm.backend(), "deferred": deferred, "held": sum(held)}
     (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
     if spec.get("shutdown"):         # the next case may run on the other backend (tests/test_backend_*.py)
         comm.shutdown()
