@@ -172,6 +172,7 @@ StorageLoc=slurm_acct_db
 EOF
 }
 
+STALE=0
 healthy() {  # everything running, configs current, controller answering (--check: each piece said)
   [[ -f "$ETC/slurm.conf" ]] || { ck "no $ETC/slurm.conf"; return 1; }
   local n nn f
@@ -190,6 +191,21 @@ healthy() {  # everything running, configs current, controller answering (--chec
     [[ -e /run/netns/$(jnetns "$nn") ]] || { ck "network namespace $(jnetns "$nn") of node $nn is gone"; return 1; }
   done
   ck "slurmd and network namespace of each node: $(for n in "${JABAS_NODES[@]}"; do jnode_name "$n"; done | paste -sd" ")"
+  # a shared /tmp path deleted and created again (a CI clone at the same path) leaves the nodes bound to the old,
+  # deleted directory: each node must see the host's directory itself (same device and inode)
+  local sp host seen
+  for sp in "${SHARED_TMP[@]}"; do
+    host=$(stat -c %d:%i "$sp" 2>/dev/null)
+    for n in "${JABAS_NODES[@]}"; do
+      nn=$(jnode_name "$n")
+      seen=$(nsenter -t "$(cat "$(slurmd_pid_file "$nn")")" -m stat -c %d:%i "$sp" 2>/dev/null)
+      if [[ -z $host || $seen != "$host" ]]; then
+        ck "node $nn sees another $sp than this host (replaced since the cluster started: ${seen:-none} vs ${host:-none})"
+        STALE=1; return 1
+      fi
+    done
+  done
+  ((${#SHARED_TMP[@]} == 0)) || ck "each node sees the shared /tmp paths of this host: ${SHARED_TMP[*]}"
   ip link show "$JABAS_BRIDGE" >/dev/null 2>&1 || { ck "bridge $JABAS_BRIDGE is gone"; return 1; }
   [[ $(timeout 5 scontrol ping 2>/dev/null) == *UP* ]] || { ck "slurmctld does not answer scontrol ping"; return 1; }
   ck "bridge $JABAS_BRIDGE up; slurmctld answers (scontrol ping)"
@@ -206,8 +222,15 @@ if [[ -d "$ETC" ]] && diff -q -I '^StoragePass=' <(cat "$NEW"/*.conf) <(cat "$ET
     ck "UP: healthy and current (SLURM_CONF=$SLURM_CONF)"
     exit 0
   fi
-  ck "NOT HEALTHY: slurm/local/up.sh starts what is missing"
-  ((CHECK)) && exit 1
+  if ((STALE)); then
+    ck "NOT CURRENT: slurm/local/up.sh restarts the cluster (its running jobs end)"
+    ((CHECK)) && exit 1
+    jlog "a shared /tmp path was replaced since the cluster started: restarting the cluster"
+    "$HERE/down.sh" >/dev/null
+  else
+    ck "NOT HEALTHY: slurm/local/up.sh starts what is missing"
+    ((CHECK)) && exit 1
+  fi
 else
   if ((CHECK)); then
     if [[ -d "$ETC" ]]; then
