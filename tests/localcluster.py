@@ -2,9 +2,11 @@
 
 ``with LocalCluster() as c:`` brings the cluster up unless it is up already, writes a lease
 (its pid) and points SLURM_CONF / HPC_JABAS_SLURM_DIR at it for the holder's lifetime; on exit
-it removes the lease and takes the cluster down only if it started it and no other live holder
-(another pytest session, a benchmark) has a lease. Job files must live where every node sees
-them: /tmp is private per node; ``c.shared`` is a scratch directory all nodes share.
+it removes the lease, and the last live holder (no other pytest session, xdist worker or benchmark
+holds a lease) takes the cluster down when a holder started it: a marker file says so, so that the
+worker that started it may exit first. A cluster that was up before any holder stays up. Job files
+must live where every node sees them: /tmp is private per node; ``c.shared`` is a scratch directory
+all nodes share.
 """
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ class LocalCluster:
         self.started = False
         self._lease: Path | None = None
         self._saved: dict[str, str | None] = {}
+        self._marker = self.state / "started-by-a-holder"
 
     def _script(self, name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run(["bash", str(LOCAL / name), *args], env=self.env, capture_output=True, text=True,
@@ -58,6 +61,7 @@ class LocalCluster:
                 tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-1:] or [f"exit {r.returncode}"]
                 raise SlurmError(f"slurm/local/up.sh failed: {tail[0]} (logs in {self.state}/log)")
             self.started = True
+            self._marker.write_text(str(os.getpid()))
         leases = self.state / "leases"
         leases.mkdir(parents=True, exist_ok=True)
         self._lease = leases / str(os.getpid())
@@ -85,8 +89,9 @@ class LocalCluster:
         if self._lease is not None:
             self._lease.unlink(missing_ok=True)
             self._lease = None
-        if self.started and not _other_live_leases(self.state / "leases"):
+        if (self.started or self._marker.exists()) and not _other_live_leases(self.state / "leases"):
             self._script("down.sh", timeout=120)
+            self._marker.unlink(missing_ok=True)
 
 
 def kill_rank(job_id: str, rank: int) -> int | None:
