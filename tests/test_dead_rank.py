@@ -1,7 +1,7 @@
 """A dead rank never leaves the others with a traceback: kill -9 of one rank of a torch-backend training
 run under torchrun, mpirun and srun; the survivor ends with exactly one line naming the lost rank (no
-traceback), the launcher exits non-zero, and the last checkpoint still loads. On the Horovod backend mpirun itself
-ends the job (its own message names the rank)."""
+traceback), the launcher exits non-zero, and the last checkpoint still loads. On the Horovod backend the launcher
+itself ends the job (mpirun's own message, srun's --kill-on-bad-exit, each naming the rank)."""
 import json
 import os
 import re
@@ -116,3 +116,17 @@ def test_kill_9_under_srun(slurm_cluster, slurm_tmp):
     rc, err, elapsed = _launch(cmd, slurm_tmp, dict(slurm_cluster.env), 2, 1)
     assert re.search(r"srun: error: \S+: task 1: Killed", err), err[-3000:]
     _check(rc, err, elapsed, slurm_tmp)
+
+
+@pytest.mark.slurm
+def test_kill_9_on_horovod_under_srun(slurm_cluster, slurm_tmp):
+    """The Horovod backend under srun with the PMIx plugin and --kill-on-bad-exit=1 (as the job files run it), on
+    two nodes: srun names the killed task and ends the other, within the bound, with no traceback of ours, and the
+    last checkpoint loads."""
+    cmd = ["srun", "-p", "v100", "-N", "2", "-n", "2", "--mpi=pmix", "--kill-on-bad-exit=1", "-t", "3",
+           f"--chdir={ROOT}", f"--export=ALL,PYTHONPATH={ROOT},OMP_NUM_THREADS=1", PY]
+    rc, err, elapsed = _launch(cmd, slurm_tmp, dict(slurm_cluster.env), 2, 1, "horovod")
+    assert rc != 0 and elapsed < BOUND_S, (rc, elapsed, err[-3000:])
+    assert re.search(r"srun: error: \S+: task 1: Killed", err), err[-3000:]
+    assert "Traceback" not in err and not [ln for ln in err.splitlines() if ln.strip().startswith('File "')], err
+    _check_checkpoint(slurm_tmp)
