@@ -226,13 +226,13 @@ class Measurement:
         """Device vector [sq_sum, M, n0, n1, |g|^2, |H0|^2, |H1|^2, N] (the halves' norms NaN when noise-only;
         ``grads``: the reduced mean gradient, unscaled; ``norm``: N; ``factor``: what turns the hooks' gradients
         into weight x gradient, i.e. the backward's normaliser c over the loss scale). Turns h0 into H1 / N in place."""
+        if not self.similarity:                                 # noise only: no halves' norms (NaN)
+            self.hold(grads, norm, factor)
+            return self.read_held()
         sd = self.sd
         N = scalar(norm, sd, self.device)
         inv = scalar(factor, sd, self.device)
         g2 = sq_norms(grads, sd)
-        if not self.similarity:                                 # noise only: no halves' norms (NaN)
-            self._held = (g2, N, inv)
-            return self.read_held()
         sq_sum = self.scal[0] * inv * inv
         a = sq_norms(self.h0, sd) * inv * inv                   # |H0|^2, unscaled
         mul_(self.h0, -inv / N)                                 # -H0 / N ...

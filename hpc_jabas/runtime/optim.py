@@ -332,15 +332,15 @@ class HeterogeneousOptimizer:
             mul_(grads, self._c * self._world / W)         # sum w g / (c world), x c world / W: the token mean
         self._found_inf = self.amp.unscale_and_check()
         self._synced = True
-        if self._meas is not None and self._defer and self._found_inf is None:
+        if self._meas is not None:
             inv = self.amp.inv_scale()
-            self._meas.hold(grads, W if W is not None else self._total, self._c * inv if inv is not None else self._c)
-            self._held, self._meas = (self._meas, self._total), None
+            norm, factor = W if W is not None else self._total, self._c * inv if inv is not None else self._c
+            if self._defer and self._found_inf is None:    # read later (read_held): no wait, no host read here
+                self._meas.hold(grads, norm, factor)
+                self._held, self._meas = (self._meas, self._total), None
         if self._meas is not None:
             self._meas.wait()
-            inv = self.amp.inv_scale()
-            v = self._meas.values(grads, W if W is not None else self._total,
-                                  self._c * inv if inv is not None else self._c)
+            v = self._meas.values(grads, norm, factor)
             if self._found_inf is not None:
                 v = torch.cat([v, self._found_inf.to(v.dtype).reshape(1)])
             vals = v.tolist()                              # the measurement iteration's one host read
