@@ -367,3 +367,22 @@ def test_two_mixes_revert_alike(tmp_path):
     assert [h["B"] for h in ha] == [h["B"] for h in hb]
     assert [h["lr_scale"] for h in ha] == pytest.approx([h["lr_scale"] for h in hb], rel=1e-15)
     assert [h["plan"] for h in ha] != [h["plan"] for h in hb]          # the mixes did plan differently
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+def test_no_move_up_before_it_can_be_judged_and_an_early_jump_reverts(p):
+    """A short decision period: the rounds before 5 losses exist keep B (a move up then could not be judged: no
+    noise band); the first move up comes at the first round with >= 5 losses, and when the loss jumps right after
+    it (an early move to a B the run cannot take), the next round reverts it."""
+    from hpc_jabas.core.guard import MIN_PRE
+    rng = np.random.default_rng(p)
+    first = -(-MIN_PRE // p) * p                     # the first round with MIN_PRE losses before it
+    losses = [float(rng.normal(2.0, 0.05)) + (3.0 if it >= first else 0.0) for it in range(first + 3 * p)]
+    g = DivergenceGuard(window=guard_window(p), cooldown=10 * p)
+    moves, reverts, traj = _drive(g, losses, p)
+    assert [B for it, B in traj if it < first] == [16] * (first // p - 1)
+    assert dict(traj)[first] == 24                    # the first move, judged against the 5+ losses before it
+    assert reverts and reverts[0][0] == first + p and reverts[0][1].B == 16 and reverts[0][1].B_bad == 24
+    assert reverts[0][1].band.pre_n >= MIN_PRE
+    why = DivergenceGuard().allow(0, 16, 1.0, 24, 1.5)
+    assert why is not None and "0 losses so far" in why

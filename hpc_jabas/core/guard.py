@@ -15,8 +15,9 @@ window, n0 >= ``MIN_PRE``, mean m0, s0 the spread about its straight-line trend)
 or when a loss after the move is not finite. The first term is the noise band: under "nothing changed" the
 difference of the two means has standard deviation s * sqrt(1/n0 + 1/n1), and s is estimated from the pre window
 alone (a diverging post window's own spread would widen the band it is judged by). The second asks for a rise that
-matters besides one that is real. Both must hold. A move whose pre window holds fewer than ``MIN_PRE`` losses is
-accepted unjudged. A rise within the band but past ``SUSPECT`` of it keeps the pre-move level as the reference the
+matters besides one that is real. Both must hold. No move up is made that could not be judged: while fewer than
+``MIN_PRE`` finite losses precede it (the first iterations of a job whose decision period is short), a move up waits
+(``allow`` keeps B). A rise within the band but past ``SUSPECT`` of it keeps the pre-move level as the reference the
 next moves answer to (a creep of small rises is judged as a whole), and the good state a revert returns to stays the
 one before it. A revert goes back to the last good state (B and lr scale) and starts a cool-down: until
 ``cooldown`` x 2^(r - 1) iterations later (r: the reverts so far), no decision may raise B above that B, nor the lr
@@ -42,7 +43,7 @@ from hpc_jabas.errors import ConfigError
 #: the pre-move window: the decision period p, but at least this many and at most GUARD_MAX_WINDOW iterations
 GUARD_MIN_WINDOW = 20
 GUARD_MAX_WINDOW = 100
-#: a move with fewer pre-move losses than this is accepted unjudged (no noise band can be estimated)
+#: a move up waits until this many finite losses precede it (fewer give no noise band to judge it by)
 MIN_PRE = 5
 #: a rise of more than this fraction of the band (but within it) is kept as the level the next moves answer to
 SUSPECT = 0.5
@@ -295,6 +296,11 @@ class DivergenceGuard:
             return f"divergence guard: the move to B={self.watch[3]} is not judged yet (no loss after it); keep B"
         if self.after is not None:
             return "divergence guard: the revert is not judged yet (no loss after it); keep B"
+        if self.ref is None:
+            n = sum(1 for _, x in self.losses[-self.window:] if math.isfinite(x))
+            if n < MIN_PRE:
+                return (f"divergence guard: {n} losses so far, fewer than the {MIN_PRE} a move up is judged "
+                        "against; keep B")
         if self.cap is not None and int(iteration) < self.cap[2]:
             cB, clr, until = self.cap
             if B > cB or lr > clr * (1.0 + _LR_TOL):
