@@ -370,19 +370,23 @@ def test_two_mixes_revert_alike(tmp_path):
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4])
-def test_no_move_up_before_it_can_be_judged_and_an_early_jump_reverts(p):
-    """A short decision period: the rounds before 5 losses exist keep B (a move up then could not be judged: no
-    noise band); the first move up comes at the first round with >= 5 losses, and when the loss jumps right after
-    it (an early move to a B the run cannot take), the next round reverts it."""
+def test_no_large_move_up_before_it_can_be_judged_and_an_early_jump_reverts(p):
+    """A short decision period and a policy that asks for 4x at once: the rounds before 5 losses exist keep B (such
+    a move could not be judged: no noise band); the first move up comes at the first round with >= 5 losses, and
+    when the loss jumps right after it (an early move to a B the run cannot take), the next round reverts it. A move
+    of at most 2x (B and lr) goes ahead unjudged, as a fixed B twice as large would."""
     from hpc_jabas.core.guard import MIN_PRE
     rng = np.random.default_rng(p)
     first = -(-MIN_PRE // p) * p                     # the first round with MIN_PRE losses before it
     losses = [float(rng.normal(2.0, 0.05)) + (3.0 if it >= first else 0.0) for it in range(first + 3 * p)]
     g = DivergenceGuard(window=guard_window(p), cooldown=10 * p)
-    moves, reverts, traj = _drive(g, losses, p)
+    moves, reverts, traj = _drive(g, losses, p, grow=48)
     assert [B for it, B in traj if it < first] == [16] * (first // p - 1)
-    assert dict(traj)[first] == 24                    # the first move, judged against the 5+ losses before it
-    assert reverts and reverts[0][0] == first + p and reverts[0][1].B == 16 and reverts[0][1].B_bad == 24
+    assert dict(traj)[first] == 64                    # the first move, judged against the 5+ losses before it
+    assert reverts and reverts[0][0] == first + p and reverts[0][1].B == 16 and reverts[0][1].B_bad == 64
     assert reverts[0][1].band.pre_n >= MIN_PRE
-    why = DivergenceGuard().allow(0, 16, 1.0, 24, 1.5)
+    fresh = DivergenceGuard()
+    why = fresh.allow(0, 16, 1.0, 48, 3.0)
     assert why is not None and "0 losses so far" in why
+    assert fresh.allow(0, 16, 1.0, 32, 2.0) is None            # 2x: unjudged, allowed
+    assert fresh.allow(0, 16, 1.0, 32, 2.5) is not None        # B 2x but the lr 2.5x: waits

@@ -15,9 +15,10 @@ window, n0 >= ``MIN_PRE``, mean m0, s0 the spread about its straight-line trend)
 or when a loss after the move is not finite. The first term is the noise band: under "nothing changed" the
 difference of the two means has standard deviation s * sqrt(1/n0 + 1/n1), and s is estimated from the pre window
 alone (a diverging post window's own spread would widen the band it is judged by). The second asks for a rise that
-matters besides one that is real. Both must hold. No move up is made that could not be judged: while fewer than
-``MIN_PRE`` finite losses precede it (the first iterations of a job whose decision period is short), a move up waits
-(``allow`` keeps B). A rise within the band but past ``SUSPECT`` of it keeps the pre-move level as the reference the
+matters besides one that is real. Both must hold. A move up with fewer than ``MIN_PRE`` finite losses before it
+(the first round of a job whose decision period is short) cannot be judged: it is accepted unjudged when it at most
+doubles B and the lr scale (``UNJUDGED_STEP``: the risk of a fixed B twice as large), and a larger one waits
+(``allow`` keeps B) until it can be judged. A rise within the band but past ``SUSPECT`` of it keeps the pre-move level as the reference the
 next moves answer to (a creep of small rises is judged as a whole), and the good state a revert returns to stays the
 one before it. A revert goes back to the last good state (B and lr scale) and starts a cool-down: until
 ``cooldown`` x 2^(r - 1) iterations later (r: the reverts so far), no decision may raise B above that B, nor the lr
@@ -43,8 +44,10 @@ from hpc_jabas.errors import ConfigError
 #: the pre-move window: the decision period p, but at least this many and at most GUARD_MAX_WINDOW iterations
 GUARD_MIN_WINDOW = 20
 GUARD_MAX_WINDOW = 100
-#: a move up waits until this many finite losses precede it (fewer give no noise band to judge it by)
+#: a move up with fewer finite losses before it than this cannot be judged (no noise band to judge it by)
 MIN_PRE = 5
+#: such a move may at most multiply B and the lr scale by this (a larger one waits until it can be judged)
+UNJUDGED_STEP = 2.0
 #: a rise of more than this fraction of the band (but within it) is kept as the level the next moves answer to
 SUSPECT = 0.5
 #: good states kept to fall back to
@@ -296,11 +299,11 @@ class DivergenceGuard:
             return f"divergence guard: the move to B={self.watch[3]} is not judged yet (no loss after it); keep B"
         if self.after is not None:
             return "divergence guard: the revert is not judged yet (no loss after it); keep B"
-        if self.ref is None:
+        if self.ref is None and (B > UNJUDGED_STEP * B_now or lr > UNJUDGED_STEP * lr_now * (1.0 + _LR_TOL)):
             n = sum(1 for _, x in self.losses[-self.window:] if math.isfinite(x))
             if n < MIN_PRE:
                 return (f"divergence guard: {n} losses so far, fewer than the {MIN_PRE} a move up is judged "
-                        "against; keep B")
+                        f"against, and a move that cannot be judged may at most double B and the lr; keep B")
         if self.cap is not None and int(iteration) < self.cap[2]:
             cB, clr, until = self.cap
             if B > cB or lr > clr * (1.0 + _LR_TOL):
