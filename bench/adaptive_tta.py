@@ -65,7 +65,8 @@ Protocol (fixed before the final run; nothing here is tuned per method):
 Last line, per regime R in (latency, compute): R_tta_ratio_similarity, R_tta_ratio_goodput, R_tta_ratio_ramp,
 R_best_fixed_tta_ratio (each with _lo and _hi), R_goodput_vs_best_fixed (with _lo, _hi), R_goodput_vs_grid_median,
 R_grid_cost_s, R_goodput_cost_s, R_acc_gap_similarity_pts, R_acc_gap_goodput_pts (the worse of the tasks run in
-R), and noise_growth.
+R); per other task T (digits): T_goodput_vs_best_fixed (with _lo, _hi), T_tta_ratio_goodput, T_acc_gap_goodput_pts;
+and noise_growth.
 """
 from __future__ import annotations
 
@@ -792,6 +793,16 @@ def main() -> None:
                   (f"{regime}: similarity <= 0.85 of fixed-32", rm["ratio"]["similarity"] <= 0.85),
                   (f"{regime}: accuracy within 0.5 point (similarity, goodput)",
                    gaps["similarity"] <= 0.5 and gaps["noise-scale"] <= 0.5)]
+    for (regime, name), rt in sorted(reps.items()):           # the other tasks: their own line items and goal
+        if name == main_t:
+            continue
+        key = name if sum(1 for (_, n) in reps if n == name) == 1 else f"{regime}_{name}"
+        rb = rt.get("regret", {}).get("noise-scale", {}).get("best", (math.nan,) * 3)
+        fields.append(f"{key}_goodput_vs_best_fixed={rb[0]:.3f} {key}_goodput_vs_best_fixed_lo={rb[1]:.3f} "
+                      f"{key}_goodput_vs_best_fixed_hi={rb[2]:.3f} "
+                      f"{key}_tta_ratio_goodput={rt['ratio'].get('noise-scale', nan):.3f} "
+                      f"{key}_acc_gap_goodput_pts={rt['gap'].get('noise-scale', nan):.2f}")
+        goals.append((f"{key}: goodput <= 1.10 of the best fixed B in hindsight (median)", rb[0] <= 1.10))
     goals.append(("noise_growth >= 3", growth >= 3))
     print("goals: " + "; ".join(f"{g}: {'MET' if ok else 'MISSED'}" for g, ok in goals))
     print(" ".join(fields) + f" noise_growth={growth:.1f}", flush=True)
