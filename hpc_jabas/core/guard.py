@@ -15,16 +15,16 @@ window, n0 >= ``MIN_PRE``, mean m0, s0 the spread about its straight-line trend)
 or when a loss after the move is not finite. The first term is the noise band: under "nothing changed" the
 difference of the two means has standard deviation s * sqrt(1/n0 + 1/n1), and s is estimated from the pre window
 alone (a diverging post window's own spread would widen the band it is judged by). The second asks for a rise that
-matters besides one that is real. Both must hold. A move up with fewer than ``MIN_PRE`` finite losses before it
-(the first round of a job whose decision period is short) cannot be judged: it is accepted unjudged when it at most
+matters besides one that is real. Both must hold. A move up with fewer than ``MIN_PRE`` finite losses before it (the
+first round of a job whose decision period is short) cannot be judged: it is accepted unjudged when it at most
 doubles B and the lr scale (``UNJUDGED_STEP``: the risk of a fixed B twice as large), and a larger one waits
-(``allow`` keeps B) until it can be judged. A rise within the band but past ``SUSPECT`` of it keeps the pre-move level as the reference the
-next moves answer to (a creep of small rises is judged as a whole), and the good state a revert returns to stays the
-one before it. A revert goes back to the last good state (B and lr scale) and starts a cool-down: until
-``cooldown`` x 2^(r - 1) iterations later (r: the reverts so far), no decision may raise B above that B, nor the lr
-scale above that scale. When the loss after a revert is still above the band and no lower than where it had risen
-to, the guard goes one good state further back. While a move up (or a revert) is not judged yet, no further move up
-is allowed.
+(``allow`` keeps B) until it can be judged. A rise within the band but past ``SUSPECT`` of it keeps the pre-move
+level as the reference the next moves answer to (a creep of small rises is judged as a whole), and the good state a
+revert returns to stays the one before it. A revert goes back to the last good state (B and lr scale) and starts a
+cool-down: until ``cooldown`` x 2^(r - 1) iterations later (r: the reverts so far), no decision may raise B above
+that B, nor the lr scale above that scale. When the loss after a revert is still above the band and no lower than
+where it had risen to, the guard goes one good state further back. While a move up (or a revert) is not judged yet,
+no further move up is allowed.
 
 The weights are not rolled back: the guard restores the step size, not the parameters a diverging stretch left.
 """
