@@ -1,0 +1,98 @@
+"""The curvature headroom of the lr and the per-sample efficiency of a larger batch under linear lr scaling.
+
+Pure: plain numbers and numpy arrays in, numbers out (docs/formulas.md's notation; background in issue 56).
+
+On a locally quadratic loss with gradient G, Hessian H and per-sample gradient covariance Sigma, one step of
+lr eps along a mean gradient over B samples changes the expected loss by
+``-eps |G|^2 + eps^2 / 2 (G'HG + tr(H Sigma) / B)`` (McCandlish et al. 2018). Along G alone the step descends
+while ``eps < 2 eps_max``, ``eps_max = |G|^2 / G'HG``; the headroom is ``h = 2 eps_max / eps_eff`` with
+``eps_eff = lr / (1 - beta)`` under heavy-ball momentum beta (h > 1: the step is inside the edge). Along a
+preconditioned direction d (Adam's ``g / (sqrt(v_hat) + eps)``), ``eps_max = g'd / d'Hd`` and eps_eff = lr.
+
+When the lr scales linearly with B (eps = eps0 B / B0), the noise term per sample does not depend on B and only the
+curvature term grows, so the per-sample efficiency of B relative to B0 is
+
+    E_lin(B) = [1 - u (B + B_n)] / [1 - u (B0 + B_n)],   u = eps0 / (2 B0 eps_max),   B_n = tr(H Sigma) / G'HG:
+
+flat while u (B + B_n) << 1, then a cliff at ``B = 1 / u - B_n`` where the scaled lr meets the stability edge.
+(Pollux's E(B) = (B_noise + B0) / (B_noise + B) assumes the lr re-tuned at every B instead.)
+The tolerated multiplier of B (and so of the linearly scaled lr) is ``c * h``, c calibrated on measured grids.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _dot(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
+    return float(np.dot(np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()))
+
+
+def eps_max(g: Sequence[float] | np.ndarray, hd: Sequence[float] | np.ndarray,
+            d: Sequence[float] | np.ndarray | None = None) -> float:
+    """The largest lr along direction ``d`` (default: ``g`` itself) at which one step still descends on the
+    quadratic model, halved: ``g'd / d'Hd`` with ``hd = H d`` (one Hessian-vector product). inf where the
+    curvature along d is not positive (no edge along d); nan where g'd <= 0 (d is not a descent direction)."""
+    d_ = g if d is None else d
+    gd, dhd = _dot(g, d_), _dot(d_, hd)
+    if not gd > 0:
+        return math.nan
+    return math.inf if dhd <= 0 else gd / dhd
+
+
+def effective_lr(lr: float, momentum: float = 0.0) -> float:
+    """The step a heavy-ball lr takes in steady state: lr / (1 - momentum)."""
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum={momentum}: must be in [0, 1)")
+    return lr / (1.0 - momentum)
+
+
+def headroom(eps_max_: float, lr: float, momentum: float = 0.0) -> float:
+    """h = 2 eps_max / (lr / (1 - momentum)): above 1 the lr is inside the stability edge along the measured
+    direction, below 1 beyond it."""
+    if not lr > 0:
+        raise ValueError(f"lr={lr}: must be > 0")
+    return 2.0 * eps_max_ / effective_lr(lr, momentum)
+
+
+def b_curvature_noise(tr_h_sigma: float, ghg: float) -> float:
+    """B_n = tr(H Sigma) / G'HG: the batch at which noise and curvature add equally to a step's loss rise."""
+    return math.inf if ghg <= 0 else tr_h_sigma / ghg
+
+
+def e_lin(B: float, B0: float, eps0: float, eps_max_: float, b_n: float) -> float:
+    """Per-sample efficiency of batch B against B0 with the lr scaled linearly from eps0 at B0 (eps0: the
+    effective lr, eps/(1 - beta) under momentum): ``[1 - u (B + b_n)] / [1 - u (B0 + b_n)]``,
+    ``u = eps0 / (2 B0 eps_max)``. Clipped at 0 beyond the cliff (a step that raises the loss in expectation does
+    no work); nan where B0 itself is beyond it (the reference lr does not descend)."""
+    if B <= 0 or B0 <= 0 or eps0 <= 0:
+        raise ValueError(f"e_lin: B={B}, B0={B0}, eps0={eps0}: each must be > 0")
+    if math.isinf(eps_max_):
+        return 1.0
+    u = eps0 / (2.0 * B0 * eps_max_)
+    den = 1.0 - u * (B0 + b_n)
+    if den <= 0:
+        return math.nan
+    return max(0.0, (1.0 - u * (B + b_n)) / den)
+
+
+def cliff_batch(B0: float, eps0: float, eps_max_: float, b_n: float) -> float:
+    """The B where E_lin reaches 0: ``1 / u - b_n`` = 2 B0 eps_max / eps0 - b_n (inf without an edge)."""
+    if math.isinf(eps_max_):
+        return math.inf
+    return 2.0 * B0 * eps_max_ / eps0 - b_n
+
+
+def tolerated_multiplier(h: float, c: float) -> float:
+    """The largest multiplier of B (and of the linearly scaled lr) a move may take: c * h (c calibrated on measured
+    grids; bench/adaptive_experiments.py)."""
+    if not c > 0:
+        raise ValueError(f"c={c}: must be > 0")
+    return c * h
+
+
+def move_allowed(k: float, h: float, c: float) -> bool:
+    """Is a move of B by the factor k free under the headroom cap? (k <= 1 always is.)"""
+    return k <= 1.0 or k <= tolerated_multiplier(h, c)
