@@ -11,8 +11,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from hpc_jabas import exits as _exits
-from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
-from hpc_jabas.core.config import from_args as _from_args
+from hpc_jabas.core.cliargs import ArgumentParser, add_arguments
+from hpc_jabas.core.cliargs import from_args as _from_args
+from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.jobspec import JobSpec, SlurmRequest
 from hpc_jabas.core.planning import Plan, proportional_plan
 from hpc_jabas.errors import (
@@ -32,6 +33,7 @@ if TYPE_CHECKING:      # the lazy names below, for type checkers and editors
     from hpc_jabas.core.sampler import HeterogeneousSampler
     from hpc_jabas.runtime.evaluate import DistributedEval
     from hpc_jabas.runtime.hooks import Callback, Controller, EpochEndHook
+    from hpc_jabas.runtime.loop import init
     from hpc_jabas.runtime.optim import HeterogeneousOptimizer
     from hpc_jabas.runtime.task import Task
     from hpc_jabas.runtime.trainer import Trainer
@@ -49,6 +51,7 @@ _LAZY = {
     "DistributedEval": "hpc_jabas.runtime.evaluate",
     "HeterogeneousOptimizer": "hpc_jabas.runtime.optim",
     "HeterogeneousSampler": "hpc_jabas.core.sampler",
+    "init": "hpc_jabas.runtime.loop",              # start a backend (a script that calls hvd.init() needs none)
     "Callback": "hpc_jabas.runtime.hooks",          # the trainer's extension points (no backend import)
     "Controller": "hpc_jabas.runtime.hooks",
     "EpochEndHook": "hpc_jabas.runtime.hooks",
@@ -72,7 +75,7 @@ __all__ = [
     "JabasError", "ConfigError", "SlurmError", "CheckpointError", "InfeasibleError", "StateError",
     # extension points and the low-level layer
     "Callback", "Controller", "EpochEndHook", "Decision", "MoveDecision", "Plan", "proportional_plan",
-    "HeterogeneousOptimizer", "HeterogeneousSampler",
+    "HeterogeneousOptimizer", "HeterogeneousSampler", "init",
 ]
 
 

@@ -20,7 +20,8 @@ from mpi_util import PY, ROOT, WORKERS, mpi_env, run_ranks, run_script
 from reference import reference_run
 from test_equivalence import assert_params_close
 
-from hpc_jabas.core.config import ArgumentParser, JobConfig, add_arguments
+from hpc_jabas.core.cliargs import ArgumentParser, add_arguments
+from hpc_jabas.core.config import JobConfig
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.comm_torch import Launch, launcher, stream_of
 

@@ -24,7 +24,7 @@ def test_a_batch_larger_than_the_dataset_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         _trainer(65, tmp_path)
     assert "\n" not in str(e.value) and "batch=65 is larger than the dataset (64 samples)" in str(e.value)
-    assert "--batch 64 or less" in str(e.value)
+    assert "batch = 64 (the config key; --batch 64 as a flag) or less" in str(e.value)   # no flags: the key
     run = tmp_path / "run"                       # checked (and made) before the dataset is: nothing written in it
     assert not (run / "checkpoints").exists() and not (run / "metrics.jsonl").read_bytes().strip()
 

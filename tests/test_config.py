@@ -11,6 +11,7 @@ import tomllib
 import pytest
 from mpi_util import ROOT
 
+from hpc_jabas.core import cliargs as A
 from hpc_jabas.core import config as C
 from hpc_jabas.core.autoscale import OBJECTIVES
 from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
@@ -45,7 +46,7 @@ enabled = false
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
-    C.add_arguments(ap)
+    A.add_arguments(ap)
     return ap
 
 
@@ -63,7 +64,7 @@ def flags_of(cfg: C.JobConfig) -> list[str]:
         v = getattr(obj, f.name)
         if v == default_of(f):
             continue
-        flag = C.flag_of(section, f.name)
+        flag = A.flag_of(section, f.name)
         if isinstance(v, bool):
             out.append(flag if v else flag.replace("--", "--no-", 1))
         elif isinstance(v, list):
@@ -88,10 +89,10 @@ def test_toml_to_config_to_flags_round_trip(tmp_path):
                                               partition_types={"gpu": "v100"}, enabled=False)
     # the same config from flags alone, and from to_dict
     argv = flags_of(cfg)
-    assert C.from_args(parser().parse_args(argv)) == cfg, shlex.join(argv)
+    assert A.from_args(parser().parse_args(argv)) == cfg, shlex.join(argv)
     assert C.JobConfig.from_dict(cfg.to_dict()) == cfg
     # flags override the file; --plan alone implies the fixed planner
-    over = C.from_args(parser().parse_args(["--config", str(path), "--batch", "64", "--no-emulate",
+    over = A.from_args(parser().parse_args(["--config", str(path), "--batch", "64", "--no-emulate",
                                             "--autoscale-budget", "3", "--plan", "b=8 n=4,2,2"]))
     assert (over.batch, over.emulate, over.autoscale.budget, over.planner) == (64, False, 3.0, "fixed")
     assert over.epochs == 3 and over.autoscale.objective == "time-under-budget"
@@ -105,7 +106,7 @@ def test_every_key_has_a_flag_with_help():
     for section, f, _tp in fields:
         dest = f"autoscale_{f.name}" if section == "autoscale" else f.name
         a = actions[dest]
-        assert C.flag_of(section, f.name) in a.option_strings
+        assert A.flag_of(section, f.name) in a.option_strings
         assert a.default is None                      # unset flags do not override the TOML file
         assert a.help and f.metadata["help"] in a.help and "(default: " in a.help
         if f.metadata["choices"]:
@@ -178,7 +179,7 @@ def test_bad_flag_values_are_config_errors():
     for argv, needle in ((["--gpu-types", "v100,k80"], "'k80'"), (["--slowdown", "1factor=3"], "RANK:SPEC"),
                          (["--autoscale-partition-types", "gpu"], "PART:TYPE"), (["--batch", "0"], "batch=0")):
         with pytest.raises(ConfigError) as e:
-            C.from_args(parser().parse_args(argv))
+            A.from_args(parser().parse_args(argv))
         assert needle in one_line(e), argv
 
 
@@ -275,13 +276,13 @@ def test_add_arguments_leaves_the_users_parser_alone_and_ArgumentParser_gives_on
     import argparse
     plain = argparse.ArgumentParser(prog="mine")
     before = plain.error
-    group = C.add_arguments(plain)
+    group = A.add_arguments(plain)
     assert plain.error == before and group.title == "hpc-jabas"          # not patched; the group is returned
     with pytest.raises(SystemExit) as e:
         plain.parse_args(["--batch", "x"])
     assert e.value.code == 2 and "usage: mine" in capsys.readouterr().err  # argparse's own behaviour, kept
-    ours = C.ArgumentParser(prog="mine")
-    C.add_arguments(ours)
+    ours = A.ArgumentParser(prog="mine")
+    A.add_arguments(ours)
     with pytest.raises(SystemExit) as e:
         ours.parse_args(["--batch", "x"])
     err = capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 Every key is a field of one section dataclass, with its type, default and help text (field
 metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
-(:func:`add_arguments`: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
+(core/cliargs.py ``add_arguments``: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
 attributes of :class:`JobConfig` and the configuration reference in docs/config.md
 (:func:`config_reference`, written by scripts/gen_config_table.py). A value is normalised when it is
 assigned (a policy alias becomes its canonical name); :meth:`JobConfig.validate` only checks. Unknown
@@ -18,7 +18,6 @@ job key as a flat attribute (``cfg.batch``, ``cfg.policy``) besides its sections
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import typing
@@ -62,7 +61,6 @@ from hpc_jabas.core.schema import (
     field_types,
     key,
     reject_unknown,
-    split_optional,
     type_name,
 )
 from hpc_jabas.core.slowdown import Slowdown
@@ -100,6 +98,9 @@ class TrainConfig(Section):
     """[train] the data and the loop."""
     epochs: int = key(1, "epochs to train", lo=1)
     batch: int = key(256, "initial global batch size B", lo=1)
+    batch_per_rank: int | None = key(None, "the batch of each rank, DDP's and Horovod's habit: the global batch B "
+                                           "is this x the job's rank count (said once in the log); set, it "
+                                           "replaces batch", lo=1, shown="–", metavar="N")
     eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
                                    "steps on at each epoch end", metavar="KEY")
     micro_batch: int | None = key(None, "micro-batch size b", lo=1, shown="the planner's choice")
@@ -118,6 +119,14 @@ class TrainConfig(Section):
     bucket_cap_mb: float | None = key(None, "torch backend: DistributedDataParallel's gradient bucket size in MB "
                                             "(on Horovod its fusion buffer, HOROVOD_FUSION_THRESHOLD, plays this part)",
                                       lo=0.0, lo_open=True, shown="DDP's 25", metavar="MB")
+    find_unused_parameters: bool = key(False, "torch backend: DistributedDataParallel's find_unused_parameters (a "
+                                              "forward that leaves parameters out of the loss, e.g. a branch)")
+    static_graph: bool = key(False, "torch backend: DistributedDataParallel's static_graph (the same graph every "
+                                    "iteration: reentrant activation checkpointing, fewer graph walks)")
+    broadcast_buffers: bool = key(False, "torch backend: DistributedDataParallel's broadcast_buffers; only false: "
+                                         "ranks run unequal micro-batch counts, so a broadcast in every forward "
+                                         "would not match across ranks (BatchNorm buffers are averaged over the "
+                                         "ranks at each epoch end instead)")
 
 
 @dataclass
@@ -168,9 +177,9 @@ class AdaptiveConfig(Section):
                                            "samples (Pollux: about 1000 x batch)", lo=0.0, lo_open=True,
                                      shown="min(1000 x batch, one epoch)", metavar="SAMPLES")
     batch_start: str = key("batch", "where an adaptive run starts: batch, or knee (the smallest B in [batch, "
-                                    "batch_max] whose doubling adds at most 5% modelled samples/s on this mix; the "
-                                    "lr warmed up from batch's over the first decision period, batch stays the lr "
-                                    "reference)", choices=BATCH_STARTS)
+                                    "batch_max] whose doubling adds at most 5 percent modelled samples/s on this "
+                                    "mix; the lr warmed up from batch's over the first decision period, batch "
+                                    "stays the lr reference)", choices=BATCH_STARTS)
     kappa: float = key(DEFAULT_GOODPUT_KAPPA, "noise-scale policy: batch sizes are priced with kappa x the "
                                               "measured noise scale (1: Pollux's pricing)", lo=0.0, lo_open=True)
     noise_trend: bool = key(DEFAULT_NOISE_TREND, "noise-scale policy: price batch sizes with the noise scale "
@@ -227,6 +236,8 @@ class OutputConfig(Section):
     keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
     resume_finished: bool = key(False, "resume a run_dir whose checkpoint already finished the epochs (else: "
                                 "stop with a message and exit code 2)")
+    checkpoint_every_epochs: int = key(1, "checkpoint at every N-th epoch end (the last epoch's always; with an "
+                                          "epoch-end hook, every epoch's)", lo=1, metavar="N")
     checkpoint_every: int | None = key(None, "also checkpoint inside an epoch every N iterations", lo=1, shown="off",
                                        metavar="N")
     checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
@@ -416,22 +427,60 @@ class JobConfig(_FlatKeys):
         bmin, bmax = self.B_min, self.B_max
         if bmin > bmax:
             raise ConfigError(f"batch_min={bmin} > batch_max={bmax}; need batch_min <= batch_max")
-        if not bmin <= self.batch <= bmax:
+        if self.batch_per_rank is None and not bmin <= self.batch <= bmax:     # per rank: checked once resolved
             raise ConfigError(f"batch={self.batch} is outside [batch_min={bmin}, batch_max={bmax}]")
         return self
 
     def check_backend_keys(self, backend: str) -> None:
         """The keys one backend has and the other lacks, against ``backend`` (the configured one here; the Trainer
         calls it again with the backend "auto" resolved to): one ConfigError line."""
-        if backend == "horovod" and self.bucket_cap_mb is not None:
+        if self.broadcast_buffers:
+            raise ConfigError("broadcast_buffers=true cannot run here: DistributedDataParallel would broadcast the "
+                              "buffers in every forward, and the ranks run unequal micro-batch counts, so those "
+                              "broadcasts would not match across ranks; leave it false (BatchNorm buffers are "
+                              "averaged over the ranks, weighted by samples, at each epoch end)")
+        if backend != "horovod":
+            return
+        if self.bucket_cap_mb is not None:
             raise ConfigError(f"bucket_cap_mb={self.bucket_cap_mb:g} is the torch backend's DDP bucket size; on "
                               "backend='horovod' set HOROVOD_FUSION_THRESHOLD (bytes) instead, or use backend='torch'")
+        for name in ("find_unused_parameters", "static_graph"):
+            if getattr(self, name):
+                raise ConfigError(f"{name}=true is DistributedDataParallel's (the torch backend); backend='horovod' "
+                                  "needs no such setting (its hooks reduce the gradients the backward computes): "
+                                  f"drop {name}, or use backend='torch'")
 
     def _check_planning(self) -> None:
         """The planning keys' cross-field rules (one ConfigError line each)."""
         if self.identical_micro_batch == "false" and self.micro_batch:
             raise ConfigError(f"identical_micro_batch='false' contradicts micro_batch={self.micro_batch}, which "
                               "pins one size on every rank; drop one of them")
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What ``add_arguments`` found in the script's own parser and does not read, one line each, with what to
+        use instead (the Trainer logs them once, on rank 0)."""
+        return tuple(self.__dict__.get("_notes", ()))
+
+    def flag_name(self, name: str) -> str:
+        """How this script's command line gives key ``name`` (error lines name it): our flag, or the script's own
+        flag or positional that ``add_arguments`` reads as the key; without either, ``the config key NAME``."""
+        return str((self.__dict__.get("_flags") or {}).get(name) or f"the config key {name}")
+
+    def give(self, name: str, value: Any) -> str:
+        """How this script's command line sets key ``name`` to ``value`` (``--batch 64``, ``total_epochs 4``);
+        where the script has no flag of ours, the config key and the flag a script with them has."""
+        flags = self.__dict__.get("_flags") or {}
+        if name in flags:
+            return f"{flags[name]} {value}"
+        return f"{name} = {value} (the config key; --{name.replace('_', '-')} {value} as a flag)"
+
+    def with_cli(self, notes: typing.Iterable[str], flags: Mapping[str, str]) -> JobConfig:
+        """``self``, carrying what ``from_args`` learnt of the script's command line (:attr:`notes`,
+        :meth:`flag_name`); copies (``replace``, ``frozen``) keep it."""
+        object.__setattr__(self, "_notes", tuple(notes))
+        object.__setattr__(self, "_flags", dict(flags))
+        return self
 
     @property
     def B_min(self) -> int:
@@ -536,113 +585,6 @@ def _all_fields() -> list[tuple[str, dataclasses.Field[Any], Any]]:
         tps = field_types(cls)
         out += [(s, f, tps[f.name]) for f in dataclasses.fields(cls)]
     return out
-
-
-def flag_of(section: str, name: str) -> str:
-    return "--" + ("autoscale-" if section == "autoscale" else "") + name.replace("_", "-")
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` whose errors are one line on stderr and exit code 2, as in ``hpc-jabas``
-    itself (``hpc-jabas: error: ... (--help for usage)``), instead of the usage block plus the error."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"hpc-jabas: error: {message} (--help for usage)\n")
-
-
-#: namespace attributes add_arguments leaves for from_args: the flag prefix, and the keys read from the script's
-#: own flags ({our dest: [its dest, its default]})
-_PREFIX_ATTR, _SHARED_ATTR, _CONFIG_ATTR = "_hpc_jabas_prefix", "_hpc_jabas_shared", "_hpc_jabas_config"
-
-
-def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> Any:
-    """``--config`` plus one flag per key, with its help, in a group per section, and ``-q/--quiet``,
-    ``-v/--verbose`` (``hpc_jabas.config_from_args`` applies them); returns the first group ("hpc-jabas",
-    holding --config). Flags default to None (unset): they override the TOML file given by --config, which
-    overrides the defaults.
-
-    A flag the script already has (its own ``--epochs``, ``--seed``) is kept, not added again: its value is read
-    as the key's; its default counts as a default (below --config), a value given on the command line as a
-    flag. ``prefix="hj-"`` names every flag ``--hj-KEY`` instead (``--hj-config``), leaving the script's own
-    flags alone. A script that has its own ``--config`` gets ours as ``--<prefix>jabas-config``. For one-line
-    errors build the parser as :class:`ArgumentParser` (``hpc_jabas.ArgumentParser``)."""
-    pre = prefix.lstrip("-")
-    taken = getattr(parser, "_option_string_actions", {})
-    shared: dict[str, list[Any]] = {}
-    top = parser.add_argument_group("hpc-jabas")
-    cfg_flag = f"--{pre}config" if f"--{pre}config" not in taken else f"--{pre}jabas-config"
-    cfg_dest = cfg_flag[2:].replace("-", "_")
-    top.add_argument(cfg_flag, dest=cfg_dest, metavar="TOML", help="TOML job configuration")
-    if not {"-q", "--quiet", "-v", "--verbose"} & set(taken):
-        g = top.add_mutually_exclusive_group()
-        g.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
-        g.add_argument("-v", "--verbose", action="store_true", help="debug output from every rank")
-    groups: dict[str, Any] = {}
-    for s, f, tp in _all_fields():
-        flag = "--" + pre + flag_of(s, f.name)[2:]
-        dest = _dest(s, f.name)
-        if flag in taken:                          # the script's own flag: read as ours
-            act = taken[flag]
-            shared[dest] = [act.dest, act.default]
-            continue
-        g = groups.get(s) or groups.setdefault(s, parser.add_argument_group(f"hpc-jabas [{s}]"))
-        m = f.metadata
-        base, _ = split_optional(tp)
-        shown = default_text(f)
-        helptext = f"{m['help']} (default: {shown[1:-1] if isinstance(f.default, str) else shown})"
-        kw: dict[str, Any] = {"dest": pre.replace("-", "_") + dest, "default": None, "help": helptext}
-        if base is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-            if f"--no-{flag[2:]}" in taken:
-                shared[dest] = [taken[f"--no-{flag[2:]}"].dest, taken[f"--no-{flag[2:]}"].default]
-                continue
-        elif typing.get_origin(base) is dict:
-            kw.update(action="append", metavar=m["metavar"])
-        elif typing.get_origin(base) is list:
-            kw["metavar"] = m["metavar"]
-        else:
-            kw["type"] = base
-            if m["choices"]:
-                kw["choices"] = m["choices"]
-                if m.get("canon") is not None:      # an alias (--policy goodput) is read as its canonical name
-                    canon = m["canon"]
-                    kw["type"] = lambda v, _c=canon, _t=base: _c(_t(v))
-            else:
-                kw["metavar"] = m["metavar"] or f.name.upper()
-        g.add_argument(flag, **kw)
-    parser.set_defaults(**{_PREFIX_ATTR: pre.replace("-", "_"), _SHARED_ATTR: shared, _CONFIG_ATTR: cfg_dest})
-    return top
-
-
-def _dest(section: str, name: str) -> str:
-    return f"autoscale_{name}" if section == "autoscale" else name
-
-
-def from_args(args: argparse.Namespace) -> JobConfig:
-    """The config of --config (if any) with the flags that were given on top; validated. The script's own
-    flags that add_arguments kept count as the keys' flags (their defaults below --config)."""
-    pre = getattr(args, _PREFIX_ATTR, "") or ""
-    shared: dict[str, list[Any]] = getattr(args, _SHARED_ATTR, None) or {}
-    flat: dict[str, Any] = {}
-    auto: dict[str, Any] = {}
-    toml = getattr(args, getattr(args, _CONFIG_ATTR, "config"), None)
-    if toml:
-        flat, auto = flatten(read_toml(toml))
-    given = {**flat, **{f"autoscale_{k}": v for k, v in auto.items()}}
-    for s, f, _ in _all_fields():
-        dest = _dest(s, f.name)
-        if dest in shared:
-            their_dest, their_default = shared[dest]
-            v = getattr(args, their_dest, None)
-            if v is not None and v == their_default and dest in given:
-                v = None                            # the script's default yields to --config
-        else:
-            v = getattr(args, pre + dest, None)
-        if v is not None:
-            (auto if s == "autoscale" else flat)[f.name] = v
-    if "plan" not in shared and getattr(args, pre + "plan", None) and not getattr(args, pre + "planner", None):
-        flat["planner"] = "fixed"
-    return JobConfig.from_dict({**flat, "autoscale": auto})
 
 
 def config_reference() -> str:

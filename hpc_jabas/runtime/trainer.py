@@ -48,8 +48,9 @@ from hpc_jabas.runtime.pending import PendingDecisions
 from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.reducer import check_model
-from hpc_jabas.runtime.resolve import resolve_config
+from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
+from hpc_jabas.runtime.scriptcli import resolve_cli
 from hpc_jabas.runtime.state import TrainState
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
 from hpc_jabas.runtime.world import World
@@ -136,8 +137,7 @@ class Trainer:
         self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
         self._clock = IterationClock(self.device)   # an iteration's compute and end (runtime/clock.py)
         self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)   # a Dataset or DataLoader: data.py
-        # the configuration every part reads: resolved once, here, and frozen (runtime/resolve.py)
-        self.resolved = resolve_config(cfg, model, len(self.feed.dataset), self.rank, planner_fn is not None)
+        self.resolved = self._resolve(cfg, model, planner_fn is not None)    # the configuration every part reads
         self.model = model.to(self.device)
         self.loss_fn, self.scheduler, self.scheduler_step, self.eval_fn = loss_fn, scheduler, scheduler_step, eval_fn
         self.forward_fn = forward_fn or (lambda m, batch: loss_fn(m(batch[0]), batch[1]))
@@ -159,6 +159,12 @@ class Trainer:
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self._start_records()
         self.checkpointer = self._checkpointer()
+
+    def _resolve(self, cfg: JobConfig, model: torch.nn.Module, user_plans: bool) -> ResolvedConfig:
+        """The configuration every part reads, resolved once and frozen: the script's command line (batch_per_rank,
+        runtime/scriptcli.py), then what the job leaves to the model and the data (runtime/resolve.py)."""
+        n = len(self.feed.dataset)
+        return resolve_config(resolve_cli(cfg, self.world_info, n), model, n, self.rank, user_plans)
 
     @property
     def cfg(self) -> JobConfig:
@@ -336,7 +342,7 @@ class Trainer:
         if plan.B > n:             # an iteration would be the whole epoch, cut short: not a batch of B samples
             what = f"batch={plan.B}" if self.cfg.plan is None else f"plan {plan} (B={plan.B})"
             raise ConfigError(f"{what} is larger than the dataset ({n} samples): one iteration cannot hold more "
-                              f"samples than an epoch; give --batch {n} or less")
+                              f"samples than an epoch; give {self.cfg.give('batch', n)} or less")
         return plan.B, plan
 
     # ---- the ranks (the World, runtime/world.py) --------------------------------------------
