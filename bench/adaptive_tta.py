@@ -9,6 +9,18 @@
     .venv/bin/python -m bench.adaptive_tta --untuned  # only the task added after the defaults were frozen
     .venv/bin/python -m bench.adaptive_tta --untuned-cnn   # only the second one: a 2-D conv net with Adam on shapes
     .venv/bin/python -m bench.adaptive_tta --only 'noise-scale'   # development aid: only the kinds matching
+    .venv/bin/python -m bench.adaptive_tta --fair     # THE FAIR PROTOCOL (issue 56; bench/adaptive_fair.py), 5+5 seeds
+    .venv/bin/python -m bench.adaptive_tta --fair --fair-tasks shapes-latency,shapes-compute,digits,lm,untuned,cnn,image
+    .venv/bin/python -m bench.adaptive_tta --fair --quick --fair-tasks shapes-latency,digits   # its smoke run (~5 min)
+
+The fair protocol (--fair) is the reference protocol: evaluations every quarter epoch with the clock paused, the
+crossing time interpolated between the two that bracket the target, two targets per task (mid-curve, and plateau =
+fixed-32's final less two seed standard deviations), the reference fixed configuration (each B with the sqrt and the
+linear rule; the fastest ending within 0.5 point of fixed-32's final accuracy) chosen on selection seeds and scored
+on fresh ones, the policies run on the fresh seeds at their defaults (batch_max included), a performance profile
+over (task, target) pairs with misses infinite. Its last line: regret_geomean= regret_worst= misses= profile_110=
+profile_125= one_run_vs_grid= acc_gap_worst_pts= (for goodput; the other policies' with their prefix) seeds=. The
+protocol described below is the previous one (epoch-end evaluations, hindsight-best fixed B on the same seeds).
 
 Cluster: 3 Horovod ranks (mpirun, re-exec'd by bench/common/launch.py) EMULATING v100 / p100 / rtx2060
 (emulate=True, gpu_types): every micro-batch of b samples takes (base + per_sample * b) / speed. Two cost regimes:
@@ -109,6 +121,8 @@ LM_REGIME = dict(emulate_base_s=0.012, emulate_per_sample_s=0.0006)
 #: (the per-call part is 14% of a b = 256 micro-batch; a smoke run at two thirds of these times, beside a test
 #: suite, measured a real share of 0.68). The section prints the real share it measured.
 UNTUNED_REGIME = dict(emulate_base_s=0.006, emulate_per_sample_s=0.00015)
+#: the fair protocol's sections (--fair-tasks); the first three by default
+FAIR_TASKS = ("shapes-latency", "shapes-compute", "digits", "lm", "untuned", "cnn", "image")
 #: the regimes each task runs in (digits is for accuracy: one regime)
 TASK_REGIMES = {"shapes": ("latency", "compute"), "digits": ("latency",)}
 
@@ -119,6 +133,9 @@ def profile_cluster() -> None:
     allreduce measured over Horovod here. Outside the benchmark clock. A failure stops the benchmark: planning
     with anything but a measured profile is not this protocol."""
     shutil.rmtree(PROFILES, ignore_errors=True)
+    if "--fair" in sys.argv:
+        _profile_fair()
+        return
     if "--image" in sys.argv:
         profile_emulated("tta_tasks:image_bundle (image)", "bench.common.tta_tasks:image_bundle", TYPES,
                          IMAGE_REGIME["emulate_base_s"], IMAGE_REGIME["emulate_per_sample_s"],
@@ -149,6 +166,33 @@ def profile_cluster() -> None:
             emu = REGIMES[regime]
             profile_emulated(f"{bundle} ({regime})", bundle, TYPES, emu["emulate_base_s"], emu["emulate_per_sample_s"],
                              PROFILES / regime / name)
+
+
+def _profile_fair() -> None:
+    """The profiles of the fair protocol's sections (--fair-tasks, read from the command line before argparse)."""
+    argv = sys.argv
+    i = argv.index("--fair-tasks") + 1 if "--fair-tasks" in argv else len(argv)
+    names = (argv[i] if i < len(argv) else ",".join(FAIR_TASKS[:3])).split(",")
+    for name in names:
+        if name in ("shapes-latency", "shapes-compute", "digits"):
+            regime = "compute" if name == "shapes-compute" else "latency"
+            key = name.split("-")[0]
+            emu = REGIMES[regime]
+            profile_emulated(f"{BUNDLES[key]} ({regime})", BUNDLES[key], TYPES, emu["emulate_base_s"],
+                             emu["emulate_per_sample_s"], PROFILES / regime / key)
+        elif name in FAIR_PROFILES:
+            bundle, emu, out, extra = FAIR_PROFILES[name]
+            profile_emulated(f"{bundle} ({name})", bundle, TYPES, emu["emulate_base_s"], emu["emulate_per_sample_s"],
+                             PROFILES / out, *extra)
+
+
+#: the other fair sections' profiles: (bundle, regime, profile folder under PROFILES, extra profile flags)
+FAIR_PROFILES = {"lm": ("bench.common.tta_tasks:lm_bundle", LM_REGIME, "lm/lm", ("--optimizer", "adam")),
+                 "untuned": ("bench.common.tta_tasks:seq_bundle", UNTUNED_REGIME, "untuned/seq",
+                             ("--optimizer", "adam")),
+                 "cnn": ("bench.common.tta_tasks:shapes_cnn_bundle", UNTUNED_REGIME, "cnn/shapes-cnn",
+                         ("--optimizer", "adam")),
+                 "image": ("bench.common.tta_tasks:image_bundle", IMAGE_REGIME, "image/jpeg", ())}
 
 
 if not in_mpi_world():
@@ -195,6 +239,8 @@ def variant_key(kind: str) -> str:
 
 nan = math.nan
 ONLY: str | None = None      # --only REGEX: a development aid; its figures are not the protocol's
+FAIR = False                 # --fair: the fair protocol (bench/adaptive_fair.py)
+EVALS_PER_EPOCH = 4          # the fair protocol's evaluations per epoch (clock paused)
 
 
 @dataclass
@@ -405,7 +451,9 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     if policy:
         B = SMALL
         base = kind.split("+")[0]
-        cfg.update(policy=base, batch=SMALL, batch_min=SMALL, batch_max=LARGE)      # everything else: defaults
+        cfg.update(policy=base, batch=SMALL, batch_min=SMALL)                       # everything else: defaults
+        if not FAIR:                    # the fair protocol: batch_max at its default (one epoch) too
+            cfg.update(batch_max=LARGE)
         cfg.update(VARIANTS.get(kind, {}))
         lr = task.lr0
     else:
@@ -427,6 +475,7 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
         goyal_warmup(opt, B, WARMUP_EPOCHS * math.ceil(task.n_train / B))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine(task.epochs))
     evals: list[dict] = []
+    curve: list[dict] = []          # every evaluation in time order, from the one before training (the crossing time)
     probes: list[tuple] = []
     clk = {"t0": 0.0, "paused": 0.0}
     holder: dict = {}
@@ -447,6 +496,7 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
         # samples: the evaluations come at epoch ends, so the samples so far are whole epochs; it: optimizer steps
         evals.append({"clock": clock, "acc": acc, "B": tr.B, "it": tr.iteration,
                       "samples": (len(evals) + 1) * task.n_train})
+        curve.append(evals[-1])
         if pr is not None:
             probes.append(pr)
         clk["paused"] += time.perf_counter() - t
@@ -454,9 +504,14 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
 
     if probe_noise:
         probes.append(comm.broadcast_object(probe(model) if rank == 0 else None, name="tta.probe0"))
+    acc0 = comm.broadcast_object(acc_fn(model, xt, yt) if rank == 0 and FAIR else None, name="tta.acc0")
+    if FAIR:
+        curve.append({"clock": 0.0, "acc": acc0, "B": B, "it": 0, "samples": 0})
     comm.broadcast_object(None, name="tta.sync")
     clk["t0"] = time.perf_counter()
     extra = {"forward_fn": task.forward_fn} if task.forward_fn is not None else {}
+    if FAIR:
+        extra["callbacks"] = [_quarter_eval(task.n_train, clk, rank, acc_fn, xt, yt, curve, holder)]
     tr = Trainer(model, opt, ds, loss_fn, config=JobConfig(**cfg), scheduler=sched, eval_fn=eval_fn, **extra)
     holder["trainer"] = tr
     slept = {"s": 0.0}
@@ -486,18 +541,44 @@ def run_one(task: Task, kind: str, seed: int, rank: int, regime: str, probe_nois
     costs, modelled = read_iterations(Path(cfg["run_dir"]), prof, rows) if rank == 0 else ({}, [])
     cosines = decided_cosines(Path(cfg["run_dir"])) if rank == 0 and name.startswith("similarity") else []
     if modelled:
-        for e in evals:
+        for e in curve if FAIR else evals:
             e["model_clock"] = sum(modelled[:e["it"]])
     kind = name + ("+wd" if cfg.get("wd_rule") == "linear" else "")
     res = {"task": task.name, "kind": kind, "seed": seed, "regime": regime, "evals": evals, "probes": probes,
            "iterations": iters, "costs": costs, "mean_B": task.epochs * task.n_train / max(iters, 1),
            "final": evals[-1]["acc"], "train_s": evals[-1]["clock"], "real_share": share, "overruns": overruns,
-           "cosines": cosines, "rows": rows}
+           "cosines": cosines, "rows": rows, "curve": curve}
     if rank == 0:
         print(f"  [{regime} {task.name} seed {seed}] {kind:<16} final={100 * res['final']:.2f}% "
               f"train={res['train_s']:.1f}s iters={iters} mean_B={res['mean_B']:.0f} "
               f"B@epoch_end={_traj([e['B'] for e in evals])}", flush=True)
     return res
+
+
+def _quarter_eval(n_train: int, clk: dict, rank: int, acc_fn, xt, yt, curve: list, holder: dict):
+    """The fair protocol's evaluations inside an epoch: after the iteration that crosses each of its first
+    EVALS_PER_EPOCH - 1 equal shares of the training set (the epoch's end is the eval_fn's), rank 0 evaluates with
+    the clock paused on every rank (the others wait in the broadcast); every rank calls it at the same iteration."""
+    from hpc_jabas.runtime.hooks import Callback
+
+    class QuarterEval(Callback):
+        def __init__(self) -> None:
+            self.done, self.k = 0, 1
+
+        def on_step_end(self, trainer, rec) -> None:
+            self.done += int(rec["samples"])
+            share, hit = n_train / EVALS_PER_EPOCH, False
+            while self.k * share <= self.done + 1e-9:
+                hit = hit or self.k % EVALS_PER_EPOCH != 0
+                self.k += 1
+            if not hit:
+                return
+            t = time.perf_counter()
+            clock = t - clk["t0"] - clk["paused"]
+            acc = comm.broadcast_object(acc_fn(trainer.model, xt, yt) if rank == 0 else None, name="tta.quarter")
+            curve.append({"clock": clock, "acc": acc, "B": trainer.B, "it": trainer.iteration, "samples": self.done})
+            clk["paused"] += time.perf_counter() - t
+    return QuarterEval()
 
 
 def boot_ratio(num: list[float], den: list[float], rng: np.random.Generator) -> tuple[float, float, float]:
@@ -683,12 +764,17 @@ def main() -> None:
                     help="only the second untuned section: a 2-D conv net with Adam on the shapes images")
     ap.add_argument("--adamw", action="store_true",
                     help="only the AdamW section: goodput with and without wd_rule = linear on the shapes task")
+    ap.add_argument("--fair", action="store_true",
+                    help="the fair protocol (bench/adaptive_fair.py): quarter-epoch evaluations, the reference chosen "
+                         "on selection seeds and scored on fresh ones, mid and plateau targets, a performance profile")
+    ap.add_argument("--fair-tasks", default=",".join(FAIR_TASKS[:3]), metavar="LIST",
+                    help=f"with --fair: the sections to run, of {','.join(FAIR_TASKS)}")
     ap.add_argument("--only", metavar="REGEX", default=None,
                     help="development aid: run only the phase-2 kinds matching REGEX (fixed-32 always runs: it sets "
                          "the target); the figures are not the protocol's")
     args = ap.parse_args()
-    global ONLY
-    ONLY = args.only
+    global ONLY, FAIR
+    ONLY, FAIR = args.only, args.fair
     bad = [k for k in VARIANTS if "+" not in k or k.split("+", 1)[0] not in POLICIES]
     if bad:
         raise SystemExit(f"adaptive_tta: VARIANTS {bad}: a variant is named <policy>+<tag>, policy one of {POLICIES}")
@@ -712,6 +798,9 @@ def main() -> None:
               + f"; seeds {seeds}; load average at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs", flush=True)
     reps: dict[tuple[str, str], dict] = {}
     rng = np.random.default_rng(0)
+    if args.fair:
+        fair_main(fair_task_list(args.fair_tasks), args.seeds or (1 if args.quick else 5), rank, rng, args.quick)
+        return
     if args.adamw:
         adamw_section(ts[0], seeds, rank, rng)
         return
@@ -806,6 +895,84 @@ def main() -> None:
     goals.append(("noise_growth >= 3", growth >= 3))
     print("goals: " + "; ".join(f"{g}: {'MET' if ok else 'MISSED'}" for g, ok in goals))
     print(" ".join(fields) + f" noise_growth={growth:.1f}", flush=True)
+
+
+def fair_task_list(text: str) -> list[str]:
+    names = [t for t in text.split(",") if t]
+    bad = [t for t in names if t not in FAIR_TASKS]
+    if bad or not names:
+        raise SystemExit(f"adaptive_tta: --fair-tasks {text!r}: a comma-separated list of {','.join(FAIR_TASKS)}")
+    return names
+
+
+def fair_sections(names: list[str], quick: bool) -> list[tuple[str, Task, str, tuple[float, ...]]]:
+    """(label, task, regime, lr grid) of each fair section asked for."""
+    ts = {t.name: t for t in make_tasks(quick)}
+    epochs = 3 if quick else None
+    grid = (128,) if quick else (64, 128, 256, LARGE)
+    out = []
+    for name in names:
+        if name in ("shapes-latency", "shapes-compute"):
+            out.append((name, ts["shapes"], name.split("-")[1], (ts["shapes"].lr0,)))
+        elif name == "digits":
+            out.append((name, ts["digits"], "latency", (ts["digits"].lr0,)))
+        elif name == "lm":
+            from examples.train_lm import lm_forward
+            ds, vt, vl = tasks.lm_data(*((1024, 256) if quick else (tasks.LM_TRAIN, tasks.LM_TEST)))
+            out.append((name, Task("lm", (None, None, vt, vl), tasks.lm_model, LM_LRS[1], epochs or LM_EPOCHS, grid,
+                                   False, train_ds=ds, forward_fn=lm_forward, acc_fn=tasks.lm_accuracy,
+                                   optimizer="adamw"), "lm", (LM_LRS[1],) if quick else LM_LRS))
+        elif name == "untuned":
+            data = tasks.seq_data(*((800, 400) if quick else (tasks.SEQ_TRAIN, tasks.SEQ_TEST)))
+            out.append((name, Task("seq", data, tasks.seq_model, UNTUNED_LRS[1], epochs or UNTUNED_EPOCHS, grid,
+                                   False, optimizer="adam", variants=False), "untuned",
+                        (UNTUNED_LRS[1],) if quick else UNTUNED_LRS))
+        elif name == "cnn":
+            out.append((name, Task("shapes-cnn", tasks.shapes_data(*((1200, 500) if quick else ())),
+                                   tasks.shapes_cnn_model, UNTUNED_LRS[1], epochs or 8, grid, False,
+                                   optimizer="adam", variants=False), "cnn",
+                        (UNTUNED_LRS[1],) if quick else UNTUNED_LRS))
+        else:                                                   # image
+            ds, xt, yt = tasks.image_data(JPEG_ROOT, quick)
+            comm.broadcast_object(None, name="tta.image.data")
+            out.append((name, Task("jpeg", (None, None, xt, yt), tasks.image_model, 0.05, epochs or IMAGE_EPOCHS, grid,
+                                   False, train_ds=ds), "image", (0.05,) if quick else IMAGE_LRS))
+    return out
+
+
+def fair_main(names: list[str], n_seeds: int, rank: int, rng: np.random.Generator, quick: bool) -> None:
+    """The fair protocol over the sections ``names``: n_seeds selection seeds (0..n-1) and as many fresh ones
+    (n..2n-1); per section the lr picked on fixed-32's first selection seed where the task has an lr grid; the
+    sections of bench/adaptive_fair.py; its last line."""
+    import dataclasses
+
+    from bench import adaptive_fair
+    sel, fresh = list(range(n_seeds)), list(range(n_seeds, 2 * n_seeds))
+    pols = ["noise-scale"] if quick else ["noise-scale", "similarity", "ramp"]
+    sections: dict[str, dict] = {}
+    for label, task, regime, lrs in fair_sections(names, quick):
+        if len(lrs) > 1:
+            pick = {lr: run_one(dataclasses.replace(task, lr0=lr), f"fixed-{SMALL}", sel[0], rank, regime, False,
+                                tag=f"-lr{lr:g}")["final"] for lr in lrs}
+            task = dataclasses.replace(task, lr0=max(lrs, key=lambda k: (pick[k], -k)))
+            if rank == 0:
+                print(f"  [fair {label}] lr grid on fixed-{SMALL}, seed {sel[0]}: " + ", ".join(
+                    f"{k:g}: {100 * v:.2f}%" for k, v in pick.items()) + f"; kept {task.lr0:g}", flush=True)
+        fixed = [f"fixed-{b}-{rule}" for b in task.grid for rule in ("sqrt", "linear")]
+
+        def run(kind: str, seed: int, task=task, regime=regime) -> dict:
+            return run_one(task, kind, seed, rank, regime, False)
+
+        def bcast(obj, label=label):
+            return comm.broadcast_object(obj, name=f"tta.fair.{label}")
+
+        got = adaptive_fair.fair_section(label, task.epochs, fixed, pols, sel, fresh, run, bcast, rank)
+        if got is not None:
+            sections[label] = got
+    if rank == 0:
+        print(f"\nfair protocol: sections {', '.join(names)}; selection seeds {sel}, fresh seeds {fresh}; headline "
+              f"policy {pols[0]} (the others with their prefix); clock: the emulated cluster's (the machine is shared)")
+        print(adaptive_fair.last_line(sections, pols, n_seeds, rng), flush=True)
 
 
 ADAMW_LRS = (0.001, 0.003, 0.01)
