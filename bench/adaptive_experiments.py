@@ -35,7 +35,8 @@ Experiments:
 
 Last line: per task T: T_mid=, T_plateau= (targets, %), T_bstar_mid=, T_bstar_plateau=, T_h32_early=,
 T_c_mid=, T_c_plateau=, T_h256_early=, T_loss32=, T_loss256=, T_acc32=, T_acc256= (medians; 256 = the
-linear rule), and digits_256x2_reach_mid= digits_256x2_reach_plateau= (seeds reaching / seeds), seeds=.
+linear rule), digits_x2_mid= digits_x2_plateau= (seeds reaching / seeds) and digits_acc256x2=, c_fit_mid= and
+c_fit_plateau= (the range of one constant c that puts every task's B* where it is, or none), seeds=.
 """
 from __future__ import annotations
 
@@ -327,16 +328,27 @@ def main() -> None:
     print(f"\ntotal {time.perf_counter() - t0:.0f} s (contended machine; no figure here is a time)")
     hs = {t: o["h32_early"] for t, o in out.items()}
     order_h = sorted(hs, key=lambda t: -hs[t])
-    cs = [o["c_mid"] for o in out.values() if math.isfinite(o["c_mid"])]
-    if len(cs) > 1:
-        print(f"tasks by h32_early (high first): {', '.join(order_h)}; by B* (mid): "
-              f"{', '.join(sorted(out, key=lambda t: -out[t]['bstar_mid']))}; c (mid) spread max/min "
-              f"{max(cs) / min(cs):.2f}")
+    print(f"tasks by h32_early (high first): {', '.join(order_h)}; by B* (mid): "
+          f"{', '.join(sorted(out, key=lambda t: -out[t]['bstar_mid']))}")
+    cfit: dict[str, str] = {}
+    for tname in ("mid", "plateau"):
+        # B* = the largest grid B with B / 32 <= c h (the next doubling fails): c in [B*/32/h, 2 B*/32/h) per task
+        lo, hi = 0.0, math.inf
+        for o in out.values():
+            b, h = o[f"bstar_{tname}"], o["h32_early"]
+            if b >= max(GRID) or not (h > 0 and math.isfinite(h)) or not b:
+                continue                   # the largest grid B met: no upper bound from this task
+            lo, hi = max(lo, b / SMALL / h), min(hi, 2 * b / SMALL / h)
+        print(f"one constant c for the {tname} target (B* = the largest grid B with B/32 <= c h32_early): "
+              + (f"c in [{lo:.2f}, {hi:.2f}) fits every task" if lo < hi else
+                 f"none fits every task (the tasks ask c >= {lo:.2f} and c < {hi:.2f})"))
+        cfit[tname] = f"{lo:.2f}-{hi:.2f}" if lo < hi else "none"
     fields = []
     for t, o in out.items():
         for k, v in o.items():
             fields.append(f"{t}_{k}={v:.4g}" if isinstance(v, float) else f"{t}_{k}={v}")
-    print(" ".join(fields) + f" seeds={len(seeds)}", flush=True)
+    print(" ".join(fields) + f" c_fit_mid={cfit['mid']} c_fit_plateau={cfit['plateau']} seeds={len(seeds)}",
+          flush=True)
 
 
 
