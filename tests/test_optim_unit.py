@@ -31,7 +31,7 @@ def test_step_inside_skip_synchronize_needs_synchronize_first():
     opt.begin(1, 4)
     opt.backward(model(torch.randn(4, 3)).pow(2).mean(), 4)
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(RuntimeError, match="synchronize"), opt.skip_synchronize():
+    with pytest.raises(ConfigError, match="synchronize"), opt.skip_synchronize():
         opt.step()
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))     # nothing stepped
     opt.remove_hooks()

@@ -30,7 +30,7 @@ from hpc_jabas import settings
 from hpc_jabas.core.defaults import BACKENDS
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import launchers
-from hpc_jabas.runtime.reducer import GradReducer
+from hpc_jabas.runtime.reducer import GradReducer, ScriptDDPReducer
 
 #: the environment variable that picks the backend when no config key does (the config key wins)
 ENV = settings.BACKEND
@@ -135,6 +135,29 @@ def init() -> None:
     impl().init()
 
 
+def script_backend() -> str | None:
+    """The backend the script itself started, if any: "horovod" when it called ``hvd.init()``, "torch" when it
+    has a default torch.distributed process group (its own ``init_process_group``), else None."""
+    hvd = sys.modules.get("horovod.torch")              # not imported: the script did not start Horovod
+    if hvd is not None and getattr(hvd, "is_initialized", lambda: False)():
+        return "horovod"
+    return "torch" if _torch_group_exists() else None
+
+
+def adopt() -> bool:
+    """Whether a backend runs in this process, starting ours on the script's own initialisation when the
+    script made one (``hvd.init()``, ``dist.init_process_group(...)``): the layer needs no call of its own.
+    False when nothing is initialised (``hpc_jabas.init()`` starts a backend for a script that starts none)."""
+    if is_initialized():
+        return True
+    name = script_backend()
+    if name is None:
+        return False
+    use(name)
+    init()
+    return True
+
+
 def shutdown() -> None:
     """End the backend in this process (a later :func:`init` starts it again; :func:`use` may pick another)."""
     global _requested
@@ -168,13 +191,19 @@ def weighted_mean(t, weight: float, total: float, name: str | None = None):
 
 
 def make_reducer(named_parameters: Sequence[tuple[str, Any]], model: Any = None, overlap: bool = True,
-                 bucket_cap_mb: float | None = None) -> GradReducer:
+                 bucket_cap_mb: float | None = None, **ddp_options: bool) -> GradReducer:
     """The backend's gradient reducer (runtime/reducer.py) of these parameters: Horovod's per-parameter hooks;
-    on torch, DistributedDataParallel around ``model`` (the forward then runs through ``reducer.module``), or
-    without a model one fused allreduce of every gradient."""
+    on torch, DistributedDataParallel around ``model`` (the forward then runs through ``reducer.module``), the
+    script's own DDP wrap when ``model`` is one (``ScriptDDPReducer``), or without a model one fused allreduce of
+    every gradient."""
     # the seam's own sum functions, looked up at each call (a test may wrap comm.synchronize)
+    from torch.nn.parallel import DistributedDataParallel
+    if isinstance(model, DistributedDataParallel) and backend() == "torch":     # the script's own wrap
+        return ScriptDDPReducer(model, lambda t, name, post: allreduce_sum_async_(t, name, post),
+                                lambda h: synchronize(h))
     return impl().make_reducer(list(named_parameters), lambda t, name, post: allreduce_sum_async_(t, name, post),
-                               lambda h: synchronize(h), model=model, overlap=overlap, bucket_cap_mb=bucket_cap_mb)
+                               lambda h: synchronize(h), model=model, overlap=overlap, bucket_cap_mb=bucket_cap_mb,
+                               **ddp_options)      # DDP's find_unused_parameters, static_graph (torch; set only)
 
 
 def allreduce_sum_async_(t, name: str, postscale: float = 1.0):

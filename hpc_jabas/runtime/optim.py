@@ -59,6 +59,8 @@ plan's b when every micro-batch has b samples), which ``stats.noise_scale_terms`
 from __future__ import annotations
 
 import contextlib
+import gc
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -66,6 +68,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.amp import Amp
 from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, scalar, stat_dtype
@@ -78,14 +81,20 @@ PreStepHook = Callable[["HeterogeneousOptimizer"], None]
 
 class HeterogeneousOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters, overlap: bool = True,
-                 clip_grad_norm: float | None = None, amp: str = "off"):
+                 clip_grad_norm: float | None = None, amp: str = "off", model: torch.nn.Module | None = None):
+        """``model``: the script's DistributedDataParallel wrapper (torch backend), whose forward the script
+        runs; found by itself when not given (module docstring, "Under the script's own initialisation")."""
         self.optimizer = optimizer
         self.named = [(n, p) for n, p in named_parameters if p.requires_grad]
         names = [n for n, _ in self.named]
         if len(set(names)) != len(names):
-            raise ValueError("named_parameters has duplicate names")
+            raise ConfigError("named_parameters has duplicate names; give each parameter once "
+                              "(model.named_parameters())")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"clip_grad_norm={clip_grad_norm!r} must be > 0 (or None: off)")
+            raise ConfigError(f"clip_grad_norm={clip_grad_norm!r} must be > 0 (or None: off)")
+        self._model = model
+        self._begun: bool | None = None            # None: never begun; True: inside an iteration; False: stepped
+        self._hold = contextlib.ExitStack()        # a DDP wrap's no_sync, held across the script's forwards
         self.clip_grad_norm = clip_grad_norm
         self.overlap = overlap
         self.device = self.named[0][1].device if self.named else torch.device("cpu")
@@ -153,6 +162,25 @@ class HeterogeneousOptimizer:
             self.reducer.close()
         self.reducer = reducer
 
+    def _new_reducer(self) -> GradReducer | None:
+        """The backend's reducer (None: no backend runs here); on torch, around the script's DDP wrap if any."""
+        if not comm.adopt():
+            return None
+        model = self._model
+        if comm.backend() != "torch":
+            if _is_ddp(model):
+                raise ConfigError("model= is a DistributedDataParallel wrapper but the backend is Horovod, which "
+                                  "reduces the gradients itself: pass the model without the wrap")
+            self._model = None
+            return comm.make_reducer(self.named, overlap=self.overlap)
+        if model is None:
+            model = _ddp_around([p for _, p in self.named])
+        elif not _is_ddp(model):
+            raise ConfigError(f"model={type(model).__name__} is not a DistributedDataParallel wrapper; on the torch "
+                              "backend model= takes the DDP wrap the script's forward runs through (or leave it out)")
+        self._model = model
+        return comm.make_reducer(self.named, model=model, overlap=self.overlap)
+
     def _eager(self) -> bool:
         return self.reducer is None or self.reducer.eager_extras
 
@@ -202,8 +230,13 @@ class HeterogeneousOptimizer:
         this iteration's ``synchronize``: its scalars' reduction stays in flight and :meth:`read_held` reads it later
         (``last_stats`` None until then; not with fp16, whose skipped steps discard statistics).
         ``b`` is accepted for compatibility and unused (the statistics use the true sample counts)."""
-        if total_samples < 1:
-            raise ValueError(f"total_samples={total_samples} must be >= 1")
+        _check_counts(n_local, total_samples)
+        if self._begun and 0 < self._done_local and not self._synced:
+            raise ConfigError(f"begin() again before step(): the {self._done_local} backward() call(s) of this "
+                              "iteration were never stepped; call step() once per begin()")
+        self._hold.close()
+        if self.reducer is None:
+            self.reducer = self._new_reducer()      # the script's own hvd.init() / init_process_group adopted
         if self._meas is not None:
             self._meas.remove_hooks()
         # the first backward then stores its gradient: no memset, no add; gradients that are views of the
@@ -221,11 +254,12 @@ class HeterogeneousOptimizer:
         self._first_global = int(first_global_microbatch)
         self._halves = None if halves is None else [int(h) for h in halves]
         if self._halves is not None and len(self._halves) != self._n_local:
-            raise ValueError(f"halves has {len(self._halves)} labels for {self._n_local} local micro-batches")
-        if self.reducer is None and comm.is_initialized():
-            self.reducer = comm.make_reducer(self.named, overlap=self.overlap)
+            raise ConfigError(f"halves has {len(self._halves)} labels for {self._n_local} local micro-batches")
         if self.reducer is not None:
             self.reducer.begin(self._n_local)
+            if self.reducer.module is not None and self._model is not None and self._n_local > 1:
+                self._hold.enter_context(self.reducer.no_sync())    # the script's DDP: its forwards too
+        self._begun = True
         self._joined = False
         self._synced = False
         self._local_mode = None
@@ -243,12 +277,13 @@ class HeterogeneousOptimizer:
     def backward(self, loss: torch.Tensor, count: int, weight: torch.Tensor | float | None = None) -> None:
         """Backward of one micro-batch's mean loss, weighted by its sample count, or by ``weight`` (e.g. its
         token count, ``loss`` being the mean over those tokens): accumulates weight x grad(loss)."""
+        self._check_backward()
         mode = "plain" if weight is None else "weighted"
         if self._local_mode not in (None, mode):
-            raise ValueError("forward_fn returned (loss, weight) for some micro-batches of an iteration and a "
+            raise ConfigError("forward_fn returned (loss, weight) for some micro-batches of an iteration and a "
                              "plain loss for others; return the same kind every time")
         if self._mode not in (None, mode):
-            raise ValueError(f"this job's losses are {self._mode} (agreed at its first iteration) but a micro-batch "
+            raise ConfigError(f"this job's losses are {self._mode} (agreed at its first iteration) but a micro-batch "
                              f"gave a {mode} one; return the same kind every time")
         self._local_mode = mode
         last = self._done_local == self._n_local - 1
@@ -268,6 +303,16 @@ class HeterogeneousOptimizer:
         if self._meas is not None:
             self._meas.end_micro(count, w)    # |g_in|^2 / w: x c^2 / scale^2 in synchronize
         self._done_local += 1
+        if self._done_local == self._n_local - 1:
+            self._hold.close()                   # the last micro-batch's forward runs synced (DDP's wrap)
+
+    def _check_backward(self) -> None:
+        if self._begun is False:
+            raise ConfigError("backward() after step() without begin(): call opt.begin(n_local, total_samples) "
+                              "at the start of every iteration")
+        if self._begun and self._done_local >= self._n_local:
+            raise ConfigError(f"backward() called {self._done_local + 1} times after begin(n_local="
+                              f"{self._n_local}, ...): call it once per local micro-batch, as begin() announced")
 
     # ---- the token-weight reduction ------------------------------------------------------------
     def _agree_mode(self) -> str:
@@ -277,11 +322,11 @@ class HeterogeneousOptimizer:
                                  dtype=torch.float32, device=self.device)
             n_plain, n_weighted = comm.allreduce_sum(flags, name="hj.lossmode").tolist()
             if n_plain > 0 and n_weighted > 0:
-                raise ValueError(f"forward_fn returned (loss, weight) on {int(n_weighted)} rank(s) and a plain loss "
+                raise ConfigError(f"forward_fn returned (loss, weight) on {int(n_weighted)} rank(s) and a plain loss "
                                  f"on {int(n_plain)}; return the same kind on every rank")
             self._mode = "weighted" if n_weighted > 0 else "plain"
         if self._local_mode not in (None, self._mode):
-            raise ValueError(f"this rank's losses are {self._local_mode}, the job's are {self._mode}")
+            raise ConfigError(f"this rank's losses are {self._local_mode}, the job's are {self._mode}")
         return self._mode
 
     def _launch_weight(self) -> None:
@@ -311,9 +356,16 @@ class HeterogeneousOptimizer:
         weights: of the W tokens), unscaled. Idempotent within an iteration (runs once after ``begin``)."""
         if self._synced:
             return
+        if not self._begun:
+            raise ConfigError(f"{'synchronize' if self._skip_sync else 'step'}() before begin(): call "
+                              "opt.begin(n_local, total_samples) at the start of every iteration")
+        if self._done_local != self._n_local:
+            raise ConfigError(f"step() after {self._done_local} backward() call(s), but begin(n_local="
+                              f"{self._n_local}, ...) announced {self._n_local}: call backward() once per local "
+                              "micro-batch")
         if self.reducer is None:
-            raise RuntimeError("the gradients cannot be reduced: no backend is initialised (comm.init() first) "
-                               "or begin() was not called")
+            raise ConfigError("no backend runs in this process: call hpc_jabas.init() (or the script's own "
+                              "hvd.init() or torch.distributed.init_process_group()) before the first begin()")
         if self._held is not None:            # not read since: read before another measurement reuses its names
             self._held_read = self.read_held()
         self._join()
@@ -372,10 +424,11 @@ class HeterogeneousOptimizer:
         scheduler keeps owning the base lr). With amp fp16 an inf/nan iteration skips the step (every rank)."""
         if self._skip_sync:
             if not self._synced:
-                raise RuntimeError("step() inside skip_synchronize() before synchronize(): the gradients are not "
+                raise ConfigError("step() inside skip_synchronize() before synchronize(): the gradients are not "
                                    "reduced yet; call opt.synchronize() first")
         else:
             self.synchronize()
+        self._begun = False
         if self.found_inf():
             self.last_step_skipped = True
             self.last_stats = None                        # statistics of a skipped step are discarded
@@ -398,7 +451,39 @@ class HeterogeneousOptimizer:
             self.amp.update()
 
     def remove_hooks(self) -> None:
+        self._hold.close()
         if self.reducer is not None:
             self.reducer.close()
         if self._meas is not None:
             self._meas.remove_hooks()
+
+
+def _check_counts(n_local: object, total_samples: object) -> None:
+    for v, lo, what in ((n_local, 0, "begin(n_local={!r}, ...): n_local is this rank's micro-batch count in this "
+                                     "iteration, an integer >= 0"),
+                        (total_samples, 1, "begin(..., total_samples={!r}): the iteration's samples on all ranks, "
+                                           "an integer >= 1")):
+        try:
+            ok = not isinstance(v, bool) and operator.index(v) >= lo      # type: ignore[arg-type]
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ConfigError(what.format(v))
+
+
+def _is_ddp(model: object) -> bool:
+    from torch.nn.parallel import DistributedDataParallel
+    return isinstance(model, DistributedDataParallel)
+
+
+def _ddp_around(params: Sequence[torch.Tensor]) -> torch.nn.Module | None:
+    """The script's DistributedDataParallel wrapper of these parameters, if it made one (else DDP would reduce
+    each backward on its own, and the layer's reduction would count them again)."""
+    ids = {id(p) for p in params}
+    for o in gc.get_objects():
+        try:
+            if _is_ddp(o) and any(id(p) in ids for p in o.module.parameters()):
+                return o
+        except ReferenceError:                    # a dead weak proxy
+            continue
+    return None

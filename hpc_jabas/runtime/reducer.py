@@ -23,9 +23,10 @@ Two kinds implement :class:`GradReducer`:
 Beside the gradients, a measurement iteration reduces its half-batch sums and the token weight
 (:meth:`GradReducer.sum_async`): ``eager_extras`` says whether they may start while the gradients' sums are in
 flight (Horovod matches collectives by name) or only after them, in one order on every rank (torch.distributed
-matches them by call order). :class:`FlatReducer` is the torch backend's reducer for the low-level API, where the
-optimizer wrapper has the parameters but not the model: the gradients are views of flat buffers, each summed in
-one allreduce at ``finish``.
+matches them by call order). On torch the low-level layer (the optimizer wrapper in the script's own loop) uses
+:class:`ScriptDDPReducer` around the script's own DDP wrap (reduction in the last backward, overlapped) and, where
+the script has no wrap, :class:`FlatReducer`: the gradients are views of flat buffers, each summed in one
+allreduce at ``finish``, after the backward (no overlap).
 """
 from __future__ import annotations
 
@@ -233,6 +234,82 @@ class FlatReducer:
         """Never called: nothing is reduced before ``finish``."""
 
 
+class ScriptDDPReducer:
+    """The torch backend's reducer around the script's own ``DistributedDataParallel`` wrap (the low-level layer in
+    a DDP script, which keeps its wrap and its forward): DDP reduces in the last micro-batch's backward, its buckets
+    overlapping that backward, with its own average (the gradient / world, then a Sum: no comm hook is assumed);
+    the HeterogeneousOptimizer holds DDP's ``no_sync`` from ``begin`` until the last micro-batch, over the
+    script's forwards too (DDP decides in the forward whether the backward reduces). A rank without micro-batches
+    joins with one zero step through the wrapper. Extras (token weights, measurements) after the gradients."""
+
+    eager_extras = False
+    keeps_grads = False
+
+    def __init__(self, ddp: Any, start: StartSum, wait: WaitSum):
+        syncs = getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", False))
+        if syncs and any(True for _ in ddp.module.buffers()):
+            flag = "forward_sync_buffers" if hasattr(ddp, "forward_sync_buffers") else "broadcast_buffers"
+            raise ConfigError(f"the DistributedDataParallel model syncs its buffers in every forward ({flag}=True) "
+                              "while ranks run different numbers of micro-batches: wrap it with "
+                              f"DistributedDataParallel(model, {flag}=False)")
+        self.ddp = ddp
+        self.module: torch.nn.Module | None = ddp
+        self.inner = ddp.module
+        self._params = [p for p in self.inner.parameters() if p.requires_grad]
+        self._start, self._wait = start, wait
+        self._n_local = 0
+        self._synced_forwards = 0
+        self._hook = ddp.register_forward_pre_hook(self._count)
+
+    def _count(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
+            self._synced_forwards += 1
+
+    def begin(self, n_local: int) -> None:
+        self._n_local, self._synced_forwards = int(n_local), 0
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        return self.ddp.no_sync()
+
+    def zero_step(self) -> None:
+        """One synced backward of zero gradients through the wrapper, the script's module swapped for one call
+        for a stand-in whose output is ``0 x sum(parameters)`` (no data, no BatchNorm statistics touched)."""
+        params = self._params
+        zero = _ZeroSum(params)
+        mods = self.ddp._modules
+        mods["module"] = zero
+        try:
+            out = self.ddp()
+        finally:
+            mods["module"] = self.inner
+        out.backward()
+
+    def finish(self) -> None:
+        if self._n_local > 0 and self._synced_forwards == 0:
+            raise ConfigError("the last micro-batch's forward did not run through the DistributedDataParallel "
+                              "wrapper, so DDP reduced nothing: call the wrapper (ddp(x)), not ddp.module(x)")
+
+    def sum_async(self, t: torch.Tensor, name: str) -> PendingSum:
+        return _Pending(self._start(t, name, 1.0), self._wait)
+
+    def close(self) -> None:
+        self._hook.remove()
+
+    def on_ready(self, fn: Callable[[], None] | None) -> None:
+        """Never called (the Trainer wraps the model itself)."""
+
+
+class _ZeroSum(torch.nn.Module):
+    """A zero step's stand-in module: ``0 x sum(parameters)``, every gradient exactly zero."""
+
+    def __init__(self, params: Sequence[torch.Tensor]):
+        super().__init__()
+        self._ps = list(params)
+
+    def forward(self) -> torch.Tensor:
+        return torch.stack([p.sum().to(torch.float32) * 0.0 for p in self._ps]).sum()
+
+
 def check_model(model: torch.nn.Module) -> None:
     """ConfigError when ``model`` is already wrapped in DistributedDataParallel: hpc-jabas reduces the gradients
     itself (on the torch backend it wraps the model in DDP), so the script's wrap is to be removed."""
@@ -240,4 +317,17 @@ def check_model(model: torch.nn.Module) -> None:
     if isinstance(model, DistributedDataParallel):
         raise ConfigError("the model given to Trainer is already wrapped in DistributedDataParallel: remove the "
                           "DistributedDataParallel(...) wrap and pass the model itself (hpc-jabas reduces the "
-                          "gradients: on the torch backend it wraps the model in DDP for you)")
+                          "gradients: on the torch backend it wraps the model in DDP for you)" + _wrap_knobs(model))
+
+
+def _wrap_knobs(ddp: Any) -> str:
+    """The DDP settings of a script's wrap that differ from hpc-jabas's wrap, with the config keys that set them
+    there (the refusal names them: removing the wrap would drop them silently)."""
+    cap = getattr(ddp, "bucket_bytes_cap", None)
+    found = [(n, getattr(ddp, n, False), f"{n} = true") for n in ("find_unused_parameters", "static_graph")]
+    found.append(("bucket_cap_mb", cap / 2**20 if cap and cap != 25 * 2**20 else None,
+                  f"bucket_cap_mb = {cap / 2**20:g}" if cap else ""))
+    if getattr(ddp, "broadcast_buffers", False) and any(True for _ in ddp.module.buffers()):
+        found.append(("broadcast_buffers", True, "nothing: buffers are averaged at each epoch end instead"))
+    said = [f"{n}={v if isinstance(v, bool) else f'{v:g}'} -> {key}" for n, v, key in found if v]
+    return f"; its settings, as config keys: {', '.join(said)}" if said else ""

@@ -40,7 +40,7 @@ net = model
 kw = {}
 if wrap:
     from torch.nn.parallel import DistributedDataParallel
-    net = DistributedDataParallel(model, broadcast_buffers=False)
+    net = DistributedDataParallel(model)
     kw["model"] = net
 inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 opt = HeterogeneousOptimizer(inner, model.named_parameters(), **kw)
