@@ -1,7 +1,7 @@
 """The script's own loop: what a training script that keeps its loop calls from ``hpc_jabas``.
 
 :func:`init` (``hpc_jabas.init``) starts a backend for a script that starts none. A script that calls
-``hvd.init()`` or ``torch.distributed.init_process_group(...)`` itself needs no call: the low-level layer
+hvd.init() or ``torch.distributed.init_process_group(...)`` itself needs no call: the low-level layer
 (``HeterogeneousOptimizer``) adopts that initialisation at its first ``begin()`` (runtime/comm.py ``adopt``).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def init(backend: str | None = None) -> Process:
 
     ``backend``: "horovod", "torch" or "auto" (None: the ``HPC_JABAS_BACKEND`` environment variable, else
     "auto": Horovod when it imports, torch under torchrun). The ranks find each other as the launcher started
-    them (mpirun, srun, torchrun; none: one rank). A script that already called ``hvd.init()`` or
+    them (mpirun, srun, torchrun; none: one rank). A script that already called hvd.init() or
     ``init_process_group`` gets that one; asking for the other backend then is a ConfigError. Idempotent."""
     if backend is not None:
         comm.check_backend(backend)
