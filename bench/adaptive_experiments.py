@@ -141,8 +141,10 @@ def headroom(model: nn.Module, data: Data, probe: tuple, lr: float, opt: torch.o
              kind: str) -> float:
     """h = 2 eps_max / lr_eff on the probe batch (see the module docstring); inf where the curvature along the
     direction is not positive. The model's parameters and .grad are left untouched."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     params = [p for p in model.parameters() if p.requires_grad]
-    with torch.random.fork_rng():
+    # the math attention kernel: the fused CPU one has no double backward (the LM's Hessian-vector product)
+    with torch.random.fork_rng(), sdpa_kernel([SDPBackend.MATH]):
         torch.manual_seed(4242)                  # the same augmentation draw at every measurement
         loss = data.loss(model, probe)
         g = torch.autograd.grad(loss, params, create_graph=True)
