@@ -9,7 +9,7 @@
     .venv/bin/python -m bench.adaptive_tta --untuned  # only the task added after the defaults were frozen
     .venv/bin/python -m bench.adaptive_tta --untuned-cnn   # only the second one: a 2-D conv net with Adam on shapes
     .venv/bin/python -m bench.adaptive_tta --only 'noise-scale'   # development aid: only the kinds matching
-    .venv/bin/python -m bench.adaptive_tta --fair     # THE FAIR PROTOCOL (issue 56; bench/adaptive_fair.py), 5+5 seeds
+    .venv/bin/python -m bench.adaptive_tta --fair     # THE FAIR PROTOCOL (bench/common/tta_fair.py), 5+5 seeds
     .venv/bin/python -m bench.adaptive_tta --fair --fair-tasks shapes-latency,shapes-compute,digits,lm,untuned,cnn,image
     .venv/bin/python -m bench.adaptive_tta --fair --quick --fair-tasks shapes-latency,digits   # its smoke run (~5 min)
 
@@ -239,7 +239,7 @@ def variant_key(kind: str) -> str:
 
 nan = math.nan
 ONLY: str | None = None      # --only REGEX: a development aid; its figures are not the protocol's
-FAIR = False                 # --fair: the fair protocol (bench/adaptive_fair.py)
+FAIR = False                 # --fair: the fair protocol (bench/common/tta_fair.py)
 EVALS_PER_EPOCH = 4          # the fair protocol's evaluations per epoch (clock paused)
 
 
@@ -765,8 +765,8 @@ def main() -> None:
     ap.add_argument("--adamw", action="store_true",
                     help="only the AdamW section: goodput with and without wd_rule = linear on the shapes task")
     ap.add_argument("--fair", action="store_true",
-                    help="the fair protocol (bench/adaptive_fair.py): quarter-epoch evaluations, the reference chosen "
-                         "on selection seeds and scored on fresh ones, mid and plateau targets, a performance profile")
+                    help="the fair protocol (bench/common/tta_fair.py): quarter-epoch evaluations, the reference "
+                         "chosen on selection seeds and scored on fresh ones, mid and plateau targets, a profile")
     ap.add_argument("--fair-tasks", default=",".join(FAIR_TASKS[:3]), metavar="LIST",
                     help=f"with --fair: the sections to run, of {','.join(FAIR_TASKS)}")
     ap.add_argument("--only", metavar="REGEX", default=None,
@@ -943,10 +943,10 @@ def fair_sections(names: list[str], quick: bool) -> list[tuple[str, Task, str, t
 def fair_main(names: list[str], n_seeds: int, rank: int, rng: np.random.Generator, quick: bool) -> None:
     """The fair protocol over the sections ``names``: n_seeds selection seeds (0..n-1) and as many fresh ones
     (n..2n-1); per section the lr picked on fixed-32's first selection seed where the task has an lr grid; the
-    sections of bench/adaptive_fair.py; its last line."""
+    sections of bench/common/tta_fair.py; its last line."""
     import dataclasses
 
-    from bench import adaptive_fair
+    from bench.common import tta_fair
     sel, fresh = list(range(n_seeds)), list(range(n_seeds, 2 * n_seeds))
     pols = ["noise-scale"] if quick else ["noise-scale", "similarity", "ramp"]
     sections: dict[str, dict] = {}
@@ -966,13 +966,13 @@ def fair_main(names: list[str], n_seeds: int, rank: int, rng: np.random.Generato
         def bcast(obj, label=label):
             return comm.broadcast_object(obj, name=f"tta.fair.{label}")
 
-        got = adaptive_fair.fair_section(label, task.epochs, fixed, pols, sel, fresh, run, bcast, rank)
+        got = tta_fair.fair_section(label, task.epochs, fixed, pols, sel, fresh, run, bcast, rank)
         if got is not None:
             sections[label] = got
     if rank == 0:
         print(f"\nfair protocol: sections {', '.join(names)}; selection seeds {sel}, fresh seeds {fresh}; headline "
               f"policy {pols[0]} (the others with their prefix); clock: the emulated cluster's (the machine is shared)")
-        print(adaptive_fair.last_line(sections, pols, n_seeds, rng), flush=True)
+        print(tta_fair.last_line(sections, pols, n_seeds, rng), flush=True)
 
 
 ADAMW_LRS = (0.001, 0.003, 0.01)

@@ -1,4 +1,4 @@
-"""bench/adaptive_protocol.py, the fair protocol's pure pieces, against known answers: the interpolated crossing
+"""bench/common/tta_protocol.py, the fair protocol's pure pieces, against known answers: the interpolated crossing
 time, the targets, the reference chosen on selection seeds and scored on fresh ones, the performance profile, the
 geometric mean and one run's share of the grid."""
 import math
@@ -7,7 +7,7 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench import adaptive_protocol as proto
+from bench.common import tta_protocol as proto
 
 
 def test_crossing_time_interpolates_between_the_bracketing_evaluations():

@@ -1,6 +1,6 @@
 """The curvature headroom of the lr and the per-sample efficiency of a larger batch under linear lr scaling.
 
-Pure: plain numbers and numpy arrays in, numbers out (docs/formulas.md's notation; background in issue 56).
+Pure: plain numbers and numpy arrays in, numbers out (docs/formulas.md's notation).
 
 On a locally quadratic loss with gradient G, Hessian H and per-sample gradient covariance Sigma, one step of
 lr eps along a mean gradient over B samples changes the expected loss by

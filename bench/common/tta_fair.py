@@ -1,5 +1,5 @@
 """bench/adaptive_tta.py --fair: the fair protocol's sections (issue 56), on rank 0's results; the pure pieces are in
-bench/adaptive_protocol.py. Runs are started through the ``run`` callable adaptive_tta passes in
+bench/common/tta_protocol.py. Runs are started through the ``run`` callable adaptive_tta passes in
 (``run(kind, seed) -> result dict``, a collective over the ranks) and ``broadcast``, so this module imports
 neither torch nor MPI.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from bench import adaptive_protocol as proto
+from bench.common import tta_protocol as proto
 
 TARGET_AT = 0.6
 BOOT = 4000
