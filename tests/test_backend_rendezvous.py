@@ -217,7 +217,8 @@ def test_an_unused_parameter_is_one_line_not_ddps_error(tmp_path):
     errs = [ln for ln in p.stderr.splitlines() if "error" in ln.lower()]
     assert errs == ["hpc-jabas: error: parameter(s) aux.weight, aux.bias got no gradient in the last micro-batch's "
                     "backward: DistributedDataParallel (the torch backend) reduces only parameters the loss uses; "
-                    "set requires_grad=False on the unused ones, or use backend='horovod'"], p.stderr
+                    "set find_unused_parameters = true (--find-unused-parameters), requires_grad=False on the "
+                    "unused ones, or backend='horovod'"], p.stderr
     assert "Traceback" not in p.stderr
 
 

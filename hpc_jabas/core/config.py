@@ -121,8 +121,9 @@ class TrainConfig(Section):
                                       lo=0.0, lo_open=True, shown="DDP's 25", metavar="MB")
     find_unused_parameters: bool = key(False, "torch backend: DistributedDataParallel's find_unused_parameters (a "
                                               "forward that leaves parameters out of the loss, e.g. a branch)")
-    static_graph: bool = key(False, "torch backend: DistributedDataParallel's static_graph (the same graph every "
-                                    "iteration: reentrant activation checkpointing, fewer graph walks)")
+    static_graph: bool = key(False, "torch backend: DistributedDataParallel's static_graph; only false: a rank's "
+                                    "micro-batches accumulate under DDP's no_sync, which a static graph does not "
+                                    "support (torch's reducer fails an internal assert)")
     broadcast_buffers: bool = key(False, "torch backend: DistributedDataParallel's broadcast_buffers; only false: "
                                          "ranks run unequal micro-batch counts, so a broadcast in every forward "
                                          "would not match across ranks (BatchNorm buffers are averaged over the "
@@ -234,8 +235,10 @@ class OutputConfig(Section):
                               lo=1)
     checkpoint: bool = key(True, "write a checkpoint at every epoch end (and at the periodic and signal safe points)")
     keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
-    resume_finished: bool = key(False, "resume a run_dir whose checkpoint already finished the epochs (else: "
-                                "stop with a message and exit code 2)")
+    resume_finished: bool = key(False, "hpc-jabas submit: submit a chain whose last job already finished the "
+                                       "epochs (else refused); a script's rerun of a finished run_dir trains "
+                                       "nothing, says so in one line on stdout and exits 0 (with this key: a log "
+                                       "line instead)")
     checkpoint_every_epochs: int = key(1, "checkpoint at every N-th epoch end (the last epoch's always; with an "
                                           "epoch-end hook, every epoch's)", lo=1, metavar="N")
     checkpoint_every: int | None = key(None, "also checkpoint inside an epoch every N iterations", lo=1, shown="off",
@@ -439,16 +442,20 @@ class JobConfig(_FlatKeys):
                               "buffers in every forward, and the ranks run unequal micro-batch counts, so those "
                               "broadcasts would not match across ranks; leave it false (BatchNorm buffers are "
                               "averaged over the ranks, weighted by samples, at each epoch end)")
+        if self.static_graph:
+            raise ConfigError("static_graph=true cannot run here: a rank's micro-batches accumulate their gradients "
+                              "under DistributedDataParallel's no_sync, which DDP's static graph does not support "
+                              "(torch's reducer fails an internal assert in the next backward); leave it false "
+                              "(find_unused_parameters = true covers a graph with unused parameters)")
         if backend != "horovod":
             return
         if self.bucket_cap_mb is not None:
             raise ConfigError(f"bucket_cap_mb={self.bucket_cap_mb:g} is the torch backend's DDP bucket size; on "
                               "backend='horovod' set HOROVOD_FUSION_THRESHOLD (bytes) instead, or use backend='torch'")
-        for name in ("find_unused_parameters", "static_graph"):
-            if getattr(self, name):
-                raise ConfigError(f"{name}=true is DistributedDataParallel's (the torch backend); backend='horovod' "
-                                  "needs no such setting (its hooks reduce the gradients the backward computes): "
-                                  f"drop {name}, or use backend='torch'")
+        if self.find_unused_parameters:
+            raise ConfigError("find_unused_parameters=true is DistributedDataParallel's (the torch backend); "
+                              "backend='horovod' needs no such setting (its hooks reduce the gradients the backward "
+                              "computes): drop it, or use backend='torch'")
 
     def _check_planning(self) -> None:
         """The planning keys' cross-field rules (one ConfigError line each)."""

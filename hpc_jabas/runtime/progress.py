@@ -9,7 +9,7 @@
   since this job's first iteration, ETA, job id), rewritten atomically at most every ``period_s`` and at
   every epoch end; always on (it is how ``hpc-jabas status`` shows a running chain's progress).
 * :func:`iterate`: the same kind of bar over any list of steps (``hpc-jabas profile``'s sizes).
-* :func:`refuse_finished`: a resumed run that already finished its epochs stops, plainly.
+* :func:`finished_already`: a resumed run that already finished its epochs says so in one line and ends.
 
 :func:`default_callbacks` is what the Trainer installs on rank 0.
 """
@@ -208,22 +208,20 @@ def read(run_dir: str | Path) -> dict[str, Any] | None:
     return d if isinstance(d, dict) else None
 
 
-def refuse_finished(trainer: TrainerView, epochs: int) -> None:
-    """After a resume: a checkpoint that already finished ``epochs`` is not "resumed" into a run that trains
-    nothing and exits 0. Rank 0 says so on stdout and every rank raises ConfigError (exit code 2), unless
-    ``resume_finished`` is set (then a warning, and the run goes on: more epochs, or nothing to do)."""
-    if trainer.sampler.epoch < epochs:
-        return
-    where = f"checkpoint {Path(str(trainer.resumed_from)).name}: " if trainer.rank == 0 else ""
-    msg = (f"run_dir {str(trainer.run_dir)!r} holds a finished run ({where}epoch {trainer.sampler.epoch} of "
-           f"{epochs}); nothing to train. Give another --run-dir (a job file: another chain_dir), more --epochs, "
-           "or --resume-finished (resume_finished = true) to resume it anyway")
+def finished_already(trainer: TrainerView, epochs: int) -> bool:
+    """After a resume: True when the checkpoint already finished ``epochs`` (nothing to train). Rank 0 says so
+    in one line on stdout, naming how this script's command line asks for more epochs; the run then ends as a
+    finished one does (exit code 0). ``resume_finished`` makes it a log line instead."""
+    done = trainer.sampler.epoch
+    if done < epochs:
+        return False
+    msg = (f"run_dir {str(trainer.run_dir)!r} already finished at epoch {done} of {epochs}; "
+           f"{trainer.cfg.give('epochs', done + 1)} (or more) to go on")
     if trainer.cfg.resume_finished:
-        log.warning("%s (resume_finished is set: resuming)", msg.split("; nothing")[0])
-        return
-    if trainer.rank == 0:
+        log.info("%s (resume_finished is set)", msg)
+    elif trainer.rank == 0:
         print(f"hpc-jabas: {msg}", flush=True)
-    raise ConfigError(msg, quiet=True)   # said once, above, on rank 0's stdout: run_main and the CLI do not repeat it
+    return True
 
 
 def default_callbacks(trainer: TrainerView) -> list[Callback]:

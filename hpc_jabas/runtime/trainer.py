@@ -45,7 +45,7 @@ from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, Epoch
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.pending import PendingDecisions
-from hpc_jabas.runtime.progress import default_callbacks, refuse_finished
+from hpc_jabas.runtime.progress import default_callbacks, finished_already
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.reducer import check_model
 from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
@@ -271,8 +271,9 @@ class Trainer:
             self.opt.optimizer.load_state_dict(sd)
         # the gradients' reducer (runtime/reducer.py): Horovod's hooks, or torch's DistributedDataParallel around
         # the model (its forward then runs through the wrapper: forward_module); checkpoints keep self.model
+        knobs = {"find_unused_parameters": True} if self.cfg.find_unused_parameters else {}   # DDP's knob
         self.opt.use_reducer(comm.make_reducer(self.opt.named, model=self.model, overlap=self.opt.overlap,
-                                               bucket_cap_mb=self.cfg.bucket_cap_mb))
+                                               bucket_cap_mb=self.cfg.bucket_cap_mb, **knobs))
         self._set_up = True
 
     @property
@@ -582,14 +583,15 @@ class Trainer:
         lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
 
     def maybe_resume(self, epochs: int | None = None) -> bool:
-        """Resume from the run_dir's latest checkpoint; a finished one stops the job (progress.refuse_finished)."""
+        """Resume from the run_dir's latest checkpoint (True when one was loaded); one that already finished the
+        epochs is said in one line, and ``fit`` then trains nothing (progress.finished_already)."""
         self.setup()                                # before the load: a resumed state is not broadcast over
         self.lock_run_dir()
         source = self.checkpointer.resume()
         if source is None:
             return False
-        refuse_finished(self, epochs or self.cfg.epochs)
-        self.checkpointer.announce_resume(source)
+        if not finished_already(self, epochs or self.cfg.epochs):
+            self.checkpointer.announce_resume(source)
         return True
 
     # ---- epochs ------------------------------------------------------------------------------
