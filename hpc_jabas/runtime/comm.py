@@ -203,7 +203,7 @@ def make_reducer(named_parameters: Sequence[tuple[str, Any]], model: Any = None,
                                 lambda h: synchronize(h))
     return impl().make_reducer(list(named_parameters), lambda t, name, post: allreduce_sum_async_(t, name, post),
                                lambda h: synchronize(h), model=model, overlap=overlap, bucket_cap_mb=bucket_cap_mb,
-                               **ddp_options)      # DDP's find_unused_parameters, static_graph (torch; set only)
+                               **ddp_options)      # DDP's find_unused_parameters (torch; passed only when set)
 
 
 def allreduce_sum_async_(t, name: str, postscale: float = 1.0):

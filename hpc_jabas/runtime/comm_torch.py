@@ -449,10 +449,13 @@ class DDPReducer:
     # and an add (cProfile: about 1 ms per iteration for a 5M-parameter MLP on the CPU)
     keeps_grads = False
 
-    def __init__(self, model: torch.nn.Module, bucket_cap_mb: float | None = None):
+    def __init__(self, model: torch.nn.Module, bucket_cap_mb: float | None = None,
+                 find_unused_parameters: bool = False):
         _need()
         from torch.nn.parallel import DistributedDataParallel
         kw: dict[str, Any] = {"gradient_as_bucket_view": True}
+        # DDP's knob of the config key of that name: parameters the synced backward does not reach are reduced too
+        self.find_unused = kw["find_unused_parameters"] = bool(find_unused_parameters)
         opts = inspect.signature(DistributedDataParallel.__init__).parameters
         # buffers (BatchNorm's statistics) stay each rank's; the Checkpointer averages them at epoch ends
         kw["forward_sync_buffers" if "forward_sync_buffers" in opts else "broadcast_buffers"] = False
@@ -535,12 +538,12 @@ class DDPReducer:
                 last = next(p for p in self._params if id(p) == self._order[-1])
                 self._last = last.register_hook(self._on_last)
             self._seen, self._order = set(), []
-            if unused:
+            if unused and not self.find_unused:
                 more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
                 raise ConfigError(f"parameter(s) {', '.join(unused[:3])}{more} got no gradient in the last "
                                   "micro-batch's backward: DistributedDataParallel (the torch backend) reduces only "
-                                  "parameters the loss uses; set requires_grad=False on the unused ones, or use "
-                                  "backend='horovod'")
+                                  "parameters the loss uses; set find_unused_parameters = true (--find-unused-"
+                                  "parameters), requires_grad=False on the unused ones, or backend='horovod'")
         if self._n_local > 0 and self._synced_forwards == 0:
             raise ConfigError("forward_fn did not call the model it is given: on the torch backend that is the "
                               "DistributedDataParallel wrapper, whose forward starts the gradients' reduction; call "
@@ -578,12 +581,12 @@ class _Sum:
 
 
 def make_reducer(named_parameters, start: StartSum, wait: WaitSum, model: torch.nn.Module | None = None,
-                 overlap: bool = True, bucket_cap_mb: float | None = None) -> GradReducer:
+                 overlap: bool = True, bucket_cap_mb: float | None = None, **ddp_options: bool) -> GradReducer:
     """DistributedDataParallel around ``model``; without one (the optimizer wrapper used alone), one fused
     allreduce of every gradient after the backward (runtime/reducer.py ``FlatReducer``, with the seam's
     ``start``/``wait``)."""
     if model is not None:
-        return DDPReducer(model, bucket_cap_mb=bucket_cap_mb)
+        return DDPReducer(model, bucket_cap_mb=bucket_cap_mb, **ddp_options)
     return FlatReducer(named_parameters, size(), start, wait)
 
 

@@ -324,7 +324,9 @@ def _wrap_knobs(ddp: Any) -> str:
     """The DDP settings of a script's wrap that differ from hpc-jabas's wrap, with the config keys that set them
     there (the refusal names them: removing the wrap would drop them silently)."""
     cap = getattr(ddp, "bucket_bytes_cap", None)
-    found = [(n, getattr(ddp, n, False), f"{n} = true") for n in ("find_unused_parameters", "static_graph")]
+    found = [("find_unused_parameters", getattr(ddp, "find_unused_parameters", False), "find_unused_parameters = "
+              "true"), ("static_graph", getattr(ddp, "static_graph", False), "none: no_sync, which the micro-batches "
+                                                                             "use, cannot run with it")]
     found.append(("bucket_cap_mb", cap / 2**20 if cap and cap != 25 * 2**20 else None,
                   f"bucket_cap_mb = {cap / 2**20:g}" if cap else ""))
     if getattr(ddp, "broadcast_buffers", False) and any(True for _ in ddp.module.buffers()):
