@@ -6,7 +6,8 @@ implementation module. Only names and numbers live here, and the alias table of 
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, overload
 
 from hpc_jabas.errors import ConfigError
 
@@ -28,7 +29,7 @@ EMU_BASE_S = 0.002            # fixed cost of one micro-batch on a V100 (kernel 
 EMU_PER_SAMPLE_S = 0.0002     # seconds per sample on a V100
 
 # ---- [adaptive] -------------------------------------------------------------------------------
-POLICIES = ("fixed", "similarity", "noise-scale", "ramp")
+#: name or alias -> policy name: the built-in policies; core/policies/registry.py's register_policy adds to it
 POLICY_ALIASES = {
     "fixed": "fixed", "none": "fixed", "constant": "fixed",
     "similarity": "similarity", "simigrad": "similarity", "jabas": "similarity",
@@ -36,6 +37,44 @@ POLICY_ALIASES = {
     "gns": "noise-scale", "pollux": "noise-scale", "goodput": "noise-scale",
     "ramp": "ramp", "batch-ramp": "ramp", "batch-warmup": "ramp",
 }
+
+
+class PolicyNames(Sequence[str]):
+    """The policy names, live: POLICY_ALIASES's values in order (the built-in ones, then any registered), so the
+    config's choices follow the policy registry. Equal to the tuple of its names."""
+
+    def __init__(self, table: Mapping[str, str]) -> None:
+        self._table = table
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self._table.values()))
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | Sequence[str]:
+        return self.names()[i]
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __eq__(self, other: object) -> bool:
+        return self.names() == (tuple(other) if isinstance(other, (tuple, list, PolicyNames)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self.names())
+
+    def __repr__(self) -> str:
+        return repr(self.names())
+
+
+POLICIES = PolicyNames(POLICY_ALIASES)
 DEFAULT_P = 100         # JABAS: iterations between decisions; also the cap of the epoch-relative default
 #: p unset: this many decisions per epoch at the initial B (at most DEFAULT_P iterations apart, at least 1)
 DECISIONS_PER_EPOCH = 10

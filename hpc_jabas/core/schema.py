@@ -27,7 +27,10 @@ def key(default: Any, help: str, *, choices: Sequence[str] | None = None, lo: fl
         metavar: str | None = None, canon: Callable[[Any], Any] | None = None) -> Any:
     """A config field: default, help text and constraints (``lo``/``hi`` bounds, each element of a list);
     ``canon`` maps an alias to its canonical name (any other value unchanged) before the checks."""
-    meta = {"help": help, "choices": tuple(choices) if choices else None, "lo": lo, "hi": hi,
+    # a list or tuple is copied; another sequence is kept as given: a live view (defaults.POLICIES grows with the
+    # policy registry)
+    live = choices is not None and not isinstance(choices, (list, tuple))
+    meta = {"help": help, "choices": (choices if live else tuple(choices)) if choices else None, "lo": lo, "hi": hi,
             "lo_open": lo_open, "hi_open": hi_open, "shown": shown, "metavar": metavar, "canon": canon}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)

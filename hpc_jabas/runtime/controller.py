@@ -19,18 +19,8 @@ from hpc_jabas.core.decision import Decision
 from hpc_jabas.core.guard import DivergenceGuard, guard_window
 from hpc_jabas.core.overheads import measures
 from hpc_jabas.core.planning import Plan, Planner, snap_nearest
-from hpc_jabas.core.policy import (
-    DEFAULT_P,
-    GoodputPolicy,
-    PolicyState,
-    canonical_policy,
-    decision_period,
-    default_measure_every,
-    default_noise_memory,
-    make_lr_rule,
-    make_policy,
-    make_wd_rule,
-)
+from hpc_jabas.core.policies import NOISE, SIMILARITY, Observation, Policy, PolicyState, policy_for_job
+from hpc_jabas.core.policy import DEFAULT_P, decision_period, make_lr_rule, make_wd_rule
 from hpc_jabas.core.scaling import AdaScaleRule
 from hpc_jabas.core.stats import NoiseScale, noise_scale_terms
 from hpc_jabas.errors import ConfigError
@@ -179,18 +169,11 @@ class AdaptiveController(BaseController):
         self.cfg = cfg
         self.p = cfg.p or DEFAULT_P          # unset: resolved from the epoch's length at attach
         self.space = space
-        self.policy_name = canonical_policy(cfg.policy)
-        kw: dict[str, Any] = {"B_min": cfg.B_min, "B_max": cfg.B_max, "p": self.p}
-        if self.policy_name == "similarity":
-            kw.update(gamma=cfg.gamma, alpha=cfg.alpha)
-        elif self.policy_name == "noise-scale":
-            # its memory in samples: set at attach (default_noise_memory)
-            kw.update(B0=cfg.batch, kappa=cfg.kappa, noise_trend=cfg.noise_trend)
-        elif self.policy_name == "ramp":
-            kw.update(B0=cfg.batch, at=list(cfg.ramp_at), factor=cfg.ramp_factor)
-        self.policy = make_policy(self.policy_name, **kw)
+        # the policy object (core/policies: registered by name); what it reads and how it decides is its own
+        self.policy: Policy = policy_for_job(cfg, self.p)
+        self.policy_name = self.policy.name
         # a policy whose range holds one B cannot move: it measures nothing and decides nothing (said at attach)
-        self.moves = self.policy_name != "fixed" and cfg.B_min < cfg.B_max
+        self.moves = self.policy.adaptive and cfg.B_min < cfg.B_max
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
         self.wd_rule = make_wd_rule(cfg.wd_rule, B_ref=cfg.batch_ref or cfg.batch)
         self._wd_hook: RemovableHandle | None = None
@@ -224,23 +207,23 @@ class AdaptiveController(BaseController):
         super().attach(trainer)
         cfg = self.cfg
         self.p = self.policy.p = decision_period(cfg.p, trainer.sampler.num_samples, cfg.batch)
-        self.measure_every = default_measure_every(self.policy_name, cfg.measure_every, self.p) if self.moves else None
+        pol = self.policy
+        self.measure_every = pol.default_measure_every(cfg.measure_every, self.p) if self.moves else None
         hook = trainer.epoch_end_hook
         self.reference = hook is not None and bool(hook.prices_measuring)
-        if isinstance(self.policy, GoodputPolicy):
-            self.policy.use_memory(default_noise_memory(cfg.noise_memory, cfg.batch, trainer.sampler.num_samples))
-        if trainer.rank == 0 and self.policy_name != "fixed":
+        pol.start(trainer.sampler.num_samples)
+        if trainer.rank == 0 and pol.adaptive:
             if not self.moves:
                 get_logger(__name__).warning(
                     "policy %r cannot move B: batch_min=%d = batch_max=%d; it measures nothing (set a wider "
                     "range, or policy='fixed')", self.policy_name, cfg.B_min, cfg.B_max)
-            elif cfg.p is None and self.p == 1 and self.policy_name != "ramp":
+            elif cfg.p is None and self.p == 1 and pol.reads:
                 get_logger(__name__).warning(
                     "p=1: an epoch has only %d iterations at B=%d, so every iteration measures the gradient "
                     "statistics (an extra allreduce each); set p to decide less often",
                     -(-trainer.sampler.num_samples // cfg.batch), cfg.batch)
         self.planner = trainer.planner
-        if self.space is None and self.policy_name != "fixed":
+        if self.space is None and pol.adaptive:
             # the B the trainer's planner realises on this mix, timed by the job's perf model
             self.space = self.planner.batch_space(cfg.B_min, cfg.B_max)
         if self.guard is not None:
@@ -259,21 +242,20 @@ class AdaptiveController(BaseController):
                 self._telemetry = HostTelemetry()
         # measure_every: the first decision comes once the warm-up's measurements are in (iteration (warmup + 1) k),
         # when that is before the first period's end; then every p iterations as without
-        k, pol = self.measure_every, self.policy
-        early = (pol.warmup + 1) * k if k is not None and isinstance(pol, GoodputPolicy) else None
+        early = pol.first_round(self.measure_every)
         self._early = early if early is not None and early < self.p else None
 
     def has_rounds(self) -> bool:
-        return self.balance or self.policy_name != "fixed"
+        return self.balance or self.policy.adaptive
 
     def _policy_round(self, done: int) -> bool:
         """Whether the policy decides after ``done`` iterations: every p, and the early first round (measure_every)."""
         return self.moves and (done % self.p == 0 or done == self._early)
 
     def model_changed(self) -> None:
-        """The perf model was recalibrated in place: goodput (noise-scale) prices B with the batch space's
-        times, so its space is rebuilt on it (kept, with a warning, when that fails)."""
-        if self.space is None or self.policy_name != "noise-scale" or self.planner is None:
+        """The perf model was recalibrated in place: a policy that prices B with the batch space's times (goodput)
+        gets its space rebuilt on it (kept, with a warning, when that fails)."""
+        if self.space is None or not self.policy.uses_times or self.planner is None:
             return
         try:
             self.space = self.planner.batch_space(self.cfg.B_min, self.cfg.B_max)
@@ -306,29 +288,36 @@ class AdaptiveController(BaseController):
 
     def wants_stats(self, iteration: int) -> bool:
         k = self.measure_every
-        return self.moves and self.cfg.policy != "ramp" and \
-            measures(iteration + 1, self.p, k, self.reference)
+        return self.moves and bool(self.policy.reads) and measures(iteration + 1, self.p, k, self.reference)
 
     def measures_similarity(self, iteration: int) -> bool:
-        """Whether a measurement iteration needs the half-batch cosine (False: goodput's noise-only measurements)."""
-        return self.policy_name != "noise-scale" or self.measure_every is None
+        """Whether a measurement iteration needs the half-batch cosine: False for the measurements of a policy that
+        reads the noise scale only, taken between decisions (goodput's noise-only measurements)."""
+        return SIMILARITY in self.policy.reads or self.measure_every is None
 
     def defers_stats(self, iteration: int) -> bool:
-        """Whether this iteration's measurement may be read later (goodput's noise-only measurements between
-        decisions): the trainer then hands it to :meth:`observe_held` before the next iteration's ``after_step``,
-        so that the policy takes it with the same samples and in the same order as if it were read at once."""
-        return self.policy_name == "noise-scale" and self.measure_every is not None \
-            and not self._policy_round(iteration + 1)
+        """Whether this iteration's measurement may be read later (noise-only measurements between decisions): the
+        trainer then hands it to :meth:`observe_held` before the next iteration's ``after_step``, so that the
+        policy takes it with the same samples and in the same order as if it were read at once."""
+        return not self.measures_similarity(iteration) and not self._policy_round(iteration + 1)
 
     def observe_held(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
         """A deferred measurement (``rec``: its iteration's record, its stats added), read after that iteration's
         ``after_step`` and before the next one's: rank 0's policy takes it as ``after_step`` would have."""
-        if self.policy_name == "noise-scale" and trainer.rank == 0 and rec.get("stats"):
+        if trainer.rank == 0 and rec.get("stats"):
             self._observe_between(rec["stats"])
 
     def _observe_between(self, st: dict[str, Any]) -> None:
-        g2, s_tr = self._fresh_terms(st)
-        if g2 is not None and self.policy.observe(g2, s_tr, self._since):   # type: ignore[attr-defined]
+        """Rank 0: one measurement between decisions into the policy. A policy that reads the noise scale gets this
+        measurement's fresh (G2, S) (the controller's moving average takes them too) and the samples since the
+        previous one; one that does not, the cosine alone."""
+        g2 = s_tr = None
+        if NOISE in self.policy.reads:
+            g2, s_tr = self._fresh_terms(st)
+            if g2 is None:
+                return
+        seen = Observation(similarity=st.get("similarity"), g2=g2, s=s_tr, samples=self._since)
+        if self.policy.observe(seen) and g2 is not None:
             self._since = 0
             self._fed += 1
 
@@ -388,14 +377,12 @@ class AdaptiveController(BaseController):
             self._losses.append((int(rec["it"]), float(rec.get("samples", 0)), float(rec.get("loss_sum", 0.0)),
                                  bool(rec.get("skipped", False))))
         done = trainer.iteration
-        if self.policy_name == "noise-scale" and trainer.rank == 0:
-            self._since += int(rec.get("samples", 0))
+        if trainer.rank == 0:
+            if NOISE in self.policy.reads:                           # the samples a fresh (G2, S) stands for
+                self._since += int(rec.get("samples", 0))
             between = not self._policy_round(done)                  # a decision round takes its own in decide
             if self.measure_every is not None and rec.get("stats") and between:
                 self._observe_between(rec["stats"])
-        elif self.policy_name == "similarity" and trainer.rank == 0 and self.measure_every is not None \
-                and rec.get("stats") and not self._policy_round(done):
-            self.policy.observe(rec["stats"].get("similarity"))          # type: ignore[attr-defined]
         if not self.is_round(done):
             return None
         bal = self.balance and done % self.cfg.p_balance == 0
@@ -497,10 +484,10 @@ class AdaptiveController(BaseController):
         if plan.B != bd.B:
             raise RuntimeError(f"planner realised B={plan.B} for the decided B={bd.B} (batch space out of step)")
         if isinstance(self.lr_rule, AdaScaleRule):
-            # its gain reads the smoothed noise-scale terms: goodput's estimate with a memory in samples where one
-            # is set (noise_memory, as Pollux: one estimate for B and the lr), else the controller's moving average
-            pol = self.policy
-            est = pol.noise if isinstance(pol, GoodputPolicy) and pol.noise_memory is not None else self.noise
+            # its gain reads the smoothed noise-scale terms: the policy's own estimate where it has one (goodput's
+            # with a memory in samples, as Pollux: one estimate for B and the lr), else the controller's moving average
+            own = self.policy.noise_estimate()
+            est = own if own is not None else self.noise
             self.lr_rule.observe(est.G2, est.S)
         lr = self.lr_rule.lr_scale(plan.B)
         # G2/S_trace: the controller's smoothed terms; g2/s: this decision's fresh estimates as the policy got
@@ -508,17 +495,10 @@ class AdaptiveController(BaseController):
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
                  "g2": g2, "s": s_tr, "direction": bd.direction, "target": bd.target, "moved": bd.moved,
                  "B_before": B_now}
-        mean = getattr(self.policy, "last_mean", None)
-        if mean is not None and self.measure_every is not None:  # similarity averaged over the period's measurements
-            stats.update(similarity_mean=mean[0], similarity_count=mean[1])
-        win = getattr(self.policy, "noise", None)
-        if win is not None:                # the goodput policy's own window: what it decided on
-            stats.update(b_noise_window=win.b_noise, window_count=win.count, fresh=g2 is not None,
-                         est_G2=win.G2, est_S=win.S, kappa=getattr(self.policy, "kappa", 1.0))
-            if isinstance(self.policy, GoodputPolicy) and self.policy.noise_trend:   # what B was priced with
-                stats.update(b_noise_priced=self.policy.priced(win.b_noise, B_now))
-            if self.measure_every is not None:     # the fresh measurements fed so far, decisions' included
-                stats.update(measurements=self._fed)
+        # what the policy read (similarity: the period's mean cosine; goodput: its own estimate and pricing)
+        stats.update(self.policy.decision_stats(B_now, fresh=g2 is not None, between=self.measure_every is not None))
+        if NOISE in self.policy.reads and self.measure_every is not None:
+            stats.update(measurements=self._fed)   # the fresh measurements fed so far, decisions' included
         self.last_stats = stats
         return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
