@@ -20,6 +20,14 @@ backward (overlapping the rest of it; Horovod fuses small tensors); on torch the
 in DistributedDataParallel, all but the last micro-batch run in its ``no_sync()`` (``micro()``), and a
 rank without micro-batches joins with one zero step. Either way the sum, then the postscale 1/world.
 
+Under the script's own initialisation (the layer in a user's loop): the first ``begin`` adopts the backend the
+script started (hvd.init(), its own ``init_process_group``; ``comm.adopt``), or ``hpc_jabas.init()``'s. On torch
+the script's DistributedDataParallel wrap of these parameters is found (or given as ``model=``) and used as it is
+(reducer.py ``ScriptDDPReducer``): its ``no_sync`` is held from ``begin`` until the last micro-batch, over the
+script's forwards too, so DDP reduces only the last backward, overlapped with it. Without a wrap, one flat
+allreduce after the backward (``FlatReducer``). Misuse (``step`` before ``begin``, a backward count other than
+``n_local``, no backend) is one ConfigError line.
+
 Token-weighted losses: ``opt.backward(loss, count, weight=w)`` (``loss`` the mean over the w
 tokens of the micro-batch) accumulates w x grad(loss) / c (c = the previous iteration's W / world,
 rank-independent); the same allreduce runs, then the gradients are multiplied by c world / W with W
