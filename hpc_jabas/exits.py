@@ -88,11 +88,22 @@ def exit_on_error(e: JabasError) -> None:
         # a hook in front of ours captures stderr to print it after ours returns (torch.distributed's, which
         # prefixes the rank): ours does not return, so the line goes to the real stderr
         sys.stderr = sys.__stderr__
+    _heartbeat_done()
     record_for_torchrun(e)
     say(e)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(2)
+    os._exit(int(getattr(e, "exit_code", 2)))
+
+
+def _heartbeat_done() -> None:
+    """This rank ends on purpose: its watcher must not name it hung (runtime/heartbeat.py, when it runs here)."""
+    mod = sys.modules.get("hpc_jabas.runtime.heartbeat")
+    if mod is not None:
+        try:
+            mod.stop(done=True)
+        except Exception:              # the store is gone: nobody watches
+            pass
 
 
 def _hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
@@ -142,9 +153,10 @@ def run_main(fn: Callable[..., Any], argv: list[str] | None = None) -> None:
         takes_argv = _takes_argument(fn)
         rc = fn(argv) if takes_argv else fn()
     except JabasError as e:
+        _heartbeat_done()
         record_for_torchrun(e)
         say(e)
-        sys.exit(2)          # SystemExit, as before: a caller (a test, a wrapper) may catch it
+        sys.exit(int(getattr(e, "exit_code", 2)))      # SystemExit, as before: a caller (a test...) may catch it
     sys.exit(rc or 0)
 
 

@@ -25,6 +25,7 @@ from hpc_jabas.errors import ConfigError
 BACKEND = "HPC_JABAS_BACKEND"
 TORCH_TIMEOUT_S = "HPC_JABAS_TORCH_TIMEOUT_S"
 ERROR_GRACE_S = "HPC_JABAS_ERROR_GRACE_S"
+HEARTBEAT_S = "HPC_JABAS_HEARTBEAT_S"
 PROGRESS = "HPC_JABAS_PROGRESS"
 DEBUG = "HPC_JABAS_DEBUG"
 LOG = "HPC_JABAS_LOG"
@@ -54,6 +55,8 @@ VARIABLES = (
     Variable(BACKEND, "auto", "the communication backend when the job's config says auto: horovod | torch | auto"),
     Variable(TORCH_TIMEOUT_S, "300", "seconds a rank of the torch backend waits at the rendezvous and in a "
                                      "collective before it fails (a rank that died or hangs)"),
+    Variable(HEARTBEAT_S, "20", "seconds without a rank's heartbeat before the others name it hung and stop "
+                                "(a stopped process, a frozen node); 0: off (runtime/heartbeat.py)"),
     Variable(ERROR_GRACE_S, "10", "seconds a rank other than 0 waits before saying an error rank 0 may say too"),
     Variable(PROGRESS, "auto", "the progress bar: 0 never, 1 always on a terminal (skips the mpirun check), auto"),
     Variable(DEBUG, "0", "1: the CLI shows an error's traceback after its line"),
@@ -120,6 +123,11 @@ def torch_timeout_s(env: Mapping[str, str] | None = None) -> float:
     return _seconds(TORCH_TIMEOUT_S, env, 300.0, zero_ok=False)
 
 
+def heartbeat_s(env: Mapping[str, str] | None = None) -> float:
+    """HPC_JABAS_HEARTBEAT_S: seconds >= 0 without a rank's heartbeat before it is named hung (20; 0: off)."""
+    return _seconds(HEARTBEAT_S, env, 20.0, zero_ok=True)
+
+
 def error_grace_s(env: Mapping[str, str] | None = None) -> float:
     """HPC_JABAS_ERROR_GRACE_S: seconds >= 0 a rank other than 0 waits before saying an error (10)."""
     return _seconds(ERROR_GRACE_S, env, 10.0, zero_ok=True)
@@ -156,8 +164,8 @@ def shared_tmp(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 GETTERS: dict[str, Callable[[Mapping[str, str] | None], object]] = {
-    BACKEND: backend, TORCH_TIMEOUT_S: torch_timeout_s, ERROR_GRACE_S: error_grace_s, PROGRESS: progress,
-    DEBUG: debug, LOG: log_level, TRUST_GROUP: trust_group, SHARED_TMP: shared_tmp,
+    BACKEND: backend, TORCH_TIMEOUT_S: torch_timeout_s, HEARTBEAT_S: heartbeat_s, ERROR_GRACE_S: error_grace_s,
+    PROGRESS: progress, DEBUG: debug, LOG: log_level, TRUST_GROUP: trust_group, SHARED_TMP: shared_tmp,
 }
 
 

@@ -71,13 +71,14 @@ def test_only_settings_reads_our_variables():
 
 def test_every_variable_has_a_getter_or_is_shell_only():
     names = [v.name for v in settings.VARIABLES]
-    assert len(names) == len(set(names)) == 10
+    assert len(names) == len(set(names)) == 11
     assert set(names) - set(settings.GETTERS) == {settings.CACHE, settings.VENV}
     assert settings.BACKENDS == BACKENDS
 
 
 def test_defaults():
     assert settings.torch_timeout_s({}) == 300.0
+    assert settings.heartbeat_s({}) == 20.0 and settings.heartbeat_s({"HPC_JABAS_HEARTBEAT_S": "0"}) == 0.0
     assert settings.error_grace_s({}) == 10.0
     assert settings.backend({}) is None and settings.log_level({}) is None and settings.progress({}) is None
     assert settings.debug({}) is False and settings.trust_group({}) is False and settings.shared_tmp({}) == []
@@ -102,6 +103,7 @@ BAD = [
     ("HPC_JABAS_TORCH_TIMEOUT_S", "inf", "a finite number of seconds > 0"),
     ("HPC_JABAS_ERROR_GRACE_S", "-1", "a finite number of seconds >= 0"),
     ("HPC_JABAS_ERROR_GRACE_S", "nan", "a finite number of seconds >= 0"),
+    ("HPC_JABAS_HEARTBEAT_S", "-5", "a finite number of seconds >= 0"),
     ("HPC_JABAS_BACKEND", "mpi", "one of horovod, torch, auto"),
     ("HPC_JABAS_PROGRESS", "maybe", "one of 1, true, yes, on, 0, false, no, off, auto"),
     ("HPC_JABAS_DEBUG", "2", "one of 1, true, yes, on, 0, false, no, off"),

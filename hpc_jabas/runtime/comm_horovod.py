@@ -15,10 +15,12 @@ import horovod
 import horovod.torch as hvd
 import torch
 
-from hpc_jabas.log import set_rank
+from hpc_jabas import settings
+from hpc_jabas.log import get_logger, set_rank
 from hpc_jabas.runtime.reducer import GradReducer, HookReducer, StartSum, WaitSum
 
 _initialized = False
+log = get_logger(__name__)
 
 
 #: a hung rank: Horovod warns after 60 s and shuts the job down after 300 s (the chain then resubmits it from the
@@ -34,6 +36,45 @@ def init() -> None:
         hvd.init()
         _initialized = True
         set_rank(hvd.rank())          # log lines carry the rank; INFO from rank 0 only
+        _start_heartbeat()
+
+
+_hb_server: Any = None      # rank 0: the heartbeat's store (runtime/heartbeat.py), kept while Horovod runs
+
+
+def _start_heartbeat() -> None:
+    """A hung rank named in seconds (runtime/heartbeat.py), where Horovod's stall check only warns: rank 0 hosts
+    a small TCPStore (torch.distributed's, no process group) and tells its addresses over Horovod itself; each
+    rank's watchdog thread has a client of its own."""
+    global _hb_server
+    hb_s = settings.heartbeat_s()
+    if hb_s <= 0 or hvd.size() < 2:
+        return
+    import datetime
+
+    import torch.distributed as dist
+
+    from hpc_jabas.runtime import heartbeat
+    from hpc_jabas.runtime.comm_torch import _addresses, _reachable
+    timeout = datetime.timedelta(seconds=hb_s)
+    info = None
+    if hvd.rank() == 0:
+        try:
+            _hb_server = dist.TCPStore("0.0.0.0", 0, None, True, wait_for_workers=False, timeout=timeout)
+            info = (_addresses(), int(_hb_server.port))
+        except Exception as e:          # every rank still takes part in the broadcast below
+            log.warning("no heartbeat watchdog (%s): Horovod's stall shutdown (%s s) ends a hung job", e,
+                        os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"))
+    info = hvd.broadcast_object(info, root_rank=0, name="hj.heartbeat")
+    if info is None:
+        return
+    try:
+        addrs, port = info
+        addr = "127.0.0.1" if hvd.rank() == 0 else _reachable(addrs, port)
+        client = dist.TCPStore(addr, port, is_master=False, wait_for_workers=False, timeout=timeout)
+        heartbeat.start(dist.PrefixStore("hj.hb/", client), hvd.rank(), hvd.size(), hb_s, 0)
+    except Exception as e:
+        log.warning("no heartbeat watchdog (%s): Horovod's stall shutdown ends a hung job", e)
 
 
 def is_initialized() -> bool:

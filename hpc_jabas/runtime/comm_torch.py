@@ -40,7 +40,7 @@ import torch.distributed as dist
 from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.log import get_logger, set_rank
-from hpc_jabas.runtime import launchers
+from hpc_jabas.runtime import heartbeat, launchers
 from hpc_jabas.runtime.reducer import FlatReducer, GradReducer, StartSum, WaitSum
 
 log = get_logger(__name__)
@@ -254,12 +254,39 @@ def init() -> None:
         _groups[s] = dist.new_group(backend=None, timeout=timeout)
     _initialized = True
     atexit.register(_at_exit)
+    _start_heartbeat(ln)
+
+
+def _start_heartbeat(ln: Launch) -> None:
+    """A hung rank named in seconds (runtime/heartbeat.py): a store client of the watchdog's own, to the store
+    the process group met at (ours, torchrun's agent's, or the one a script's own init made), with keys of this
+    run and attempt. Nothing when the store is not a TCPStore (a world of one, a FileStore)."""
+    hb_s = settings.heartbeat_s()
+    n = dist.get_world_size()
+    if hb_s <= 0 or n < 2:
+        return
+    try:
+        tcp = _store if _store is not None else dist.distributed_c10d._get_default_store()
+        while hasattr(tcp, "underlying_store"):
+            tcp = tcp.underlying_store
+        if not isinstance(tcp, dist.TCPStore):
+            return
+        client = dist.TCPStore(tcp.host, tcp.port, is_master=False, wait_for_workers=False,
+                               timeout=datetime.timedelta(seconds=hb_s))
+        tr = launchers.detect()
+        agent = isinstance(tr, launchers.Torchrun) and tr.agent_store
+        prefix = (f"hj.hb/{tr.run_id}/{tr.restart_count}/" if isinstance(tr, launchers.Torchrun) else "hj.hb/")
+        heartbeat.start(dist.PrefixStore(prefix, client), dist.get_rank(), n, hb_s, None if agent else 0)
+    except Exception as e:                  # the watchdog is a help: the collective timeout stays behind it
+        log.warning("torch backend: no heartbeat watchdog (%s): a hung rank is found by the collective timeout "
+                    "(HPC_JABAS_TORCH_TIMEOUT_S=%g s)", e, settings.torch_timeout_s())
 
 
 def shutdown() -> None:
     """Stop torch.distributed in this process (a process group the script made stays; only ours go); a later
     :func:`init` starts it again."""
     global _initialized, _store
+    heartbeat.stop(done=True)
     if _initialized:
         for g in _groups.values():
             if _owned:
@@ -320,6 +347,7 @@ class PeerLostError(JabasError, RuntimeError):
     ``now``: said at once (the launcher may end this rank any moment), by the lowest surviving rank only."""
 
     now = True
+    exit_code = heartbeat.EXIT_CODE
 
 
 #: what Gloo, NCCL and the store say when a peer's connection breaks or a collective waits past the timeout
@@ -378,6 +406,9 @@ def peer_lost(exc: BaseException) -> PeerLostError | None:
     n, me = dist.get_world_size(), dist.get_rank()
     if n < 2:
         return None
+    if heartbeat.stalled():         # this process was stopped itself: the others did not leave it, it left them
+        return PeerLostError(f"rank {me} of {n} was stopped (SIGSTOP, a frozen node) while the others went on",
+                             quiet=True)
     alive = {me} if n == 2 else _alive(n, me)          # two ranks: the other one is gone
     if alive is None:
         lost, alive = [0], set(range(1, n))             # the store (rank 0's, or the agent's) is gone with it
@@ -388,7 +419,7 @@ def peer_lost(exc: BaseException) -> PeerLostError | None:
     who = ", ".join(str(r) for r in lost)
     return PeerLostError(f"rank{'s' if len(lost) > 1 else ''} {who} of {n} gone (killed, node lost, or no answer "
                          f"within HPC_JABAS_TORCH_TIMEOUT_S={settings.torch_timeout_s():g} s); rank {me} stops "
-                         "too: the run resumes from its last checkpoint",
+                         f"too: {launchers.what_next()}",
                          quiet=me != min(alive))
 
 

@@ -153,6 +153,7 @@ def _run_job(spec: JobSpec) -> dict | None:
     from hpc_jabas.runtime.task import Task, call_task
     from hpc_jabas.runtime.trainer import Trainer
     stop_signals().install()                       # from here on a stop signal is a flag (safe points)
+    launchers.set_in_chain()                       # a rank gone or hung: the chain resubmits (the error line)
     # before Horovod's background thread starts polling; a Task or the older dict, checked (one line, exit 2)
     task = Task.from_parts(call_task(load_callable(spec.task, "task"), spec.config, spec.run_dir), spec.task)
     comm.use(flatten(spec.config)[0].get("backend"))     # the job's backend key (top level or [train])

@@ -119,6 +119,27 @@ class Torchrun(Launcher):
         """Where torchrun reads a failed worker's error (``TORCHELASTIC_ERROR_FILE``)."""
         return self.env.get("TORCHELASTIC_ERROR_FILE") or None
 
+    @property
+    def max_restarts(self) -> int | None:
+        """torchrun's ``--max-restarts`` (``TORCHELASTIC_MAX_RESTARTS``; None: not torchrun's agent)."""
+        return _int(self.env, "TORCHELASTIC_MAX_RESTARTS") if self.env.get("TORCHELASTIC_MAX_RESTARTS") else None
+
+    @property
+    def run_id(self) -> str:
+        """torchrun's run id (``TORCHELASTIC_RUN_ID``; "" when not torchrun's agent)."""
+        return self.env.get("TORCHELASTIC_RUN_ID") or ""
+
+    @property
+    def agent_store(self) -> bool:
+        """Whether the store the workers meet at is hosted by torchrun's agent (``TORCHELASTIC_USE_AGENT_STORE``),
+        not by rank 0."""
+        return (self.env.get("TORCHELASTIC_USE_AGENT_STORE") or "").lower() == "true"
+
+    @property
+    def restart_count(self) -> int:
+        """How many times torchrun restarted the workers so far (``TORCHELASTIC_RESTART_COUNT``)."""
+        return _int(self.env, "TORCHELASTIC_RESTART_COUNT", 0)
+
 
 class OpenMPI(Launcher):
     """Open MPI's mpirun (or mpiexec, prterun): rank 0's address is agreed over MPI, not in the environment."""
@@ -252,6 +273,34 @@ class Single(Launcher):
 
 #: the detection order (the module docstring says why)
 ORDER: tuple[type[Launcher], ...] = (Torchrun, OpenMPI, Horovodrun, Srun, MpichPmi, Single)
+
+
+_in_chain = False
+
+
+def set_in_chain(on: bool = True) -> None:
+    """Said by the Slurm chain's job entry point (runtime/launch.py) before the backend starts: a job that fails
+    is resubmitted by the chain."""
+    global _in_chain
+    _in_chain = bool(on)
+
+
+def what_next(env: Mapping[str, str] | None = None) -> str:
+    """What happens after this run fails (a rank gone or hung), as the error line's last words: the Slurm chain
+    resubmits it, torchrun restarts its workers (``--max-restarts`` left), or nothing does here."""
+    rerun = "rerun the same command to resume from the last checkpoint"
+    if _in_chain:
+        return "the Slurm chain resubmits the job, which resumes from the last checkpoint"
+    ln = detect(env)
+    if isinstance(ln, Torchrun) and ln.max_restarts is not None:
+        left = ln.max_restarts - ln.restart_count
+        if left > 0:
+            return (f"torchrun restarts the workers ({left} of --max-restarts={ln.max_restarts} left), which "
+                    "resume from the last checkpoint")
+        if ln.max_restarts > 0:
+            return f"torchrun's --max-restarts={ln.max_restarts} are used up: {rerun}"
+        return f"nothing restarts it here (torchrun --max-restarts=0): {rerun}"
+    return f"nothing restarts it here: {rerun}"
 
 
 def detect(env: Mapping[str, str] | None = None) -> Launcher:
