@@ -35,8 +35,9 @@ Experiments:
 
 Last line: per task T: T_mid=, T_plateau= (targets, %), T_bstar_mid=, T_bstar_plateau=, T_h32_early=,
 T_c_mid=, T_c_plateau=, T_h256_early=, T_loss32=, T_loss256=, T_acc32=, T_acc256= (medians; 256 = the
-linear rule), digits_x2_mid= digits_x2_plateau= (seeds reaching / seeds) and digits_acc256x2=, c_fit_mid= and
-c_fit_plateau= (the range of one constant c that puts every task's B* where it is, or none), seeds=.
+linear rule), T_gen_gap_seeds= (seeds where 256-linear ends with a lower-or-equal training loss and a lower test
+accuracy than 32, paired), digits_x2_mid= digits_x2_plateau= (seeds reaching / seeds) and digits_acc256x2=,
+c_fit_mid= and c_fit_plateau= (the range of one constant c that puts every task's B* where it is, or none), seeds=.
 """
 from __future__ import annotations
 
@@ -290,7 +291,14 @@ def task_section(name: str, seeds: list[int], quick: bool, out: dict) -> None:
     a256s = med([r["final"] for r in runs[(256, "sqrt")]])
     print(f"generalisation: final train loss 32 {l32:.4f}, 256-linear {l256:.4f}, 256-sqrt {l256s:.4f}; test acc "
           f"32 {100 * a32:.2f}%, 256-linear {100 * a256:.2f}%, 256-sqrt {100 * a256s:.2f}%")
+    pairs = [(r2["loss"] - r1["loss"], 100 * (r2["final"] - r1["final"]))
+             for r1, r2 in zip(base, runs[(256, "linear")])]
+    both = sum(dl <= 0 and da < 0 for dl, da in pairs)
+    print("  paired by seed, 256-linear minus 32 (train loss, test acc points): "
+          + ", ".join(f"({dl:+.4f}, {da:+.2f})" for dl, da in pairs)
+          + f"; seeds with a lower-or-equal train loss and a lower test accuracy: {both}/{len(pairs)}")
     o = out.setdefault(name, {})
+    o["gen_gap_seeds"] = f"{both}/{len(pairs)}"
     o.update(mid=100 * mid, plateau=100 * plateau, bstar_mid=bstar["mid"], bstar_plateau=bstar["plateau"],
              h32_early=h32, c_mid=c["mid"], c_plateau=c["plateau"], h256_early=h256, loss32=l32, loss256=l256,
              acc32=100 * a32, acc256=100 * a256)
