@@ -31,7 +31,8 @@ demo: setup
 # and protocols: bench/RESULTS.md
 BENCHES := straggler adaptive_tta perfmodel_error perfmodel_error_emulated interference autoscale_search \
            planner_speed overhead simulate_scale sim_validation sim_validation_chain input_pipeline faults \
-           resubmit_latency horovod_spin sim_fixed_grid measure_cost branch_probe adaptive_experiments
+           resubmit_latency horovod_spin sim_fixed_grid measure_cost branch_probe adaptive_experiments \
+           compile_recompiles
 bench: setup
 	@for b in $(BENCHES); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 

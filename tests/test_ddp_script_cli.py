@@ -95,3 +95,18 @@ def test_batch_per_rank_is_the_global_batch_times_the_ranks():
         hj.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, nn.MSELoss(),
                    config=hj.JobConfig(batch_per_rank=100, backend="torch"),
                    world=hj.World(rank=0, size=1, gpu_types=("v100",)))
+
+
+def test_checkpoint_every_epochs_is_the_epoch_cadence(tmp_path):
+    """The tutorial's save_every: checkpoints at every 2nd epoch end and the last one (epochs 2, 4, 5 of 5)."""
+    import torch
+    from torch import nn
+    model = nn.Linear(4, 1)
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    t = hj.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, nn.MSELoss(),
+                   config=hj.JobConfig(batch=16, epochs=5, checkpoint_every_epochs=2, keep_checkpoints=5,
+                                       run_dir=str(tmp_path / "run"), backend="torch"),
+                   world=hj.World(rank=0, size=1, gpu_types=("v100",)))
+    t.fit()
+    names = sorted(p.name.split("-")[1] for p in (tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
+    assert [int(n) for n in names] == [2, 4, 5]

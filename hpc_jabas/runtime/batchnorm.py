@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import comm
 
 
@@ -31,8 +32,24 @@ def batchnorm_modules(model: torch.nn.Module) -> list[torch.nn.modules.batchnorm
 
 def batch_coupled_layers(model: torch.nn.Module) -> list[str]:
     """Class names of the layers whose output depends on the batch's composition (BatchNorm): what
-    ``core.planning.make_planner`` takes as ``coupled_layers``."""
+    ``core.planning.make_planner`` takes as ``coupled_layers``. A SyncBatchNorm layer is one ConfigError line
+    (:func:`refuse_sync_batchnorm`)."""
+    refuse_sync_batchnorm(model)
     return sorted({type(m).__name__ for m in batchnorm_modules(model)})
+
+
+def refuse_sync_batchnorm(model: torch.nn.Module) -> None:
+    """ConfigError naming the model's SyncBatchNorm layers: each forward of one reduces its statistics over the
+    ranks, and the ranks run unequal numbers of micro-batches, so those reductions would not match (a hang, or
+    torch's long error). BatchNorm trains here: each micro-batch normalises by its own statistics, and the
+    running buffers are averaged over the ranks (weighted by samples) at each epoch end."""
+    names = [n or "(the model)" for n, m in model.named_modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+    if names:
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        raise ConfigError(f"the model has SyncBatchNorm layers ({', '.join(names[:3])}{more}), which reduce their "
+                          "statistics over the ranks in every forward while the ranks run unequal numbers of "
+                          "micro-batches; keep BatchNorm (drop the nn.SyncBatchNorm.convert_sync_batchnorm call): "
+                          "its running statistics are averaged over the ranks at each epoch end")
 
 
 def running_buffers(model: torch.nn.Module) -> list[torch.Tensor]:

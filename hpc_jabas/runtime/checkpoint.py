@@ -158,6 +158,24 @@ _ND = "__hj_ndarray__"
 _LEAVES = (str, int, float, bool, complex, bytes, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
 
 
+#: the attribute and state_dict key part of torch.compile's wrapper (OptimizedModule) around the module it compiles
+_COMPILED = "_orig_mod"
+
+
+def plain_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module a ``torch.compile`` wrapper (OptimizedModule) compiles, unwrapped; any other module as it is.
+    Checkpoints hold its state: the same keys with compile on or off, so either resumes the other."""
+    while isinstance(getattr(model, _COMPILED, None), torch.nn.Module):
+        model = getattr(model, _COMPILED)
+    return model
+
+
+def plain_state(sd: Mapping[str, Any]) -> dict[str, Any]:
+    """A model state_dict with the ``_orig_mod.`` parts of compiled (sub)modules taken out of its keys (the keys of
+    the plain model; checkpoints of earlier versions of a compiled model hold them)."""
+    return {".".join(p for p in k.split(".") if p != _COMPILED): v for k, v in sd.items()}
+
+
 def to_plain(obj: Any, where: str = "state") -> Any:
     """``obj`` as tensors, numbers, strings and lists/tuples/dicts, which ``torch.load(weights_only=True)``
     reads; a value of any other type is refused (CheckpointError naming where it is)."""

@@ -178,3 +178,10 @@ class Callback:
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         """After the epoch's checkpoint, before the epoch-end hook."""
+
+    def on_metrics(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+        """Rank 0 only, once per iteration, when the metrics are flushed (every ``metrics_period`` iterations, at
+        the first safe point after them, and at the end of ``fit``): the iteration's record of the whole job, as
+        metrics.jsonl holds it: ``it``, ``epoch``, ``B``, ``loss`` (the mean over every rank's samples: the global
+        loss, no collective of the callback's own), ``lr_scale``, ``samples_per_s``, per-rank ``compute_s``. What a
+        tensorboard or wandb logger writes (docs/training.md)."""

@@ -199,15 +199,17 @@ class IterationMetrics:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def flush(self) -> None:
-        """Collective (every rank, same point). Rank 0 writes one record per pending iteration."""
+    def flush(self) -> list[dict[str, Any]]:
+        """Collective (every rank, same point). Rank 0 writes one record per pending iteration and returns them
+        (every rank's numbers in each, the loss the mean over all ranks' samples); the other ranks return []."""
         if not self._pending:      # the same on every rank: each appends one record per iteration
-            return
+            return []
         recs, self._pending = self._pending, []
         rows = torch.tensor([[float(r[k]) for k in PER_RANK] for r in recs], dtype=torch.float64)
         table = self._allgather(rows, "hj.metrics")
         if self.rank != 0:
-            return
+            return []
+        out: list[dict[str, Any]] = []
         col = {k: i for i, k in enumerate(PER_RANK)}
         by_it: dict[int, list[list[float]]] = {}
         for row in table.tolist():
@@ -217,7 +219,9 @@ class IterationMetrics:
             if [int(x[col["rank"]]) for x in rows_it] != list(range(self.world)):
                 raise RuntimeError(f"metrics of iteration {r0['it']} came from ranks "
                                    f"{[int(x[col['rank']]) for x in rows_it]}, expected 0..{self.world - 1}")
-            self.writer.write(self._iteration_record(r0, rows_it, col))
+            out.append(self._iteration_record(r0, rows_it, col))
+            self.writer.write(out[-1])
+        return out
 
     @staticmethod
     def _iteration_record(r0: dict[str, Any], rows: list[list[float]], col: dict[str, int]) -> dict[str, Any]:

@@ -182,6 +182,7 @@ class Checkpointer:
                  controller: Stateful | None = None, decisions: Stateful | None = None,
                  hook: Stateful | None = None, calibration: Stateful | None = None,
                  config: dict[str, Any] | None = None) -> None:
+        model = ckpt.plain_module(model)         # a torch.compile wrapper: the module it compiles (its keys)
         self.state, self.model, self.optimizer, self.scheduler = state, model, optimizer, scheduler
         self.config = config                     # the job's keys (JobConfig.to_dict), saved to compare on resume
         self.changed: dict[str, Any] = {}        # on resume: what was kept from the checkpoint, what applied
@@ -220,7 +221,7 @@ class Checkpointer:
                         "cuda": cuda_rng, "ranks": ranks_rng}}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
-        self.model.load_state_dict(st["model"])
+        self.model.load_state_dict(ckpt.plain_state(st["model"]))
         self.optimizer.load_state_dict(st["optimizer"])
         if self.scheduler is not None and st.get("scheduler") is not None:
             self.scheduler.load_state_dict(st["scheduler"])
@@ -351,7 +352,7 @@ class Checkpointer:
 
     def _check_model(self, st: dict[str, Any], src: str) -> None:
         """The checkpoint holds this model (the same tensor names and shapes), else one line naming both."""
-        saved, mine = st.get("model") or {}, self.model.state_dict()
+        saved, mine = ckpt.plain_state(st.get("model") or {}), self.model.state_dict()
         diff = model_difference(saved, mine)
         if diff is None:
             return
@@ -405,7 +406,7 @@ class Checkpointer:
         model = st.get("model") if isinstance(st, dict) else None
         if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
             raise ConfigError(f"{str(path)!r} is not an hpc-jabas training checkpoint (no 'model' state_dict in it)")
-        return model
+        return ckpt.plain_state(model)        # the plain model's keys, a compiled model's checkpoint of old too
 
     @classmethod
     def export(cls, path: Path, out: Path) -> dict[str, torch.Tensor]:

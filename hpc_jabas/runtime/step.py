@@ -58,15 +58,39 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True)
     return batch
 
 
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (or the module DDP wraps) is a ``torch.compile`` wrapper (OptimizedModule)."""
+    return hasattr(model, "_orig_mod") or hasattr(getattr(model, "module", None), "_orig_mod")
+
+
+def mark_batch_dynamic(batch: Any, count: int) -> None:
+    """Mark the first dimension of every tensor of ``batch`` whose first dimension is ``count`` as dynamic for
+    torch.compile (``maybe_mark_dynamic``: never an error where Dynamo specialises it): a change of the
+    micro-batch size b (a new plan, the epoch's tail) then reuses the compiled graph instead of recompiling
+    (bench/compile_recompiles.py: one graph for 5 sizes, against 2 by default and 5 with dynamic=False)."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() >= 1 and batch.shape[0] == count:
+            torch._dynamo.maybe_mark_dynamic(batch, 0)
+    elif isinstance(batch, (tuple, list)):
+        for x in batch:
+            mark_batch_dynamic(x, count)
+    elif isinstance(batch, Mapping):
+        for x in batch.values():
+            mark_batch_dynamic(x, count)
+
+
 def micro_step_sums(model: torch.nn.Module, forward_fn: Callable[[torch.nn.Module, Any], Any],
                     opt: WeightedBackward, batch: Any, count: int, device: torch.device | str,
                     sums: LossSums | None = None) -> LossSums:
     """Run one micro-batch of ``count`` samples; return ``sums`` plus its (weight x loss, weight), detached."""
     autocast = getattr(opt, "autocast", None)
     micro = getattr(opt, "micro", None)           # the reducer's no_sync for all but the last micro-batch
+    batch = to_device(batch, device)
+    if is_compiled(model):
+        mark_batch_dynamic(batch, count)          # b changes with the plan: no recompile per size
     with micro() if callable(micro) else contextlib.nullcontext():
         with autocast() if callable(autocast) else contextlib.nullcontext():
-            out = forward_fn(model, to_device(batch, device))
+            out = forward_fn(model, batch)
         if isinstance(out, tuple):
             if len(out) != 2:
                 raise ValueError(f"forward_fn returned a tuple of {len(out)}; return a loss or (loss, weight)")

@@ -205,6 +205,7 @@ class Trainer:
         self.safe_points = sp.SafePoints(interval_s=self.cfg.safe_point_s)   # the boundary agreement, overlapped
         self.totals = RankTotals()                     # this rank's samples and compute seconds in this job
         self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
+        self._fit_epochs = self.cfg.epochs                # the epochs fit() trains to (its argument, else the key)
 
     @property
     def dataset(self) -> Any:
@@ -524,7 +525,9 @@ class Trainer:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them (a deferred measurement
         read first: a checkpoint, which flushes, holds the policy with it)."""
         self.read_held_stats()
-        self._iter_metrics.flush()
+        for rec in self._iter_metrics.flush():           # rank 0: the iterations' records, the global loss in each
+            for cb in self.callbacks:
+                cb.on_metrics(self, rec)
 
     def read_held_stats(self) -> None:
         """Every rank: read the measurement an earlier iteration deferred (``controller.defers_stats``) into its
@@ -596,7 +599,7 @@ class Trainer:
 
     # ---- epochs ------------------------------------------------------------------------------
     def fit(self, epochs: int | None = None, max_iterations: int | None = None, resume: bool = True) -> dict:
-        epochs = epochs or self.cfg.epochs
+        epochs = self._fit_epochs = epochs or self.cfg.epochs
         self.setup()
         self.lock_run_dir()
         installed_here = not sp.stop_signals().installed and sp.stop_signals().install()
@@ -641,6 +644,12 @@ class Trainer:
                 "iterations_here": self.iteration - it0, "samples_here": samples, "wall_s": wall,
                 "samples_per_s": samples / wall if wall > 0 else 0.0, "stopped": self.stop_reason}
 
+    def _checkpoints_epoch(self, epoch: int) -> bool:
+        """Whether the end of ``epoch`` (0-based) is checkpointed: every ``checkpoint_every_epochs``-th epoch, the
+        fit's last one, and every one when an epoch-end hook may move the job (it resumes from that checkpoint)."""
+        n = self.cfg.checkpoint_every_epochs
+        return n <= 1 or self.epoch_end_hook is not None or (epoch + 1) % n == 0 or epoch + 1 >= self._fit_epochs
+
     def _safe_point(self) -> bool:
         """Every rank, at an iteration boundary (runtime/safepoint.py): True when the job stops here."""
         self.stop_reason = sp.boundary(self, self._periodic)
@@ -660,7 +669,7 @@ class Trainer:
             self.metrics.write({"type": "epoch_end", "epoch": epoch, "it": self.iteration, "eval": ev, "B": self.B})
             log.info("%s", evaluate.epoch_line(epoch, self.cfg.epochs, self.iteration, self.B, ev))   # the job's log
         # the epoch's checkpoint first: nothing that can fail below (the hook's decide) can lose it
-        path = self.save_checkpoint()
+        path = self.save_checkpoint() if self._checkpoints_epoch(epoch) else None
         for cb in self.callbacks:
             cb.on_epoch_end(self, epoch)
         hook = self.epoch_end_hook

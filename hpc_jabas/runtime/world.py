@@ -76,12 +76,15 @@ class World:
         return self.nodes[self.rank] if self.nodes else node_name()
 
     def describe(self, rank: int | None = None) -> str:
-        """One line for a rank (default: this one), e.g. ``rank 2/3 node=n1 gpu=v100 device=cpu(emulated v100)``."""
+        """One line for a rank (default: this one), e.g. ``rank 2/3 node=n1 gpu=v100 device=cpu(emulated v100)``;
+        a CPU rank whose type nothing named (no flag, no Slurm, no ``--emulate``) names no GPU type."""
         r = self.rank if rank is None else rank
         node = self.nodes[r] if self.nodes else (self.node if r == self.rank else "?")
         dev = self.devices[r] if self.devices else (self.device if r == self.rank else "?")
         if self.emulated:
             dev = f"{dev}(emulated {self.gpu_types[r]})"
+        elif self.source == "default" and str(dev).startswith("cpu"):      # no GPU, none named: none said
+            return f"rank {r}/{self.size} node={node} device={dev}"
         return f"rank {r}/{self.size} node={node} gpu={self.gpu_types[r]} device={dev}"
 
     def ranks(self) -> list[dict[str, Any]]:
