@@ -33,7 +33,7 @@ if TYPE_CHECKING:      # the lazy names below, for type checkers and editors
     from hpc_jabas.core.sampler import HeterogeneousSampler
     from hpc_jabas.runtime.evaluate import DistributedEval
     from hpc_jabas.runtime.hooks import Callback, Controller, EpochEndHook
-    from hpc_jabas.runtime.loop import init
+    from hpc_jabas.runtime.loop import Jabas, init
     from hpc_jabas.runtime.optim import HeterogeneousOptimizer
     from hpc_jabas.runtime.task import Task
     from hpc_jabas.runtime.trainer import Trainer
@@ -52,6 +52,7 @@ _LAZY = {
     "HeterogeneousOptimizer": "hpc_jabas.runtime.optim",
     "HeterogeneousSampler": "hpc_jabas.core.sampler",
     "init": "hpc_jabas.runtime.loop",              # start a backend (a script that calls hvd.init() needs none)
+    "Jabas": "hpc_jabas.runtime.loop",             # keep your loop: setup, loader, backward, epochs, save
     "Callback": "hpc_jabas.runtime.hooks",          # the trainer's extension points (no backend import)
     "Controller": "hpc_jabas.runtime.hooks",
     "EpochEndHook": "hpc_jabas.runtime.hooks",
@@ -75,7 +76,7 @@ __all__ = [
     "JabasError", "ConfigError", "SlurmError", "CheckpointError", "InfeasibleError", "StateError",
     # extension points and the low-level layer
     "Callback", "Controller", "EpochEndHook", "Decision", "MoveDecision", "Plan", "proportional_plan",
-    "HeterogeneousOptimizer", "HeterogeneousSampler", "init",
+    "HeterogeneousOptimizer", "HeterogeneousSampler", "init", "Jabas",
 ]
 
 

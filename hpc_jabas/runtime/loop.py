@@ -1,17 +1,25 @@
 """The script's own loop: what a training script that keeps its loop calls from ``hpc_jabas``.
 
-:func:`init` (``hpc_jabas.init``) starts a backend for a script that starts none. A script that calls
-hvd.init() or ``torch.distributed.init_process_group(...)`` itself needs no call: the low-level layer
-(``HeterogeneousOptimizer``) adopts that initialisation at its first ``begin()`` (runtime/comm.py ``adopt``).
+:class:`Jabas` (``hpc_jabas.Jabas``): setup, the loader of iterations, backward, epochs, save and resume, B
+changed at iteration boundaries. :func:`init` (``hpc_jabas.init``) starts a backend for a script that starts
+none. A script that calls hvd.init() or ``torch.distributed.init_process_group(...)`` itself needs no call: the
+low-level layer (``HeterogeneousOptimizer``) adopts that initialisation at its first ``begin()`` (runtime/comm.py
+``adopt``).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
+from hpc_jabas.core.planning import Plan, proportional_plan
+from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 
 
 class Process(NamedTuple):
@@ -40,3 +48,203 @@ def init(backend: str | None = None) -> Process:
         raise ConfigError(f"hpc_jabas.init(backend={backend!r}) but this process already runs the "
                                f"{comm.backend()} backend (the script's own initialisation); one process runs one")
     return Process(comm.rank(), comm.size(), comm.local_rank(), comm.device(), comm.backend())
+
+
+class Jabas:
+    """Keep your loop (Lightning Fabric's and Accelerate's shape): hpc-jabas's weighted data parallelism and the
+    global batch B around the script's own loop, exact against one big batch of B samples.
+
+        jabas = hpc_jabas.Jabas(batch=256, micro_batch=32, speeds=(1, 1, 2), checkpoint="run.pt")
+        model, optimizer, loader = jabas.setup(model, optimizer, dataset)
+        for epoch in jabas.epochs(10):            # resumes from ``checkpoint``; saves it at every epoch end
+            for step in loader:                   # one iteration of B samples
+                for x, y in step:                 # this rank's micro-batches of it
+                    jabas.backward(loss_fn(model(x), y), len(x))
+                optimizer.step()                  # the global batch's exact mean gradient, stepped
+
+    ``speeds``: each rank's relative speed (rank i gets a share of B proportional to it, in micro-batches of
+    ``micro_batch``), or ``plan=``: a ``Plan`` of the split itself. :meth:`set_batch` changes B (or the plan) from
+    the next iteration on: every rank makes the same call (a decision every rank computes alike, or one it
+    received). On torch the model comes back in ``DistributedDataParallel`` (DDP reduces the last micro-batch's
+    backward, overlapped; the others run in its ``no_sync``); on Horovod as it is, with Horovod's hooks. The
+    loader yields each micro-batch as the dataset's samples collated (a TensorDataset: its tensors indexed), on
+    the host. The backend: the script's own (hvd.init(), ``init_process_group``) or :func:`init`'s."""
+
+    def __init__(self, batch: int | None = None, micro_batch: int = 1, speeds: Sequence[float] | None = None,
+                 plan: Plan | None = None, seed: int = 0, tail: str = "shrink",
+                 checkpoint: str | os.PathLike[str] | None = None, backend: str | None = None):
+        self.process = init(backend)
+        self.rank, self.world = self.process.rank, self.process.size
+        self.micro_batch = _positive(micro_batch, "micro_batch")
+        self.speeds = tuple(float(v) for v in speeds) if speeds is not None else (1.0,) * self.world
+        if len(self.speeds) != self.world or not all(v > 0 for v in self.speeds):
+            raise ConfigError(f"speeds={list(self.speeds)} must give one positive speed per rank ({self.world})")
+        if plan is None and batch is None:
+            raise ConfigError("Jabas needs batch= (the global batch B) or plan=")
+        self.plan = self._check_plan(plan) if plan is not None else self._plan_for(batch)
+        self._pending: Plan | None = None
+        self.seed, self.tail = int(seed), tail
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.iteration = 0
+        self._sampler: HeterogeneousSampler | None = None
+        self._opt: HeterogeneousOptimizer | None = None
+        self._model: torch.nn.Module | None = None
+
+    @property
+    def B(self) -> int:
+        """The global batch of the plan in force."""
+        return self.plan.B
+
+    def _plan_for(self, B: int | None) -> Plan:
+        return proportional_plan(_positive(B, "batch"), self.micro_batch, self.speeds)
+
+    def _check_plan(self, plan: Plan) -> Plan:
+        if not isinstance(plan, Plan) or plan.world_size != self.world:
+            raise ConfigError(f"plan={plan!r} must be a hpc_jabas.Plan with one entry per rank ({self.world})")
+        return plan
+
+    def set_batch(self, batch: int | None = None, plan: Plan | None = None) -> None:
+        """B (split by ``speeds``), or the plan itself, from the next iteration on; the same call on every rank."""
+        self._pending = self._check_plan(plan) if plan is not None else self._plan_for(batch)
+
+    def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, data: Any
+              ) -> tuple[torch.nn.Module, HeterogeneousOptimizer, _Loader]:
+        """(the model to run the forward through, the optimizer to step, the loader of iterations)."""
+        if self._opt is not None:
+            raise ConfigError("Jabas.setup() was called already; one Jabas drives one model")
+        self._model = model
+        net = model
+        if comm.backend() == "torch":
+            from torch.nn.parallel import DistributedDataParallel
+            dev = next((p.device for p in model.parameters()), torch.device("cpu"))
+            net = DistributedDataParallel(model, broadcast_buffers=False,
+                                          device_ids=[dev.index] if dev.type == "cuda" else None)
+        else:
+            comm.broadcast_parameters(model.state_dict(), root_rank=0)
+        self._opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), model=net if net is not model else None)
+        self._sampler = HeterogeneousSampler(len(data), seed=self.seed, tail=self.tail)
+        return net, self._opt, _Loader(self, data)
+
+    def backward(self, loss: torch.Tensor, count: int) -> None:
+        """One micro-batch's mean loss, weighted by its ``count`` samples (the optimizer's ``backward``)."""
+        self._need().backward(loss, count)
+
+    def _need(self) -> HeterogeneousOptimizer:
+        if self._opt is None:
+            raise ConfigError("call Jabas.setup(model, optimizer, dataset) first")
+        return self._opt
+
+    @property
+    def epoch(self) -> int:
+        return self._sampler.epoch if self._sampler is not None else 0
+
+    def epochs(self, n: int) -> Iterator[int]:
+        """Epochs up to ``n``, from the checkpoint when it exists (at the iteration it was saved); the checkpoint
+        is saved at every epoch end."""
+        self._need()
+        assert self._sampler is not None
+        if self.checkpoint is not None and self.checkpoint.exists():
+            self.load(self.checkpoint)
+        while self._sampler.epoch < n:
+            yield self._sampler.epoch
+            if self._pending is not None:
+                self.plan, self._pending = self._pending, None
+            if self._sampler.epoch_done(self.plan.B):
+                self._sampler.new_epoch()
+            if self.checkpoint is not None:
+                self.save()
+
+    def state_dict(self) -> dict[str, Any]:
+        opt = self._need()
+        assert self._sampler is not None and self._model is not None
+        plans = [[list(p.bs), list(p.n), list(p.xs)] if p is not None else None for p in (self.plan, self._pending)]
+        return {"model": self._model.state_dict(), "optimizer": opt.state_dict(), "sampler": self._sampler.state_dict(),
+                "plan": plans[0], "pending": plans[1], "iteration": self.iteration}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        opt = self._need()
+        assert self._sampler is not None and self._model is not None
+        self._model.load_state_dict(d["model"])
+        opt.load_state_dict(d["optimizer"])
+        self._sampler.load_state_dict(d["sampler"])
+        self.plan = self._check_plan(Plan(*d["plan"]))
+        self._pending = self._check_plan(Plan(*d["pending"])) if d["pending"] is not None else None
+        self.iteration = int(d["iteration"])
+
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """The state at this iteration boundary (model, optimizer, sampler, plan, iteration), written by rank 0
+        (a temporary file renamed: never torn); every rank returns once it is on disk."""
+        p = Path(path) if path is not None else self.checkpoint
+        if p is None:
+            raise ConfigError("Jabas.save() needs a path (or Jabas(checkpoint=...))")
+        sd = self.state_dict()
+        if self.rank == 0:
+            tmp = p.with_name(p.name + ".tmp")
+            torch.save(sd, tmp)
+            os.replace(tmp, p)
+        comm.allreduce_sum(torch.zeros(1), name="hj.loop.saved")        # every rank: the file is there
+        return p
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """The state :meth:`save` wrote (every rank reads it, and returns once all have: a save that follows
+        cannot replace the file under a rank still reading it)."""
+        self.load_state_dict(torch.load(Path(path), map_location="cpu", weights_only=True))
+        comm.allreduce_sum(torch.zeros(1), name="hj.loop.loaded")
+
+
+class _Loader:
+    """Iterations until the epoch's samples are used: each a :class:`Step` (its optimizer ``begin`` done)."""
+
+    def __init__(self, jabas: Jabas, data: Any):
+        self._j, self._data = jabas, data
+
+    def __len__(self) -> int:
+        j = self._j
+        assert j._sampler is not None
+        return j._sampler.iterations_left((j._pending or j.plan).B)
+
+    def __iter__(self) -> Iterator[Step]:
+        j = self._j
+        opt = j._need()
+        assert j._sampler is not None
+        while True:
+            if j._pending is not None:                 # a decision takes effect at an iteration boundary
+                j.plan, j._pending = j._pending, None
+            if j._sampler.epoch_done(j.plan.B):
+                return
+            ib = j._sampler.next(j.plan)
+            mine = ib.micro[j.rank]
+            opt.begin(len(mine), ib.total)
+            j.iteration += 1
+            yield Step(ib, mine, self._data)
+
+
+class Step:
+    """One iteration: iterating it yields this rank's micro-batches. ``samples``: the iteration's B (all ranks);
+    ``indices``: the dataset indices of all ranks, in order; ``plan``: the split used."""
+
+    def __init__(self, ib: Any, mine: Sequence[Any], data: Any):
+        self.samples, self.plan, self._mine, self._data = int(ib.total), ib.plan, mine, data
+        self.indices = [int(i) for i in ib.all_indices()]
+
+    def __len__(self) -> int:
+        return len(self._mine)
+
+    def __iter__(self) -> Iterator[Any]:
+        for idx in self._mine:
+            yield _fetch(self._data, idx)
+
+
+def _fetch(data: Any, idx: Any) -> Any:
+    """The samples ``idx`` of ``data``, collated (a TensorDataset: its tensors indexed at once)."""
+    from torch.utils.data import TensorDataset, default_collate
+    if isinstance(data, TensorDataset):
+        t = torch.as_tensor(idx)
+        return tuple(x[t] for x in data.tensors)
+    return default_collate([data[int(i)] for i in idx])
+
+
+def _positive(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{what}={v!r} must be an integer >= 1")
+    return v

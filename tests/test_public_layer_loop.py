@@ -1,0 +1,60 @@
+"""``hpc_jabas.Jabas``, the keep-your-loop API, as a user runs it: tests/workers/jabas_loop_user.py copied into a
+clean directory and started on 3 ranks with the script's own init, hvd.init() under mpirun and its own gloo
+group under torchrun (where Jabas wraps the model in DDP). B changes at iteration boundaries (12, then 18, then a
+plan with a rank that runs nothing); the final parameters must match an independent one-process big-batch SGD in
+float64 (<= 1e-12 relative), and a second model resumed from a save in the middle of epoch 0 must end where the
+first did."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+USER = Path(__file__).resolve().parent / "workers" / "jabas_loop_user.py"
+PY = sys.executable
+SIZES = [12, 12, 12, 18, 7, 18, 18, 12, 13]     # B 12; 18 from iteration 4; 12 (n = 0, 2, 1) from 8; tails 7, 13
+
+
+def reference(order: list[list[int]]) -> torch.Tensor:
+    """One process, each iteration's whole batch: plain SGD with momentum on the mean loss (same seeds)."""
+    torch.manual_seed(0)
+    X, Y = torch.randn(61, 5, dtype=torch.float64), torch.randn(61, 1, dtype=torch.float64)
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1)).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for idx in order:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(X[idx]), Y[idx]).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("launcher,init,backend", [("mpirun", "hvd", "horovod"), ("torchrun", "dist", "torch")])
+def test_jabas_keeps_the_users_loop_exact_with_b_changes_and_a_mid_epoch_resume(tmp_path, launcher, init, backend):
+    shutil.copy(USER, tmp_path / USER.name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPC_JABAS_", "PYTHONPATH"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_mpi_yield_when_idle="1")
+    if launcher == "torchrun":
+        cmd = [str(Path(PY).parent / "torchrun"), "--standalone", "--nproc_per_node", "3"]
+    else:
+        cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "3", PY]
+    p = subprocess.run([*cmd, USER.name, init, "."], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout[-3000:] + p.stderr[-5000:]
+    d = json.loads((tmp_path / "out.json").read_text())
+    first, second = d["first"], d["second"]
+    assert first["backend"] == backend
+    assert [len(o) for o in first["order"]] == SIZES
+    assert sorted(sum(first["order"][:5], [])) == list(range(61)) == sorted(sum(first["order"][5:], []))
+    assert second["order"] == first["order"][4:]               # resumed after iteration 4: the same samples
+    want = reference(first["order"])
+    got = torch.tensor(first["params"], dtype=torch.float64)
+    assert float((want - reference([])).abs().max()) > 0.1    # the run moved the parameters
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-12
+    resumed = torch.tensor(second["params"], dtype=torch.float64)
+    assert float((resumed - got).abs().max() / got.abs().max()) <= 1e-12

@@ -1,0 +1,59 @@
+"""A user's loop kept with ``hpc_jabas.Jabas``, as a user writes it (``import hpc_jabas``, torch, and the
+script's own init). tests/test_public_layer_loop.py copies it into a clean directory and starts it on 3 ranks.
+
+    python jabas_loop_user.py INIT DIR
+
+INIT: ``hvd`` (hvd.init(), mpirun) or ``dist`` (init_process_group("gloo"), torchrun). Two epochs of 61 samples;
+B changes at iterations 3 (to 18) and 7 (to a plan with a rank that runs nothing); the state is saved in the
+middle of epoch 0 (after iteration 4). Then a second model resumes from that save and runs the same schedule to the
+end. Rank 0 writes DIR/out.json: each iteration's global sample order and both runs' final parameters.
+"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import hpc_jabas
+
+how, out = sys.argv[1], Path(sys.argv[2])
+if how == "hvd":
+    import horovod.torch as hvd
+    hvd.init()
+else:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+
+torch.manual_seed(0)
+X, Y = torch.randn(61, 5, dtype=torch.float64), torch.randn(61, 1, dtype=torch.float64)
+data = torch.utils.data.TensorDataset(X, Y)
+
+
+def run(resume: Path | None) -> dict:
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1)).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    jabas = hpc_jabas.Jabas(batch=12, micro_batch=2, speeds=(1, 2, 3), seed=3, checkpoint=resume)
+    model, optimizer, loader = jabas.setup(model, optimizer, data)
+    order = []
+    for _ in jabas.epochs(2):
+        for step in loader:
+            order.append(step.indices)
+            for x, y in step:
+                jabas.backward(torch.nn.functional.mse_loss(model(x), y), len(x))
+            optimizer.step()
+            if jabas.iteration == 3:
+                jabas.set_batch(18)
+            if jabas.iteration == 7:
+                jabas.set_batch(plan=hpc_jabas.Plan(4, (0, 2, 1)))
+            if jabas.iteration == 4 and resume is None:
+                jabas.save(out / "mid.pt")
+    inner = model.module if hasattr(model, "module") else model
+    return {"order": order, "params": [float(v) for p in inner.parameters() for v in p.detach().reshape(-1)],
+            "backend": jabas.process.backend}
+
+
+first = run(None)
+second = run(out / "mid.pt")
+if hpc_jabas.init().rank == 0:
+    (out / "out.json").write_text(json.dumps({"first": first, "second": second}))
