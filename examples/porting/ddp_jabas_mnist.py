@@ -1,4 +1,4 @@
-# ddp_jabas_mnist.py: the same classifier on hpc-jabas (torchrun, mpirun or srun; a global batch, adaptive B)
+# ddp_jabas_mnist.py: the same classifier on hpc-jabas (torchrun, mpirun or srun; weighted ranks, adaptive B)
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -7,10 +7,11 @@ import hpc_jabas
 
 parser = hpc_jabas.ArgumentParser(description="MNIST-style classifier, hpc-jabas")
 parser.add_argument("--epochs", type=int, default=2)
-parser.add_argument("--lr", type=float, default=0.02, help="learning rate of the global batch --batch")
+parser.add_argument("--batch-size", type=int, default=64, help="samples per rank and step")
+parser.add_argument("--lr", type=float, default=0.02, help="learning rate")
 parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--seed", type=int, default=42)
-hpc_jabas.add_arguments(parser)       # --batch (global), --policy, --run-dir, ...; --epochs, --seed kept
+hpc_jabas.add_arguments(parser)       # --policy, --run-dir, ...; --epochs, --batch-size (per rank), --seed read
 args = parser.parse_args()
 
 torch.manual_seed(args.seed)

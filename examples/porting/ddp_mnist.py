@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 parser = argparse.ArgumentParser(description="MNIST-style classifier, torch DDP")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=64, help="samples per rank and step")
-parser.add_argument("--lr", type=float, default=0.01, help="learning rate of one rank")
+parser.add_argument("--lr", type=float, default=0.02, help="learning rate")
 parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--seed", type=int, default=42)
 parser.add_argument("--checkpoint", default="ddp_mnist.pt")
@@ -55,7 +55,7 @@ train_set, test_set = make_data(2048, 0), make_data(512, 1)
 sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
 loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler)
 model = DDP(Net().to(device))
-optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * world, momentum=args.momentum)
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 start = 0
 if os.path.exists(args.checkpoint):
     state = torch.load(args.checkpoint, map_location=device)

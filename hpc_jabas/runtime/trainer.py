@@ -606,7 +606,7 @@ class Trainer:
         self.stop_reason = None
         if resume:
             self.maybe_resume(epochs)
-        if self.rank == 0:
+        if self.rank == 0 and self.sampler.epoch < epochs:      # (a finished run: its one line said, no more)
             for r in range(self.world):                  # rank 0 says where every rank runs
                 log.info("%s", self.world_info.describe(r))
             self.metrics.write({"type": "start", "world": self.world, "gpu_types": self.gpu_types, "B": self.B,
