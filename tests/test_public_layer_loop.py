@@ -58,3 +58,17 @@ def test_jabas_keeps_the_users_loop_exact_with_b_changes_and_a_mid_epoch_resume(
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-12
     resumed = torch.tensor(second["params"], dtype=torch.float64)
     assert float((resumed - got).abs().max() / got.abs().max()) <= 1e-12
+
+
+def test_the_ported_ddp_example_trains_on_two_ranks_with_unequal_speeds(tmp_path):
+    """examples/porting/ddp_loop.py (ddp_mnist.py with its loop kept by Jabas), as its header says to run it."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "porting" / "ddp_loop.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPC_JABAS_", "PYTHONPATH"))}
+    p = subprocess.run([str(Path(PY).parent / "torchrun"), "--standalone", "--nproc-per-node=2", str(script),
+                        "--epochs", "1", "--speeds", "1", "3"], cwd=tmp_path, env=dict(env, OMP_NUM_THREADS="1"),
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout[-3000:] + p.stderr[-5000:]
+    lines = p.stdout.splitlines()
+    assert "epoch 0: 16 iterations, B=128" in lines, p.stdout         # 2048 samples / 128
+    acc = float(next(ln for ln in lines if "test accuracy" in ln).split()[-1])
+    assert acc > 0.5 and (tmp_path / "ddp_loop.pt").is_file()
