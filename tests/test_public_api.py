@@ -73,3 +73,54 @@ def test_errors_quiet_is_a_declared_field_and_one_formatter_prints_them():
     assert error_line(ConfigError("said on rank 0", quiet=True)) is None
     assert ConfigError("x").quiet is False and ConfigError("x", quiet=True).quiet is True
     assert issubclass(StateError, hpc_jabas.JabasError) and not issubclass(StateError, ConfigError)
+
+
+#: public names that only a Slurm cluster exercises as a user would (the README test submits through them)
+SLURM_ONLY = {"submit", "Submission", "wait_chain"}
+#: the user scripts that run from a clean directory, each started by the test named beside it
+USER_SCRIPTS = {"public_names_user.py": "test_public_api.py", "public_layer_user.py": "test_public_layer.py",
+                "jabas_loop_user.py": "test_public_layer_loop.py"}
+
+
+def public_names_used(source: str) -> set[str]:
+    """The names of ``hpc_jabas`` a script uses: ``from hpc_jabas import X`` and ``hpc_jabas.X``."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == "hpc_jabas":
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "hpc_jabas":
+            out.add(node.attr)
+    return out
+
+
+def test_every_public_name_is_used_by_a_user_script_that_a_test_runs():
+    used = set()
+    for script, test in USER_SCRIPTS.items():
+        src = (ROOT / "tests" / "workers" / script).read_text()
+        assert deep_imports(src) == [] and script in (ROOT / "tests" / test).read_text()
+        used |= public_names_used(src)
+    assert set(hpc_jabas.__all__) - used - SLURM_ONLY == set()
+    assert used <= set(hpc_jabas.__all__), used - set(hpc_jabas.__all__)
+
+
+def test_every_public_name_runs_from_a_clean_directory_as_a_user_script(tmp_path):
+    """tests/workers/public_names_user.py, one process: its own command line, a user-written Controller (B
+    doubles at iteration 3), EpochEndHook (stays) and Callback handed to the Trainer."""
+    import json
+    import os
+    import shutil
+    script = ROOT / "tests" / "workers" / "public_names_user.py"
+    shutil.copy(script, tmp_path / script.name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPC_JABAS_", "PYTHONPATH", "OMPI_", "PMIX_"))}
+    p = subprocess.run([sys.executable, script.name, "--batch", "16", "--micro-batch", "8", "--epochs", "2",
+                        "--run-dir", "run", "-q"], cwd=tmp_path, env=dict(env, OMP_NUM_THREADS="1"),
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout[-2000:] + p.stderr[-4000:]
+    seen = json.loads(p.stdout.strip().splitlines()[-1])
+    assert seen["b_trajectory"] == [[0, 16], [3, 32]]            # the user's controller's decision, applied
+    # 96 samples: B 16 x 3, then 32, then the tail of 16; epoch 1: 32 x 3
+    assert seen["iterations"] == 8 and seen["steps"] == 8 and seen["samples"] == 192
+    assert seen["decided_epochs"] == [0, 1] and seen["world"] == [0, 1] and seen["report"] == ["rank", "0"]
+    assert seen["errors"] == ["batch=0 must be an integer >= 1",
+                              "plan n=[0, 0] has no micro-batch at all; at least one count must be >= 1"]
+    assert seen["spec"] == ["public_names_user:build", 5]
