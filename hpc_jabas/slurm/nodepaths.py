@@ -12,7 +12,11 @@ shared file system; the local cluster's env.sh names its shared scratch director
 it: its entries under /tmp are bound into every node's private /tmp. The local cluster says which /tmp paths it
 binds so in the slurm.conf it generates (``# shared-tmp: P1 P2 ...``, the checkout it was brought up from when that
 lies under /tmp among them): those are accepted too, read from the slurm.conf that ``SLURM_CONF`` names (else
-/etc/slurm/slurm.conf). A site's own slurm.conf has no such line.
+/etc/slurm/slurm.conf). A site's own slurm.conf has no such line. The local cluster also declares the
+directories its nodes share with the host although they are node-local elsewhere (/var/tmp, /dev/shm: only /tmp is
+private per node) in a file ``shared-paths`` beside that slurm.conf (one absolute path a line, ``#`` comments;
+slurm/local/common.sh's JABAS_SHARED_DIRS): those are accepted too, so a set-up cache under /var/tmp
+(``HPC_JABAS_CACHE``) is a shared environment there.
 
 What the job runs must be there too (:func:`check_job_environment`): its python interpreter, the environment it
 belongs to (``sys.prefix``) and that environment's base (``sys.base_prefix``), every directory on that
@@ -67,11 +71,28 @@ def cluster_shared(env: Mapping[str, str] | None = None) -> list[Path]:
     return []
 
 
-def shared_entries(env: Mapping[str, str] | None = None) -> list[Path]:
-    """The paths HPC_JABAS_SHARED_TMP declares shared, then those the local cluster's slurm.conf declares
-    (:func:`cluster_shared`); resolved, empty entries skipped."""
+#: the file beside slurm.conf in which slurm/local/up.sh declares the directories every node shares with the host
+DECL_FILE = "shared-paths"
+
+
+def cluster_declared(env: Mapping[str, str] | None = None) -> list[Path]:
+    """The directories the cluster declares shared in ``shared-paths`` beside its slurm.conf (``SLURM_CONF``, else
+    /etc/slurm/slurm.conf): one absolute path a line, ``#`` comments; [] when there is no such file (a site's)."""
     env = os.environ if env is None else env
-    return [Path(x).resolve() for x in settings.shared_tmp(env)] + cluster_shared(env)
+    f = Path(SlurmEnv(env).conf or DEFAULT_CONF).parent / DECL_FILE
+    try:
+        lines = f.read_text(encoding="utf-8", errors="replace").splitlines()[:64]
+    except OSError:
+        return []
+    return [Path(x.strip()).resolve() for x in lines if x.strip().startswith("/")]
+
+
+def shared_entries(env: Mapping[str, str] | None = None) -> list[Path]:
+    """The paths HPC_JABAS_SHARED_TMP declares shared, then those the local cluster declares: the /tmp paths of its
+    slurm.conf (:func:`cluster_shared`) and its shared directories (:func:`cluster_declared`); resolved, empty
+    entries skipped."""
+    env = os.environ if env is None else env
+    return [Path(x).resolve() for x in settings.shared_tmp(env)] + cluster_shared(env) + cluster_declared(env)
 
 
 def node_local_root(path: str | os.PathLike, env: Mapping[str, str] | None = None) -> str | None:

@@ -25,6 +25,16 @@ JABAS_NODE_MEM_MB=4096     # declared memory per node
 JABAS_DEF_MEM_MB=512       # default memory of a job per node, so that jobs share nodes
 
 ETC="$JABAS_SLURM_DIR/etc"
+# What every node shares with this host although most clusters keep it node-local: only /tmp is private per node
+# (plus the /tmp paths of "# shared-tmp:" in slurm.conf, bound into it). up.sh declares these in $ETC/shared-paths,
+# beside slurm.conf, where hpc-jabas submit's node-visibility check (hpc_jabas/slurm/nodepaths.py) reads them.
+JABAS_SHARED_DIRS=(/var/tmp /dev/shm)
+write_shared_decl() {  # write_shared_decl DIR: the declaration, rewritten only when it changed
+  local f="$1/shared-paths" body
+  body=$(printf '# written by slurm/local/up.sh: directories every node of this cluster shares with the host\n'
+         printf '%s\n' "${JABAS_SHARED_DIRS[@]}")
+  [[ -f $f && "$(cat "$f")" == "$body" ]] || printf '%s\n' "$body" > "$f"
+}
 RUN="$JABAS_SLURM_DIR/run"
 LOG="$JABAS_SLURM_DIR/log"
 MUNGE_DIR="$JABAS_SLURM_DIR/munge"

@@ -216,6 +216,7 @@ rm -rf "$NEW"; mkdir -p "$JABAS_SLURM_DIR"
 gen_configs "$NEW"
 if [[ -d "$ETC" ]] && diff -q -I '^StoragePass=' <(cat "$NEW"/*.conf) <(cat "$ETC"/{cgroup,gres,plugstack,slurm,slurmdbd}.conf 2>/dev/null) >/dev/null 2>&1; then
   rm -rf "$NEW"
+  write_shared_decl "$ETC"
   ck "configuration current ($ETC; shared /tmp paths: ${SHARED_TMP[*]:-none})"
   if healthy; then
     ((CHECK)) || jlog "already up (SLURM_CONF=$SLURM_CONF)"
@@ -275,6 +276,7 @@ if [[ -d "$NEW" ]]; then
   DBPASS=$(<"$ETC/dbpass")
   sed -i "s|@DBPASS@|$DBPASS|" "$NEW/slurmdbd.conf"
   for f in cgroup gres plugstack slurm slurmdbd; do mv -f "$NEW/$f.conf" "$ETC/$f.conf"; done
+  write_shared_decl "$ETC"
   rm -rf "$NEW"
   chmod 600 "$ETC/slurmdbd.conf"
   chmod 644 "$ETC/slurm.conf" "$ETC/gres.conf" "$ETC/cgroup.conf" "$ETC/plugstack.conf"
