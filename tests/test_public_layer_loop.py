@@ -3,7 +3,7 @@ clean directory and started on 3 ranks with the script's own init, hvd.init() un
 group under torchrun (where Jabas wraps the model in DDP). B changes at iteration boundaries (12, then 18, then a
 plan with a rank that runs nothing); the final parameters must match an independent one-process big-batch SGD in
 float64 (<= 1e-12 relative), and a second model resumed from a save in the middle of epoch 0 must end where the
-first did."""
+first did. A third run lets B follow the measured gradient noise scale (``adapt``), still exact."""
 import json
 import os
 import shutil
@@ -58,6 +58,17 @@ def test_jabas_keeps_the_users_loop_exact_with_b_changes_and_a_mid_epoch_resume(
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-12
     resumed = torch.tensor(second["params"], dtype=torch.float64)
     assert float((resumed - got).abs().max() / got.abs().max()) <= 1e-12
+    # adaptive: B follows the measured noise scale (rounded to micro-batches of 2, clipped to [6, 30]) from the
+    # iteration after each measurement; every iteration still the exact big-batch step
+    ad = d["adaptive"]
+    assert ad["B"][0] == 12 and len(set(ad["B"])) > 1
+    for k in range(1, len(ad["B"])):
+        noise = ad["b_noise"][k]          # after step k: the measurement of iteration k - 1 (0-based)
+        rule = None if noise is None else 30 if noise > 30 else max(6, min(30, 2 * max(1, round(noise / 2))))
+        assert ad["B"][k] == (ad["B"][k - 1] if rule is None else rule), (k, ad["B"], ad["b_noise"])
+    want = reference(ad["order"])
+    got = torch.tensor(ad["params"], dtype=torch.float64)
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-12
 
 
 def test_the_ported_ddp_example_trains_on_two_ranks_with_unequal_speeds(tmp_path):

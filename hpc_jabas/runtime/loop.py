@@ -17,6 +17,7 @@ import torch
 
 from hpc_jabas.core.planning import Plan, proportional_plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.stats import NoiseScale
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
@@ -68,11 +69,19 @@ class Jabas:
     received). On torch the model comes back in ``DistributedDataParallel`` (DDP reduces the last micro-batch's
     backward, overlapped; the others run in its ``no_sync``); on Horovod as it is, with Horovod's hooks. The
     loader yields each micro-batch as the dataset's samples collated (a TensorDataset: its tensors indexed), on
-    the host. The backend: the script's own (hvd.init(), ``init_process_group``) or :func:`init`'s."""
+    the host. The backend: the script's own (hvd.init(), ``init_process_group``) or :func:`init`'s.
+
+    Adaptive B: ``measure_every=k`` measures the gradient noise every k-th iteration (noise-only: the micro-batch
+    norms and one small extra reduction, no extra gradient memory; iterations of one micro-batch in all measure
+    nothing) into :attr:`b_noise`, the gradient noise scale (McCandlish et al. 2018; an EMA of its terms, the same
+    value on every rank); with ``adapt=(B_min, B_max)`` B then follows it, rounded to a multiple of ``micro_batch``
+    and clipped, from the iteration after each measurement (the script's lr is left as it is: scale it by
+    ``jabas.B`` if the optimizer wants that)."""
 
     def __init__(self, batch: int | None = None, micro_batch: int = 1, speeds: Sequence[float] | None = None,
                  plan: Plan | None = None, seed: int = 0, tail: str = "shrink",
-                 checkpoint: str | os.PathLike[str] | None = None, backend: str | None = None):
+                 checkpoint: str | os.PathLike[str] | None = None, backend: str | None = None,
+                 measure_every: int = 0, adapt: tuple[int, int] | None = None):
         self.process = init(backend)
         self.rank, self.world = self.process.rank, self.process.size
         self.micro_batch = _positive(micro_batch, "micro_batch")
@@ -89,6 +98,12 @@ class Jabas:
         self._sampler: HeterogeneousSampler | None = None
         self._opt: HeterogeneousOptimizer | None = None
         self._model: torch.nn.Module | None = None
+        if isinstance(measure_every, bool) or not isinstance(measure_every, int) or measure_every < 0:
+            raise ConfigError(f"measure_every={measure_every!r} must be an integer >= 0 (0: never)")
+        self.measure_every = measure_every
+        self.adapt = _check_adapt(adapt, self.micro_batch, measure_every)
+        self.noise = NoiseScale()
+        self.stats: Any = None                  # the last measurement's GradStats (runtime/gradstats.py)
 
     @property
     def B(self) -> int:
@@ -102,6 +117,28 @@ class Jabas:
         if not isinstance(plan, Plan) or plan.world_size != self.world:
             raise ConfigError(f"plan={plan!r} must be a hpc_jabas.Plan with one entry per rank ({self.world})")
         return plan
+
+    @property
+    def b_noise(self) -> float | None:
+        """The gradient noise scale measured so far (None before a measurement; inf: no signal yet)."""
+        return self.noise.b_noise
+
+    def _measured(self, opt: HeterogeneousOptimizer) -> None:
+        """After a measuring iteration's step: the noise scale, and with ``adapt`` the next B."""
+        st = opt.last_stats
+        if st is None or st.M < 2 or st.b >= st.S:
+            return
+        self.stats = st
+        b_noise = self.noise.update(st.b, st.sq_micro, st.S, st.sq_global)
+        if self.adapt is not None and b_noise is not None and self._pending is None:
+            lo, hi = self.adapt
+            want = hi if b_noise != b_noise or b_noise > hi else max(lo, min(hi, b_noise))
+            B = max(lo, min(hi, self.micro_batch * max(1, round(want / self.micro_batch))))
+            if B != self.plan.B:
+                self.set_batch(B)
+
+    def _measure_now(self) -> bool:
+        return self.measure_every > 0 and self.iteration % self.measure_every == 0
 
     def set_batch(self, batch: int | None = None, plan: Plan | None = None) -> None:
         """B (split by ``speeds``), or the plan itself, from the next iteration on; the same call on every rank."""
@@ -159,7 +196,7 @@ class Jabas:
         assert self._sampler is not None and self._model is not None
         plans = [[list(p.bs), list(p.n), list(p.xs)] if p is not None else None for p in (self.plan, self._pending)]
         return {"model": self._model.state_dict(), "optimizer": opt.state_dict(), "sampler": self._sampler.state_dict(),
-                "plan": plans[0], "pending": plans[1], "iteration": self.iteration}
+                "plan": plans[0], "pending": plans[1], "iteration": self.iteration, "noise": self.noise.state_dict()}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         opt = self._need()
@@ -170,6 +207,7 @@ class Jabas:
         self.plan = self._check_plan(Plan(*d["plan"]))
         self._pending = self._check_plan(Plan(*d["pending"])) if d["pending"] is not None else None
         self.iteration = int(d["iteration"])
+        self.noise.load_state_dict(d["noise"])
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """The state at this iteration boundary (model, optimizer, sampler, plan, iteration), written by rank 0
@@ -207,14 +245,22 @@ class _Loader:
         j = self._j
         opt = j._need()
         assert j._sampler is not None
+        measuring = False
         while True:
+            if measuring:                              # the previous iteration measured (its step is done)
+                j._measured(opt)
             if j._pending is not None:                 # a decision takes effect at an iteration boundary
                 j.plan, j._pending = j._pending, None
             if j._sampler.epoch_done(j.plan.B):
                 return
             ib = j._sampler.next(j.plan)
             mine = ib.micro[j.rank]
-            opt.begin(len(mine), ib.total)
+            measuring = j._measure_now() and sum(len(m) for m in ib.micro) >= 2
+            if measuring:
+                first = sum(len(m) for m in ib.micro[:j.rank])        # noise only: the halves are not read
+                opt.begin(len(mine), ib.total, measure=True, first_global_microbatch=first, similarity=False)
+            else:
+                opt.begin(len(mine), ib.total)
             j.iteration += 1
             yield Step(ib, mine, self._data)
 
@@ -242,6 +288,17 @@ def _fetch(data: Any, idx: Any) -> Any:
         t = torch.as_tensor(idx)
         return tuple(x[t] for x in data.tensors)
     return default_collate([data[int(i)] for i in idx])
+
+
+def _check_adapt(adapt: Any, b: int, measure_every: int) -> tuple[int, int] | None:
+    if adapt is None:
+        return None
+    lo, hi = (adapt if isinstance(adapt, (tuple, list)) and len(adapt) == 2 else (0, 0))
+    if not (isinstance(lo, int) and isinstance(hi, int) and b <= lo <= hi):
+        raise ConfigError(f"adapt={adapt!r} must be (B_min, B_max) with micro_batch={b} <= B_min <= B_max")
+    if measure_every < 1:
+        raise ConfigError("adapt= needs measure_every >= 1 (B follows the measured gradient noise)")
+    return int(lo), int(hi)
 
 
 def _positive(v: Any, what: str) -> int:

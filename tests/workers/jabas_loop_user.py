@@ -6,7 +6,8 @@ script's own init). tests/test_public_layer_loop.py copies it into a clean direc
 INIT: ``hvd`` (hvd.init(), mpirun) or ``dist`` (init_process_group("gloo"), torchrun). Two epochs of 61 samples;
 B changes at iterations 3 (to 18) and 7 (to a plan with a rank that runs nothing); the state is saved in the
 middle of epoch 0 (after iteration 4). Then a second model resumes from that save and runs the same schedule to the
-end. Rank 0 writes DIR/out.json: each iteration's global sample order and both runs' final parameters.
+end. A third run lets B follow the measured gradient noise (measure_every=1, adapt=(6, 30)). Rank 0 writes
+DIR/out.json: each run's global sample order per iteration, B per iteration and final parameters.
 """
 import json
 import sys
@@ -29,19 +30,24 @@ X, Y = torch.randn(61, 5, dtype=torch.float64), torch.randn(61, 1, dtype=torch.f
 data = torch.utils.data.TensorDataset(X, Y)
 
 
-def run(resume: Path | None) -> dict:
+def run(resume: Path | None, adaptive: bool = False) -> dict:
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1)).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    jabas = hpc_jabas.Jabas(batch=12, micro_batch=2, speeds=(1, 2, 3), seed=3, checkpoint=resume)
+    more = {"measure_every": 1, "adapt": (6, 30)} if adaptive else {}
+    jabas = hpc_jabas.Jabas(batch=12, micro_batch=2, speeds=(1, 2, 3), seed=3, checkpoint=resume, **more)
     model, optimizer, loader = jabas.setup(model, optimizer, data)
-    order = []
+    order, bs, noise = [], [], []
     for _ in jabas.epochs(2):
         for step in loader:
             order.append(step.indices)
+            bs.append(jabas.B)
             for x, y in step:
                 jabas.backward(torch.nn.functional.mse_loss(model(x), y), len(x))
             optimizer.step()
+            noise.append(jabas.b_noise)
+            if adaptive:
+                continue
             if jabas.iteration == 3:
                 jabas.set_batch(18)
             if jabas.iteration == 7:
@@ -50,10 +56,11 @@ def run(resume: Path | None) -> dict:
                 jabas.save(out / "mid.pt")
     inner = model.module if hasattr(model, "module") else model
     return {"order": order, "params": [float(v) for p in inner.parameters() for v in p.detach().reshape(-1)],
-            "backend": jabas.process.backend}
+            "backend": jabas.process.backend, "B": bs, "b_noise": noise}
 
 
 first = run(None)
 second = run(out / "mid.pt")
+third = run(None, adaptive=True)
 if hpc_jabas.init().rank == 0:
-    (out / "out.json").write_text(json.dumps({"first": first, "second": second}))
+    (out / "out.json").write_text(json.dumps({"first": first, "second": second, "adaptive": third}))
