@@ -110,3 +110,33 @@ def test_checkpoint_every_epochs_is_the_epoch_cadence(tmp_path):
     t.fit()
     names = sorted(p.name.split("-")[1] for p in (tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))
     assert [int(n) for n in names] == [2, 4, 5]
+
+
+_PER_RANK_HELPS = ["input batch size on each device", "samples per rank and step", "batch size per GPU",
+                   "the batch of each process", "per-device train batch size", "local batch size"]
+_GLOBAL_HELPS = ["global batch size", "total batch size of all ranks", "effective batch size",
+                 "batch size across all GPUs", "samples per step over all the devices"]
+_UNCLEAR_HELPS = ["", "input batch size for training", "batch size (default: 64)", "how many samples per step",
+                  "mini-batch size"]
+
+
+def test_the_batch_flag_rule_over_names_and_helps():
+    """The rule as a table: every batch-flag name with a per-rank help is batch_per_rank, with a global help batch,
+    with neither one line and not read; the flag's value never lands elsewhere."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    names = st.sampled_from(["--batch-size", "--batch_size", "--bs", "--train-batch-size", "--batchsize"])
+
+    @settings(max_examples=60, deadline=None)
+    @given(names, st.sampled_from(["per", "global", "unclear"]), st.data(), st.integers(1, 512))
+    def check(name, kind, data, value):
+        helps = {"per": _PER_RANK_HELPS, "global": _GLOBAL_HELPS, "unclear": _UNCLEAR_HELPS}[kind]
+        p = argparse.ArgumentParser()
+        p.add_argument(name, type=int, default=64, help=data.draw(st.sampled_from(helps)))
+        hj.add_arguments(p)
+        cfg = hj.config_from_args(p.parse_args([name, str(value)]))
+        want = {"per": (256, value, 0), "global": (value, None, 0), "unclear": (256, None, 1)}[kind]
+        assert (cfg.batch, cfg.batch_per_rank, sum(name in n and "not read" in n for n in cfg.notes)) == want
+
+    check()
