@@ -1,4 +1,4 @@
-"""Forecast of the next epoch's global-batch-size trajectory. Pure: numpy + scikit-learn.
+"""Forecast of the next epoch's global-batch-size trajectory. Pure: numpy (+ scikit-learn where installed).
 
 JABAS's epoch-end auto-scaler prices every candidate allocation on the B trajectory it expects
 for the next epoch (docs/formulas.md, section 7). Like JABAS, the forecast blends two models 50/50:
@@ -8,6 +8,11 @@ for the next epoch (docs/formulas.md, section 7). Like JABAS, the forecast blend
 - damped Holt exponential smoothing (level + trend) on the sequence of decisions, its three
   parameters picked from a small grid by one-step-ahead squared error: follows trends and
   plateaus.
+
+The GP is scikit-learn's (``pip install 'hpc-jabas[forecast]'``; its L-BFGS-B fit from two starts) where it is
+installed; without it, the same model fitted in numpy (:func:`_fit_gp_numpy`: the log marginal likelihood maximised
+over the same kernel bounds by a grid and a pattern search), whose forecasts agree with scikit-learn's where both
+find the likelihood's maximum (tests/test_forecast_gp.py), so the base install forecasts too.
 
 With fewer than 3 decisions the forecast is the last value. Only the most recent MAX_HISTORY
 decisions are used. Everything is clipped to
@@ -103,11 +108,81 @@ def _one_thread() -> AbstractContextManager[Any]:
     return limits
 
 
-def _fit_gp(ts: FloatArray, ys: FloatArray) -> Callable[[FloatArray], FloatArray]:
-    """Fit a GP (RBF + WhiteKernel, normalize_y, random_state=0) of B on the iteration; return its mean."""
-    from sklearn.gaussian_process import GaussianProcessRegressor
-    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+#: the GP kernel's hyperparameter bounds (scikit-learn's ConstantKernel, RBF length scale, WhiteKernel), as fitted
+GP_BOUNDS = ((1e-3, 1e3), (1e-2, 1e3), (1e-6, 1e1))
 
+
+def have_sklearn() -> bool:
+    """Whether scikit-learn's GP is installed (the ``forecast`` extra)."""
+    try:
+        import sklearn.gaussian_process  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _gp_lml(x: FloatArray, y: FloatArray, theta: FloatArray) -> tuple[float, FloatArray | None]:
+    """The log marginal likelihood of normalised targets ``y`` under c * RBF(l) + white(w), theta = log(c, l, w);
+    and alpha = K^-1 y (None where K is not positive definite)."""
+    c, ell, w = np.exp(theta)
+    # + 1e-10 on the diagonal: scikit-learn's GaussianProcessRegressor alpha (its default), for the same model
+    k = c * np.exp(-0.5 * (x[:, None] - x[None, :]) ** 2 / (ell * ell)) + (w + 1e-10) * np.eye(len(x))
+    try:
+        chol = np.linalg.cholesky(k)
+    except np.linalg.LinAlgError:
+        return -math.inf, None
+    alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
+    return float(-0.5 * y @ alpha - np.log(np.diag(chol)).sum() - 0.5 * len(x) * math.log(2 * math.pi)), alpha
+
+
+def _fit_gp_numpy(x: FloatArray, ys: FloatArray) -> Callable[[FloatArray], FloatArray]:
+    """The GP of :func:`_fit_gp` in numpy (x already scaled to [0, 1]): normalised targets as scikit-learn's
+    normalize_y, hyperparameters maximising the log marginal likelihood within GP_BOUNDS (a grid over length scale
+    and noise at three amplitudes, then a pattern search to 1e-4 in log space); its mean."""
+    mean, std = float(ys.mean()), float(ys.std())
+    std = std if std > 0 else 1.0
+    y = (ys - mean) / std
+    bt, _ = _gp_hyper(x, y)
+    c, ell, _w = np.exp(bt)
+    alpha = _gp_lml(x, y, bt)[1]
+    assert alpha is not None                         # the best point had a finite likelihood
+
+    def predict(xq: FloatArray) -> FloatArray:
+        kq = c * np.exp(-0.5 * (xq[:, None] - x[None, :]) ** 2 / (ell * ell))
+        out: FloatArray = (kq @ alpha) * std + mean
+        return out
+    return predict
+
+
+def _gp_hyper(x: FloatArray, y: FloatArray) -> tuple[FloatArray, float]:
+    """log(c, l, w) maximising the log marginal likelihood of ``y`` within GP_BOUNDS, and that likelihood."""
+    lo, hi = np.log(np.array([b[0] for b in GP_BOUNDS])), np.log(np.array([b[1] for b in GP_BOUNDS]))
+    best, bt = -math.inf, np.zeros(3)
+    for lc in (math.log(0.3), 0.0, math.log(3.0)):
+        for ll in np.linspace(lo[1], hi[1], 16):
+            for lw in np.linspace(lo[2], hi[2], 12):
+                t = np.array([lc, ll, lw])
+                v = _gp_lml(x, y, t)[0]
+                if v > best:
+                    best, bt = v, t
+    step = (hi - lo) / 8
+    while step.max() > 1e-4:
+        moved = False
+        for i in range(3):
+            for sgn in (-1.0, 1.0):
+                t = bt.copy()
+                t[i] = min(max(t[i] + sgn * step[i], lo[i]), hi[i])
+                v = _gp_lml(x, y, t)[0]
+                if v > best + 1e-12:
+                    best, bt, moved = v, t, True
+        if not moved:
+            step = step / 2
+    return bt, best
+
+
+def _fit_gp(ts: FloatArray, ys: FloatArray, *, use_sklearn: bool | None = None) -> Callable[[FloatArray], FloatArray]:
+    """Fit a GP (RBF + WhiteKernel, normalize_y, random_state=0) of B on the iteration; return its mean. With
+    scikit-learn where it is installed (``use_sklearn`` None), else in numpy (:func:`_fit_gp_numpy`)."""
     t0 = float(ts[0])
     span = max(float(ts[-1] - ts[0]), 1.0)
 
@@ -117,6 +192,12 @@ def _fit_gp(ts: FloatArray, ys: FloatArray) -> Callable[[FloatArray], FloatArray
     if np.ptp(ys) == 0.0:
         const = float(ys[0])
         return lambda tq: np.full(len(tq), const)
+    if not (have_sklearn() if use_sklearn is None else use_sklearn):
+        fitted = _fit_gp_numpy(scale(ts)[:, 0], ys)
+        return lambda tq: fitted(scale(tq)[:, 0])
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
     kernel = (ConstantKernel(1.0, (1e-3, 1e3)) * RBF(1.0, (1e-2, 1e3))
               + WhiteKernel(1e-2, (1e-6, 1e1)))
     gp = GaussianProcessRegressor(kernel=kernel, normalize_y=True, random_state=0, n_restarts_optimizer=1)
@@ -131,9 +212,12 @@ def _fit_gp(ts: FloatArray, ys: FloatArray) -> Callable[[FloatArray], FloatArray
     return predict
 
 
-def gp_forecast(ts: Sequence[float], ys: Sequence[float], tq: Sequence[float]) -> FloatArray:
-    """Gaussian-process mean of B at iterations ``tq``, fitted on (ts, ys)."""
-    return _fit_gp(np.asarray(ts, dtype=float), np.asarray(ys, dtype=float))(np.asarray(tq, dtype=float))
+def gp_forecast(ts: Sequence[float], ys: Sequence[float], tq: Sequence[float], *,
+                use_sklearn: bool | None = None) -> FloatArray:
+    """Gaussian-process mean of B at iterations ``tq``, fitted on (ts, ys) (``use_sklearn``: None = where
+    installed; False: the numpy fit)."""
+    fitted = _fit_gp(np.asarray(ts, dtype=float), np.asarray(ys, dtype=float), use_sklearn=use_sklearn)
+    return fitted(np.asarray(tq, dtype=float))
 
 
 class _Model:
@@ -177,8 +261,9 @@ def _model(ts: FloatArray, ys: FloatArray) -> _Model:
 
 
 def preload() -> None:
-    """Import scikit-learn's GP now (seconds, once per process), so that a timed decision does not pay it."""
-    from sklearn.gaussian_process import GaussianProcessRegressor  # noqa: F401
+    """Import scikit-learn's GP now where it is installed (seconds, once per process), so that a timed decision
+    does not pay it."""
+    have_sklearn()
 
 
 def forecast_next_epoch(history: Sequence[tuple[int, float]],
