@@ -148,6 +148,12 @@ def check(out=sys.stdout) -> int:
     lmod = os.environ.get("LMOD_CMD") or next(
         (p for p in ("/usr/share/lmod/lmod/libexec/lmod",) if os.path.exists(p)), None)
     say("lmod", f"present ({lmod})" if lmod else "not found (optional: apt-get install -y lmod)")
+    from hpc_jabas.cli.extras import EXTRAS
+    from hpc_jabas.cli.extras import missing as lacking
+    for extra in EXTRAS:                          # optional: listed, never counted as missing
+        lack = lacking(extra)
+        say(f"extra [{extra}]", "present" if not lack else
+            f"not installed (optional: pip install 'hpc-jabas[{extra}]' for {', '.join(lack)})")
     for m in missing:
         print(f"missing: {m}", file=out)
     say("status", "OK" if not missing else f"{len(missing)} missing piece(s)")

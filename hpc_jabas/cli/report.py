@@ -228,6 +228,8 @@ def draw(recs: list[dict], out: Path) -> Path:
 
 def run(args) -> int:
     from hpc_jabas.cli import simreport
+    from hpc_jabas.cli.extras import require
+    require("report", "hpc-jabas report")
     if simreport.is_simulation(args.run_dir):
         paths = simreport.render(args.run_dir, args.out)
         doc = simreport.load(args.run_dir)
