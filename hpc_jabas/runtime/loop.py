@@ -8,6 +8,7 @@ low-level layer (``HeterogeneousOptimizer``) adopts that initialisation at its f
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -131,9 +132,7 @@ class Jabas:
         self.stats = st
         b_noise = self.noise.update(st.b, st.sq_micro, st.S, st.sq_global)
         if self.adapt is not None and b_noise is not None and self._pending is None:
-            lo, hi = self.adapt
-            want = hi if b_noise != b_noise or b_noise > hi else max(lo, min(hi, b_noise))
-            B = max(lo, min(hi, self.micro_batch * max(1, round(want / self.micro_batch))))
+            B = adapt_batch(b_noise, *self.adapt, self.micro_batch)
             if B != self.plan.B:
                 self.set_batch(B)
 
@@ -152,10 +151,14 @@ class Jabas:
         self._model = model
         net = model
         if comm.backend() == "torch":
+            import inspect
+
             from torch.nn.parallel import DistributedDataParallel
             dev = next((p.device for p in model.parameters()), torch.device("cpu"))
-            net = DistributedDataParallel(model, broadcast_buffers=False,
-                                          device_ids=[dev.index] if dev.type == "cuda" else None)
+            opts = inspect.signature(DistributedDataParallel.__init__).parameters   # buffers: each rank's own
+            flag = "forward_sync_buffers" if "forward_sync_buffers" in opts else "broadcast_buffers"
+            kw: dict[str, Any] = {flag: False}
+            net = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None, **kw)
         else:
             comm.broadcast_parameters(model.state_dict(), root_rank=0)
         self._opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), model=net if net is not model else None)
@@ -290,12 +293,21 @@ def _fetch(data: Any, idx: Any) -> Any:
     return default_collate([data[int(i)] for i in idx])
 
 
+def adapt_batch(b_noise: float, lo: int, hi: int, b: int) -> int:
+    """The B that follows the noise scale: ``b_noise`` rounded to a multiple of ``b`` (half up), clipped to
+    [lo, hi] (multiples of b); no signal yet (inf, nan): hi."""
+    if not b_noise < math.inf:                 # inf or nan
+        return hi
+    return max(lo, min(hi, b * math.floor(b_noise / b + 0.5)))
+
+
 def _check_adapt(adapt: Any, b: int, measure_every: int) -> tuple[int, int] | None:
     if adapt is None:
         return None
     lo, hi = (adapt if isinstance(adapt, (tuple, list)) and len(adapt) == 2 else (0, 0))
-    if not (isinstance(lo, int) and isinstance(hi, int) and b <= lo <= hi):
-        raise ConfigError(f"adapt={adapt!r} must be (B_min, B_max) with micro_batch={b} <= B_min <= B_max")
+    if not (isinstance(lo, int) and isinstance(hi, int) and b <= lo <= hi and lo % b == 0 and hi % b == 0):
+        raise ConfigError(f"adapt={adapt!r} must be (B_min, B_max), multiples of micro_batch={b} with "
+                          f"{b} <= B_min <= B_max")
     if measure_every < 1:
         raise ConfigError("adapt= needs measure_every >= 1 (B follows the measured gradient noise)")
     return int(lo), int(hi)
