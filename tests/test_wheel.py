@@ -1,7 +1,7 @@
 """The package as pip installs it: the wheel built from the checkout, installed (not editable) into a new virtual
 environment, run from a directory outside the repository.
 
-One test, one build: every directory under hpc_jabas/ with Python files is in the wheel with all its files (a
+The first test, one build: every directory under hpc_jabas/ with Python files is in the wheel with all its files (a
 subpackage left out fails here, as core.planning once was); the wheel's dependencies are all satisfied without an
 index (the third-party packages come from the shared environment of scripts/setup.sh, put on the new
 environment's path as the clone's .venv has them, so torch is not downloaded again); ``hpc_jabas`` imports from
@@ -9,7 +9,8 @@ the new environment's site-packages; ``hpc-jabas doctor`` and ``hpc-jabas plan``
 of a small script that uses the public API only trains (its loss falls, every sample of every epoch counted
 once); and the README's first torchrun run (the ``torchrun`` line of its "Installing on a cluster without root"
 block, as written, with examples/porting/ copied beside it) trains on 2 ranks of the torch backend.
-tests/test_nonroot.py installs the same wheel as a user who is not root.
+tests/test_nonroot.py installs the same wheel as a user who is not root. The second installs it with no extra
+into an environment that lacks them: it trains, resumes and forecasts, and a command needing an extra names it.
 """
 from __future__ import annotations
 
@@ -140,3 +141,68 @@ def _readme_torchrun(vpy: Path, outside: Path, env: dict) -> float:
     assert "test accuracy" in out and acc > 0.5, out
     assert list((outside / "runs").glob("ddp_jabas_mnist-*/metrics.jsonl")), sorted((outside / "runs").iterdir())
     return acc
+
+
+#: the extras' packages (and their metadata), left out of the new environment's view of the shared environment
+EXTRA_PACKAGES = ("matplotlib", "mpl_toolkits", "PIL", "pillow", "sklearn", "scikit_learn")
+
+
+def test_the_wheel_without_extras_trains_resumes_and_names_the_missing_extra(tmp_path):
+    """pip install of the wheel with no extra, into an environment without matplotlib, pillow and scikit-learn (the
+    shared environment's packages linked in, all but theirs): a small job trains and resumes; the forecast fits its
+    GP in numpy; doctor lists the extras as not installed and stays OK; ``hpc-jabas report`` says in one line which
+    extra it needs."""
+    whl = build_wheel(tmp_path / "build")
+    venv = tmp_path / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)],
+                   check=True, timeout=120)
+    vpy = venv / "bin" / "python"
+    site = Path(_run([str(vpy), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     tmp_path, os.environ).strip())
+    # the shared environment's packages, as links, all but the extras': an environment that never had them
+    view = tmp_path / "shared-without-extras"
+    view.mkdir()
+    for p in Path(str(md.distribution("torch").locate_file(""))).resolve().iterdir():
+        if not p.name.startswith(EXTRA_PACKAGES):
+            (view / p.name).symlink_to(p)
+    (site / "_shared_env.pth").write_text(f"{view}\n")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "HPC_JABAS"))}
+    env.update(PATH=f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}", PIP_DISABLE_PIP_VERSION_CHECK="1",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    _run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "-q", "--no-index", str(whl)], outside, env)
+    probe = ("import importlib.util, importlib.metadata as md\n"
+             "print([r for r in md.requires('hpc-jabas') if 'extra ==' not in r])\n"
+             "print([m for m in ('matplotlib', 'PIL', 'sklearn') if importlib.util.find_spec(m) is None])")
+    base, hidden = _run([str(vpy), "-c", probe], outside, env).strip().splitlines()
+    assert not any(p in base for p in ("matplotlib", "pillow", "scikit-learn")), base
+    assert hidden == "['matplotlib', 'PIL', 'sklearn']", hidden
+
+    doctor = _run([str(venv / "bin" / "hpc-jabas"), "doctor"], outside, env)
+    for extra in ("report", "forecast", "examples"):
+        assert f"not installed (optional: pip install 'hpc-jabas[{extra}]'" in doctor, doctor
+    assert doctor.rstrip().splitlines()[-1].split() == ["status", "OK"], doctor
+
+    (outside / "train.py").write_text(SCRIPT)
+    args = ["train.py", "--emulate", "--gpu-types", "v100", "--batch", "64", "--run-dir", "run", "--quiet"]
+    _run([str(vpy), *args, "--epochs", "2", "--out", "first.json"], outside, env)
+    _run([str(vpy), *args, "--epochs", "3", "--out", "second.json"], outside, env)
+    first, second = (json.loads((outside / f).read_text()) for f in ("first.json", "second.json"))
+    assert first["result"]["epoch"] == 2 and second["result"]["epoch"] == 3, (first, second)
+    assert second["after"] < first["before"], (first, second)
+    recs = [json.loads(ln) for ln in (outside / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    resumes = [r for r in recs if r.get("type") == "resume"]
+    assert resumes and resumes[-1]["epoch"] == 2, resumes
+
+    fc = _run([str(vpy), "-c", "from hpc_jabas.core.forecast import forecast_next_epoch, have_sklearn; "
+               "print(have_sklearn(), forecast_next_epoch([(i * 100, 100 + 10 * i) for i in range(12)], 500))"],
+              outside, env)
+    said, out = fc.split(" ", 1)
+    got = json.loads(out)
+    assert said == "False" and len(got) == 5 and got == sorted(got) and got[0] >= 210, fc
+
+    r = subprocess.run([str(venv / "bin" / "hpc-jabas"), "report", "run"], cwd=outside, env=env, capture_output=True,
+                       text=True, timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "pip install 'hpc-jabas[report]'" in err[0], (r.returncode, err)
