@@ -36,7 +36,7 @@ def test_the_tutorials_positionals_and_per_device_batch_are_read():
     assert "--epochs" not in p.format_help()               # the positional is the epochs: no second way to say it
     # error lines and the log name the key as the script spells it
     assert cfg.flag_name("epochs") == "total_epochs" and cfg.flag_name("batch") == "--batch"
-    assert hj.JobConfig().flag_name("epochs") == "the config key epochs"
+    assert hj.JobConfig().flag_name("epochs") == "epochs (the config key)"
 
 
 @pytest.mark.parametrize("help_text,key", [("global batch size (all GPUs)", "batch"),
@@ -88,12 +88,12 @@ def test_batch_per_rank_is_the_global_batch_times_the_ranks():
     import tempfile
     with tempfile.TemporaryDirectory() as td:
         t = hj.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, nn.MSELoss(),
-                       config=hj.JobConfig(batch_per_rank=16, run_dir=td, backend="torch"),
+                       config=hj.JobConfig(batch_per_rank=16, run_dir=td),
                        world=hj.World(rank=0, size=1, gpu_types=("v100",)))
         assert (t.cfg.batch, t.B, t.cfg.batch_per_rank) == (16, 16, None)
     with pytest.raises(ConfigError, match="batch_per_rank=100 x 1 rank = a global batch of 100"):
         hj.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, nn.MSELoss(),
-                   config=hj.JobConfig(batch_per_rank=100, backend="torch"),
+                   config=hj.JobConfig(batch_per_rank=100),
                    world=hj.World(rank=0, size=1, gpu_types=("v100",)))
 
 
@@ -105,7 +105,7 @@ def test_checkpoint_every_epochs_is_the_epoch_cadence(tmp_path):
     data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
     t = hj.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, nn.MSELoss(),
                    config=hj.JobConfig(batch=16, epochs=5, checkpoint_every_epochs=2, keep_checkpoints=5,
-                                       run_dir=str(tmp_path / "run"), backend="torch"),
+                                       run_dir=str(tmp_path / "run")),
                    world=hj.World(rank=0, size=1, gpu_types=("v100",)))
     t.fit()
     names = sorted(p.name.split("-")[1] for p in (tmp_path / "run" / "checkpoints").glob("ckpt-*.pt"))

@@ -79,7 +79,7 @@ def test_syncbatchnorm_is_one_line(tmp_path):
     data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
     with pytest.raises(ConfigError) as e:
         hj.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), data, torch.nn.MSELoss(),
-                   config=hj.JobConfig(batch=16, run_dir=str(tmp_path / "run"), backend="torch"),
+                   config=hj.JobConfig(batch=16, run_dir=str(tmp_path / "run")),
                    world=hj.World(rank=0, size=1, gpu_types=("v100",)))
     msg = str(e.value)
     assert "\n" not in msg and msg.startswith("the model has SyncBatchNorm layers (1)")

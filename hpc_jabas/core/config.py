@@ -425,8 +425,8 @@ class JobConfig(_FlatKeys):
                               f"policy={self.policy!r}; use batch_start='batch'")
         self.check_backend_keys(self.backend)
         if self.run_dir is not None and not self.run_dir:         # Path("") is the current directory
-            raise ConfigError("run_dir='' is empty; give a directory (--run-dir DIR), or leave run_dir unset for "
-                              "the default runs/SCRIPT-HASH")
+            raise ConfigError(f"run_dir='' is empty; give a directory ({self.give('run_dir', 'DIR')}), or leave it "
+                              "unset for the default runs/SCRIPT-HASH")
         bmin, bmax = self.B_min, self.B_max
         if bmin > bmax:
             raise ConfigError(f"batch_min={bmin} > batch_max={bmax}; need batch_min <= batch_max")
@@ -471,8 +471,8 @@ class JobConfig(_FlatKeys):
 
     def flag_name(self, name: str) -> str:
         """How this script's command line gives key ``name`` (error lines name it): our flag, or the script's own
-        flag or positional that ``add_arguments`` reads as the key; without either, ``the config key NAME``."""
-        return str((self.__dict__.get("_flags") or {}).get(name) or f"the config key {name}")
+        flag or positional that ``add_arguments`` reads as the key; without either, ``NAME (the config key)``."""
+        return str((self.__dict__.get("_flags") or {}).get(name) or f"{name} (the config key)")
 
     def give(self, name: str, value: Any) -> str:
         """How this script's command line sets key ``name`` to ``value`` (``--batch 64``, ``total_epochs 4``);

@@ -23,7 +23,7 @@ import io
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -181,10 +181,12 @@ class Checkpointer:
                  metrics: Metrics, enabled: bool = True, keep: int = 3, scheduler: Any = None,
                  controller: Stateful | None = None, decisions: Stateful | None = None,
                  hook: Stateful | None = None, calibration: Stateful | None = None,
-                 config: dict[str, Any] | None = None) -> None:
+                 config: dict[str, Any] | None = None, flag_name: Callable[[str], str] | None = None) -> None:
         model = ckpt.plain_module(model)         # a torch.compile wrapper: the module it compiles (its keys)
         self.state, self.model, self.optimizer, self.scheduler = state, model, optimizer, scheduler
         self.config = config                     # the job's keys (JobConfig.to_dict), saved to compare on resume
+        # how the script's command line names a key (JobConfig.flag_name): error lines name what the script has
+        self.flag_name = flag_name or (lambda k: "--" + k.replace("_", "-"))
         self.changed: dict[str, Any] = {}        # on resume: what was kept from the checkpoint, what applied
         self.controller, self.decisions, self.hook, self.calibration = controller, decisions, hook, calibration
         self.ckpt_dir, self.rank, self.gpu_types = Path(ckpt_dir), rank, list(gpu_types)
@@ -331,12 +333,14 @@ class Checkpointer:
         line naming what is missing."""
         if not isinstance(st, dict):
             raise CheckpointError(f"{src} is not an hpc-jabas training checkpoint (it holds a "
-                                  f"{type(st).__name__}, not the Trainer's state); give this run its own --run-dir")
+                                  f"{type(st).__name__}, not the Trainer's state); give this run its own "
+                                  f"{self.flag_name('run_dir')}")
         missing = [k for k in REQUIRED_KEYS if k not in st]
         if missing:
             raise CheckpointError(f"{src} lacks {', '.join(map(repr, missing))}, which a resume restores: it was not "
                                   "written by hpc-jabas's Trainer, or it was edited; move it out of the checkpoint "
-                                  "directory to resume from the one before it, or give a new --run-dir")
+                                  "directory to resume from the one before it, or give a new "
+                                  f"{self.flag_name('run_dir')}")
 
     def _check_optimizer(self, st: dict[str, Any], src: str) -> None:
         """The checkpoint's optimizer is this run's: the same class (when recorded), the same number of parameter
@@ -348,7 +352,8 @@ class Checkpointer:
         if diff is None:
             return
         raise CheckpointError(f"{src} holds the state of another optimizer than this script's: {diff}. Resume with "
-                              f"the optimizer that run used, or give a new --run-dir to start over with {cls}")
+                              f"the optimizer that run used, or give a new {self.flag_name('run_dir')} to start over "
+                              f"with {cls}")
 
     def _check_model(self, st: dict[str, Any], src: str) -> None:
         """The checkpoint holds this model (the same tensor names and shapes), else one line naming both."""
@@ -359,7 +364,7 @@ class Checkpointer:
         theirs = f"{st.get('model_name') or 'a model'} ({describe_tensors(saved)})"
         raise CheckpointError(f"{src} holds another model than this script's: {theirs} vs "
                               f"{type(self.model).__name__} ({describe_tensors(mine)}); {diff}. Give this run its "
-                              f"own --run-dir, or resume that one with the model it trained")
+                              f"own {self.flag_name('run_dir')}, or resume that one with the model it trained")
 
     def _check_config(self, st: dict[str, Any], src: str) -> dict[str, Any]:
         """The keys that differ from the checkpoint's run: batch is refused (a resume keeps the run's B); the seed
@@ -371,8 +376,8 @@ class Checkpointer:
         if "batch" in diff:
             old, new = diff["batch"]
             raise ConfigError(f"{src} was trained from batch={old} (B={st.get('B')} at this checkpoint) and this run "
-                              f"asks batch={new}: a resume keeps its run's B; drop --batch to resume, or give a new "
-                              f"--run-dir to start over with batch={new}")
+                              f"asks batch={new}: a resume keeps its run's B; drop {self.flag_name('batch')} to "
+                              f"resume, or give a new {self.flag_name('run_dir')} to start over with batch={new}")
         kept = {k: v for k, v in diff.items() if k in KEPT_ON_RESUME}
         applied = {k: v for k, v in diff.items() if k not in KEPT_ON_RESUME}
         if diff and self.rank == 0:

@@ -550,7 +550,7 @@ class Trainer:
                             metrics=self.metrics, enabled=self.cfg.checkpoint, keep=self.cfg.keep_checkpoints,
                             scheduler=self.scheduler, controller=self.controller, decisions=self.decisions,
                             hook=self.epoch_end_hook, calibration=self.calib,
-                            config=self.cfg.to_dict())
+                            config=self.cfg.to_dict(), flag_name=self.cfg.flag_name)
 
     def state_dict(self) -> dict:
         self.read_held_stats()                     # the policy with every measurement taken
