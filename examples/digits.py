@@ -32,8 +32,13 @@ def cache_dir() -> Path:
 
 
 def _compute(seed: int, test_size: float) -> dict[str, np.ndarray]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        from hpc_jabas import ConfigError  # under run_main: one line, exit code 2, on every rank
+        raise ConfigError("the digits examples need scikit-learn, which is not installed: "
+                          "pip install 'hpc-jabas[examples]'") from None
     X, y = load_digits(return_X_y=True)
     # splitting the indices is splitting the arrays: train_test_split draws one permutation for all of them
     tr, te = train_test_split(np.arange(len(y)), test_size=test_size, random_state=seed, stratify=y)
