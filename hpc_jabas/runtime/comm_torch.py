@@ -212,6 +212,19 @@ def _node_address(node: str) -> str:
     return addr
 
 
+def _torchrun_store(ln: Launch, timeout: datetime.timedelta) -> Any:
+    """Under torchrun whose agent hosts the store (``TORCHELASTIC_USE_AGENT_STORE``, torchrun's default): a
+    client of that store under a prefix of this run and attempt. torch's own ``env://`` takes the agent's store
+    without one, so a restarted attempt (``--max-restarts``) may read the previous attempt's Gloo addresses, and
+    its connect then fails ("Connection refused") or waits for the timeout. None: rank 0 hosts a fresh store at
+    every attempt (``env://`` is right then)."""
+    tr = launchers.detect()
+    if not isinstance(tr, launchers.Torchrun) or not tr.agent_store or ln.addr is None or ln.port is None:
+        return None
+    client = dist.TCPStore(ln.addr, ln.port, ln.size, False, timeout=timeout)
+    return dist.PrefixStore(f"hj/{tr.run_id}/attempt_{tr.restart_count}/", client)
+
+
 def init() -> None:
     global _initialized, _launch, _store, _device, _owned
     if _initialized:
@@ -235,7 +248,9 @@ def init() -> None:
     else:
         _owned = True
         backend = "cpu:gloo,cuda:nccl" if cuda and dist.is_nccl_available() else "gloo"
-        if ln.how == "torchrun":
+        if ln.how == "torchrun" and (_store := _torchrun_store(ln, timeout)) is not None:
+            dist.init_process_group(backend, store=_store, rank=ln.rank, world_size=ln.size, timeout=timeout)
+        elif ln.how == "torchrun":
             dist.init_process_group(backend, init_method="env://", rank=ln.rank, world_size=ln.size,
                                     timeout=timeout)
         elif ln.size == 1:
