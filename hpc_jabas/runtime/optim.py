@@ -486,12 +486,12 @@ def _is_ddp(model: object) -> bool:
 
 def _ddp_around(params: Sequence[torch.Tensor]) -> torch.nn.Module | None:
     """The script's DistributedDataParallel wrapper of these parameters, if it made one (else DDP would reduce
-    each backward on its own, and the layer's reduction would count them again)."""
+    each backward on its own, and the layer's reduction would count them again). One scan of the live objects,
+    at the first ``begin`` on the torch backend without ``model=``; by type only (no attribute of a foreign
+    object is read)."""
+    from torch.nn.parallel import DistributedDataParallel
     ids = {id(p) for p in params}
     for o in gc.get_objects():
-        try:
-            if _is_ddp(o) and any(id(p) in ids for p in o.module.parameters()):
-                return o
-        except ReferenceError:                    # a dead weak proxy
-            continue
+        if issubclass(type(o), DistributedDataParallel) and any(id(p) in ids for p in o.module.parameters()):
+            return o
     return None
