@@ -126,7 +126,7 @@ def test_a_file_size_limit_while_checkpointing_is_one_line_and_loses_nothing(tmp
     assert p.returncode == 0 and "fit: iterations=8" in p.stdout, p.stderr[-3000:]
 
 
-@pytest.mark.parametrize("backend", ["horovod"])
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
 def test_a_file_size_limit_is_one_line_on_two_ranks(tmp_path, backend):
     run = tmp_path / "run"
     assert _run(run, 1, np_=2, backend=backend).returncode == 0
