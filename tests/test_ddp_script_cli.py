@@ -71,6 +71,14 @@ def test_argparse_positionals_and_unclear_flags():
     assert all("\n" not in n for n in cfg.notes)
 
 
+def test_a_scripts_own_batch_flag_that_is_per_rank():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=32, help="batch size per GPU")
+    hj.add_arguments(p)
+    cfg = hj.config_from_args(p.parse_args(["--batch", "24"]))
+    assert (cfg.batch, cfg.batch_per_rank, cfg.flag_name("batch_per_rank")) == (256, 24, "--batch")
+
+
 def test_a_save_every_in_iterations_is_the_iteration_cadence():
     p = argparse.ArgumentParser()
     p.add_argument("--save-every", type=int, default=500, help="save a checkpoint every N iterations")

@@ -135,8 +135,10 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> Any:
         neg = f"--no-{flag[2:]}" if split_optional(tp)[0] is bool else ""
         for fl in (flag, neg):
             if fl and fl in taken and (neg == "" or taken[fl].nargs == 0 or "--no-" in fl):
-                shared[_dest(s, f.name)] = [taken[fl].dest, taken[fl].default, fl]
-                flags[f.name] = fl
+                # the script's own --batch whose help says it is each rank's is the per-rank batch
+                name = "batch_per_rank" if f.name == "batch" and _PER_RANK.search(taken[fl].help or "") else f.name
+                shared[_dest(s, name)] = [taken[fl].dest, taken[fl].default, fl]
+                flags[name] = fl
                 break
     exact = {v[2] for v in shared.values()}
     notes = [] if pre else _script_flag_meanings(list(parser._actions), exact, pre, shared, flags)
