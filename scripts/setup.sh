@@ -153,8 +153,8 @@ if [[ ! -f "$BASE/.complete" ]] && ! "$BPY" -c "import horovod.torch" >/dev/null
     if [[ $GPU_TAG == cpu ]]; then WDIR=$(horovod_wheel cpu 1); else WDIR=$(horovod_wheel nccl 0); fi
     log "installing Horovod from $WDIR ($(( $(date +%s) - t0 )) s)"
     "$BPY" -m pip install -q --no-deps "$WDIR"/horovod-0.28.1-*.whl
-    "$BPY" -c "import horovod.torch" ) > >(tee "$HVD_LOG") 2>&1
-  rc=$?
+    "$BPY" -c "import horovod.torch" ) 2>&1 | tee "$HVD_LOG"
+  rc=${PIPESTATUS[0]}
   set -e
   if ((rc)); then
     if ((REQUIRE_HVD)); then
