@@ -236,7 +236,7 @@ def med(v):
     return statistics.median(v) if v else math.nan
 
 
-def task_section(name: str, seeds: list[int], quick: bool, out: dict) -> None:
+def task_section(name: str, seeds: list[int], quick: bool, out: dict, grid: tuple[int, ...] = GRID) -> None:
     spec = SPECS[name]
     if quick:
         spec = Spec(spec.name, spec.optimizer, spec.lr0, 3, spec.lm)
@@ -244,7 +244,7 @@ def task_section(name: str, seeds: list[int], quick: bool, out: dict) -> None:
     pg = torch.Generator().manual_seed(12345)
     pidx = torch.randperm(data.n, generator=pg)[:PROBE]
     probe = tuple(t[pidx] for t in data.train)
-    grid = (256,) if quick else GRID
+    grid = (256,) if quick else grid
     t0 = time.perf_counter()
     runs: dict[tuple[int, str], list[dict]] = {}
     for s in seeds:
@@ -322,6 +322,8 @@ def main() -> None:
     ap.add_argument("--tasks", default="shapes,digits,seq,cnn", help=f"comma-separated, of {','.join(SPECS)}")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per configuration (default 3)")
     ap.add_argument("--quick", action="store_true", help="smoke run: small data, 3 epochs, B in {32, 256}, 1 seed")
+    ap.add_argument("--grid", default=",".join(map(str, GRID)),
+                    help="the fixed B beside 32 (default 64,128,256,512; 256 is always run: h is logged on it)")
     args = ap.parse_args()
     names = [t for t in args.tasks.split(",") if t]
     bad = [t for t in names if t not in SPECS]
@@ -329,12 +331,18 @@ def main() -> None:
         raise SystemExit(f"adaptive_experiments: --tasks {','.join(bad)}: valid tasks are {','.join(SPECS)}")
     if args.seeds < 1:
         raise SystemExit(f"adaptive_experiments: --seeds {args.seeds}: must be at least 1")
+    try:
+        grid = tuple(sorted({int(b) for b in args.grid.split(",") if b} | {256}))
+    except ValueError:
+        raise SystemExit(f"adaptive_experiments: --grid {args.grid!r}: a comma-separated list of batch sizes") from None
+    if any(b <= SMALL for b in grid):
+        raise SystemExit(f"adaptive_experiments: --grid {args.grid!r}: every B must be above {SMALL}")
     torch.set_num_threads(1)
     seeds = list(range(1 if args.quick else args.seeds))
     out: dict = {}
     t0 = time.perf_counter()
     for name in names:
-        task_section(name, seeds, args.quick, out)
+        task_section(name, seeds, args.quick, out, grid)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s (contended machine; no figure here is a time)")
     hs = {t: o["h32_early"] for t, o in out.items()}
     order_h = sorted(hs, key=lambda t: -hs[t])
@@ -343,10 +351,11 @@ def main() -> None:
     cfit: dict[str, str] = {}
     for tname in ("mid", "plateau"):
         # B* = the largest grid B with B / 32 <= c h (the next doubling fails): c in [B*/32/h, 2 B*/32/h) per task
+        # (a grid of doublings; B* = 32 or a gap in the grid: the bound is that of the next doubling all the same)
         lo, hi = 0.0, math.inf
         for o in out.values():
             b, h = o[f"bstar_{tname}"], o["h32_early"]
-            if b >= max(GRID) or not (h > 0 and math.isfinite(h)) or not b:
+            if b >= max(grid) or not (h > 0 and math.isfinite(h)) or not b:
                 continue                   # the largest grid B met: no upper bound from this task
             lo, hi = max(lo, b / SMALL / h), min(hi, 2 * b / SMALL / h)
         print(f"one constant c for the {tname} target (B* = the largest grid B with B/32 <= c h32_early): "
