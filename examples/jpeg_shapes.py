@@ -16,12 +16,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageDraw
+
+try:
+    from PIL import Image, ImageDraw
+except ImportError:                        # one line, exit 2: the extra that brings it
+    print("examples/jpeg_shapes.py needs pillow, which is not installed: pip install 'hpc-jabas[examples]'",
+          file=sys.stderr)
+    raise SystemExit(2) from None
 
 COLOURS = {"red": (220, 40, 40), "green": (40, 180, 60), "blue": (40, 70, 220), "yellow": (230, 210, 40),
            "purple": (150, 50, 190)}
