@@ -147,3 +147,103 @@ def test_backend_horovod_without_horovod_is_one_line_naming_torch(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("hpc-jabas: error: backend='horovod' but horovod.torch does not "
                                                    "import here"), p.stderr
     assert "use backend='torch' (--backend torch)" in lines[0]
+
+
+#: TORCH_SCRIPT's run inside a main() that ``run_main`` runs, the backend from the command line
+RUN_MAIN_SCRIPT = """import sys
+import torch
+from torch import nn
+import hpc_jabas
+
+
+def main():
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    ds = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+    model = nn.Linear(4, 2)
+    cfg = hpc_jabas.JobConfig(batch=8, backend=sys.argv[2], run_dir=sys.argv[1], epochs=1)
+    trainer = hpc_jabas.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), ds, nn.CrossEntropyLoss(),
+                                config=cfg)
+    trainer.fit()
+
+
+hpc_jabas.run_main(main)
+"""
+
+
+def _scripts(tmp_path) -> dict[bool, str]:
+    """The script without run_main (backend from argv) and with it."""
+    plain = tmp_path / "plain.py"
+    plain.write_text(TORCH_SCRIPT.replace('backend="torch"', "backend=sys.argv[2]"))
+    wrapped = tmp_path / "wrapped.py"
+    wrapped.write_text(RUN_MAIN_SCRIPT)
+    return {False: str(plain), True: str(wrapped)}
+
+
+def _check_one_line(p_rc: int, out: str, what: str, torchrun: bool = False) -> None:
+    """Our line once (torchrun: plus its report, whose root cause is our line, one entry per failed rank, and its
+    own exit code 1), no traceback of ours, and nothing of torch's or Horovod's in front."""
+    ours = [ln for ln in out.splitlines() if ln.startswith("hpc-jabas: error:")]
+    assert len(ours) == 1 and "cannot be written" in ours[0], f"{what}: rc {p_rc}\n{out[-3000:]}"
+    assert [ln for ln in out.splitlines() if "hpc-jabas: error" in ln and not ln.startswith("hpc-jabas: error:")
+            and not (torchrun and ln.lstrip().startswith("traceback : hpc-jabas: error:"))] == [], f"{what}:\n{out}"
+    if torchrun:
+        report = [ln for ln in out.splitlines() if ln.lstrip().startswith("traceback : ")]
+        assert p_rc == 1 and 1 <= len(report) <= 2 and all("hpc-jabas: error:" in ln for ln in report), out
+        assert "To enable traceback" not in out and len(out.splitlines()) <= 60, f"{what}: {len(out.splitlines())}"
+        frames = [ln.strip() for ln in out.splitlines() if ln.strip().startswith('File "')]
+        assert all("bin/torchrun" in f or "/torch/distributed/" in f for f in frames), out[-3000:]
+    else:
+        assert p_rc == 2, f"{what}: rc {p_rc}\n{out[-3000:]}"
+        assert "Traceback" not in out and "[rank" not in out, f"{what}:\n{out[-3000:]}"
+
+
+@pytest.mark.mpi
+def test_error_after_start_is_one_line_with_run_main_on_both_backends(tmp_path):
+    """Issue 58, item 7: ``run_main`` under python, mpirun and torchrun (torch only), on both backends; and torchrun
+    without it: our line at most once, and what torchrun adds is its report (root cause: our line)."""
+    scripts = _scripts(tmp_path)
+    run_dir = unwritable(tmp_path)
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_BACKEND"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", HPC_JABAS_ERROR_GRACE_S="60")
+    mpirun = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "2", PY]
+    torchrun = [str(ROOT / ".venv" / "bin" / "torchrun"), "--standalone", "--nproc-per-node=2"]
+    cases = {("python", "torch", True): [PY], ("mpirun", "torch", True): mpirun,
+             ("torchrun", "torch", True): torchrun, ("python", "horovod", True): [PY],
+             ("mpirun", "horovod", True): mpirun}
+    runs = {}                           # at once: each spends its time starting torch
+    for (how, backend, wrapped), cmd in cases.items():
+        runs[how, backend, wrapped] = subprocess.Popen([*cmd, scripts[wrapped], run_dir, backend], env=env,
+                                                       cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                       text=True)
+    for (how, backend, wrapped), p in runs.items():
+        out = p.communicate(timeout=240)[0]
+        _check_one_line(p.returncode, out, f"{how}/{backend}/run_main={wrapped}", torchrun=how == "torchrun")
+
+
+@pytest.mark.mpi
+def test_torchrun_adds_only_its_report_without_run_main(tmp_path):
+    script = _scripts(tmp_path)[False]
+    env = {k: v for k, v in mpi_env().items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "HPC_JABAS_BACKEND"))}
+    env["HPC_JABAS_ERROR_GRACE_S"] = "60"
+    cmd = [str(ROOT / ".venv" / "bin" / "torchrun"), "--standalone", "--nproc-per-node=2", script,
+           unwritable(tmp_path), "torch"]
+    p = subprocess.run(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=240)
+    _check_one_line(p.returncode, p.stdout, "torchrun/torch/run_main=False", torchrun=True)
+
+
+@pytest.mark.slurm
+def test_error_after_start_is_one_line_under_srun(slurm_cluster, slurm_tmp):
+    """srun on two nodes, as the job files run it (--kill-on-bad-exit=1; the PMIx plugin for Horovod), with and
+    without ``run_main``, on both backends: our line once, exit code 2 from srun."""
+    scripts = _scripts(slurm_tmp)
+    run_dir = "/sys/hpc-jabas-test/run" if os.geteuid() == 0 else unwritable(slurm_tmp)
+    for backend, mpi in (("torch", "none"), ("horovod", "pmix")):
+        for wrapped in (False, True):
+            cmd = ["srun", "-p", "v100", "-N", "2", "-n", "2", f"--mpi={mpi}", "--kill-on-bad-exit=1", "-t", "3",
+                   f"--chdir={slurm_tmp}", f"--export=ALL,PYTHONPATH={ROOT},OMP_NUM_THREADS=1,"
+                   "HPC_JABAS_ERROR_GRACE_S=60", PY, scripts[wrapped], run_dir, backend]
+            p = subprocess.run(cmd, env=dict(slurm_cluster.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=240)
+            out = "\n".join(ln for ln in p.stdout.splitlines() if not ln.startswith("srun: "))
+            _check_one_line(p.returncode, out, f"srun/{backend}/run_main={wrapped}")
