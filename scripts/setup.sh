@@ -139,7 +139,9 @@ if [[ "${1:-}" == --released-horovod-wheel ]]; then
   horovod_wheel cpu 0
   exit 0
 fi
-if [[ ! -f "$BASE/.complete" ]] && ! "$BPY" -c "import horovod.torch" >/dev/null 2>&1; then
+# a new environment builds Horovod; so does one that went on without it, when CI requires it (a retry, fatal if it fails)
+RETRY_HVD=0; ((REQUIRE_HVD)) && [[ -f "$BASE/.no-horovod" ]] && RETRY_HVD=1
+if { [[ ! -f "$BASE/.complete" ]] || ((RETRY_HVD)); } && ! "$BPY" -c "import horovod.torch" >/dev/null 2>&1; then
   mkdir -p "$WHEELS"
   GPU_TAG=cpu
   if command -v nvcc >/dev/null 2>&1 && "$BPY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
@@ -163,6 +165,8 @@ if [[ ! -f "$BASE/.complete" ]] && ! "$BPY" -c "import horovod.torch" >/dev/null
     fi
     log "Horovod's build failed (log $HVD_LOG): going on without Horovod; every run uses the torch backend"
     touch "$BASE/.no-horovod"
+  else
+    rm -f "$BASE/.no-horovod"
   fi
 fi
 # the packages every environment has; Horovod too unless its build failed here (.no-horovod)
