@@ -252,6 +252,9 @@ class ScriptDDPReducer:
             raise ConfigError(f"the DistributedDataParallel model syncs its buffers in every forward ({flag}=True) "
                               "while ranks run different numbers of micro-batches: wrap it with "
                               f"DistributedDataParallel(model, {flag}=False)")
+        if getattr(ddp, "static_graph", False):
+            raise ConfigError("the DistributedDataParallel model was built with static_graph=True, which cannot run "
+                              "no_sync (all but the last micro-batch run in it): wrap it without static_graph")
         self.ddp = ddp
         self.module: torch.nn.Module | None = ddp
         self.inner = ddp.module
