@@ -52,11 +52,23 @@ The last line: ``preempt_real_exact=N/N preempt_real_loader_exact=N/N preempt_si
 preempt_counted_as_failure=0 planted_checkpoint_refused=N/N preempt_exact=N/N matrix_exact=N/N
 timelimit_recovered=N/N kill_recovered=N/N drain_avoided=N/N
 corrupt_detected=N/N bad_inputs_clear=N/N prune_kept_good=N/N disk_full_clear=N/N format_checked=N/N
-write_trust_refused=N/N lost_iterations_max=N``.
+write_trust_refused=N/N lost_iterations_max=N hung_rank_named_s=S hung_rank_right=N/N restarts_exact=N/N
+crashed_sections=N wall_s=S``, after a line of each section's wall time (``sections_s:``).
+
+* hung, restarts (bench/common/rank_faults.py): SIGSTOP of one rank under torchrun, mpirun (torch with the
+  store's host stopped, on 3 ranks; Horovod) and srun, with the default heartbeat: ``hung_rank_named_s`` is the
+  longest time from the stop to the line (goal <= 30), ``hung_rank_right`` the cases whose line named the stopped
+  rank and no other; torchrun --max-restarts=3 through 3 kills: ``restarts_exact=3/3`` when it finished exactly.
+
+Two sequences run side by side: the chains on the rtx2060 and v100 nodes (replan, preempt, matrix, kill, the srun
+hung case), and beside them what needs neither (write faults, corrupt, planted, the other hung cases, restarts,
+and with --quick the time-limit chain on the a100 node). ``--quick``: each preemption signal and each matrix case
+once, the launchers taking turns (the full run: every signal and case on both launchers, --iterations times).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -65,11 +77,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from bench.common import write_faults
+from bench.common import rank_faults, write_faults
 from tests.localcluster import LocalCluster, kill_rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,12 +234,14 @@ def urgent_job(cl: LocalCluster, out_dir: Path) -> Callable[[str], None]:
 MATRIX_CASES: list[str] = []        # --cases: the matrix's cases to run (empty: all)
 
 
-def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> None:
+def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict, quick: bool = False) -> None:
     """Signals away from iteration boundaries, per launcher: at a random moment inside an iteration; right as
     a periodic checkpoint is written; inside the epoch-end decision with the auto-scaler on (it moves the
-    chain); three preemptions in a row. Exact, every stop once, lost iterations from the records."""
+    chain); three preemptions in a row. Exact, every stop once, lost iterations from the records. ``quick``:
+    each case once, the launchers taking turns (case i on launcher i mod 2)."""
     rows = out.setdefault("matrix", [])
-    for method in METHODS:
+    turn = 0
+    for mi, method in enumerate(METHODS):
         cases = [
             ("random_moment", dict(BASE_CFG), [(rng.randint(3, 24), rng.uniform(0.0, 0.08))]),
             ("at_checkpoint", dict(BASE_CFG), [(rng.choice([4, 8, 12, 16, 20]), 0.0)]),
@@ -238,6 +254,9 @@ def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> Non
                   ("real_preemption_workers", dict(BASE_CFG), [(rng.randint(3, 24), 0.0)])]
         for name, cfg, points in cases:
             if MATRIX_CASES and name not in MATRIX_CASES:
+                continue
+            turn += 1
+            if quick and (turn - 1) % len(METHODS) != mi:
                 continue
             w = shared / f"faults-{os.getpid()}-m{len(rows)}"
             w.mkdir(parents=True, mode=0o777)
@@ -261,14 +280,15 @@ def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> Non
 
 
 def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: int | None = None,
-              how: list[str] | None = None, kill_at: int | None = None, timeout: float = 300) -> dict:
+              how: list[str] | None = None, kill_at: int | None = None, timeout: float = 300,
+              mix: dict[str, int] | None = None) -> dict:
     from hpc_jabas.core.jobspec import JobSpec
     from hpc_jabas.slurm.chain import read
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     chain = work / "chain"
-    spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix={"rtx2060": 2}, method=method,
-                   pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
+    spec = JobSpec(task="preempt_task:build", config=cfg, chain_dir=str(chain), mix=mix or {"rtx2060": 2},
+                   method=method, pythonpath=[str(ROOT), str(ROOT / "tests")], python=PY)
     t0 = time.time()
     first = submit(spec).job_id
     k = signal_at if signal_at is not None else kill_at
@@ -294,34 +314,41 @@ def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: i
             "failures": _failures(ev)}
 
 
-def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:
+def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict, quick: bool = False) -> None:
+    """Each (launcher, signal) ``n`` times; ``quick``: each signal once, the launchers taking turns (the matrix
+    sends TERM at the steps of both launchers again)."""
     rows = out.setdefault("preempt", [])
-    for method in METHODS:
-        for sig in SIGNALS:
-            for _ in range(n):
-                k = rng.randint(3, 24)
-                w = shared / f"faults-{os.getpid()}-p{len(rows)}"
-                w.mkdir(parents=True, mode=0o777)
-                r = run_chain(cl, w, method, dict(BASE_CFG), signal_at=k, how=SIGNAL_HOW[(method, sig)])
-                stops = [e for e in r["events"] if e["event"] == "end" and e.get("state") == "stopped"]
-                r.update(method=method, signal=sig, k=k, stopped_at=[e.get("iteration") for e in stops])
-                r["ok"] = r["ok"] and len(stops) == 1 and stops[0].get("signal") == sig
-                rows.append({x: r[x] for x in ("method", "signal", "k", "ok", "rel_err", "why", "lost", "lost_claimed",
-                                               "failures", "stopped_at",
-                                               "wall_s", "jobs")})
-                print(f"preempt {method:8s} {sig:4s} k={k:2d} stop={r['stopped_at']} ok={r['ok']} "
-                      f"err={r['rel_err']:.1e} lost={r['lost']} {r['wall_s']:.0f}s {r['why']}", flush=True)
-                shutil.rmtree(w, ignore_errors=True)
+    pairs = ([(METHODS[i % len(METHODS)], sig) for i, sig in enumerate(SIGNALS)] if quick
+             else [(m, sig) for m in METHODS for sig in SIGNALS])
+    for method, sig in pairs:
+        for _ in range(n):
+            k = rng.randint(3, 24)
+            w = shared / f"faults-{os.getpid()}-p{len(rows)}"
+            w.mkdir(parents=True, mode=0o777)
+            r = run_chain(cl, w, method, dict(BASE_CFG), signal_at=k, how=SIGNAL_HOW[(method, sig)])
+            stops = [e for e in r["events"] if e["event"] == "end" and e.get("state") == "stopped"]
+            r.update(method=method, signal=sig, k=k, stopped_at=[e.get("iteration") for e in stops])
+            r["ok"] = r["ok"] and len(stops) == 1 and stops[0].get("signal") == sig
+            rows.append({x: r[x] for x in ("method", "signal", "k", "ok", "rel_err", "why", "lost", "lost_claimed",
+                                           "failures", "stopped_at",
+                                           "wall_s", "jobs")})
+            print(f"preempt {method:8s} {sig:4s} k={k:2d} stop={r['stopped_at']} ok={r['ok']} "
+                  f"err={r['rel_err']:.1e} lost={r['lost']} {r['wall_s']:.0f}s {r['why']}", flush=True)
+            shutil.rmtree(w, ignore_errors=True)
 
 
-def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "submitit")) -> None:
+def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "submitit"), gpu: str = "rtx2060") -> None:
+    """``gpu``: the chain's GPU type (--quick: a100, beside the other chains on the rtx2060 node); the emulated
+    iteration takes as long on any type (emulate_base_s scaled by the type's speed)."""
+    from hpc_jabas.core import gpus
     rows = out.setdefault("timelimit", [])
+    base = 0.5 * gpus.get(gpu).relative_speed / gpus.get("rtx2060").relative_speed
     for method in methods:
-        cfg = dict(BASE_CFG, epochs=4, emulate_base_s=0.5, slurm={"time_min": 1, "signal_lead_s": 30,
-                                                                    "max_timeouts": 10})
+        cfg = dict(BASE_CFG, epochs=4, emulate_base_s=base, slurm={"time_min": 1, "signal_lead_s": 30,
+                                                                     "max_timeouts": 10})
         w = shared / f"faults-{os.getpid()}-t{len(rows)}"
         w.mkdir(parents=True, mode=0o777)
-        r = run_chain(cl, w, method, cfg, timeout=600)
+        r = run_chain(cl, w, method, cfg, timeout=600, mix={gpu: 2})
         n_to = sum(1 for e in r["events"] if e["event"] == "requeue" and e.get("reason") == "timeout")
         r["ok"] = r["ok"] and n_to >= 1
         rows.append({"method": method, "ok": r["ok"], "timeouts": n_to, "rel_err": r["rel_err"], "why": r["why"],
@@ -499,6 +526,22 @@ def bad_inputs(shared: Path, out: dict) -> None:
     shutil.rmtree(w, ignore_errors=True)
 
 
+def hung(work: Path, hows: list[str], out: dict, slurm_env: dict | None = None) -> None:
+    """bench/common/rank_faults.py's SIGSTOP cases, the default heartbeat."""
+    rows = out.setdefault("hung", [])
+    for how in hows:
+        r = rank_faults.hung_case(work, how, slurm_env)
+        rows.append(r)
+        print(f"hung {how:15s} ok={r['ok']} named_s={r['named_s']} exit_s={r.get('exit_s')} {r['why']}", flush=True)
+
+
+def restarts(work: Path, out: dict) -> None:
+    r = rank_faults.restarts_case(work, 3)
+    out["restarts"] = r
+    print(f"restarts torchrun --max-restarts=3 ok={r['ok']} err={r['rel_err']:.1e} attempts={r['attempts']} "
+          f"left={r['left']} {r['wall_s']:.0f}s {r['why']}", flush=True)
+
+
 def frac(rows: list[dict] | None) -> str:
     if not rows:
         return "n/a"
@@ -507,10 +550,11 @@ def frac(rows: list[dict] | None) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 random iteration per case, one time-limit chain")
+    ap.add_argument("--quick", action="store_true", help="1 random iteration per case, each preemption signal and "
+                    "matrix case on one launcher (taking turns), one time-limit chain")
     ap.add_argument("--iterations", type=int, default=5, help="random iterations per preemption case (default 5)")
     ap.add_argument("--only", default="preempt,matrix,timelimit,kill,corrupt,drain,planted,bad,prune,disk,format,"
-                                       "write_trust")
+                                       "write_trust,hung,restarts")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default="sbatch,submitit", help="launchers of the preemption cases")
     ap.add_argument("--signals", default="USR1,USR2,TERM", help="signals of the preemption cases")
@@ -524,43 +568,78 @@ def main() -> int:
     MATRIX_CASES[:] = [c for c in a.cases.split(",") if c]
     only = set(a.only.split(","))
     rng = random.Random(a.seed)
-    out: dict = {}
+    out: dict = {"sections_s": {}}
+    t0 = time.time()
     if "drain" in only:
-        drain(out)
-    with tempfile.TemporaryDirectory(prefix="hj-faults-") as td:     # no cluster needed: one process or mpirun
-        if "prune" in only:
-            write_faults.prune_cases(Path(td), rng, 3 if a.quick else 9, out)
-        if "disk" in only:
-            write_faults.disk_cases(Path(td), out)
-        if "format" in only:
-            write_faults.format_cases(Path(td), out)
-        if "write_trust" in only:
-            write_faults.write_trust_cases(Path(td), out)
-    if only - {"prune", "disk", "format", "write_trust"}:
-        on_cluster(only, a, n, rng, out)
+        timed(out, "drain", drain, out)
+    cluster = bool(only & {"bad", "drain", "preempt", "matrix", "timelimit", "kill", "hung"})
+    with tempfile.TemporaryDirectory(prefix="hj-faults-") as td, \
+            (LocalCluster() if cluster else contextlib.nullcontext()) as cl:
+        if cl is not None:
+            os.environ.update(SLURM_CONF=str(cl.conf))
+            if "bad" in only:            # first, alone: it stands in for the submitter while it runs
+                timed(out, "bad", bad_inputs, cl.shared, out)
+        # two sequences side by side (the chains mostly wait for Slurm and their emulated GPUs): what runs
+        # without the rtx2060 node beside what runs on it
+        side = threading.Thread(target=beside, args=(only, a, Path(td), cl, random.Random(a.seed + 1), out))
+        side.start()
+        if cl is not None:
+            on_cluster(only, a, n, rng, out, cl)
+        side.join()
+    out["wall_s"] = time.time() - t0
     return report(out, a)
 
 
-def on_cluster(only: set[str], a: argparse.Namespace, n: int, rng: random.Random, out: dict) -> None:
-    """The cases that run on the local Slurm cluster."""
-    with LocalCluster() as cl:
-        os.environ.update(SLURM_CONF=str(cl.conf))
-        if "bad" in only:
-            bad_inputs(cl.shared, out)
-        if "drain" in only:
-            replan(cl, cl.shared, rng, out)
-        if "corrupt" in only:
-            corrupt(cl.shared, 10, rng, out)
-        if "planted" in only:
-            planted(cl.shared, out)
-        if "preempt" in only:
-            preempt(cl, cl.shared, n, rng, out)
-        if "matrix" in only:
-            matrix(cl, cl.shared, rng, out)
-        if "timelimit" in only:
-            timelimit(cl, cl.shared, out, ("sbatch",) if a.quick else ("sbatch", "submitit"))
-        if "kill" in only:
-            kill(cl, cl.shared, n, rng, out)
+def timed(out: dict, name: str, fn: Callable[..., None], *args: Any, **kw: Any) -> None:
+    """Run one section, its wall time into ``out["sections_s"]``; an exception is a failed section, said."""
+    t = time.time()
+    try:
+        fn(*args, **kw)
+    except Exception as e:              # one section's crash must not lose the others' rows
+        out.setdefault("crashed", []).append(f"{name}: {type(e).__name__}: {e}")
+        print(f"section {name} crashed: {type(e).__name__}: {e}", flush=True)
+    out["sections_s"][name] = out["sections_s"].get(name, 0.0) + time.time() - t
+
+
+def beside(only: set[str], a: argparse.Namespace, td: Path, cl: LocalCluster | None, rng: random.Random,
+           out: dict) -> None:
+    """What needs no rtx2060 node: the write faults (processes), corrupt and planted checkpoints, the hung
+    ranks under torchrun and mpirun, torchrun's restarts, and (--quick) the time-limit chain on the a100 node."""
+    if "prune" in only:
+        timed(out, "prune", write_faults.prune_cases, td, rng, 3 if a.quick else 9, out)
+    if "disk" in only:
+        timed(out, "disk", write_faults.disk_cases, td, out)
+    if "format" in only:
+        timed(out, "format", write_faults.format_cases, td, out)
+    if "write_trust" in only:
+        timed(out, "write_trust", write_faults.write_trust_cases, td, out)
+    if "corrupt" in only:
+        timed(out, "corrupt", corrupt, td, 10, rng, out)
+    if "planted" in only:
+        timed(out, "planted", planted, td, out)
+    if "hung" in only:
+        timed(out, "hung", hung, td, ["torchrun", "mpirun-torch", "mpirun-horovod"], out)
+    if "restarts" in only:
+        timed(out, "restarts", restarts, td, out)
+    if "timelimit" in only and a.quick and cl is not None:
+        timed(out, "timelimit", timelimit, cl, cl.shared, out, ("sbatch",), gpu="a100")
+
+
+def on_cluster(only: set[str], a: argparse.Namespace, n: int, rng: random.Random, out: dict,
+               cl: LocalCluster) -> None:
+    """The cases that run on the local Slurm cluster's rtx2060 and v100 nodes, one after the other."""
+    if "drain" in only:
+        timed(out, "replan", replan, cl, cl.shared, rng, out)
+    if "preempt" in only:
+        timed(out, "preempt", preempt, cl, cl.shared, n, rng, out, quick=a.quick)
+    if "matrix" in only:
+        timed(out, "matrix", matrix, cl, cl.shared, rng, out, quick=a.quick)
+    if "timelimit" in only and not a.quick:
+        timed(out, "timelimit", timelimit, cl, cl.shared, out, ("sbatch", "submitit"))
+    if "kill" in only:
+        timed(out, "kill", kill, cl, cl.shared, n, rng, out)
+    if "hung" in only:
+        timed(out, "hung_srun", hung, cl.shared, ["srun"], out, dict(cl.env))
 
 
 def report(out: dict, a: argparse.Namespace) -> int:
@@ -573,6 +652,13 @@ def report(out: dict, a: argparse.Namespace) -> int:
     real_loader = [r for r in m if r["case"] == "real_preemption_workers"]
     signal = out.get("preempt", []) + [r for r in m if not r["case"].startswith("real_preemption")]
     counted = sum(r.get("failures", 0) for r in out.get("preempt", []) + m)
+    hr = out.get("hung", [])
+    named = [r["named_s"] for r in hr if r.get("named_s") is not None]
+    hung_s = f"{max(named):.1f}" if named and len(named) == len(hr) else ("n/a" if not hr else "none")
+    hung_right = f"{sum(1 for r in hr if r.get('right_rank'))}/{len(hr)}" if hr else "n/a"
+    rs = out.get("restarts")
+    restarts_exact = (f"{rs['restarts'] if rs['ok'] else 0}/{rs['restarts']}" if rs else "n/a")
+    print("sections_s: " + " ".join(f"{k}={v:.0f}" for k, v in out.get("sections_s", {}).items()), flush=True)
     print(f"preempt_real_exact={frac(real)} preempt_real_loader_exact={frac(real_loader)} "
           f"preempt_signal_exact={frac(signal)} "
           f"preempt_counted_as_failure={counted if out.get('preempt') or m else 'n/a'} "
@@ -583,7 +669,10 @@ def report(out: dict, a: argparse.Namespace) -> int:
           f"corrupt_detected={frac(out.get('corrupt'))} bad_inputs_clear={frac(out.get('bad_inputs'))} "
           f"prune_kept_good={frac(out.get('prune'))} disk_full_clear={frac(out.get('disk'))} "
           f"format_checked={frac(out.get('format'))} write_trust_refused={frac(out.get('write_trust'))} "
-          f"lost_iterations_max={max(lost) if lost else 'n/a'}")
+          f"lost_iterations_max={max(lost) if lost else 'n/a'} "
+          f"hung_rank_named_s={hung_s} hung_rank_right={hung_right} "
+          f"restarts_exact={restarts_exact} crashed_sections={len(out.get('crashed', []))} "
+          f"wall_s={out.get('wall_s', 0.0):.0f}")
     return 0
 
 
