@@ -104,3 +104,29 @@ def test_device_statistics_helpers_match_float64():
     st = Measurement.stats([4.0, 3, 6, 4, float(g @ g), float(h0 @ h0), float(h1 @ h1), N], S=10)
     assert st.similarity == pytest.approx(float(h0 @ h1 / (h0.norm() * h1.norm())), rel=1e-12)
     assert (st.sq_micro, st.b, st.M, st.half_samples) == (pytest.approx(0.4), pytest.approx(10 / 3), 3, (6, 4))
+
+
+@pytest.mark.parametrize("misuse,says", [
+    (lambda o, m: o.step(), "step() before begin()"),
+    (lambda o, m: o.begin(-1, 8), "begin(n_local=-1, ...): n_local is this rank's micro-batch count"),
+    (lambda o, m: o.begin(1, 0), "begin(..., total_samples=0): the iteration's samples on all ranks"),
+    (lambda o, m: o.begin(True, 8), "begin(n_local=True, ...)"),
+    (lambda o, m: (o.begin(1, 4), o.backward(m(torch.randn(4, 3)).sum(), 4), o.backward(m(torch.randn(4, 3)).sum(), 4)),
+     "backward() called 2 times after begin(n_local=1, ...)"),
+    (lambda o, m: (o.begin(2, 8), o.backward(m(torch.randn(4, 3)).sum(), 4), o.step()),
+     "step() after 1 backward() call(s), but begin(n_local=2, ...) announced 2"),
+    (lambda o, m: (o.begin(2, 8), o.backward(m(torch.randn(4, 3)).sum(), 4), o.begin(2, 8)),
+     "begin() again before step(): the 1 backward() call(s) of this iteration were never stepped"),
+])
+def test_misuse_of_the_layer_is_one_config_error_line(misuse, says):
+    """Each misuse of the iteration protocol is a ConfigError (one line, exit code 2 from a script:
+    tests/test_public_layer.py, which also runs the one that needs a process without a backend) naming what was
+    called and what is expected; nothing is stepped."""
+    model = torch.nn.Linear(3, 1)
+    opt = _opt(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ConfigError) as e:
+        misuse(opt, model)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    opt.remove_hooks()

@@ -6,7 +6,8 @@ script's own init). tests/test_public_layer_loop.py copies it into a clean direc
 INIT: ``hvd`` (hvd.init(), mpirun) or ``dist`` (init_process_group("gloo"), torchrun). Two epochs of 61 samples;
 B changes at iterations 3 (to 18) and 7 (to a plan with a rank that runs nothing); the state is saved in the
 middle of epoch 0 (after iteration 4). Then a second model resumes from that save and runs the same schedule to the
-end. A third run lets B follow the measured gradient noise (measure_every=1, adapt=(6, 30)). Rank 0 writes
+end. A third run, over a map-style dataset, lets B follow the measured gradient noise (measure_every=1,
+adapt=(6, 30)). Rank 0 writes
 DIR/out.json: each run's global sample order per iteration, B per iteration and final parameters.
 """
 import json
@@ -30,13 +31,23 @@ X, Y = torch.randn(61, 5, dtype=torch.float64), torch.randn(61, 1, dtype=torch.f
 data = torch.utils.data.TensorDataset(X, Y)
 
 
+class Pairs(torch.utils.data.Dataset):
+    """The same samples as a map-style dataset of (x, y) pairs: Jabas collates each micro-batch's samples."""
+
+    def __len__(self):
+        return len(X)
+
+    def __getitem__(self, i):
+        return X[i], Y[i]
+
+
 def run(resume: Path | None, adaptive: bool = False) -> dict:
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1)).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     more = {"measure_every": 1, "adapt": (6, 30)} if adaptive else {}
     jabas = hpc_jabas.Jabas(batch=12, micro_batch=2, speeds=(1, 2, 3), seed=3, checkpoint=resume, **more)
-    model, optimizer, loader = jabas.setup(model, optimizer, data)
+    model, optimizer, loader = jabas.setup(model, optimizer, Pairs() if adaptive else data)
     order, bs, noise = [], [], []
     for _ in jabas.epochs(2):
         for step in loader:
