@@ -4,6 +4,7 @@ geometric mean and one run's share of the grid."""
 import math
 import statistics
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -108,3 +109,37 @@ def test_geomean_against_the_log_mean(v):
 def test_one_run_vs_grid():
     assert proto.one_run_vs_grid(30.0, [100.0, 50.0, 50.0]) == 0.15
     assert math.isnan(proto.one_run_vs_grid(1.0, []))
+
+
+def test_a_fair_section_end_to_end_on_synthetic_runs_with_known_answers():
+    """tta_fair.fair_section with a fake ``run``: every run's accuracy rises linearly from 0 to its final value over
+    its training time, so each crossing time is known by hand. fixed-64-linear is lucky on the selection seeds
+    (0.6 s an epoch there, 0.7 s on fresh ones); fixed-128-linear is fastest but ends 2 points low."""
+    from bench.common import tta_fair
+
+    epochs = 4
+    spec = {"fixed-32": (1.0, 1.0, 0.900), "fixed-64-linear": (0.6, 0.7, 0.898),
+            "fixed-128-linear": (0.4, 0.4, 0.880), "noise-scale": (0.75, 0.75, 0.900)}
+    calls = []
+
+    def run(kind, seed):
+        calls.append((kind, seed))
+        sel_t, fresh_t, final = spec[kind]
+        T = (sel_t if seed < 3 else fresh_t) * epochs
+        return {"final": final, "train_s": T, "evals": [{"acc": final * e / epochs} for e in range(1, epochs + 1)],
+                "curve": [{"clock": 0.0, "acc": 0.0}, {"clock": T, "acc": final}]}
+
+    out = tta_fair.fair_section("toy", epochs, ["fixed-64-linear", "fixed-128-linear"], ["noise-scale"],
+                                [0, 1, 2], [3, 4, 5], run, lambda obj: obj, rank=0)
+    # fresh seeds run fixed-32, the two references and the policy, never the excluded fixed-128-linear
+    assert sorted({k for k, s in calls if s >= 3}) == ["fixed-32", "fixed-64-linear", "noise-scale"]
+    mid = out["pairs"][("noise-scale", "mid")]          # mid target 0.45: fixed-32's accuracy after 2 of 4 epochs
+    assert mid["ref"] == "fixed-64-linear"              # 0.898 is within 0.5 point of 0.900; 1.20 s on selection
+    assert math.isclose(mid["regret"], (0.45 / 0.9 * 3.0) / (0.45 / 0.898 * 2.8), rel_tol=1e-12)  # fresh: 1.069
+    plateau = out["pairs"][("noise-scale", "plateau")]  # plateau 0.900 (no spread): fixed-64 never reaches it
+    assert plateau["ref"] == "fixed-32" and math.isclose(plateau["regret"], 3.0 / 4.0, rel_tol=1e-12)
+    assert math.isclose(out["vs_grid"]["noise-scale"], 3.0 / (4.0 + 2.4 + 1.6), rel_tol=1e-12)
+    assert abs(out["gap"]["noise-scale"]) < 1e-12
+    line = tta_fair.last_line({"toy": out}, ["noise-scale"], 3, np.random.default_rng(0))
+    assert f"regret_geomean={math.sqrt(mid['regret'] * 0.75):.3f}" in line
+    assert "regret_worst=1.069 misses=0 profile_110=1.000" in line and line.endswith("seeds=3")
