@@ -61,9 +61,10 @@ crashed_sections=N wall_s=S``, after a line of each section's wall time (``secti
   rank and no other; torchrun --max-restarts=3 through 3 kills: ``restarts_exact=3/3`` when it finished exactly.
 
 Two sequences run side by side: the chains on the rtx2060 and v100 nodes (replan, preempt, matrix, kill, the srun
-hung case), and beside them what needs neither (write faults, corrupt, planted, the other hung cases, restarts,
-and with --quick the time-limit chain on the a100 node). ``--quick``: each preemption signal and each matrix case
-once, the launchers taking turns (the full run: every signal and case on both launchers, --iterations times).
+hung case), and beside them what needs no Slurm node (write faults, corrupt, planted, the other hung cases,
+restarts); with --quick a third runs the time-limit and kill chains on the a100 node. ``--quick``: each
+preemption signal and each matrix case once, the launchers taking turns (the full run: every signal and case on
+both launchers, --iterations times).
 """
 from __future__ import annotations
 
@@ -358,14 +359,14 @@ def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "sub
         shutil.rmtree(w, ignore_errors=True)
 
 
-def kill(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict) -> None:
+def kill(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict, gpu: str = "rtx2060") -> None:
     rows = out.setdefault("kill", [])
     for i in range(n):
         k = rng.randint(3, 24)
         method = ("sbatch", "submitit")[i % 2]
         w = shared / f"faults-{os.getpid()}-k{len(rows)}"
         w.mkdir(parents=True, mode=0o777)
-        r = run_chain(cl, w, method, dict(BASE_CFG), kill_at=k, timeout=240)
+        r = run_chain(cl, w, method, dict(BASE_CFG), kill_at=k, timeout=240, mix={gpu: 2})
         rows.append({"k": k, "method": method, "ok": r["ok"], "rel_err": r["rel_err"], "why": r["why"],
                      "lost": r["lost"], "jobs": r["jobs"], "wall_s": r["wall_s"]})
         print(f"kill {method:8s} k={k:2d} ok={r['ok']} jobs={r['jobs']} lost={r['lost']} {r['why']}", flush=True)
@@ -581,11 +582,15 @@ def main() -> int:
                 timed(out, "bad", bad_inputs, cl.shared, out)
         # two sequences side by side (the chains mostly wait for Slurm and their emulated GPUs): what runs
         # without the rtx2060 node beside what runs on it
-        side = threading.Thread(target=beside, args=(only, a, Path(td), cl, random.Random(a.seed + 1), out))
-        side.start()
+        sides = [threading.Thread(target=beside, args=(only, a, Path(td), cl, random.Random(a.seed + 1), out))]
+        if cl is not None and a.quick:
+            sides.append(threading.Thread(target=on_a100, args=(only, n, cl, random.Random(a.seed + 2), out)))
+        for t in sides:
+            t.start()
         if cl is not None:
             on_cluster(only, a, n, rng, out, cl)
-        side.join()
+        for t in sides:
+            t.join()
     out["wall_s"] = time.time() - t0
     return report(out, a)
 
@@ -603,8 +608,8 @@ def timed(out: dict, name: str, fn: Callable[..., None], *args: Any, **kw: Any) 
 
 def beside(only: set[str], a: argparse.Namespace, td: Path, cl: LocalCluster | None, rng: random.Random,
            out: dict) -> None:
-    """What needs no rtx2060 node: the write faults (processes), corrupt and planted checkpoints, the hung
-    ranks under torchrun and mpirun, torchrun's restarts, and (--quick) the time-limit chain on the a100 node."""
+    """What needs no Slurm node: the write faults (processes), corrupt and planted checkpoints, the hung ranks
+    under torchrun and mpirun, torchrun's restarts."""
     if "prune" in only:
         timed(out, "prune", write_faults.prune_cases, td, rng, 3 if a.quick else 9, out)
     if "disk" in only:
@@ -621,8 +626,14 @@ def beside(only: set[str], a: argparse.Namespace, td: Path, cl: LocalCluster | N
         timed(out, "hung", hung, td, ["torchrun", "mpirun-torch", "mpirun-horovod"], out)
     if "restarts" in only:
         timed(out, "restarts", restarts, td, out)
-    if "timelimit" in only and a.quick and cl is not None:
+
+
+def on_a100(only: set[str], n: int, cl: LocalCluster, rng: random.Random, out: dict) -> None:
+    """--quick: the time-limit and kill chains on the a100 node, beside the chains on the rtx2060 node."""
+    if "timelimit" in only:
         timed(out, "timelimit", timelimit, cl, cl.shared, out, ("sbatch",), gpu="a100")
+    if "kill" in only:
+        timed(out, "kill", kill, cl, cl.shared, n, rng, out, gpu="a100")
 
 
 def on_cluster(only: set[str], a: argparse.Namespace, n: int, rng: random.Random, out: dict,
@@ -636,7 +647,7 @@ def on_cluster(only: set[str], a: argparse.Namespace, n: int, rng: random.Random
         timed(out, "matrix", matrix, cl, cl.shared, rng, out, quick=a.quick)
     if "timelimit" in only and not a.quick:
         timed(out, "timelimit", timelimit, cl, cl.shared, out, ("sbatch", "submitit"))
-    if "kill" in only:
+    if "kill" in only and not a.quick:
         timed(out, "kill", kill, cl, cl.shared, n, rng, out)
     if "hung" in only:
         timed(out, "hung_srun", hung, cl.shared, ["srun"], out, dict(cl.env))

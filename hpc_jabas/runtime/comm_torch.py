@@ -95,6 +95,7 @@ _launch: Launch | None = None
 _store: Any = None
 _groups: dict[str, Any] = {}
 _owned = False          # this backend made the default process group (else: the script's, left to it)
+_inits = 0              # init()s of this process: every rank counts alike; keys of an earlier one are not read
 _device = torch.device("cpu")
 
 
@@ -222,13 +223,14 @@ def _torchrun_store(ln: Launch, timeout: datetime.timedelta) -> Any:
     if not isinstance(tr, launchers.Torchrun) or not tr.agent_store or ln.addr is None or ln.port is None:
         return None
     client = dist.TCPStore(ln.addr, ln.port, ln.size, False, timeout=timeout)
-    return dist.PrefixStore(f"hj/{tr.run_id}/attempt_{tr.restart_count}/", client)
+    return dist.PrefixStore(f"hj/{tr.run_id}/attempt_{tr.restart_count}/{_inits}/", client)
 
 
 def init() -> None:
-    global _initialized, _launch, _store, _device, _owned
+    global _initialized, _launch, _store, _device, _owned, _inits
     if _initialized:
         return
+    _inits += 1
     ln = _launch = launcher()
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     if cuda:
@@ -290,7 +292,8 @@ def _start_heartbeat(ln: Launch) -> None:
                                timeout=datetime.timedelta(seconds=hb_s))
         tr = launchers.detect()
         agent = isinstance(tr, launchers.Torchrun) and tr.agent_store
-        prefix = (f"hj.hb/{tr.run_id}/{tr.restart_count}/" if isinstance(tr, launchers.Torchrun) else "hj.hb/")
+        prefix = (f"hj.hb/{tr.run_id}/{tr.restart_count}/{_inits}/" if isinstance(tr, launchers.Torchrun)
+                  else "hj.hb/")
         heartbeat.start(dist.PrefixStore(prefix, client), dist.get_rank(), n, hb_s, None if agent else 0)
     except Exception as e:                  # the watchdog is a help: the collective timeout stays behind it
         log.warning("torch backend: no heartbeat watchdog (%s): a hung rank is found by the collective timeout "

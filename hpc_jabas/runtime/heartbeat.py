@@ -26,6 +26,7 @@ stops watching it. Nothing here runs in the training loop: no host sync, no per-
 """
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -202,6 +203,12 @@ class Heartbeat:
 
 # ---- this process's heartbeat ---------------------------------------------------------------------------------
 _current: Heartbeat | None = None
+_at_exit_registered = False
+
+
+def _set_registered() -> None:
+    global _at_exit_registered
+    _at_exit_registered = True
 
 
 def start(store: Any, rank: int, size: int, timeout_s: float, host_rank: int | None) -> Heartbeat | None:
@@ -214,6 +221,9 @@ def start(store: Any, rank: int, size: int, timeout_s: float, host_rank: int | N
     hb = Heartbeat(store, rank, size, timeout_s, host_rank, what_next, exit_on_error)
     hb.start()
     _current = hb
+    if not _at_exit_registered:         # a rank that ends first (normally) says "done": its watcher lets it go
+        atexit.register(stop)
+        _set_registered()
     log.debug("heartbeat: rank %d watches rank %s every %.1f s (timeout %g s, pid %d)", rank, hb.watch,
               hb.interval, timeout_s, os.getpid())
     return hb
