@@ -12,7 +12,7 @@ import hpc_jabas
 parser = argparse.ArgumentParser(description="MNIST-style classifier, torch DDP, its loop kept with hpc_jabas.Jabas")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--batch-size", type=int, default=64, help="samples per rank and step")
-parser.add_argument("--lr", type=float, default=0.01, help="learning rate of one rank")
+parser.add_argument("--lr", type=float, default=0.02, help="learning rate")
 parser.add_argument("--momentum", type=float, default=0.5)
 parser.add_argument("--seed", type=int, default=42)
 parser.add_argument("--checkpoint", default="ddp_loop.pt")
@@ -57,7 +57,8 @@ train_set, test_set = make_data(2048, 0), make_data(512, 1)
 jabas = hpc_jabas.Jabas(batch=args.batch_size * world, micro_batch=args.batch_size, speeds=args.speeds,
                         seed=args.seed, checkpoint=args.checkpoint)
 net = Net().to(device)
-optimizer = torch.optim.SGD(net.parameters(), lr=args.lr * world, momentum=args.momentum)
+# DDP averages the ranks' gradients and so does Jabas (the mean of the B samples): the script's lr, unscaled
+optimizer = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
 model, optimizer, loader = jabas.setup(net, optimizer, train_set)      # model: net in DDP
 for epoch in jabas.epochs(args.epochs):              # resumes from the checkpoint; saves it at each epoch end
     model.train()
