@@ -91,9 +91,13 @@ def __dir__() -> list[str]:
 
 
 def report_throughput(trainer: Trainer, result: dict | None = None, file=None) -> list[dict]:
-    """Gather every rank's samples and compute time; rank 0 prints one line per rank."""
+    """Gather every rank's samples and compute time; rank 0 prints one line per rank. A rank's GPU type is named
+    as the Trainer's log names it (``World.describe``): a CPU rank whose type nothing named (no ``gpu_types``, no
+    Slurm, no ``--emulate``) shows its device instead, and its row's "gpu" is None."""
     from hpc_jabas.runtime import comm
-    rows = comm.allgather_object({"rank": trainer.rank, "gpu": trainer.gpu_types[trainer.rank],
+    said = trainer.world_info.describe()
+    gpu = said.split(" gpu=", 1)[1].split()[0] if " gpu=" in said else None
+    rows = comm.allgather_object({"rank": trainer.rank, "gpu": gpu, "device": str(trainer.device),
                                   "samples": trainer.samples_local, "compute_s": trainer.compute_local_s},
                                  name="hj.report")
     if trainer.rank == 0:
@@ -102,7 +106,8 @@ def report_throughput(trainer: Trainer, result: dict | None = None, file=None) -
         for r in rows:
             sps = r["samples"] / wall if wall else 0.0
             busy = r["compute_s"] / wall if wall else 0.0
-            print(f"rank {r['rank']} gpu={r['gpu']:<8} samples={r['samples']:<7d} "
+            where = f"gpu={r['gpu']:<8}" if r["gpu"] is not None else f"device={r['device']:<5}"
+            print(f"rank {r['rank']} {where} samples={r['samples']:<7d} "
                   f"samples_per_s={sps:9.1f} busy={busy:5.1%}", file=out)
         if result:
             extra = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
