@@ -48,7 +48,13 @@ def test_jabas_keeps_the_users_loop_exact_with_b_changes_and_a_mid_epoch_resume(
     p = subprocess.run([*cmd, USER.name, init, "."], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=240)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stdout[-3000:] + p.stderr[-5000:]
-    d = json.loads((tmp_path / "out.json").read_text())
+    check_user_run(json.loads((tmp_path / "out.json").read_text()), backend)
+
+
+def check_user_run(d: dict, backend: str) -> None:
+    """jabas_loop_user.py's out.json (3 ranks): the B schedule, exact against the big-batch reference, the resume
+    ending where the first run did, and adaptive B following its rule, exact too (tests/test_public_layer_srun.py
+    checks its runs with it too)."""
     first, second = d["first"], d["second"]
     assert first["backend"] == backend
     assert [len(o) for o in first["order"]] == SIZES

@@ -3,7 +3,8 @@ script's own init). tests/test_public_layer_loop.py copies it into a clean direc
 
     python jabas_loop_user.py INIT DIR
 
-INIT: ``hvd`` (hvd.init(), mpirun) or ``dist`` (init_process_group("gloo"), torchrun). Two epochs of 61 samples;
+INIT: ``hvd`` (hvd.init(), mpirun) or ``dist`` (init_process_group("gloo"), torchrun); anything else: no init of
+the script's own (Jabas starts the backend: hpc_jabas.init()). Two epochs of 61 samples;
 B changes at iterations 3 (to 18) and 7 (to a plan with a rank that runs nothing); the state is saved in the
 middle of epoch 0 (after iteration 4). Then a second model resumes from that save and runs the same schedule to the
 end. A third run, over a map-style dataset, lets B follow the measured gradient noise (measure_every=1,
@@ -22,7 +23,7 @@ how, out = sys.argv[1], Path(sys.argv[2])
 if how == "hvd":
     import horovod.torch as hvd
     hvd.init()
-else:
+elif how == "dist":
     import torch.distributed as dist
     dist.init_process_group("gloo")
 
