@@ -39,14 +39,28 @@ median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubs
   last figure of the last line) and ``fit_minus_ddp_loop_ms`` (the time fit() adds per iteration, in ms). The
   process switches backends between loops
   (``comm.shutdown()``, not timed); a first round, not counted, runs each loop once (first connections).
+- the keep-your-loop API (``hpc_jabas.Jabas``, runtime/loop.py; bench/common/overhead_loops.py) in the same rounds,
+  on each backend, the loop as examples/porting/*_loop.py write it (setup, ``for step in loader``, ``backward``,
+  step; B = b x ranks in micro-batches of b: the same split) -> ``loop_vs_ddp_loop`` (Jabas on torch / the DDP
+  loop built as fit() builds it, goal <= 1.03), ``loop_vs_hvd_loop`` (Jabas on Horovod / the
+  ``hvd.DistributedOptimizer`` loop, goal <= 1.03), ``fit_vs_loop`` (torch fit() / Jabas on torch, goal <= 1.01)
+  and ``loop_minus_ddp_ms`` (what Jabas adds per iteration over the DDP loop, ms). Each is printed with its median
+  and [min, max] over the rounds, "not separated" when that range holds parity (1, or 0 ms).
+- Python calls per iteration (``sys.setprofile``, rank 0; (calls of 2k iterations - calls of k) / k, k = 5: set-up
+  cancels): deterministic, the same on a loaded machine -> ``ddp_loop_calls_per_it``, ``loop_calls_per_it``,
+  ``fit_calls_per_it`` (torch), ``hvd_loop_calls_per_it``, ``loop_hvd_calls_per_it`` (Horovod).
+- ``--ranks N`` (default 3): the ranks (mpirun, 2 is not oversubscribed on 2 cores). The issue's protocol runs
+  ``--backends-only --ranks 2`` and ``--backends-only --ranks 3``.
 
 Last line: ``overhead_ratio=X overhead_ratio_adaptive=Y measure_iteration_ratio=Z overhead_ratio_fit=F
 overhead_ratio_fit_adaptive=G overhead_ratio_fit_safepoint_off=H safepoint_ratio=S safepoint_blocking_ratio=T
 fit_vs_own_loop_horovod=.. fit_vs_own_loop_torch=.. fit_torch_vs_horovod=.. ddp_vs_hvd_loop=..
-fit_minus_ddp_loop_ms=.. fit_vs_ddp_loop=..``.
+fit_minus_ddp_loop_ms=.. fit_vs_ddp_loop=.. loop_vs_ddp_loop=.. loop_vs_hvd_loop=.. fit_vs_loop=..
+loop_minus_ddp_ms=.. (the calls per iteration) ranks=N``.
 
     python -m bench.overhead                   # everything (about 15 minutes here)
-    python -m bench.overhead --backends-only   # only the two backends' four loops
+    python -m bench.overhead --backends-only   # only the two backends' loops (hand-written, fit(), Jabas)
+    python -m bench.overhead --backends-only --ranks 2
     python -m bench.overhead --quick           # a smoke run: 10 iterations, one round (figures meaningless)
 """
 import statistics
@@ -54,9 +68,24 @@ import sys
 import time
 
 from bench.common.launch import ensure_ranks, load_note
+from bench.common.overhead_loops import calls_per_iteration, jabas_loop
 from bench.common.overhead_mlp import data, ddp_loop, model
 
-ensure_ranks(3)
+
+def ranks_arg() -> int:
+    """``--ranks N`` (default 3); anything else: one line, exit code 2."""
+    if "--ranks" not in sys.argv:
+        return 3
+    i = sys.argv.index("--ranks")
+    v = sys.argv[i + 1] if i + 1 < len(sys.argv) else ""
+    if not v.isdigit() or int(v) < 2:
+        print(f"bench.overhead: --ranks {v!r} must be an integer >= 2", file=sys.stderr)
+        sys.exit(2)
+    return int(v)
+
+
+WORLD = ranks_arg()
+ensure_ranks(WORLD)
 
 import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402,F401  (MPI initialised here: Horovod can shut down and start again)
@@ -68,7 +97,8 @@ from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 QUICK, BACKENDS_ONLY = "--quick" in sys.argv, "--backends-only" in sys.argv
 b, ITERS, CHUNK, WARM, REPEATS, MEASURE_PAIRS = (32, 10, 5, 1, 1, 2) if QUICK else (32, 100, 10, 3, 3, 15)
-B = 3 * b
+B = WORLD * b
+ONES = ",".join(["1"] * WORLD)
 torch.set_num_threads(1)
 HOROVOD = comm.horovod_importable()[0]
 comm.use("horovod" if HOROVOD else "torch")
@@ -113,7 +143,7 @@ def theirs():
 
 def trainer(policy: str, controller=None) -> Trainer:
     m = model()
-    kw = {"planner": "fixed", "plan": f"b={b} n=1,1,1"} if policy == "fixed" else {"planner": "lbbsp", "p": 100}
+    kw = {"planner": "fixed", "plan": f"b={b} n={ONES}"} if policy == "fixed" else {"planner": "lbbsp", "p": 100}
     cfg = JobConfig(batch=B, policy=policy, checkpoint=False, run_dir=f"/tmp/hj-bench-overhead-{policy}",
                     epochs=1000, backend=comm.backend(), **kw)
     return Trainer(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9), ds, nn.CrossEntropyLoss(),
@@ -122,7 +152,7 @@ def trainer(policy: str, controller=None) -> Trainer:
 
 def ours(policy: str):
     tr = trainer(policy)
-    assert str(tr.plan) == f"b={b} n=1,1,1", tr.plan
+    assert str(tr.plan) == f"b={b} n={ONES}", tr.plan
 
     def close() -> None:
         tr.flush_metrics()
@@ -199,14 +229,28 @@ def ddp_whole(bucket_view: bool = False) -> float:
     ``bucket_view``: as the torch backend's fit() builds it (gradient_as_bucket_view=True, the same bucket size)."""
     barrier("d0")
     t0 = time.perf_counter()
-    ddp_loop(X, y, b, rank, 3, ITERS, bucket_view)
+    ddp_loop(X, y, b, rank, WORLD, ITERS, bucket_view)
     barrier("d1")
     return comm.broadcast_object(time.perf_counter() - t0, name="oh.ddt")
 
 
+def jabas_whole() -> float:
+    """The keep-your-loop API on the backend in use as one block: Jabas's setup (DDP's construction or Horovod's
+    broadcast), ITERS iterations."""
+    barrier("j0")
+    t0 = time.perf_counter()
+    jabas_loop(ds, b, WORLD, ITERS, comm.backend())
+    barrier("j1")
+    return comm.broadcast_object(time.perf_counter() - t0, name="oh.jdt")
+
+
 BACKEND_LOOPS = {"hvd_loop": ("horovod", theirs_whole), "hvd_fit": ("horovod", lambda: fit_whole("fixed")),
                  "ddp_loop": ("torch", ddp_whole), "torch_fit": ("torch", lambda: fit_whole("fixed")),
-                 "ddp_bv_loop": ("torch", lambda: ddp_whole(bucket_view=True))}
+                 "ddp_bv_loop": ("torch", lambda: ddp_whole(bucket_view=True)),
+                 "loop_torch": ("torch", jabas_whole), "loop_hvd": ("horovod", jabas_whole)}
+#: the keep-your-loop figures: (numerator, denominator) of each ratio
+LOOP_RATIOS = {"loop_vs_ddp_loop": ("loop_torch", "ddp_bv_loop"), "loop_vs_hvd_loop": ("loop_hvd", "hvd_loop"),
+               "fit_vs_loop": ("torch_fit", "loop_torch")}
 
 
 def backend_rounds() -> dict[str, list[float]]:
@@ -216,6 +260,8 @@ def backend_rounds() -> dict[str, list[float]]:
                                                    "fit_torch_vs_horovod", "ddp_vs_hvd_loop", "fit_minus_ddp_loop_ms",
                                                    "fit_vs_ddp_loop") if HOROVOD or
                                    k in ("fit_vs_own_loop_torch", "fit_minus_ddp_loop_ms", "fit_vs_ddp_loop")}
+    out.update({k: [] for k, (a, c) in LOOP_RATIOS.items() if a in names and c in names})
+    out["loop_minus_ddp_ms"] = []
     for r in range(-1, REPEATS):       # round -1: each loop once untimed (first connections, lazy start-up)
         k = r % len(names)
         order = names[k:] + names[:k]
@@ -229,6 +275,10 @@ def backend_rounds() -> dict[str, list[float]]:
         out["fit_vs_own_loop_torch"].append(w["torch_fit"] / w["ddp_loop"])
         out["fit_minus_ddp_loop_ms"].append((w["torch_fit"] - w["ddp_bv_loop"]) / ITERS * 1e3)   # added per iteration
         out["fit_vs_ddp_loop"].append(w["torch_fit"] / w["ddp_bv_loop"])
+        for k, (a, c) in LOOP_RATIOS.items():
+            if k in out:
+                out[k].append(w[a] / w[c])
+        out["loop_minus_ddp_ms"].append((w["loop_torch"] - w["ddp_bv_loop"]) / ITERS * 1e3)
         if HOROVOD:
             out["fit_vs_own_loop_horovod"].append(w["hvd_fit"] / w["hvd_loop"])
             out["fit_torch_vs_horovod"].append(w["torch_fit"] / w["hvd_fit"])
@@ -237,6 +287,49 @@ def backend_rounds() -> dict[str, list[float]]:
             print(f"backends round {r} (order {', '.join(order)}): " + ", ".join(
                 f"{n} {w[n]:.2f} s" for n in order), flush=True)
     return out
+
+
+def hvd_loop_n(n: int) -> None:
+    step, _ = theirs()
+    for _ in range(n):
+        step()
+
+
+def fit_n(n: int) -> None:
+    tr = trainer("fixed")
+    tr.fit(max_iterations=n, resume=False)
+    tr.opt.remove_hooks()
+
+
+#: the loops whose Python calls per iteration are counted: name -> (backend, run(iterations))
+CALL_LOOPS = {"ddp_loop": ("torch", lambda n: ddp_loop(X, y, b, rank, WORLD, n, True)),
+              "loop": ("torch", lambda n: jabas_loop(ds, b, WORLD, n, "torch")), "fit": ("torch", fit_n),
+              "hvd_loop": ("horovod", hvd_loop_n), "loop_hvd": ("horovod", lambda n: jabas_loop(ds, b, WORLD, n,
+                                                                                                 "horovod"))}
+
+
+def call_counts(k: int = 5) -> dict[str, float]:
+    """Python calls per iteration of each loop (rank 0's count; deterministic, load does not move it)."""
+    out = {}
+    for name, (be, run) in CALL_LOOPS.items():
+        if be == "horovod" and not HOROVOD:
+            continue
+        use_backend(be)
+        out[f"{name}_calls_per_it"] = comm.broadcast_object(calls_per_iteration(run, k), name="oh.calls")
+    return out
+
+
+def interval_note(res: dict[str, list[float]]) -> str:
+    """The keep-your-loop figures as median [min, max] over the rounds, "not separated" where that range holds
+    parity (a ratio's 1, a difference's 0 ms)."""
+    parts = []
+    for k in (*LOOP_RATIOS, "loop_minus_ddp_ms"):
+        if res.get(k):
+            v, par = res[k], 0.0 if k.endswith("_ms") else 1.0
+            sep = ("one round: no interval" if len(v) < 2 else
+                   "not separated" if min(v) <= par <= max(v) else "separated")
+            parts.append(f"{k} {statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}] {sep}")
+    return "; ".join(parts)
 
 
 setups = {"theirs": theirs, "ours": lambda: ours("fixed"), "adaptive": lambda: ours("similarity")}
@@ -283,7 +376,10 @@ for r in range(0 if BACKENDS_ONLY or not HOROVOD else REPEATS):
               flush=True)
 res = {k: v for k, v in res.items() if v}
 res.update(backend_rounds())
+calls = call_counts()
 if rank == 0:
     print(f"rounds={REPEATS} ({load_note()}) " + " ".join(f"{k}_min={min(v):.3f} {k}_max={max(v):.3f}"
                                                           for k, v in res.items()))
-    print(" ".join(f"{k}={statistics.median(v):.3f}" for k, v in res.items()))
+    print(f"keep-your-loop on {WORLD} ranks (median [min, max] over {REPEATS} rounds): {interval_note(res)}")
+    print(" ".join(f"{k}={statistics.median(v):.3f}" for k, v in res.items()) + " "
+          + " ".join(f"{k}={v:.1f}" for k, v in calls.items()) + f" ranks={WORLD}")
