@@ -13,6 +13,14 @@ from hpc_jabas.core.perfmodel import PerfModel
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import EpochEndHook
 from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
+from hpc_jabas.runtime.record import StepRecord
+
+
+def _rec(iter_s: float, measure: bool) -> StepRecord:
+    """A rank's iteration record at B = 64 (what the auto-scaler's meter reads: B, iter_s, measure, samples)."""
+    return StepRecord(it=0, epoch=0, rank=0, B=64, samples=64, plan="b=64 n=1", b=64, x=64, n_local=1,
+                      compute_s=iter_s, real_compute_s=iter_s, emulation_wait_s=0.0, wait_s=0.0, iter_s=iter_s,
+                      loss_sum=0.0, loss_weight=64.0, lr_scale=1.0, measure=measure, skipped=False, slowdown=1.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -102,9 +110,9 @@ def test_the_auto_scaler_meters_steps_prices_them_and_keeps_them_across_a_resume
     a = EpochEndAutoscaler(spec("cost", restart_prior_s=1.0), read_cluster=lambda pt: View())
     tr = stub_trainer()
     for i in range(40):
-        a.on_step_end(tr, {"B": 64, "iter_s": 0.02 * (3.0 if i % 5 == 4 else 1.0), "measure": i % 5 == 4})
+        a.on_step_end(tr, _rec(iter_s=0.02 * (3.0 if i % 5 == 4 else 1.0), measure=i % 5 == 4))
     tr.rank = 1
-    a.on_step_end(tr, {"B": 64, "iter_s": 99.0, "measure": False})     # only rank 0 meters
+    a.on_step_end(tr, _rec(iter_s=99.0, measure=False))     # only rank 0 meters
     tr.rank = 0
     a.decide(tr, epoch=0)
     ov = tr.metrics.recs[-1]["overheads"]

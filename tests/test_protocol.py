@@ -15,6 +15,7 @@ from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime.metrics import PER_RANK, IterationMetrics
 from hpc_jabas.runtime.protocol import DecisionChannel
+from hpc_jabas.runtime.record import StepRecord
 
 
 class Sink:
@@ -138,9 +139,10 @@ def _rec(rank, it, **kw):
     r = {"rank": rank, "it": it, "epoch": 0, "B": 12, "samples": 12, "plan": "b=2 n=3,2,1", "lr_scale": 1.0,
          "compute_s": 0.1 * (rank + 1), "real_compute_s": 0.05, "emulation_wait_s": 0.05, "wait_s": 0.01 * it,
          "iter_s": 0.2 + rank, "n_local": 3 - rank, "loss_sum": 1.5 * (rank + 1), "slowdown": 1.0 + rank,
-         "contained_errors": 1}
+         "contained_errors": 1, "b": 2, "x": 2 * (3 - rank), "loss_weight": 2.0 * (3 - rank), "measure": False,
+         "skipped": False}
     r.update(kw)
-    return r
+    return StepRecord(**r)
 
 
 def test_metrics_gathered_to_rank0_as_one_float_tensor():

@@ -20,19 +20,34 @@ DecisionKind = Literal["batch", "rebalance", "noop"]
 KINDS: tuple[DecisionKind, ...] = ("batch", "rebalance", "noop")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Decision:
+    """From ``at_iteration`` on, ``plan`` (which carries the global batch: ``B`` is ``plan.B``) and ``lr_scale``.
+
+    Built as ``Decision(at_iteration, B, plan, lr_scale, ...)``: ``B`` is the plan's B, said for the reader (None:
+    the plan's); one that differs from it is refused (ValueError), as the decision could not be applied."""
+
     at_iteration: int
-    B: int
     plan: Plan
     lr_scale: float
     reason: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
     kind: DecisionKind = "batch"
 
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"decision kind {self.kind!r} is not one of {KINDS}")
+    def __init__(self, at_iteration: int, B: int | None, plan: Plan, lr_scale: float, reason: str = "",
+                 stats: dict[str, Any] | None = None, kind: DecisionKind = "batch") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"decision kind {kind!r} is not one of {KINDS}")
+        if B is not None and B != plan.B:
+            raise ValueError(f"decision B={B} differs from its plan's B={plan.B} ({plan}); give the plan's B")
+        for k, v in (("at_iteration", at_iteration), ("plan", plan), ("lr_scale", lr_scale), ("reason", reason),
+                     ("stats", {} if stats is None else stats), ("kind", kind)):
+            object.__setattr__(self, k, v)
+
+    @property
+    def B(self) -> int:
+        """The global batch from ``at_iteration`` on: the plan's."""
+        return self.plan.B
 
     @classmethod
     def noop(cls, at_iteration: int, B: int, plan: Plan, lr_scale: float, reason: str = "") -> Decision:

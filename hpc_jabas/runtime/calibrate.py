@@ -22,6 +22,7 @@ from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model,
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.controller import AdaptiveController, BaseController
+from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.trust import check_file, check_profile_dir, write_atomic_nofollow
 
 if TYPE_CHECKING:
@@ -115,26 +116,26 @@ class Calibrator:
         calibrate_model(self.view, self.cal, self.base)
 
     # -- every iteration, every rank -------------------------------------------------------------
-    def observe(self, rec: dict[str, Any]) -> None:
+    def observe(self, rec: StepRecord) -> None:
         if not self.enabled:
             return
         try:
             view = self.model()
             assert self.base is not None and self.mine is not None
-            n, b, x = int(rec["n_local"]), int(rec["b"]), int(rec.get("x", rec["n_local"] * rec["b"]))
+            n, b, x = int(rec.n_local), int(rec.b), int(rec.x)
             g = self.gpu_types[self.rank]
             sf = self._declared()[self.rank]
             if n > 0:
                 pb = self.base.profile(g)
-                self.window.append([rec["it"], rank_time(view.profile(g), b, n, x, sf), rank_time(pb, b, n, x, sf),
-                                    rec["iter_s"], n])
+                self.window.append([rec.it, rank_time(view.profile(g), b, n, x, sf), rank_time(pb, b, n, x, sf),
+                                    rec.iter_s, n])
             else:
-                self.window.append([rec["it"], 0.0, 0.0, rec["iter_s"], 0])
+                self.window.append([rec.it, 0.0, 0.0, rec.iter_s, 0])
             self.seen += 1
-            if n > 0 and self.seen > WARMUP_ITERATIONS and not rec.get("skipped"):
+            if n > 0 and self.seen > WARMUP_ITERATIONS and not rec.skipped:
                 r = x - (n - 1) * b
                 t = ((n - 1) * pb.time(b) + pb.time(r)) / sf
-                self.mine.update(t, n, float(rec["compute_s"]))
+                self.mine.update(t, n, float(rec.compute_s))
         except ConfigError as e:          # e.g. a plan outside the profile: not fitted, said once (every rank
             if not self._warned:          # keeps syncing, so the collective calls stay in step)
                 log.warning("rank %d: iteration not calibrated: %s", self.rank, e)

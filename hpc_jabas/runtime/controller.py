@@ -27,6 +27,7 @@ from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.hooks import Controller, TrainerView
+from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.runtime.telemetry import HostTelemetry
 
 if TYPE_CHECKING:
@@ -59,11 +60,6 @@ class BaseController(Controller):
     def wants_stats(self, iteration: int) -> bool:
         return False
 
-    def measures_similarity(self, iteration: int) -> bool:
-        """Whether a measurement iteration keeps the half-batch sum (False: noise-only; the trainer reads this
-        optional method where a controller has it, else measures both)."""
-        return True
-
     def is_round(self, done_iterations: int) -> bool:
         return done_iterations % self.p == 0
 
@@ -71,10 +67,10 @@ class BaseController(Controller):
         """Its rounds are the trainer's calibration rounds (runtime/calibrate.py)."""
         return True
 
-    def decide(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:  # rank 0 only
+    def decide(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:  # rank 0 only
         return None
 
-    def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
+    def after_step(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
         """Collective on decision rounds: rank 0 decides, everyone receives the same Decision."""
         if not self.is_round(trainer.iteration):
             return None
@@ -129,7 +125,7 @@ class ScriptedController(BaseController):
     def is_round(self, done_iterations: int) -> bool:
         return done_iterations + self.lead in self.schedule
 
-    def decide(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
+    def decide(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
         at = announce_at(trainer)
         v = self.schedule[at]
         if isinstance(v, int):
@@ -194,7 +190,7 @@ class AdaptiveController(BaseController):
         self.factors: list[float] | None = None
         self.predictors: RankPredictors | None = None
         self.rebalancer: Rebalancer | None = None
-        self._window: list[dict[str, Any]] = []
+        self._window: list[StepRecord] = []
         self._telemetry: HostTelemetry | None = None
         self.planner: Planner | None = None       # the trainer's (attach)
         # the divergence guard on moves up (core/guard.py): every rank keeps its part of each iteration's loss
@@ -301,11 +297,11 @@ class AdaptiveController(BaseController):
         policy takes it with the same samples and in the same order as if it were read at once."""
         return not self.measures_similarity(iteration) and not self._policy_round(iteration + 1)
 
-    def observe_held(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+    def observe_held(self, trainer: TrainerView, rec: StepRecord) -> None:
         """A deferred measurement (``rec``: its iteration's record, its stats added), read after that iteration's
         ``after_step`` and before the next one's: rank 0's policy takes it as ``after_step`` would have."""
-        if trainer.rank == 0 and rec.get("stats"):
-            self._observe_between(rec["stats"])
+        if trainer.rank == 0 and rec.stats:
+            self._observe_between(rec.stats)
 
     def _observe_between(self, st: dict[str, Any]) -> None:
         """Rank 0: one measurement between decisions into the policy. A policy that reads the noise scale gets this
@@ -343,15 +339,15 @@ class AdaptiveController(BaseController):
         sf = declared[trainer.rank] if declared else 1.0
         meas = exp = 0.0
         for r in self._window:
-            if r["n_local"] <= 0:
+            if r.n_local <= 0:
                 continue
-            meas += r["compute_s"]
+            meas += r.compute_s
             try:
-                n, b = r["n_local"], r["b"]
-                last = r.get("x", n * b) - (n - 1) * b                 # a per-rank plan's partial micro-batch
+                n, b = r.n_local, r.b
+                last = r.x - (n - 1) * b                               # a per-rank plan's partial micro-batch
                 exp += (n - 1) * self.model.t_micro(gpu, b, sf) + self.model.t_micro(gpu, last, sf)
             except Exception:
-                exp += r["compute_s"]
+                exp += r.compute_s
         self._window = []
         exo = self._telemetry.sample(trainer.device) if self._telemetry is not None else {}
         return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": exo}
@@ -370,19 +366,18 @@ class AdaptiveController(BaseController):
                 if not skipped:                  # an fp16 step the scaler skipped (inf/nan) trained nothing
                     self.guard.observe(it, s / n if n > 0 else float("nan"))
 
-    def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
+    def after_step(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
         if self.balance:
             self._window.append(rec)
         if self.guard is not None:
-            self._losses.append((int(rec["it"]), float(rec.get("samples", 0)), float(rec.get("loss_sum", 0.0)),
-                                 bool(rec.get("skipped", False))))
+            self._losses.append((int(rec.it), float(rec.samples), float(rec.loss_sum), bool(rec.skipped)))
         done = trainer.iteration
         if trainer.rank == 0:
             if NOISE in self.policy.reads:                           # the samples a fresh (G2, S) stands for
-                self._since += int(rec.get("samples", 0))
+                self._since += int(rec.samples)
             between = not self._policy_round(done)                  # a decision round takes its own in decide
-            if self.measure_every is not None and rec.get("stats") and between:
-                self._observe_between(rec["stats"])
+            if self.measure_every is not None and rec.stats and between:
+                self._observe_between(rec.stats)
         if not self.is_round(done):
             return None
         bal = self.balance and done % self.cfg.p_balance == 0
@@ -392,7 +387,7 @@ class AdaptiveController(BaseController):
             self._gather_losses(trainer)
         return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
-    def _decide_round(self, trainer: TrainerView, rec: dict[str, Any], pol: bool,
+    def _decide_round(self, trainer: TrainerView, rec: StepRecord, pol: bool,
                       meas: list[dict[str, Any]] | None) -> Decision | None:
         info = None
         if meas is not None:
@@ -424,7 +419,7 @@ class AdaptiveController(BaseController):
             return d
         return self.decide(trainer, rec)
 
-    def decide(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision:
+    def decide(self, trainer: TrainerView, rec: StepRecord) -> Decision:
         """Rank 0: the divergence guard's verdict on the last move up (a revert is the decision), else
         statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr -> the
         guard's consent (a move up during its cool-down, or before the last one is judged, keeps B)."""
@@ -462,9 +457,9 @@ class AdaptiveController(BaseController):
                                f"to {rv.band.post_mean:.4g} at B={rv.B_bad}); the policy wished B={d.B}",
                         stats=stats)
 
-    def _decide_policy(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision:
+    def _decide_policy(self, trainer: TrainerView, rec: StepRecord) -> Decision:
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
-        st = rec.get("stats")
+        st = rec.stats
         sim = st["similarity"] if st else None
         g2, s_tr = self._fresh_terms(st)   # this iteration's fresh estimates (None: no fresh measurement)
         bnoise = self.noise.b_noise

@@ -5,9 +5,11 @@ callbacks may read of it: ``TrainerView`` (so that this module, which the traine
 back; mypy checks the Trainer against it where it passes itself). Tests fake a trainer with a class that has
 these attributes (tests/fake_trainer.py), and a test checks that the Trainer has every one of them.
 
-- ``Controller`` (a Protocol; ``runtime.controller.BaseController`` implements it): called on
-  every rank after every iteration; on its decision rounds it runs the decision protocol
-  (``trainer.decisions.run``) and returns the Decision every rank received; the trainer applies it.
+- ``Controller`` (a Protocol; ``runtime.controller.BaseController`` implements it): every method the trainer
+  calls (``ControllerCore``: those a controller must have; ``with_defaults`` adds the rest). Called on
+  every rank after every iteration with the iteration's ``StepRecord`` (runtime/record.py); on its decision
+  rounds it runs the decision protocol (``trainer.decisions.run``) and returns the Decision every rank
+  received; the trainer applies it.
 - ``EpochEndHook`` (an ABC; ``runtime.lifecycle.EpochEndAutoscaler`` implements it): at every
   epoch end, *after* that epoch's checkpoint is on disk, the trainer runs ``decide`` on rank 0
   (contained, broadcast), and on a move ``act`` on rank 0 (contained, broadcast); when the act
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from hpc_jabas.core.decision import Decision, MoveDecision
 from hpc_jabas.core.planning.plan import Plan
+from hpc_jabas.runtime.record import StepRecord
 
 if TYPE_CHECKING:        # the trainer's parts: imported for the type checker only (the trainer imports this module)
     import torch
@@ -65,7 +68,11 @@ class TrainerView(Protocol):
 
     # the state in force (applied decisions)
     iteration: int                               # iterations done
-    B: int
+
+    @property
+    def B(self) -> int:                          # the plan's global batch (stored once, in the plan)
+        ...
+
     plan: Plan
     lr_scale: float
 
@@ -119,8 +126,8 @@ class TrainerView(Protocol):
 
 
 @runtime_checkable
-class Controller(Protocol):
-    """What the trainer needs from a batch-size / balancing controller."""
+class ControllerCore(Protocol):
+    """The methods a controller must have (a user's own, written without subclassing ``Controller``, too)."""
 
     def attach(self, trainer: TrainerView) -> None:
         """Called once by the trainer's ``setup()`` (its first fit, resume, checkpoint or step), on every rank."""
@@ -128,7 +135,7 @@ class Controller(Protocol):
     def wants_stats(self, iteration: int) -> bool:
         """Should iteration ``iteration`` measure the gradient statistics (same answer on every rank)?"""
 
-    def after_step(self, trainer: TrainerView, rec: dict[str, Any]) -> Decision | None:
+    def after_step(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
         """Collective on decision rounds: the Decision every rank received (or None)."""
 
     def b_trajectory(self) -> list[tuple[int, int]]:
@@ -137,6 +144,63 @@ class Controller(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, d: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Controller(ControllerCore, Protocol):
+    """What the trainer needs from a batch-size / balancing controller: every method it calls.
+
+    The last three have defaults, which a subclass inherits (``class Mine(Controller)``); a controller written
+    without subclassing that lacks them is given them by ``with_defaults`` (the trainer does so)."""
+
+    def measures_similarity(self, iteration: int) -> bool:
+        """Whether measuring iteration ``iteration`` keeps the half-batch sum (False: noise-only)."""
+        return True
+
+    def defers_stats(self, iteration: int) -> bool:
+        """Whether measuring iteration ``iteration`` reads its statistics one iteration later (no wait for their
+        reduction); the trainer then hands its record, ``stats`` filled in, to ``observe_held``."""
+        return False
+
+    def observe_held(self, trainer: TrainerView, rec: StepRecord) -> None:
+        """Every rank: a deferred measurement's record, its ``stats`` read (before the next decision)."""
+        return None
+
+
+class _WithDefaults(Controller):
+    """A controller that lacks ``Controller``'s defaulted methods, given them (its other attributes read
+    through)."""
+
+    def __init__(self, inner: ControllerCore) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:       # the user's own attributes (not found on the wrapper)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def attach(self, trainer: TrainerView) -> None:
+        self.inner.attach(trainer)
+
+    def wants_stats(self, iteration: int) -> bool:
+        return self.inner.wants_stats(iteration)
+
+    def after_step(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
+        return self.inner.after_step(trainer, rec)
+
+    def b_trajectory(self) -> list[tuple[int, int]]:
+        return self.inner.b_trajectory()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.inner.load_state_dict(d)
+
+
+def with_defaults(controller: ControllerCore) -> Controller:
+    """``controller`` itself when it has every method of ``Controller``, else it wrapped with the defaults."""
+    return controller if isinstance(controller, Controller) else _WithDefaults(controller)
 
 
 class EpochEndHook(ABC):
@@ -155,7 +219,7 @@ class EpochEndHook(ABC):
         """Rank 0 only, for a move: start the next job; returns the move that happened (or a stay)."""
         return MoveDecision.stay("this hook does not act on moves")
 
-    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: StepRecord) -> None:
         """Every rank, after every iteration (no collectives): e.g. to meter what the hook prices."""
         return None
 
@@ -173,7 +237,7 @@ class Callback:
     def on_first_step(self, trainer: TrainerView) -> None:
         """After the first iteration of ``Trainer.fit`` (e.g. to measure start-up overhead)."""
 
-    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: StepRecord) -> None:
         """After every iteration (and after any decision it triggered was applied)."""
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int) -> None:

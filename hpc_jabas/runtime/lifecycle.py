@@ -39,6 +39,7 @@ from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.calibrate import check_calibration
 from hpc_jabas.runtime.hooks import EpochEndHook, TrainerView
+from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm.cancel import stop_cause as _cause
 from hpc_jabas.slurm.cluster import available_gpus, job_nodes, read_cluster
@@ -94,11 +95,10 @@ class EpochEndAutoscaler(EpochEndHook):
         self.meter = OverheadMeter()
         self.meter.load_state_dict(self.state.overheads)
 
-    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: StepRecord) -> None:
         """Every rank, after every iteration: rank 0 meters it (its time includes waiting for the slowest)."""
         if trainer.rank == 0:
-            self.meter.observe_iteration(int(rec["B"]), float(rec["iter_s"]), bool(rec.get("measure")),
-                                         rec.get("samples"))
+            self.meter.observe_iteration(int(rec.B), float(rec.iter_s), bool(rec.measure), rec.samples)
             self._last_step_end = time.perf_counter()
 
     def record_restart(self, overhead_s: float) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
+from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.trust import check_write_dir, open_append_nofollow, open_nofollow, write_all
 
 # per rank, per iteration: what the allgather carries (column order)
@@ -191,9 +192,9 @@ class IterationMetrics:
         self.rank, self.world = rank, world
         self.writer = writer
         self._allgather = allgather or _horovod_allgather
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[StepRecord] = []
 
-    def add(self, rec: dict[str, Any]) -> None:
+    def add(self, rec: StepRecord) -> None:
         self._pending.append(rec)
 
     def __len__(self) -> int:
@@ -205,7 +206,7 @@ class IterationMetrics:
         if not self._pending:      # the same on every rank: each appends one record per iteration
             return []
         recs, self._pending = self._pending, []
-        rows = torch.tensor([[float(r[k]) for k in PER_RANK] for r in recs], dtype=torch.float64)
+        rows = torch.tensor([[float(getattr(r, k)) for k in PER_RANK] for r in recs], dtype=torch.float64)
         table = self._allgather(rows, "hj.metrics")
         if self.rank != 0:
             return []
@@ -215,28 +216,28 @@ class IterationMetrics:
         for row in table.tolist():
             by_it.setdefault(int(row[col["it"]]), []).append(row)
         for r0 in recs:
-            rows_it = sorted(by_it.get(int(r0["it"]), []), key=lambda x: x[col["rank"]])
+            rows_it = sorted(by_it.get(int(r0.it), []), key=lambda x: x[col["rank"]])
             if [int(x[col["rank"]]) for x in rows_it] != list(range(self.world)):
-                raise RuntimeError(f"metrics of iteration {r0['it']} came from ranks "
+                raise RuntimeError(f"metrics of iteration {r0.it} came from ranks "
                                    f"{[int(x[col['rank']]) for x in rows_it]}, expected 0..{self.world - 1}")
             out.append(self._iteration_record(r0, rows_it, col))
             self.writer.write(out[-1])
         return out
 
     @staticmethod
-    def _iteration_record(r0: dict[str, Any], rows: list[list[float]], col: dict[str, int]) -> dict[str, Any]:
+    def _iteration_record(r0: StepRecord, rows: list[list[float]], col: dict[str, int]) -> dict[str, Any]:
         def per_rank(k: str) -> list[float]:
             return [x[col[k]] for x in rows]
         iter_s = max(per_rank("iter_s"))
-        out = {"type": "iteration", "it": r0["it"], "epoch": r0["epoch"], "B": r0["B"], "samples": r0["samples"],
-               "plan": r0["plan"], "iter_s": iter_s,
-               "samples_per_s": r0["samples"] / iter_s if iter_s > 0 else None, "lr_scale": r0["lr_scale"],
-               "loss": sum(per_rank("loss_sum")) / r0["samples"],
+        out = {"type": "iteration", "it": r0.it, "epoch": r0.epoch, "B": r0.B, "samples": r0.samples,
+               "plan": r0.plan, "iter_s": iter_s,
+               "samples_per_s": r0.samples / iter_s if iter_s > 0 else None, "lr_scale": r0.lr_scale,
+               "loss": sum(per_rank("loss_sum")) / r0.samples,
                "compute_s": per_rank("compute_s"), "wait_s": per_rank("wait_s"),
                "n_local": [int(v) for v in per_rank("n_local")], "slowdown": per_rank("slowdown"),
-               "contained_errors": int(r0.get("contained_errors", 0)), "measure": bool(r0.get("measure", False))}
-        if "stats" in r0:
-            out["stats"] = r0["stats"]
-        if "lr_warmup" in r0:                  # batch_start = "knee": the step's lr is lr_scale x this
-            out["lr_warmup"] = r0["lr_warmup"]
+               "contained_errors": int(r0.contained_errors), "measure": bool(r0.measure)}
+        if r0.stats is not None:
+            out["stats"] = r0.stats
+        if r0.lr_warmup is not None:           # batch_start = "knee": the step's lr is lr_scale x this
+            out["lr_warmup"] = r0.lr_warmup
         return out

@@ -29,6 +29,7 @@ from hpc_jabas import settings
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger, set_console_writer
 from hpc_jabas.runtime.hooks import Callback, TrainerView
+from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import check_file, write_atomic_nofollow
 
@@ -128,7 +129,7 @@ class ProgressBar(Callback):
                          desc="train", smoothing=0.1)
         set_console_writer(lambda line: tqdm.write(line, file=sys.stderr))   # log lines above the bar
 
-    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: StepRecord) -> None:
         if not self.enabled or trainer.rank != 0:
             return
         first = self.bar is None
@@ -137,7 +138,7 @@ class ProgressBar(Callback):
         bar = self.bar
         bar.set_postfix_str(f"epoch {min(trainer.sampler.epoch + 1, self.epochs)}/{self.epochs} "
                             f"it={trainer.iteration} B={trainer.B}", refresh=False)
-        bar.update(0 if first else int(rec.get("samples", 0)))
+        bar.update(0 if first else int(rec.samples))
 
     def on_epoch_end(self, trainer: TrainerView, epoch: int) -> None:
         if self.bar is not None and epoch + 1 >= self.epochs:
@@ -164,7 +165,7 @@ class ProgressFile(Callback):
         if trainer.rank == 0:
             self._t0, self._n0 = time.time(), _done(trainer)
 
-    def on_step_end(self, trainer: TrainerView, rec: dict[str, Any]) -> None:
+    def on_step_end(self, trainer: TrainerView, rec: StepRecord) -> None:
         if trainer.rank == 0 and time.time() - self._last >= self.period_s:
             self.write(trainer)
 

@@ -5,7 +5,8 @@ decisions announced but not in force yet (runtime/pending.py) and the sampler (c
 epoch, the cursor in its permutation). Beside the model, the optimizer and the parts' own states it is
 what a checkpoint holds (runtime/resume.py); its ``state_dict`` keeps the checkpoint's top-level keys
 (``iteration``, ``B``, ``plan``, ``lr_scale``, ``pending``, ``sampler``), so checkpoints of earlier
-versions load unchanged.
+versions load unchanged. B is stored once, in the plan (``B`` reads it); the checkpoint still writes it, and a
+plan saved for another rank count is replanned from it.
 
 Every rank holds the same TrainState: decisions are applied at the iteration they name
 (docs/design.md, section 3), so the state changes at the same iteration everywhere.
@@ -16,21 +17,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision
-from hpc_jabas.core.planning import Plan
+from hpc_jabas.core.defaults import KNEE_RISE
+from hpc_jabas.core.planning import Plan, Planner, throughput_knee
+from hpc_jabas.core.policy import canonical_policy, decision_period, make_lr_rule
 from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.scaling import AdaScaleRule
+from hpc_jabas.errors import ConfigError
+from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.pending import PendingDecisions
+
+log = get_logger(__name__)
 
 Replan = Callable[[int], Plan]     # B -> a plan of B for this job's ranks
 
 
 @dataclass
 class TrainState:
-    """``iteration`` iterations done; ``B``, ``plan``, ``lr_scale`` in force; ``pending``: announced decisions;
-    ``sampler``: the epoch and the cursor of the sample order; ``samples``: the samples trained on since the run
-    began."""
+    """``iteration`` iterations done; ``plan`` (and its global batch ``B``), ``lr_scale`` in force; ``pending``:
+    announced decisions; ``sampler``: the epoch and the cursor of the sample order; ``samples``: the samples
+    trained on since the run began."""
 
-    B: int
     plan: Plan
     sampler: HeterogeneousSampler
     iteration: int = 0
@@ -41,6 +49,11 @@ class TrainState:
     # an lr warm-up (batch_start = "knee"): (iterations W, starting factor r0); the step's lr scale is lr_scale x
     # r0 + (1 - r0) min(1, (iteration + 1) / W). None: none
     lr_warmup: tuple[int, float] | None = None
+
+    @property
+    def B(self) -> int:
+        """The global batch in force: the plan's (stored once, in the plan)."""
+        return self.plan.B
 
     @property
     def epoch(self) -> int:
@@ -58,7 +71,7 @@ class TrainState:
     def apply_due(self) -> None:
         """Put in force every pending decision due at the current iteration (the last one wins)."""
         for d in self.pending.due(self.iteration):
-            self.B, self.plan, self.lr_scale = d.B, d.plan, d.lr_scale
+            self.plan, self.lr_scale = d.plan, d.lr_scale
 
     def plan_at(self, iteration: int) -> Plan:
         """The plan in force at ``iteration`` (>= the current one), pending decisions included."""
@@ -99,7 +112,6 @@ class TrainState:
         replaced by ``replan(B)``: the same B, planned for this job's ``world`` ranks."""
         self.sampler.load_state_dict(st["sampler"])
         self.iteration = int(st["iteration"])
-        self.B = int(st["B"])
         self.lr_scale = float(st["lr_scale"])
         self.si_carry = float(st.get("si_carry", 0.0))       # absent in checkpoints of earlier versions
         warm = st.get("lr_warmup")                            # absent in checkpoints of earlier versions: none
@@ -107,6 +119,42 @@ class TrainState:
         # absent in checkpoints of earlier versions: the epochs done and the cursor (exact with tail "shrink")
         self.samples = int(st.get("samples", self.sampler.epoch * self.sampler.num_samples + self.sampler.cursor))
         plan = Plan.from_dict(st["plan"])
-        self.plan = plan if plan.world_size == world else replan(self.B)
+        self.plan = plan if plan.world_size == world else replan(int(st["B"]))
         # decisions announced ahead of the loader, not in force yet (the sampler above is the position)
         self.pending.load_state_dict(st.get("pending") or [], world, replan=replan)
+
+
+def initial_state(cfg: JobConfig, planner: Planner, sampler: HeterogeneousSampler, world: int,
+                  rank: int) -> TrainState:
+    """The state before the first step: the plan of the starting B (``batch_start``: the batch, or the
+    throughput's knee on this mix, its lr warmed up from the batch's over the first decision period)."""
+    plan = initial_plan(cfg, planner, world, sampler.num_samples)
+    if cfg.batch_start != "knee":
+        return TrainState(plan, sampler)
+    rows = [r for r in planner.batch_space(cfg.B_min, cfg.B_max).table() if r[0] <= sampler.num_samples]
+    knee = throughput_knee(rows, lo=cfg.batch)
+    if knee is None or knee <= plan.B:
+        return TrainState(plan, sampler)
+    rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=canonical_policy(cfg.policy))
+    lr = 1.0 if isinstance(rule, AdaScaleRule) else rule.lr_scale(knee)      # AdaScale's gain starts at 1
+    w = decision_period(cfg.p, sampler.num_samples, cfg.batch)
+    r0 = rule.lr_scale(cfg.batch) / lr if lr > 0 else 1.0
+    if rank == 0:
+        log.info("batch_start=knee: B=%d (its doubling adds at most %g%% modelled samples/s on this mix) "
+                 "instead of batch=%d; lr scale %.4g, warmed up from %.4g over %d iterations",
+                 knee, 100 * KNEE_RISE, cfg.batch, lr, lr * r0, w)
+    return TrainState(planner.plan(knee, None), sampler, lr_scale=lr, lr_warmup=(w, r0) if r0 < 1.0 else None)
+
+
+def initial_plan(cfg: JobConfig, planner: Planner, world: int, n: int) -> Plan:
+    """The plan of the config's batch for ``world`` ranks, refused when it does not fit them or the dataset (of
+    ``n`` samples)."""
+    plan = planner.plan(cfg.batch, None)
+    if plan.world_size != world:
+        raise ConfigError(f"plan {plan} has {plan.world_size} ranks but the job has {world}; "
+                          "give one micro-batch count per rank")
+    if plan.B > n:             # an iteration would be the whole epoch, cut short: not a batch of B samples
+        what = f"batch={plan.B}" if cfg.plan is None else f"plan {plan} (B={plan.B})"
+        raise ConfigError(f"{what} is larger than the dataset ({n} samples): one iteration cannot hold more "
+                          f"samples than an epoch; give {cfg.give('batch', n)} or less")
+    return plan

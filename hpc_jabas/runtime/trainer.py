@@ -16,7 +16,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -24,13 +23,10 @@ import torch
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision, MoveDecision
-from hpc_jabas.core.defaults import KNEE_RISE
 from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.planning import Plan, Planner, half_split, throughput_knee
+from hpc_jabas.core.planning import Plan, Planner, half_split
 from hpc_jabas.core.planning.planner import PlanSpec, make_planner
-from hpc_jabas.core.policy import canonical_policy, decision_period, make_lr_rule
 from hpc_jabas.core.sampler import HeterogeneousSampler, split_single_micro
-from hpc_jabas.core.scaling import AdaScaleRule
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import comm, data, evaluate
@@ -41,38 +37,31 @@ from hpc_jabas.runtime.controller import AdaptiveController
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.dirlock import DirLock, lock_on_rank0, rank_error
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
-from hpc_jabas.runtime.hooks import SCHEDULER_STEPS, Callback, Controller, EpochEndHook, SchedulerStep
+from hpc_jabas.runtime.hooks import (
+    Callback,
+    Controller,
+    ControllerCore,
+    EpochEndHook,
+    SchedulerStep,
+    with_defaults,
+)
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.pending import PendingDecisions
 from hpc_jabas.runtime.progress import default_callbacks, finished_already
 from hpc_jabas.runtime.protocol import DecisionChannel
+from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.runtime.reducer import check_model
 from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.scriptcli import resolve_cli
-from hpc_jabas.runtime.state import TrainState
+from hpc_jabas.runtime.state import initial_state
 from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
+from hpc_jabas.runtime.trainer_args import RankTotals, check_parts
 from hpc_jabas.runtime.world import World
 from hpc_jabas.trust import set_trust_group
 
 log = get_logger(__name__)
-
-
-def check_parts(dataset, scheduler, scheduler_step: str, controller, epoch_end_hook, callbacks) -> None:
-    """The Trainer's arguments, checked before anything is built (ConfigError, or TypeError for a wrong type)."""
-    if scheduler_step not in SCHEDULER_STEPS:
-        raise ConfigError(f"scheduler_step={scheduler_step!r} is invalid; use one of {', '.join(SCHEDULER_STEPS)}")
-    if scheduler_step == "iteration" and evaluate.is_plateau(scheduler):
-        raise ConfigError("scheduler_step='iteration' cannot drive ReduceLROnPlateau (it steps on the "
-                          "evaluation metric at each epoch end); use scheduler_step='epoch'")
-    if controller is not None and not isinstance(controller, Controller):
-        raise TypeError(f"controller {controller!r} does not implement hpc_jabas.runtime.hooks.Controller")
-    if epoch_end_hook is not None and not isinstance(epoch_end_hook, EpochEndHook):
-        raise TypeError(f"epoch_end_hook {epoch_end_hook!r} is not an hpc_jabas.runtime.hooks.EpochEndHook")
-    if not all(isinstance(cb, Callback) for cb in callbacks):
-        raise TypeError("callbacks must be hpc_jabas.runtime.hooks.Callback instances")
-    data.check_input(dataset)          # a map-style Dataset or a DataLoader over one (runtime/data.py)
 
 
 _T = TypeVar("_T")
@@ -91,14 +80,6 @@ class _InState(Generic[_T]):
 
     def __set__(self, trainer: Trainer, value: _T) -> None:
         setattr(trainer.state, self.name, value)
-
-
-@dataclass
-class RankTotals:
-    """What this rank computed in this job (not checkpointed: a resumed job counts afresh): samples, and compute
-    seconds (an emulated GPU's wait included). The trainer's ``samples_local`` and ``compute_local_s``."""
-    samples: int = 0
-    compute_s: float = 0.0
 
 
 class Trainer:
@@ -122,7 +103,7 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, loss_fn,
                  config: JobConfig | None = None, scheduler=None, eval_fn=None,
-                 forward_fn: Callable | None = None, controller: Controller | None = None,
+                 forward_fn: Callable | None = None, controller: ControllerCore | None = None,
                  epoch_end_hook: EpochEndHook | None = None,
                  planner_fn: Callable | None = None, gpu_types: list[str] | None = None,
                  callbacks: Sequence[Callback] = (), scheduler_step: SchedulerStep = "epoch",
@@ -152,8 +133,9 @@ class Trainer:
         self.emulator = self._emulator()
         self.planner: Planner = self._planner(planner_fn)     # core/planning/planner.py
         sampler = HeterogeneousSampler(len(self.dataset), seed=cfg.seed, tail=cfg.tail)
-        self.state = self._initial_state(sampler)      # B, plan, lr scale, sampler, iteration, ...
-        self.controller: Controller | None = controller if controller is not None else self._default_controller()
+        self.state = initial_state(self.cfg, self.planner, sampler, self.world, self.rank)   # plan, lr scale, ...
+        self.controller: Controller | None = (with_defaults(controller) if controller is not None
+                                              else self._default_controller())
         self.calib.attach(self.controller, self.planner.declared_factors, lambda: self.iteration)
         self.callbacks: list[Callback] = [*callbacks, *default_callbacks(self)]   # rank 0: tqdm bar, progress.json
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
@@ -200,7 +182,7 @@ class Trainer:
         self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
         self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
-        self._held_rec: dict | None = None              # the record of a deferred measurement not read yet
+        self._held_rec: StepRecord | None = None             # the record of a deferred measurement not read yet
         self._periodic = sp.PeriodicCheckpoint(self.cfg.checkpoint_every, self.cfg.checkpoint_minutes)
         self.safe_points = sp.SafePoints(interval_s=self.cfg.safe_point_s)   # the boundary agreement, overlapped
         self.totals = RankTotals()                     # this rank's samples and compute seconds in this job
@@ -313,40 +295,6 @@ class Trainer:
         """``planner.plan``: the plan of a global batch B (and balancing factors, or None)."""
         return self.planner.plan
 
-    def _initial_state(self, sampler: HeterogeneousSampler) -> TrainState:
-        """The state before the first step: the plan of the starting B (``batch_start``: the batch, or the
-        throughput's knee on this mix, its lr warmed up from the batch's over the first decision period)."""
-        cfg = self.cfg
-        B, plan = self._initial_plan()
-        if cfg.batch_start != "knee":
-            return TrainState(B, plan, sampler)
-        rows = [r for r in self.planner.batch_space(cfg.B_min, cfg.B_max).table() if r[0] <= sampler.num_samples]
-        knee = throughput_knee(rows, lo=cfg.batch)
-        if knee is None or knee <= B:
-            return TrainState(B, plan, sampler)
-        rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=canonical_policy(cfg.policy))
-        lr = 1.0 if isinstance(rule, AdaScaleRule) else rule.lr_scale(knee)      # AdaScale's gain starts at 1
-        w = decision_period(cfg.p, sampler.num_samples, cfg.batch)
-        r0 = rule.lr_scale(cfg.batch) / lr if lr > 0 else 1.0
-        if self.rank == 0:
-            log.info("batch_start=knee: B=%d (its doubling adds at most %g%% modelled samples/s on this mix) "
-                     "instead of batch=%d; lr scale %.4g, warmed up from %.4g over %d iterations",
-                     knee, 100 * KNEE_RISE, cfg.batch, lr, lr * r0, w)
-        return TrainState(knee, self.planner.plan(knee, None), sampler, lr_scale=lr,
-                          lr_warmup=(w, r0) if r0 < 1.0 else None)
-
-    def _initial_plan(self) -> tuple[int, Plan]:
-        plan = self.planner.plan(self.cfg.batch, None)
-        if plan.world_size != self.world:
-            raise ConfigError(f"plan {plan} has {plan.world_size} ranks but the job has {self.world}; "
-                              "give one micro-batch count per rank")
-        n = len(self.dataset)
-        if plan.B > n:             # an iteration would be the whole epoch, cut short: not a batch of B samples
-            what = f"batch={plan.B}" if self.cfg.plan is None else f"plan {plan} (B={plan.B})"
-            raise ConfigError(f"{what} is larger than the dataset ({n} samples): one iteration cannot hold more "
-                              f"samples than an epoch; give {self.cfg.give('batch', n)} or less")
-        return plan.B, plan
-
     # ---- the ranks (the World, runtime/world.py) --------------------------------------------
     @property
     def rank(self) -> int:
@@ -364,9 +312,13 @@ class Trainer:
 
     # ---- the state in force (a TrainState, runtime/state.py) -------------------------------
     iteration: _InState[int] = _InState()
-    B: _InState[int] = _InState()
     plan: _InState[Plan] = _InState()
     lr_scale: _InState[float] = _InState()
+
+    @property
+    def B(self) -> int:
+        """The global batch in force: the plan's (``state.B``)."""
+        return self.state.B
 
     @property
     def sampler(self) -> HeterogeneousSampler:
@@ -387,8 +339,6 @@ class Trainer:
                                "or later")
         if d.plan.world_size != self.world:
             raise RuntimeError(f"decision plan {d.plan} does not fit {self.world} ranks")
-        if d.B != d.plan.B:
-            raise RuntimeError(f"decision B={d.B} differs from its plan's B={d.plan.B} ({d.plan})")
 
     def noop_decision(self, reason: str = "") -> Decision:
         """Keep everything as it is (what a contained error on rank 0 broadcasts)."""
@@ -413,7 +363,7 @@ class Trainer:
         return list(traj) or [(0, self.B)]
 
     # ---- one iteration ----------------------------------------------------------------------
-    def train_step(self) -> dict:
+    def train_step(self) -> StepRecord:
         self.setup()
         clock = self._clock                        # runtime/clock.py: CUDA events on a GPU, perf_counter on the CPU
         t_it = clock.begin()
@@ -429,13 +379,12 @@ class Trainer:
         halves = half_split(ib.plan)[self.rank] if measure else None
         if measure:
             mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self.resolved.min_split)
-        # a noise-only measurement (the controller's measure_every) keeps no half-batch sum (runtime/gradstats.py)
-        sim_fn = getattr(self.controller, "measures_similarity", None)
+        ctl = self.controller
+        # a noise-only measurement (the controller's measure_every) keeps no half-batch sum (runtime/gradstats.py);
         # goodput's measurements between decisions are read in the next iteration (no wait for their reduction)
-        defer_fn = getattr(self.controller, "defers_stats", None)
-        defer = measure and defer_fn is not None and bool(defer_fn(self.iteration))
+        defer = measure and ctl is not None and bool(ctl.defers_stats(self.iteration))
         self.opt.begin(len(mine), ib.total, measure=measure, halves=halves, defer=defer,
-                       similarity=not measure or sim_fn is None or bool(sim_fn(self.iteration)))
+                       similarity=not measure or ctl is None or bool(ctl.measures_similarity(self.iteration)))
         if not self.model.training:                # put back after an eval (a walk of every module: not per step)
             self.model.train()
         sums, emu_wait = self._micro_batches(mine, clock)
@@ -452,19 +401,18 @@ class Trainer:
         t_end = clock.end()                        # on a GPU: after the step's kernels, counted in this iteration
         compute = clock.compute_s()
         self.totals.compute_s += compute + emu_wait
-        rec = {"it": self.iteration, "epoch": ib.epoch, "rank": self.rank, "B": self.B, "samples": ib.total,
-               "plan": str(ib.plan), "b": ib.plan.bs[self.rank], "x": ib.plan.xs[self.rank],
-               "n_local": len(mine), "compute_s": compute + emu_wait, "real_compute_s": compute,
-               "emulation_wait_s": emu_wait, "wait_s": t_end - t_sync, "iter_s": t_end - t_it,
-               "loss_sum": loss_sum, "loss_weight": loss_weight, "lr_scale": self.lr_scale,
-               "measure": measure, **({"lr_warmup": warm} if warm != 1.0 else {}),
-               "skipped": self.opt.last_step_skipped,      # amp fp16 inf/nan: no step, no statistics
-               "slowdown": self.emulator.factor(self.iteration) if self.emulator else 1.0}
-        if measure and self.opt.last_stats is not None:
-            rec["stats"] = self.opt.last_stats.to_dict()
+        rec = StepRecord(
+            it=self.iteration, epoch=ib.epoch, rank=self.rank, B=self.B, samples=ib.total, plan=str(ib.plan),
+            b=ib.plan.bs[self.rank], x=ib.plan.xs[self.rank], n_local=len(mine), compute_s=compute + emu_wait,
+            real_compute_s=compute, emulation_wait_s=emu_wait, wait_s=t_end - t_sync, iter_s=t_end - t_it,
+            loss_sum=loss_sum, loss_weight=loss_weight, lr_scale=self.lr_scale, measure=measure,
+            skipped=self.opt.last_step_skipped,      # amp fp16 inf/nan: no step, no statistics
+            slowdown=self.emulator.factor(self.iteration) if self.emulator else 1.0,
+            lr_warmup=warm if warm != 1.0 else None,
+            stats=self.opt.last_stats.to_dict() if measure and self.opt.last_stats is not None else None,
+            contained_errors=self.decisions.contained_errors)
         if defer:
             self._held_rec = rec                   # its stats come with read_held_stats
-        rec["contained_errors"] = self.decisions.contained_errors
         self.history.append({"it": self.iteration, "B": self.B, "plan": str(self.plan), "lr_scale": self.lr_scale})
         self._iter_metrics.add(rec)
         self.calib.observe(rec)
@@ -538,10 +486,9 @@ class Trainer:
         if not held or rec is None:
             return
         if st is not None:
-            rec["stats"] = st.to_dict()
-        observe = getattr(self.controller, "observe_held", None)
-        if observe is not None:
-            observe(self, rec)
+            rec.stats = st.to_dict()
+        if self.controller is not None:
+            self.controller.observe_held(self, rec)
 
     # ---- state, checkpoints, resume (the Checkpointer, runtime/resume.py) ---------------------
     def _checkpointer(self) -> Checkpointer:
@@ -622,8 +569,8 @@ class Trainer:
                     break
                 continue
             rec = self.train_step()
-            samples += rec["samples"]
-            self.state.samples += rec["samples"]
+            samples += rec.samples
+            self.state.samples += rec.samples
             if first_step:
                 first_step = False
                 for cb in self.callbacks:
