@@ -47,8 +47,10 @@ median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubs
   and ``loop_minus_ddp_ms`` (what Jabas adds per iteration over the DDP loop, ms). Each is printed with its median
   and [min, max] over the rounds, "not separated" when that range holds parity (1, or 0 ms).
 - Python calls per iteration (``sys.setprofile``, rank 0; (calls of 2k iterations - calls of k) / k, k = 5: set-up
-  cancels): deterministic, the same on a loaded machine -> ``ddp_loop_calls_per_it``, ``loop_calls_per_it``,
-  ``fit_calls_per_it`` (torch), ``hvd_loop_calls_per_it``, ``loop_hvd_calls_per_it`` (Horovod).
+  cancels; Horovod's polls of a wait left out): the same on a loaded machine -> ``ddp_loop_calls_per_it``,
+  ``loop_calls_per_it``, ``fit_calls_per_it`` (torch), ``hvd_loop_calls_per_it``, ``loop_hvd_calls_per_it``
+  (Horovod). fit()'s count moves a little with speed (its safe point and metrics act every ``safe_point_s``
+  seconds, not every iteration: 396 and 407.8 in two loaded 2-rank runs); the loops' counts repeated exactly.
 - ``--ranks N`` (default 3): the ranks (mpirun, 2 is not oversubscribed on 2 cores). The issue's protocol runs
   ``--backends-only --ranks 2`` and ``--backends-only --ranks 3``.
 
