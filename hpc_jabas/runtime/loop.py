@@ -274,7 +274,15 @@ class Step:
 
     def __init__(self, ib: Any, mine: Sequence[Any], data: Any):
         self.samples, self.plan, self._mine, self._data = int(ib.total), ib.plan, mine, data
-        self.indices = [int(i) for i in ib.all_indices()]
+        self._ib = ib
+        self._indices: list[int] | None = None
+
+    @property
+    def indices(self) -> list[int]:
+        """Built when first read: a loop that never reads it pays nothing per iteration for it (B ints)."""
+        if self._indices is None:
+            self._indices = [int(i) for i in self._ib.all_indices()]
+        return self._indices
 
     def __len__(self) -> int:
         return len(self._mine)
