@@ -16,12 +16,16 @@ stalled for it. ``micro_step`` is the single-tensor form (the loss sum only) the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
 from hpc_jabas.runtime.gradstats import scalar, stat_dtype
+
+if TYPE_CHECKING:
+    from hpc_jabas.runtime.clock import IterationClock
+    from hpc_jabas.runtime.emulate import Emulator
 
 
 class WeightedBackward(Protocol):
@@ -134,3 +138,43 @@ def micro_step(model: torch.nn.Module, forward_fn: Callable[[torch.nn.Module, An
     or the token weight of a ``(loss, weight)`` forward), detached, on the device."""
     s = micro_step_sums(model, forward_fn, opt, batch, count, device)
     return s.loss if loss_sum is None else loss_sum + s.loss
+
+
+class ReadyHook(Protocol):
+    """What the micro-batch loop needs of the gradients' reducer (runtime/reducer.py): ``on_ready``."""
+
+    def on_ready(self, fn: Callable[[], None] | None) -> None: ...
+
+
+def timed_micro_batches(mine: Sequence[Any], clock: IterationClock, reducer: ReadyHook, emu: Emulator | None,
+                        iteration: int, step: Callable[[Any, LossSums | None], LossSums]
+                        ) -> tuple[LossSums | None, float]:
+    """This rank's micro-batches of the iteration (``step(idx, sums)``: one micro-batch, the loss kept on the
+    device), each timed as compute, then (emulating) its GPU type's wait; returns the loss sums and the emulated
+    waits. A reducer whose reduction blocks the last backward (DDP: its end waits for the other ranks) calls
+    ``ready`` when this rank's last gradient is ready: the clock stops there and an emulated GPU waits there,
+    before the reduction starts, so that neither counts the wait for slower ranks as this rank's compute."""
+    st = {"computing": False, "emulated": False, "b": 0, "wait": 0.0}
+
+    def ready() -> None:
+        if st["computing"]:
+            st["computing"] = False
+            clock.compute_stop()
+            if emu is not None:
+                st["wait"] += emu.wait_next(int(st["b"]), iteration)
+                st["emulated"] = True
+    sums: LossSums | None = None
+    if emu is not None:
+        emu.start()
+    reducer.on_ready(ready)
+    for idx in mine:
+        clock.compute_start()
+        st.update(computing=True, emulated=False, b=len(idx))
+        sums = step(idx, sums)
+        if st["computing"]:
+            st["computing"] = False
+            clock.compute_stop()
+        if emu is not None and not st["emulated"]:
+            st["wait"] += emu.wait_next(len(idx), iteration)
+    reducer.on_ready(None)
+    return sums, float(st["wait"])

@@ -56,7 +56,7 @@ from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.scriptcli import resolve_cli
 from hpc_jabas.runtime.state import initial_state
-from hpc_jabas.runtime.step import LossSums, micro_step_sums, read_sums
+from hpc_jabas.runtime.step import micro_step_sums, read_sums, timed_micro_batches
 from hpc_jabas.runtime.trainer_args import RankTotals, check_parts
 from hpc_jabas.runtime.world import World
 from hpc_jabas.trust import set_trust_group
@@ -387,7 +387,11 @@ class Trainer:
                        similarity=not measure or ctl is None or bool(ctl.measures_similarity(self.iteration)))
         if not self.model.training:                # put back after an eval (a walk of every module: not per step)
             self.model.train()
-        sums, emu_wait = self._micro_batches(mine, clock)
+        assert self.opt.reducer is not None
+        sums, emu_wait = timed_micro_batches(      # each timed as compute, then an emulated GPU's wait (step.py)
+            mine, clock, self.opt.reducer, self.emulator, self.iteration,
+            lambda idx, acc: micro_step_sums(self.forward_module, self.forward_fn, self.opt, self.fetch(idx),
+                                             len(idx), self.device, acc))
         clock.compute_start()
         loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
         clock.compute_stop()
@@ -434,40 +438,6 @@ class Trainer:
         if len(self._iter_metrics) >= self.cfg.metrics_period and self.safe_points.agrees_at(self.iteration):
             self.flush_metrics()                         # at the safe point's agreement boundaries (fewer collectives)
         return rec
-
-    def _micro_batches(self, mine: Sequence[Any], clock: IterationClock) -> tuple[LossSums | None, float]:
-        """This rank's micro-batches of the iteration (runtime/step.py: the loss stays on the device), each
-        timed as compute, then (emulating) its GPU type's wait; returns the loss sums and the emulated waits.
-        A reducer whose reduction blocks the last backward (DDP: its end waits for the other ranks) calls
-        ``ready`` when this rank's last gradient is ready: the clock stops there and an emulated GPU waits there,
-        before the reduction starts, so that neither counts the wait for slower ranks as this rank's compute."""
-        emu = self.emulator
-        st = {"computing": False, "emulated": False, "b": 0, "wait": 0.0}
-
-        def ready() -> None:
-            if st["computing"]:
-                st["computing"] = False
-                clock.compute_stop()
-                if emu is not None:
-                    st["wait"] += emu.wait_next(int(st["b"]), self.iteration)
-                    st["emulated"] = True
-        sums: LossSums | None = None
-        if emu is not None:
-            emu.start()
-        assert self.opt.reducer is not None
-        self.opt.reducer.on_ready(ready)
-        for idx in mine:
-            clock.compute_start()
-            st.update(computing=True, emulated=False, b=len(idx))
-            sums = micro_step_sums(self.forward_module, self.forward_fn, self.opt, self.fetch(idx), len(idx),
-                                   self.device, sums)
-            if st["computing"]:
-                st["computing"] = False
-                clock.compute_stop()
-            if emu is not None and not st["emulated"]:
-                st["wait"] += emu.wait_next(len(idx), self.iteration)
-        self.opt.reducer.on_ready(None)
-        return sums, float(st["wait"])
 
     def flush_metrics(self) -> None:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them (a deferred measurement
