@@ -356,6 +356,11 @@ def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "sub
                      "lost": r["lost"], "wall_s": r["wall_s"], "jobs": r["jobs"]})
         print(f"timelimit {method:8s} ok={r['ok']} time-outs={n_to} jobs={r['jobs']} err={r['rel_err']:.1e} "
               f"{r['wall_s']:.0f}s {r['why']}", flush=True)
+        if not r["ok"]:                      # what the chain recorded, and the failed job's last lines
+            for e in r["events"]:
+                print(f"  event {json.dumps(e, default=str)[:400]}", flush=True)
+            for f in sorted((w / "chain").glob("*.err")) + sorted((w / "chain").glob("logs/*")):
+                print(f"  {f.name}: {f.read_text(errors='replace')[-600:]}", flush=True)
         shutil.rmtree(w, ignore_errors=True)
 
 
@@ -583,12 +588,15 @@ def main() -> int:
         # two sequences side by side (the chains mostly wait for Slurm and their emulated GPUs): what runs
         # without the rtx2060 node beside what runs on it
         sides = [threading.Thread(target=beside, args=(only, a, Path(td), cl, random.Random(a.seed + 1), out))]
-        if cl is not None and a.quick:
-            sides.append(threading.Thread(target=on_a100, args=(only, n, cl, random.Random(a.seed + 2), out)))
-        for t in sides:
-            t.start()
+        sides[0].start()
         if cl is not None:
-            on_cluster(only, a, n, rng, out, cl)
+            a100 = threading.Thread(target=on_a100, args=(only, n, cl, random.Random(a.seed + 2), out))
+
+            def start_a100() -> None:           # once the drained-partition case has re-planned (it may use a100)
+                if a.quick:
+                    sides.append(a100)
+                    a100.start()
+            on_cluster(only, a, n, rng, out, cl, after_replan=start_a100)
         for t in sides:
             t.join()
     out["wall_s"] = time.time() - t0
@@ -637,10 +645,11 @@ def on_a100(only: set[str], n: int, cl: LocalCluster, rng: random.Random, out: d
 
 
 def on_cluster(only: set[str], a: argparse.Namespace, n: int, rng: random.Random, out: dict,
-               cl: LocalCluster) -> None:
+               cl: LocalCluster, after_replan: Callable[[], None] = lambda: None) -> None:
     """The cases that run on the local Slurm cluster's rtx2060 and v100 nodes, one after the other."""
     if "drain" in only:
         timed(out, "replan", replan, cl, cl.shared, rng, out)
+    after_replan()
     if "preempt" in only:
         timed(out, "preempt", preempt, cl, cl.shared, n, rng, out, quick=a.quick)
     if "matrix" in only:

@@ -238,12 +238,14 @@ def test_error_after_start_is_one_line_under_srun(slurm_cluster, slurm_tmp):
     without ``run_main``, on both backends: our line once, exit code 2 from srun."""
     scripts = _scripts(slurm_tmp)
     run_dir = "/sys/hpc-jabas-test/run" if os.geteuid() == 0 else unwritable(slurm_tmp)
+    runs = {}                           # at once: the v100 nodes hold the four steps side by side
     for backend, mpi in (("torch", "none"), ("horovod", "pmix")):
         for wrapped in (False, True):
             cmd = ["srun", "-p", "v100", "-N", "2", "-n", "2", f"--mpi={mpi}", "--kill-on-bad-exit=1", "-t", "3",
                    f"--chdir={slurm_tmp}", f"--export=ALL,PYTHONPATH={ROOT},OMP_NUM_THREADS=1,"
                    "HPC_JABAS_ERROR_GRACE_S=60", PY, scripts[wrapped], run_dir, backend]
-            p = subprocess.run(cmd, env=dict(slurm_cluster.env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, timeout=240)
-            out = "\n".join(ln for ln in p.stdout.splitlines() if not ln.startswith("srun: "))
-            _check_one_line(p.returncode, out, f"srun/{backend}/run_main={wrapped}")
+            runs[backend, wrapped] = subprocess.Popen(cmd, env=dict(slurm_cluster.env), stdout=subprocess.PIPE,
+                                                      stderr=subprocess.STDOUT, text=True)
+    for (backend, wrapped), p in runs.items():
+        out = "\n".join(ln for ln in p.communicate(timeout=240)[0].splitlines() if not ln.startswith("srun: "))
+        _check_one_line(p.returncode, out, f"srun/{backend}/run_main={wrapped}")
