@@ -33,15 +33,18 @@ from hpc_jabas.core.defaults import (
     BALANCE_MODES,
     BATCH_STARTS,
     DEFAULT_ALPHA,
+    DEFAULT_EFFICIENCY,
     DEFAULT_GAMMA,
     DEFAULT_GOODPUT_KAPPA,
     DEFAULT_GUARD_COOLDOWN,
     DEFAULT_GUARD_RISE,
     DEFAULT_GUARD_SIGMA,
+    DEFAULT_HEADROOM_C,
     DEFAULT_MARGIN,
     DEFAULT_NOISE_TREND,
     DEFAULT_RAMP_AT,
     DEFAULT_RAMP_FACTOR,
+    EFFICIENCIES,
     EMU_BASE_S,
     EMU_PER_SAMPLE_S,
     LR_RULES,
@@ -186,6 +189,13 @@ class AdaptiveConfig(Section):
     noise_trend: bool = key(DEFAULT_NOISE_TREND, "noise-scale policy: price batch sizes with the noise scale "
                                                  "carried halfway to the next decision along its trend (the "
                                                  "estimate's lag removed); false: the estimate as measured")
+    efficiency: str = key(DEFAULT_EFFICIENCY, "noise-scale policy: the per-sample price of a batch size: pollux "
+                                              "(E(B), the lr re-tuned at every B) or linear (E_lin on the measured "
+                                              "curvature headroom, for the linear lr rule; pollux until a headroom "
+                                              "is measured)", choices=EFFICIENCIES)
+    headroom_c: float = key(DEFAULT_HEADROOM_C, "noise-scale and similarity policies: a move of B by k is refused "
+                                                "beyond headroom_c x the measured curvature headroom h (off while h "
+                                                "is not measured)", lo=0.0, lo_open=True)
     alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
                        lo_open=True, hi_open=True)

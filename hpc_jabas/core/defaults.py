@@ -87,6 +87,14 @@ DEFAULT_GOODPUT_KAPPA = 1.0
 #: (docs/formulas.md, section 3): on by default since two development runs of bench/adaptive_tta.py (10 seeds per
 #: task) found it no worse than the estimate as measured on every task and without its target misses on digits
 DEFAULT_NOISE_TREND = True
+#: how the goodput policy prices a batch size's per-sample efficiency (core/headroom.py): "pollux", Pollux's
+#: E(B) = (B_noise + B0) / (B_noise + B) (the lr re-tuned at every B), or "linear", E_lin on the measured curvature
+#: headroom (the lr scaled linearly from the user's B; Pollux's E until a headroom is measured)
+EFFICIENCIES = ("pollux", "linear")
+DEFAULT_EFFICIENCY = "pollux"
+#: a move of B by k is refused beyond c x h, h the measured curvature headroom (core/headroom.py; only where h is
+#: measured): c in [3.60, 5.26) fits four tasks' grids (bench/RESULTS.md, bench/adaptive_experiments.py)
+DEFAULT_HEADROOM_C = 4.0
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 #: where an adaptive run starts: the given batch, or the profiled throughput's knee (core/planning/space.py
 #: ``throughput_knee``)

@@ -96,3 +96,64 @@ def tolerated_multiplier(h: float, c: float) -> float:
 def move_allowed(k: float, h: float, c: float) -> bool:
     """Is a move of B by the factor k free under the headroom cap? (k <= 1 always is.)"""
     return k <= 1.0 or k <= tolerated_multiplier(h, c)
+
+
+def e_lin_h(B: float, B_h: float, h: float, b_n: float) -> float:
+    """E_lin in the measured headroom's terms, unnormalised: the per-sample progress at B, with the lr scaled
+    linearly from the one at which ``h`` was measured at batch ``B_h``, over the curvature-free ideal:
+    ``max(0, 1 - (B + b_n) / (h B_h))`` (u = 1 / (h B_h): e_lin's u with eps0 / eps_max = 2 / h at B0 = B_h).
+    Its ratio at two B is e_lin's; 1 without an edge (h = inf)."""
+    if B <= 0 or B_h <= 0 or not h > 0:
+        raise ValueError(f"e_lin_h: B={B}, B_h={B_h}, h={h}: each must be > 0")
+    if math.isinf(h):
+        return 1.0
+    return max(0.0, 1.0 - (B + max(0.0, b_n)) / (h * B_h))
+
+
+class HeadroomCap:
+    """The cap a policy puts on moves up: the latest measured headroom ``h`` and the batch ``B_h`` it was measured
+    at; a move to B above the current batch is refused once ``B / B_h`` exceeds ``c * h`` (move_allowed). Off
+    (every move allowed) until a finite h > 0 is measured."""
+
+    def __init__(self, c: float) -> None:
+        if not (isinstance(c, (int, float)) and not isinstance(c, bool) and 0.0 < c < math.inf):
+            raise ValueError(f"headroom_c={c!r}: must be a finite number > 0, e.g. 4")
+        self.c = float(c)
+        self.h: float | None = None
+        self.B_h: float | None = None
+
+    def observe(self, h: float | None, B: float | None = None) -> bool:
+        """One measured headroom (None, nan or <= 0: left out) at batch ``B`` (None: the next decision's B).
+        Whether it was taken."""
+        if h is None or isinstance(h, bool) or not isinstance(h, (int, float)) or not h > 0:
+            return False
+        self.h = float(h)
+        self.B_h = None if B is None or not B > 0 else float(B)
+        return True
+
+    def limit(self, B: float) -> float | None:
+        """The largest batch a move up from the current ``B`` may reach (None: no cap, h not measured)."""
+        if self.h is None:
+            return None
+        if self.B_h is None:
+            self.B_h = float(B)                   # measured at this decision's B
+        return tolerated_multiplier(self.h, self.c) * self.B_h
+
+    def allows(self, B: float, new: float) -> bool:
+        """Is the move from ``B`` to ``new`` free? (Never refuses a move down or none.)"""
+        if new <= B or self.limit(B) is None or self.h is None or self.B_h is None:
+            return True
+        return move_allowed(new / self.B_h, self.h, self.c)
+
+    def text(self, B: float) -> str:
+        lim = self.limit(B)
+        return "" if lim is None else (f"headroom h={self.h:.3g} at B={self.B_h:g}: moves up to "
+                                       f"c x h = {self.c:g} x {self.h:.3g} -> B <= {lim:.4g}")
+
+    def state_dict(self) -> dict[str, float | None]:
+        return {"c": self.c, "h": self.h, "B_h": self.B_h}
+
+    def load_state_dict(self, state: dict[str, float | None]) -> None:
+        h, b = state.get("h"), state.get("B_h")
+        self.h = None if h is None else float(h)
+        self.B_h = None if b is None else float(b)

@@ -35,12 +35,16 @@ class Observation:
     ``similarity``: the cosine of the two half-batch mean gradients (None: not measured, e.g. a noise-only one).
     ``g2``, ``s``: the fresh unbiased estimates of |G|^2 and tr(Sigma) (None: not measured, or not read).
     ``samples``: the samples trained since the previous fresh (g2, s) (None: counted as one).
+    ``headroom``: the measured curvature headroom h (core/headroom.py; None: not measured) and ``headroom_B`` the
+    batch it was measured at (None: the next decision's B).
     """
 
     similarity: float | None = None
     g2: float | None = None
     s: float | None = None
     samples: float | None = None
+    headroom: float | None = None
+    headroom_B: float | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class PolicyState:
     ``progress``: the fraction of the run done, in samples (what the ramp policy reads; None: unknown).
     ``samples``: the samples trained since the previous fresh measurement, what a fresh (g2, s) stands for in
     an estimate with a memory in samples (``noise_memory``; None: one iteration's, B).
+    ``headroom``: a curvature headroom h measured at this B (core/headroom.py; None: not measured).
     """
 
     B: int
@@ -64,16 +69,18 @@ class PolicyState:
     s: float | None = None
     progress: float | None = None
     samples: float | None = None
+    headroom: float | None = None
 
     @classmethod
     def coerce(cls, state: PolicyState | Mapping[str, Any]) -> PolicyState:
         if isinstance(state, PolicyState):
             return state
         if isinstance(state, Mapping):
-            extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s", "progress", "samples"}
+            extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s", "progress", "samples",
+                                  "headroom"}
             if extra or "B" not in state:
                 raise ConfigError(f"policy state {dict(state)!r} is invalid; give keys B (required), "
-                                  "iteration, similarity, b_noise, g2, s, progress, samples")
+                                  "iteration, similarity, b_noise, g2, s, progress, samples, headroom")
             return cls(**state)
         raise ConfigError(f"policy state {state!r} is invalid; give a PolicyState or a dict with key B")
 

@@ -7,7 +7,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, cast
 
-from hpc_jabas.core.defaults import DEFAULT_GOODPUT_KAPPA, DEFAULT_NOISE_TREND, DEFAULT_P
+from hpc_jabas.core.defaults import (
+    DEFAULT_EFFICIENCY,
+    DEFAULT_GOODPUT_KAPPA,
+    DEFAULT_HEADROOM_C,
+    DEFAULT_NOISE_TREND,
+    DEFAULT_P,
+    EFFICIENCIES,
+)
+from hpc_jabas.core.headroom import HeadroomCap, e_lin_h
 from hpc_jabas.core.planning.space import GROW, SET, STAY, BatchSpace
 from hpc_jabas.core.policies.base import NOISE, BatchPolicy, Observation, PolicyState, Wish
 from hpc_jabas.core.stats import NoiseMemory, NoiseWindow, goodput, statistical_efficiency
@@ -77,14 +85,23 @@ class GoodputPolicy(BatchPolicy):
     #: reached the target accuracy)
     auto_lr_rule = "linear"
     options = frozenset({"B0", "B_min", "B_max", "p", "warmup", "max_step", "max_reach", "window", "noise_memory",
-                         "kappa", "noise_trend"})
+                         "kappa", "noise_trend", "efficiency", "headroom_c"})
 
     def __init__(self, B0: int | None = None, B_min: int = 1, B_max: int | None = None, p: int = DEFAULT_P,
                  warmup: int = DEFAULT_GOODPUT_WARMUP, max_step: float = DEFAULT_GOODPUT_MAX_STEP,
                  window: int = DEFAULT_GOODPUT_WINDOW, min_gain: float = DEFAULT_GOODPUT_MIN_GAIN,
                  noise_memory: float | None = None, max_reach: float = DEFAULT_GOODPUT_MAX_REACH,
-                 kappa: float = DEFAULT_GOODPUT_KAPPA, noise_trend: bool = DEFAULT_NOISE_TREND) -> None:
+                 kappa: float = DEFAULT_GOODPUT_KAPPA, noise_trend: bool = DEFAULT_NOISE_TREND,
+                 efficiency: str = DEFAULT_EFFICIENCY, headroom_c: float = DEFAULT_HEADROOM_C) -> None:
         super().__init__(B_min, B_max, p)
+        if efficiency not in EFFICIENCIES:
+            raise ConfigError(f"efficiency={efficiency!r} is invalid; valid: {', '.join(EFFICIENCIES)}")
+        self.efficiency = str(efficiency)
+        if not is_number(headroom_c, nan=False) or not 0.0 < headroom_c < math.inf:
+            raise ConfigError(f"headroom_c={headroom_c!r} is invalid; it must be a finite number > 0, e.g. 4")
+        # moves up beyond headroom_c x the measured curvature headroom are refused (off until one is measured);
+        # with efficiency "linear" B is priced with E_lin on the same calibrated edge (c x h)
+        self.cap = HeadroomCap(float(headroom_c))
         if not isinstance(noise_trend, bool):
             raise ConfigError(f"noise_trend={noise_trend!r} is invalid; it must be true or false")
         self.noise_trend, self._measured = noise_trend, cast("float | None", None)   # the last measured B_noise
@@ -120,7 +137,8 @@ class GoodputPolicy(BatchPolicy):
     @classmethod
     def job_options(cls, cfg: JobConfig) -> dict[str, Any]:
         # its memory in samples: resolved at start (default_noise_memory), once the epoch is known
-        return {"B0": cfg.batch, "kappa": cfg.kappa, "noise_trend": cfg.noise_trend, "noise_memory": cfg.noise_memory}
+        return {"B0": cfg.batch, "kappa": cfg.kappa, "noise_trend": cfg.noise_trend, "noise_memory": cfg.noise_memory,
+                "efficiency": cfg.efficiency, "headroom_c": cfg.headroom_c}
 
     @classmethod
     def default_measure_every(cls, measure_every: int | None, p: int) -> int | None:
@@ -156,6 +174,7 @@ class GoodputPolicy(BatchPolicy):
         ``Observation``, or (g2, s, samples) as numbers; ``samples``: the samples trained since the previous fresh
         one (None: counted as one). A missing or non-finite estimate is left out. Whether it was taken."""
         if isinstance(stats, Observation):
+            self.cap.observe(stats.headroom, stats.headroom_B)
             g2, s, samples = stats.g2, stats.s, stats.samples
         else:
             g2 = stats
@@ -191,7 +210,26 @@ class GoodputPolicy(BatchPolicy):
         return f"B_noise={bn:.4g}" + (f" (trend: {m:.4g} measured, {k}priced ahead)" if ahead else
                                        f" ({k}measured)" if k else "")
 
+    def linear_priced(self) -> bool:
+        """B is priced with E_lin: efficiency "linear" and a headroom measured (else Pollux's E)."""
+        return self.efficiency == "linear" and self.cap.h is not None
+
+    def efficiency_at(self, B: float, bn: float, cur: float) -> float:
+        """The per-sample efficiency B is priced with: Pollux's E(B) against B0, or (``linear_priced``) E_lin on
+        the calibrated edge c x h from the batch h was measured at, B_noise the proxy for B_n (unresolved: 0)."""
+        if not self.linear_priced():
+            return statistical_efficiency(B, bn, self.B0)
+        lim = self.cap.limit(cur)
+        assert lim is not None and self.cap.B_h is not None
+        return e_lin_h(B, self.cap.B_h, lim / self.cap.B_h, 0.0 if math.isinf(bn) else bn)
+
+    def _goodput(self, B: float, t: float, bn: float, cur: float) -> float:
+        if not self.linear_priced():
+            return goodput(B, t, bn, self.B0)
+        return B / t * self.efficiency_at(B, bn, cur)
+
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
+        self.cap.observe(state.headroom, state.B)
         self._measured = self._observe(state)
         bn = self.priced(self._measured, state.B)
         if bn is None:
@@ -208,6 +246,14 @@ class GoodputPolicy(BatchPolicy):
         if not rows:
             return Wish(STAY, float(state.B), "no realisable batch in range; keep B")
         cur = int(state.B)
+        capped = ""
+        if self.cap.h is not None:
+            kept = [r for r in rows if self.cap.allows(cur, r[0])]
+            if len(kept) < len(rows):
+                capped = f" ({self.cap.text(cur)})"
+            rows = kept
+            if not rows:
+                return Wish(STAY, float(cur), f"no realisable batch within the headroom cap{capped}; keep B")
         unresolved = math.isinf(bn)
         if unresolved:
             # |G|^2 averaged <= 0: the noise swamps the signal at this B, so every B is statistically
@@ -215,14 +261,15 @@ class GoodputPolicy(BatchPolicy):
             rows = [r for r in rows if r[0] > cur]
             if not rows:
                 return Wish(STAY, float(cur), f"noise scale unresolved (|G|^2 estimate <= 0 over "
-                                              f"{self.noise.count} measurements); B={cur} is already the largest")
+                                              f"{self.noise.count} measurements); B={cur} is already the "
+                                              f"largest{capped}")
         # a trust region: at most reach x (or / reach) per decision, so one noisy estimate cannot move B (and
         # the lr that follows it) across the whole range at once; reach = max_step, wider after edge stops
         # (wider only toward the side where the last decisions found the argmax beyond the edge)
         reach = self.reach
         lo = cur / (reach if self.edge < 0 else self.max_step)
         hi = cur * (reach if self.edge > 0 else self.max_step)
-        key = lambda r: (-goodput(r[0], r[1], bn, self.B0), abs(r[0] - cur), r[0])  # noqa: E731
+        key = lambda r: (-self._goodput(r[0], r[1], bn, cur), abs(r[0] - cur), r[0])  # noqa: E731
         near = [r for r in rows if lo <= r[0] <= hi]
         Bg = min(rows, key=key)[0]
         # an unresolved estimate (E = 1 everywhere) is no confident argmax: it never widens the region
@@ -237,17 +284,25 @@ class GoodputPolicy(BatchPolicy):
             near = [min(side, key=lambda r: abs(r[0] - cur))]
             how = f"one step toward the goodput argmax B={Bg} (none realisable in [{lo:.4g}, {hi:.4g}])"
         Bs, ts = min(near, key=key)
-        E = statistical_efficiency(Bs, bn, self.B0)
+        E = self.efficiency_at(Bs, bn, cur)
         now = dict(rows).get(cur) if not unresolved else None
+        if self.linear_priced():
+            e_cur = self.efficiency_at(cur, bn, cur)
+            if self._goodput(Bs, ts, bn, cur) <= 0.0:
+                return Wish(STAY, float(cur), f"{self._bn_text(bn)}: E_lin is 0 at every B in reach (B + B_n "
+                                              f"beyond the calibrated edge{capped or ' c x h'}); keep B")
+            E = E / e_cur if e_cur > 0 else math.inf       # said against the current B
         if now is not None and Bs != cur:
-            gain = goodput(Bs, ts, bn, self.B0) / goodput(cur, now, bn, self.B0) - 1.0
+            g_now = self._goodput(cur, now, bn, cur)
+            gain = self._goodput(Bs, ts, bn, cur) / g_now - 1.0 if g_now > 0 else math.inf
             if gain < self.min_gain:
                 return Wish(STAY, float(cur), f"{self._bn_text(bn)}: {how} B={Bs} predicts {100 * gain:.1f}% more "
                                               f"goodput, under the {100 * self.min_gain:g}% a move needs; keep B")
         pre = (f"noise scale unresolved (|G|^2 estimate <= 0 over {self.noise.count} measurements): grow; "
                if unresolved else f"{self._bn_text(bn)}, ")
+        what = "E" if not self.linear_priced() else "E_lin/E_lin(B)"
         return Wish(GROW if unresolved else SET, float(Bs),
-                    f"{pre}{how} B={Bs} ({Bs / ts:.4g} samples/s x E={E:.3f})")
+                    f"{pre}{how} B={Bs} ({Bs / ts:.4g} samples/s x {what}={E:.3f}){capped}")
 
     def use_memory(self, memory: float | None) -> None:
         """The estimate's memory in training samples (None: the last ``window`` measurements), set once the job
@@ -271,17 +326,22 @@ class GoodputPolicy(BatchPolicy):
         return {**super().config(), "B0": self.B0, "warmup": self.warmup, "max_step": self.max_step,
                 "max_reach": self.max_reach, "window": self.window, "min_gain": self.min_gain, "kappa": self.kappa,
                 "noise_trend": self.noise_trend, **({} if self.noise_memory is None else
-                                                    {"noise_memory": self.noise_memory})}
+                                                    {"noise_memory": self.noise_memory}),
+                # named only where not the default (a default job's config and checkpoint are as before)
+                **({} if self.efficiency == DEFAULT_EFFICIENCY else {"efficiency": self.efficiency}),
+                **({} if self.cap.c == DEFAULT_HEADROOM_C else {"headroom_c": self.cap.c})}
 
     def state_dict(self) -> dict[str, Any]:
         return {**self.config(), "seen": self.seen, "noise": self.noise.state_dict(), "reach": self.reach,
-                "edge": self.edge}
+                "edge": self.edge, **({} if self.cap.h is None else {"headroom": self.cap.state_dict()})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.seen = int(state.get("seen", self.warmup))
         self.reach = min(max(float(state.get("reach", self.max_step)), self.max_step), self.max_reach)
         self.edge = int(state.get("edge", 0))
+        if "headroom" in state:
+            self.cap.load_state_dict(state["headroom"])
         if state.get("noise_memory") != self.noise_memory:
             # the estimate's kind changed since the checkpoint (window <-> memory in samples): it restarts
             self.noise = NoiseWindow(self.window) if self.noise_memory is None else NoiseMemory(self.noise_memory)

@@ -9,7 +9,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hpc_jabas.core.defaults import DEFAULT_ALPHA, DEFAULT_GAMMA, DEFAULT_P
+from hpc_jabas.core.defaults import DEFAULT_ALPHA, DEFAULT_GAMMA, DEFAULT_HEADROOM_C, DEFAULT_P
+from hpc_jabas.core.headroom import HeadroomCap
 from hpc_jabas.core.planning.space import GROW, SHRINK, STAY, BatchSpace, snap_nearest
 from hpc_jabas.core.policies.base import SIMILARITY, BatchDecision, BatchPolicy, Observation, PolicyState, Wish
 from hpc_jabas.core.validate import is_number
@@ -24,11 +25,15 @@ class SimilarityPolicy(BatchPolicy):
 
     name = "similarity"
     reads = frozenset({SIMILARITY})
-    options = frozenset({"gamma", "alpha", "B_min", "B_max", "p"})
+    options = frozenset({"gamma", "alpha", "B_min", "B_max", "p", "headroom_c"})
 
     def __init__(self, gamma: float = DEFAULT_GAMMA, alpha: float = DEFAULT_ALPHA, B_min: int = 1,
-                 B_max: int | None = None, p: int = DEFAULT_P) -> None:
+                 B_max: int | None = None, p: int = DEFAULT_P, headroom_c: float = DEFAULT_HEADROOM_C) -> None:
         super().__init__(B_min, B_max, p)
+        if not is_number(headroom_c, nan=False) or not 0.0 < headroom_c < math.inf:
+            raise ConfigError(f"headroom_c={headroom_c!r} is invalid; it must be a finite number > 0, e.g. 4")
+        # a move up beyond headroom_c x the measured curvature headroom is refused (off until one is measured)
+        self.cap = HeadroomCap(float(headroom_c))
         if not is_number(gamma, nan=False) or not -1.0 < gamma < 1.0:
             raise ConfigError(f"gamma={gamma!r} is invalid; the similarity target must be in (-1, 1), e.g. 0.1")
         if not is_number(alpha, nan=False) or not 0.0 < alpha < 1.0:
@@ -49,12 +54,14 @@ class SimilarityPolicy(BatchPolicy):
 
     @classmethod
     def job_options(cls, cfg: JobConfig) -> dict[str, Any]:
-        return {"gamma": cfg.gamma, "alpha": cfg.alpha}
+        return {"gamma": cfg.gamma, "alpha": cfg.alpha, "headroom_c": cfg.headroom_c}
 
     def observe(self, stats: Observation | float | None) -> bool:
         """One cosine measured between decisions (the controller's ``measure_every``; an ``Observation``, or the
         cosine itself): the next decision reads the mean of these and its own. A missing or non-finite value is left
         out. Whether it was taken."""
+        if isinstance(stats, Observation):
+            self.cap.observe(stats.headroom, stats.headroom_B)
         similarity = stats.similarity if isinstance(stats, Observation) else stats
         if similarity is None or not is_number(similarity, nan=False) or not math.isfinite(similarity):
             return False
@@ -69,6 +76,7 @@ class SimilarityPolicy(BatchPolicy):
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         sim, B = state.similarity, int(state.B)
+        self.cap.observe(state.headroom, B)
         base = self._base(B)
         vals = list(self.pending)
         if sim is not None and is_number(sim, nan=False) and math.isfinite(sim):
@@ -86,6 +94,12 @@ class SimilarityPolicy(BatchPolicy):
 
     def _wish(self, sim: float, B: int, base: float, what: str) -> Wish:
         if sim < self.gamma:
+            lim = self.cap.limit(B)
+            if lim is not None and base * (1.0 + self.alpha) > lim:
+                if lim <= B:
+                    return Wish(STAY, float(B), f"{what} < gamma={self.gamma:g}: grow refused, {self.cap.text(B)}; "
+                                                "keep B")
+                return Wish(GROW, lim, f"{what} < gamma={self.gamma:g}: grow, capped: {self.cap.text(B)}")
             return Wish(GROW, base * (1.0 + self.alpha), f"{what} < gamma={self.gamma:g}: grow")
         if sim > self.gamma:
             return Wish(SHRINK, base * (1.0 - self.alpha), f"{what} > gamma={self.gamma:g}: shrink")
@@ -96,6 +110,10 @@ class SimilarityPolicy(BatchPolicy):
         st = PolicyState.coerce(state)
         sp = self._space(st, space)
         d = super().decide(st, sp)
+        if d.moved and not self.cap.allows(int(st.B), d.B):
+            # the snap went past the cap (no realisable B between B and it): refused, B stays
+            d = BatchDecision(int(st.B), STAY, float(st.B), False,
+                              f"{d.reason}; refused: B={d.B} is beyond {self.cap.text(int(st.B))}")
         if d.direction in (GROW, SHRINK) and d.moved and self._forced_past(sp, int(st.B), d):
             # the space had nothing on the asked side near the target, so B went a whole step past it: keep
             # the realised B, or the next opposite move (aimed at the lagging product) falls several steps
@@ -115,14 +133,19 @@ class SimilarityPolicy(BatchPolicy):
         return nearest <= B if d.direction == GROW else nearest >= B
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "gamma": self.gamma, "alpha": self.alpha}
+        # headroom_c named only where it is not the default (a default job's config and checkpoint are as before)
+        return {**super().config(), "gamma": self.gamma, "alpha": self.alpha,
+                **({} if self.cap.c == DEFAULT_HEADROOM_C else {"headroom_c": self.cap.c})}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.config(), "exact": self.exact, "last": self.last, "pending": list(self.pending)}
+        return {**self.config(), "exact": self.exact, "last": self.last, "pending": list(self.pending),
+                **({} if self.cap.h is None else {"headroom": self.cap.state_dict()})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.pending = [float(x) for x in state.get("pending", [])]
+        if "headroom" in state:
+            self.cap.load_state_dict(state["headroom"])
         ex, last = state.get("exact"), state.get("last")
         self.exact = None if ex is None else float(ex)
         self.last = None if last is None else int(last)
