@@ -21,7 +21,7 @@ def view_names() -> tuple[set[str], set[str]]:
 
 def trainer_instance_attributes() -> set[str]:
     """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods, every property of the class and every
-    TrainState field it exposes (``X: _InState[T] = _InState()``) (the
+    TrainState field it exposes (``X: InState[T] = InState()``, runtime/state.py) (the
     attributes are read from its source, so that no world is built here)."""
     from hpc_jabas.runtime import trainer
     tree = ast.parse(Path(trainer.__file__).read_text())
@@ -29,7 +29,7 @@ def trainer_instance_attributes() -> set[str]:
     out = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)      # a property reads the TrainState
            and any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)}
     out |= {f.target.id for f in cls.body if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)
-            and isinstance(f.value, ast.Call) and getattr(f.value.func, "id", "") == "_InState"}   # TrainState fields
+            and isinstance(f.value, ast.Call) and getattr(f.value.func, "id", "") == "InState"}   # TrainState fields
     for node in ast.walk(cls):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
             if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from hpc_jabas.core.config import JobConfig
 from hpc_jabas.core.decision import Decision
@@ -31,6 +31,25 @@ from hpc_jabas.runtime.pending import PendingDecisions
 log = get_logger(__name__)
 
 Replan = Callable[[int], Plan]     # B -> a plan of B for this job's ranks
+
+
+_T = TypeVar("_T")
+
+
+class InState(Generic[_T]):
+    """A Trainer attribute that is the field of the same name of its TrainState (read and written there: the
+    owner's ``state``)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer: Any, owner: type | None = None) -> _T:
+        if trainer is None:                      # looked up on the class (help(), introspection)
+            return self  # type: ignore[return-value]
+        return getattr(trainer.state, self.name)
+
+    def __set__(self, trainer: Any, value: _T) -> None:
+        setattr(trainer.state, self.name, value)
 
 
 @dataclass

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 
@@ -55,31 +55,13 @@ from hpc_jabas.runtime.reducer import check_model
 from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.scriptcli import resolve_cli
-from hpc_jabas.runtime.state import initial_state
+from hpc_jabas.runtime.state import InState, initial_state
 from hpc_jabas.runtime.step import micro_step_sums, read_sums, timed_micro_batches
 from hpc_jabas.runtime.trainer_args import RankTotals, check_parts
 from hpc_jabas.runtime.world import World
 from hpc_jabas.trust import set_trust_group
 
 log = get_logger(__name__)
-
-
-_T = TypeVar("_T")
-
-
-class _InState(Generic[_T]):
-    """A Trainer attribute that is the field of the same name of its TrainState (read and written there)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, trainer: Trainer | None, owner: type | None = None) -> _T:
-        if trainer is None:                      # looked up on the class (help(), introspection)
-            return self  # type: ignore[return-value]
-        return getattr(trainer.state, self.name)
-
-    def __set__(self, trainer: Trainer, value: _T) -> None:
-        setattr(trainer.state, self.name, value)
 
 
 class Trainer:
@@ -311,9 +293,9 @@ class Trainer:
         return list(self.world_info.gpu_types)
 
     # ---- the state in force (a TrainState, runtime/state.py) -------------------------------
-    iteration: _InState[int] = _InState()
-    plan: _InState[Plan] = _InState()
-    lr_scale: _InState[float] = _InState()
+    iteration: InState[int] = InState()
+    plan: InState[Plan] = InState()
+    lr_scale: InState[float] = InState()
 
     @property
     def B(self) -> int:
