@@ -143,7 +143,8 @@ class HeadroomCap:
         """Is the move from ``B`` to ``new`` free? (Never refuses a move down or none.)"""
         if new <= B or self.limit(B) is None or self.h is None or self.B_h is None:
             return True
-        return move_allowed(new / self.B_h, self.h, self.c)
+        # move_allowed(k = new / B_h) but for its k <= 1: a move up to below B_h is free only within c x h too
+        return new / self.B_h <= tolerated_multiplier(self.h, self.c)
 
     def text(self, B: float) -> str:
         lim = self.limit(B)
