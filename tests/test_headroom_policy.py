@@ -145,3 +145,19 @@ def test_defaults_and_bad_values():
     again = SimilarityPolicy(B_max=512, headroom_c=2.0)
     again.load_state_dict(pol.state_dict())
     assert again.cap.state_dict() == {"c": 2.0, "h": 0.5, "B_h": 64.0}
+
+
+def test_the_job_keys_reach_the_policies_and_a_bad_one_is_one_line():
+    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.policies.registry import policy_for_job
+    pol = policy_for_job(JobConfig(policy="goodput", batch=32, batch_max=512, efficiency="linear", headroom_c=3.0),
+                         10)
+    assert isinstance(pol, GoodputPolicy) and (pol.efficiency, pol.cap.c) == ("linear", 3.0)
+    sim = policy_for_job(JobConfig(policy="similarity", batch=32, batch_max=512, headroom_c=5.0), 10)
+    assert isinstance(sim, SimilarityPolicy) and sim.cap.c == 5.0
+    default = policy_for_job(JobConfig(policy="goodput", batch=32, batch_max=512), 10)
+    assert isinstance(default, GoodputPolicy) and (default.efficiency, default.cap.c) == ("pollux", 4.0)
+    for kw, what in (({"efficiency": "adam"}, "efficiency"), ({"headroom_c": -2.0}, "headroom_c")):
+        with pytest.raises(ConfigError, match=what) as e:
+            JobConfig(policy="goodput", batch=32, **kw).validate()
+        assert "\n" not in str(e.value)
