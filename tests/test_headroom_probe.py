@@ -3,7 +3,12 @@ exactly quadratic with H = X'X / n, so g'Hg and the headroom are known in numpy;
 later equals the loss now (the edge itself, measured by the model's own forward); Adam's preconditioned
 direction from its state; two parameter groups; an attention model against a finite-difference Hessian-vector
 product; buffers and .grad left as they were; an unsupported optimizer is one line."""
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -163,3 +168,45 @@ def test_an_optimizer_without_a_probe_is_one_line():
     with pytest.raises(ConfigError, match="optimizer=RMSprop") as e:
         probe_headroom(model, _loss, Xt, yt, torch.optim.RMSprop(model.parameters(), lr=0.01))
     assert "\n" not in str(e.value)
+
+
+SCRIPT = '''
+import json, sys
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hpc_jabas.runtime.headroom_probe import probe_headroom
+
+torch.set_default_dtype(torch.float64)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+rng = np.random.default_rng(10 + rank)                   # each rank its own probe batch
+X = torch.tensor(rng.standard_normal((32, 4)) * (1 + rank))
+y = torch.tensor(rng.standard_normal((32, 1)))
+torch.manual_seed(0)                                     # the same weights on every rank
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loss = lambda o, t: 0.5 * F.mse_loss(o, t)
+own = probe_headroom(model, loss, X, y, opt, reduce=lambda x: x)
+both = probe_headroom(model, loss, X, y, opt)
+json.dump({"own": [own.gd, own.dhd, own.h], "both": [both.gd, both.dhd, both.h]},
+          open(f"rank{rank}.json", "w"))
+dist.destroy_process_group()
+'''
+
+
+def test_two_ranks_under_torchrun_average_the_two_scalars(tmp_path):
+    (tmp_path / "probe.py").write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPC_JABAS_", "PYTHONPATH"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    p = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "probe.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
+    gd, dhd = (r[0]["own"][0] + r[1]["own"][0]) / 2, (r[0]["own"][1] + r[1]["own"][1]) / 2
+    assert r[0]["own"][2] != pytest.approx(r[1]["own"][2], rel=1e-3)        # the ranks' batches differ
+    for k in range(2):
+        assert r[k]["both"][:2] == pytest.approx([gd, dhd], rel=1e-12)
+        assert r[k]["both"][2] == pytest.approx(2 * gd / dhd, rel=1e-12)
