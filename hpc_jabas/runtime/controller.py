@@ -337,17 +337,7 @@ class AdaptiveController(BaseController):
         gpu = trainer.gpu_types[trainer.rank]
         declared = trainer.planner.declared_factors     # factors are relative to the declared speed
         sf = declared[trainer.rank] if declared else 1.0
-        meas = exp = 0.0
-        for r in self._window:
-            if r.n_local <= 0:
-                continue
-            meas += r.compute_s
-            try:
-                n, b = r.n_local, r.b
-                last = r.x - (n - 1) * b                               # a per-rank plan's partial micro-batch
-                exp += (n - 1) * self.model.t_micro(gpu, b, sf) + self.model.t_micro(gpu, last, sf)
-            except Exception:
-                exp += r.compute_s
+        meas, exp = window_times(self._window, self.model.t_micro, gpu, sf)
         self._window = []
         exo = self._telemetry.sample(trainer.device) if self._telemetry is not None else {}
         return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": exo}
@@ -540,6 +530,25 @@ class AdaptiveController(BaseController):
             self.predictors.load_state_dict(d["predictors"])
             self.rebalancer.load_state_dict(d["rebalancer"])
             self.factors = d.get("factors")
+
+
+def window_times(window: list[StepRecord], t_micro: Callable[[str, int, float], float], gpu: str,
+                 sf: float) -> tuple[float, float]:
+    """(measured, modelled) compute seconds of this rank's iterations in ``window`` (those it computed in):
+    ``t_micro(gpu, b, speed factor)`` per micro-batch, a per-rank plan's partial last one included; an
+    iteration the model cannot price counts as measured."""
+    meas = exp = 0.0
+    for r in window:
+        if r.n_local <= 0:
+            continue
+        meas += r.compute_s
+        try:
+            n, b = r.n_local, r.b
+            last = r.x - (n - 1) * b                               # a per-rank plan's partial micro-batch
+            exp += (n - 1) * t_micro(gpu, b, sf) + t_micro(gpu, last, sf)
+        except Exception:
+            exp += r.compute_s
+    return meas, exp
 
 
 def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
