@@ -26,7 +26,7 @@
 * lost iterations, every case: counted from the run's own iteration records (an iteration recorded more
   than once was run again), beside what the launcher claims (``lost_claimed``).
 * timelimit: the same task, 4 epochs of ~1 s iterations, ``time_min=1``, ``signal_lead_s=30``,
-  ``max_timeouts=10``: recovered when the chain finishes exactly after at least one time-out requeue.
+  ``max_timeouts=40``: recovered when the chain finishes exactly after at least one time-out requeue.
 * kill: ``kill -9`` of rank 1 mid-epoch (sbatch and submitit chains, alternating): recovered when the chain
   resubmits from the last good checkpoint and finishes exactly; lost = iterations since that checkpoint
   (<= checkpoint_every).
@@ -345,8 +345,10 @@ def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "sub
     rows = out.setdefault("timelimit", [])
     base = 0.5 * gpus.get(gpu).relative_speed / gpus.get("rtx2060").relative_speed
     for method in methods:
+        # a 1-minute job loses 20-25 s to its start on a loaded 2-core machine: up to 11 time-outs were seen
+        # before the 60 iterations were done, so the cap (what this case does not test) is well above that
         cfg = dict(BASE_CFG, epochs=4, emulate_base_s=base, slurm={"time_min": 1, "signal_lead_s": 30,
-                                                                     "max_timeouts": 10})
+                                                                     "max_timeouts": 40})
         w = shared / f"faults-{os.getpid()}-t{len(rows)}"
         w.mkdir(parents=True, mode=0o777)
         r = run_chain(cl, w, method, cfg, timeout=600, mix={gpu: 2})
