@@ -8,6 +8,7 @@ low-level layer (``HeterogeneousOptimizer``) adopts that initialisation at its f
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -19,9 +20,10 @@ import torch
 from hpc_jabas.core.planning import Plan, proportional_plan
 from hpc_jabas.core.sampler import HeterogeneousSampler
 from hpc_jabas.core.stats import NoiseScale
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import CheckpointError, ConfigError, JabasError
 from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
+from hpc_jabas.trust import check_write_dir, open_trusted, write_atomic_nofollow
 
 
 class Process(NamedTuple):
@@ -214,22 +216,40 @@ class Jabas:
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """The state at this iteration boundary (model, optimizer, sampler, plan, iteration), written by rank 0
-        (a temporary file renamed: never torn); every rank returns once it is on disk."""
+        into a directory of this user's (made when missing; one another user could write is refused), beside
+        the file and renamed over it, never through a link (hpc_jabas/trust.py): never torn. Every rank
+        returns once it is on disk, or raises the same one-line error when rank 0 could not write it."""
         p = Path(path) if path is not None else self.checkpoint
         if p is None:
             raise ConfigError("Jabas.save() needs a path (or Jabas(checkpoint=...))")
         sd = self.state_dict()
+        err: JabasError | None = None
         if self.rank == 0:
-            tmp = p.with_name(p.name + ".tmp")
-            torch.save(sd, tmp)
-            os.replace(tmp, p)
-        comm.allreduce_sum(torch.zeros(1), name="hj.loop.saved")        # every rank: the file is there
+            try:
+                check_write_dir(p.absolute().parent, "checkpoint directory")
+                buf = io.BytesIO()
+                torch.save(sd, buf)
+                write_atomic_nofollow(p, buf.getvalue(), "checkpoint", fsync=True)
+            except JabasError as e:
+                err = e
+            except OSError as e:
+                err = CheckpointError(f"cannot write checkpoint {str(p)!r}: {e.strerror or e}; the previous "
+                                      "checkpoint is kept: free space or give a writable path")
+        failed = torch.tensor([0.0 if err is None else 1.0])
+        comm.allreduce_sum(failed, name="hj.loop.saved")      # every rank: the file is there (or it is not)
+        if err is not None:
+            raise err
+        if float(failed.item()) > 0:
+            raise CheckpointError(f"rank 0 could not write checkpoint {str(p)!r} (its line says why)")
         return p
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """The state :meth:`save` wrote (every rank reads it, and returns once all have: a save that follows
-        cannot replace the file under a rank still reading it)."""
-        self.load_state_dict(torch.load(Path(path), map_location="cpu", weights_only=True))
+        cannot replace the file under a rank still reading it). A file another user could have written (or
+        planted as a link) is refused in one line, never read (hpc_jabas/trust.py)."""
+        with open_trusted(path, "checkpoint") as f:
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+        self.load_state_dict(sd)
         comm.allreduce_sum(torch.zeros(1), name="hj.loop.loaded")
 
 
