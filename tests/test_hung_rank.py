@@ -10,80 +10,16 @@ once every rank trained 12 iterations and a checkpoint exists, one rank gets SIG
 * the launcher exits non-zero, and the stopped process is gone with it (no orphan);
 * the last checkpoint still loads.
 """
-import json
-import os
 import re
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from mpi_util import PY, ROOT, WORKERS, mpi_env
+from mpi_util import PY, ROOT, mpi_env
+from support.rank_runs import EXIT_BOUND_S, NAMED_BOUND_S
+from support.rank_runs import our_lines as _ours
+from support.rank_runs import stop_one as _stop_one
 
 from hpc_jabas.runtime.checkpoint import load_latest
-
-#: how long after the SIGSTOP the others must have named the rank: the issue's goal, with the default heartbeat
-NAMED_BOUND_S = 30
-#: the launcher's exit after the line (torchrun waits 30 s for a stopped worker before its SIGKILL)
-EXIT_BOUND_S = 75
-
-
-def _checkpoints(out: Path) -> list[Path]:
-    d = out / "run" / "checkpoints"
-    return sorted(d.glob("ckpt-*.pt")) if d.is_dir() else []
-
-
-def _ours(err: str) -> list[str]:
-    return [ln for ln in err.splitlines() if ln.startswith("hpc-jabas: error:")]
-
-
-def _stop_one(cmd: list[str], out: Path, env: dict, n: int, stop: int, backend: str = "torch") -> dict:
-    """Start the run, SIGSTOP rank ``stop`` once every rank trained 12 iterations and a checkpoint exists; return
-    rc, stderr, seconds from the stop to our first line (None: none came) and to the launcher's exit, and whether
-    the stopped process outlived the launcher."""
-    (out / "spec.json").write_text(json.dumps({"out_dir": str(out), "plan": "b=4 n=" + ",".join(["1"] * n),
-                                               "backend": backend}))
-    pid = None
-    with open(out / "stderr", "w") as errf:
-        p = subprocess.Popen(cmd + [str(WORKERS / "dead_rank_worker.py"), str(out / "spec.json")], env=env,
-                             stdout=subprocess.DEVNULL, stderr=errf, cwd=str(ROOT))
-        try:
-            end = time.monotonic() + 240
-            while not all((out / f"pid{r}").exists() for r in range(n)) or not _checkpoints(out):
-                assert p.poll() is None and time.monotonic() < end, (out / "stderr").read_text()[-3000:]
-                time.sleep(0.1)
-            time.sleep(0.5)
-            pid = int((out / f"pid{stop}").read_text())
-            os.kill(pid, signal.SIGSTOP)
-            t0 = time.monotonic()
-            named = None
-            while p.poll() is None and time.monotonic() < t0 + NAMED_BOUND_S + EXIT_BOUND_S:
-                if named is None and _ours((out / "stderr").read_text()):
-                    named = time.monotonic() - t0
-                time.sleep(0.1)
-            rc = p.poll()                       # None: still running past the bounds
-            exit_s = time.monotonic() - t0
-            if named is None and _ours((out / "stderr").read_text()):
-                named = exit_s
-            time.sleep(1.0)
-            orphan = _alive(pid)
-            return {"rc": rc, "err": (out / "stderr").read_text(), "named_s": named, "exit_s": exit_s,
-                    "orphan": orphan}
-        finally:
-            if p.poll() is None:
-                p.kill()
-            if pid is not None and _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGCONT)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _check(res: dict, out: Path, n: int, stop: int, bound: float = NAMED_BOUND_S) -> str:

@@ -14,28 +14,21 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tests() -> None:
-    if str(ROOT / "tests") not in sys.path:            # the tests' helpers import their siblings by name
-        sys.path.insert(0, str(ROOT / "tests"))
-
-
 def _env() -> dict:
-    _tests()
-    from mpi_util import mpi_env
+    from tests.mpi_util import mpi_env
     return {k: v for k, v in mpi_env().items() if not k.startswith(("PMI", "SLURM_", "HPC_JABAS_"))}
 
 
 def hung_case(work: Path, how: str, slurm_env: dict | None = None) -> dict:
     """One SIGSTOP case (module docstring); ``how``: torchrun | mpirun-torch | mpirun-horovod | srun."""
-    _tests()
-    from mpi_util import PY
-    from test_hung_rank import _ours, _stop_one
+    from tests.support.rank_runs import PY
+    from tests.support.rank_runs import our_lines as _ours
+    from tests.support.rank_runs import stop_one as _stop_one
     out = work / f"hung-{how}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, mode=0o777)
@@ -68,12 +61,13 @@ def hung_case(work: Path, how: str, slurm_env: dict | None = None) -> dict:
 
 def restarts_case(work: Path, restarts: int = 3) -> dict:
     """torchrun --max-restarts=``restarts`` through ``restarts`` failures (module docstring)."""
-    _tests()
-    from test_restarts import run_restarts
+    from tests.mpi_util import mpi_env
+    from tests.reference import reference_run
+    from tests.support.rank_runs import run_restarts
     out = work / "restarts"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    r = run_restarts(out, kills=restarts, max_restarts=restarts)
+    r = run_restarts(out, restarts, restarts, mpi_env(), reference_run)
     ours = [ln for ln in r["stderr"].splitlines() if ln.startswith("hpc-jabas: error:")]
     lines_ok = len(ours) == restarts and all(
         f"torchrun restarts the workers ({restarts - i} of --max-restarts={restarts} left)" in ln
