@@ -11,7 +11,8 @@ one that concerns that rank alone) waits ``HPC_JABAS_ERROR_GRACE_S`` seconds (10
 well, the launcher (mpirun, horovodrun, srun --kill-on-bad-exit) ends this rank before it repeats rank 0's line;
 when it did not, this rank's line comes, prefixed with its rank. From the hook the process ends with
 ``os._exit(2)``: no exit handler runs, so none can wait in a collective (MPI_Finalize, Horovod's shutdown) for
-ranks that are gone. ``run_main`` raises ``SystemExit(2)`` instead (what it always did), which its caller may catch.
+ranks that are gone. ``run_main`` does the same in a run of several ranks; in one process it raises
+``SystemExit(2)`` instead (what it always did), which its caller may catch.
 """
 from __future__ import annotations
 
@@ -156,8 +157,25 @@ def run_main(fn: Callable[..., Any], argv: list[str] | None = None) -> None:
         _heartbeat_done()
         record_for_torchrun(e)
         say(e)
-        sys.exit(int(getattr(e, "exit_code", 2)))      # SystemExit, as before: a caller (a test...) may catch it
+        code = int(getattr(e, "exit_code", 2))
+        if _several_ranks():
+            # the other ranks end now too, and a launcher (srun --kill-on-bad-exit, mpirun) ends a rank still in
+            # its exit handlers (a process group's shutdown) with SIGTERM: exit code 143, not 2. As from the hook:
+            # no exit handler runs
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        sys.exit(code)          # one process: SystemExit, as before: a caller (a test...) may catch it
     sys.exit(rc or 0)
+
+
+def _several_ranks() -> bool:
+    """Whether a launcher started this process as one of several ranks."""
+    from hpc_jabas.runtime import launchers  # not at import: ``import hpc_jabas`` stays light
+    try:
+        return launchers.detect().world_size > 1
+    except JabasError:
+        return False
 
 
 def _takes_argument(fn: Callable[..., Any]) -> bool:

@@ -305,13 +305,14 @@ def shutdown() -> None:
     :func:`init` starts it again."""
     global _initialized, _store
     heartbeat.stop(done=True)
-    if _initialized:
+    if _initialized and dist.is_initialized():     # a script that destroyed its own group took our subgroups with it
         for g in _groups.values():
             if _owned:
                 break
             dist.destroy_process_group(g)
         if _owned:
             dist.destroy_process_group()
+    if _initialized:
         _groups.clear()
         _store = None
         _initialized = False
