@@ -55,11 +55,12 @@ def test_stopped_rank_named_under_torchrun(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("n,stop,backend,hb", [(2, 1, "torch", ""), (3, 0, "torch", "6"), (2, 1, "horovod", "6")])
+@pytest.mark.parametrize("n,stop,backend,hb", [(3, 0, "torch", "6"), (2, 1, "horovod", "6")])
 def test_stopped_rank_named_under_mpirun(tmp_path, n, stop, backend, hb):
-    """(2, 1, torch): the default heartbeat (20 s; the issue's goal: named within 30 s). (3, 0): rank 0 hosts the
-    store (torch) and is the one stopped: rank 1 names it. (2, 1, horovod): Horovod's own stall check only warns;
-    the watchdog names the rank. Neither the stopped rank, nor a rank that mpirun ends, blames a live one."""
+    """(3, 0): rank 0 hosts the store (torch) and is the one stopped: rank 1 names it. (2, 1, horovod): Horovod's
+    own stall check only warns; the watchdog names the rank. Neither the stopped rank, nor a rank that mpirun ends,
+    blames a live one. The default heartbeat (20 s; the issue's goal: named within 30 s) is bench.faults'
+    ``hung_rank_named_s`` on every launcher (a sweep: not repeated here)."""
     res = _stop_one(["mpirun", "-np", str(n), "--oversubscribe", "--bind-to", "none", PY], tmp_path,
                     _env(**({"HPC_JABAS_HEARTBEAT_S": hb} if hb else {})), n, stop, backend)
     _check(res, tmp_path, n, stop, bound=NAMED_BOUND_S if not hb else 20)
