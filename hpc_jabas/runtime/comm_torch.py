@@ -28,7 +28,7 @@ import datetime
 import inspect
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from hpc_jabas.log import get_logger, set_rank
 from hpc_jabas.runtime import comm_torch_lost as _lost
 from hpc_jabas.runtime import heartbeat, launchers
 from hpc_jabas.runtime.comm_torch_lost import PeerLostError  # noqa: F401  (re-exported)
-from hpc_jabas.runtime.reducer import FlatReducer, GradReducer, StartSum, WaitSum
+from hpc_jabas.runtime.reducer import FlatReducer, GradReducer, StartSum, WaitSum, ddp_zero_step
 
 log = get_logger(__name__)
 
@@ -494,14 +494,7 @@ class DDPReducer:
         """One synced backward of zero gradients, through DDP, without the user's forward (no data, no
         BatchNorm statistics touched): DDP's module is, for this one call, a stand-in whose output is
         ``0 x sum(parameters)``."""
-        zero = _ZeroOutput(self._params)
-        mods = self.ddp._modules
-        mods["module"] = zero
-        try:
-            out = self.ddp()
-        finally:
-            mods["module"] = self.inner
-        out.backward()
+        ddp_zero_step(self.ddp, self.inner, self._params)
 
     def finish(self) -> None:
         if self._probes:
@@ -532,17 +525,6 @@ class DDPReducer:
         if self._last is not None:
             self._last.remove()
             self._last = None
-
-
-class _ZeroOutput(torch.nn.Module):
-    """Stands in for the user's module in a zero step: ``0 x sum(parameters)`` (every gradient exactly zero)."""
-
-    def __init__(self, params: Sequence[torch.Tensor]):
-        super().__init__()
-        self._ps = list(params)
-
-    def forward(self) -> torch.Tensor:
-        return torch.stack([p.sum().to(torch.float32) * 0.0 for p in self._ps]).sum()
 
 
 class _Sum:

@@ -277,15 +277,7 @@ class ScriptDDPReducer:
     def zero_step(self) -> None:
         """One synced backward of zero gradients through the wrapper, the script's module swapped for one call
         for a stand-in whose output is ``0 x sum(parameters)`` (no data, no BatchNorm statistics touched)."""
-        params = self._params
-        zero = _ZeroSum(params)
-        mods = self.ddp._modules
-        mods["module"] = zero
-        try:
-            out = self.ddp()
-        finally:
-            mods["module"] = self.inner
-        out.backward()
+        ddp_zero_step(self.ddp, self.inner, self._params)
 
     def finish(self) -> None:
         if self._n_local > 0 and self._synced_forwards == 0:
@@ -300,6 +292,19 @@ class ScriptDDPReducer:
 
     def on_ready(self, fn: Callable[[], None] | None) -> None:
         """Never called (the Trainer wraps the model itself)."""
+
+
+def ddp_zero_step(ddp: torch.nn.Module, inner: torch.nn.Module, params: Sequence[torch.Tensor]) -> None:
+    """One synced backward of zero gradients through ``ddp`` (a DistributedDataParallel around ``inner``): its
+    module is, for this one call, a stand-in whose output is ``0 x sum(parameters)`` (no data, no BatchNorm
+    statistics touched). Shared by both DDP reducers (this module's and runtime/comm_torch.py's)."""
+    mods = ddp._modules
+    mods["module"] = _ZeroSum(params)
+    try:
+        out = ddp()
+    finally:
+        mods["module"] = inner
+    out.backward()
 
 
 class _ZeroSum(torch.nn.Module):
