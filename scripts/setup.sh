@@ -40,7 +40,8 @@ mkdir -p "$CACHE"
 # The third-party packages. pytest 8: pytest-xdist 3.8's xdist_group (tests/conftest.py) renames node ids,
 # which pytest 9 ignores. mpi4py and Horovod come after the Debian packages (they build against Open MPI).
 PKGS=(wheel setuptools "torch==2.13.0" numpy cloudpickle psutil pyyaml packaging "submitit==1.5.4" "pytest==8.4.2"
-      pytest-xdist hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy)
+      pytest-xdist hypothesis scikit-learn matplotlib tqdm pillow pytest-timeout ruff mypy
+      tensorboard)      # tensorboard: tests/test_ddp_script_logging.py runs docs/training.md's recipe
 ENV_FORMAT=2      # bump to rebuild every shared environment
 ENV_HASH=$( { echo "$ENV_FORMAT"; printf '%s\n' "${PKGS[@]}"; sed -n '/^dependencies *=/,/^]/p' pyproject.toml;
               cat scripts/horovod_cycle_patch.py;

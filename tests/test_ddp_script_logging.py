@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from mpi_util import mpi_env
+from support.need import need
 
 import hpc_jabas as hj
 from hpc_jabas.errors import ConfigError
@@ -32,7 +33,7 @@ def recipe() -> str:
 
 @pytest.mark.mpi
 def test_the_tensorboard_recipe_logs_the_global_loss_on_rank_0(tmp_path):
-    pytest.importorskip("tensorboard")
+    need("tensorboard")                     # set-up installs it: in CI a missing one fails
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     script = tmp_path / "tb_logging.py"
     # the recipe as written, plus a record of every rank's own loss sums (an independent reference for the global

@@ -8,10 +8,11 @@ import warnings
 
 import numpy as np
 import pytest
+from support.need import need
 
 from hpc_jabas.core.forecast import GP_BOUNDS, _gp_hyper, _gp_lml, gp_forecast
 
-pytest.importorskip("sklearn")
+need("sklearn")                 # set-up installs it (the [forecast] extra): in CI a missing one fails
 
 
 def _histories():

@@ -137,6 +137,8 @@ def test_the_local_clusters_declaration_is_read(tmp_path):
     assert node_local_root("/tmp/hpc-jabas/env-0123", env) == "/tmp"          # /tmp stays private per node
     bare = _conf(tmp_path / "site", declare=False)                             # a site's slurm.conf: nothing
     assert cluster_declared(bare) == [] and node_local_root("/var/tmp/x", bare) == "/var/tmp"
+    os.chmod(tmp_path / "etc" / DECL_FILE, 0o666)                              # writable by anyone: not read
+    assert cluster_declared(env) == [] and node_local_root("/var/tmp/x", env) == "/var/tmp"
 
 
 @pytest.fixture

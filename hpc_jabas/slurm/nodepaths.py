@@ -39,6 +39,7 @@ from hpc_jabas import settings
 from hpc_jabas.core.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.env import SlurmEnv
+from hpc_jabas.trust import open_trusted
 
 #: directories that are node-local on most clusters
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")
@@ -77,12 +78,14 @@ DECL_FILE = "shared-paths"
 
 def cluster_declared(env: Mapping[str, str] | None = None) -> list[Path]:
     """The directories the cluster declares shared in ``shared-paths`` beside its slurm.conf (``SLURM_CONF``, else
-    /etc/slurm/slurm.conf): one absolute path a line, ``#`` comments; [] when there is no such file (a site's)."""
+    /etc/slurm/slurm.conf): one absolute path a line, ``#`` comments; [] when there is no such file (a site's), or
+    when another user could have written it (hpc_jabas/trust.py)."""
     env = os.environ if env is None else env
     f = Path(SlurmEnv(env).conf or DEFAULT_CONF).parent / DECL_FILE
-    try:
-        lines = f.read_text(encoding="utf-8", errors="replace").splitlines()[:64]
-    except OSError:
+    try:           # a file another user could have written is not read: then nothing is declared
+        with open_trusted(f, "shared-paths declaration") as fh:
+            lines = fh.read(16384).decode("utf-8", errors="replace").splitlines()[:64]
+    except (OSError, ConfigError):
         return []
     return [Path(x.strip()).resolve() for x in lines if x.strip().startswith("/")]
 
