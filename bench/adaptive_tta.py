@@ -205,8 +205,8 @@ from torch import nn  # noqa: E402
 
 from bench.common import phases  # noqa: E402
 from bench.common import tta_tasks as tasks  # noqa: E402
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 SMALL, LARGE = 32, 512
@@ -321,7 +321,7 @@ def read_iterations(run_dir: Path, profile_dir: Path,
     in order (the phase split, bench/common/phases.py)."""
     import json
 
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     from hpc_jabas.core.planning import Plan
     rows: dict[tuple[int, str], list[float]] = {}
     modelled: dict[int, float] = {}

@@ -29,8 +29,9 @@ import os
 import random
 import time
 
-from hpc_jabas.core import autoscale, mixsearch
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.autoscale import mixsearch
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning.slots import makespan_all
 
 TYPES8 = ["v100", "p100", "a100", "h100", "rtx3090", "titan-rtx", "rtx2060", "l40s"]

@@ -111,7 +111,7 @@ def _exact(chain_dir: Path, steps: int, repeats: bool = False) -> tuple[bool, fl
     """The chain's last checkpoint against the uninterrupted run; ``repeats``: iterations lost to a kill
     were run again (recorded twice)."""
     from hpc_jabas.errors import CheckpointError
-    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.runtime.persist.checkpoint import load_latest
     from tests.reference import reference_run
     try:
         found = load_latest(chain_dir / "run" / "checkpoints", log=lambda m: None)
@@ -168,7 +168,7 @@ def run_chain_signals(cl: LocalCluster, work: Path, method: str, cfg: dict, poin
     the signal to the job then running; k = "epoch_end": once the first epoch_end record is written (the
     trainer then checkpoints and runs the epoch-end decision). Exact and lost as :func:`run_chain`, lost
     counted from the records. ``act(job)``, when given, is done instead of the signal (a real preemption)."""
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm.chain import read
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
@@ -283,7 +283,7 @@ def matrix(cl: LocalCluster, shared: Path, rng: random.Random, out: dict, quick:
 def run_chain(cl: LocalCluster, work: Path, method: str, cfg: dict, signal_at: int | None = None,
               how: list[str] | None = None, kill_at: int | None = None, timeout: float = 300,
               mix: dict[str, int] | None = None) -> dict:
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm.chain import read
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
@@ -341,7 +341,7 @@ def preempt(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dic
 def timelimit(cl: LocalCluster, shared: Path, out: dict, methods=("sbatch", "submitit"), gpu: str = "rtx2060") -> None:
     """``gpu``: the chain's GPU type (--quick: a100, beside the other chains on the rtx2060 node); the emulated
     iteration takes as long on any type (emulate_base_s scaled by the type's speed)."""
-    from hpc_jabas.core import gpus
+    from hpc_jabas.core.config import gpus
     rows = out.setdefault("timelimit", [])
     base = 0.5 * gpus.get(gpu).relative_speed / gpus.get("rtx2060").relative_speed
     for method in methods:
@@ -382,7 +382,7 @@ def kill(cl: LocalCluster, shared: Path, n: int, rng: random.Random, out: dict, 
 
 WRITER = """
 import sys, torch
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 d, i, n = sys.argv[1], int(sys.argv[2]), 4_000_000
 print("ready", flush=True)
 while True:
@@ -394,7 +394,7 @@ while True:
 def corrupt(work: Path, n: int, rng: random.Random, out: dict) -> None:
     import torch
 
-    from hpc_jabas.runtime import checkpoint as ckpt
+    from hpc_jabas.runtime.persist import checkpoint as ckpt
     rows = out.setdefault("corrupt", [])
     d = work / f"faults-ckpt-{os.getpid()}"
     shutil.rmtree(d, ignore_errors=True)
@@ -447,7 +447,7 @@ def replan(cl: LocalCluster, shared: Path, rng: random.Random, out: dict) -> Non
     """A successor pending on a drained partition (tests/test_slurm_replan.py's case, once): the chain's job on
     v100:2 is stopped once iteration k is on record while both v100 nodes are drained; avoided when its
     successor is cancelled, re-planned off v100 and the chain finishes exactly."""
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm.chain import read
     from hpc_jabas.slurm.executor import submit, submit_job
     from hpc_jabas.slurm.replan import PendingWatch
@@ -489,7 +489,7 @@ def planted(work: Path, out: dict) -> None:
     falls back to the good one), the newest file owned by another uid, and the newest file or its sidecar
     writable by every user (refused outright, naming the file: the directory is suspect)."""
     from hpc_jabas.errors import CheckpointError
-    from hpc_jabas.runtime import checkpoint as ckpt
+    from hpc_jabas.runtime.persist import checkpoint as ckpt
     from hpc_jabas.trust import UntrustedFileError
     from tests.support.trust import Payload, plant  # the suite's own planting (a checkpoint with a matching sidecar)
     rows = out.setdefault("planted", [])

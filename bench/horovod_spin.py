@@ -1,5 +1,5 @@
 """CPU burnt while ranks wait: Horovod as released vs the edited build (scripts/horovod_cycle_patch.py), and
-Horovod's own synchronize vs hpc_jabas.runtime.comm.synchronize (docs/toolchain.md).
+Horovod's own synchronize vs hpc_jabas.runtime.comm.seam.synchronize (docs/toolchain.md).
 
 One job, four ways, in one run of this script, order rotated per repeat: two Horovod builds x two waits.
 - ``released-*``: the Horovod 0.28.1 wheel built WITHOUT the edit (``scripts/setup.sh --released-horovod-wheel``
@@ -44,8 +44,8 @@ def worker(spec_path: str) -> None:
     import torch
     from torch import nn
 
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm import seam as comm
     from hpc_jabas.runtime.trainer import Trainer
 
     spec = json.loads(Path(spec_path).read_text())

@@ -50,9 +50,9 @@ from torch import nn  # noqa: E402
 
 from examples.jpeg_shapes import JpegFolder, ensure_image_folder, preload  # noqa: E402
 from examples.train_resnet import resnet18  # noqa: E402
-from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.log import get_logger  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 get_logger("hpc_jabas").setLevel("ERROR")

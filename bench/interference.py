@@ -63,9 +63,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bench.common import straggler_model  # noqa: E402
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.core.perf.perfmodel import ComputeProfile, PerfModel  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.emulate import Emulator  # noqa: E402
 from hpc_jabas.runtime.profiling.compute import measure_compute  # noqa: E402
 from hpc_jabas.runtime.profiling.load import check_bundle, grad_bytes  # noqa: E402

@@ -57,9 +57,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bench.common.overhead_mlp import data, ddp_loop, model  # noqa: E402
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.policy import STAY, Wish  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.core.adaptive.policy import STAY, Wish  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 n_ranks = int(sys.argv[sys.argv.index("--ranks") + 1])

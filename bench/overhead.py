@@ -28,7 +28,7 @@ median over the rounds with its min/max. Shared 2-core machine (3 ranks oversubs
   ``safepoint_blocking_ratio`` = blocking / off, ``overhead_ratio_fit_safepoint_off`` = off / theirs (what
   ``fit()`` adds besides the safe point).
 
-- the two backends (runtime/comm.py, docs/backends.md), in the same rounds, the order of four whole loops rotated
+- the two backends (runtime/comm/seam.py, docs/backends.md), in the same rounds, the order of four whole loops rotated
   each round: the Horovod backend's ``fit()`` and its hand-written ``hvd.DistributedOptimizer`` loop, the torch
   backend's ``fit()`` (Gloo here) and a hand-written ``DistributedDataParallel`` loop (the strongest simple thing
   a torch user writes; its construction broadcasts rank 0's parameters, as ``hvd.broadcast_parameters`` does in
@@ -93,8 +93,8 @@ import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402,F401  (MPI initialised here: Horovod can shut down and start again)
 from torch import nn  # noqa: E402
 
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 QUICK, BACKENDS_ONLY = "--quick" in sys.argv, "--backends-only" in sys.argv

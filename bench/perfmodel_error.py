@@ -114,10 +114,10 @@ def child(R: int) -> None:
     from torch import nn
 
     from bench.common.realmodel import dataset, make_model, profile_bundle
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.core.perf.perfmodel import ComputeProfile, PerfModel
     from hpc_jabas.core.planning import Plan
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     from hpc_jabas.runtime.profiling.allreduce import fit_allreduce, measure_allreduce
     from hpc_jabas.runtime.profiling.compute import measure_compute
     from hpc_jabas.runtime.profiling.load import check_bundle, grad_bytes
@@ -142,7 +142,7 @@ def child(R: int) -> None:
     if R > 1:
         ar = fit_allreduce(measure_allreduce([64 << 10, 1 << 20, 4 << 20, grad], repeats=10))
     else:
-        from hpc_jabas.core.perfmodel import AllreduceModel
+        from hpc_jabas.core.perf.perfmodel import AllreduceModel
         ar = AllreduceModel()
     prof = ComputeProfile(gpu="v100", b=PROFILED, t=t_pool, update_s=upd, max_b=1024, emulated=False,
                           source="measured: real CPU compute, pooled over the ranks")

@@ -44,10 +44,10 @@ ensure_ranks(3)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.core.perf.perfmodel import ComputeProfile, PerfModel  # noqa: E402
 from hpc_jabas.core.planning import Plan  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.profiling.allreduce import fit_allreduce, measure_allreduce  # noqa: E402
 from hpc_jabas.runtime.profiling.compute import measure_compute  # noqa: E402
 from hpc_jabas.runtime.profiling.emulated import (  # noqa: E402

@@ -21,7 +21,7 @@ import random
 import statistics
 import time
 
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import plan_batch, plan_range, snap_batch
 
 TYPES = {"v100": 160, "p100": 160, "a100": 128, "h100": 64, "rtx3090": 128,

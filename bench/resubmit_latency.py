@@ -58,7 +58,7 @@ def _slurm_time(text: str) -> float | None:
 
 
 def one_run(cluster: LocalCluster, method: str, src: dict, dst: dict, k: int) -> dict:
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm import chain as chainlog
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import sacct_states, wait_chain

@@ -1,6 +1,6 @@
 """Where adaptive batching pays in wall-clock: with auto-scaling, against the best fixed (B, mix) a grid finds.
 
-In the simulator (core/simulate.py, the project's own planner, perf model, policies, forecaster and
+In the simulator (core/sim/simulate.py, the project's own planner, perf model, policies, forecaster and
 auto-scaler), on JABAS's cluster A (examples/sim/cluster_a.toml: four 4-GPU partitions, V100, P100, TITAN RTX,
 RTX 3090, their queue model) and the ResNet-50-like job (examples/sim/job_resnet50.toml, 90 epochs' statistical
 progress at B0 = 256, McCandlish-style noise-scale growth):
@@ -18,7 +18,7 @@ These are model figures (docs/simulator.md, "Validation against real runs"), not
 
 The simulator prices a fixed B with Pollux's E(B), the same E the goodput policy decides on, so the grid cannot
 reveal a pricing error in it. ``--efficiency linear --headroom H`` prices the fixed grid instead with E_lin on a
-curvature headroom H measured at B0 (core/headroom.py: E_lin(B) / E_lin(B0), the calibrated edge c x H, c =
+curvature headroom H measured at B0 (core/adaptive/headroom.py: E_lin(B) / E_lin(B0), the calibrated edge c x H, c =
 ``--headroom-c``, B_n = ``--headroom-bn``, default 0: the edge alone), the lr scaled linearly from B0: a fixed B runs
 ceil(epochs / E_lin) epochs at E = 1, and a B at or past the edge never reaches the progress. The adaptive runs are
 still priced by the simulator's E (Pollux's), so their ratios against this grid say how far the two prices disagree,
@@ -41,9 +41,9 @@ import statistics
 import time
 from pathlib import Path
 
-from hpc_jabas.core.headroom import e_lin_h
-from hpc_jabas.core.simconfig import Job, load_cluster, load_job
-from hpc_jabas.core.simulate import Simulation
+from hpc_jabas.core.adaptive.headroom import e_lin_h
+from hpc_jabas.core.sim.simconfig import Job, load_cluster, load_job
+from hpc_jabas.core.sim.simulate import Simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "sim" / "cluster_a.toml"

@@ -46,9 +46,9 @@ import tempfile
 from pathlib import Path
 
 from bench.common.launch import ROOT, _mpi_env, _mpirun, load_note, profile_emulated
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict
-from hpc_jabas.core.simulate import Simulation
+from hpc_jabas.core.perf.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
+from hpc_jabas.core.sim.simconfig import cluster_from_dict, job_from_dict
+from hpc_jabas.core.sim.simulate import Simulation
 
 TYPES = ["v100", "p100", "rtx2060"]
 CASES = {
@@ -141,9 +141,9 @@ def chain_real(chain_dir: Path) -> dict:
 
 def chain_overheads(real: dict, epochs: int) -> dict:
     """The simulator's [model] keys from a chain's records, measured as the trainer's auto-scaler meters them
-    (core/overheads.py: measurement iterations against normal ones at the same B), and ``epoch_end_s`` =
+    (core/autoscale/overheads.py: measurement iterations against normal ones at the same B), and ``epoch_end_s`` =
     (the jobs' fit() - their iterations) / epochs."""
-    from hpc_jabas.core.overheads import OverheadMeter
+    from hpc_jabas.core.autoscale.overheads import OverheadMeter
     m = OverheadMeter()
     for _, B, t, meas, n in real["its"]:
         m.observe_iteration(B, t, meas, n)
@@ -156,8 +156,8 @@ def simulate_chain(chain_dir: Path, real: dict, overheads: dict, restart_s: floa
     ran): the cluster as the first epoch-end decision saw it (free GPUs, allocation units, billing rates), the
     job's own config and perf model (its profile, else the emulated model it planned with, saved as one), its
     gradient statistics (``curve = "trace"``), ``overheads`` and a move costing ``restart_s``."""
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.perfmodel import job_perf_model
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.core.perf.perfmodel import job_perf_model
     cfg, auto = dict(real["spec"]["config"]), dict(real["spec"]["config"].get("autoscale") or {})
     if cfg.get("policy") != "noise-scale" or auto.get("objective") != "cost":
         raise SystemExit("sim_validation: simulate_chain replays goodput + cost chains (strategy hpcjabas-cost); "
@@ -189,7 +189,7 @@ def simulate_chain(chain_dir: Path, real: dict, overheads: dict, restart_s: floa
 
 
 def sim_moves(sim) -> list[tuple[int, dict]]:
-    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.core.autoscale.scaler import mix_label
     out = []
     for d in sim.decisions:
         if d["move"]:

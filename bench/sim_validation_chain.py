@@ -13,7 +13,7 @@ first epoch end (a chain that does not is reported, not counted).
 What the prediction is given, all measured on calibration chains of other seeds (``--calibration-chains``,
 default 3: seeds 1, 11, 12; the medians), as a user measures them once per cluster and job: the restart
 overhead (checkpoint -> the next job's first iteration, ``restart_s``), and what the chain costs besides its
-iterations (``measure_factor``, ``epoch_end_s``; the trainer's own meter, core/overheads.py). The validated
+iterations (``measure_factor``, ``epoch_end_s``; the trainer's own meter, core/autoscale/overheads.py). The validated
 chains are ``--repeats`` other seeds: 0, 2, 3, ... (each its own sample order and gradient statistics).
 
 Simulated side (``simulate_chain`` in bench/sim_validation.py): the same job, the cluster as the chain's first
@@ -51,7 +51,7 @@ CALIBRATION_SEEDS = (1, 11, 12, 13, 14)      # never a validated chain's seed (0
 
 
 def run_chain(chain_dir: Path, profile: Path, seed: int) -> dict:
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     train = {"epochs": 4, "batch": 96, "batch_min": 48, "batch_max": 384, "policy": "noise-scale", "p": 4,

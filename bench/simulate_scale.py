@@ -5,7 +5,7 @@ TITAN RTX, RTX 2060, L40S), emulated perf model (speeds: the catalog's FP32 TFLO
 2.5 ms per sample; ResNet-50-sized gradients), catalog rates, lognormal queue waits (the fast types wait
 longer). The job: ImageNet-sized epochs (1,281,167 samples), B0 = 16,384 in [4,096, 131,072], micro-batch
 32, p = 100, McCandlish-style noise scale growth, ``stop = "samples"`` (exactly 100 epochs), the initial
-mix 64 V100 + 64 P100. Every strategy of core/simulate.py runs (``Simulation.compare``); the epoch-end
+mix 64 V100 + 64 P100. Every strategy of core/sim/simulate.py runs (``Simulation.compare``); the epoch-end
 searches take the default work caps except ``max_evals = 60`` (their reasons say how close to the optimum
 a cut search is).
 
@@ -29,8 +29,8 @@ import os
 import sys
 import time
 
-from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict
-from hpc_jabas.core.simulate import Simulation, comparison_table
+from hpc_jabas.core.sim.simconfig import cluster_from_dict, job_from_dict
+from hpc_jabas.core.sim.simulate import Simulation, comparison_table
 
 TYPES8 = ["v100", "p100", "a100", "h100", "rtx3090", "titan-rtx", "rtx2060", "l40s"]
 WAIT_MEDIAN_S = {"v100": 600, "p100": 120, "a100": 1800, "h100": 3600, "rtx3090": 900, "titan-rtx": 300,

@@ -72,10 +72,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from bench.common import straggler_model  # noqa: E402
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.perfmodel import PerfModel  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.core.perf.perfmodel import PerfModel  # noqa: E402
 from hpc_jabas.core.planning import plan_batch, split_proportional  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.emulate import Emulator  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 

@@ -10,11 +10,10 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from hpc_jabas import exits as _exits
-from hpc_jabas.core.cliargs import ArgumentParser, add_arguments
-from hpc_jabas.core.cliargs import from_args as _from_args
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.jobspec import JobSpec, SlurmRequest
+from hpc_jabas.core.config.cliargs import ArgumentParser, add_arguments
+from hpc_jabas.core.config.cliargs import from_args as _from_args
+from hpc_jabas.core.config.jobspec import JobSpec, SlurmRequest
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.core.planning import Plan, proportional_plan
 from hpc_jabas.errors import (
     CheckpointError,
@@ -27,17 +26,18 @@ from hpc_jabas.errors import (
 )
 from hpc_jabas.log import add_verbosity_flags, configure_from_args
 from hpc_jabas.log import configure as configure_logging
+from hpc_jabas.runtime.comm import exits as _exits
 
 if TYPE_CHECKING:      # the lazy names below, for type checkers and editors
-    from hpc_jabas.core.decision import Decision, MoveDecision
-    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.core.adaptive.decision import Decision, MoveDecision
+    from hpc_jabas.core.planning.sampler import HeterogeneousSampler
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.evaluate import DistributedEval
     from hpc_jabas.runtime.hooks import Callback, Controller, EpochEndHook
+    from hpc_jabas.runtime.job.task import Task
     from hpc_jabas.runtime.loop import Jabas, init
     from hpc_jabas.runtime.optim import HeterogeneousOptimizer
-    from hpc_jabas.runtime.task import Task
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
     from hpc_jabas.slurm.executor import Submission, submit
     from hpc_jabas.slurm.watch import wait_chain
 
@@ -46,18 +46,18 @@ __version__ = "0.1.0"
 #: name -> module, loaded on first use (they import torch, Horovod or submitit)
 _LAZY = {
     "Trainer": "hpc_jabas.runtime.trainer",
-    "World": "hpc_jabas.runtime.world",
-    "Task": "hpc_jabas.runtime.task",              # what a Slurm job's task callable returns
+    "World": "hpc_jabas.runtime.comm.world",
+    "Task": "hpc_jabas.runtime.job.task",              # what a Slurm job's task callable returns
     "DistributedEval": "hpc_jabas.runtime.evaluate",
     "HeterogeneousOptimizer": "hpc_jabas.runtime.optim",
-    "HeterogeneousSampler": "hpc_jabas.core.sampler",
+    "HeterogeneousSampler": "hpc_jabas.core.planning.sampler",
     "init": "hpc_jabas.runtime.loop",              # start a backend (a script that calls hvd.init() needs none)
     "Jabas": "hpc_jabas.runtime.loop",             # keep your loop: setup, loader, backward, epochs, save
     "Callback": "hpc_jabas.runtime.hooks",          # the trainer's extension points (no backend import)
     "Controller": "hpc_jabas.runtime.hooks",
     "EpochEndHook": "hpc_jabas.runtime.hooks",
-    "Decision": "hpc_jabas.core.decision",
-    "MoveDecision": "hpc_jabas.core.decision",
+    "Decision": "hpc_jabas.core.adaptive.decision",
+    "MoveDecision": "hpc_jabas.core.adaptive.decision",
     "submit": "hpc_jabas.slurm.executor",          # submitit
     "Submission": "hpc_jabas.slurm.executor",
     "wait_chain": "hpc_jabas.slurm.watch",
@@ -94,7 +94,7 @@ def report_throughput(trainer: Trainer, result: dict | None = None, file=None) -
     """Gather every rank's samples and compute time; rank 0 prints one line per rank. A rank's GPU type is named
     as the Trainer's log names it (``World.describe``): a CPU rank whose type nothing named (no ``gpu_types``, no
     Slurm, no ``--emulate``) shows its device instead, and its row's "gpu" is None."""
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     said = trainer.world_info.describe()
     gpu = said.split(" gpu=", 1)[1].split()[0] if " gpu=" in said else None
     rows = comm.allgather_object({"rank": trainer.rank, "gpu": gpu, "device": str(trainer.device),

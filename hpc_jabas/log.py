@@ -85,7 +85,7 @@ def current_rank() -> int:
 
 
 def set_rank(rank: int) -> None:
-    """Called once the communication backend (runtime/comm.py) knows this process's rank."""
+    """Called once the communication backend (runtime/comm/seam.py) knows this process's rank."""
     _state["rank"] = int(rank)
 
 

@@ -5,7 +5,8 @@ converted, or its default when it is unset or empty, and refuses anything else w
 
     <NAME>=<the value> in the environment is invalid; it must be <what is valid>
 
-(a :class:`~hpc_jabas.errors.ConfigError`: exit code 2 through ``hpc_jabas.exits``). No module of the package
+(a :class:`~hpc_jabas.errors.ConfigError`: exit code 2 through ``hpc_jabas.runtime.comm.exits``). No module of the
+package
 but this one reads an ``HPC_JABAS_`` variable (tests/test_settings.py checks the source). A leaf: it imports
 nothing of the package but ``hpc_jabas.errors``, so ``hpc_jabas.trust`` and ``core/`` may use it.
 
@@ -34,7 +35,7 @@ SHARED_TMP = "HPC_JABAS_SHARED_TMP"
 CACHE = "HPC_JABAS_CACHE"
 VENV = "HPC_JABAS_VENV"
 
-#: the backend choices (core/defaults.py's BACKENDS; tests/test_settings.py keeps the two equal)
+#: the backend choices (core/config/defaults.py's BACKENDS; tests/test_settings.py keeps the two equal)
 BACKENDS = ("horovod", "torch", "auto")
 #: HPC_JABAS_LOG's levels (``quiet`` is ``warning``)
 LOG_LEVELS = ("debug", "info", "warning", "quiet", "error")
@@ -56,7 +57,7 @@ VARIABLES = (
     Variable(TORCH_TIMEOUT_S, "300", "seconds a rank of the torch backend waits at the rendezvous and in a "
                                      "collective before it fails (a rank that died or hangs)"),
     Variable(HEARTBEAT_S, "20", "seconds without a rank's heartbeat before the others name it hung and stop "
-                                "(a stopped process, a frozen node); 0: off (runtime/heartbeat.py)"),
+                                "(a stopped process, a frozen node); 0: off (runtime/comm/heartbeat.py)"),
     Variable(ERROR_GRACE_S, "10", "seconds a rank other than 0 waits before saying an error rank 0 may say too"),
     Variable(PROGRESS, "auto", "the progress bar: 0 never, 1 always on a terminal (skips the mpirun check), auto"),
     Variable(DEBUG, "0", "1: the CLI shows an error's traceback after its line"),

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hpc_jabas.cli.submit import stopped_line  # noqa: E402
-from hpc_jabas.core.jobspec import JobSpec  # noqa: E402
+from hpc_jabas.core.config.jobspec import JobSpec  # noqa: E402
 from hpc_jabas.errors import JabasError  # noqa: E402
 from hpc_jabas.slurm.executor import submit  # noqa: E402
 from hpc_jabas.slurm.watch import wait_chain  # noqa: E402

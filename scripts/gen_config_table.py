@@ -4,7 +4,7 @@
     .venv/bin/python scripts/gen_config_table.py --check    # exit 1 if docs/config.md's table is stale
 
 The table sits between the two markers below; everything outside them is left as it is. The rows come
-from ``hpc_jabas.core.config.config_reference()`` (one per key: section, key, type, default, meaning).
+from ``hpc_jabas.core.config.sections.config_reference()`` (one per key: section, key, type, default, meaning).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpc_jabas.core.config import config_reference  # noqa: E402
+from hpc_jabas.core.config.sections import config_reference  # noqa: E402
 from hpc_jabas.errors import ConfigError  # noqa: E402
 
 README_START = "<!-- config-reference:start (generated: scripts/gen_config_table.py) -->"

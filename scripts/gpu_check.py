@@ -79,7 +79,7 @@ def model(d: int = 10, classes: int = 3) -> nn.Module:
 def config(plan: str, run_dir: Path, world: int, **kw):
     import shutil
 
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     from hpc_jabas.core.planning import Plan
     if int(os.environ.get("RANK", "0")) == 0:
         shutil.rmtree(run_dir, ignore_errors=True)                 # a fresh run each time (rank 0 writes it)
@@ -94,7 +94,7 @@ def config(plan: str, run_dir: Path, world: int, **kw):
 def reference(plan: str, steps: int) -> dict[str, torch.Tensor]:
     """One process, one big batch per iteration, the sampler's samples: plain torch on the CPU in float64."""
     from hpc_jabas.core.planning import Plan
-    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.core.planning.sampler import HeterogeneousSampler
     ds, m = data(), model()
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     sampler = HeterogeneousSampler(len(ds), seed=0, tail="shrink")
@@ -144,7 +144,7 @@ def step_equiv(out: Path) -> None:
     if shared:              # NCCL refuses two ranks of one communicator on one device: Gloo on the CUDA tensors
         dist.is_nccl_available = lambda: False  # type: ignore[assignment]
     tr, params = train(PLAN, out, "equiv", world)
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     be = f"{comm.backend()}/{dist.get_backend()}"
     if tr.rank != 0:
         return

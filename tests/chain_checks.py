@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
-from hpc_jabas.runtime.checkpoint import load_latest
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
+from hpc_jabas.runtime.persist.checkpoint import load_latest
 from hpc_jabas.slurm import chain as chainlog
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.decision import Decision, MoveDecision
+from hpc_jabas.core.adaptive.decision import Decision, MoveDecision
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.core.planning.planner import PlanSpec, make_planner
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 
 
 class Metrics:

@@ -102,7 +102,7 @@ def kill_rank(job_id: str, rank: int) -> int | None:
             continue
         try:
             cmd = (d / "cmdline").read_bytes()
-            if not any(m in cmd for m in (b"hpc_jabas.runtime.launch", b"hpc_jabas.slurm.node_entry",
+            if not any(m in cmd for m in (b"hpc_jabas.runtime.job.launch", b"hpc_jabas.slurm.node_entry",
                                           b"submitit.core._submit")):
                 continue
             env = (d / "environ").read_bytes().split(b"\0")

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 
 
 def make_data(n=240, d=10, classes=3, seed=0, dtype=torch.float64):

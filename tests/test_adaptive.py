@@ -72,8 +72,8 @@ def test_decisions_apply_everywhere_at_the_announced_iteration(runs, k):
                 assert (d["B"] > before or before == 96) if sim < 0.9 else (d["B"] < before or before == 16)
     else:
         # the goodput policy chose the argmax of (B / t_iter(B)) * E(B) over what lbbsp realises here
-        from hpc_jabas.core.config import JobConfig
-        from hpc_jabas.core.perfmodel import job_perf_model
+        from hpc_jabas.core.config.sections import JobConfig
+        from hpc_jabas.core.perf.perfmodel import job_perf_model
         from hpc_jabas.core.planning import job_batch_space
 
         def goodput(B, t_iter, b_noise, B0):

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import gpus as catalog
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.adaptive.policy import GoodputPolicy, PolicyState, SimilarityPolicy
+from hpc_jabas.core.adaptive.stats import NoiseWindow, noise_scale_terms
+from hpc_jabas.core.config import gpus as catalog
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import BatchSpace, optimal_space, snap_nearest
-from hpc_jabas.core.policy import GoodputPolicy, PolicyState, SimilarityPolicy
-from hpc_jabas.core.stats import NoiseWindow, noise_scale_terms
 
 B_LIST = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TYPES = catalog.known()

@@ -16,11 +16,11 @@ from mpi_util import run_ranks
 from reference import make_data, make_model
 from torch import nn
 
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.perfmodel import job_perf_model
+from hpc_jabas.core.adaptive.policy import PolicyState, SimilarityPolicy
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.core.perf.perfmodel import job_perf_model
 from hpc_jabas.core.planning import Plan, job_batch_space
-from hpc_jabas.core.policy import PolicyState, SimilarityPolicy
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 
 GPUS = ["v100", "p100", "rtx2060"]
 SIM = {"gpu_types": GPUS, "emulate": True, "policy": "similarity", "p": 5, "batch": 64,
@@ -179,7 +179,7 @@ def test_measured_statistics_match_a_one_process_reference(runs):
                 off += p.numel()
     assert odd_M >= 1                                       # an odd M (unequal halves) was checked
     # the noise-scale inputs the controller fed its estimator: its decisions report the EMA of them
-    from hpc_jabas.core.stats import NoiseScale
+    from hpc_jabas.core.adaptive.stats import NoiseScale
     ns = NoiseScale()
     for it in sorted(stats):
         s = stats[it]

@@ -3,10 +3,7 @@ import pytest
 import torch
 from fake_trainer import FakeTrainer
 
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.planning import BatchSpace, optimal_space
-from hpc_jabas.core.policy import (
+from hpc_jabas.core.adaptive.policy import (
     AUTO_LR_RULE,
     LinearScaling,
     NoScaling,
@@ -17,6 +14,9 @@ from hpc_jabas.core.policy import (
     make_policy,
     make_wd_rule,
 )
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.core.perf.perfmodel import PerfModel
+from hpc_jabas.core.planning import BatchSpace, optimal_space
 from hpc_jabas.errors import ConfigError
 
 

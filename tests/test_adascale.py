@@ -11,8 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_jabas.core.policy import lr_rule_name, make_lr_rule
-from hpc_jabas.core.scaling import AdaScaleRule
+from hpc_jabas.core.adaptive.policy import lr_rule_name, make_lr_rule
+from hpc_jabas.core.adaptive.scaling import AdaScaleRule
 from hpc_jabas.errors import ConfigError
 
 
@@ -72,9 +72,9 @@ def test_a_per_iteration_scheduler_advances_r_steps_per_iteration(tmp_path):
     per-iteration scheduler has stepped sum(lr_scale) times (the fraction carried), not once per iteration."""
     from reference import make_data, make_model
 
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     ds = make_data(480)
     model = make_model()

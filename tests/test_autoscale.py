@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from hpc_jabas.core import autoscale
-from hpc_jabas.core.autoscale import (
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.autoscale.scaler import (
     Candidate,
     RestartOverhead,
     catalog_rates,
@@ -93,7 +93,7 @@ def test_price_time_and_cost():
 
 
 def test_catalog_rates_use_gpu_catalog():
-    from hpc_jabas.core import gpus
+    from hpc_jabas.core.config import gpus
     rates = catalog_rates({"mid": "v100", "slow": "p100"})
     assert rates == {"mid": gpus.get("v100").price_per_hour, "slow": gpus.get("p100").price_per_hour}
 
@@ -298,7 +298,7 @@ PTYPES = {"a100": "a100", "v100": "v100", "rtx2060": "rtx2060"}
 
 
 def _model():
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     return PerfModel.emulated(sorted(set(PTYPES.values())), [1, 2, 4, 8, 16, 32, 64, 128, 256], 0.002, 0.0002)
 
 

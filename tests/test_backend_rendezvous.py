@@ -1,4 +1,4 @@
-"""The torch backend's start-up (runtime/comm_torch.py) and the backend key.
+"""The torch backend's start-up (runtime/comm/torch_backend.py) and the backend key.
 
 * how a rank learns its place from the launcher's environment (pure: torchrun, Open MPI's mpirun, MPICH's PMI,
   srun including a heterogeneous step, a batch shell, nothing);
@@ -20,10 +20,10 @@ from mpi_util import PY, ROOT, WORKERS, mpi_env, run_ranks, run_script
 from reference import reference_run
 from test_equivalence import assert_params_close
 
-from hpc_jabas.core.cliargs import ArgumentParser, add_arguments
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.cliargs import ArgumentParser, add_arguments
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.comm_torch import Launch, launcher, stream_of
+from hpc_jabas.runtime.comm.torch_backend import Launch, launcher, stream_of
 
 
 @pytest.mark.parametrize("env,want", [
@@ -160,7 +160,7 @@ if sys.argv[1] == "wrapped":
 cfg = hpc_jabas.JobConfig(batch=8, run_dir=sys.argv[2], epochs=1)          # backend auto
 tr = hpc_jabas.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), ds, nn.CrossEntropyLoss(), config=cfg)
 tr.fit(max_iterations=3)
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 out = {"backend": comm.backend(), "iterations": tr.iteration, "same_group": dist.group.WORLD is group,
        "reducer": type(tr.forward_module).__name__}
 comm.shutdown()

@@ -1,4 +1,4 @@
-"""The torch.distributed backend (runtime/comm_torch.py) on 3 real mpirun ranks with Horovod made unimportable,
+"""The torch.distributed backend (runtime/comm/torch_backend.py) on 3 real mpirun ranks with Horovod made unimportable,
 so that backend = "auto" must pick torch and nothing on its path may need Horovod. One launch runs every
 scenario (tests/workers/backend_worker.py: train_worker.py's cases):
 
@@ -16,7 +16,7 @@ from mpi_util import run_ranks_cases
 from reference import reference_run
 from test_equivalence import CASES, PER_RANK, assert_params_close, case_spec
 
-from hpc_jabas.core import gpus
+from hpc_jabas.core.config import gpus
 
 #: the adaptive case: test_adaptive_invariance_mpi.py's, shorter
 ADAPTIVE = {"planner": "optimal", "micro_batch": 8, "policy": "similarity", "p": 5, "gamma": 0.3,

@@ -108,7 +108,7 @@ def test_status_and_submit_take_the_group_trust_setting(tmp_path):
         assert main(["status", str(tmp_path), "--no-sacct"]) == 2          # refused: one line, exit 2
         assert main(["status", str(tmp_path), "--no-sacct", "--trust-group"]) == 0
         from hpc_jabas.cli.submit import _trust_group
-        from hpc_jabas.core.jobspec import JobSpec
+        from hpc_jabas.core.config.jobspec import JobSpec
         def spec(config):
             return JobSpec(task="m:f", config=config, chain_dir=str(tmp_path), mix={"a100": 1})
         _trust_group(spec({"output": {"trust_group": True}}))

@@ -31,7 +31,7 @@ def test_all_checkpoints_bad_one_line_from_rank_0_only(tmp_path):
 
 
 def test_horovod_stall_defaults_in_every_launch_path():
-    code = ("import os; from hpc_jabas.runtime import comm; comm.init(); "
+    code = ("import os; from hpc_jabas.runtime.comm import seam as comm; comm.init(); "
             "print(os.environ['HOROVOD_STALL_CHECK_TIME_SECONDS'], os.environ['HOROVOD_STALL_SHUTDOWN_TIME_SECONDS'])")
     env = {k: v for k, v in mpi_env().items() if not k.startswith("HOROVOD_STALL")}
     r = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -39,7 +39,7 @@ def test_horovod_stall_defaults_in_every_launch_path():
     r = subprocess.run([PY, "-c", code], env={**env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"},
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.stdout.split() == ["60", "30"], r.stderr                  # the user's own value wins
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     lines = "\n".join(setup_lines(JobSpec(task="m:f", config={}, chain_dir="/x", mix={"a100": 1})))
     assert 'HOROVOD_STALL_CHECK_TIME_SECONDS="${HOROVOD_STALL_CHECK_TIME_SECONDS:-60}"' in lines
     assert 'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="${HOROVOD_STALL_SHUTDOWN_TIME_SECONDS:-300}"' in lines

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hpc_jabas.core.balancing import RankPredictors, Rebalancer, interpolate_plan
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import Plan, plan_batch, proportional_plan
 from hpc_jabas.errors import ConfigError, StateError
 

@@ -9,7 +9,7 @@ from mpi_util import run_ranks_cases
 from reference import reference_run
 from test_equivalence import assert_params_close
 
-from hpc_jabas.core import gpus
+from hpc_jabas.core.config import gpus
 
 TYPES = ["v100", "p100", "rtx2060"]
 

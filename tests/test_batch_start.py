@@ -1,4 +1,4 @@
-"""batch_start = "knee": an adaptive run starts where the modelled throughput stops rising (core/policy.py
+"""batch_start = "knee": an adaptive run starts where the modelled throughput stops rising (core/adaptive/policy.py
 ``throughput_knee``), its lr warmed up from the batch's over the first decision period; the batch stays the lr
 reference. The knee against its closed form, the warm-up against a one-process reference fed the same lr per
 step, resume in the middle of the warm-up exact, and misuse one line."""
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import make_data, make_model, reference_run
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.core.planning import throughput_knee
 from hpc_jabas.errors import ConfigError
 
@@ -54,8 +54,8 @@ def test_knee_needs_an_adaptive_policy_in_one_line(policy):
 
 
 def _trainer(tmp_path, name: str, n: int = 240):
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     cfg = JobConfig(policy="noise-scale", batch=8, batch_min=8, batch_max=96, epochs=50, p=6, lr_rule="linear",
                     batch_start="knee", checkpoint_every=3, run_dir=str(tmp_path / name))

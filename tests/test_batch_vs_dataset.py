@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 
 
 def _trainer(batch: int, tmp_path) -> Trainer:

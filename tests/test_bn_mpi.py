@@ -9,7 +9,7 @@ from mpi_util import run_ranks
 from torch import nn
 
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 from model_bn import make_data, make_model  # noqa: E402

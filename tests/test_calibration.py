@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core.calibration import Calibration, RankCalibration, corrected_profile
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel
+from hpc_jabas.core.perf.calibration import Calibration, RankCalibration, corrected_profile
+from hpc_jabas.core.perf.perfmodel import ComputeProfile, PerfModel
 
 PM = PerfModel.emulated(["v100", "p100"])
 P = PM.profile("v100")

@@ -8,7 +8,7 @@ import json
 import pytest
 from mpi_util import run_ranks
 
-from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration
+from hpc_jabas.core.perf.calibration import CALIBRATION_FILE, Calibration
 
 TYPES = ["v100", "p100", "rtx2060"]
 

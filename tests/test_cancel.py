@@ -30,7 +30,7 @@ CFG = dict(CHAIN_CFG, emulate_base_s=0.25)
 
 def _start(chain: Path, method: str, k: int) -> tuple[str, str]:
     """Submit the chain under a job name of its own; wait for iteration k. (first job id, job name)"""
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm.executor import submit
     name = f"hjc-{uuid.uuid4().hex[:8]}"
     spec = JobSpec(task="preempt_task:build", config=dict(CFG), chain_dir=str(chain), mix={"rtx2060": 2},
@@ -46,7 +46,7 @@ def _start(chain: Path, method: str, k: int) -> tuple[str, str]:
 def _ended_without_successor(cluster, chain: Path, first: str, name: str, k: int, by: str, slurm_state: str) -> int:
     """The chain ended on purpose at a safe point after iteration k: one end event ("cancelled", by ``by``), its
     checkpoint on disk at that iteration, no iteration lost, no requeue, no second job in Slurm."""
-    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.runtime.persist.checkpoint import load_latest
     from hpc_jabas.slurm.watch import wait_chain
     res = wait_chain(chain, first, timeout=150, poll_s=0.5)
     ev = chainlog.read(chain)

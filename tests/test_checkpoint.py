@@ -8,7 +8,7 @@ from reference import reference_run
 from test_equivalence import assert_params_close
 
 from hpc_jabas.errors import CheckpointError
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 
 
 def test_atomic_save_and_checksum(tmp_path):

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mpi_util import PY, ROOT, WORKERS, mpi_env
 
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 
 USER = str(WORKERS / "ckpt_user.py")
 

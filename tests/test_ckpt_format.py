@@ -9,7 +9,7 @@ from mpi_util import ROOT, mpi_env
 
 from hpc_jabas.cli.main import main
 from hpc_jabas.errors import CheckpointError
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 
 
 def _model():
@@ -112,7 +112,8 @@ def test_export_bad_inputs_exit_2_with_one_line(tmp_path, case):
 
 def test_cuda_rng_states_are_gathered_and_restored_per_rank(monkeypatch):
     """No GPU here: torch.cuda is faked to show which state each rank gets back."""
-    from hpc_jabas.runtime import comm, resume
+    from hpc_jabas.runtime import resume
+    from hpc_jabas.runtime.comm import seam as comm
     states = [torch.full((8,), r, dtype=torch.uint8) for r in range(3)]
     monkeypatch.setattr(comm, "allgather_object", lambda obj, name=None: [None, None, None])
     assert resume.gather_cuda_rng() is None                     # CPU ranks: nothing stored

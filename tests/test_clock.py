@@ -48,9 +48,9 @@ class SlowStepSGD(torch.optim.SGD):
 
 
 def test_a_slow_optimizer_step_is_in_its_own_iterations_record(tmp_path):
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
     ds = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))

@@ -192,10 +192,11 @@ def stale(ref: str, used: set[str]) -> str | None:
 
 def test_the_checker_finds_stale_names():
     used = {"model", "cfg"}
-    assert stale("hpc_jabas.core.mixsearch.search", used) is None
+    assert stale("hpc_jabas.core.autoscale.mixsearch.search", used) is None
     assert stale("hpc_jabas.core.planning", used) is None
     assert stale("hpc_jabas.core.snapping", used) == "no module or name hpc_jabas.core.snapping"
-    assert stale("hpc_jabas.core.mixsearch.serch", used) == "no module or name hpc_jabas.core.mixsearch.serch"
+    bad = "hpc_jabas.core.autoscale.mixsearch.serch"
+    assert stale(bad, used) == f"no module or name {bad}"
     assert stale("snapping.optimal_space", used) == "no module snapping (and optimal_space is the package's)"
     assert stale("planner.plan_range", used) == "planner has no plan_range"
     assert stale("planning.space.snap_nearest", used) is None

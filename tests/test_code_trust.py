@@ -1,5 +1,5 @@
 """Everything that names the code a job runs is trust-checked before it is read or imported (hpc_jabas/trust.py,
-docs/trust.md): a job file (``hpc-jabas submit JOB.toml`` on the login node, ``python -m hpc_jabas.runtime.launch
+docs/trust.md): a job file (``hpc-jabas submit JOB.toml`` on the login node, ``python -m hpc_jabas.runtime.job.launch
 JOB.toml`` on the node), a ``--config`` TOML, the ``pythonpath`` directories and the file the ``task``'s module
 resolves to; and submitit's result pickle is checked on the open file it is unpickled from, after it has
 appeared (``trust.open_trusted``), not by name before it exists."""
@@ -77,8 +77,8 @@ UNSAFE = ["world-writable job file", "job file of another user", "world-writable
 
 
 def _launch(job: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The node side of a job run by hand: ``python -m hpc_jabas.runtime.launch JOB.toml``, outside Slurm."""
-    return subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.launch", str(job)], capture_output=True,
+    """The node side of a job run by hand: ``python -m hpc_jabas.runtime.job.launch JOB.toml``, outside Slurm."""
+    return subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.job.launch", str(job)], capture_output=True,
                           text=True, timeout=300, cwd=str(cwd),
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(cwd)})
 
@@ -132,7 +132,7 @@ def test_submit_refuses_a_job_file_whose_code_others_could_write_before_slurm(tm
 def test_a_group_writable_job_file_needs_group_trust_from_the_environment(tmp_path, monkeypatch):
     """The file's own trust_group key cannot vouch for it (it is read after the check): the refusal names the
     environment variable, which a trust_group job's scripts export."""
-    from hpc_jabas.runtime.launch import spec_from_file
+    from hpc_jabas.runtime.job.launch import spec_from_file
     job, _, _, _ = _job(tmp_path)
     os.chmod(job, 0o664)
     with pytest.raises(UntrustedFileError) as e:
@@ -147,8 +147,8 @@ def test_a_group_writable_job_file_needs_group_trust_from_the_environment(tmp_pa
 def test_the_launcher_checks_the_code_of_a_json_job_spec_too(tmp_path):
     """A job spec written by submit (checked as a file already) names a pythonpath: the node checks it again,
     before anything is imported (the directory could have been opened to others since)."""
-    from hpc_jabas.core.jobspec import JobSpec
-    from hpc_jabas.runtime.launch import run_job
+    from hpc_jabas.core.config.jobspec import JobSpec
+    from hpc_jabas.runtime.job.launch import run_job
     _, code, _, marker = _job(tmp_path)
     spec = JobSpec(task="planted_task:build", config={"epochs": 1}, chain_dir=str(tmp_path / "chain"),
                    mix={"v100": 1}, method="sbatch", pythonpath=[str(code)])
@@ -168,7 +168,7 @@ def _config(tmp_path: Path) -> Path:
 
 def test_a_config_file_others_can_write_is_refused_before_it_is_read(tmp_path):
     import hpc_jabas
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     f = _config(tmp_path)
     ap = hpc_jabas.ArgumentParser()
     hpc_jabas.add_arguments(ap)

@@ -11,13 +11,13 @@ import tomllib
 import pytest
 from mpi_util import ROOT
 
-from hpc_jabas.core import cliargs as A
-from hpc_jabas.core import config as C
-from hpc_jabas.core.autoscale import OBJECTIVES
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.policy import LR_RULES, POLICIES
-from hpc_jabas.core.sampler import TAILS
-from hpc_jabas.core.schema import default_of
+from hpc_jabas.core.adaptive.policy import LR_RULES, POLICIES
+from hpc_jabas.core.autoscale.scaler import OBJECTIVES
+from hpc_jabas.core.config import cliargs as A
+from hpc_jabas.core.config import sections as C
+from hpc_jabas.core.config.schema import default_of
+from hpc_jabas.core.perf.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
+from hpc_jabas.core.planning.sampler import TAILS
 from hpc_jabas.errors import ConfigError
 
 TOML = """
@@ -133,8 +133,12 @@ def test_choices_and_defaults_have_one_definition():
     e = emulate.Emulator("v100", log=lambda m: None)
     assert (e.base_s, e.per_sample_s) == (EMU_BASE_S, EMU_PER_SAMPLE_S)
     assert cfg.autoscale.restart_prior_s == C.RESTART_PRIOR_S
-    # the implementation modules use the config's own definitions (core/defaults.py)
-    from hpc_jabas.core import autoscale, defaults, perfmodel, policy, sampler
+    # the implementation modules use the config's own definitions (core/config/defaults.py)
+    from hpc_jabas.core.adaptive import policy
+    from hpc_jabas.core.autoscale import scaler as autoscale
+    from hpc_jabas.core.config import defaults
+    from hpc_jabas.core.perf import perfmodel
+    from hpc_jabas.core.planning import sampler
     assert (policy.POLICIES, policy.LR_RULES, policy.WD_RULES) == (defaults.POLICIES, defaults.LR_RULES,
                                                                    defaults.WD_RULES)
     assert policy.canonical_policy is defaults.canonical_policy and sampler.TAILS is defaults.TAILS

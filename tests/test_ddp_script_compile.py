@@ -82,7 +82,7 @@ def test_compile_on_and_off_resume_into_each_other_exactly_and_export_is_plain(t
 
 def test_a_checkpoint_written_with_orig_mod_keys_still_loads():
     """Checkpoints of earlier versions keyed a compiled model's state with ``_orig_mod.``: read as the plain keys."""
-    from hpc_jabas.runtime.checkpoint import plain_module, plain_state
+    from hpc_jabas.runtime.persist.checkpoint import plain_module, plain_state
     m = torch.nn.Sequential(torch.nn.Linear(2, 2))
     c = torch.compile(m, backend="eager")
     assert plain_module(c) is m and plain_module(m) is m

@@ -14,7 +14,7 @@ import pytest
 from mpi_util import PY, ROOT, WORKERS, mpi_env
 from reference import make_model
 
-from hpc_jabas.runtime.checkpoint import load_latest
+from hpc_jabas.runtime.persist.checkpoint import load_latest
 
 #: the survivors' exit, from the kill: a bound, not a timing (today's cause of a hang is the collective timeout)
 BOUND_S = 60

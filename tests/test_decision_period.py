@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_jabas.core.policy import DEFAULT_P, decision_period
+from hpc_jabas.core.adaptive.policy import DEFAULT_P, decision_period
 from hpc_jabas.errors import ConfigError
 
 
@@ -40,11 +40,11 @@ def test_examples_and_refusals():
 def test_the_trainer_controller_and_the_simulator_resolve_the_same_p(tmp_path):
     import torch
 
-    from hpc_jabas.core import simconfig
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.core.sim import simconfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.controller import AdaptiveController
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     n, B = 1200, 16
     ds = torch.utils.data.TensorDataset(torch.randn(n, 4), torch.randint(0, 2, (n,)))

@@ -1,4 +1,4 @@
-"""The divergence guard on adaptive moves (core/guard.py, docs/formulas.md section 8): no revert on stationary
+"""The divergence guard on adaptive moves (core/adaptive/guard.py, docs/formulas.md section 8): no revert on stationary
 noise (a false-revert rate bounded over many seeds), a revert on a jump beyond the band, no move above the restored
 B during the cool-down, the state through a checkpoint; and one real run where a policy that raises B and the lr
 diverges after a move and the guard brings B back."""
@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hpc_jabas as hj
-from hpc_jabas.core.guard import DivergenceGuard, band_verdict, guard_window
+from hpc_jabas.core.adaptive.guard import DivergenceGuard, band_verdict, guard_window
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 
 
 def _noise(rng: np.random.Generator, dist: str, level: float, scale: float) -> float:
@@ -375,7 +375,7 @@ def test_no_large_move_up_before_it_can_be_judged_and_an_early_jump_reverts(p):
     a move could not be judged: no noise band); the first move up comes at the first round with >= 5 losses, and
     when the loss jumps right after it (an early move to a B the run cannot take), the next round reverts it. A move
     of at most 2x (B and lr) goes ahead unjudged, as a fixed B twice as large would."""
-    from hpc_jabas.core.guard import MIN_PRE
+    from hpc_jabas.core.adaptive.guard import MIN_PRE
     rng = np.random.default_rng(p)
     first = -(-MIN_PRE // p) * p                     # the first round with MIN_PRE losses before it
     losses = [float(rng.normal(2.0, 0.05)) + (3.0 if it >= first else 0.0) for it in range(first + 3 * p)]

@@ -4,7 +4,7 @@ import time
 import pytest
 from mpi_util import run_ranks
 
-from hpc_jabas.core import gpus
+from hpc_jabas.core.config import gpus
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 

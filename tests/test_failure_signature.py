@@ -1,5 +1,5 @@
 """The failure path does not resubmit a job that died of the same deterministic error twice
-(runtime/launch.py resubmit_after_failure, slurm/chain.py): the signature (type, message, innermost frame) that a
+(runtime/job/launch.py resubmit_after_failure, slurm/chain.py): the signature (type, message, innermost frame) that a
 rank records as a chain ``error`` event, the pure decision over chain events, and the batch shell's path with a
 fake submit (no Slurm)."""
 import json
@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.runtime.launch import resubmit_after_failure
+from hpc_jabas.core.config.jobspec import JobSpec
+from hpc_jabas.runtime.job.launch import resubmit_after_failure
 from hpc_jabas.slurm import chain as chainlog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_a_failing_job_records_its_error_in_the_chain(tmp_path):
     (tmp_path / "job.toml").write_text(f'[job]\ntask = "hjboom:build"\nchain_dir = "{tmp_path}/chain"\n'
                                        f'pythonpath = ["{tmp_path}"]\n[train]\nepochs = 1\nemulate = true\n')
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.launch", str(tmp_path / "job.toml")],
+    out = subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.job.launch", str(tmp_path / "job.toml")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 1 and "RuntimeError: no data here" in out.stderr, out.stderr
     errs = [json.loads(ln) for ln in (tmp_path / "chain" / "chain.jsonl").read_text().splitlines()]

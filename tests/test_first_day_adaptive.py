@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hpc_jabas as hj
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 
 N, B = 640, 32          # 20 iterations an epoch at B: p = 2
 
@@ -74,7 +74,7 @@ def test_p_that_rounds_to_one_is_warned(tmp_path, capfd):
 
 
 def test_the_range_rule_keeps_what_is_set_and_fixed_gets_none():
-    from hpc_jabas.core.policy import default_batch_range
+    from hpc_jabas.core.adaptive.policy import default_batch_range
     assert default_batch_range("fixed", 64, None, None, samples_per_epoch=1000, min_micro_batch=8) is None
     assert default_batch_range("similarity", 64, 8, 128, samples_per_epoch=1000, min_micro_batch=8) is None
     r = default_batch_range("jabas", 64, None, None, samples_per_epoch=1000, min_micro_batch=8)
@@ -109,7 +109,7 @@ def test_the_aliases_are_read_by_the_flags_and_toml(alias, canon, tmp_path):
 
 
 def test_the_simulator_prices_the_range_the_trainer_runs(tmp_path):
-    from hpc_jabas.core import simconfig
+    from hpc_jabas.core.sim import simconfig
     model = torch.nn.Linear(8, 2)
     tr = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), _data(), torch.nn.CrossEntropyLoss(),
                  config=hj.JobConfig(policy="noise-scale", batch=B, micro_batch=4, run_dir=str(tmp_path / "r")),

@@ -8,7 +8,7 @@ import difflib
 import re
 from pathlib import Path
 
-from hpc_jabas.runtime.task import call_task
+from hpc_jabas.runtime.job.task import call_task
 
 ROOT = Path(__file__).resolve().parents[1]
 

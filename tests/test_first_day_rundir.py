@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from hpc_jabas.core.config import JobConfig, default_run_dir
+from hpc_jabas.core.config.sections import JobConfig, default_run_dir
 from hpc_jabas.errors import CheckpointError, ConfigError
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 
 
 def _data(n=96):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 
 
 def _fit(run_dir, epochs: int) -> dict:

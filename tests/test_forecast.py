@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from hpc_jabas.core.forecast import forecast_error, forecast_next_epoch, gp_forecast, holt_forecast
+from hpc_jabas.core.autoscale.forecast import forecast_error, forecast_next_epoch, gp_forecast, holt_forecast
 from hpc_jabas.errors import ConfigError
 
 P = 100
@@ -89,7 +89,7 @@ def test_deterministic():
 
 
 def test_a_reused_fit_forecasts_as_a_refit(monkeypatch):
-    from hpc_jabas.core import forecast
+    from hpc_jabas.core.autoscale import forecast
     rng = np.random.default_rng(5)
     hist = [(i * P, 300 + 20 * i + rng.normal(0, 9)) for i in range(30)]
     forecast._fits.clear()

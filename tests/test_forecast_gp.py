@@ -1,4 +1,4 @@
-"""The forecast's Gaussian process without scikit-learn (issue 59, item 6): the numpy fit (core/forecast.py,
+"""The forecast's Gaussian process without scikit-learn (issue 59, item 6): the numpy fit (core/autoscale/forecast.py,
 ``_fit_gp_numpy``) against scikit-learn's GaussianProcessRegressor, the independent reference, on the same data.
 Where both reach the likelihood's maximum the two means agree to 1e-3 of the data's range; the numpy fit never
 ends at a lower likelihood than scikit-learn's on these histories."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from support.need import need
 
-from hpc_jabas.core.forecast import GP_BOUNDS, _gp_hyper, _gp_lml, gp_forecast
+from hpc_jabas.core.autoscale.forecast import GP_BOUNDS, _gp_hyper, _gp_lml, gp_forecast
 
 need("sklearn")                 # set-up installs it (the [forecast] extra): in CI a missing one fails
 

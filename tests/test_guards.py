@@ -19,8 +19,8 @@ import pytest
 import torch
 from mpi_util import ROOT, WORKERS, run_script
 
-from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime.metrics import MetricsWriter, json_safe
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 from hpc_jabas.runtime.safepoint import agree
 
 BASE = {"plan": "b=8 n=2", "n": 64, "optimizer": "adam", "lr": 0.01}      # B=16: 4 iterations per epoch

@@ -1,4 +1,5 @@
-"""hpc_jabas.core.headroom against closed-form quadratics: eps_max and the headroom against the loss of the step
+"""hpc_jabas.core.adaptive.headroom against closed-form quadratics: eps_max and the headroom against the loss of the
+step
 itself, E_lin against the expected per-sample loss decrease computed by enumerating every mini-batch of a
 least-squares problem (whose loss is exactly quadratic), where eps_max and B_n are known."""
 import itertools
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import headroom as hr
+from hpc_jabas.core.adaptive import headroom as hr
 
 
 def _quadratic(seed: int, dim: int = 4):

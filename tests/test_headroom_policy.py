@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import headroom as hr
+from hpc_jabas.core.adaptive import headroom as hr
+from hpc_jabas.core.adaptive.policies.base import Observation, PolicyState
+from hpc_jabas.core.adaptive.policies.goodput import GoodputPolicy
+from hpc_jabas.core.adaptive.policies.registry import make_policy
+from hpc_jabas.core.adaptive.policies.similarity import SimilarityPolicy
 from hpc_jabas.core.planning.space import BatchSpace
-from hpc_jabas.core.policies.base import Observation, PolicyState
-from hpc_jabas.core.policies.goodput import GoodputPolicy
-from hpc_jabas.core.policies.registry import make_policy
-from hpc_jabas.core.policies.similarity import SimilarityPolicy
 from hpc_jabas.errors import ConfigError
 
 
@@ -148,8 +148,8 @@ def test_defaults_and_bad_values():
 
 
 def test_the_job_keys_reach_the_policies_and_a_bad_one_is_one_line():
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.policies.registry import policy_for_job
+    from hpc_jabas.core.adaptive.policies.registry import policy_for_job
+    from hpc_jabas.core.config.sections import JobConfig
     pol = policy_for_job(JobConfig(policy="goodput", batch=32, batch_max=512, efficiency="linear", headroom_c=3.0),
                          10)
     assert isinstance(pol, GoodputPolicy) and (pol.efficiency, pol.cap.c) == ("linear", 3.0)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpc_jabas.core import headroom as hr
+from hpc_jabas.core.adaptive import headroom as hr
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.headroom_probe import probe_headroom
 

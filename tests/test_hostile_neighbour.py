@@ -4,7 +4,7 @@ prepared files where the victim is about to work. Nothing the neighbour planted 
 - the neighbour made the victim's run directory (mode 0777) and put a link in it where hpc-jabas writes its
   metrics, pointing at a file in the victim's home: the victim's run is one line (exit 2), the file in the
   victim's home keeps its bytes, and nothing lands in the planted directory;
-- the neighbour left a job file (``python -m hpc_jabas.runtime.launch JOB.toml``) whose ``task`` names the
+- the neighbour left a job file (``python -m hpc_jabas.runtime.job.launch JOB.toml``) whose ``task`` names the
   neighbour's module: the launcher refuses it in one line before importing anything, so the module (which
   would leave a marker) never runs as the victim.
 
@@ -96,7 +96,7 @@ def test_a_job_file_the_neighbour_left_never_runs_their_code(world):
                f"cat > {d}/job.toml <<'EOF'\n[job]\ntask = 'evil_task:task'\nchain_dir = '{d}/chain'\n"
                f"pythonpath = ['{d}']\nEOF\nchmod 644 {d}/job.toml {d}/evil_task.py")
     assert made.returncode == 0, made.stderr
-    p = _as(VICTIM, world, SYSTEM_PY, "-m", "hpc_jabas.runtime.launch", str(d / "job.toml"))
+    p = _as(VICTIM, world, SYSTEM_PY, "-m", "hpc_jabas.runtime.job.launch", str(d / "job.toml"))
     lines = _errors(p)
     assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
     assert "job file" in lines[0] and "owned by uid" in lines[0], lines

@@ -19,7 +19,7 @@ from support.rank_runs import EXIT_BOUND_S, NAMED_BOUND_S
 from support.rank_runs import our_lines as _ours
 from support.rank_runs import stop_one as _stop_one
 
-from hpc_jabas.runtime.checkpoint import load_latest
+from hpc_jabas.runtime.persist.checkpoint import load_latest
 
 
 def _check(res: dict, out: Path, n: int, stop: int, bound: float = NAMED_BOUND_S) -> str:

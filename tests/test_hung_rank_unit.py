@@ -1,10 +1,10 @@
-"""runtime/heartbeat.py's rule, on a dict store and a clock the test moves (no threads, no processes): a watched
+"""runtime/comm/heartbeat.py's rule, on a dict store and a clock the test moves (no threads, no processes): a watched
 rank whose counter stops is named after the timeout and not before; a rank that was itself stopped gives the
 watched one a fresh timeout and never names it; ``done`` ends the watch; a rank named by another ends quietly."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.runtime.heartbeat import Heartbeat, interval_for
+from hpc_jabas.runtime.comm.heartbeat import Heartbeat, interval_for
 
 
 class Store:

@@ -1,4 +1,4 @@
-"""A job file given to the job's launcher (python -m hpc_jabas.runtime.launch JOB.toml): a [job] value of the
+"""A job file given to the job's launcher (python -m hpc_jabas.runtime.job.launch JOB.toml): a [job] value of the
 wrong type is one line and exit 2, the same check (core/jobspec.check_job_table) as hpc-jabas submit's."""
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.launch import spec_from_file
+from hpc_jabas.runtime.job.launch import spec_from_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_a_pythonpath_string_is_one_directory(tmp_path):
 def test_the_launcher_says_one_line_and_exits_2(tmp_path, after_failure):
     p = job_file(tmp_path, '[job]\ntask = "m:build"\nchain_dir = 42')
     argv = ["--after-failure", "1", str(p)] if after_failure else [str(p)]
-    out = subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.launch", *argv], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.job.launch", *argv], capture_output=True, text=True,
                          timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path),
                                            "SLURM_JOB_ID": "5"})
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

@@ -1,4 +1,4 @@
-"""runtime/launchers.py: one class per launcher, each detecting itself in a synthetic environment and giving
+"""runtime/comm/launchers.py: one class per launcher, each detecting itself in a synthetic environment and giving
 its rank, local rank, world size and rank 0's address; the detection order where several launchers' variables
 are present at once (torchrun in an srun step, mpirun in an allocation, srun with an MPI plugin)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime import launchers as L
+from hpc_jabas.runtime.comm import launchers as L
 
 TORCHRUN = {"TORCHELASTIC_RUN_ID": "r1", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "n1",
             "MASTER_PORT": "29400", "TORCHELASTIC_ERROR_FILE": "/tmp/e.json"}
@@ -121,8 +121,8 @@ def test_only_launchers_reads_launcher_variables():
     found = []
     for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG.parent).as_posix()
-        if rel in ("hpc_jabas/runtime/launchers.py", "hpc_jabas/slurm/env.py"):
+        if rel in ("hpc_jabas/runtime/comm/launchers.py", "hpc_jabas/slurm/env.py"):
             continue
         found += [f"{rel}:{line}: {name}" for line, name in launcher_reads(path.read_text())
                   if (rel, name) not in ELSEWHERE]
-    assert found == [], "read the launcher's variables through hpc_jabas.runtime.launchers:\n" + "\n".join(found)
+    assert found == [], "read the launcher's variables through hpc_jabas.runtime.comm.launchers:\n" + "\n".join(found)

@@ -1,13 +1,24 @@
-"""The layers of hpc_jabas (cli -> runtime -> slurm -> core), checked on the source text.
+"""The layers of hpc_jabas, checked on the source text. Every import counts: lazy ones inside functions and
+``if TYPE_CHECKING`` ones included (a type named from above is an arrow back up too).
 
-Every import counts, lazy ones inside functions included:
+Between the packages (cli -> runtime -> slurm -> core -> the root leaves):
 - core/ is pure: no torch, horovod, mpi4py, submitit, subprocess or clock, and only core + the leaves
-  (errors, and trust: the owner and mode checks a config file passes before core/config.py reads it, which
-  import nothing of the package but errors) from the package;
+  (errors, settings, and trust: the owner and mode checks a config file passes before core/config reads it)
+  from the package;
 - slurm/ never imports runtime/ or cli/; runtime/ never imports cli/;
-- exactly one module imports horovod (runtime/comm_horovod.py, the Horovod backend of runtime/comm.py);
-- core/config.py imports no implementation module: its choices and defaults come from core/defaults.py,
-  and besides that it uses only the schema and leaf modules (the GPU catalog, the slowdown spec);
+- the root modules (errors, settings, trust, log) import only each other: nothing in the package's root points up.
+
+Inside core/ and runtime/, the sub-packages (SUBLAYERS) are layers of their own, bottom first:
+- core: config < perf < planning < adaptive, balancing < autoscale < sim;
+- runtime: comm < persist < the loop (runtime/'s own modules) < profiling < job.
+A module imports only from its own sub-package or from one ranked lower; two sub-packages of one rank never import
+each other.
+
+And:
+- exactly one module imports horovod (runtime/comm/horovod_backend.py, the Horovod backend of runtime/comm/seam.py);
+- core/config/sections.py imports no implementation module: its choices and defaults come from
+  core/config/defaults.py, and besides that it uses only the schema and leaf modules (the GPU catalog, the
+  slowdown spec);
 - no import cycle between the package's modules;
 - no module over MAX_LINES lines: a backstop against a module that holds everything, not a target. A module
   is split where it has a seam (a concern of its own, with its own tests), never only to get under a number.
@@ -95,26 +106,81 @@ def test_layers_point_down():
     assert not wrong, wrong
 
 
+#: the sub-packages of core/ and runtime/, by rank, bottom first ("" : the package's own modules)
+SUBLAYERS = {
+    "core": {"config": 0, "perf": 1, "planning": 2, "adaptive": 3, "balancing": 3, "autoscale": 4, "sim": 5},
+    "runtime": {"comm": 0, "persist": 1, "": 2, "profiling": 3, "job": 4},
+}
+#: the modules of the package's root besides its __init__ (the public API, the top): leaves, below everything
+ROOT_LEAVES = {"hpc_jabas.errors", "hpc_jabas.settings", "hpc_jabas.trust", "hpc_jabas.log"}
+
+
+def _sub(name: str) -> tuple[str, str] | None:
+    """(layer, sub-package) of a module under core/ or runtime/ ("" for the layer's own modules)."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[1] not in SUBLAYERS:
+        return None
+    if len(parts) == 3 and parts[2] not in SUBLAYERS[parts[1]]:
+        return parts[1], ""          # a module of the layer itself (or the layer's __init__: parts == 2)
+    return parts[1], parts[2]
+
+
+def test_every_subpackage_is_ranked():
+    for layer, ranks in SUBLAYERS.items():
+        found = {p.name for p in (PKG / layer).iterdir() if (p / "__init__.py").exists()}
+        assert found == set(ranks) - {""}, f"{layer}/ has {sorted(found)}; SUBLAYERS ranks {sorted(ranks)}"
+    assert len(SUBLAYERS["core"]) >= 5 and len(SUBLAYERS["runtime"]) >= 3
+
+
+def test_subpackages_point_down():
+    wrong = []
+    for name in MODS:
+        me = _sub(name)
+        if me is None:
+            continue
+        ranks = SUBLAYERS[me[0]]
+        for m in _internal(name):
+            other = _sub(m)
+            if other is None or other[0] != me[0] or other[1] == me[1]:
+                continue
+            if ranks[other[1]] >= ranks[me[1]]:
+                wrong.append(f"{name} -> {m}")
+    assert not wrong, "imports that point up or sideways between sub-packages:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_root_modules_are_leaves():
+    for name in ROOT_LEAVES:
+        assert _internal(name) <= ROOT_LEAVES, f"{name} imports {sorted(_internal(name) - ROOT_LEAVES)}"
+    roots = {n for n, p in MODS.items() if n.count(".") == 1 and p.name != "__init__.py"}
+    assert roots == ROOT_LEAVES, f"a new module in the package's root: {sorted(roots - ROOT_LEAVES)}"
+
+
+def test_the_sublayer_check_sees_a_violation():
+    assert _sub("hpc_jabas.core.config.validate") == ("core", "config")
+    assert _sub("hpc_jabas.runtime.trainer") == ("runtime", "")
+    assert SUBLAYERS["core"]["perf"] < SUBLAYERS["core"]["planning"]   # perf -> planning would be found
+
+
 def test_one_module_imports_horovod():
     users = sorted(n for n in MODS if any(m.split(".")[0] == "horovod" for m in _imports(n, MODS[n])))
-    assert users == ["hpc_jabas.runtime.comm_horovod"], users
+    assert users == ["hpc_jabas.runtime.comm.horovod_backend"], users
 
 
-#: what core/config.py may import from the package: its defaults, its generic half (the schema) and the
-#: leaves it validates with (GPU type names, slowdown specs, the one number checker core/validate.py, which
-#: the schema decides with), the one text-file reader (core/textfile.py), the trust check of the files it reads
+#: what core/config/sections.py may import from the package: its defaults, its generic half (the schema) and the
+#: leaves it validates with (GPU type names, slowdown specs, the one number checker core/config/validate.py, which
+#: the schema decides with), the one text-file reader (core/config/textfile.py), the trust check of the files it reads
 #: and the environment settings that check reads (HPC_JABAS_TRUST_GROUP)
-CONFIG_MAY_IMPORT = {"hpc_jabas.core.defaults", "hpc_jabas.core.schema", "hpc_jabas.core.gpus",
-                     "hpc_jabas.core.slowdown", "hpc_jabas.core.textfile", "hpc_jabas.core.validate",
-                     "hpc_jabas.trust", "hpc_jabas.settings"}
+CONFIG_MAY_IMPORT = {"hpc_jabas.core.config." + m for m in ("defaults", "schema", "gpus", "slowdown", "textfile",
+                                                             "validate")} | {"hpc_jabas.trust", "hpc_jabas.settings"}
 
 
 def test_config_imports_no_implementation_module():
-    core = {m for m in _internal("hpc_jabas.core.config") if m not in ("hpc_jabas.core", "hpc_jabas.errors")}
-    assert core <= CONFIG_MAY_IMPORT, f"core/config.py imports {sorted(core - CONFIG_MAY_IMPORT)}"
+    pkgs = ("hpc_jabas.core", "hpc_jabas.core.config", "hpc_jabas.errors")
+    core = {m for m in _internal("hpc_jabas.core.config.sections") if m not in pkgs}
+    assert core <= CONFIG_MAY_IMPORT, f"core/config/sections.py imports {sorted(core - CONFIG_MAY_IMPORT)}"
     for leaf in CONFIG_MAY_IMPORT:      # none of them pulls an implementation module in behind config's back
-        assert _internal(leaf) <= {"hpc_jabas.errors"} | (CONFIG_MAY_IMPORT - {"hpc_jabas.core.schema"}) - {leaf}, \
-            f"{leaf} imports {sorted(_internal(leaf))}"
+        may = {"hpc_jabas.errors", "hpc_jabas.core.config"} | (CONFIG_MAY_IMPORT - {"hpc_jabas.core.config.schema"})
+        assert _internal(leaf) <= may - {leaf}, f"{leaf} imports {sorted(_internal(leaf))}"
 
 
 def test_no_import_cycle():

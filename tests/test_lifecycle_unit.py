@@ -2,12 +2,12 @@
 import pytest
 from fake_trainer import FakeTrainer
 
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.decision import MoveDecision
-from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.adaptive.decision import MoveDecision
+from hpc_jabas.core.config.jobspec import JobSpec
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler, epoch_time_fn, expand_mix
+from hpc_jabas.runtime.job.lifecycle import EpochEndAutoscaler, epoch_time_fn, expand_mix
 
 
 class View:
@@ -161,7 +161,8 @@ def test_whole_node_units_from_the_view():
                                           ("cost-under-deadline", {"deadline_s": 0.59})])
 def test_the_search_decides_as_brute_force_did(monkeypatch, objective, kw):
     """The hook's decision with mixsearch.search equals choose over every mix (the old enumerate_mixes path)."""
-    from hpc_jabas.core import autoscale, mixsearch
+    from hpc_jabas.core.autoscale import mixsearch
+    from hpc_jabas.core.autoscale import scaler as autoscale
 
     def decide():
         tr = stub_trainer()

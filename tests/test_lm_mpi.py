@@ -9,7 +9,7 @@ from mpi_util import PY, ROOT, mpi_env
 
 from examples.train_lm import lm_forward, lm_terms, make_data, make_model, make_optimizer
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 
 N, PLAN, LR = 48, "b=4 n=1,3", 0.05
 

@@ -10,7 +10,7 @@ from reference import reference_run
 from test_equivalence import assert_params_close
 
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.data import HeterogeneousBatchSampler, check_input, loader_kwargs
 

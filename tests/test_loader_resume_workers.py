@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 
 
 class Augmented(torch.utils.data.Dataset):

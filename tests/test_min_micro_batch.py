@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import autoscale
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import Plan
 from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH, candidate_sizes, make_planner
 from hpc_jabas.runtime.trainer import Trainer

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from test_sampler import per_rank_plans
 
+from hpc_jabas.core.adaptive.stats import noise_scale_terms
 from hpc_jabas.core.planning import Plan, half_split
-from hpc_jabas.core.stats import noise_scale_terms
 
 
 def test_identical_b_halves_are_the_global_parity():

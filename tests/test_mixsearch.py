@@ -1,4 +1,4 @@
-"""core/mixsearch.py: the branch-and-bound decision equals brute force (choose over every mix) on small
+"""core/autoscale/mixsearch.py: the branch-and-bound decision equals brute force (choose over every mix) on small
 clusters, for every objective, with granularity, restart overhead, margin and queue waits."""
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hpc_jabas.core.mixtree as mixtree
+import hpc_jabas.core.autoscale.mixtree as mixtree
 import hpc_jabas.errors as errors
-from hpc_jabas.core import autoscale, mixbound, mixsearch
-from hpc_jabas.core.autoscale import choose
-from hpc_jabas.core.mixsearch import Bound, all_mixes, allowed_counts, partition_counts, search
-from hpc_jabas.core.overheads import Overheads
+from hpc_jabas.core.autoscale import mixbound, mixsearch
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.autoscale.mixsearch import Bound, all_mixes, allowed_counts, partition_counts, search
+from hpc_jabas.core.autoscale.overheads import Overheads
+from hpc_jabas.core.autoscale.scaler import choose
 from hpc_jabas.errors import ConfigError
 
 NAMES = ["a100", "v100", "p100", "rtx2060"]
@@ -113,7 +114,7 @@ def test_search_equals_brute_force(c):
 
 def test_search_equals_brute_force_on_the_real_epoch_time():
     """The perf model's own bound under autoscale.epoch_time_fn (snapped forecast, optimal planner)."""
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     types = {"a100": "a100", "v100": "v100", "rtx2060": "rtx2060"}
     model = PerfModel.emulated(sorted(types.values()), [1, 2, 4, 8, 16, 32, 64, 128, 256], 0.002, 0.0002)
     fc, N = [70.4, 77.4, 85.2, 93.7], 4000
@@ -121,7 +122,7 @@ def test_search_equals_brute_force_on_the_real_epoch_time():
     free = {"a100": 3, "v100": 4, "rtx2060": 4}
     cands = autoscale.enumerate_mixes(free, types, max_gpus=8)
     rates = autoscale.catalog_rates(types)
-    # also with a run's measured overheads priced (core/overheads.py): the bound ignores them and stays valid
+    # also with a run's measured overheads priced (core/autoscale/overheads.py): the bound ignores them and stays valid
     for ov in (None, Overheads(measure_share=0.25, measure_factor=1.7, epoch_end_s=3.0)):
         fn = autoscale.epoch_time_fn(model, types, fc, 5, N, None, B_min=32, B_max=256, overheads=ov)
         for m in cands:                               # the bound holds on every mix
@@ -138,7 +139,7 @@ def test_search_equals_brute_force_on_the_real_epoch_time():
 def test_a_node_cache_changes_no_decision():
     """Decisions that share a node_cache (same bound, other R, overhead, budget, current mix, caps) choose,
     explain and price exactly as fresh searches; another bound empties the cache."""
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     types = {p: p for p in ("a100", "v100", "rtx2060", "p100")}
     model = PerfModel.emulated(sorted(types.values()), [1, 2, 4, 8, 16, 32, 64], 0.002, 0.0002)
     fc, N = [70.4, 77.4, 85.2, 93.7], 4000
@@ -224,7 +225,7 @@ def test_queue_wait_is_priced_and_capped():
 def test_perf_bound_holds_under_the_real_epoch_time(fc, period, samples, lo, width, mb, mix):
     """L(n) <= autoscale.epoch_time_fn(n): peak throughput, the snapped iteration count, the one-micro-batch
     floor and the allreduce tail, on random forecasts, batch ranges, micro-batch settings and mixes."""
-    from hpc_jabas.core.perfmodel import AllreduceModel, PerfModel
+    from hpc_jabas.core.perf.perfmodel import AllreduceModel, PerfModel
     types = {"a100": "a100", "v100": "v100", "rtx2060": "rtx2060"}
     model = PerfModel.emulated(sorted(types.values()), [1, 2, 4, 8, 16, 32, 64, 128], 0.002, 0.0002, update_s=0.001,
                                allreduce=AllreduceModel(1.0, 0.001))
@@ -279,7 +280,7 @@ def test_vectorised_snapped_iterations_equal_the_scalar_counts(fc, period, sampl
        update=st.sampled_from([0.0, 0.003]))
 def test_group_space_has_the_optimal_spaces_times(mix, lo, width, mb, update):
     """grouptimes.group_space: the B and the seconds of snapping.optimal_space, bit for bit, without plans."""
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     from hpc_jabas.core.planning.grouptimes import group_space
     from hpc_jabas.core.planning.space import optimal_space
     model = PerfModel.emulated(["a100", "v100", "rtx2060", "p100"], [1, 2, 4, 8, 16, 32, 64], 0.002, 0.0002,
@@ -302,7 +303,7 @@ def test_small_clusters_are_priced_whole_and_listed():
     assert "nodes" in ch.reason and len(ch.table) <= 11
 
 
-# ---- the search's parts, each on its own (core/mixtree.py: Problem, Memo, NodeBound, Frontier, Incumbent)
+# ---- the search's parts, each on its own (core/autoscale/mixtree.py: Problem, Memo, NodeBound, Frontier, Incumbent)
 
 def _problem(free, peak, rates, fn=None, objective="time", max_gpus=8, min_gpus=1, maxp=None, floor=None,
              current=None, R=1.0, overhead=0.0, **kw):
@@ -430,7 +431,7 @@ def test_tree_search_state_after_an_exact_run():
 def test_range_times_are_the_planners_own_times(mix, lo, width, mb):
     """planning.identical.RangeTimes (what grouptimes prices from): every B that plan_batch realises on the ranks,
     with model.iteration_time of plan_batch's plan, and no other B (reference: one plan_batch per B)."""
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     from hpc_jabas.core.planning.identical import RangeTimes, plan_batch
     model = PerfModel.emulated(["a100", "v100", "rtx2060"], [1, 2, 4, 8, 16, 32], 0.002, 0.0002, update_s=0.001)
     gl = autoscale.expand_mix(mix, {p: p for p in mix})

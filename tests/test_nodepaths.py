@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.config.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.nodepaths import DECL_FILE, ENV, check_job_environment, cluster_declared, node_local_root
 
@@ -82,7 +82,7 @@ def test_submit_refuses_node_local_paths_in_one_line_before_slurm(tmp_path, monk
 def test_status_of_a_job_that_failed_before_its_log_and_up_check_says_what_it_checked(slurm_cluster, tmp_path):
     """A chain directory under /tmp (private per node here) submitted around submit's check: Slurm fails the job
     (JobLaunchFailure) and nothing of ours is written; status names Slurm's reason and the output's path."""
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm.executor import submit
     chain = tmp_path / "chain"
     spec = JobSpec(task="preempt_task:build", config={"epochs": 1}, chain_dir=str(chain), mix={"rtx2060": 1},

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reference import make_data, make_model
 
-from hpc_jabas.core.stats import NoiseMemory, NoiseWindow
+from hpc_jabas.core.adaptive.stats import NoiseMemory, NoiseWindow
 from hpc_jabas.errors import ConfigError
 
 
@@ -53,8 +53,8 @@ def test_memory_is_in_samples_not_in_measurements():
 
 
 def test_bad_values_are_one_clear_line():
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.policy import make_policy
+    from hpc_jabas.core.adaptive.policy import make_policy
+    from hpc_jabas.core.config.sections import JobConfig
     for kw, words in [({"measure_every": 0}, "measure_every=0"), ({"measure_every": 2.5}, "measure_every=2.5"),
                       ({"noise_memory": -1}, "noise_memory=-1"), ({"noise_memory": "x"}, "noise_memory='x'")]:
         with pytest.raises(ConfigError) as e:
@@ -68,8 +68,8 @@ def test_bad_values_are_one_clear_line():
 
 
 def test_policy_observe_and_checkpoint_round_trip():
+    from hpc_jabas.core.adaptive.policy import PolicyState, make_policy
     from hpc_jabas.core.planning import BatchSpace
-    from hpc_jabas.core.policy import PolicyState, make_policy
     space = BatchSpace(16, 512, lambda lo, hi: [(B, 0.01 + B * 1e-4) for B in range(lo, hi + 1) if B % 16 == 0])
     a = make_policy("noise-scale", B0=32, B_min=16, B_max=512, noise_memory=5000.0)
     xs = [(0.9, 80.0, 128), (1.1, 120.0, 128), (math.nan, 5.0, 128), (1.0, 95.0, 256)]
@@ -102,9 +102,9 @@ def test_noise_only_measurement_has_no_half_batch_buffer():
 
 
 def _run(tmp_path, name, **kw):
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
     n, B = kw.pop("n", 64), 16
     model = make_model()
     kw.setdefault("lr_rule", "none")
@@ -136,7 +136,7 @@ def test_measure_every_feeds_the_policy_between_decisions(tmp_path):
     """Goodput with measure_every=1 and a memory of 2,000 samples on one GPU: each decision's estimate is the
     sample-weighted average of every iteration's measurement so far (the hand reference), decisions see more
     measurements than decisions, and the first decision already moves past the warm-up."""
-    from hpc_jabas.core.stats import noise_scale_terms
+    from hpc_jabas.core.adaptive.stats import noise_scale_terms
     M = 2000.0
     tr, its, decisions = _run(tmp_path, "every", n=128, epochs=2, measure_every=1, noise_memory=M)
     assert len(decisions) >= 3
@@ -168,7 +168,7 @@ def test_adascale_reads_the_sample_memory_estimate(tmp_path):
     """lr_rule = adascale with noise_memory: each decision's gain r = (G2 + S / B_ref) / (G2 + S / B) reads the
     policy's estimate (the hand-weighted averages of every measurement so far), not the controller's moving
     average per measurement."""
-    from hpc_jabas.core.stats import NoiseScale, noise_scale_terms
+    from hpc_jabas.core.adaptive.stats import NoiseScale, noise_scale_terms
     M, B_ref = 2000.0, 8
     _, its, decisions = _run(tmp_path, "adascale", n=128, epochs=1, measure_every=1, noise_memory=M,
                              lr_rule="adascale", batch_ref=B_ref)
@@ -224,8 +224,8 @@ def test_the_simulator_measures_as_the_controller_does(monkeypatch):
     warm-up's 3 + 1 measurements, at iteration 8)."""
     from test_simulate import cluster, job
 
-    from hpc_jabas.core.policy import GoodputPolicy
-    from hpc_jabas.core.simulate import Simulation
+    from hpc_jabas.core.adaptive.policy import GoodputPolicy
+    from hpc_jabas.core.sim.simulate import Simulation
     events: list[tuple] = []
     inside = []
     observe, decide = GoodputPolicy.observe, GoodputPolicy.decide

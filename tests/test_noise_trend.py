@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_policy import linear_space
 
-from hpc_jabas.core.policy import GoodputPolicy, PolicyState
-from hpc_jabas.core.stats import AHEAD_CAP, NoiseMemory
+from hpc_jabas.core.adaptive.policy import GoodputPolicy, PolicyState
+from hpc_jabas.core.adaptive.stats import AHEAD_CAP, NoiseMemory
 from hpc_jabas.errors import ConfigError
 
 TAU = 20_000.0
@@ -110,9 +110,9 @@ def _trainer(tmp_path, name: str):
     import torch
     from reference import make_data, make_model
 
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     cfg = JobConfig(policy="noise-scale", batch=8, batch_min=8, batch_max=96, epochs=50, p=4, measure_every=1,
                     noise_trend=True, lr_rule="linear", checkpoint_every=5, run_dir=str(tmp_path / name))

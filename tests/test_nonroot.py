@@ -34,7 +34,7 @@ DOC = ROOT / "docs/cluster.md"
 #: run as the user: (iteration of the sbatch run, of the chain, largest relative parameter difference)
 COMPARE = """
 import json, sys
-from hpc_jabas.runtime.checkpoint import load_latest
+from hpc_jabas.runtime.persist.checkpoint import load_latest
 ref, got = load_latest(sys.argv[1])[0], load_latest(sys.argv[2])[0]
 worst = max(float((got["model"][k] - w).abs().max() / (w.abs().max() + 1e-12)) for k, w in ref["model"].items())
 print(json.dumps([ref["iteration"], got["iteration"], worst]))

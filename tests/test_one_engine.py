@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_jabas.core import autoscale, defaults
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.config import defaults
+from hpc_jabas.core.config.jobspec import JobSpec
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import PlanSpec, job_batch_space, make_planner, plan_batch
-from hpc_jabas.core.simconfig import job_from_dict
+from hpc_jabas.core.sim.simconfig import job_from_dict
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime import safepoint as sp
 

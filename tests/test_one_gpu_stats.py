@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reference import make_data, make_model, reference_run
 
-from hpc_jabas.core.sampler import split_single_micro
+from hpc_jabas.core.planning.sampler import split_single_micro
 
 
 @given(n=st.integers(1, 300), min_half=st.integers(1, 64), others=st.integers(0, 2))
@@ -36,9 +36,9 @@ def test_a_rank_without_micro_batches_is_left_alone():
 
 @pytest.mark.parametrize("policy", ["noise-scale", "similarity"])
 def test_one_gpu_measures_both_statistics_and_matches_one_big_batch(tmp_path, policy):
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     n, B, lr = 240, 16, 0.05
     ds = make_data(n)
@@ -76,11 +76,11 @@ def test_one_gpu_measures_both_statistics_and_matches_one_big_batch(tmp_path, po
 def test_measured_statistics_equal_a_per_sample_computation_by_hand(tmp_path):
     """The trainer's similarity, |g|^2 and micro-batch |g_m|^2 at a measured iteration, against per-sample
     gradients taken one sample at a time with autograd (an independent reference for runtime/gradstats.py)."""
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     from hpc_jabas.core.planning import Plan
-    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.core.planning.sampler import HeterogeneousSampler
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     n, B = 32, 16
     ds = make_data(n)

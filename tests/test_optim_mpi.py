@@ -11,7 +11,7 @@ from reference import make_data, make_model
 from torch import nn
 
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 
 SIZES = [[5, 3], [7], [2, 4, 6]]            # as in the worker, rank-major global order
 HALVES = [[0, 1], [0], [1, 0, 1]]

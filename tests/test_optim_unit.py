@@ -3,7 +3,7 @@ skip_synchronize guard, the loss-kind checks, (loss, weight) forwards, device-si
 import pytest
 import torch
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.gradstats import Measurement, mul_, sq_norms
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer

@@ -1,5 +1,5 @@
-"""What a run costs besides its iterations (core/overheads.py), measured by the auto-scaler's meter and priced
-in its epoch-end decision (runtime/lifecycle.py)."""
+"""What a run costs besides its iterations (core/autoscale/overheads.py), measured by the auto-scaler's meter and priced
+in its epoch-end decision (runtime/job/lifecycle.py)."""
 import math
 
 import pytest
@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_lifecycle_unit import View, spec, stub_trainer
 
-from hpc_jabas.core import autoscale
-from hpc_jabas.core.overheads import KEEP_EPOCH_ENDS, KEEP_ITERATIONS, OverheadMeter, Overheads
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.autoscale.overheads import KEEP_EPOCH_ENDS, KEEP_ITERATIONS, OverheadMeter, Overheads
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.hooks import EpochEndHook
-from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler
+from hpc_jabas.runtime.job.lifecycle import EpochEndAutoscaler
 from hpc_jabas.runtime.record import StepRecord
 
 
@@ -128,9 +128,9 @@ def test_the_auto_scaler_meters_steps_prices_them_and_keeps_them_across_a_resume
 def test_reference_iterations_against_a_brute_force_count(done, span, p, k):
     """A reference iteration: every iteration measures (measure_every = 1 or p = 1), done = 9 mod 16, never a
     decision's unless p = 1; the count, the measuring count, the schedule the controller and the simulator read,
-    and the long-run share of core/simulate.py agree with an iteration-by-iteration reading."""
-    from hpc_jabas.core import simulate
-    from hpc_jabas.core.overheads import is_reference, measures, references
+    and the long-run share of core/sim/simulate.py agree with an iteration-by-iteration reading."""
+    from hpc_jabas.core.autoscale.overheads import is_reference, measures, references
+    from hpc_jabas.core.sim import simulate
     end = done + span
     refs = [x for x in range(done + 1, end + 1) if (k == 1 or p == 1) and x % 16 == 9 and (x % p or p == 1)]
     assert references(done, end, p, k) == len(refs)
@@ -154,7 +154,7 @@ class _Pricing(EpochEndHook):
     prices_measuring = True
 
     def decide(self, trainer, epoch):
-        from hpc_jabas.core.decision import MoveDecision
+        from hpc_jabas.core.adaptive.decision import MoveDecision
         return MoveDecision.stay("test")
 
 
@@ -171,9 +171,9 @@ def test_a_trainer_that_measures_every_iteration_leaves_references_only_where_me
     import torch
     from reference import make_data, make_model
 
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
     model = make_model()
     cfg = JobConfig(policy=policy, batch=16, batch_min=16, batch_max=64, epochs=3, checkpoint=False, p=p,
                     run_dir=str(tmp_path / "run"))

@@ -7,8 +7,8 @@ import pytest
 import torch
 from fake_trainer import FakeTrainer
 
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, job_perf_model
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.core.perf.perfmodel import ComputeProfile, PerfModel, job_perf_model
 from hpc_jabas.core.planning import make_planner
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.batchnorm import batch_coupled_layers

@@ -10,8 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import gpus
-from hpc_jabas.core.perfmodel import EMU_MEM_SAMPLES_PER_GB, AllreduceModel, ComputeProfile, PerfModel, emulated_time
+from hpc_jabas.core.config import gpus
+from hpc_jabas.core.perf.perfmodel import (
+    EMU_MEM_SAMPLES_PER_GB,
+    AllreduceModel,
+    ComputeProfile,
+    PerfModel,
+    emulated_time,
+)
 from hpc_jabas.core.planning import Plan
 from hpc_jabas.errors import ConfigError
 
@@ -256,7 +262,7 @@ def test_load_errors(tmp_path):
 
 
 def test_perfmodel_is_pure():
-    import hpc_jabas.core.perfmodel as pm
+    import hpc_jabas.core.perf.perfmodel as pm
     import hpc_jabas.core.planning.identical as pl
     import hpc_jabas.core.planning.slots as ps
     for mod in (pm, pl, ps):

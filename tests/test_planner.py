@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpc_jabas.cli import plan as cli_plan
-from hpc_jabas.core.perfmodel import AllreduceModel, ComputeProfile, PerfModel
+from hpc_jabas.core.perf.perfmodel import AllreduceModel, ComputeProfile, PerfModel
 from hpc_jabas.core.planning import Plan, plan_batch, plan_range, snap_batch
 from hpc_jabas.errors import ConfigError, InfeasibleError
 

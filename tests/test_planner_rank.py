@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_planner import instances
 
-from hpc_jabas.core.perfmodel import AllreduceModel, ComputeProfile, PerfModel, rank_time
+from hpc_jabas.core.perf.perfmodel import AllreduceModel, ComputeProfile, PerfModel, rank_time
 from hpc_jabas.core.planning import Plan, plan_batch
 from hpc_jabas.errors import ConfigError, InfeasibleError
 

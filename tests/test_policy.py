@@ -5,9 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core.perfmodel import PerfModel
-from hpc_jabas.core.planning import BatchSpace, optimal_space
-from hpc_jabas.core.policy import (
+from hpc_jabas.core.adaptive.policy import (
     DEFAULT_ALPHA,
     DEFAULT_GAMMA,
     DEFAULT_P,
@@ -24,6 +22,8 @@ from hpc_jabas.core.policy import (
     make_policy,
     statistical_efficiency,
 )
+from hpc_jabas.core.perf.perfmodel import PerfModel
+from hpc_jabas.core.planning import BatchSpace, optimal_space
 from hpc_jabas.errors import ConfigError
 
 

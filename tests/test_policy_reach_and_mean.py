@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference import make_data, make_model
 
+from hpc_jabas.core.adaptive.policy import GoodputPolicy, PolicyState, SimilarityPolicy, default_measure_every
 from hpc_jabas.core.planning.space import BatchSpace
-from hpc_jabas.core.policy import GoodputPolicy, PolicyState, SimilarityPolicy, default_measure_every
 from hpc_jabas.errors import ConfigError
 
 
@@ -108,9 +108,9 @@ def test_a_trainer_with_similarity_and_measure_every_decides_on_the_mean_of_its_
     """One GPU, similarity, p = 6, measure_every = 2: iterations 1, 3, 5 (0-based) measure the cosine (the one
     micro-batch split in two); each decision's similarity_mean is the mean of the cosines its iteration records
     carry since the previous decision (a reference from the records, not from the policy)."""
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
     model = make_model()
     cfg = JobConfig(policy="similarity", batch=16, batch_min=8, batch_max=64, epochs=2, checkpoint=False, p=6,
                     measure_every=2, lr_rule="none", run_dir=str(tmp_path / "run"))

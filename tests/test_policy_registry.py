@@ -11,15 +11,22 @@ import textwrap
 
 import pytest
 
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.policies import BatchPolicy, Wish, make_policy, policy_class, register_policy, unregister_policy
+from hpc_jabas.core.adaptive.policies import (
+    BatchPolicy,
+    Wish,
+    make_policy,
+    policy_class,
+    register_policy,
+    unregister_policy,
+)
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.errors import ConfigError
 
 SCRIPT = textwrap.dedent('''
     import json, sys
     import torch
     import hpc_jabas as hj
-    from hpc_jabas.core.policies import SIMILARITY, BatchPolicy, Observation, Wish, register_policy
+    from hpc_jabas.core.adaptive.policies import SIMILARITY, BatchPolicy, Observation, Wish, register_policy
 
     @register_policy
     class Doubling(BatchPolicy):

@@ -19,9 +19,9 @@ from reference import reference_run
 from test_equivalence import assert_params_close
 
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime import safepoint as sp
-from hpc_jabas.runtime.dirlock import DirLock
+from hpc_jabas.runtime.persist import checkpoint as ckpt
+from hpc_jabas.runtime.persist.dirlock import DirLock
 from hpc_jabas.runtime.safepoint import Agreement, PeriodicCheckpoint, agree
 from hpc_jabas.runtime.trainer import Trainer
 
@@ -246,7 +246,7 @@ def test_blocking_and_off_modes():
 
 
 def test_second_writer_refused_naming_the_holder(tmp_path):
-    code = ("import sys,time; from hpc_jabas.runtime.dirlock import DirLock; "
+    code = ("import sys,time; from hpc_jabas.runtime.persist.dirlock import DirLock; "
             f"DirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -267,7 +267,7 @@ def test_second_writer_refused_naming_the_holder(tmp_path):
 # ---- kill -9 during checkpoint writes ---------------------------------------------------------------
 WRITER = """
 import sys, torch
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 d = sys.argv[1]
 n = 4_000_000                        # 16 MB: a write takes a while
 i = int(sys.argv[2])
@@ -376,11 +376,11 @@ def test_held_gpus_on_drained_nodes_are_not_available():
 
 
 def test_failed_job_resubmitted_from_last_checkpoint_with_bounded_retries(tmp_path):
-    """The batch shell after a failed srun (runtime/launch.py --after-failure): the successor resumes from the
+    """The batch shell after a failed srun (runtime/job/launch.py --after-failure): the successor resumes from the
     last good checkpoint, the iterations lost since it are recorded; not after a clean end, not on exit 2
     (the job said why), not beyond max_failures."""
-    from hpc_jabas.core.jobspec import JobSpec
-    from hpc_jabas.runtime.launch import failure_backoff_s, resubmit_after_failure
+    from hpc_jabas.core.config.jobspec import JobSpec
+    from hpc_jabas.runtime.job.launch import failure_backoff_s, resubmit_after_failure
     from hpc_jabas.slurm import chain as chainlog
     spec = JobSpec(task="preempt_task:build", config={"slurm": {"max_failures": 1}}, chain_dir=str(tmp_path),
                    mix={"rtx2060": 2}, method="sbatch")
@@ -423,8 +423,8 @@ def _iterations(chain_dir) -> list[dict]:
 def preempt_chain(cluster, chain_dir: Path, method: str, k: int, how: list[str], timeout: float = 240) -> dict:
     """Submit the preempt_task chain, signal its first job (``scancel *how JOB``) once iteration k is on
     record, follow the chain to its end; the chain's events and the final checkpoint's parameters."""
-    from hpc_jabas.core.jobspec import JobSpec
-    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.core.config.jobspec import JobSpec
+    from hpc_jabas.runtime.persist.checkpoint import load_latest
     from hpc_jabas.slurm.chain import read
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
@@ -512,9 +512,9 @@ def test_real_preemption_with_loader_workers_requeues_and_finishes_exactly(slurm
     PreemptMode=REQUEUE, GraceTime=30) asks for all 4 GPUs of that node. Slurm sends TERM to every process of
     the job, workers included; the ranks stop at their next safe point, checkpoint, and the chain resumes after
     the urgent job and finishes with the uninterrupted run's parameters: no iteration lost or repeated, and
-    the preemption is not counted as a failure. It runs on the torch backend (runtime/comm_torch.py)."""
-    from hpc_jabas.core.jobspec import JobSpec
-    from hpc_jabas.runtime.checkpoint import load_latest
+    the preemption is not counted as a failure. It runs on the torch backend (runtime/comm/torch_backend.py)."""
+    from hpc_jabas.core.config.jobspec import JobSpec
+    from hpc_jabas.runtime.persist.checkpoint import load_latest
     from hpc_jabas.slurm.chain import read
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain

@@ -13,9 +13,9 @@ import torch
 from mpi_util import ROOT, mpi_env
 
 from hpc_jabas.cli.main import main as cli_main
-from hpc_jabas.core import gpus
-from hpc_jabas.core.loader import load_callable
-from hpc_jabas.core.perfmodel import (
+from hpc_jabas.core.config import gpus
+from hpc_jabas.core.config.loader import load_callable
+from hpc_jabas.core.perf.perfmodel import (
     ALLREDUCE_FILE,
     EMU_BASE_S,
     EMU_PER_SAMPLE_S,

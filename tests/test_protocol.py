@@ -9,11 +9,11 @@ import pytest
 import torch
 from mpi_util import run_ranks
 
-from hpc_jabas.core.decision import Decision, MoveDecision
+from hpc_jabas.core.adaptive.decision import Decision, MoveDecision
 from hpc_jabas.core.planning import Plan
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime import checkpoint as ckpt
 from hpc_jabas.runtime.metrics import PER_RANK, IterationMetrics
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.record import StepRecord
 

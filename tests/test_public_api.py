@@ -64,7 +64,7 @@ def test_readme_python_blocks_import_nothing_deeper_than_hpc_jabas():
 def test_the_check_sees_a_deep_import():
     src = "import hpc_jabas\nfrom hpc_jabas import Trainer\ndef f():\n    from hpc_jabas.log import configure\n"
     assert deep_imports(src) == ["hpc_jabas.log"]
-    assert deep_imports("import hpc_jabas.runtime.comm as c\n") == ["hpc_jabas.runtime.comm"]
+    assert deep_imports("import hpc_jabas.runtime.comm.seam as c\n") == ["hpc_jabas.runtime.comm.seam"]
 
 
 def test_errors_quiet_is_a_declared_field_and_one_formatter_prints_them():

@@ -11,12 +11,12 @@ import sys
 import pytest
 import torch
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.adaptive.policy import default_batch_range
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH
-from hpc_jabas.core.policy import default_batch_range
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.resolve import resolve_config
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 
 N = 96
 

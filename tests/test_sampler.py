@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hpc_jabas.core.planning import Plan, proportional_plan, split_proportional
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 
 identical_plans = st.builds(lambda b, n: Plan(b, tuple(n)), st.integers(1, 9),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpc_jabas import settings
-from hpc_jabas.core.defaults import BACKENDS
+from hpc_jabas.core.config.defaults import BACKENDS
 from hpc_jabas.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1] / "hpc_jabas"
@@ -125,7 +125,8 @@ def test_a_bad_value_is_one_line_naming_it(name, value, rule):
 def test_a_bad_timeout_is_one_line_at_start_up_not_a_traceback(tmp_path):
     """HPC_JABAS_TORCH_TIMEOUT_S=abc was a ValueError traceback at the import of the torch backend."""
     script = tmp_path / "s.py"
-    script.write_text("import hpc_jabas\nfrom hpc_jabas.runtime import comm, comm_torch\ncomm.use('torch')\n"
+    script.write_text("import hpc_jabas\nfrom hpc_jabas.runtime.comm import seam as comm, torch_backend as comm_torch\n"
+                      "comm.use('torch')\n"
                       "comm.init()\nprint('started')\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "TORCHELASTIC"))}
     env.update(HPC_JABAS_TORCH_TIMEOUT_S="abc", PYTHONPATH=str(ROOT.parent))

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from bench import sim_validation as sv
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.simconfig import read_stats_trace
+from hpc_jabas.core.perf.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
+from hpc_jabas.core.sim.simconfig import read_stats_trace
 
 pytestmark = pytest.mark.mpi
 
@@ -48,8 +48,8 @@ def test_the_simulator_replays_measure_every_and_noise_memory(tmp_path, profile)
     replays the run's noise-only measurements between decisions, each standing for the same samples, and takes
     the same decisions (on this run, without the replayed measurements, without measure_every or without the
     memory, its B differs on 13-23% of the iterations)."""
-    from hpc_jabas.core.simconfig import cluster_from_dict, job_from_dict
-    from hpc_jabas.core.simulate import Simulation
+    from hpc_jabas.core.sim.simconfig import cluster_from_dict, job_from_dict
+    from hpc_jabas.core.sim.simulate import Simulation
     case = {**sv.CASES["goodput"], "args": [*sv.CASES["goodput"]["args"], "--measure-every", "2",
                                             "--noise-memory", "2000"]}
     epochs, run_dir = 2, tmp_path / "goodput-every"

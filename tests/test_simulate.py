@@ -1,4 +1,4 @@
-"""The simulator (core/simulate.py, core/simconfig.py, `hpc-jabas simulate`): the closed form, determinism,
+"""The simulator (core/sim/simulate.py, core/sim/simconfig.py, `hpc-jabas simulate`): the closed form, determinism,
 bad input, the gradient-statistic curves and the queue model, and that it decides with the core's own
 perf model, planner, policies, forecaster and auto-scaler (it defines none of its own)."""
 from __future__ import annotations
@@ -14,19 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from hpc_jabas.cli.main import main
-from hpc_jabas.core import (
-    autoscale,
-    forecast,
-    mixbound,
-    mixsearch,
-    perfmodel,
-    planning,
-    policy,
-    simulate,
-    stats,
-)
+from hpc_jabas.core import planning
+from hpc_jabas.core.adaptive import policy, stats
+from hpc_jabas.core.autoscale import forecast, mixbound, mixsearch
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.perf import perfmodel
 from hpc_jabas.core.planning import grouptimes, proportional_plan
-from hpc_jabas.core.simconfig import (
+from hpc_jabas.core.sim import simulate
+from hpc_jabas.core.sim.simconfig import (
     NoiseCurve,
     QueueModel,
     cluster_from_dict,
@@ -35,7 +30,7 @@ from hpc_jabas.core.simconfig import (
     read_noise_trace,
     read_stats_trace,
 )
-from hpc_jabas.core.simulate import COMPARED, STRATEGIES, Simulation
+from hpc_jabas.core.sim.simulate import COMPARED, STRATEGIES, Simulation
 from hpc_jabas.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,7 +263,7 @@ def test_a_trace_is_placed_by_samples_and_replays_the_fresh_estimates(tmp_path):
 def test_at_p_1_under_auto_scaling_the_reference_decisions_are_made_without_a_fresh_measurement():
     """p = 1: every iteration decides and measures, so an auto-scaling run (measuring priced) has no normal
     iteration unless some decision leaves its measurement out; the simulator replays the trainer's rule
-    (core/overheads.py): the decisions completing 9 mod 16 get no fresh statistics, every other one does, and
+    (core/autoscale/overheads.py): the decisions completing 9 mod 16 get no fresh statistics, every other one does, and
     only the strategy that prices measuring leaves any out."""
     def decisions(strategy):
         sim = Simulation(cluster(), job(stop="samples", epochs=1, samples=30_000, batch=64, batch_min=64, p=1))
@@ -405,7 +400,7 @@ def _defined(module) -> set[str]:
 
 
 def test_the_simulator_defines_no_own_perf_model_planner_policy_forecaster_or_autoscaler():
-    from hpc_jabas.core import simconfig
+    from hpc_jabas.core.sim import simconfig
     core_names = set().union(*(_defined(m) for m in CORE)) - {"__init__", "__post_init__", "to_dict", "from_dict",
                                                               "state_dict", "load_state_dict", "rows", "fn", "run",
                                                               "cell", "key", "_int", "_check"}

@@ -59,8 +59,8 @@ def _gnmt_rows() -> list[list[str]]:
 
 
 def test_the_gnmt_figures_in_docs_are_what_the_simulation_gives_now(tmp_path):
-    from hpc_jabas.core.simconfig import load_cluster, load_job
-    from hpc_jabas.core.simulate import Simulation
+    from hpc_jabas.core.sim.simconfig import load_cluster, load_job
+    from hpc_jabas.core.sim.simulate import Simulation
     text = (ROOT / "examples" / "sim" / "cluster_a.toml").read_text()
     nowait = tmp_path / "cluster_a_nowait.toml"
     nowait.write_text("".join(ln for ln in text.splitlines(True) if not ln.lstrip().startswith("wait = ")))
@@ -80,8 +80,8 @@ def test_the_gnmt_baselines_run_one_micro_batch_of_64_per_gpu(tmp_path):
     LB-BSP's speed split gives the same 16 micro-batches at B0."""
     import math
 
-    from hpc_jabas.core.simconfig import load_cluster, load_job
-    from hpc_jabas.core.simulate import Simulation, build_model
+    from hpc_jabas.core.sim.simconfig import load_cluster, load_job
+    from hpc_jabas.core.sim.simulate import Simulation, build_model
     cl = load_cluster(str(ROOT / "examples" / "sim" / "cluster_a.toml"))
     job = load_job(str(ROOT / "examples" / "sim" / "job_gnmt.toml"))
     job.epochs = 1

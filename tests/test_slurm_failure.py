@@ -28,8 +28,8 @@ def kill_rank(job_id: str, rank: int) -> int:
 
 
 def test_submitit_job_with_a_killed_rank_is_resubmitted_from_the_last_checkpoint(slurm_cluster, slurm_tmp):
-    from hpc_jabas.core.jobspec import JobSpec
-    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.core.config.jobspec import JobSpec
+    from hpc_jabas.runtime.persist.checkpoint import load_latest
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     chain = slurm_tmp / "chain"
@@ -74,7 +74,7 @@ def test_a_job_that_fails_twice_of_the_same_error_is_not_resubmitted_again(slurm
     """A task whose builder raises the same error every time: the first failure is resubmitted (it may be a
     one-off), the second, with the same signature (type, message, place), is not; its end event and the job's
     output say why, in one line. Two allocations, not 1 + max_failures."""
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain
     (slurm_tmp / "hjdetfail.py").write_text("def build():\n    raise RuntimeError('no such file: data.npz')\n")

@@ -23,7 +23,7 @@ import pytest
 from chain_checks import check_moves, check_parameters, events
 from slurm_env import cluster_lock
 
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.config.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError, SlurmError
 
 pytestmark = pytest.mark.slurm
@@ -71,7 +71,7 @@ def run_chain(cluster, name: str, start, target: dict, attempts: int = 3) -> dic
     """start(workdir) -> (chain_dir, first job id); follow the chain. The cluster is shared with other
     sessions: when the forced target's GPUs were busy at the epoch end (the target is then no
     candidate and the job stays), run the chain again in a fresh directory."""
-    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.core.autoscale.scaler import mix_label
     tried = []
     for k in range(attempts):
         w = cluster.shared / f"{name}-{os.getpid()}-{k}"
@@ -162,7 +162,7 @@ def test_hetjob_sbatch_by_hand_moves_with_sbatch(slurm_cluster, hand_chain):
     # the resubmission was a rendered job script (method sbatch), spanning two v100 nodes
     script = (c / "jobs" / "1.sbatch").read_text()
     assert "--partition=v100 --nodes=2 --ntasks=3" in script and "--gpus-per-task=v100:1" in script
-    assert "-m hpc_jabas.runtime.launch" in script and "--het-group" not in script
+    assert "-m hpc_jabas.runtime.job.launch" in script and "--het-group" not in script
     assert JobSpec.load(c / "jobs" / "1.json").mix == {"v100": 3}
     assert slurm_cluster.wait_state(j2, timeout=60) == "COMPLETED"
     acct = slurm_cluster.run("sacct", "-X", "-n", "-P", "-o", "JobID,Partition,State,NodeList", "-j", j2).stdout
@@ -241,7 +241,7 @@ def test_cli_misuse_exits_2_with_one_line(slurm_cluster, slurm_tmp):
     no_callable.write_text(_toml(slurm_tmp / "nc", {}).replace("train_digits:build", "train_digits:nope"))
     busy = slurm_tmp / "busy.toml"                  # a chain whose run directory another process holds
     busy.write_text(_toml(slurm_tmp / "busy", {"objective": "cost"}))
-    code = ("import time; from hpc_jabas.runtime.dirlock import DirLock; "
+    code = ("import time; from hpc_jabas.runtime.persist.dirlock import DirLock; "
             f"DirLock({str(slurm_tmp / 'busy' / 'run')!r}).acquire(); print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert holder.stdout.readline().strip() == "held"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from slurm_env import slurm_cluster, slurm_tmp  # noqa: F401  (fixtures)
 
-from hpc_jabas.core import mixsearch
+from hpc_jabas.core.autoscale import mixsearch
 from hpc_jabas.slurm import queue
 from hpc_jabas.slurm.cluster import read_cluster
 

@@ -14,7 +14,7 @@ from support.slurm_records import node as _node
 from support.slurm_records import part as _part
 from test_preemption import CHAIN_CFG, _iterations, check_exact
 
-from hpc_jabas.core import autoscale
+from hpc_jabas.core.autoscale import scaler as autoscale
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import replan as rp
 from hpc_jabas.slurm.cluster import build_view
@@ -60,7 +60,7 @@ def test_stuck_partitions_from_node_states_and_reasons():
 
 
 def test_no_feasible_mix_waits_with_backoff_and_keeps_the_job(tmp_path, monkeypatch):
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     spec = JobSpec(task="x:y", config={}, chain_dir=str(tmp_path), mix={"v100": 2}, method="sbatch")
     sp = spec.save(tmp_path / "jobs" / "1.json")
     chainlog.append(tmp_path, "submit", job_id="41", mix={"v100": 2}, spec=str(sp))
@@ -88,8 +88,8 @@ def test_successor_pending_on_drained_partition_is_cancelled_and_replanned(slurm
     (USR1 to its batch shell): it checkpoints and submits its successor onto v100:2, which pends. The watcher
     cancels it and re-plans onto rtx2060:2 (the most GPUs at the lowest billing rate without v100), which
     resumes from the checkpoint and finishes with the uninterrupted run's parameters."""
-    from hpc_jabas.core.jobspec import JobSpec
-    from hpc_jabas.runtime.checkpoint import load_latest
+    from hpc_jabas.core.config.jobspec import JobSpec
+    from hpc_jabas.runtime.persist.checkpoint import load_latest
     from hpc_jabas.slurm.executor import submit, submit_job
     from hpc_jabas.slurm.watch import wait_chain
     chain = slurm_tmp / "chain"

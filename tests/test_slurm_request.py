@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from hpc_jabas import JobSpec, SlurmRequest
-from hpc_jabas.core.config import SlurmJobConfig
+from hpc_jabas.core.config.sections import SlurmJobConfig
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.components import SlurmOptions
 

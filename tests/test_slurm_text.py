@@ -11,7 +11,7 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.config.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc, sbatch, text, watch
@@ -68,8 +68,9 @@ def test_render_one_partition_job(tmp_path, monkeypatch):
                    "#SBATCH --partition=rtx2060 --nodes=1 --ntasks=2 --mem=1024M --gres=gpu:rtx2060:2 --time=30 "
                    "--account=proj",
                    *_setup(c), *sbatch.HJ_TRAPS.splitlines(),
-                   f"hj_srun srun --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m hpc_jabas.runtime.launch {c}/jobs/1.json"
-                   f' || {{ rc=$?; {PY} -u -m hpc_jabas.runtime.launch --after-failure "$rc" {c}/jobs/1.json; '
+                   f"hj_srun srun --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m hpc_jabas.runtime.job.launch "
+                   f"{c}/jobs/1.json"
+                   f' || {{ rc=$?; {PY} -u -m hpc_jabas.runtime.job.launch --after-failure "$rc" {c}/jobs/1.json; '
                    'exit "$rc"; }']
 
 
@@ -90,8 +91,8 @@ def test_render_two_component_hetjob(tmp_path, monkeypatch):
                          "#SBATCH --constraint=fast"]
     assert got[10:-1] == _setup(c) + sbatch.HJ_TRAPS.splitlines()
     assert got[-1] == (f"hj_srun srun --het-group=0,1 --mpi=pmix --kill-on-bad-exit=1 {PY} -u -m "
-                       f"hpc_jabas.runtime.launch {c}/jobs/2.json"
-                       f' || {{ rc=$?; {PY} -u -m hpc_jabas.runtime.launch --after-failure "$rc" {c}/jobs/2.json; '
+                       f"hpc_jabas.runtime.job.launch {c}/jobs/2.json"
+                       f' || {{ rc=$?; {PY} -u -m hpc_jabas.runtime.job.launch --after-failure "$rc" {c}/jobs/2.json; '
                        'exit "$rc"; }')
     # every #SBATCH line comes before the first command (sbatch stops reading directives there)
     first_cmd = next(i for i, ln in enumerate(got) if ln.strip() and not ln.startswith("#"))
@@ -326,7 +327,7 @@ def test_submitit_hetjob_through_public_parameters(tmp_path, fake_slurm):
     assert s.job.num_tasks == 3 and [s.job.task(k).paths.stdout.name for k in range(3)] == \
         ["4242_0_log.out", "4242_1_log.out", "4242_2_log.out"]
     sub = s.job.submission()
-    assert sub.function == EntryPoint("hpc_jabas.runtime.launch:run_job") and sub.args[0].mix == s.mix
+    assert sub.function == EntryPoint("hpc_jabas.runtime.job.launch:run_job") and sub.args[0].mix == s.mix
     ev = chainlog.read(c)
     assert [(e["event"], e["job_id"], e["mix"], e["by"]) for e in ev] == [("submit", "4242", s.mix, "job 99")]
 
@@ -349,7 +350,7 @@ def test_sbatch_method_writes_script_and_spec(tmp_path, fake_slurm):
     assert (s.job_id, s.method, s.script) == ("4242", "sbatch", c / "jobs" / "1.sbatch")
     assert s.script.read_text() == (fake_slurm / "got.sh").read_text()
     assert JobSpec.load(c / "jobs" / "1.json").mix == {"a100": 1, "v100": 2}
-    assert s.script.read_text().splitlines()[-1].endswith(f"-u -m hpc_jabas.runtime.launch --after-failure "
+    assert s.script.read_text().splitlines()[-1].endswith(f"-u -m hpc_jabas.runtime.job.launch --after-failure "
                                                           f'"$rc" {c}/jobs/1.json; exit "$rc"; }}')
     s2 = submit(_spec(c, {"a100": 1}), view=_view())
     assert s2.script == c / "jobs" / "2.sbatch"
@@ -372,7 +373,7 @@ def test_entry_point_is_a_name_resolved_when_called():
     from hpc_jabas.slurm.executor import EntryPoint
     ep = EntryPoint("json:dumps")
     assert pickle.loads(cloudpickle.dumps(ep)) == ep and ep([1, 2]) == "[1, 2]"
-    assert EntryPoint().target == sbatch.JOB_ENTRY == "hpc_jabas.runtime.launch:run_job"
+    assert EntryPoint().target == sbatch.JOB_ENTRY == "hpc_jabas.runtime.job.launch:run_job"
 
 
 def test_slurm_options_are_typed_and_checked_once(tmp_path):

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpc_jabas.core import gpus as catalog
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.config import gpus as catalog
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import (
     BatchSpace,
     job_batch_space,

@@ -1,4 +1,4 @@
-"""Estimators of hpc_jabas.core.stats checked against closed-form truths on linear regression.
+"""Estimators of hpc_jabas.core.adaptive.stats checked against closed-form truths on linear regression.
 
 Model: x ~ N(0, I_D), y = x.w* + eps, eps ~ N(0, s^2), loss 0.5*(x.w - y)^2.
 At a point w, with d = w - w*, the per-sample gradient is g = x (x.d - eps), so
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from hpc_jabas.core.stats import EMA, NoiseScale, noise_scale_terms
+from hpc_jabas.core.adaptive.stats import EMA, NoiseScale, noise_scale_terms
 from hpc_jabas.errors import ConfigError
 
 D = 10

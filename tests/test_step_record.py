@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_jabas.core.decision import Decision
+from hpc_jabas.core.adaptive.decision import Decision
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 from hpc_jabas.runtime.hooks import Controller, ControllerCore, with_defaults
+from hpc_jabas.runtime.persist.state import TrainState
 from hpc_jabas.runtime.record import StepRecord
-from hpc_jabas.runtime.state import TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the keys of the plain dict that train_step returned before the StepRecord (lr_warmup and stats when set)
@@ -85,9 +85,9 @@ def test_a_controller_without_the_new_methods_is_given_their_defaults():
 
 def test_a_minimal_controller_trains(tmp_path):
     """One rank, in process: the Trainer takes it, measures on its odd iterations and hands it each record."""
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     ds = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
     model = torch.nn.Linear(4, 2)

@@ -85,7 +85,7 @@ def test_a_section_name_given_a_value_is_one_line_for_submit_and_scripts(no_slur
                   example=True, expect="[[output]] is an array of 1 table(s)")]
     bad = rows(d, files, cases)
     assert not bad, "\n".join(bad)
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     with pytest.raises(ConfigError, match=r"^\[\[slurm\]\] is an array of 1 table"):
         JobConfig.from_dict({"slurm": [{"time_min": 5}]})
 
@@ -137,7 +137,7 @@ def test_a_python_environment_or_code_the_nodes_cannot_see_is_refused_in_one_lin
     2, naming the path and what it is, from `hpc-jabas submit` and from the Python submission (executor.submit, the
     demo's), and nothing reaches Slurm."""
     from hpc_jabas.cli.main import main
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     from hpc_jabas.slurm import executor
     work, envs = tmp_path / "work", tmp_path / "envs"
     work.mkdir()

@@ -1,4 +1,4 @@
-"""The typed task contract (runtime/task.py): a Task, or the older dict converted, validated once with one
+"""The typed task contract (runtime/job/task.py): a Task, or the older dict converted, validated once with one
 line per problem; submit's dry run and the job's launcher both use it."""
 import sys
 from pathlib import Path
@@ -142,7 +142,7 @@ def test_the_launcher_passes_forward_fn_and_callbacks_to_the_trainer(tmp_path):
                                        f'pythonpath = ["{tmp_path}"]\n[train]\nepochs = 1\nbatch = 16\n'
                                        'emulate = true\ngpu_types = ["v100"]\n[autoscale]\nenabled = false\n')
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "HJ_OUT": str(tmp_path / "o")}
-    out = subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.launch", str(tmp_path / "job.toml")],
+    out = subprocess.run([sys.executable, "-m", "hpc_jabas.runtime.job.launch", str(tmp_path / "job.toml")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     got = json.loads((tmp_path / "o").read_text())

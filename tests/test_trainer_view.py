@@ -21,7 +21,7 @@ def view_names() -> tuple[set[str], set[str]]:
 
 def trainer_instance_attributes() -> set[str]:
     """Every ``self.X = ...`` / ``self.X: T = ...`` in Trainer's methods, every property of the class and every
-    TrainState field it exposes (``X: InState[T] = InState()``, runtime/state.py) (the
+    TrainState field it exposes (``X: InState[T] = InState()``, runtime/persist/state.py) (the
     attributes are read from its source, so that no world is built here)."""
     from hpc_jabas.runtime import trainer
     tree = ast.parse(Path(trainer.__file__).read_text())
@@ -70,10 +70,10 @@ def test_the_controller_reads_the_trainer_without_getattr_probes():
 def test_a_trainer_is_composed_from_a_world_without_a_collective(tmp_path, monkeypatch):
     import torch
 
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.runtime.comm import seam as comm
+    from hpc_jabas.runtime.comm.world import World
     from hpc_jabas.runtime.trainer import Trainer
-    from hpc_jabas.runtime.world import World
 
     def no_collective(*a, **k):
         raise AssertionError("the constructor ran a collective")

@@ -19,7 +19,7 @@ from support.trust import plant as _plant
 
 from hpc_jabas import trust
 from hpc_jabas.errors import CheckpointError, ConfigError
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.trust import UntrustedFileError
 
@@ -160,7 +160,7 @@ def test_new_run_and_chain_directories_have_no_world_write(tmp_path):
     try:
         chainlog.append(tmp_path / "chain" / "deep", "submit", job_id="1")
         ckpt.save_in(tmp_path / "run" / "checkpoints", {"it": 0}, epoch=0, iteration=0)
-        from hpc_jabas.runtime.dirlock import DirLock
+        from hpc_jabas.runtime.persist.dirlock import DirLock
         with DirLock(tmp_path / "locked" / "run"):
             pass
     finally:
@@ -184,13 +184,13 @@ def test_submitit_result_pickle_is_checked_before_it_is_unpickled(tmp_path):
 
 # ---- every other file of a run or chain directory that is read back ----------------------------------------
 def _spec(tmp_path: Path, **config):
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     return JobSpec(task="preempt_task:build", config=dict(config), chain_dir=str(tmp_path / "chain"),
                    mix={"v100": 2}, method="sbatch")
 
 
 def _job_spec_by_launch(tmp_path: Path):
-    from hpc_jabas.runtime.launch import spec_from_file
+    from hpc_jabas.runtime.job.launch import spec_from_file
     f = _spec(tmp_path).save(tmp_path / "chain" / "jobs" / "1.json")
     return f, lambda: spec_from_file(str(f)).mix == {"v100": 2}
 
@@ -203,8 +203,8 @@ def _job_spec_by_replan(tmp_path: Path):
 
 
 def _calibration(tmp_path: Path):
-    from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.core.perf.calibration import CALIBRATION_FILE, Calibration
     from hpc_jabas.runtime.calibrate import check_calibration
     (tmp_path / "run").mkdir()
     f = Path(Calibration.fresh(["v100"]).save(tmp_path / "run" / CALIBRATION_FILE))
@@ -220,7 +220,7 @@ def _plan_calibration(tmp_path: Path):
     import argparse
 
     from hpc_jabas.cli.plan import _model
-    from hpc_jabas.core.calibration import Calibration
+    from hpc_jabas.core.perf.calibration import Calibration
     f = Path(Calibration.fresh(["v100"]).save(tmp_path / "calibration.json"))
     args = argparse.Namespace(profile=None, emulated=True, grad_mb=None, calibration=str(f))
     return f, lambda: "calibrated by" in _model(args, ["v100"])[1]
@@ -244,7 +244,7 @@ def _metrics_file(tmp_path: Path) -> Path:
 
 
 def _metrics_by_launch(tmp_path: Path):
-    from hpc_jabas.runtime.launch import _metrics
+    from hpc_jabas.runtime.job.launch import _metrics
     f = _metrics_file(tmp_path)
     return f, lambda: len(_metrics(_spec(tmp_path))) == 2
 
@@ -471,7 +471,7 @@ def test_node_side_refuses_our_own_pickle_below_a_directory_others_can_write(are
 
 
 def _submit_spec(chain: Path, **kw):
-    from hpc_jabas.core.jobspec import JobSpec
+    from hpc_jabas.core.config.jobspec import JobSpec
     return JobSpec(task="preempt_task:build", config={}, chain_dir=str(chain), mix={"v100": 1},
                    method=kw.pop("method", "submitit"), **kw)
 
@@ -530,8 +530,8 @@ def test_a_group_writable_chain_dir_is_trusted_only_with_trust_group(arena):
 def test_a_profile_a_second_user_planted_is_refused_as_calibration_json_is(arena, planter, capsys):
     """``hpc-jabas plan --profile DIR`` and a job's profile_dir (check_calibration, before job_perf_model)."""
     from hpc_jabas.cli.main import main
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     from hpc_jabas.runtime.calibrate import check_calibration
     prof = arena / "prof"
     PerfModel.emulated(["v100"], [8, 16], 0.01, 0.001).save(prof)

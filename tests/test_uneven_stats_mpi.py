@@ -19,9 +19,9 @@ import torch
 from mpi_util import run_ranks_cases
 from reference import make_data, make_model
 
+from hpc_jabas.core.adaptive.stats import noise_scale_terms
 from hpc_jabas.core.planning import Plan, half_split
-from hpc_jabas.core.sampler import HeterogeneousSampler
-from hpc_jabas.core.stats import noise_scale_terms
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 
 PLAN = "b=5,3,4 n=2,3,1 x=9,7,4"
 N = 240

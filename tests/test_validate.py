@@ -1,4 +1,5 @@
-"""The core's one set of number checks (hpc_jabas/core/validate.py): what passes, what is refused, the line said."""
+"""The core's one set of number checks (hpc_jabas/core/config/validate.py): what passes, what is refused, the line
+said."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpc_jabas.core import validate as V
+from hpc_jabas.core.config import validate as V
 from hpc_jabas.errors import ConfigError
 
 LINE = re.compile(r"^(?P<what>[^=]+)=(?P<val>.+) is invalid; it must be (?P<rule>.+)$")
@@ -109,7 +110,7 @@ TEXT_PARSERS = ["slurm/env.py", "slurm/components.py", "cli/simulate.py", "cli/p
 @pytest.mark.parametrize("rel", TEXT_PARSERS)
 def test_no_private_text_to_int_parser(rel):
     """No ``int(...)`` under a ``try`` that catches ValueError, and no ``str.isdigit()`` test: a text becomes an
-    integer through core/validate.py only."""
+    integer through core/config/validate.py only."""
     import ast
     tree = ast.parse((Path(V.__file__).parent.parent / rel).read_text())
     found = []

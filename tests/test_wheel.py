@@ -195,7 +195,7 @@ def test_the_wheel_without_extras_trains_resumes_and_names_the_missing_extra(tmp
     resumes = [r for r in recs if r.get("type") == "resume"]
     assert resumes and resumes[-1]["epoch"] == 2, resumes
 
-    fc = _run([str(vpy), "-c", "from hpc_jabas.core.forecast import forecast_next_epoch, have_sklearn; "
+    fc = _run([str(vpy), "-c", "from hpc_jabas.core.autoscale.forecast import forecast_next_epoch, have_sklearn; "
                "print(have_sklearn(), forecast_next_epoch([(i * 100, 100 + 10 * i) for i in range(12)], 500))"],
               outside, env)
     said, out = fc.split(" ", 1)

@@ -1,4 +1,4 @@
-"""World (runtime/world.py) without Horovod: a plain frozen value, its checks, and the pure parts of detect()."""
+"""World (runtime/comm/world.py) without Horovod: a plain frozen value, its checks, and the pure parts of detect()."""
 import dataclasses
 import logging
 import socket
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hpc_jabas import ConfigError, World
-from hpc_jabas.runtime.world import (
+from hpc_jabas.runtime.comm.world import (
     check_gpu_types,
     combine_sources,
     gpu_type_of_device_name,
@@ -91,7 +91,7 @@ def test_node_name_and_sources():
 
 
 def test_the_world_module_needs_no_torch_or_horovod():
-    code = ("import sys; import hpc_jabas.runtime.world as w; "
+    code = ("import sys; import hpc_jabas.runtime.comm.world as w; "
             "print(sorted(m for m in ('torch', 'horovod', 'submitit') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -17,13 +17,13 @@ import torch
 
 from hpc_jabas import trust
 from hpc_jabas.cli.report import load_metrics
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.dirlock import DirLock
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.hooks import Callback
 from hpc_jabas.runtime.metrics import MetricsWriter
+from hpc_jabas.runtime.persist.dirlock import DirLock
 from hpc_jabas.runtime.trainer import Trainer
-from hpc_jabas.runtime.world import World
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.trust import UntrustedFileError
 

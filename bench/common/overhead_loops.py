@@ -33,7 +33,7 @@ def jabas_loop(ds: torch.utils.data.TensorDataset, b: int, world: int, iters: in
 
 def python_calls(run: Callable[[], object]) -> int:
     """Python function calls (``sys.setprofile``'s "call" events, this thread) while ``run()`` runs. A wait's polls
-    (Horovod's ``poll``, repeated until the collective completes: runtime/comm_horovod.py ``synchronize``) are
+    (Horovod's ``poll``, repeated until the collective completes: runtime/comm/horovod_backend.py ``synchronize``) are
     not counted: their number follows the wait's length, the rest is the same on a loaded machine."""
     n = [0]
 

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = ROOT / "tests" / "workers" / "ckpt_user.py"

@@ -64,10 +64,10 @@ def _check_torch(say, missing: list[str]) -> None:
 def _check_backends(say, missing: list[str]) -> None:
     """The backends (docs/backends.md): Horovod where it is installed, torch.distributed otherwise (backend
     auto), and what HPC_JABAS_BACKEND asks for."""
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     hvd_ok, why = comm.horovod_importable()
     if hvd_ok:
-        from hpc_jabas.runtime import comm_horovod
+        from hpc_jabas.runtime.comm import horovod_backend as comm_horovod
         info = comm_horovod.build_info()
         ctrl = [n for n, ok in (("MPI", info["mpi_built"]), ("Gloo", info["gloo_built"])) if ok]
         ops = [n for n, ok in (("MPI", info["mpi_built"]), ("Gloo", info["gloo_built"]),

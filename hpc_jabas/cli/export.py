@@ -22,7 +22,7 @@ def add_parser(sub):
 
 
 def _resolve(src: Path) -> Path:
-    from hpc_jabas.runtime import checkpoint as ckpt
+    from hpc_jabas.runtime.persist import checkpoint as ckpt
     if src.is_dir():
         for d in (src / "checkpoints", src):
             found = ckpt.list_checkpoints(d)

@@ -3,7 +3,7 @@ refusal of a command that needs a missing one. The base install trains, submits 
 
 - ``report``: matplotlib, for ``hpc-jabas report``'s pictures;
 - ``forecast``: scikit-learn, whose Gaussian process the auto-scaler's forecast uses where it is installed (without
-  it the same model is fitted in numpy, core/forecast.py);
+  it the same model is fitted in numpy, core/autoscale/forecast.py);
 - ``examples``: pillow and scikit-learn, for the example scripts' data (JPEG files, the digits data set).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`hpc-jabas` command line. Bad usage: one line on stderr, exit code 2.
 
 An input that cannot be read (missing, a directory, no permission, not UTF-8, not valid TOML or JSON) is one
-line naming the file and what was expected, exit code 2: the readers say it (core/textfile.py), and what
+line naming the file and what was expected, exit code 2: the readers say it (core/config/textfile.py), and what
 escapes them (OSError, UnicodeDecodeError, TOML and JSON errors) is turned into such a line here.
 ``--debug`` (before or after the subcommand) or ``HPC_JABAS_DEBUG=1`` shows the traceback as well.
 """
@@ -79,7 +79,7 @@ def _file_of(e: BaseException) -> str | None:
 
 def input_error_line(e: BaseException) -> str:
     """One line for an input error that escaped its reader, naming the file when it can be found."""
-    from hpc_jabas.core.textfile import unreadable
+    from hpc_jabas.core.config.textfile import unreadable
     f = _file_of(e)
     where = f"{f!r}" if f else "an input file"
     if isinstance(e, (OSError, UnicodeDecodeError)):

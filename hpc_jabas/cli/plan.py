@@ -16,10 +16,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpc_jabas.core import gpus as _gpus
-from hpc_jabas.core.perfmodel import EMU_GRAD_BYTES, PerfModel
+from hpc_jabas.core.config import gpus as _gpus
+from hpc_jabas.core.config.validate import parse_int
+from hpc_jabas.core.perf.perfmodel import EMU_GRAD_BYTES, PerfModel
 from hpc_jabas.core.planning import Plan, plan_batch, plan_range
-from hpc_jabas.core.validate import parse_int
 from hpc_jabas.errors import ConfigError, InfeasibleError, JabasError
 
 
@@ -88,9 +88,9 @@ def _range(text: str) -> tuple[int, int]:
 
 def _model(args, gpu_list: list[str]) -> tuple[PerfModel, str]:
     model, what = _base_model(args, gpu_list)
-    if getattr(args, "calibration", None):          # a run's calibration.json (core/calibration.py)
-        from hpc_jabas.core.calibration import Calibration
-        from hpc_jabas.core.perfmodel import calibrate_model
+    if getattr(args, "calibration", None):          # a run's calibration.json (core/perf/calibration.py)
+        from hpc_jabas.core.perf.calibration import Calibration
+        from hpc_jabas.core.perf.perfmodel import calibrate_model
         from hpc_jabas.trust import check_file
         check_file(args.calibration, "calibration")
         calibrate_model(model, Calibration.load(args.calibration))

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
-from hpc_jabas.core.validate import parse_ints
+from hpc_jabas.core.config.validate import parse_ints
+from hpc_jabas.core.perf.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.profiling.defaults import DEFAULT_B_LIMIT, DEFAULT_B_LIST, OPTIMIZERS  # no torch
 

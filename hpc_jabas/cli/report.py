@@ -31,8 +31,8 @@ def load_metrics(run_dir: str | Path) -> list[dict]:
     if not f.exists():
         raise ConfigError(f"no metrics at {str(f)!r}; give a run directory that holds metrics.jsonl")
     check_file(f, "metrics record")
-    from hpc_jabas.core import jsonl
-    from hpc_jabas.core.textfile import read_text
+    from hpc_jabas.core.config import jsonl
+    from hpc_jabas.core.config.textfile import read_text
     from hpc_jabas.log import get_logger
     text = read_text(f, "metrics record", "a run's metrics.jsonl (JSON lines) or its run directory")
     recs, notes = jsonl.parse(text, str(f))      # a line that is not a record is said, not skipped silently
@@ -50,7 +50,7 @@ def _mixes(recs: list[dict]) -> list[tuple[int, str, bool]]:
     ranks; a chain's jobs each write one): a moved job starts on another mix than the job before it."""
     from collections import Counter
 
-    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.core.autoscale.scaler import mix_label
     out: list[tuple[int, str, bool]] = []
     resumes = {r.get("it") for r in recs if r.get("type") == "resume"}
     for r in recs:

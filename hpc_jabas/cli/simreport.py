@@ -33,7 +33,7 @@ def is_simulation(path: str | Path) -> bool:
 def load(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     f = p / "simulation.json" if p.is_dir() else p
-    from hpc_jabas.core.textfile import read_json
+    from hpc_jabas.core.config.textfile import read_json
     doc = read_json(f, "simulation", "the simulation.json in the --out DIR of hpc-jabas simulate")
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict) or not doc["results"]:
         raise ConfigError(f"{str(f)!r} has no simulation results; give the --out DIR of hpc-jabas simulate")

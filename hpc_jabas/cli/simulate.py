@@ -1,4 +1,4 @@
-"""`hpc-jabas simulate CLUSTER.toml JOB.toml`: whole training jobs in simulated time (core/simulate.py).
+"""`hpc-jabas simulate CLUSTER.toml JOB.toml`: whole training jobs in simulated time (core/sim/simulate.py).
 
     hpc-jabas simulate examples/sim/cluster_a.toml examples/sim/job_resnet50.toml --compare
     hpc-jabas simulate CLUSTER JOB --strategy hpcjabas-queue --epochs 5 --out runs/sim
@@ -16,12 +16,12 @@ import json
 import time
 from pathlib import Path
 
-from hpc_jabas.core.validate import parse_int
+from hpc_jabas.core.config.validate import parse_int
 from hpc_jabas.errors import ConfigError
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from hpc_jabas.core.simulate import STRATEGIES
+    from hpc_jabas.core.sim.simulate import STRATEGIES
     p = subparsers.add_parser(
         "simulate", help="simulate whole training jobs on a described cluster and compare strategies",
         description="Run a job in simulated time on a cluster file (partitions, GPUs, rates, queue model) "
@@ -45,8 +45,8 @@ def _int(text: str | None, what: str, lo: int) -> int | None:
 
 
 def run(args) -> int:
-    from hpc_jabas.core.simconfig import load_cluster, load_job
-    from hpc_jabas.core.simulate import STRATEGIES, Simulation, comparison_table, epoch_table
+    from hpc_jabas.core.sim.simconfig import load_cluster, load_job
+    from hpc_jabas.core.sim.simulate import STRATEGIES, Simulation, comparison_table, epoch_table
     epochs, seed = _int(args.epochs, "--epochs", 1), _int(args.seed, "--seed", 0)
     cluster, job = load_cluster(args.cluster), load_job(args.job)
     if job.model.profile_dir:                  # the perf model the simulation prices with, checked as a job's is

@@ -231,8 +231,8 @@ def run_status(run_dir: Path) -> dict:
     from collections import Counter
 
     from hpc_jabas.cli.report import load_metrics
-    from hpc_jabas.core.autoscale import mix_label
-    from hpc_jabas.runtime.dirlock import DirLock
+    from hpc_jabas.core.autoscale.scaler import mix_label
+    from hpc_jabas.runtime.persist.dirlock import DirLock
     from hpc_jabas.runtime.progress import read
     recs = load_metrics(run_dir)
     starts = [r for r in recs if r.get("type") == "start"]
@@ -299,7 +299,7 @@ def progress_line(p: dict) -> str:
 
 
 def _render_chain(c: dict, head: str) -> list[str]:
-    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.core.autoscale.scaler import mix_label
     out = [head]
     hdr = ("job", "method", "mix", "ranks", "epochs", "elapsed_s", "train_s", "cost", "lost", "state", "slurm")
     rows = []

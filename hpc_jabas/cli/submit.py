@@ -32,7 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="how this and later jobs are submitted (default: [job] method, else sbatch)")
     p.add_argument("--wait", action="store_true", help="follow the chain until the training ends")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
-    for f in _slurm_fields():         # one flag per [slurm] key, from its field (core/config.py SlurmJobConfig)
+    for f in _slurm_fields():         # one flag per [slurm] key, from its field (SlurmJobConfig)
         p.add_argument("--" + f.name.replace("_", "-"), type=int, metavar="N",
                        help=f"{f.metadata['help']} (default: [slurm] {f.name} of JOB.toml, else {f.default})")
     p.add_argument("--no-dry-run", action="store_true", help="do not call the task builder before submitting "
@@ -43,9 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _check_job_table(path: str) -> dict:
     """The raw [job] table, checked (core/jobspec.check_job_table: unknown keys, values of the wrong type)."""
-    from hpc_jabas.core.config import read_toml
+    from hpc_jabas.core.config.sections import read_toml
     job = read_toml(path, "job file").get("job") or {}    # unreadable, not UTF-8, not TOML: one line
-    from hpc_jabas.core.jobspec import check_job_table
+    from hpc_jabas.core.config.jobspec import check_job_table
     return check_job_table(job, path)
 
 
@@ -59,7 +59,7 @@ def _check_dirs(spec) -> None:
 
 def _check_spec(spec) -> None:
     """Fail early, with one line, on what the job itself would only find out on the cluster."""
-    from hpc_jabas.core.config import AutoscaleConfig, JobConfig
+    from hpc_jabas.core.config.sections import AutoscaleConfig, JobConfig
     cfg = dict(spec.config)
     cfg.pop("job", None)
     JobConfig.from_dict(cfg)
@@ -104,7 +104,7 @@ def _check_node_visible(spec) -> None:
 
 def _trust_group(spec) -> None:
     """The job's trust_group (group-writable chain records and checkpoints accepted) for what submit reads."""
-    from hpc_jabas.core.config import flatten
+    from hpc_jabas.core.config.sections import flatten
     from hpc_jabas.trust import set_trust_group
     flat, _ = flatten(spec.config or {})
     set_trust_group(flat.get("trust_group") is True)
@@ -112,17 +112,17 @@ def _trust_group(spec) -> None:
 
 def _check_code(spec) -> None:
     """The code the job file names (pythonpath directories, the task's module file, the python interpreter) is
-    trust-checked on the login node before it is imported (runtime/launch.py ``check_code``; the launcher checks
+    trust-checked on the login node before it is imported (runtime/job/launch.py ``check_code``; the launcher checks
     it again on the compute node), on the path the job imports it from."""
-    from hpc_jabas.runtime.launch import check_code
+    from hpc_jabas.runtime.job.launch import check_code
     from hpc_jabas.slurm.sbatch import job_pythonpath
     check_code(spec, search=[*job_pythonpath(spec), *sys.path, str(Path.cwd())])
 
 
 def _check_task(spec, dry_run: bool = True) -> None:
     """The task callable resolves and (dry run) returns a valid hpc_jabas.Task (or the older dict): the
-    same check (runtime/task.py, ``Task.from_parts``) as the job's launcher makes."""
-    from hpc_jabas.core.loader import load_callable, one_line
+    same check (runtime/job/task.py, ``Task.from_parts``) as the job's launcher makes."""
+    from hpc_jabas.core.config.loader import load_callable, one_line
     from hpc_jabas.slurm.sbatch import job_pythonpath
     added = [p for p in job_pythonpath(spec) if p not in sys.path]
     sys.path[:0] = added
@@ -130,7 +130,7 @@ def _check_task(spec, dry_run: bool = True) -> None:
         fn = load_callable(spec.task, "task")
         if not dry_run:
             return
-        from hpc_jabas.runtime.task import call_task
+        from hpc_jabas.runtime.job.task import call_task
         try:
             parts = call_task(fn, spec.config, spec.run_dir)
         except ConfigError:
@@ -140,14 +140,14 @@ def _check_task(spec, dry_run: bool = True) -> None:
     finally:
         for p in added:
             sys.path.remove(p)
-    from hpc_jabas.runtime.task import Task
+    from hpc_jabas.runtime.job.task import Task
     Task.from_parts(parts, spec.task)
 
 
 def _check_mix(spec, view) -> None:
     """Every partition of the mix holds GPUs of one known type, and micro_batch fits their memory."""
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.perfmodel import job_perf_model
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.core.perf.perfmodel import job_perf_model
     from hpc_jabas.runtime.calibrate import check_calibration
     types = {part: view.gpu_partition(part).gpu_type for part in spec.mix}      # ConfigError: unknown, untyped
     cfgd = dict(spec.config)
@@ -164,13 +164,13 @@ def _check_mix(spec, view) -> None:
 
 
 def _autoscale(spec):
-    from hpc_jabas.core.config import AutoscaleConfig
+    from hpc_jabas.core.config.sections import AutoscaleConfig
     return AutoscaleConfig.from_dict((spec.config or {}).get("autoscale"))
 
 
 def _check_autoscale_bounds(spec) -> None:
     """The starting mix is one the auto-scaler may choose: its GPU count within [autoscale] min_gpus..max_gpus."""
-    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.core.autoscale.scaler import mix_label
     a = _autoscale(spec)
     n = sum(int(v) for v in spec.mix.values())
     if a.enabled and not a.min_gpus <= n <= a.max_gpus:
@@ -193,13 +193,13 @@ def _check_autoscale_names(spec, view) -> None:
 
 
 def _slurm_fields() -> list[dataclasses.Field]:
-    from hpc_jabas.core.config import SlurmJobConfig
+    from hpc_jabas.core.config.sections import SlurmJobConfig
     return list(dataclasses.fields(SlurmJobConfig))
 
 
 def _slurm_extra(args) -> dict:
     """The [slurm] keys given as flags (they override JOB.toml's), checked against their fields' bounds."""
-    from hpc_jabas.core.validate import integer
+    from hpc_jabas.core.config.validate import integer
     out = {}
     for f in _slurm_fields():
         v = getattr(args, f.name, None)
@@ -227,7 +227,7 @@ def _check_time_options(spec) -> None:
 
 def _check_ranks(spec) -> None:
     """A gpu_types list names one type per rank of the mix."""
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     cfgd = dict(spec.config)
     cfgd.pop("job", None)
     types = JobConfig.from_dict(cfgd).gpu_types
@@ -241,7 +241,7 @@ def _check_ranks(spec) -> None:
 def _check_not_finished(spec) -> None:
     """A chain whose last job finished the configured epochs is not submitted again (it would only refuse
     inside Slurm, after queueing), unless resume_finished is set."""
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     from hpc_jabas.slurm import chain as chainlog
     cfgd = dict(spec.config)
     cfgd.pop("job", None)
@@ -260,7 +260,7 @@ def _check_chain_free(spec) -> None:
     """One writer per chain directory: refused when a job holds its run directory or a job of the chain is
     still queued or running (one line naming it)."""
     from hpc_jabas.errors import SlurmError
-    from hpc_jabas.runtime.dirlock import DirLock, holder_text
+    from hpc_jabas.runtime.persist.dirlock import DirLock, holder_text
     from hpc_jabas.slurm import chain as chainlog
     from hpc_jabas.slurm.watch import TERMINAL, sacct_states
     for d, what in ((Path(spec.chain_dir), "chain directory"), (Path(spec.run_dir), "run directory")):
@@ -306,7 +306,7 @@ class _Fields(dict):
 
 
 def _describe(e: dict) -> str:
-    from hpc_jabas.core.autoscale import mix_label
+    from hpc_jabas.core.autoscale.scaler import mix_label
     t = time.strftime("%H:%M:%S", time.localtime(e.get("time", time.time())))
     ev = e.get("event")
     key = "end_message" if ev == "end" and e.get("message") else ev
@@ -322,8 +322,8 @@ def _describe(e: dict) -> str:
 
 
 def run(args) -> int:
-    from hpc_jabas.core.autoscale import mix_label
-    from hpc_jabas.runtime.launch import spec_from_file
+    from hpc_jabas.core.autoscale.scaler import mix_label
+    from hpc_jabas.runtime.job.launch import spec_from_file
     from hpc_jabas.slurm.components import parse_mix
     from hpc_jabas.slurm.executor import submit
     from hpc_jabas.slurm.watch import wait_chain

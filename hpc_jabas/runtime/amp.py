@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.core.defaults import AMP_MODES
-from hpc_jabas.runtime import comm
+from hpc_jabas.core.config.defaults import AMP_MODES
+from hpc_jabas.runtime.comm import seam as comm
 
 SCALER_KEY = "hj_grad_scaler"
 

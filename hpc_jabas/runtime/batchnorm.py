@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 
 
 def batchnorm_modules(model: torch.nn.Module) -> list[torch.nn.modules.batchnorm._BatchNorm]:

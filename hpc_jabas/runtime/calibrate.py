@@ -1,4 +1,4 @@
-"""The trainer's online calibration of the perf model (core/calibration.py) and its error record.
+"""The trainer's online calibration of the perf model (core/perf/calibration.py) and its error record.
 
 Every rank fits its own correction every iteration from its own measured compute (``observe``, no
 communication). On calibration rounds (the controller's decision rounds; every ``metrics_period``
@@ -17,8 +17,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hpc_jabas.core.calibration import CALIBRATION_FILE, Calibration, RankCalibration
-from hpc_jabas.core.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
+from hpc_jabas.core.perf.calibration import CALIBRATION_FILE, Calibration, RankCalibration
+from hpc_jabas.core.perf.perfmodel import PerfModel, calibrate_model, job_perf_model, rank_time
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.controller import AdaptiveController, BaseController
@@ -26,7 +26,7 @@ from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.trust import check_file, check_profile_dir, write_atomic_nofollow
 
 if TYPE_CHECKING:
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     from hpc_jabas.runtime.hooks import Controller
     from hpc_jabas.runtime.metrics import MetricsWriter
 
@@ -154,7 +154,9 @@ class Calibrator:
         """Every rank at the same point: gather the fits, rebuild the view, rank 0 records the error."""
         if not self.enabled or self.mine is None:
             return
-        from hpc_jabas.runtime import comm  # not at import: the calibration's pure half runs without a backend
+        from hpc_jabas.runtime.comm import (
+            seam as comm,  # not at import: the calibration's pure half runs without a backend
+        )
         got = comm.allgather_object({"state": self.mine.state_dict(), "window": self.window}, name="hj.calib")
         self.window = []
         assert self.cal is not None

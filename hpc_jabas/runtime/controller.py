@@ -6,7 +6,7 @@ iteration (policy -> new B -> planner -> lr rule); the decision protocol (protoc
 as ``trainer.decisions``) broadcasts it, or a no-op when rank 0's decide step raised; every rank
 applies it at ``at_iteration``, not earlier or later: the next iteration, or, when a DataLoader's
 workers draw ahead, ``trainer.decision_lead`` iterations later (``announce_at``; the decision
-is then pending, runtime/pending.py). Controllers decide from the state as announced so far
+is then pending, runtime/persist/pending.py). Controllers decide from the state as announced so far
 (``announced``), so a decision made while another is pending builds on that one.
 """
 from __future__ import annotations
@@ -14,18 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hpc_jabas.core.adaptive.decision import Decision
+from hpc_jabas.core.adaptive.guard import DivergenceGuard, guard_window
+from hpc_jabas.core.adaptive.policies import NOISE, SIMILARITY, Observation, Policy, PolicyState, policy_for_job
+from hpc_jabas.core.adaptive.policy import DEFAULT_P, decision_period, make_lr_rule, make_wd_rule
+from hpc_jabas.core.adaptive.scaling import AdaScaleRule
+from hpc_jabas.core.adaptive.stats import NoiseScale, noise_scale_terms
+from hpc_jabas.core.autoscale.overheads import measures
 from hpc_jabas.core.balancing import RankPredictors, Rebalancer
-from hpc_jabas.core.decision import Decision
-from hpc_jabas.core.guard import DivergenceGuard, guard_window
-from hpc_jabas.core.overheads import measures
 from hpc_jabas.core.planning import Plan, Planner, snap_nearest
-from hpc_jabas.core.policies import NOISE, SIMILARITY, Observation, Policy, PolicyState, policy_for_job
-from hpc_jabas.core.policy import DEFAULT_P, decision_period, make_lr_rule, make_wd_rule
-from hpc_jabas.core.scaling import AdaScaleRule
-from hpc_jabas.core.stats import NoiseScale, noise_scale_terms
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.hooks import Controller, TrainerView
 from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.runtime.telemetry import HostTelemetry
@@ -33,9 +33,9 @@ from hpc_jabas.runtime.telemetry import HostTelemetry
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
+    from hpc_jabas.core.adaptive.guard import Revert
     from hpc_jabas.core.balancing import RankPredictors, Rebalancer
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.guard import Revert
+    from hpc_jabas.core.config.sections import JobConfig
     from hpc_jabas.core.planning import BatchSpace
 
 
@@ -180,7 +180,7 @@ class AdaptiveController(BaseController):
         # scale only (no half-batch sum), each fresh (G2, S) into its estimate; similarity the cosine, averaged at
         # the next decision. None: at decisions only. Resolved at attach (policy.default_measure_every, from p)
         self.measure_every: int | None = None
-        self.reference = False             # a hook prices measuring: reference iterations (core/overheads.py)
+        self.reference = False             # a hook prices measuring: reference iterations (core/autoscale/overheads.py)
         self._since = 0                    # samples trained since the last fresh measurement (rank 0)
         self._fed = 0                      # fresh measurements given to the policy (rank 0)
         self._early: int | None = None     # with measure_every: one early decision round (attach)
@@ -193,7 +193,7 @@ class AdaptiveController(BaseController):
         self._window: list[StepRecord] = []
         self._telemetry: HostTelemetry | None = None
         self.planner: Planner | None = None       # the trainer's (attach)
-        # the divergence guard on moves up (core/guard.py): every rank keeps its part of each iteration's loss
+        # the divergence guard on moves up (core/adaptive/guard.py): every rank keeps its part of each iteration's loss
         # (iteration, samples, loss sum) until the next decision round, where one small allreduce gives rank 0
         # the whole batch's loss of each, what metrics.jsonl records as ``loss``
         self.guard = DivergenceGuard(cfg.guard_sigma, cfg.guard_rise) if cfg.guard and self.moves else None
@@ -476,7 +476,7 @@ class AdaptiveController(BaseController):
             self.lr_rule.observe(est.G2, est.S)
         lr = self.lr_rule.lr_scale(plan.B)
         # G2/S_trace: the controller's smoothed terms; g2/s: this decision's fresh estimates as the policy got
-        # them (None: none), which a simulation replays ([gradstats] curve = "trace", core/simconfig.py)
+        # them (None: none), which a simulation replays ([gradstats] curve = "trace", core/sim/simconfig.py)
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
                  "g2": g2, "s": s_tr, "direction": bd.direction, "target": bd.target, "moved": bd.moved,
                  "B_before": B_now}

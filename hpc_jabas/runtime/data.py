@@ -4,7 +4,7 @@
     Trainer(model, opt, DataLoader(dataset, num_workers=4, pin_memory=True,
                                    persistent_workers=True), loss_fn)      # LoaderFeed
 
-Every rank runs the same core sampler (core/sampler.py: one seeded permutation per epoch, each
+Every rank runs the same core sampler (core/planning/sampler.py: one seeded permutation per epoch, each
 iteration cut into all ranks' micro-batches by the plan) and takes its own slice.
 
 - ``SyncFeed`` (a Dataset): the micro-batch is fetched on the training thread when it is run: a
@@ -25,7 +25,7 @@ sampler yields at least one item per iteration (an empty list, collated to None 
 on an iteration where this rank has no micro-batch), so it has read the plan of at most W*F
 iterations beyond the trainer's. The trainer's ``decision_lead`` is that W*F (the largest over
 the ranks): controllers announce a decision for ``trainer.iteration + decision_lead``, the
-sampler reads each iteration's plan from the announced schedule (runtime/pending.py), and the
+sampler reads each iteration's plan from the announced schedule (runtime/persist/pending.py), and the
 trainer applies the decision when it gets there, so every rank and its loader cut every
 iteration alike, and no sample is skipped or repeated. Each batch the trainer takes is checked
 against the index list the trainer's own sampler gives (a mismatch raises), and a decision for
@@ -71,7 +71,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 
 from hpc_jabas.core.planning import Plan
-from hpc_jabas.core.sampler import HeterogeneousSampler, IndexArray, IterationBatch
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler, IndexArray, IterationBatch
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 
@@ -471,5 +471,5 @@ def make_feed(data: Any, rank: int, seed: int, tail: str) -> SyncFeed | LoaderFe
 
 def agreed_lead(lead: int) -> int:
     """Collective: the decision lead every rank uses, the largest lookahead of any rank's loader."""
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     return max(int(x) for x in comm.allgather_object(int(lead), name="hj.lead"))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from hpc_jabas.core import gpus
-from hpc_jabas.core.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S, emulated_time
-from hpc_jabas.core.slowdown import Slowdown
+from hpc_jabas.core.config import gpus
+from hpc_jabas.core.config.slowdown import Slowdown
+from hpc_jabas.core.perf.perfmodel import EMU_BASE_S, EMU_PER_SAMPLE_S, emulated_time
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 
-__all__ = ["Emulator", "Slowdown"]           # Slowdown lives in core/slowdown.py (the config checks it)
+__all__ = ["Emulator", "Slowdown"]           # Slowdown lives in core/config/slowdown.py (the config checks it)
 
 
 class Emulator:

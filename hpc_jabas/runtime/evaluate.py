@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.step import to_device
 
 MetricFn = Callable[[torch.nn.Module, Any], Mapping[str, Any]]

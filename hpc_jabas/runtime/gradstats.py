@@ -1,7 +1,7 @@
 """Measurement iterations: the gradient statistics of the batch-size policies for one extra reduction.
 
 On a measurement iteration the HeterogeneousOptimizer runs its normal weighted reduction of the
-full gradient sum (the backend's reducer, runtime/reducer.py) and, besides it, a
+full gradient sum (the backend's reducer, runtime/comm/reducer.py) and, besides it, a
 :class:`Measurement` keeps
 
 - ``h0``: the sum of the gradients of this rank's half-0 micro-batches, in one flat buffer per
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpc_jabas.runtime.reducer import GradReducer, PendingSum
+from hpc_jabas.runtime.comm.reducer import GradReducer, PendingSum
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 

@@ -1,5 +1,5 @@
 """The curvature headroom of the lr, measured: one Hessian-vector product along the step's direction on a fixed
-probe batch (core/headroom.py says what eps_max and h are; docs/adaptive.md, section "Curvature headroom").
+probe batch (core/adaptive/headroom.py says what eps_max and h are; docs/adaptive.md, section "Curvature headroom").
 
 ``probe_headroom(model, loss_fn, inputs, targets, optimizer)`` takes the gradient g of ``loss_fn(model(inputs),
 targets)`` with a graph (``torch.autograd.grad(create_graph=True)``), the direction the optimizer steps along,
@@ -12,7 +12,7 @@ scaled by its effective lr per parameter group,
 and one Hessian-vector product ``H delta`` (double backward). The quadratic model descends along delta for a step of
 s x delta while s < 2 g'delta / delta'H delta, so the headroom is ``h = 2 g'delta / delta'H delta`` (h > 1: inside
 the edge) and ``eps_max = h * eps_eff / 2`` against the first parameter group's effective lr. With one group and SGD
-this is core/headroom.py's ``headroom(eps_max(g, Hg), lr, momentum)`` exactly.
+this is core/adaptive/headroom.py's ``headroom(eps_max(g, Hg), lr, momentum)`` exactly.
 
 Cost: one forward and two backwards on the probe batch (the graph of the gradient is kept for the second; memory
 about twice a training step's activations on the probe batch); no ``.grad`` is touched and the model's buffers

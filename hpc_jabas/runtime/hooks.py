@@ -23,17 +23,17 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from hpc_jabas.core.decision import Decision, MoveDecision
+from hpc_jabas.core.adaptive.decision import Decision, MoveDecision
 from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.runtime.record import StepRecord
 
 if TYPE_CHECKING:        # the trainer's parts: imported for the type checker only (the trainer imports this module)
     import torch
 
-    from hpc_jabas.core.config import JobConfig
-    from hpc_jabas.core.perfmodel import PerfModel
+    from hpc_jabas.core.config.sections import JobConfig
+    from hpc_jabas.core.perf.perfmodel import PerfModel
     from hpc_jabas.core.planning.planner import Planner
-    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.core.planning.sampler import HeterogeneousSampler
     from hpc_jabas.runtime.metrics import MetricsWriter
     from hpc_jabas.runtime.optim import HeterogeneousOptimizer
     from hpc_jabas.runtime.protocol import DecisionChannel
@@ -48,7 +48,7 @@ class TrainerView(Protocol):
     ``Trainer`` satisfies it; the attributes are plain (no ``getattr`` probes needed). Writing to the
     trainer is the trainer's business: decisions go through ``decisions`` and come back as a Decision."""
 
-    # the world (read-only: the trainer's World, runtime/world.py)
+    # the world (read-only: the trainer's World, runtime/comm/world.py)
     @property
     def rank(self) -> int: ...
 
@@ -110,7 +110,7 @@ class TrainerView(Protocol):
         ...
 
     def perf_model(self) -> PerfModel:
-        """The job's performance model (core/perfmodel.py), built on first use."""
+        """The job's performance model (core/perf/perfmodel.py), built on first use."""
 
     def announced(self) -> tuple[int, Plan, float]:
         """(B, plan, lr_scale) with every decision announced so far (pending ones included)."""
@@ -207,7 +207,8 @@ class EpochEndHook(ABC):
     """Decide (rank 0), then act (rank 0) at an epoch end; the trainer broadcasts and contains both."""
 
     #: True when the hook prices the cost of measurement iterations from the run's own iteration times (the
-    #: auto-scaler's meter, core/overheads.py): a controller that would measure at every iteration then leaves a
+    #: auto-scaler's meter, core/autoscale/overheads.py): a controller that would measure at every iteration then
+    #: leaves a
     #: few unmeasured (``overheads.is_reference``) for the meter to compare with. The same on every rank.
     prices_measuring: bool = False
 

@@ -3,7 +3,7 @@
 :class:`Jabas` (``hpc_jabas.Jabas``): setup, the loader of iterations, backward, epochs, save and resume, B
 changed at iteration boundaries. :func:`init` (``hpc_jabas.init``) starts a backend for a script that starts
 none. A script that calls hvd.init() or ``torch.distributed.init_process_group(...)`` itself needs no call: the
-low-level layer (``HeterogeneousOptimizer``) adopts that initialisation at its first ``begin()`` (runtime/comm.py
+low-level layer (``HeterogeneousOptimizer``) adopts that initialisation at its first ``begin()`` (runtime/comm/seam.py
 ``adopt``).
 """
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, NamedTuple
 
 import torch
 
+from hpc_jabas.core.adaptive.stats import NoiseScale
 from hpc_jabas.core.planning import Plan, proportional_plan
-from hpc_jabas.core.sampler import HeterogeneousSampler
-from hpc_jabas.core.stats import NoiseScale
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 from hpc_jabas.errors import CheckpointError, ConfigError, JabasError
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.trust import check_write_dir, open_trusted, write_atomic_nofollow
 

@@ -180,7 +180,7 @@ def set_torn_tail_aside(fd: int, path: Path) -> Path | None:
 
 
 def _horovod_allgather(t: torch.Tensor, name: str) -> torch.Tensor:
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     return comm.allgather_tensor(t, name=name)
 
 

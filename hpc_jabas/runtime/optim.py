@@ -14,7 +14,7 @@ gradient accumulation, which keeps fp16 gradients in range); one ``op=Sum`` allr
 postscale 1/world (the same on every rank) leaves the mean gradient of all S samples of the
 iteration on every rank: exactly the gradient of one big batch (docs/invariants.md, invariants 1-2;
 Horovod refuses per-rank scale factors, so the weight is applied locally by the sample count).
-The gradients go through the backend's reducer (runtime/reducer.py, ``GradReducer``): on Horovod
+The gradients go through the backend's reducer (runtime/comm/reducer.py, ``GradReducer``): on Horovod
 each parameter's allreduce starts from a post-accumulate-grad hook during the last micro-batch's
 backward (overlapping the rest of it; Horovod fuses small tensors); on torch the Trainer's model is
 in DistributedDataParallel, all but the last micro-batch run in its ``no_sync()`` (``micro()``), and a
@@ -77,10 +77,10 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.amp import Amp
+from hpc_jabas.runtime.comm import seam as comm
+from hpc_jabas.runtime.comm.reducer import GradReducer
 from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, scalar, stat_dtype
-from hpc_jabas.runtime.reducer import GradReducer
 
 __all__ = ["GradStats", "HeterogeneousOptimizer"]
 
@@ -129,7 +129,7 @@ class HeterogeneousOptimizer:
         self._w_done = False
         self._found_inf: torch.Tensor | None = None
         self._found_host: bool | None = None
-        self.reducer: GradReducer | None = None    # the backend's (runtime/reducer.py), made at the first begin()
+        self.reducer: GradReducer | None = None    # the backend's (runtime/comm/reducer.py), made at the first begin()
         self._joined = False                       # a rank without micro-batches ran its zero step
         self.last_stats: GradStats | None = None
         self.last_step_skipped = False
@@ -162,7 +162,7 @@ class HeterogeneousOptimizer:
                         p.grad.requires_grad_(False)
                     p.grad.zero_()
 
-    # ---- the gradient reducer (runtime/reducer.py) ---------------------------------------------
+    # ---- the gradient reducer (runtime/comm/reducer.py) ---------------------------------------------
     def use_reducer(self, reducer: GradReducer) -> None:
         """Reduce the gradients with ``reducer`` (the Trainer gives the torch backend's DDP one); the one in use
         is closed. Without a call, the first ``begin`` asks the backend for its reducer of these parameters."""

@@ -39,7 +39,7 @@ Broadcast = Callable[[Any, str], Any]
 
 
 def _comm_broadcast(obj: Any, name: str) -> Any:
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     return comm.broadcast_object(obj, root_rank=0, name=name)
 
 

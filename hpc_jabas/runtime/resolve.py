@@ -3,11 +3,11 @@
 What the user's JobConfig leaves to the job is decided here, in this order, on a copy (the caller's JobConfig
 is not changed), before the Trainer builds its parts:
 
-1. ``run_dir`` unset: the directory of this script and configuration (core/config.py ``default_run_dir``);
+1. ``run_dir`` unset: the directory of this script and configuration (core/config/sections.py ``default_run_dir``);
 2. a model with batch-coupled layers (BatchNorm) and neither ``micro_batch`` nor ``min_micro_batch``:
    ``min_micro_batch`` is the coupled minimum (core/planning/planner.py ``COUPLED_MIN_MICRO_BATCH``), unless the
    user's ``planner_fn`` makes the plans;
-3. an adaptive policy without ``batch_min``/``batch_max``: the range it can move in (core/policy.py
+3. an adaptive policy without ``batch_min``/``batch_max``: the range it can move in (core/adaptive/policy.py
    ``default_batch_range``, which reads the smallest micro-batch resolved in 2).
 
 The result is frozen (``JobConfig.frozen``): every part of the Trainer reads the same configuration, whatever
@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.core.config import JobConfig, default_run_dir
+from hpc_jabas.core.adaptive.policy import canonical_policy, default_batch_range, lr_rule_name
+from hpc_jabas.core.config.sections import JobConfig, default_run_dir
 from hpc_jabas.core.planning.planner import COUPLED_MIN_MICRO_BATCH
-from hpc_jabas.core.policy import canonical_policy, default_batch_range, lr_rule_name
-from hpc_jabas.exits import process_rank
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.batchnorm import batch_coupled_layers
+from hpc_jabas.runtime.comm.exits import process_rank
 
 log = get_logger(__name__)
 
@@ -41,7 +41,8 @@ class ResolvedConfig:
 
     @property
     def min_split(self) -> int:
-        """The smallest half of a measuring iteration's single micro-batch (core/sampler.py ``split_single_micro``):
+        """The smallest half of a measuring iteration's single micro-batch (core/planning/sampler.py
+        ``split_single_micro``):
         with batch-coupled layers, at least the minimum micro-batch."""
         if not self.coupled:
             return 1

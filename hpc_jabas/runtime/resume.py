@@ -1,10 +1,10 @@
 """The Checkpointer: one job's checkpoints, saved, loaded, resumed from and exported.
 
-A checkpoint holds the model, the optimizer, the lr scheduler, the TrainState (runtime/state.py:
+A checkpoint holds the model, the optimizer, the lr scheduler, the TrainState (runtime/persist/state.py:
 iteration, B, plan, lr scale, pending decisions, the sampler's epoch and cursor), the controller's, the
 decision protocol's, the epoch-end hook's and the calibration's states, and the RNG states. The
 :class:`Checkpointer` is built from exactly these parts (typed; it never reads the trainer); rank 0
-writes the file (runtime/checkpoint.py: atomic, checksummed, readable by ``torch.load(weights_only=True)``),
+writes the file (runtime/persist/checkpoint.py: atomic, checksummed, readable by ``torch.load(weights_only=True)``),
 every rank resumes from the one rank 0 found.
 
 RNG states are per rank: ``st["rng"]["ranks"]`` is the list of every rank's own generators (torch's CPU
@@ -32,12 +32,12 @@ import torch
 
 from hpc_jabas.errors import CheckpointError, ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import checkpoint as ckpt
-from hpc_jabas.runtime import comm
 from hpc_jabas.runtime.batchnorm import BufferAverager
-from hpc_jabas.runtime.dirlock import rank_error
+from hpc_jabas.runtime.comm import seam as comm
+from hpc_jabas.runtime.persist import checkpoint as ckpt
+from hpc_jabas.runtime.persist.dirlock import rank_error
+from hpc_jabas.runtime.persist.state import Replan, TrainState
 from hpc_jabas.runtime.safepoint import NonFiniteError, last_checkpoint_name
-from hpc_jabas.runtime.state import Replan, TrainState
 from hpc_jabas.trust import UntrustedFileError
 
 log = get_logger(__name__)

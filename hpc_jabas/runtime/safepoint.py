@@ -49,13 +49,13 @@ import torch
 
 from hpc_jabas.errors import JabasError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.slurm.env import SlurmEnv
 
 if TYPE_CHECKING:
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
     from hpc_jabas.core.planning.plan import Plan
-    from hpc_jabas.core.sampler import HeterogeneousSampler
+    from hpc_jabas.core.planning.sampler import HeterogeneousSampler
     from hpc_jabas.runtime.metrics import MetricsWriter
 
 log = get_logger(__name__)
@@ -413,7 +413,7 @@ def finish(trainer: SafePointHost) -> None:
 
 def last_checkpoint_name(ckpt_dir: Path, enabled: bool) -> str:
     """What a stop without checkpointing leaves on disk, for its message."""
-    from hpc_jabas.runtime import checkpoint as ckpt
+    from hpc_jabas.runtime.persist import checkpoint as ckpt
     found = ckpt.latest_good(ckpt_dir) if enabled else None
     return f"the last checkpoint {str(found)!r} is kept" if found else "no checkpoint was written"
 
@@ -430,5 +430,5 @@ def stop_nonfinite(trainer: SafePointHost, ranks: int, iteration: int | None = N
            "check the data, or use clip_grad_norm")
     if trainer.rank == 0:
         trainer.metrics.write({"type": "nonfinite_stop", "it": it, "ranks": ranks})
-    from hpc_jabas.runtime.dirlock import rank_error
+    from hpc_jabas.runtime.persist.dirlock import rank_error
     raise rank_error(NonFiniteError, msg, trainer.rank)

@@ -1,12 +1,12 @@
-"""What the Trainer does with the script's own command line (core/config.py ``add_arguments``): the lines about
+"""What the Trainer does with the script's own command line (core/config/sections.py ``add_arguments``): the lines about
 the script's flags that hpc-jabas does not read (the config's ``notes``), and a per-rank batch (``batch_per_rank``,
 DDP's and Horovod's habit) made the global batch of this job's ranks, each said once, by rank 0."""
 from __future__ import annotations
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime.world import World
+from hpc_jabas.runtime.comm.world import World
 
 log = get_logger(__name__)
 

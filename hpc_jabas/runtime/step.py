@@ -141,7 +141,7 @@ def micro_step(model: torch.nn.Module, forward_fn: Callable[[torch.nn.Module, An
 
 
 class ReadyHook(Protocol):
-    """What the micro-batch loop needs of the gradients' reducer (runtime/reducer.py): ``on_ready``."""
+    """What the micro-batch loop needs of the gradients' reducer (runtime/comm/reducer.py): ``on_ready``."""
 
     def on_ready(self, fn: Callable[[], None] | None) -> None: ...
 

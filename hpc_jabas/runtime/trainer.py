@@ -21,21 +21,23 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.core.config import JobConfig
-from hpc_jabas.core.decision import Decision, MoveDecision
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.adaptive.decision import Decision, MoveDecision
+from hpc_jabas.core.config.sections import JobConfig
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import Plan, Planner, half_split
 from hpc_jabas.core.planning.planner import PlanSpec, make_planner
-from hpc_jabas.core.sampler import HeterogeneousSampler, split_single_micro
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler, split_single_micro
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import comm, data, evaluate
+from hpc_jabas.runtime import data, evaluate
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.calibrate import Calibrator
 from hpc_jabas.runtime.clock import IterationClock
+from hpc_jabas.runtime.comm import seam as comm
+from hpc_jabas.runtime.comm.reducer import check_model
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.controller import AdaptiveController
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
-from hpc_jabas.runtime.dirlock import DirLock, lock_on_rank0, rank_error
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import (
     Callback,
@@ -47,18 +49,17 @@ from hpc_jabas.runtime.hooks import (
 )
 from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
-from hpc_jabas.runtime.pending import PendingDecisions
+from hpc_jabas.runtime.persist.dirlock import DirLock, lock_on_rank0, rank_error
+from hpc_jabas.runtime.persist.pending import PendingDecisions
+from hpc_jabas.runtime.persist.state import InState, initial_state
 from hpc_jabas.runtime.progress import default_callbacks, finished_already
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.record import StepRecord
-from hpc_jabas.runtime.reducer import check_model
 from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.scriptcli import resolve_cli
-from hpc_jabas.runtime.state import InState, initial_state
 from hpc_jabas.runtime.step import micro_step_sums, read_sums, timed_micro_batches
 from hpc_jabas.runtime.trainer_args import RankTotals, check_parts
-from hpc_jabas.runtime.world import World
 from hpc_jabas.trust import set_trust_group
 
 log = get_logger(__name__)
@@ -80,7 +81,7 @@ class Trainer:
 
     The constructor only composes the parts (docs/design.md, section 1); ``setup()`` runs the collectives,
     once, and the first ``fit`` calls it. The state in force (iteration, B, plan, lr scale, pending
-    decisions, sampler) is ``state``, a TrainState (runtime/state.py); ``checkpointer`` saves and resumes it.
+    decisions, sampler) is ``state``, a TrainState (runtime/persist/state.py); ``checkpointer`` saves and resumes it.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, loss_fn,
@@ -93,8 +94,8 @@ class Trainer:
         cfg = (config or JobConfig()).validate()
         set_trust_group(cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
-        check_model(model)                    # not already in a DistributedDataParallel (runtime/reducer.py)
-        comm.use(cfg.backend)                 # horovod | torch | auto (runtime/comm.py), before the first collective
+        check_model(model)                    # not already in a DistributedDataParallel (runtime/comm/reducer.py)
+        comm.use(cfg.backend)                 # horovod | torch | auto (comm/seam.py), before the first collective
         cfg.check_backend_keys(comm.backend())   # "auto" resolved: a key the backend lacks is refused here
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
         self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
@@ -137,7 +138,7 @@ class Trainer:
 
     @property
     def batch_range(self) -> dict | None:
-        """The range an adaptive policy without batch_min/batch_max was given (core/policy.py), else None."""
+        """The range an adaptive policy without batch_min/batch_max was given (core/adaptive/policy.py), else None."""
         return self.resolved.batch_range
 
     def _open_run_dir(self) -> None:
@@ -234,7 +235,7 @@ class Trainer:
         if has_state:
             sd = comm.broadcast_object(self.opt.optimizer.state_dict() if self.rank == 0 else None, name="hj.opt")
             self.opt.optimizer.load_state_dict(sd)
-        # the gradients' reducer (runtime/reducer.py): Horovod's hooks, or torch's DistributedDataParallel around
+        # the gradients' reducer (runtime/comm/reducer.py): Horovod's hooks, or torch's DistributedDataParallel around
         # the model (its forward then runs through the wrapper: forward_module); checkpoints keep self.model
         knobs = {"find_unused_parameters": True} if self.cfg.find_unused_parameters else {}   # DDP's knob
         self.opt.use_reducer(comm.make_reducer(self.opt.named, model=self.model, overlap=self.opt.overlap,
@@ -277,7 +278,7 @@ class Trainer:
         """``planner.plan``: the plan of a global batch B (and balancing factors, or None)."""
         return self.planner.plan
 
-    # ---- the ranks (the World, runtime/world.py) --------------------------------------------
+    # ---- the ranks (the World, runtime/comm/world.py) --------------------------------------------
     @property
     def rank(self) -> int:
         return self.world_info.rank
@@ -292,7 +293,7 @@ class Trainer:
         """One GPU type per rank."""
         return list(self.world_info.gpu_types)
 
-    # ---- the state in force (a TrainState, runtime/state.py) -------------------------------
+    # ---- the state in force (a TrainState, runtime/persist/state.py) -------------------------------
     iteration: InState[int] = InState()
     plan: InState[Plan] = InState()
     lr_scale: InState[float] = InState()

@@ -1,6 +1,6 @@
 """Ending a chain on purpose: ``hpc-jabas cancel CHAIN_DIR``, and a user's plain ``scancel`` of a chain's job.
 
-A chain goes on by itself: a job told to stop at a safe point checkpoints and is requeued (runtime/launch.py),
+A chain goes on by itself: a job told to stop at a safe point checkpoints and is requeued (runtime/job/launch.py),
 a move submits the next job, a failure is resubmitted. Two things end it instead, each told apart from Slurm's
 own stops by what is recorded, not by guessing:
 

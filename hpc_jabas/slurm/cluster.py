@@ -6,7 +6,7 @@ from running: the record parsers live in :mod:`hpc_jabas.slurm.text` and :func:`
 so both are tested on text as well as against the real local cluster (slurm/local/up.sh).
 
 GPU type of a partition: the typed GRES of its nodes (``Gres=gpu:a100:2``) when that names a GPU
-type of the catalog (:mod:`hpc_jabas.core.gpus`); else the user's ``partition_types`` mapping; else the
+type of the catalog (:mod:`hpc_jabas.core.config.gpus`); else the user's ``partition_types`` mapping; else the
 partition's own name if it is a catalog type. Free GPUs count only nodes that can take a job now:
 down, drained/draining, failing, not responding, in maintenance or reserved nodes give none.
 
@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpc_jabas.core import gpus
+from hpc_jabas.core.config import gpus
 from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.slurm import proc
 from hpc_jabas.slurm.env import SlurmEnv

@@ -1,13 +1,13 @@
 """The components of a job on a mix of partitions: one per partition, in sorted partition order.
 
 A mix of one partition is a plain Slurm job; a mix of several is ONE heterogeneous job, component
-k holding the k-th partition in sorted order (the rank order ``hpc_jabas.runtime.lifecycle.expand_mix``
+k holding the k-th partition in sorted order (the rank order ``hpc_jabas.runtime.job.lifecycle.expand_mix``
 assumes), started with ``srun --het-group=0,..,k`` so that one world of ranks spans them.
 
 Per component: ``--partition``, ``--ntasks`` = GPUs (one rank per GPU), the partition's typed GPUs
 (``--gres=gpu:<type>:<n>`` on one node; ``--nodes=N --gpus-per-task=<type>:1`` when the count needs
 more GPUs than one node of the partition holds), ``--mem`` (so that jobs share nodes). The Slurm options a
-spec gives (``spec.slurm``, a :class:`hpc_jabas.core.jobspec.SlurmRequest`) are resolved and checked here, once:
+spec gives (``spec.slurm``, a :class:`hpc_jabas.core.config.jobspec.SlurmRequest`) are resolved and checked here, once:
 :class:`SlurmOptions` (``account``, ``qos``, ``sbatch_args``, ``job_name``, ``mem_per_task_mb`` and the [slurm]
 keys ``time_min``, ``signal_lead_s``, ``max_timeouts``, ``max_failures``: given, else the job's config, else
 the default), with one error line for a bad value.
@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpc_jabas.core.config import SlurmJobConfig, flatten
-from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.schema import convert
-from hpc_jabas.core.validate import integer, parse_int, passes
+from hpc_jabas.core.config.jobspec import JobSpec
+from hpc_jabas.core.config.schema import convert
+from hpc_jabas.core.config.sections import SlurmJobConfig, flatten
+from hpc_jabas.core.config.validate import integer, parse_int, passes
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.cluster import ClusterView, read_cluster
 
@@ -116,7 +116,7 @@ def het_groups(comps: list[Component]) -> str:
 # ---- the Slurm options of a spec ----------------------------------------------------------------
 @dataclass(frozen=True)
 class SlurmOptions:
-    """What a job's Slurm submissions use, typed and checked once: the [slurm] keys (core/config.py
+    """What a job's Slurm submissions use, typed and checked once: the [slurm] keys (core/config/sections.py
     ``SlurmJobConfig``: their bounds and defaults), the memory per rank, the job name, account, qos and the
     user's own sbatch arguments. ``of(spec)`` is the one reader of ``spec.slurm`` (the options given)."""
     time_min: int

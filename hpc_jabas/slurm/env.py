@@ -29,7 +29,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpc_jabas.core.validate import parse_int
+from hpc_jabas.core.config.validate import parse_int
 from hpc_jabas.slurm.text import expand_hostlist
 
 #: prefixes of the variables Slurm sets for a job, its steps and its commands (SLURM_CONF aside)

@@ -3,7 +3,7 @@
     from hpc_jabas.slurm.executor import submit_job
     job_id = submit_job(spec)                    # spec.method: "submitit" (default) or "sbatch"
 
-Every rank of the job runs :data:`hpc_jabas.slurm.sbatch.JOB_ENTRY` ("hpc_jabas.runtime.launch:run_job"),
+Every rank of the job runs :data:`hpc_jabas.slurm.sbatch.JOB_ENTRY` ("hpc_jabas.runtime.job.launch:run_job"),
 imported by name inside the job. The components of the mix (one plain job, or one heterogeneous job
 for several partitions) are :mod:`hpc_jabas.slurm.components`; the script text is
 :mod:`hpc_jabas.slurm.sbatch`; sbatch runs through :mod:`hpc_jabas.slurm.proc` in
@@ -21,17 +21,18 @@ Two methods:
   ``SLURM_JOB_ID`` and a global ``SLURM_PROCID`` (verified on Slurm 22.05), so submitit's
   ``<id>_<rank>_*`` file names hold. Folder: ``<chain_dir>/jobs/submitit``.
 * ``sbatch``: a job script ``<chain_dir>/jobs/<n>.sbatch`` running ``srun [--het-group=..] --mpi=pmix
-  <python> -u -m hpc_jabas.runtime.launch <chain_dir>/jobs/<n>.json``, submitted with
+  <python> -u -m hpc_jabas.runtime.job.launch <chain_dir>/jobs/<n>.json``, submitted with
   ``sbatch --parsable``; its output goes to ``<chain_dir>/jobs/<n>-<jobid>.out``.
 
-Optional Slurm options, ``spec.slurm`` (:class:`~hpc_jabas.core.jobspec.SlurmRequest`): ``mem_per_task_mb`` (512),
+Optional Slurm options, ``spec.slurm`` (:class:`~hpc_jabas.core.config.jobspec.SlurmRequest`): ``mem_per_task_mb``
+(512),
 ``job_name`` ("hpc-jabas"), ``account``, ``qos``, ``sbatch_args`` (list of extra ``--flag=value`` strings, every
 component), and the [slurm] keys ``time_min``, ``signal_lead_s``, ``max_timeouts`` (else the job config's:
 :class:`~hpc_jabas.slurm.components.SlurmOptions`).
 
 Preemption and time limits: a job told to stop (USR1/USR2/TERM) checkpoints at the next safe point
 (runtime/safepoint.py); a submitit job then requeues through submitit (``EntryPoint.checkpoint``, at most
-``max_timeouts`` time-outs), a method-"sbatch" job submits its successor (runtime/launch.py).
+``max_timeouts`` time-outs), a method-"sbatch" job submits its successor (runtime/job/launch.py).
 """
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ import submitit
 from submitit.core.utils import JobPaths, UncompletedJobError
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from hpc_jabas.core.jobspec import JobSpec
-from hpc_jabas.core.loader import load_callable
+from hpc_jabas.core.config.jobspec import JobSpec
+from hpc_jabas.core.config.loader import load_callable
 from hpc_jabas.errors import ConfigError, JabasError, SlurmError
 from hpc_jabas.slurm import chain as chainlog
 from hpc_jabas.slurm import proc
@@ -99,7 +100,7 @@ class EntryPoint:
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """submitit's requeue: the job entry again, with the same spec. Called by rank 0 once every rank
-        has checkpointed at a safe point (runtime/launch.py), never inside a signal handler: the run
+        has checkpointed at a safe point (runtime/job/launch.py), never inside a signal handler: the run
         resumes from that checkpoint."""
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
@@ -350,7 +351,7 @@ def check_chain_dirs(chain_dir: str | Path) -> None:
 
 
 def submit_job(spec: JobSpec, *, method: str | None = None) -> str:
-    """Submit ``hpc_jabas.runtime.launch.run_job(spec)`` onto ``spec.mix``; returns the (leader) job id."""
+    """Submit ``hpc_jabas.runtime.job.launch.run_job(spec)`` onto ``spec.mix``; returns the (leader) job id."""
     return submit(spec, method=method).job_id
 
 

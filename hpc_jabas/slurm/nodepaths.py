@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hpc_jabas import settings
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.config.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.env import SlurmEnv
 from hpc_jabas.trust import open_trusted

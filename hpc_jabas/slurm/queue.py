@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.config.jobspec import JobSpec
 from hpc_jabas.errors import ConfigError, SlurmError
 from hpc_jabas.log import get_logger
 from hpc_jabas.slurm import proc
@@ -109,7 +109,7 @@ def expected_wait(mix: Mapping[str, int], view: ClusterView, spec: JobSpec | Non
 
 def wait_estimator(view: ClusterView, spec: JobSpec | None = None,
                    env: Mapping[str, str] | None = None) -> Callable[[dict[str, int]], float | None]:
-    """``wait_fn`` for ``mixsearch.search`` / ``autoscale.choose``: :func:`expected_wait` on this view. A
+    """``wait_fn`` for ``mixsearch.search`` / ``scaler.choose``: :func:`expected_wait` on this view. A
     Slurm that cannot be asked (SlurmError) gives no estimate (None: the mix is not chosen)."""
     def wait_fn(mix: dict[str, int]) -> float | None:
         try:

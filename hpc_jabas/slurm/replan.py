@@ -6,7 +6,7 @@ stuck when a partition of its mix cannot hold it on nodes that can take a job (d
 failing...; :mod:`hpc_jabas.slurm.cluster`), or when squeue's reason says its nodes are not available
 (ReqNodeNotAvail, PartitionDown, NodeDown...; then the partitions of the named nodes). A stuck job is
 cancelled only while still pending (``scancel --state=PENDING``) and its successor is submitted onto the
-next-best feasible mix without those partitions (:func:`hpc_jabas.core.autoscale.replan`: the ranking of the
+next-best feasible mix without those partitions (:func:`hpc_jabas.core.autoscale.scaler.replan`: the ranking of the
 decision that chose the mix, from the run's metrics; else the most GPUs at the lowest rate). The successor
 resumes from the same checkpoint: nothing is dropped. Chain event ``replan`` (from_job, to_job, mix,
 excluded, reason, checkpoint_time and ``queued_since``: the queue wait runs from the first submission,
@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpc_jabas.core import autoscale, jsonl
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.autoscale import scaler as autoscale
+from hpc_jabas.core.config import jsonl
+from hpc_jabas.core.config.jobspec import JobSpec
 from hpc_jabas.errors import JabasError, SlurmError
 from hpc_jabas.log import get_logger
 from hpc_jabas.slurm import chain as chainlog

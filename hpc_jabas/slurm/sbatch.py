@@ -3,7 +3,7 @@
 * :func:`render_sbatch`: the job script of method "sbatch": ``#SBATCH`` blocks (``#SBATCH hetjob``
   between components, ``--signal=B:USR1@<signal_lead_s>``), the set-up lines, the signal traps
   (:data:`HJ_TRAPS`), and ``hj_srun srun [--het-group=0,..,k] --mpi=pmix <python> -u -m
-  hpc_jabas.runtime.launch SPEC.json``.
+  hpc_jabas.runtime.job.launch SPEC.json``.
 * :func:`het_block` and :func:`het_srun_python`: what method "submitit" adds to submitit's own script
   for a heterogeneous job (components 1..k, and the srun line of the het step).
 * :func:`submission_env`: the environment sbatch runs in: the current one without the variables of
@@ -22,8 +22,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hpc_jabas.core.config import flatten
-from hpc_jabas.core.jobspec import JobSpec
+from hpc_jabas.core.config.jobspec import JobSpec
+from hpc_jabas.core.config.sections import flatten
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.components import (
     Component,
@@ -39,7 +39,7 @@ from hpc_jabas.trust import TRUST_GROUP_ENV, refuse_control_chars
 METHODS = ("submitit", "sbatch")
 ROOT = Path(__file__).resolve().parents[2]        # the directory holding the hpc_jabas package
 #: what every rank of a job runs, "module:callable" (the module also runs as ``python -m module SPEC``)
-JOB_ENTRY = "hpc_jabas.runtime.launch:run_job"
+JOB_ENTRY = "hpc_jabas.runtime.job.launch:run_job"
 ROOT_VARS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 SRUN_ARGS = ("--mpi=pmix", "--kill-on-bad-exit=1")
 
@@ -220,7 +220,7 @@ def render_sbatch(spec: JobSpec, comps: list[Component], spec_path: str | Path, 
 
 
 def after_failure(spec: JobSpec, spec_path: str | Path, rc: str = '"$rc"') -> str:
-    """The batch shell's command after a failed step: ``<python> -u -m hpc_jabas.runtime.launch --after-failure
+    """The batch shell's command after a failed step: ``<python> -u -m hpc_jabas.runtime.job.launch --after-failure
     RC SPEC`` (resubmits from the last good checkpoint, bounded, backoff, failed nodes excluded)."""
     after = [spec.python or sys.executable, "-u", "-m", JOB_ENTRY.partition(":")[0], "--after-failure"]
     return shlex.join(after) + f" {rc} " + shlex.quote(str(spec_path))

@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hpc_jabas.core import gpus
+from hpc_jabas.core.config import gpus
 from hpc_jabas.errors import ConfigError
 
 #: node flags/states that keep a node from taking a new job (lower case, '*' = not responding)

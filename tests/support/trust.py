@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from hpc_jabas.runtime import checkpoint as ckpt
+from hpc_jabas.runtime.persist import checkpoint as ckpt
 
 
 class Payload:

@@ -11,7 +11,7 @@ sys.modules["horovod"] = None          # type: ignore[assignment]   # import hor
 spec_path = sys.argv[1]
 runpy.run_path(str(Path(__file__).with_name("train_worker.py")), run_name="__main__")
 
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 
 spec = json.loads(Path(spec_path).read_text())
 last = Path((spec.get("cases") or [spec])[-1]["out_dir"]) / f"rank{comm.rank()}.json"

@@ -8,8 +8,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
-from hpc_jabas.core.calibration import RankCalibration  # noqa: E402
-from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.core.perf.calibration import RankCalibration  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 # every sample the rank's fit sees (profile time x of n calls, measured y), to compare the fit with

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 comm.init()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.step import micro_step_sums, read_sums
 

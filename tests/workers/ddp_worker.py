@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.runtime.step import micro_step_sums, read_sums
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
 import hpc_jabas  # noqa: E402, F401
-from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.runtime.hooks import Callback  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 

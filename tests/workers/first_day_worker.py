@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hpc_jabas.core.config import JobConfig
+from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.runtime.trainer import Trainer
 
 

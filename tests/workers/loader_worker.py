@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.decision import Decision  # noqa: E402
+from hpc_jabas.core.adaptive.decision import Decision  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.core.planning import Plan  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.runtime.batchnorm import running_buffers  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402

@@ -10,7 +10,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model  # noqa: E402
 
-from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.runtime.evaluate import DistributedEval  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from warm import answer, next_request  # noqa: E402
 
-from hpc_jabas.runtime import comm, dirlock  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
+from hpc_jabas.runtime.persist import dirlock  # noqa: E402
 
 _opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)    # imports torch._dynamo once, here
 

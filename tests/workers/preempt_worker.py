@@ -14,7 +14,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
-from hpc_jabas.core.config import JobConfig  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.core.planning import Plan  # noqa: E402
 from hpc_jabas.runtime.hooks import Callback  # noqa: E402
 from hpc_jabas.runtime.safepoint import stop_signals  # noqa: E402

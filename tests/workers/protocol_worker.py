@@ -16,13 +16,13 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.decision import Decision  # noqa: E402
-from hpc_jabas.core.jobspec import JobSpec  # noqa: E402
+from hpc_jabas.core.adaptive.decision import Decision  # noqa: E402
+from hpc_jabas.core.config.jobspec import JobSpec  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.core.planning import Plan  # noqa: E402
 from hpc_jabas.runtime.controller import AdaptiveController  # noqa: E402
 from hpc_jabas.runtime.hooks import Callback  # noqa: E402
-from hpc_jabas.runtime.lifecycle import EpochEndAutoscaler  # noqa: E402
+from hpc_jabas.runtime.job.lifecycle import EpochEndAutoscaler  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
 spec = json.loads(Path(sys.argv[1]).read_text())

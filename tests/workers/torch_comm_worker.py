@@ -5,7 +5,7 @@ import json
 
 import torch
 
-from hpc_jabas.runtime import comm
+from hpc_jabas.runtime.comm import seam as comm
 
 comm.use("torch")
 comm.init()

@@ -11,10 +11,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model, make_optimizer  # noqa: E402
 
-from hpc_jabas.core.config import JobConfig  # noqa: E402
-from hpc_jabas.core.decision import Decision  # noqa: E402
+from hpc_jabas.core.adaptive.decision import Decision  # noqa: E402
+from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.core.planning import Plan  # noqa: E402
-from hpc_jabas.runtime import comm  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 

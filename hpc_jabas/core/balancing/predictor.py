@@ -48,7 +48,7 @@ from hpc_jabas.core.balancing.speed_models import (
     exo_dict,
     restoring,
 )
-from hpc_jabas.core.validate import integer, positive
+from hpc_jabas.core.config.validate import integer, positive
 from hpc_jabas.errors import ConfigError, StateError
 
 # ---------------------------------------------------------------------------------------------

@@ -48,8 +48,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpc_jabas.core.balancing.speed_models import restoring
+from hpc_jabas.core.config.validate import positive
 from hpc_jabas.core.planning.plan import Plan
-from hpc_jabas.core.validate import positive
 from hpc_jabas.errors import ConfigError, StateError
 
 STATE_VERSION = 1

@@ -54,7 +54,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from hpc_jabas.core.validate import integer, is_number, number, positive
+from hpc_jabas.core.config.validate import integer, is_number, number, positive
 from hpc_jabas.errors import ConfigError, JabasError, StateError
 
 STATE_VERSION = 2          # 2: signals lag one window (predict() takes none)

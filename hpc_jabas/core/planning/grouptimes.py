@@ -5,14 +5,14 @@ builds one per-rank Plan for every realisable B: on 4,096 ranks that is most of 
 price. The auto-scaler only needs the seconds. :func:`group_space` returns the same BatchSpace (same B, the
 same floating-point seconds) from ``planning.identical.RangeTimes``, ``plan_range``'s own makespans without
 the plans, for the identical-b optimal planner with every rank running (no drop, no per-rank b, no speed
-factors) - what ``autoscale.epoch_time_fn`` prices. tests/test_mixsearch.py checks the equality against
+factors) - what ``scaler.epoch_time_fn`` prices. tests/test_mixsearch.py checks the equality against
 ``optimal_space`` on random mixes and ranges.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning.identical import RangeTimes
 from hpc_jabas.core.planning.space import BatchSpace, Row
 from hpc_jabas.errors import InfeasibleError

@@ -68,8 +68,9 @@ from typing import Any
 
 import numpy as np
 
-from hpc_jabas.core import gpus as _gpus
-from hpc_jabas.core.perfmodel import ComputeProfile, PerfModel, check_speed_factors
+from hpc_jabas.core.config import gpus as _gpus
+from hpc_jabas.core.config.validate import integer, passes
+from hpc_jabas.core.perf.perfmodel import ComputeProfile, PerfModel, check_speed_factors
 from hpc_jabas.core.planning.per_rank import RankGroup, TypeTable, is_monotone, plan_per_rank
 from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.core.planning.slots import (
@@ -82,7 +83,6 @@ from hpc_jabas.core.planning.slots import (
     k_at_vec,
     makespan_all,
 )
-from hpc_jabas.core.validate import integer, passes
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 MAX_RANGE = 10_000_000  # widest B range plan_range accepts (one row per feasible B)

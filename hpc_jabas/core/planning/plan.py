@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpc_jabas.core.validate import integer, parse_ints
+from hpc_jabas.core.config.validate import integer, parse_ints
 from hpc_jabas.errors import ConfigError
 
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from hpc_jabas.core import gpus as catalog
-from hpc_jabas.core.perfmodel import PerfModel, declared_speed_factors
+from hpc_jabas.core.config import gpus as catalog
+from hpc_jabas.core.perf.perfmodel import PerfModel, declared_speed_factors
 from hpc_jabas.core.planning.grouptimes import group_space
 from hpc_jabas.core.planning.identical import plan_batch
 from hpc_jabas.core.planning.plan import Plan, proportional_plan, proportional_samples_plan
@@ -36,7 +36,7 @@ from hpc_jabas.core.planning.space import BatchSpace, optimal_space, planner_spa
 from hpc_jabas.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hpc_jabas.core.config import JobConfig
+    from hpc_jabas.core.config.sections import JobConfig
 
 PlannerFn = Callable[[int, "list[float] | None"], Plan]
 ModelSource = PerfModel | Callable[[], PerfModel]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning.identical import MAX_RANGE, _check_B, _prepare, _rank_tables, identical_rows
 from hpc_jabas.core.planning.per_rank import is_monotone, makespans, plan_per_rank
 from hpc_jabas.errors import ConfigError

@@ -45,12 +45,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from hpc_jabas.core.defaults import KNEE_RISE
-from hpc_jabas.core.perfmodel import PerfModel
+from hpc_jabas.core.config.defaults import KNEE_RISE
+from hpc_jabas.core.config.validate import integer, number, passes
+from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning.identical import plan_range
 from hpc_jabas.core.planning.plan import Plan
 from hpc_jabas.core.planning.prices import per_rank_times
-from hpc_jabas.core.validate import integer, number, passes
 from hpc_jabas.errors import ConfigError, InfeasibleError
 
 GROW, SHRINK, STAY, SET = "grow", "shrink", "stay", "set"

@@ -1,4 +1,4 @@
-"""Profiler: measure what the perf model (core/perfmodel.py) needs, for one model on this device.
+"""Profiler: measure what the perf model (core/perf/perfmodel.py) needs, for one model on this device.
 
 For a model given as ``module:callable`` (returning ``(model, loss_fn, sample_batch)``, see
 examples/models.py) the profiler measures, on the current device:

@@ -1,4 +1,4 @@
-"""Allreduce: timed op=Sum allreduces over the ranks' world (runtime/comm.py: torch.distributed or Horovod), and
+"""Allreduce: timed op=Sum allreduces over the ranks' world (runtime/comm/seam.py: torch.distributed or Horovod), and
 their fit (AllreduceModel)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from hpc_jabas.core.perfmodel import EMU_BANDWIDTH, AllreduceModel
+from hpc_jabas.core.perf.perfmodel import EMU_BANDWIDTH, AllreduceModel
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.profiling.load import resolve_device
 
@@ -21,7 +21,7 @@ def measure_allreduce(sizes: Iterable[int], *, warmup: int = 3, repeats: int = 1
     slowest rank's; the result per size is the median over repeats. The sizes take turns
     within every repeat, so a burst of load elsewhere on the machine does not fall on one size
     only. Needs ``comm.init()`` done."""
-    from hpc_jabas.runtime import comm
+    from hpc_jabas.runtime.comm import seam as comm
     dev = resolve_device(device)
     N = comm.size()
     tick = torch.zeros(1, device=dev)

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.core import gpus as _gpus
-from hpc_jabas.core.perfmodel import ComputeProfile
+from hpc_jabas.core.config import gpus as _gpus
+from hpc_jabas.core.perf.perfmodel import ComputeProfile
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import current_rank
 from hpc_jabas.runtime import progress

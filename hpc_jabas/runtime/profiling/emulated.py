@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hpc_jabas.core import gpus as _gpus
-from hpc_jabas.core.perfmodel import (
+from hpc_jabas.core.config import gpus as _gpus
+from hpc_jabas.core.perf.perfmodel import (
     EMU_BASE_S,
     EMU_MEM_SAMPLES_PER_GB,
     EMU_PER_SAMPLE_S,

@@ -1,4 +1,5 @@
-"""Loading: the profiled model (through core/loader.py, the one ``module:callable`` loader), its checks, devices."""
+"""Loading: the profiled model (through core/config/loader.py, the one ``module:callable`` loader), its checks,
+devices."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -7,7 +8,7 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.core.loader import load_callable, one_line
+from hpc_jabas.core.config.loader import load_callable, one_line
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.profiling.defaults import OPTIMIZERS
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from hpc_jabas.core import gpus as _gpus
-from hpc_jabas.core.perfmodel import (
+from hpc_jabas.core.config import gpus as _gpus
+from hpc_jabas.core.perf.perfmodel import (
     ALLREDUCE_FILE,
     EMU_BASE_S,
     EMU_PER_SAMPLE_S,
@@ -20,7 +20,7 @@ from hpc_jabas.core.perfmodel import (
 )
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import launchers
+from hpc_jabas.runtime.comm import launchers
 from hpc_jabas.runtime.profiling.allreduce import fit_allreduce, measure_allreduce
 from hpc_jabas.runtime.profiling.compute import ComputeMeasurement, check_b_list, measure_compute, measured_profile
 from hpc_jabas.runtime.profiling.defaults import DEFAULT_ALLREDUCE_SIZES, DEFAULT_B_LIMIT, DEFAULT_B_LIST
@@ -29,7 +29,7 @@ from hpc_jabas.runtime.profiling.load import grad_bytes, load_model, resolve_dev
 
 
 def world_size() -> int:
-    """The ranks the launcher started (runtime/launchers.py; 1 without one)."""
+    """The ranks the launcher started (runtime/comm/launchers.py; 1 without one)."""
     return launchers.detect().world_size
 
 
@@ -130,7 +130,7 @@ def _join(s: ProfileSettings, types: list[str]) -> _World:
     """Join the ranks' world through the backend (when started as N >= 2 ranks); pick this rank's device, types."""
     world, comm, rank = world_size(), None, 0
     if world > 1:
-        from hpc_jabas.runtime import comm as _comm
+        from hpc_jabas.runtime.comm import seam as _comm
         comm = _comm
         comm.init()
         rank, world = comm.rank(), comm.size()

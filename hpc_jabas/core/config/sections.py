@@ -1,0 +1,617 @@
+"""Job configuration: typed sections of dataclasses, loaded from TOML (tomllib) and/or flags; validated.
+
+Every key is a field of one section dataclass, with its type, default and help text (field
+metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
+(core/config/cliargs.py ``add_arguments``: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
+attributes of :class:`JobConfig` and the configuration reference in docs/config.md
+(:func:`config_reference`, written by scripts/gen_config_table.py). A value is normalised when it is
+assigned (a policy alias becomes its canonical name); :meth:`JobConfig.validate` only checks. Unknown
+keys and impossible values raise ConfigError with one line naming the key, the value and what is valid
+(docs/invariants.md, invariant 11).
+The choices and default values come from :mod:`hpc_jabas.core.config.defaults`, so this module imports no
+implementation module.
+
+A TOML file may put the job keys at top level or in any table (``[train]``, ``[adaptive]``, ...: the
+table name only groups them; every key name is unique); the ``[autoscale]`` table holds the
+:class:`AutoscaleConfig` keys and ``[slowdown]`` the per-rank interference. ``JobConfig`` exposes every
+job key as a flat attribute (``cfg.batch``, ``cfg.policy``) besides its sections (``cfg.adaptive``).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_jabas.core.config import gpus
+from hpc_jabas.core.config.defaults import (
+    AMP_MODES,
+    BACKENDS,
+    BALANCE_MODES,
+    BATCH_STARTS,
+    DEFAULT_ALPHA,
+    DEFAULT_EFFICIENCY,
+    DEFAULT_GAMMA,
+    DEFAULT_GOODPUT_KAPPA,
+    DEFAULT_GUARD_COOLDOWN,
+    DEFAULT_GUARD_RISE,
+    DEFAULT_GUARD_SIGMA,
+    DEFAULT_HEADROOM_C,
+    DEFAULT_MARGIN,
+    DEFAULT_NOISE_TREND,
+    DEFAULT_RAMP_AT,
+    DEFAULT_RAMP_FACTOR,
+    EFFICIENCIES,
+    EMU_BASE_S,
+    EMU_PER_SAMPLE_S,
+    LR_RULES,
+    OBJECTIVES,
+    PLANNERS,
+    POLICIES,
+    RESTART_PRIOR_S,
+    TAILS,
+    WD_RULES,
+    policy_name,
+)
+from hpc_jabas.core.config.schema import (
+    Freezable,
+    Section,
+    check_fields,
+    default_text,
+    field_types,
+    key,
+    reject_unknown,
+    type_name,
+)
+from hpc_jabas.core.config.slowdown import Slowdown
+from hpc_jabas.errors import ConfigError
+
+
+def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """A TOML file as a dict; a missing or malformed file is one clear ConfigError. A config or job file names
+    the code that runs (a job file's ``task``, ``pythonpath`` and ``python``) and steers what a job does: one
+    that another user owns or others may write, or that sits below a directory others may write, is refused
+    before it is read (hpc_jabas/trust.py ``check_file``: UntrustedFileError, one line, exit 2). Every config
+    TOML goes through here: ``--config`` of a script, ``JobConfig.from_toml``, ``hpc-jabas submit JOB.toml``
+    and the job's launcher (``python -m hpc_jabas.runtime.job.launch JOB.toml``) on the node."""
+    from hpc_jabas.core.config.textfile import read_toml as read
+    from hpc_jabas.trust import TRUST_GROUP_ENV, UntrustedFileError, check_file
+    try:
+        check_file(path, what)
+    except UntrustedFileError as e:      # its trust_group key cannot vouch for the file it is in
+        msg = str(e)
+        if _GROUP_FIX in msg:
+            msg = msg.replace(_GROUP_FIX, f"export {TRUST_GROUP_ENV}=1 (a file's own trust_group key counts only "
+                                          "once it has been read)")
+        raise UntrustedFileError(msg) from None
+    return read(path, what, "a TOML file")
+
+
+#: the fix trust.py's refusal of a group-writable file names, which cannot apply to the config file itself
+_GROUP_FIX = "set trust_group = true in the job's config (hpc-jabas status: --trust-group)"
+
+
+# ---- the sections -----------------------------------------------------------------------------
+
+@dataclass
+class TrainConfig(Section):
+    """[train] the data and the loop."""
+    epochs: int = key(1, "epochs to train", lo=1)
+    batch: int = key(256, "initial global batch size B", lo=1)
+    batch_per_rank: int | None = key(None, "the batch of each rank, DDP's and Horovod's habit: the global batch B "
+                                           "is this x the job's rank count (said once in the log); set, it "
+                                           "replaces batch", lo=1, shown="–", metavar="N")
+    eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
+                                   "steps on at each epoch end", metavar="KEY")
+    micro_batch: int | None = key(None, "micro-batch size b", lo=1, shown="the planner's choice")
+    min_micro_batch: int | None = key(None, "smallest micro-batch size b the planner uses (identical b: the "
+                                            "profiles' measured sizes from this one up)", lo=1,
+                                      shown="8 when the model has BatchNorm layers, else 1")
+    seed: int = key(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
+    tail: str = key("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
+                    choices=TAILS)
+    clip_grad_norm: float | None = key(None, "clip the gradient to this global norm after the allreduce, before the "
+                                             "step", lo=0.0, lo_open=True, shown="off", metavar="NORM")
+    amp: str = key("off", "mixed precision: the forward under torch.autocast bf16, or fp16 with loss scaling "
+                          "(inf/nan steps skipped on every rank)", choices=AMP_MODES)
+    backend: str = key("auto", "communication backend: horovod, torch (torch.distributed: Gloo on CPU, NCCL on CUDA) "
+                               "or auto (Horovod when it imports, else torch); docs/backends.md", choices=BACKENDS)
+    bucket_cap_mb: float | None = key(None, "torch backend: DistributedDataParallel's gradient bucket size in MB "
+                                            "(on Horovod its fusion buffer, HOROVOD_FUSION_THRESHOLD, plays this part)",
+                                      lo=0.0, lo_open=True, shown="DDP's 25", metavar="MB")
+    find_unused_parameters: bool = key(False, "torch backend: DistributedDataParallel's find_unused_parameters (a "
+                                              "forward that leaves parameters out of the loss, e.g. a branch)")
+    static_graph: bool = key(False, "torch backend: DistributedDataParallel's static_graph; only false: a rank's "
+                                    "micro-batches accumulate under DDP's no_sync, which a static graph does not "
+                                    "support (torch's reducer fails an internal assert)")
+    broadcast_buffers: bool = key(False, "torch backend: DistributedDataParallel's broadcast_buffers; only false: "
+                                         "ranks run unequal micro-batch counts, so a broadcast in every forward "
+                                         "would not match across ranks (BatchNorm buffers are averaged over the "
+                                         "ranks at each epoch end instead)")
+
+
+@dataclass
+class PlanningConfig(Section):
+    """[plan] how B is split into micro-batches per rank."""
+    planner: str = key("optimal", "optimal (perf model + exact planner), lbbsp (B split in proportion to speeds) "
+                                  "or fixed (the plan key)", choices=PLANNERS)
+    plan: str | None = key(None, "explicit plan, e.g. 'b=4 n=1,3,4' (its flag implies --planner fixed)",
+                           shown="–", metavar="PLAN")
+    identical_micro_batch: str = key("auto", "one micro-batch size b on every rank (IIDP) or per-rank sizes: auto = "
+                                             "identical when micro_batch is set or the model has BatchNorm layers",
+                                     choices=("auto", "true", "false"))
+    gpu_types: list[str] | None = key(None, "GPU type per rank, catalog names, e.g. v100,p100,rtx2060",
+                                      shown="from Slurm or CUDA, else v100", metavar="T1,T2,...")
+    speeds: list[float] | None = key(None, "declared per-rank speeds for lbbsp and emulation, e.g. 1,0.5,0.25",
+                                     lo=0.0, lo_open=True, shown="catalog", metavar="S1,S2,...")
+    profile_dir: str | None = key(None, "perf-model directory written by hpc-jabas profile",
+                                  shown="the emulated model", metavar="DIR")
+
+
+@dataclass
+class EmulationConfig(Section):
+    """[emulation] CPU ranks that stand for GPU types."""
+    emulate: bool = key(False, "emulate the GPU types on CPU ranks: t(b) = (emulate_base_s + "
+                               "emulate_per_sample_s * b) / speed per micro-batch")
+    emulate_base_s: float = key(EMU_BASE_S, "emulation: seconds per micro-batch on a V100", lo=0.0)
+    emulate_per_sample_s: float = key(EMU_PER_SAMPLE_S, "emulation: seconds per sample on a V100", lo=0.0)
+    slowdown: dict[int, str] = key({}, "emulation: injected interference per rank, e.g. {0 = \"factor=3,start=50\"} "
+                                       "(flag RANK:SPEC, repeatable; kind=step|ramp|periodic, end, period, duty)",
+                                   metavar="RANK:SPEC")
+
+
+@dataclass
+class AdaptiveConfig(Section):
+    """[adaptive] the batch-size policy and the lr rule."""
+    policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
+                                "ramp: B x ramp_factor at each ramp_at)",
+                      choices=POLICIES, canon=policy_name)
+    p: int | None = key(None, "iterations between batch-size decisions (unset: a tenth of an epoch's iterations "
+                        "at the initial batch, at most 100)", lo=1, shown="epoch/10")
+    measure_every: int | None = key(None, "measure the gradient statistics every N iterations between decisions "
+                                    "too: noise-scale takes each noise-scale measurement (noise-only: no half-batch "
+                                    "sum) into its estimate and decides first once its warm-up's 4 are in; "
+                                    "similarity decides on the mean of the period's cosines (each measurement an "
+                                    "extra gradient-sized allreduce)", lo=1,
+                                    shown="noise-scale: p/10; similarity: decisions only", metavar="N")
+    noise_memory: float | None = key(None, "noise-scale policy: the noise-scale estimate's memory in training "
+                                           "samples (Pollux: about 1000 x batch)", lo=0.0, lo_open=True,
+                                     shown="min(1000 x batch, one epoch)", metavar="SAMPLES")
+    batch_start: str = key("batch", "where an adaptive run starts: batch, or knee (the smallest B in [batch, "
+                                    "batch_max] whose doubling adds at most 5 percent modelled samples/s on this "
+                                    "mix; the lr warmed up from batch's over the first decision period, batch "
+                                    "stays the lr reference)", choices=BATCH_STARTS)
+    kappa: float = key(DEFAULT_GOODPUT_KAPPA, "noise-scale policy: batch sizes are priced with kappa x the "
+                                              "measured noise scale (1: Pollux's pricing)", lo=0.0, lo_open=True)
+    noise_trend: bool = key(DEFAULT_NOISE_TREND, "noise-scale policy: price batch sizes with the noise scale "
+                                                 "carried halfway to the next decision along its trend (the "
+                                                 "estimate's lag removed); false: the estimate as measured")
+    efficiency: str = key(DEFAULT_EFFICIENCY, "noise-scale policy: the per-sample price of a batch size: pollux "
+                                              "(E(B), the lr re-tuned at every B) or linear (E_lin on the measured "
+                                              "curvature headroom, for the linear lr rule; pollux until a headroom "
+                                              "is measured)", choices=EFFICIENCIES)
+    headroom_c: float = key(DEFAULT_HEADROOM_C, "noise-scale and similarity policies: a move of B by k is refused "
+                                                "beyond headroom_c x the measured curvature headroom h (off while h "
+                                                "is not measured)", lo=0.0, lo_open=True)
+    alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
+                       lo_open=True, hi_open=True)
+    batch_min: int | None = key(None, "smallest global batch B", lo=1,
+                                shown="batch; adaptive policies: min(batch, the smallest micro-batch)")
+    batch_max: int | None = key(None, "largest global batch B", lo=1,
+                                shown="batch; adaptive policies: max(batch, one epoch's samples)")
+    lr_rule: str = key("auto", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr "
+                       "(auto: sqrt with similarity and ramp, linear with noise-scale)",
+                       choices=LR_RULES)
+    batch_ref: int | None = key(None, "reference batch of the lr rule", lo=1, shown="batch")
+    ramp_at: list[float] = key(list(DEFAULT_RAMP_AT), "ramp policy: fractions of the run (in samples) at which B is "
+                               "multiplied by ramp_factor", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    ramp_factor: float = key(DEFAULT_RAMP_FACTOR, "ramp policy: the factor B is multiplied by at each ramp_at",
+                             lo=0.0, lo_open=True)
+    wd_rule: str = key("none", "weight decay vs B: none, or linear (weight decay x B / batch_ref)", choices=WD_RULES)
+    guard: bool = key(True, "divergence guard on adaptive moves: a move that raises B or the lr is undone when the "
+                            "mean loss after it rises beyond its noise band (guard_sigma, guard_rise), then no "
+                            "move above the restored B for guard_cooldown decision periods")
+    guard_sigma: float = key(DEFAULT_GUARD_SIGMA, "divergence guard: the rise that reverts, in standard errors of the "
+                                                  "difference of the loss means after and before a move", lo=0.0,
+                             lo_open=True)
+    guard_rise: float = key(DEFAULT_GUARD_RISE, "divergence guard: the rise that reverts must also exceed this "
+                                                "fraction of the mean loss before the move", lo=0.0)
+    guard_cooldown: int = key(DEFAULT_GUARD_COOLDOWN, "divergence guard: decision periods without a move above the "
+                                                      "restored B after a revert (doubling with each further "
+                                                      "revert)", lo=0)
+
+
+@dataclass
+class BalancingConfig(Section):
+    """[balance] online load balancing."""
+    balance: str = key("off", "online load balancing: reactive (last measured speed) or predictive (NARX-style "
+                              "RLS on past speeds and load signals)", choices=BALANCE_MODES)
+    p_balance: int = key(10, "iterations between rebalancing decisions", lo=1)
+    balance_threshold: float = key(0.05, "re-plan only above this predicted gain (fraction)", lo=0.0)
+    calibrate: bool = key(False, "opt-in: fit each rank's measured micro-batch times to the profile online (factor, "
+                                 "offset per call) and plan with the calibrated model (core/perf/calibration.py)")
+
+
+@dataclass
+class OutputConfig(Section):
+    """[run] metrics and checkpoints."""
+    run_dir: str | None = key(None, "directory of metrics.jsonl and checkpoints", metavar="DIR",
+                              shown="runs/SCRIPT-HASH: the script's name and a hash of its configuration")
+    metrics_period: int = key(10, "iterations between metric flushes (at the first safe point agreement after them)",
+                              lo=1)
+    checkpoint: bool = key(True, "write a checkpoint at every epoch end (and at the periodic and signal safe points)")
+    keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
+    resume_finished: bool = key(False, "hpc-jabas submit: submit a chain whose last job already finished the "
+                                       "epochs (else refused); a script's rerun of a finished run_dir trains "
+                                       "nothing, says so in one line on stdout and exits 0 (with this key: a log "
+                                       "line instead)")
+    checkpoint_every_epochs: int = key(1, "checkpoint at every N-th epoch end (the last epoch's always; with an "
+                                          "epoch-end hook, every epoch's)", lo=1, metavar="N")
+    checkpoint_every: int | None = key(None, "also checkpoint inside an epoch every N iterations", lo=1, shown="off",
+                                       metavar="N")
+    checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
+                                           lo=0.0, lo_open=True, shown="off", metavar="T")
+    safe_point_s: float = key(0.5, "about this many seconds between the ranks' agreements at iteration boundaries "
+                              "(stop signals, non-finite losses, the clock's checkpoints; metrics flush there); 0: "
+                              "every iteration", lo=0.0)
+    trust_group: bool = key(False, "accept checkpoints and chain records that the file's group may write (else "
+                                   "only the owner, this user or root, may write them)")
+
+
+@dataclass
+class SlurmJobConfig(Section):
+    """[slurm] the Slurm jobs of a chain: time limit, signals, requeues."""
+    time_min: int = key(60, "time limit of every Slurm job of the chain (minutes)", lo=1)
+    signal_lead_s: int = key(60, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
+                                 "USR2 for submitit) so that it checkpoints and requeues", lo=1)
+    max_timeouts: int = key(3, "requeues after hitting the time limit before the chain stops (preemptions do "
+                               "not count)", lo=0)
+    max_failures: int = key(2, "resubmissions of a chain's failed jobs (a killed rank, a lost node) from the last "
+                               "good checkpoint, with backoff (method sbatch)", lo=0)
+
+
+@dataclass
+class AutoscaleConfig(Section):
+    """[autoscale] epoch-end choice of the partition mix (Slurm jobs)."""
+    objective: str = key("time", "what the mix minimises", choices=OBJECTIVES)
+    max_gpus: int = key(8, "most GPUs in a mix", lo=1)
+    min_gpus: int = key(1, "fewest GPUs in a mix", lo=1)
+    allowed: list[str] | None = key(None, "partition names or GPU types to consider", shown="all",
+                                    metavar="P1,P2,...")
+    max_partitions: int = key(2, "most partitions in a mix", lo=1)
+    margin: float = key(DEFAULT_MARGIN, "move only when the objective improves by more than this fraction", lo=0.0,
+                        hi=1.0, hi_open=True)
+    restart_prior_s: float = key(RESTART_PRIOR_S, "restart overhead (s) assumed until one is measured", lo=0.0)
+    budget: float | None = key(None, "money left for the remaining epochs (objective time-under-budget)", lo=0.0,
+                               shown="–")
+    deadline_s: float | None = key(None, "seconds left (objective cost-under-deadline)", lo=0.0, shown="–")
+    enabled: bool = key(True, "choose a mix at every epoch end")
+    partition_types: dict[str, str] | None = key(None, "GPU type per partition where Slurm cannot tell it, "
+                                                       "e.g. {gpu = \"v100\"} (flag PART:TYPE, repeatable)",
+                                                 shown="from Slurm", metavar="PART:TYPE")
+    unit: int = key(1, "GPUs per allocation step of a partition in a mix (0: one whole node of the partition)", lo=0)
+    exact_upto: int = key(0, "also offer every GPU count 1..N exactly (few GPUs), whatever the unit", lo=0)
+    queue_aware: bool = key(False, "price each candidate's expected queue wait (sbatch --test-only) into its time")
+    max_queue_wait_s: float | None = key(None, "never move onto a mix expected to wait longer in the queue (s); "
+                                               "implies queue_aware", lo=0.0, shown="off")
+
+    def validate(self) -> AutoscaleConfig:
+        check_fields(self, "autoscale.")
+        if self.min_gpus > self.max_gpus:
+            raise ConfigError(f"autoscale.min_gpus={self.min_gpus} > autoscale.max_gpus={self.max_gpus}; "
+                              "need min_gpus <= max_gpus")
+        if self.objective == "time-under-budget" and self.budget is None:
+            raise ConfigError("autoscale.objective='time-under-budget' needs autoscale.budget (money left)")
+        if self.objective == "cost-under-deadline" and self.deadline_s is None:
+            raise ConfigError("autoscale.objective='cost-under-deadline' needs autoscale.deadline_s (seconds left)")
+        return self
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> AutoscaleConfig:
+        """The ``[autoscale]`` table, validated; None or {} gives the defaults."""
+        if d is None:
+            d = {}
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"autoscale={d!r} must be a table, e.g. [autoscale] objective = \"cost\"")
+        norm = {str(k).replace("-", "_"): v for k, v in d.items()}
+        reject_unknown(norm, cls.keys(), "autoscale key")
+        return cls(**norm).validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Flat:
+    """``cfg.batch`` reads and writes ``cfg.train.batch``: the flat name of a section's key. One per key,
+    made from the section dataclasses' fields by :func:`_with_flat_keys`."""
+
+    def __init__(self, section: str, name: str) -> None:
+        self.section, self.name = section, name
+
+    def __get__(self, obj: object | None, owner: type) -> Any:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.section), self.name)
+
+    def __set__(self, obj: object, value: Any) -> None:
+        setattr(getattr(obj, self.section), self.name, value)
+
+
+if typing.TYPE_CHECKING:
+    class _FlatKeys(TrainConfig, PlanningConfig, EmulationConfig, AdaptiveConfig, BalancingConfig, OutputConfig,
+                    SlurmJobConfig):
+        """What a type checker sees of the flat keys: every section's fields, with their types. At run time
+        they are the :class:`_Flat` attributes that :func:`_with_flat_keys` adds."""
+else:
+    _FlatKeys = Freezable       # what JobConfig shares with its sections: JobConfig.frozen
+
+
+def _with_flat_keys(cls: type[JobConfig]) -> type[JobConfig]:
+    """Add a :class:`_Flat` attribute to JobConfig for every field of every section."""
+    for name, section in _SECTION_OF.items():
+        if name in vars(cls):
+            raise TypeError(f"JobConfig.{name} would hide the key {section}.{name}")
+        setattr(cls, name, _Flat(section, name))
+    return cls
+
+
+@dataclass(init=False, kw_only=True)     # kw_only: for a type checker, after the keys' defaults
+class JobConfig(_FlatKeys):
+    """One job's configuration: the sections, plus every key as a flat attribute.
+
+    ``JobConfig(batch=512, policy="similarity")`` takes flat keys (or whole sections); it does not
+    validate: :meth:`validate` (called by :meth:`from_dict`, ``from_args`` and the Trainer) does.
+    """
+    train: TrainConfig
+    planning: PlanningConfig
+    emulation: EmulationConfig
+    adaptive: AdaptiveConfig
+    balancing: BalancingConfig
+    output: OutputConfig
+    slurm: SlurmJobConfig
+    autoscale: AutoscaleConfig
+
+    def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:
+        sections = {s: kw.pop(s) for s in list(kw) if s in SECTIONS}
+        reject_unknown(kw, JobConfig.keys(), "config key")
+        for s, cls in SECTIONS.items():
+            sec = sections.get(s) or cls()
+            if not isinstance(sec, cls):
+                raise TypeError(f"JobConfig({s}=...) must be a {cls.__name__}, not {type(sec).__name__}")
+            object.__setattr__(self, s, sec)
+        for name, value in kw.items():
+            setattr(getattr(self, _SECTION_OF[name]), name, value)
+        if isinstance(autoscale, AutoscaleConfig):
+            self.autoscale = autoscale
+        else:
+            norm = {str(k).replace("-", "_"): v for k, v in (autoscale or {}).items()}
+            reject_unknown(norm, AutoscaleConfig.keys(), "autoscale key")
+            self.autoscale = AutoscaleConfig(**norm)
+
+    if not typing.TYPE_CHECKING:          # hidden from a type checker, which then still checks the names assigned
+        def __setattr__(self, name: str, value: Any) -> None:
+            self._refuse_if_frozen(name)
+            object.__setattr__(self, name, value)
+
+    def frozen(self) -> JobConfig:
+        """A deep copy that refuses every assignment, to a key or a section (FrozenInstanceError); the Trainer's
+        resolved configuration. Its copies (``copy.deepcopy``, :meth:`replace`) are not frozen."""
+        out = copy.deepcopy(self)
+        for s in (*SECTIONS, "autoscale"):
+            getattr(out, s).freeze()
+        out.freeze()
+        return out
+
+    def replace(self, **changes: Any) -> JobConfig:
+        """A deep copy (not frozen) with ``changes`` (flat keys) assigned; not validated."""
+        reject_unknown(changes, JobConfig.keys(), "config key")
+        out = copy.deepcopy(self)
+        for name, value in changes.items():
+            setattr(out, name, value)
+        return out
+
+    def validate(self) -> JobConfig:
+        """``self`` if every key is valid (unchanged), else one ConfigError line."""
+        for s in SECTIONS:
+            check_fields(getattr(self, s))
+        self.autoscale.validate()
+        for g in self.gpu_types or []:
+            gpus.normalize(g)                 # unknown type: one line naming it and the known ones
+        for spec in self.slowdown.values():
+            Slowdown.parse(spec)              # one line naming the spec and its bad part
+        if self.planner == "fixed" and not self.plan:
+            raise ConfigError("planner='fixed' needs plan='b=... n=...', e.g. plan = \"b=4 n=1,3,4\"")
+        self._check_planning()
+        if self.batch_start == "knee" and self.policy not in ("similarity", "noise-scale"):
+            raise ConfigError(f"batch_start='knee' needs an adaptive policy (similarity or noise-scale), not "
+                              f"policy={self.policy!r}; use batch_start='batch'")
+        self.check_backend_keys(self.backend)
+        if self.run_dir is not None and not self.run_dir:         # Path("") is the current directory
+            raise ConfigError(f"run_dir='' is empty; give a directory ({self.give('run_dir', 'DIR')}), or leave it "
+                              "unset for the default runs/SCRIPT-HASH")
+        bmin, bmax = self.B_min, self.B_max
+        if bmin > bmax:
+            raise ConfigError(f"batch_min={bmin} > batch_max={bmax}; need batch_min <= batch_max")
+        if self.batch_per_rank is None and not bmin <= self.batch <= bmax:     # per rank: checked once resolved
+            raise ConfigError(f"batch={self.batch} is outside [batch_min={bmin}, batch_max={bmax}]")
+        return self
+
+    def check_backend_keys(self, backend: str) -> None:
+        """The keys one backend has and the other lacks, against ``backend`` (the configured one here; the Trainer
+        calls it again with the backend "auto" resolved to): one ConfigError line."""
+        if self.broadcast_buffers:
+            raise ConfigError("broadcast_buffers=true cannot run here: DistributedDataParallel would broadcast the "
+                              "buffers in every forward, and the ranks run unequal micro-batch counts, so those "
+                              "broadcasts would not match across ranks; leave it false (BatchNorm buffers are "
+                              "averaged over the ranks, weighted by samples, at each epoch end)")
+        if self.static_graph:
+            raise ConfigError("static_graph=true cannot run here: a rank's micro-batches accumulate their gradients "
+                              "under DistributedDataParallel's no_sync, which DDP's static graph does not support "
+                              "(torch's reducer fails an internal assert in the next backward); leave it false "
+                              "(find_unused_parameters = true covers a graph with unused parameters)")
+        if backend != "horovod":
+            return
+        if self.bucket_cap_mb is not None:
+            raise ConfigError(f"bucket_cap_mb={self.bucket_cap_mb:g} is the torch backend's DDP bucket size; on "
+                              "backend='horovod' set HOROVOD_FUSION_THRESHOLD (bytes) instead, or use backend='torch'")
+        if self.find_unused_parameters:
+            raise ConfigError("find_unused_parameters=true is DistributedDataParallel's (the torch backend); "
+                              "backend='horovod' needs no such setting (its hooks reduce the gradients the backward "
+                              "computes): drop it, or use backend='torch'")
+
+    def _check_planning(self) -> None:
+        """The planning keys' cross-field rules (one ConfigError line each)."""
+        if self.identical_micro_batch == "false" and self.micro_batch:
+            raise ConfigError(f"identical_micro_batch='false' contradicts micro_batch={self.micro_batch}, which "
+                              "pins one size on every rank; drop one of them")
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What ``add_arguments`` found in the script's own parser and does not read, one line each, with what to
+        use instead (the Trainer logs them once, on rank 0)."""
+        return tuple(self.__dict__.get("_notes", ()))
+
+    def flag_name(self, name: str) -> str:
+        """How this script's command line gives key ``name`` (error lines name it): our flag, or the script's own
+        flag or positional that ``add_arguments`` reads as the key; without either, ``NAME (the config key)``."""
+        return str((self.__dict__.get("_flags") or {}).get(name) or f"{name} (the config key)")
+
+    def give(self, name: str, value: Any) -> str:
+        """How this script's command line sets key ``name`` to ``value`` (``--batch 64``, ``total_epochs 4``);
+        where the script has no flag of ours, the config key and the flag a script with them has."""
+        flags = self.__dict__.get("_flags") or {}
+        if name in flags:
+            return f"{flags[name]} {value}"
+        return f"{name} = {value} (the config key; --{name.replace('_', '-')} {value} as a flag)"
+
+    def with_cli(self, notes: typing.Iterable[str], flags: Mapping[str, str]) -> JobConfig:
+        """``self``, carrying what ``from_args`` learnt of the script's command line (:attr:`notes`,
+        :meth:`flag_name`); copies (``replace``, ``frozen``) keep it."""
+        object.__setattr__(self, "_notes", tuple(notes))
+        object.__setattr__(self, "_flags", dict(flags))
+        return self
+
+    @property
+    def B_min(self) -> int:
+        return self.batch_min if self.batch_min is not None else self.batch
+
+    @property
+    def B_max(self) -> int:
+        return self.batch_max if self.batch_max is not None else self.batch
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """Every top-level key: the job keys of all sections, then ``autoscale`` (a table)."""
+        return list(_SECTION_OF) + ["autoscale"]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobConfig:
+        """Flat keys and/or tables of keys (any table name), ``[autoscale]``; validated."""
+        flat, auto = flatten(d)
+        return cls(**flat, autoscale=AutoscaleConfig.from_dict(auto)).validate()
+
+    @classmethod
+    def from_toml(cls, path: str | Path, **overrides: Any) -> JobConfig:
+        flat, auto = flatten(read_toml(path))
+        flat.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict({**flat, "autoscale": auto})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat job keys plus ``autoscale`` (a dict): what :meth:`from_dict` reads back."""
+        out = {name: getattr(self, name) for name in _SECTION_OF}
+        out = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v) for k, v in out.items()}
+        out["autoscale"] = self.autoscale.to_dict()
+        return out
+
+
+#: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups): the
+#: fields JobConfig declares, but autoscale (a table of its own, with its own flags)
+SECTIONS: dict[str, type] = {name: tp for name, tp in typing.get_type_hints(JobConfig).items()
+                             if name != "autoscale"}
+#: job key -> its section
+_SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
+#: tables whose value is the key's own value, not a group of keys
+_TABLE_KEYS = ("slowdown", "autoscale")
+_with_flat_keys(JobConfig)
+
+
+#: keys that leave what a run computes unchanged: the default run directory's name does not depend on them
+#: (``--epochs 20`` continues the ``--epochs 10`` run)
+_RUN_DIR_FREE = frozenset({"epochs", *(f.name for f in dataclasses.fields(OutputConfig)),
+                           *(f.name for f in dataclasses.fields(SlurmJobConfig))})
+
+
+def default_run_dir(cfg: JobConfig, script: str) -> str:
+    """``runs/<script>-<hash>``: the run directory of a config that names none, unique to the script (its path,
+    as given) and to the keys that change what it computes (not epochs, not the output and Slurm keys)."""
+    import hashlib
+    import json
+    keys = {k: v for k, v in cfg.to_dict().items() if k not in _RUN_DIR_FREE and k != "autoscale"}
+    digest = hashlib.sha256(json.dumps([script, keys], sort_keys=True, default=str).encode()).hexdigest()[:8]
+    stem = Path(script).stem or "python"
+    return f"runs/{stem}-{digest}"
+
+
+def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(job keys, autoscale table) of a TOML-like dict: tables other than slowdown/autoscale are groups
+    of job keys (their names do not matter); dashes in key names become underscores. A section's name with a
+    value that is no table (``train = 5``, ``[[train]]``) is one ConfigError line."""
+    flat: dict[str, Any] = {}
+    auto: dict[str, Any] = {}
+    for k, v in d.items():
+        k = str(k).replace("-", "_")
+        if k == "autoscale":
+            if v is not None and not isinstance(v, Mapping):
+                raise ConfigError(f"autoscale={v!r} must be a table, e.g. [autoscale] objective = \"cost\"")
+            auto.update(v or {})
+        elif isinstance(v, Mapping) and k not in _TABLE_KEYS:
+            inner, more = flatten(v)
+            flat.update(inner)
+            auto.update(more)
+        elif k in SECTIONS:
+            raise ConfigError(_not_a_table(k, v))
+        else:
+            flat[k] = v
+    return flat, auto
+
+
+def _not_a_table(section: str, v: Any) -> str:
+    """The one line for a section name given a value (``train = 5``) or an array of tables (``[[train]]``)."""
+    first = dataclasses.fields(SECTIONS[section])[0].name
+    if isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+        return (f"[[{section}]] is an array of {len(v)} table(s) where one [{section}] table belongs; write its keys "
+                f"under a single [{section}] header (e.g. [{section}] {first} = ...)")
+    return (f"{section}={v!r} must be a table of keys ([{section}] is a section, e.g. [{section}] {first} = ..., or "
+            f"give {first} = ... before any header), not a value of type {type(v).__name__}")
+
+
+# ---- flags and the reference, generated from the fields ----------------------------------------
+
+def _all_fields() -> list[tuple[str, dataclasses.Field[Any], Any]]:
+    """(section, field, type) of every key: the job sections, then autoscale."""
+    out = []
+    for s, cls in [*SECTIONS.items(), ("autoscale", AutoscaleConfig)]:
+        tps = field_types(cls)
+        out += [(s, f, tps[f.name]) for f in dataclasses.fields(cls)]
+    return out
+
+
+def config_reference() -> str:
+    """Markdown table of every key: section, key, type, default, help (docs/config.md's table)."""
+    rows = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
+    for s, f, tp in _all_fields():
+        m = f.metadata
+        kind = type_name(tp) if not m["choices"] else " / ".join(f"`{c}`" for c in m["choices"])
+        shown = m["shown"] if f.default is None else None
+        default = shown or f"`{default_text(f)}`"
+        rows.append(f"| `[{s}]` | `{f.name}` | {kind.replace('|', '&#124;')} | {default} | "
+                    f"{m['help'].replace('|', '&#124;')} |")
+    return "\n".join(rows) + "\n"
