@@ -19,16 +19,24 @@ about twice a training step's activations on the probe batch); no ``.grad`` is t
 (batch-norm running statistics) are restored. Attention runs with the math SDPA kernel (the fused kernels have no
 double backward). The two scalars g'delta and delta'H delta are the only values read on the host, in one read, after
 they are averaged over ranks when a torch.distributed process group is up (``reduce``: a caller's own average,
-e.g. over Horovod; each rank probes its own batch). What a probe at the controller's measuring iterations would
-still need (calling it, checkpointing the smoothed h, the simulator's price of it) is in docs/adaptive.md.
+e.g. over Horovod; each rank probes its own batch).
+
+Online (``OnlineProbe``, the controller's ``[adaptive] headroom_probe``): at every ``headroom_every``-th decision
+round rank 0 alone probes a fixed probe batch (``headroom_probe`` samples drawn once from the run's seed, read as the
+trainer reads micro-batches and fed in micro-batches of the job's b, so BatchNorm normalises as in training) with
+the identity for ``reduce`` (no collective: the other ranks wait for the decision's broadcast, which carries h to
+them in its record); the dropout mask is the same at every probe and the run's RNG is left as it was. The lr the
+step's direction is scaled by is the optimizer's group lr (the scheduler's) times the iteration's lr scale and
+warm-up, so h is the headroom of the lr in force.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from hpc_jabas.errors import ConfigError
@@ -90,6 +98,15 @@ def probe_headroom(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.T
     """The curvature headroom of ``optimizer``'s step at ``model``'s weights on the probe batch (module docstring).
     ``reduce``: averages a 2-element tensor over ranks (None: torch.distributed's when a group of more than one
     rank is up, else none)."""
+    return probe_headroom_of(model, lambda m: loss_fn(m(inputs), targets), optimizer, reduce)
+
+
+def probe_headroom_of(model: torch.nn.Module, loss_of: Callable[[torch.nn.Module], torch.Tensor],
+                      optimizer: torch.optim.Optimizer, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                      seed: int | None = None) -> HeadroomProbe:
+    """``probe_headroom`` with the probe batch's loss as a function of the model (``loss_of(model)``: e.g. the
+    sample-weighted mean over micro-batches, as the trainer's ``forward_fn`` computes each). ``seed``: the
+    forward runs on a forked RNG seeded so (a dropout mask the same at every probe; the run's RNG untouched)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     pairs: list[tuple[torch.Tensor, dict[str, Any]]] = [
@@ -99,10 +116,14 @@ def probe_headroom(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.T
     params = [p for p, _ in pairs]
     rates = {id(g): _group_rate(optimizer, g) for g in optimizer.param_groups}
     saved = [b.detach().clone() for b in model.buffers()]
+    cuda = list(range(torch.cuda.device_count())) if seed is not None and torch.cuda.is_available() else []
     try:
-        with sdpa_kernel(SDPBackend.MATH):
-            loss = loss_fn(model(inputs), targets)
-            grads = torch.autograd.grad(loss, params, create_graph=True)
+        with sdpa_kernel(SDPBackend.MATH), torch.random.fork_rng(devices=cuda, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(seed)
+            loss = loss_of(model)
+            grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+            grads = tuple(torch.zeros_like(p) if g is None else g for p, g in zip(params, grads))
             deltas: list[torch.Tensor] = []
             for (p, group), g in zip(pairs, grads):
                 rate, adam = rates[id(group)]
@@ -131,3 +152,118 @@ def probe_headroom(model: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.T
 def _sum_dots(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> torch.Tensor:
     """sum_i <a_i, b_i> as a 0-d tensor on the parameters' device (no host read)."""
     return torch.stack([(x.to(torch.float64) * y.to(torch.float64)).sum() for x, y in zip(a, b)]).sum()
+
+
+@runtime_checkable
+class ProbeSource(Protocol):
+    """What the online probe reads of the trainer (runtime/trainer.py's ``Trainer`` has each)."""
+
+    model: torch.nn.Module
+    forward_fn: Callable[[torch.nn.Module, Any], Any]
+    feed: Any
+    device: torch.device
+
+
+def _read(feed: Any, idx: list[int]) -> Any:
+    """The samples ``idx`` collated as the feed collates a micro-batch, read here, outside the loader's order."""
+    loader = getattr(feed, "loader", None)
+    if loader is not None:                        # a DataLoader: the dataset's items through its collate_fn
+        return loader.collate_fn([feed.dataset[int(i)] for i in idx])
+    return feed.fetch(np.asarray(idx, dtype=np.int64))   # a Dataset: random access
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, (list, tuple)):
+        out = [_to_device(x, device) for x in batch]
+        return type(batch)(*out) if hasattr(batch, "_fields") else type(batch)(out)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+class OnlineProbe:
+    """The headroom probe at the controller's decision rounds (module docstring): ``n`` samples, every ``every``-th
+    round, the probe batch drawn from ``seed``. ``due`` is asked on every rank at every policy round (the same
+    answer everywhere); ``measure`` runs on rank 0. Its state (the next round that probes, the last probe, the
+    micro-batch size) is in the controller's checkpoint, so a resumed run probes at the same rounds with the same
+    batch and reads the same h."""
+
+    def __init__(self, n: int, every: int, seed: int) -> None:
+        self.n, self.every, self.seed = int(n), int(every), int(seed)
+        self.next_at = 0                          # the first policy round at or after this iteration probes
+        self.last: dict[str, Any] | None = None   # the last probe's record
+        self.count = 0
+        self.b: int | None = None                 # the probe's micro-batch size (the job's b at the first attach)
+        self.idx: list[int] = []
+        self._batches: list[Any] | None = None
+
+    def attach(self, trainer: Any, samples: int, b: int, optimizer: torch.optim.Optimizer) -> None:
+        """Every rank: the sources checked (one ConfigError line each), the probe batch's indices drawn."""
+        if not isinstance(trainer, ProbeSource):
+            raise ConfigError("headroom_probe needs the Trainer's model, forward_fn and data; this trainer has "
+                              "none: set headroom_probe = 0")
+        for g in optimizer.param_groups:
+            _group_rate(optimizer, g)             # an optimizer the probe cannot read: one line, here
+        if any(isinstance(m, torch.nn.SyncBatchNorm) for m in trainer.model.modules()):
+            raise ConfigError("headroom_probe runs on rank 0 alone and the model has SyncBatchNorm layers, whose "
+                              "forward is collective; set headroom_probe = 0")
+        n = min(self.n, int(samples))
+        rng = np.random.default_rng([self.seed, 0x4865])      # the probe batch: fixed for the run
+        self.idx = sorted(int(i) for i in rng.choice(int(samples), size=n, replace=False))
+        if self.b is None:
+            self.b = max(1, int(b))
+
+    def due(self, done: int, p: int) -> bool:
+        """Every rank, at a policy round after ``done`` iterations: whether this round probes."""
+        if done < self.next_at:
+            return False
+        self.next_at = done + self.every * int(p)
+        return True
+
+    def _loss_of(self, trainer: Any) -> Callable[[torch.nn.Module], torch.Tensor]:
+        if self._batches is None:
+            b = self.b or len(self.idx)
+            self._batches = [(_to_device(_read(trainer.feed, self.idx[i:i + b]), trainer.device),
+                              len(self.idx[i:i + b])) for i in range(0, len(self.idx), b)]
+        batches, fwd = self._batches, trainer.forward_fn
+
+        def loss_of(model: torch.nn.Module) -> torch.Tensor:
+            tot: Any = 0.0
+            wsum: Any = 0.0
+            for batch, count in batches:           # the sample- (or token-) weighted mean over micro-batches
+                out = fwd(model, batch)
+                loss, w = out if isinstance(out, tuple) else (out, float(count))
+                tot = tot + loss * w
+                wsum = wsum + w
+            return tot / wsum
+        return loss_of
+
+    def measure(self, trainer: Any, optimizer: torch.optim.Optimizer, B: int, it: int,
+                lr_factor: float) -> dict[str, Any]:
+        """Rank 0: one probe at the weights now, the lr in force = the group lr x ``lr_factor`` (the lr scale and
+        warm-up); its record (h, the batch B it was measured at, the iteration, eps_max, the effective lr)."""
+        model = getattr(trainer.model, "_orig_mod", trainer.model)      # torch.compile's module: the eager one
+        pr = probe_headroom_of(model, self._loss_of(trainer), optimizer, reduce=lambda x: x, seed=self.seed)
+        f = float(lr_factor) if lr_factor > 0 else 1.0
+        self.count += 1
+        self.last = {"h": pr.h / f, "B": int(B), "it": int(it), "eps_max": pr.eps_max, "lr_eff": pr.eps_eff * f,
+                     "samples": len(self.idx), "probes": self.count}
+        return self.last
+
+    def record(self) -> dict[str, Any] | None:
+        """The last probe as a decision record carries it (a non-finite h as its text: inf = no edge)."""
+        if self.last is None:
+            return None
+        return {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in self.last.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_at": self.next_at, "count": self.count, "b": self.b, "last": self.record()}
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self.next_at, self.count = int(st.get("next_at", 0)), int(st.get("count", 0))
+        self.b = None if st.get("b") is None else int(st["b"])
+        last = st.get("last")
+        self.last = None if last is None else {k: (float(v) if isinstance(v, str) else v) for k, v in last.items()}
+        self._batches = None

@@ -96,6 +96,19 @@ DEFAULT_EFFICIENCY = "pollux"
 #: h is
 #: measured): c in [3.60, 5.26) fits four tasks' grids (bench/RESULTS.md, bench/adaptive_experiments.py)
 DEFAULT_HEADROOM_C = 4.0
+#: the curvature-headroom probe at the controller's decision rounds (runtime/headroom_probe.py, docs/adaptive.md): the
+#: samples of its fixed probe batch (0: no probe, the headroom cap stays off) and every how many decision rounds it
+#: runs (one forward and two backwards on the probe batch, on rank 0)
+DEFAULT_HEADROOM_PROBE = 0
+DEFAULT_HEADROOM_EVERY = 10
+#: what an adaptive run spends its epoch budget on (docs/adaptive.md): "time" (the budget in samples: the run ends
+#: after ``epochs`` epochs of samples) or "final" (the budget in statistical progress, Pollux's: the run goes on
+#: until the progress of ``epochs`` epochs at the initial batch is made)
+GOALS = ("time", "final")
+DEFAULT_GOAL = "time"
+#: Seesaw's late-phase floor (core/adaptive/seesaw.py): where the lr schedule has cut the lr by alpha < 1 from its
+#: peak, B is held at least at batch_ref / alpha (capped by the headroom) and the lr cut undone by the lr rule
+DEFAULT_SEESAW = False
 DEFAULT_GAMMA = 0.1     # JABAS: ResNet-50 / GNMT / Faster R-CNN (0.3 for ViT)
 #: where an adaptive run starts: the given batch, or the profiled throughput's knee (core/planning/space.py
 #: ``throughput_knee``)

@@ -59,7 +59,9 @@ class PolicyState:
     ``progress``: the fraction of the run done, in samples (what the ramp policy reads; None: unknown).
     ``samples``: the samples trained since the previous fresh measurement, what a fresh (g2, s) stands for in
     an estimate with a memory in samples (``noise_memory``; None: one iteration's, B).
-    ``headroom``: a curvature headroom h measured at this B (core/adaptive/headroom.py; None: not measured).
+    ``headroom``: a curvature headroom h (core/adaptive/headroom.py; None: not measured) and ``headroom_B`` the
+    batch it was measured at (None: this B; the controller's probe measures at the B in force, which differs from
+    the announced B while a decision is pending).
     """
 
     B: int
@@ -71,6 +73,7 @@ class PolicyState:
     progress: float | None = None
     samples: float | None = None
     headroom: float | None = None
+    headroom_B: float | None = None
 
     @classmethod
     def coerce(cls, state: PolicyState | Mapping[str, Any]) -> PolicyState:
@@ -78,10 +81,10 @@ class PolicyState:
             return state
         if isinstance(state, Mapping):
             extra = set(state) - {"B", "iteration", "similarity", "b_noise", "g2", "s", "progress", "samples",
-                                  "headroom"}
+                                  "headroom", "headroom_B"}
             if extra or "B" not in state:
                 raise ConfigError(f"policy state {dict(state)!r} is invalid; give keys B (required), "
-                                  "iteration, similarity, b_noise, g2, s, progress, samples, headroom")
+                                  "iteration, similarity, b_noise, g2, s, progress, samples, headroom, headroom_B")
             return cls(**state)
         raise ConfigError(f"policy state {state!r} is invalid; give a PolicyState or a dict with key B")
 

@@ -230,7 +230,7 @@ class GoodputPolicy(BatchPolicy):
         return B / t * self.efficiency_at(B, bn, cur)
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
-        self.cap.observe(state.headroom, state.B)
+        self.cap.observe(state.headroom, state.headroom_B or state.B)
         self._measured = self._observe(state)
         bn = self.priced(self._measured, state.B)
         if bn is None:

@@ -76,7 +76,7 @@ class SimilarityPolicy(BatchPolicy):
 
     def wish(self, state: PolicyState, space: BatchSpace) -> Wish:
         sim, B = state.similarity, int(state.B)
-        self.cap.observe(state.headroom, B)
+        self.cap.observe(state.headroom, state.headroom_B or B)
         base = self._base(B)
         vals = list(self.pending)
         if sim is not None and is_number(sim, nan=False) and math.isfinite(sim):
