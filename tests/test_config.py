@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import importlib.util
 import shlex
 import tomllib
@@ -59,9 +58,8 @@ def one_line(e: pytest.ExceptionInfo) -> str:
 def flags_of(cfg: C.JobConfig) -> list[str]:
     """Command-line flags that reproduce every non-default value of cfg."""
     out: list[str] = []
-    for section, f, _tp in C._all_fields():
-        obj = cfg.autoscale if section == "autoscale" else getattr(cfg, section)
-        v = getattr(obj, f.name)
+    for section, f, _tp in C.all_fields():
+        v = getattr(cfg.autoscale if section == "autoscale" else cfg, f.name)
         if v == default_of(f):
             continue
         flag = A.flag_of(section, f.name)
@@ -101,7 +99,7 @@ def test_toml_to_config_to_flags_round_trip(tmp_path):
 def test_every_key_has_a_flag_with_help():
     ap = parser()
     actions = {a.dest: a for a in ap._actions}
-    fields = C._all_fields()
+    fields = C.all_fields()
     assert len(fields) == len(C.JobConfig.keys()) - 1 + len(C.AutoscaleConfig.keys())
     for section, f, _tp in fields:
         dest = f"autoscale_{f.name}" if section == "autoscale" else f.name
@@ -111,18 +109,18 @@ def test_every_key_has_a_flag_with_help():
         assert a.help and f.metadata["help"] in a.help and "(default: " in a.help
         if f.metadata["choices"]:
             assert tuple(a.choices) == f.metadata["choices"]
-    # every job key is also a flat attribute of JobConfig that reads and writes its section
+    # every job key is a field of JobConfig that its section's view reads and writes
     cfg = C.JobConfig()
-    for section, cls in C.SECTIONS.items():
-        for f in dataclasses.fields(cls):
-            assert isinstance(vars(C.JobConfig)[f.name], C._Flat), f.name
-            assert getattr(cfg, f.name) == getattr(getattr(cfg, section), f.name)
+    for name, section in C.SECTION_OF.items():
+        assert getattr(cfg, name) == getattr(getattr(cfg, section), name)
     cfg.p = 17
     assert cfg.adaptive.p == 17
+    cfg.adaptive.p = 18
+    assert cfg.p == 18
 
 
 def test_choices_and_defaults_have_one_definition():
-    f = {fl.name: fl for _s, fl, _t in C._all_fields()}
+    f = {fl.name: fl for _s, fl, _t in C.all_fields()}
     assert f["policy"].metadata["choices"] == tuple(POLICIES)
     assert f["lr_rule"].metadata["choices"] == tuple(LR_RULES)
     assert f["tail"].metadata["choices"] == tuple(TAILS)
@@ -229,7 +227,7 @@ def test_readme_reference_is_the_generated_one():
         ".venv/bin/python scripts/gen_config_table.py")
     table = text.split(gen.README_START)[1].split(gen.README_END)[0]
     assert table == "\n" + C.config_reference()
-    assert table.count("\n| `[") == len(C._all_fields())
+    assert table.count("\n| `[") == len(C.all_fields())
 
 
 def test_reference_notices_a_change(tmp_path, capsys):
@@ -256,7 +254,7 @@ def test_policy_aliases_are_canonical_when_assigned_and_validate_changes_nothing
     assert cfg.adaptive.policy == "similarity"
     cfg.adaptive.policy = "batch-warmup"
     assert cfg.policy == "ramp"
-    assert C.AdaptiveConfig(policy="pollux").policy == "noise-scale"
+    assert C.JobConfig(policy="pollux").adaptive.policy == "noise-scale"
     assert C.JobConfig.from_dict({"policy": "jabas"}).policy == "similarity"
     cfg.autoscale.restart_prior_s = 5
     assert isinstance(cfg.autoscale.restart_prior_s, float)

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from hpc_jabas import JobSpec, SlurmRequest
-from hpc_jabas.core.config.sections import SlurmJobConfig
+from hpc_jabas.core.config.sections import section_fields
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.components import SlurmOptions
 
@@ -43,5 +43,5 @@ def test_an_unknown_option_is_one_line_and_every_slurm_key_is_a_field(tmp_path):
     with pytest.raises(ConfigError, match="^extra=5 must be a table of Slurm option -> value"):
         _spec(tmp_path, extra=5)
     names = {f.name for f in dataclasses.fields(SlurmRequest)}
-    assert {f.name for f in dataclasses.fields(SlurmJobConfig)} <= names
+    assert {f.name for f in section_fields("slurm")} <= names
     assert names - {f.name for f in dataclasses.fields(SlurmOptions)} == set()

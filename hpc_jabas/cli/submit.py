@@ -32,7 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="how this and later jobs are submitted (default: [job] method, else sbatch)")
     p.add_argument("--wait", action="store_true", help="follow the chain until the training ends")
     p.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S seconds (exit 1)")
-    for f in _slurm_fields():         # one flag per [slurm] key, from its field (SlurmJobConfig)
+    for f in _slurm_fields():         # one flag per [slurm] key, from its field (JobConfig's)
         p.add_argument("--" + f.name.replace("_", "-"), type=int, metavar="N",
                        help=f"{f.metadata['help']} (default: [slurm] {f.name} of JOB.toml, else {f.default})")
     p.add_argument("--no-dry-run", action="store_true", help="do not call the task builder before submitting "
@@ -193,8 +193,8 @@ def _check_autoscale_names(spec, view) -> None:
 
 
 def _slurm_fields() -> list[dataclasses.Field]:
-    from hpc_jabas.core.config.sections import SlurmJobConfig
-    return list(dataclasses.fields(SlurmJobConfig))
+    from hpc_jabas.core.config.sections import section_fields
+    return section_fields("slurm")
 
 
 def _slurm_extra(args) -> dict:

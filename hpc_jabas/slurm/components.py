@@ -14,7 +14,6 @@ the default), with one error line for a bad value.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import shlex
@@ -24,7 +23,7 @@ from typing import Any
 
 from hpc_jabas.core.config.jobspec import JobSpec
 from hpc_jabas.core.config.schema import convert
-from hpc_jabas.core.config.sections import SlurmJobConfig, flatten
+from hpc_jabas.core.config.sections import JobConfig, flatten, section_fields
 from hpc_jabas.core.config.validate import integer, parse_int, passes
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.slurm.cluster import ClusterView, read_cluster
@@ -117,7 +116,7 @@ def het_groups(comps: list[Component]) -> str:
 @dataclass(frozen=True)
 class SlurmOptions:
     """What a job's Slurm submissions use, typed and checked once: the [slurm] keys (core/config/sections.py
-    ``SlurmJobConfig``: their bounds and defaults), the memory per rank, the job name, account, qos and the
+    ``JobConfig``'s [slurm] keys: their bounds and defaults), the memory per rank, the job name, account, qos and the
     user's own sbatch arguments. ``of(spec)`` is the one reader of ``spec.slurm`` (the options given)."""
     time_min: int
     signal_lead_s: int
@@ -135,8 +134,8 @@ class SlurmOptions:
         (any table), then the defaults. A bad value is one ConfigError line naming the key and the value."""
         flat, _ = flatten(spec.config or {})
         out: dict[str, Any] = {}
-        defaults = SlurmJobConfig()
-        for f in dataclasses.fields(SlurmJobConfig):
+        defaults = JobConfig()
+        for f in section_fields("slurm"):
             v = getattr(spec.slurm, f.name)
             if v is None:
                 v = flat.get(f.name)
@@ -149,7 +148,7 @@ class SlurmOptions:
                    qos=_name(spec, "qos"), sbatch_args=_sbatch_args(spec))
 
 
-#: mem_per_task_mb's check (the [slurm] keys' are their SlurmJobConfig fields')
+#: mem_per_task_mb's check (the [slurm] keys' are their JobConfig fields')
 MEM_KEY: dict[str, Any] = {"lo": 1, "hi": None, "lo_open": False, "hi_open": False, "choices": None, "canon": None}
 
 

@@ -12,7 +12,7 @@ import typing
 from typing import Any
 
 from hpc_jabas.core.config.schema import default_text, split_optional
-from hpc_jabas.core.config.sections import JobConfig, _all_fields, flatten, read_toml
+from hpc_jabas.core.config.sections import JobConfig, all_fields, flatten, read_toml
 from hpc_jabas.errors import ConfigError
 
 
@@ -130,7 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> Any:
     taken = getattr(parser, "_option_string_actions", {})
     shared: dict[str, list[Any]] = {}
     flags: dict[str, str] = {}
-    for s, f, tp in _all_fields():                  # the script's flags of our names: read as ours
+    for s, f, tp in all_fields():                   # the script's flags of our names: read as ours
         flag = "--" + pre + flag_of(s, f.name)[2:]
         neg = f"--no-{flag[2:]}" if split_optional(tp)[0] is bool else ""
         for fl in (flag, neg):
@@ -152,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> Any:
         g.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
         g.add_argument("-v", "--verbose", action="store_true", help="debug output from every rank")
     groups: dict[str, Any] = {}
-    for s, f, tp in _all_fields():
+    for s, f, tp in all_fields():
         flag = "--" + pre + flag_of(s, f.name)[2:]
         dest = _dest(s, f.name)
         if dest in shared or flag in taken:         # the script's own flag or positional: read as ours, or
@@ -207,7 +207,7 @@ def from_args(args: argparse.Namespace) -> JobConfig:
     if toml:
         flat, auto = flatten(read_toml(toml))
     given = {**flat, **{f"autoscale_{k}": v for k, v in auto.items()}}
-    for s, f, _ in _all_fields():
+    for s, f, _ in all_fields():
         dest = _dest(s, f.name)
         if dest in shared:
             their_dest, their_default = shared[dest][:2]

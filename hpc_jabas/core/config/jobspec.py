@@ -47,7 +47,7 @@ class SlurmRequest:
     ``hpc_jabas.slurm.components.SlurmOptions.of(spec)`` resolves them and checks every value at once (one line
     for a bad value) before anything is written or submitted; the numbers may also be given in their flag
     forms ("60", 60.0)."""
-    time_min: int | None = None                 # the [slurm] keys (core/config/sections.py SlurmJobConfig)
+    time_min: int | None = None                 # the [slurm] keys (core/config/sections.py JobConfig)
     signal_lead_s: int | None = None
     max_timeouts: int | None = None
     max_failures: int | None = None

@@ -1,4 +1,4 @@
-"""Typed config fields: declaration (:func:`key`: default, help, constraints as field metadata),
+"""Typed config fields: declaration (:func:`key`: default, help, constraints and section as field metadata),
 normalising a value when it is assigned (:class:`Section`), checking a dataclass's values
 (:func:`check_fields`), and their TOML text.
 
@@ -14,7 +14,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar, overload
 
 from hpc_jabas.core.config.validate import integer, number
 from hpc_jabas.errors import ConfigError
@@ -24,17 +24,31 @@ _S = TypeVar("_S")
 
 def key(default: Any, help: str, *, choices: Sequence[str] | None = None, lo: float | None = None,
         hi: float | None = None, lo_open: bool = False, hi_open: bool = False, shown: str | None = None,
-        metavar: str | None = None, canon: Callable[[Any], Any] | None = None) -> Any:
+        metavar: str | None = None, canon: Callable[[Any], Any] | None = None, section: str | None = None) -> Any:
     """A config field: default, help text and constraints (``lo``/``hi`` bounds, each element of a list);
-    ``canon`` maps an alias to its canonical name (any other value unchanged) before the checks."""
+    ``canon`` maps an alias to its canonical name (any other value unchanged) before the checks; ``section``
+    names the group the key belongs to (JobConfig's ``[train]``, ... : :func:`in_section`)."""
     # a list or tuple is copied; another sequence is kept as given: a live view (defaults.POLICIES grows with the
     # policy registry)
     live = choices is not None and not isinstance(choices, (list, tuple))
     meta = {"help": help, "choices": (choices if live else tuple(choices)) if choices else None, "lo": lo, "hi": hi,
-            "lo_open": lo_open, "hi_open": hi_open, "shown": shown, "metavar": metavar, "canon": canon}
+            "lo_open": lo_open, "hi_open": hi_open, "shown": shown, "metavar": metavar, "canon": canon,
+            "section": section}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def in_section(section: str) -> Callable[..., Any]:
+    """:func:`key` with ``section`` given: ``_train = in_section("train")``, then ``batch: int = _train(256, ...)``."""
+    def declare(default: Any, help: str, **kw: Any) -> Any:
+        return key(default, help, section=section, **kw)
+    return declare
+
+
+def key_fields(cls: type) -> list[dataclasses.Field[Any]]:
+    """The fields of dataclass ``cls`` that are config keys (declared with :func:`key` or :func:`like`), in order."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 
 
 _UNSET: Any = object()
@@ -42,9 +56,10 @@ _UNSET: Any = object()
 
 def like(cls: type, name: str, default: Any = _UNSET, **meta: Any) -> Any:
     """A field declared as ``cls``'s field ``name`` (its help text, bounds, choices: one declaration of a key
-    that two files read), with its default unless ``default`` is given, and any metadata in ``meta`` replaced."""
+    that two files read), with its default unless ``default`` is given, and any metadata in ``meta`` replaced; in
+    no section unless ``section`` is given (the section is ``cls``'s grouping)."""
     f = next(x for x in dataclasses.fields(cls) if x.name == name)
-    m = {**f.metadata, **meta}
+    m = {**f.metadata, "section": None, **meta}
     d = default_of(f) if default is _UNSET else default
     if isinstance(d, (dict, list)):
         return field(default_factory=lambda: type(d)(d), metadata=m)
@@ -192,11 +207,11 @@ _KEYS: dict[type, dict[str, tuple[Any, Mapping[str, Any]]]] = {}
 
 
 def _keys_of(cls: type) -> dict[str, tuple[Any, Mapping[str, Any]]]:
-    """name -> (type, metadata) of every field of a section dataclass (made once per class)."""
+    """name -> (type, metadata) of every key of a section dataclass (made once per class)."""
     keys = _KEYS.get(cls)
     if keys is None:
         tps = field_types(cls)
-        keys = _KEYS[cls] = {f.name: (tps[f.name], f.metadata) for f in dataclasses.fields(cls)}
+        keys = _KEYS[cls] = {f.name: (tps[f.name], f.metadata) for f in key_fields(cls)}
     return keys
 
 
@@ -225,7 +240,7 @@ class Freezable:
 
 
 class Section(Freezable):
-    """Base of a section dataclass: a value assigned to a key (in the constructor too) is stored
+    """Base of a dataclass of config keys: a value assigned to a key (in the constructor too) is stored
     normalised when it is valid (an alias as its canonical name, a comma-separated list as a list, an
     int as a float, ...) and as given when it is not, for :func:`check_fields` to name the problem."""
 
@@ -240,8 +255,58 @@ class Section(Freezable):
         object.__setattr__(self, name, value)
 
 
+class SectionView:
+    """``cfg.train``: the keys of one section of a config dataclass (its fields whose metadata names the section:
+    :func:`in_section`), read and written through to the config: ``cfg.train.batch`` is ``cfg.batch``, one value,
+    normalised when assigned; a frozen config refuses the write."""
+
+    def __init__(self, obj: Any, section: str) -> None:
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_section", section)
+
+    def keys(self) -> list[str]:
+        """The section's keys, in their order."""
+        return [k for k, (_, m) in _keys_of(type(self._obj)).items() if m["section"] == self._section]
+
+    def _key(self, name: str) -> str:
+        if name.startswith("_") or name not in self.keys():
+            raise AttributeError(f"[{self._section}] has no key {name!r}; its keys: {', '.join(self.keys())}")
+        return name
+
+    def __getattr__(self, name: str) -> Any:      # called for the keys only (_obj and _section are attributes)
+        return getattr(self._obj, self._key(name))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._obj, self._key(name), value)
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *self.keys()]
+
+    def __repr__(self) -> str:
+        return f"[{self._section}] " + ", ".join(f"{k}={getattr(self._obj, k)!r}" for k in self.keys())
+
+
+class SectionOf:
+    """A class attribute named after a section (``JobConfig.train``): on an instance, that section's
+    :class:`SectionView`; it cannot be assigned (its keys can)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.section = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Self: ...
+    @overload
+    def __get__(self, obj: Any, owner: type) -> SectionView: ...
+
+    def __get__(self, obj: Any, owner: type) -> SectionView | Self:
+        return self if obj is None else SectionView(obj, self.section)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        raise AttributeError(f"{self.section} is a view of its section's keys; assign the keys themselves")
+
+
 def check_fields(obj: Any, prefix: str = "") -> None:
-    """Check every field of a section dataclass: the first bad one is one ConfigError line. The values are
+    """Check every key of a config dataclass: the first bad one is one ConfigError line. The values are
     not changed (a :class:`Section` normalised them when they were assigned)."""
     for name, (tp, m) in _keys_of(type(obj)).items():
         convert(prefix + name, getattr(obj, name), tp, m)

@@ -1,20 +1,22 @@
-"""Job configuration: typed sections of dataclasses, loaded from TOML (tomllib) and/or flags; validated.
+"""Job configuration: one dataclass, :class:`JobConfig`, whose fields are the keys; loaded from TOML (tomllib)
+and/or flags; validated.
 
-Every key is a field of one section dataclass, with its type, default and help text (field
-metadata). From those fields come the validation (:func:`check_fields`), the command-line flags
-(core/config/cliargs.py ``add_arguments``: ``--KEY`` per job key, ``--autoscale-KEY`` per auto-scaling key), the flat
-attributes of :class:`JobConfig` and the configuration reference in docs/config.md
-(:func:`config_reference`, written by scripts/gen_config_table.py). A value is normalised when it is
-assigned (a policy alias becomes its canonical name); :meth:`JobConfig.validate` only checks. Unknown
-keys and impossible values raise ConfigError with one line naming the key, the value and what is valid
-(docs/invariants.md, invariant 11).
+Every job key is declared once, as a field of :class:`JobConfig`, with its type, default, help text, constraints
+and its section (``[train]``, ``[planning]``, ...) as field metadata (core/config/schema.py ``key``, here through
+one ``_SECTION(...)`` helper per section). From those fields come the validation (:func:`check_fields`), the
+command-line flags (core/config/cliargs.py ``add_arguments``: ``--KEY`` per job key in a group per section,
+``--autoscale-KEY`` per auto-scaling key), the section views (``cfg.train.batch`` is ``cfg.batch``:
+schema's ``SectionView``) and the configuration reference in docs/config.md (:func:`config_reference`, written by
+scripts/gen_config_table.py). A value is normalised when it is assigned (a policy alias becomes its canonical
+name); :meth:`JobConfig.validate` only checks. Unknown keys and impossible values raise ConfigError with one line
+naming the key, the value and what is valid (docs/invariants.md, invariant 11).
 The choices and default values come from :mod:`hpc_jabas.core.config.defaults`, so this module imports no
 implementation module.
 
 A TOML file may put the job keys at top level or in any table (``[train]``, ``[adaptive]``, ...: the
 table name only groups them; every key name is unique); the ``[autoscale]`` table holds the
-:class:`AutoscaleConfig` keys and ``[slowdown]`` the per-rank interference. ``JobConfig`` exposes every
-job key as a flat attribute (``cfg.batch``, ``cfg.policy``) besides its sections (``cfg.adaptive``).
+:class:`AutoscaleConfig` keys (a nested object of its own: ``cfg.autoscale``, with its own checks) and
+``[slowdown]`` the per-rank interference.
 """
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ import copy
 import dataclasses
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from hpc_jabas.core.config import gpus
 from hpc_jabas.core.config.defaults import (
@@ -35,18 +37,23 @@ from hpc_jabas.core.config.defaults import (
     DEFAULT_ALPHA,
     DEFAULT_EFFICIENCY,
     DEFAULT_GAMMA,
+    DEFAULT_GOAL,
     DEFAULT_GOODPUT_KAPPA,
     DEFAULT_GUARD_COOLDOWN,
     DEFAULT_GUARD_RISE,
     DEFAULT_GUARD_SIGMA,
     DEFAULT_HEADROOM_C,
+    DEFAULT_HEADROOM_EVERY,
+    DEFAULT_HEADROOM_PROBE,
     DEFAULT_MARGIN,
     DEFAULT_NOISE_TREND,
     DEFAULT_RAMP_AT,
     DEFAULT_RAMP_FACTOR,
+    DEFAULT_SEESAW,
     EFFICIENCIES,
     EMU_BASE_S,
     EMU_PER_SAMPLE_S,
+    GOALS,
     LR_RULES,
     OBJECTIVES,
     PLANNERS,
@@ -57,12 +64,14 @@ from hpc_jabas.core.config.defaults import (
     policy_name,
 )
 from hpc_jabas.core.config.schema import (
-    Freezable,
     Section,
+    SectionOf,
     check_fields,
     default_text,
     field_types,
+    in_section,
     key,
+    key_fields,
     reject_unknown,
     type_name,
 )
@@ -94,184 +103,17 @@ def read_toml(path: str | Path, what: str = "config file") -> dict[str, Any]:
 _GROUP_FIX = "set trust_group = true in the job's config (hpc-jabas status: --trust-group)"
 
 
-# ---- the sections -----------------------------------------------------------------------------
+# ---- the keys --------------------------------------------------------------------------------
 
-@dataclass
-class TrainConfig(Section):
-    """[train] the data and the loop."""
-    epochs: int = key(1, "epochs to train", lo=1)
-    batch: int = key(256, "initial global batch size B", lo=1)
-    batch_per_rank: int | None = key(None, "the batch of each rank, DDP's and Horovod's habit: the global batch B "
-                                           "is this x the job's rank count (said once in the log); set, it "
-                                           "replaces batch", lo=1, shown="–", metavar="N")
-    eval_metric: str = key("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
-                                   "steps on at each epoch end", metavar="KEY")
-    micro_batch: int | None = key(None, "micro-batch size b", lo=1, shown="the planner's choice")
-    min_micro_batch: int | None = key(None, "smallest micro-batch size b the planner uses (identical b: the "
-                                            "profiles' measured sizes from this one up)", lo=1,
-                                      shown="8 when the model has BatchNorm layers, else 1")
-    seed: int = key(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
-    tail: str = key("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
-                    choices=TAILS)
-    clip_grad_norm: float | None = key(None, "clip the gradient to this global norm after the allreduce, before the "
-                                             "step", lo=0.0, lo_open=True, shown="off", metavar="NORM")
-    amp: str = key("off", "mixed precision: the forward under torch.autocast bf16, or fp16 with loss scaling "
-                          "(inf/nan steps skipped on every rank)", choices=AMP_MODES)
-    backend: str = key("auto", "communication backend: horovod, torch (torch.distributed: Gloo on CPU, NCCL on CUDA) "
-                               "or auto (Horovod when it imports, else torch); docs/backends.md", choices=BACKENDS)
-    bucket_cap_mb: float | None = key(None, "torch backend: DistributedDataParallel's gradient bucket size in MB "
-                                            "(on Horovod its fusion buffer, HOROVOD_FUSION_THRESHOLD, plays this part)",
-                                      lo=0.0, lo_open=True, shown="DDP's 25", metavar="MB")
-    find_unused_parameters: bool = key(False, "torch backend: DistributedDataParallel's find_unused_parameters (a "
-                                              "forward that leaves parameters out of the loss, e.g. a branch)")
-    static_graph: bool = key(False, "torch backend: DistributedDataParallel's static_graph; only false: a rank's "
-                                    "micro-batches accumulate under DDP's no_sync, which a static graph does not "
-                                    "support (torch's reducer fails an internal assert)")
-    broadcast_buffers: bool = key(False, "torch backend: DistributedDataParallel's broadcast_buffers; only false: "
-                                         "ranks run unequal micro-batch counts, so a broadcast in every forward "
-                                         "would not match across ranks (BatchNorm buffers are averaged over the "
-                                         "ranks at each epoch end instead)")
-
-
-@dataclass
-class PlanningConfig(Section):
-    """[plan] how B is split into micro-batches per rank."""
-    planner: str = key("optimal", "optimal (perf model + exact planner), lbbsp (B split in proportion to speeds) "
-                                  "or fixed (the plan key)", choices=PLANNERS)
-    plan: str | None = key(None, "explicit plan, e.g. 'b=4 n=1,3,4' (its flag implies --planner fixed)",
-                           shown="–", metavar="PLAN")
-    identical_micro_batch: str = key("auto", "one micro-batch size b on every rank (IIDP) or per-rank sizes: auto = "
-                                             "identical when micro_batch is set or the model has BatchNorm layers",
-                                     choices=("auto", "true", "false"))
-    gpu_types: list[str] | None = key(None, "GPU type per rank, catalog names, e.g. v100,p100,rtx2060",
-                                      shown="from Slurm or CUDA, else v100", metavar="T1,T2,...")
-    speeds: list[float] | None = key(None, "declared per-rank speeds for lbbsp and emulation, e.g. 1,0.5,0.25",
-                                     lo=0.0, lo_open=True, shown="catalog", metavar="S1,S2,...")
-    profile_dir: str | None = key(None, "perf-model directory written by hpc-jabas profile",
-                                  shown="the emulated model", metavar="DIR")
-
-
-@dataclass
-class EmulationConfig(Section):
-    """[emulation] CPU ranks that stand for GPU types."""
-    emulate: bool = key(False, "emulate the GPU types on CPU ranks: t(b) = (emulate_base_s + "
-                               "emulate_per_sample_s * b) / speed per micro-batch")
-    emulate_base_s: float = key(EMU_BASE_S, "emulation: seconds per micro-batch on a V100", lo=0.0)
-    emulate_per_sample_s: float = key(EMU_PER_SAMPLE_S, "emulation: seconds per sample on a V100", lo=0.0)
-    slowdown: dict[int, str] = key({}, "emulation: injected interference per rank, e.g. {0 = \"factor=3,start=50\"} "
-                                       "(flag RANK:SPEC, repeatable; kind=step|ramp|periodic, end, period, duty)",
-                                   metavar="RANK:SPEC")
-
-
-@dataclass
-class AdaptiveConfig(Section):
-    """[adaptive] the batch-size policy and the lr rule."""
-    policy: str = key("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
-                                "ramp: B x ramp_factor at each ramp_at)",
-                      choices=POLICIES, canon=policy_name)
-    p: int | None = key(None, "iterations between batch-size decisions (unset: a tenth of an epoch's iterations "
-                        "at the initial batch, at most 100)", lo=1, shown="epoch/10")
-    measure_every: int | None = key(None, "measure the gradient statistics every N iterations between decisions "
-                                    "too: noise-scale takes each noise-scale measurement (noise-only: no half-batch "
-                                    "sum) into its estimate and decides first once its warm-up's 4 are in; "
-                                    "similarity decides on the mean of the period's cosines (each measurement an "
-                                    "extra gradient-sized allreduce)", lo=1,
-                                    shown="noise-scale: p/10; similarity: decisions only", metavar="N")
-    noise_memory: float | None = key(None, "noise-scale policy: the noise-scale estimate's memory in training "
-                                           "samples (Pollux: about 1000 x batch)", lo=0.0, lo_open=True,
-                                     shown="min(1000 x batch, one epoch)", metavar="SAMPLES")
-    batch_start: str = key("batch", "where an adaptive run starts: batch, or knee (the smallest B in [batch, "
-                                    "batch_max] whose doubling adds at most 5 percent modelled samples/s on this "
-                                    "mix; the lr warmed up from batch's over the first decision period, batch "
-                                    "stays the lr reference)", choices=BATCH_STARTS)
-    kappa: float = key(DEFAULT_GOODPUT_KAPPA, "noise-scale policy: batch sizes are priced with kappa x the "
-                                              "measured noise scale (1: Pollux's pricing)", lo=0.0, lo_open=True)
-    noise_trend: bool = key(DEFAULT_NOISE_TREND, "noise-scale policy: price batch sizes with the noise scale "
-                                                 "carried halfway to the next decision along its trend (the "
-                                                 "estimate's lag removed); false: the estimate as measured")
-    efficiency: str = key(DEFAULT_EFFICIENCY, "noise-scale policy: the per-sample price of a batch size: pollux "
-                                              "(E(B), the lr re-tuned at every B) or linear (E_lin on the measured "
-                                              "curvature headroom, for the linear lr rule; pollux until a headroom "
-                                              "is measured)", choices=EFFICIENCIES)
-    headroom_c: float = key(DEFAULT_HEADROOM_C, "noise-scale and similarity policies: a move of B by k is refused "
-                                                "beyond headroom_c x the measured curvature headroom h (off while h "
-                                                "is not measured)", lo=0.0, lo_open=True)
-    alpha: float = key(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    gamma: float = key(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
-                       lo_open=True, hi_open=True)
-    batch_min: int | None = key(None, "smallest global batch B", lo=1,
-                                shown="batch; adaptive policies: min(batch, the smallest micro-batch)")
-    batch_max: int | None = key(None, "largest global batch B", lo=1,
-                                shown="batch; adaptive policies: max(batch, one epoch's samples)")
-    lr_rule: str = key("auto", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr "
-                       "(auto: sqrt with similarity and ramp, linear with noise-scale)",
-                       choices=LR_RULES)
-    batch_ref: int | None = key(None, "reference batch of the lr rule", lo=1, shown="batch")
-    ramp_at: list[float] = key(list(DEFAULT_RAMP_AT), "ramp policy: fractions of the run (in samples) at which B is "
-                               "multiplied by ramp_factor", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
-    ramp_factor: float = key(DEFAULT_RAMP_FACTOR, "ramp policy: the factor B is multiplied by at each ramp_at",
-                             lo=0.0, lo_open=True)
-    wd_rule: str = key("none", "weight decay vs B: none, or linear (weight decay x B / batch_ref)", choices=WD_RULES)
-    guard: bool = key(True, "divergence guard on adaptive moves: a move that raises B or the lr is undone when the "
-                            "mean loss after it rises beyond its noise band (guard_sigma, guard_rise), then no "
-                            "move above the restored B for guard_cooldown decision periods")
-    guard_sigma: float = key(DEFAULT_GUARD_SIGMA, "divergence guard: the rise that reverts, in standard errors of the "
-                                                  "difference of the loss means after and before a move", lo=0.0,
-                             lo_open=True)
-    guard_rise: float = key(DEFAULT_GUARD_RISE, "divergence guard: the rise that reverts must also exceed this "
-                                                "fraction of the mean loss before the move", lo=0.0)
-    guard_cooldown: int = key(DEFAULT_GUARD_COOLDOWN, "divergence guard: decision periods without a move above the "
-                                                      "restored B after a revert (doubling with each further "
-                                                      "revert)", lo=0)
-
-
-@dataclass
-class BalancingConfig(Section):
-    """[balance] online load balancing."""
-    balance: str = key("off", "online load balancing: reactive (last measured speed) or predictive (NARX-style "
-                              "RLS on past speeds and load signals)", choices=BALANCE_MODES)
-    p_balance: int = key(10, "iterations between rebalancing decisions", lo=1)
-    balance_threshold: float = key(0.05, "re-plan only above this predicted gain (fraction)", lo=0.0)
-    calibrate: bool = key(False, "opt-in: fit each rank's measured micro-batch times to the profile online (factor, "
-                                 "offset per call) and plan with the calibrated model (core/perf/calibration.py)")
-
-
-@dataclass
-class OutputConfig(Section):
-    """[run] metrics and checkpoints."""
-    run_dir: str | None = key(None, "directory of metrics.jsonl and checkpoints", metavar="DIR",
-                              shown="runs/SCRIPT-HASH: the script's name and a hash of its configuration")
-    metrics_period: int = key(10, "iterations between metric flushes (at the first safe point agreement after them)",
-                              lo=1)
-    checkpoint: bool = key(True, "write a checkpoint at every epoch end (and at the periodic and signal safe points)")
-    keep_checkpoints: int = key(3, "checkpoints kept", lo=1)
-    resume_finished: bool = key(False, "hpc-jabas submit: submit a chain whose last job already finished the "
-                                       "epochs (else refused); a script's rerun of a finished run_dir trains "
-                                       "nothing, says so in one line on stdout and exits 0 (with this key: a log "
-                                       "line instead)")
-    checkpoint_every_epochs: int = key(1, "checkpoint at every N-th epoch end (the last epoch's always; with an "
-                                          "epoch-end hook, every epoch's)", lo=1, metavar="N")
-    checkpoint_every: int | None = key(None, "also checkpoint inside an epoch every N iterations", lo=1, shown="off",
-                                       metavar="N")
-    checkpoint_minutes: float | None = key(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
-                                           lo=0.0, lo_open=True, shown="off", metavar="T")
-    safe_point_s: float = key(0.5, "about this many seconds between the ranks' agreements at iteration boundaries "
-                              "(stop signals, non-finite losses, the clock's checkpoints; metrics flush there); 0: "
-                              "every iteration", lo=0.0)
-    trust_group: bool = key(False, "accept checkpoints and chain records that the file's group may write (else "
-                                   "only the owner, this user or root, may write them)")
-
-
-@dataclass
-class SlurmJobConfig(Section):
-    """[slurm] the Slurm jobs of a chain: time limit, signals, requeues."""
-    time_min: int = key(60, "time limit of every Slurm job of the chain (minutes)", lo=1)
-    signal_lead_s: int = key(60, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
-                                 "USR2 for submitit) so that it checkpoints and requeues", lo=1)
-    max_timeouts: int = key(3, "requeues after hitting the time limit before the chain stops (preemptions do "
-                               "not count)", lo=0)
-    max_failures: int = key(2, "resubmissions of a chain's failed jobs (a killed rank, a lost node) from the last "
-                               "good checkpoint, with backoff (method sbatch)", lo=0)
+#: :func:`key` with its section (core/config/schema.py ``in_section``): the group a key is listed in (the reference,
+#: ``--help``) and viewed through (``cfg.train``); in a TOML file, a table's name only groups keys
+_train = in_section("train")
+_planning = in_section("planning")
+_emulation = in_section("emulation")
+_adaptive = in_section("adaptive")
+_balancing = in_section("balancing")
+_output = in_section("output")
+_slurm = in_section("slurm")
 
 
 @dataclass
@@ -329,84 +171,211 @@ class AutoscaleConfig(Section):
         return dataclasses.asdict(self)
 
 
-class _Flat:
-    """``cfg.batch`` reads and writes ``cfg.train.batch``: the flat name of a section's key. One per key,
-    made from the section dataclasses' fields by :func:`_with_flat_keys`."""
+@dataclass(kw_only=True)
+class JobConfig(Section):
+    """One job's configuration: every key a field, declared once, with its section as metadata. ``cfg.batch``
+    reads and writes a key; ``cfg.train.batch`` reaches the same key through its section (schema's ``SectionView``).
 
-    def __init__(self, section: str, name: str) -> None:
-        self.section, self.name = section, name
-
-    def __get__(self, obj: object | None, owner: type) -> Any:
-        if obj is None:
-            return self
-        return getattr(getattr(obj, self.section), self.name)
-
-    def __set__(self, obj: object, value: Any) -> None:
-        setattr(getattr(obj, self.section), self.name, value)
-
-
-if typing.TYPE_CHECKING:
-    class _FlatKeys(TrainConfig, PlanningConfig, EmulationConfig, AdaptiveConfig, BalancingConfig, OutputConfig,
-                    SlurmJobConfig):
-        """What a type checker sees of the flat keys: every section's fields, with their types. At run time
-        they are the :class:`_Flat` attributes that :func:`_with_flat_keys` adds."""
-else:
-    _FlatKeys = Freezable       # what JobConfig shares with its sections: JobConfig.frozen
-
-
-def _with_flat_keys(cls: type[JobConfig]) -> type[JobConfig]:
-    """Add a :class:`_Flat` attribute to JobConfig for every field of every section."""
-    for name, section in _SECTION_OF.items():
-        if name in vars(cls):
-            raise TypeError(f"JobConfig.{name} would hide the key {section}.{name}")
-        setattr(cls, name, _Flat(section, name))
-    return cls
-
-
-@dataclass(init=False, kw_only=True)     # kw_only: for a type checker, after the keys' defaults
-class JobConfig(_FlatKeys):
-    """One job's configuration: the sections, plus every key as a flat attribute.
-
-    ``JobConfig(batch=512, policy="similarity")`` takes flat keys (or whole sections); it does not
-    validate: :meth:`validate` (called by :meth:`from_dict`, ``from_args`` and the Trainer) does.
+    ``JobConfig(batch=512, policy="similarity")`` takes the keys (an unknown one is one ConfigError line) and
+    ``autoscale`` (an :class:`AutoscaleConfig` or its table); it does not validate: :meth:`validate` (called by
+    :meth:`from_dict`, ``from_args`` and the Trainer) does.
     """
-    train: TrainConfig
-    planning: PlanningConfig
-    emulation: EmulationConfig
-    adaptive: AdaptiveConfig
-    balancing: BalancingConfig
-    output: OutputConfig
-    slurm: SlurmJobConfig
-    autoscale: AutoscaleConfig
+    # [train] the data and the loop
+    epochs: int = _train(1, "epochs to train", lo=1)
+    batch: int = _train(256, "initial global batch size B", lo=1)
+    batch_per_rank: int | None = _train(None, "the batch of each rank, DDP's and Horovod's habit: the global batch B "
+                                              "is this x the job's rank count (said once in the log); set, it "
+                                              "replaces batch", lo=1, shown="–", metavar="N")
+    eval_metric: str = _train("loss", "the evaluation result's key (eval_fn returns a dict) that ReduceLROnPlateau "
+                                      "steps on at each epoch end", metavar="KEY")
+    micro_batch: int | None = _train(None, "micro-batch size b", lo=1, shown="the planner's choice")
+    min_micro_batch: int | None = _train(None, "smallest micro-batch size b the planner uses (identical b: the "
+                                               "profiles' measured sizes from this one up)", lo=1,
+                                         shown="8 when the model has BatchNorm layers, else 1")
+    seed: int = _train(0, "seed of the sample order (one seeded permutation per epoch)", lo=0)
+    tail: str = _train("shrink", "epoch tail: shrink (the last iteration takes the r < B samples left) or drop them",
+                       choices=TAILS)
+    clip_grad_norm: float | None = _train(None, "clip the gradient to this global norm after the allreduce, before the "
+                                                "step", lo=0.0, lo_open=True, shown="off", metavar="NORM")
+    amp: str = _train("off", "mixed precision: the forward under torch.autocast bf16, or fp16 with loss scaling "
+                             "(inf/nan steps skipped on every rank)", choices=AMP_MODES)
+    backend: str = _train("auto", "communication backend: horovod, torch (torch.distributed: Gloo on CPU, NCCL on "
+                                  "CUDA) or auto (Horovod when it imports, else torch); docs/backends.md",
+                          choices=BACKENDS)
+    bucket_cap_mb: float | None = _train(None, "torch backend: DistributedDataParallel's gradient bucket size in MB "
+                                               "(on Horovod its fusion buffer, HOROVOD_FUSION_THRESHOLD, plays this "
+                                               "part)", lo=0.0, lo_open=True, shown="DDP's 25", metavar="MB")
+    find_unused_parameters: bool = _train(False, "torch backend: DistributedDataParallel's find_unused_parameters (a "
+                                                 "forward that leaves parameters out of the loss, e.g. a branch)")
+    static_graph: bool = _train(False, "torch backend: DistributedDataParallel's static_graph; only false: a rank's "
+                                       "micro-batches accumulate under DDP's no_sync, which a static graph does not "
+                                       "support (torch's reducer fails an internal assert)")
+    broadcast_buffers: bool = _train(False, "torch backend: DistributedDataParallel's broadcast_buffers; only false: "
+                                            "ranks run unequal micro-batch counts, so a broadcast in every forward "
+                                            "would not match across ranks (BatchNorm buffers are averaged over the "
+                                            "ranks at each epoch end instead)")
+    # [planning] how B is split into micro-batches per rank
+    planner: str = _planning("optimal", "optimal (perf model + exact planner), lbbsp (B split in proportion to speeds) "
+                                        "or fixed (the plan key)", choices=PLANNERS)
+    plan: str | None = _planning(None, "explicit plan, e.g. 'b=4 n=1,3,4' (its flag implies --planner fixed)",
+                                 shown="–", metavar="PLAN")
+    identical_micro_batch: str = _planning("auto", "one micro-batch size b on every rank (IIDP) or per-rank sizes: "
+                                                   "auto = identical when micro_batch is set or the model has "
+                                                   "BatchNorm layers", choices=("auto", "true", "false"))
+    gpu_types: list[str] | None = _planning(None, "GPU type per rank, catalog names, e.g. v100,p100,rtx2060",
+                                            shown="from Slurm or CUDA, else v100", metavar="T1,T2,...")
+    speeds: list[float] | None = _planning(None, "declared per-rank speeds for lbbsp and emulation, e.g. 1,0.5,0.25",
+                                           lo=0.0, lo_open=True, shown="catalog", metavar="S1,S2,...")
+    profile_dir: str | None = _planning(None, "perf-model directory written by hpc-jabas profile",
+                                        shown="the emulated model", metavar="DIR")
+    # [emulation] CPU ranks that stand for GPU types
+    emulate: bool = _emulation(False, "emulate the GPU types on CPU ranks: t(b) = (emulate_base_s + "
+                                      "emulate_per_sample_s * b) / speed per micro-batch")
+    emulate_base_s: float = _emulation(EMU_BASE_S, "emulation: seconds per micro-batch on a V100", lo=0.0)
+    emulate_per_sample_s: float = _emulation(EMU_PER_SAMPLE_S, "emulation: seconds per sample on a V100", lo=0.0)
+    slowdown: dict[int, str] = _emulation({}, "emulation: injected interference per rank, e.g. {0 = "
+                                              "\"factor=3,start=50\"} (flag RANK:SPEC, repeatable; "
+                                              "kind=step|ramp|periodic, end, period, duty)", metavar="RANK:SPEC")
+    # [adaptive] the batch-size policy and the lr rule
+    policy: str = _adaptive("fixed", "batch-size policy (similarity: JABAS/SimiGrad; noise-scale: Pollux goodput; "
+                                      "ramp: B x ramp_factor at each ramp_at)",
+                            choices=POLICIES, canon=policy_name)
+    p: int | None = _adaptive(None, "iterations between batch-size decisions (unset: a tenth of an epoch's iterations "
+                              "at the initial batch, at most 100)", lo=1, shown="epoch/10")
+    measure_every: int | None = _adaptive(None, "measure the gradient statistics every N iterations between decisions "
+                                                "too: noise-scale takes each noise-scale measurement (noise-only: no "
+                                                "half-batch sum) into its estimate and decides first once its "
+                                                "warm-up's 4 are in; similarity decides on the mean of the period's "
+                                                "cosines (each measurement an extra gradient-sized allreduce)",
+                                          lo=1, shown="noise-scale: p/10; similarity: decisions only", metavar="N")
+    noise_memory: float | None = _adaptive(None, "noise-scale policy: the noise-scale estimate's memory in training "
+                                                 "samples (Pollux: about 1000 x batch)", lo=0.0, lo_open=True,
+                                           shown="min(1000 x batch, one epoch)", metavar="SAMPLES")
+    batch_start: str = _adaptive("batch", "where an adaptive run starts: batch, or knee (the smallest B in [batch, "
+                                          "batch_max] whose doubling adds at most 5 percent modelled samples/s on this "
+                                          "mix; the lr warmed up from batch's over the first decision period, batch "
+                                          "stays the lr reference)", choices=BATCH_STARTS)
+    kappa: float = _adaptive(DEFAULT_GOODPUT_KAPPA, "noise-scale policy: batch sizes are priced with kappa x the "
+                                                    "measured noise scale (1: Pollux's pricing)", lo=0.0, lo_open=True)
+    noise_trend: bool = _adaptive(DEFAULT_NOISE_TREND, "noise-scale policy: price batch sizes with the noise scale "
+                                                       "carried halfway to the next decision along its trend (the "
+                                                       "estimate's lag removed); false: the estimate as measured")
+    efficiency: str = _adaptive(DEFAULT_EFFICIENCY, "noise-scale policy: the per-sample price of a batch size: pollux "
+                                                    "(E(B), the lr re-tuned at every B) or linear (E_lin on the "
+                                                    "measured curvature headroom, for the linear lr rule; pollux "
+                                                    "until a headroom is measured)", choices=EFFICIENCIES)
+    headroom_c: float = _adaptive(DEFAULT_HEADROOM_C, "noise-scale and similarity policies: a move of B by k is "
+                                                      "refused beyond headroom_c x the measured curvature headroom h "
+                                                      "(off while h is not measured)", lo=0.0, lo_open=True)
+    headroom_probe: int = _adaptive(DEFAULT_HEADROOM_PROBE, "adaptive policies: measure the curvature headroom h on a "
+                                                            "fixed probe batch of this many samples at decision rounds "
+                                                            "(one forward and two backwards on rank 0; 0: never, the "
+                                                            "headroom cap stays off)", lo=0, metavar="SAMPLES")
+    headroom_every: int = _adaptive(DEFAULT_HEADROOM_EVERY, "with headroom_probe: probe every N-th decision round (the "
+                                                            "first round probes)", lo=1, metavar="N")
+    seesaw: bool = _adaptive(DEFAULT_SEESAW, "adaptive policies: Seesaw's late-phase floor: where the lr schedule has "
+                                             "cut the lr by alpha < 1 from its peak, B >= batch_ref / alpha (capped "
+                                             "by the headroom) with the lr kept (SGD) or x sqrt(alpha) (Adam)")
+    goal: str = _adaptive(DEFAULT_GOAL, "adaptive policies: time (the epoch budget in samples) or final (in "
+                                        "statistical progress, Pollux's: the run goes on until the progress of epochs "
+                                        "x the data at batch is made)", choices=GOALS)
+    alpha: float = _adaptive(DEFAULT_ALPHA, "step of a batch-size change", lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    gamma: float = _adaptive(DEFAULT_GAMMA, "gradient-similarity target of the similarity policy", lo=-1.0, hi=1.0,
+                             lo_open=True, hi_open=True)
+    batch_min: int | None = _adaptive(None, "smallest global batch B", lo=1,
+                                      shown="batch; adaptive policies: min(batch, the smallest micro-batch)")
+    batch_max: int | None = _adaptive(None, "largest global batch B", lo=1,
+                                      shown="batch; adaptive policies: max(batch, one epoch's samples)")
+    lr_rule: str = _adaptive("auto", "lr scale for a batch B vs batch_ref, on the user's own scheduler's lr "
+                             "(auto: sqrt with similarity and ramp, linear with noise-scale)",
+                             choices=LR_RULES)
+    batch_ref: int | None = _adaptive(None, "reference batch of the lr rule", lo=1, shown="batch")
+    ramp_at: list[float] = _adaptive(list(DEFAULT_RAMP_AT), "ramp policy: fractions of the run (in samples) at which "
+                                                            "B is multiplied by ramp_factor",
+                                     lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    ramp_factor: float = _adaptive(DEFAULT_RAMP_FACTOR, "ramp policy: the factor B is multiplied by at each ramp_at",
+                                   lo=0.0, lo_open=True)
+    wd_rule: str = _adaptive("none", "weight decay vs B: none, or linear (weight decay x B / batch_ref)",
+                             choices=WD_RULES)
+    guard: bool = _adaptive(True, "divergence guard on adaptive moves: a move that raises B or the lr is undone when "
+                                  "the mean loss after it rises beyond its noise band (guard_sigma, guard_rise), then "
+                                  "no move above the restored B for guard_cooldown decision periods")
+    guard_sigma: float = _adaptive(DEFAULT_GUARD_SIGMA, "divergence guard: the rise that reverts, in standard errors "
+                                                        "of the difference of the loss means after and before a move",
+                                   lo=0.0, lo_open=True)
+    guard_rise: float = _adaptive(DEFAULT_GUARD_RISE, "divergence guard: the rise that reverts must also exceed this "
+                                                      "fraction of the mean loss before the move", lo=0.0)
+    guard_cooldown: int = _adaptive(DEFAULT_GUARD_COOLDOWN, "divergence guard: decision periods without a move above "
+                                                            "the restored B after a revert (doubling with each "
+                                                            "further revert)", lo=0)
+    # [balancing] online load balancing
+    balance: str = _balancing("off", "online load balancing: reactive (last measured speed) or predictive (NARX-style "
+                                     "RLS on past speeds and load signals)", choices=BALANCE_MODES)
+    p_balance: int = _balancing(10, "iterations between rebalancing decisions", lo=1)
+    balance_threshold: float = _balancing(0.05, "re-plan only above this predicted gain (fraction)", lo=0.0)
+    calibrate: bool = _balancing(False, "opt-in: fit each rank's measured micro-batch times to the profile online "
+                                        "(factor, offset per call) and plan with the calibrated model "
+                                        "(core/perf/calibration.py)")
+    # [output] metrics and checkpoints
+    run_dir: str | None = _output(None, "directory of metrics.jsonl and checkpoints", metavar="DIR",
+                                  shown="runs/SCRIPT-HASH: the script's name and a hash of its configuration")
+    metrics_period: int = _output(10, "iterations between metric flushes (at the first safe point agreement after "
+                                      "them)", lo=1)
+    checkpoint: bool = _output(True, "write a checkpoint at every epoch end (and at the periodic and signal safe "
+                                     "points)")
+    keep_checkpoints: int = _output(3, "checkpoints kept", lo=1)
+    resume_finished: bool = _output(False, "hpc-jabas submit: submit a chain whose last job already finished the "
+                                           "epochs (else refused); a script's rerun of a finished run_dir trains "
+                                           "nothing, says so in one line on stdout and exits 0 (with this key: a log "
+                                           "line instead)")
+    checkpoint_every_epochs: int = _output(1, "checkpoint at every N-th epoch end (the last epoch's always; with an "
+                                              "epoch-end hook, every epoch's)", lo=1, metavar="N")
+    checkpoint_every: int | None = _output(None, "also checkpoint inside an epoch every N iterations",
+                                           lo=1, shown="off", metavar="N")
+    checkpoint_minutes: float | None = _output(None, "also checkpoint inside an epoch every T minutes (rank 0's clock)",
+                                               lo=0.0, lo_open=True, shown="off", metavar="T")
+    safe_point_s: float = _output(0.5, "about this many seconds between the ranks' agreements at iteration boundaries "
+                                  "(stop signals, non-finite losses, the clock's checkpoints; metrics flush there); 0: "
+                                  "every iteration", lo=0.0)
+    trust_group: bool = _output(False, "accept checkpoints and chain records that the file's group may write (else "
+                                       "only the owner, this user or root, may write them)")
+    # [slurm] the Slurm jobs of a chain: time limit, signals, requeues
+    time_min: int = _slurm(60, "time limit of every Slurm job of the chain (minutes)", lo=1)
+    signal_lead_s: int = _slurm(60, "seconds before the time limit at which Slurm signals the job (USR1 for sbatch, "
+                                    "USR2 for submitit) so that it checkpoints and requeues", lo=1)
+    max_timeouts: int = _slurm(3, "requeues after hitting the time limit before the chain stops (preemptions do "
+                                  "not count)", lo=0)
+    max_failures: int = _slurm(2, "resubmissions of a chain's failed jobs (a killed rank, a lost node) from the last "
+                                  "good checkpoint, with backoff (method sbatch)", lo=0)
+    # [autoscale] a table of its own, with its own checks and flags (--autoscale-KEY)
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
 
-    def __init__(self, *, autoscale: AutoscaleConfig | Mapping[str, Any] | None = None, **kw: Any) -> None:
-        sections = {s: kw.pop(s) for s in list(kw) if s in SECTIONS}
-        reject_unknown(kw, JobConfig.keys(), "config key")
-        for s, cls in SECTIONS.items():
-            sec = sections.get(s) or cls()
-            if not isinstance(sec, cls):
-                raise TypeError(f"JobConfig({s}=...) must be a {cls.__name__}, not {type(sec).__name__}")
-            object.__setattr__(self, s, sec)
-        for name, value in kw.items():
-            setattr(getattr(self, _SECTION_OF[name]), name, value)
-        if isinstance(autoscale, AutoscaleConfig):
-            self.autoscale = autoscale
-        else:
-            norm = {str(k).replace("-", "_"): v for k, v in (autoscale or {}).items()}
+    # the sections' views (cfg.train.batch is cfg.batch), one per section of the keys above
+    train = SectionOf()
+    planning = SectionOf()
+    emulation = SectionOf()
+    adaptive = SectionOf()
+    balancing = SectionOf()
+    output = SectionOf()
+    slurm = SectionOf()
+
+    def __new__(cls, *args: Any, **kw: Any) -> Self:
+        """An unknown key is one ConfigError line naming it and the closest key (not the TypeError of the
+        dataclass's ``__init__``, which takes the keys with their types)."""
+        reject_unknown(kw, cls.keys(), "config key")
+        return super().__new__(cls)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.autoscale, AutoscaleConfig):         # its table, e.g. JobConfig(autoscale={...})
+            norm = {str(k).replace("-", "_"): v for k, v in (self.autoscale or {}).items()}
             reject_unknown(norm, AutoscaleConfig.keys(), "autoscale key")
             self.autoscale = AutoscaleConfig(**norm)
-
-    if not typing.TYPE_CHECKING:          # hidden from a type checker, which then still checks the names assigned
-        def __setattr__(self, name: str, value: Any) -> None:
-            self._refuse_if_frozen(name)
-            object.__setattr__(self, name, value)
 
     def frozen(self) -> JobConfig:
         """A deep copy that refuses every assignment, to a key or a section (FrozenInstanceError); the Trainer's
         resolved configuration. Its copies (``copy.deepcopy``, :meth:`replace`) are not frozen."""
         out = copy.deepcopy(self)
-        for s in (*SECTIONS, "autoscale"):
-            getattr(out, s).freeze()
+        out.autoscale.freeze()
         out.freeze()
         return out
 
@@ -420,8 +389,7 @@ class JobConfig(_FlatKeys):
 
     def validate(self) -> JobConfig:
         """``self`` if every key is valid (unchanged), else one ConfigError line."""
-        for s in SECTIONS:
-            check_fields(getattr(self, s))
+        check_fields(self)
         self.autoscale.validate()
         for g in self.gpu_types or []:
             gpus.normalize(g)                 # unknown type: one line naming it and the known ones
@@ -510,7 +478,7 @@ class JobConfig(_FlatKeys):
     @classmethod
     def keys(cls) -> list[str]:
         """Every top-level key: the job keys of all sections, then ``autoscale`` (a table)."""
-        return list(_SECTION_OF) + ["autoscale"]
+        return [*SECTION_OF, "autoscale"]
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> JobConfig:
@@ -526,27 +494,28 @@ class JobConfig(_FlatKeys):
 
     def to_dict(self) -> dict[str, Any]:
         """Flat job keys plus ``autoscale`` (a dict): what :meth:`from_dict` reads back."""
-        out = {name: getattr(self, name) for name in _SECTION_OF}
+        out = {name: getattr(self, name) for name in SECTION_OF}
         out = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v) for k, v in out.items()}
         out["autoscale"] = self.autoscale.to_dict()
         return out
 
 
-#: section attribute of JobConfig -> its dataclass (the order of the reference and the flag groups): the
-#: fields JobConfig declares, but autoscale (a table of its own, with its own flags)
-SECTIONS: dict[str, type] = {name: tp for name, tp in typing.get_type_hints(JobConfig).items()
-                             if name != "autoscale"}
-#: job key -> its section
-_SECTION_OF = {f.name: s for s, c in SECTIONS.items() for f in dataclasses.fields(c)}
+#: job key -> its section, in the keys' order (the order of the reference and the flag groups)
+SECTION_OF: dict[str, str] = {f.name: f.metadata["section"] for f in key_fields(JobConfig)}
+#: the sections, in order: each a view of JobConfig (cfg.train) and a group of flags; autoscale is a table of its own
+SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(SECTION_OF.values()))
 #: tables whose value is the key's own value, not a group of keys
 _TABLE_KEYS = ("slowdown", "autoscale")
-_with_flat_keys(JobConfig)
+
+
+def section_fields(section: str) -> list[dataclasses.Field[Any]]:
+    """The fields of one section's keys, in order (``section_fields("slurm")``: the flags of hpc-jabas submit)."""
+    return [f for f in key_fields(JobConfig) if SECTION_OF[f.name] == section]
 
 
 #: keys that leave what a run computes unchanged: the default run directory's name does not depend on them
 #: (``--epochs 20`` continues the ``--epochs 10`` run)
-_RUN_DIR_FREE = frozenset({"epochs", *(f.name for f in dataclasses.fields(OutputConfig)),
-                           *(f.name for f in dataclasses.fields(SlurmJobConfig))})
+_RUN_DIR_FREE = frozenset({"epochs", *(k for k, s in SECTION_OF.items() if s in ("output", "slurm"))})
 
 
 def default_run_dir(cfg: JobConfig, script: str) -> str:
@@ -585,7 +554,7 @@ def flatten(d: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _not_a_table(section: str, v: Any) -> str:
     """The one line for a section name given a value (``train = 5``) or an array of tables (``[[train]]``)."""
-    first = dataclasses.fields(SECTIONS[section])[0].name
+    first = next(k for k, s in SECTION_OF.items() if s == section)
     if isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
         return (f"[[{section}]] is an array of {len(v)} table(s) where one [{section}] table belongs; write its keys "
                 f"under a single [{section}] header (e.g. [{section}] {first} = ...)")
@@ -595,19 +564,17 @@ def _not_a_table(section: str, v: Any) -> str:
 
 # ---- flags and the reference, generated from the fields ----------------------------------------
 
-def _all_fields() -> list[tuple[str, dataclasses.Field[Any], Any]]:
-    """(section, field, type) of every key: the job sections, then autoscale."""
-    out = []
-    for s, cls in [*SECTIONS.items(), ("autoscale", AutoscaleConfig)]:
-        tps = field_types(cls)
-        out += [(s, f, tps[f.name]) for f in dataclasses.fields(cls)]
-    return out
+def all_fields() -> list[tuple[str, dataclasses.Field[Any], Any]]:
+    """(section, field, type) of every key: the job keys in their sections' order, then autoscale's."""
+    job, auto = field_types(JobConfig), field_types(AutoscaleConfig)
+    return ([(SECTION_OF[f.name], f, job[f.name]) for f in key_fields(JobConfig)]
+            + [("autoscale", f, auto[f.name]) for f in key_fields(AutoscaleConfig)])
 
 
 def config_reference() -> str:
     """Markdown table of every key: section, key, type, default, help (docs/config.md's table)."""
     rows = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
-    for s, f, tp in _all_fields():
+    for s, f, tp in all_fields():
         m = f.metadata
         kind = type_name(tp) if not m["choices"] else " / ".join(f"`{c}`" for c in m["choices"])
         shown = m["shown"] if f.default is None else None

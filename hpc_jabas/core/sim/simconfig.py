@@ -67,7 +67,7 @@ from hpc_jabas.core.adaptive.stats import noise_scale_terms
 from hpc_jabas.core.config import gpus as catalog
 from hpc_jabas.core.config import textfile
 from hpc_jabas.core.config.schema import Section, key, like, read_table
-from hpc_jabas.core.config.sections import AdaptiveConfig, AutoscaleConfig, PlanningConfig, TrainConfig
+from hpc_jabas.core.config.sections import AutoscaleConfig, JobConfig
 from hpc_jabas.core.config.textfile import read_text
 from hpc_jabas.errors import ConfigError
 
@@ -476,16 +476,16 @@ class JobKeys(Section):
     """The job file's top level: the data, the batch, the initial mix, when the run stops."""
     name: str = key("job", "the job's name")
     samples: int = key(50_000, "samples per epoch", lo=1)
-    epochs: int = like(TrainConfig, "epochs", 10)
-    batch: int = like(TrainConfig, "batch")
-    batch_min: int | None = like(AdaptiveConfig, "batch_min")
-    batch_max: int | None = like(AdaptiveConfig, "batch_max")
-    micro_batch: int | None = like(TrainConfig, "micro_batch")
-    p: int | None = like(AdaptiveConfig, "p")
+    epochs: int = like(JobConfig, "epochs", 10)
+    batch: int = like(JobConfig, "batch")
+    batch_min: int | None = like(JobConfig, "batch_min")
+    batch_max: int | None = like(JobConfig, "batch_max")
+    micro_batch: int | None = like(JobConfig, "micro_batch")
+    p: int | None = like(JobConfig, "p")
     mix: dict[str, int] | None = key(None, "initial mix, partition = GPU count", lo=0, shown="every GPU")
     stop: str = key("progress", "progress: until the statistical progress of epochs epochs at B0; samples: "
                                 "exactly epochs epochs", choices=STOPS)
-    seed: int = like(TrainConfig, "seed")
+    seed: int = like(JobConfig, "seed")
     model: dict[str, Any] = key({}, "[model] table")
     gradstats: dict[str, Any] = key({}, "[gradstats] table")
     policy: dict[str, Any] = key({}, "[policy] table")
@@ -496,7 +496,7 @@ class JobKeys(Section):
 class ModelKeys(Section):
     """[model] the perf model: a profile directory or the emulated model; what a run costs besides its
     iterations."""
-    profile_dir: str | None = like(PlanningConfig, "profile_dir")
+    profile_dir: str | None = like(JobConfig, "profile_dir")
     base_s: float = key(0.004, "emulated model: seconds per micro-batch on a V100", lo=0.0)
     per_sample_s: float = key(0.0025, "emulated model: seconds per sample on a V100", lo=0.0)
     b_list: list[int] = key([8, 16, 32, 64, 128, 256], "emulated model: the profiled micro-batch sizes", lo=1)
@@ -512,15 +512,17 @@ class ModelKeys(Section):
 @dataclass
 class RuleKeys(Section):
     """[policy] the batch-size policies' parameters (the trainer's [adaptive] keys and defaults)."""
-    gamma: float = like(AdaptiveConfig, "gamma")
-    alpha: float = like(AdaptiveConfig, "alpha")
-    ramp_at: list[float] = like(AdaptiveConfig, "ramp_at")
-    ramp_factor: float = like(AdaptiveConfig, "ramp_factor")
+    gamma: float = like(JobConfig, "gamma")
+    alpha: float = like(JobConfig, "alpha")
+    ramp_at: list[float] = like(JobConfig, "ramp_at")
+    ramp_factor: float = like(JobConfig, "ramp_factor")
     warmup: int = key(DEFAULT_GOODPUT_WARMUP, "goodput: fresh measurements before the first move", lo=0)
-    measure_every: int | None = like(AdaptiveConfig, "measure_every")
-    noise_memory: float | None = like(AdaptiveConfig, "noise_memory")
-    kappa: float = like(AdaptiveConfig, "kappa")
-    noise_trend: bool = like(AdaptiveConfig, "noise_trend")
+    measure_every: int | None = like(JobConfig, "measure_every")
+    noise_memory: float | None = like(JobConfig, "noise_memory")
+    kappa: float = like(JobConfig, "kappa")
+    noise_trend: bool = like(JobConfig, "noise_trend")
+    headroom_probe: int = like(JobConfig, "headroom_probe")
+    headroom_every: int = like(JobConfig, "headroom_every")
 
 
 @dataclass
