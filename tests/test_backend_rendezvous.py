@@ -1,4 +1,4 @@
-"""The torch backend's start-up (runtime/comm/torch_backend.py) and the backend key.
+"""The torch backend's start-up (runtime/comm/torch_backend.py, rendezvous.py) and the backend key.
 
 * how a rank learns its place from the launcher's environment (pure: torchrun, Open MPI's mpirun, MPICH's PMI,
   srun including a heterogeneous step, a batch shell, nothing);
@@ -23,7 +23,8 @@ from test_equivalence import assert_params_close
 from hpc_jabas.core.config.cliargs import ArgumentParser, add_arguments
 from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.errors import ConfigError
-from hpc_jabas.runtime.comm.torch_backend import Launch, launcher, stream_of
+from hpc_jabas.runtime.comm.rendezvous import Launch, launcher
+from hpc_jabas.runtime.comm.torch_backend import stream_of
 
 
 @pytest.mark.parametrize("env,want", [

@@ -120,9 +120,9 @@ def _hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
 
 
 def _peer_lost(value: BaseException) -> JabasError | None:
-    """The torch backend's line for a collective that failed because another rank is gone (when that backend
-    runs in this process; it is not imported for the question)."""
-    mod = sys.modules.get("hpc_jabas.runtime.comm.torch_backend")
+    """The backend's line for a collective that failed because another rank is gone (the torch backend's, when it
+    runs in this process: the seam is not imported for the question)."""
+    mod = sys.modules.get("hpc_jabas.runtime.comm.seam")
     if mod is None:
         return None
     try:

@@ -12,21 +12,23 @@ gradient of the iteration's S samples (docs/formulas.md, section 1). The Heterog
         reducer.zero_step()                     # this rank joins the gradients' collective with zeros
     reducer.finish()                            # .grad holds the reduced gradients
 
-Two kinds implement :class:`GradReducer`:
+Three kinds implement :class:`GradReducer` (four classes):
 
 * :class:`HookReducer` (the Horovod backend, runtime/comm/horovod_backend.py ``make_reducer``): a post-accumulate-grad
   hook per parameter starts its named allreduce during the last micro-batch's backward (Horovod fuses them);
   ``finish`` starts what did not (a parameter without a gradient: zeros) and waits;
-* ``torch_backend.DDPReducer`` (the torch backend): torch's own DistributedDataParallel around the user's model;
-  ``no_sync`` is DDP's; the reduction ends inside the last backward.
+* ``DDPReducer`` (the torch backend, runtime/comm/ddp.py): torch's own DistributedDataParallel around the user's
+  model; ``no_sync`` is DDP's; the reduction ends inside the last backward; ``ScriptDDPReducer`` the same
+  around a script's own wrap;
+* :class:`FlatReducer` (the torch backend without a model): one fused allreduce per (device, dtype) at ``finish``.
 
 Beside the gradients, a measurement iteration reduces its half-batch sums and the token weight
 (:meth:`GradReducer.sum_async`): ``eager_extras`` says whether they may start while the gradients' sums are in
 flight (Horovod matches collectives by name) or only after them, in one order on every rank (torch.distributed
 matches them by call order). On torch the low-level layer (the optimizer wrapper in the script's own loop) uses
-:class:`ScriptDDPReducer` around the script's own DDP wrap (reduction in the last backward, overlapped) and, where
-the script has no wrap, :class:`FlatReducer`: the gradients are views of flat buffers, each summed in one
-allreduce at ``finish``, after the backward (no overlap).
+``ScriptDDPReducer`` (runtime/comm/ddp.py) around the script's own DDP wrap (reduction in the last backward,
+overlapped) and, where the script has no wrap, :class:`FlatReducer`: the gradients are views of flat buffers,
+each summed in one allreduce at ``finish``, after the backward (no overlap).
 """
 from __future__ import annotations
 
@@ -92,7 +94,9 @@ class GradReducer(Protocol):
         ...
 
 
-class _Pending:
+class Pending:
+    """An extra sum started by a reducer: ``wait()`` waits for its handle."""
+
     __slots__ = ("handle", "wait_fn")
 
     def __init__(self, handle: Any, wait_fn: WaitSum):
@@ -158,7 +162,7 @@ class HookReducer:
         self._armed = False
 
     def sum_async(self, t: torch.Tensor, name: str) -> PendingSum:
-        return _Pending(self._start(t, name, 1.0), self._wait)
+        return Pending(self._start(t, name, 1.0), self._wait)
 
     def close(self) -> None:
         for h in self._hooks:
@@ -225,97 +229,13 @@ class FlatReducer:
             self._wait(h)
 
     def sum_async(self, t: torch.Tensor, name: str) -> PendingSum:
-        return _Pending(self._start(t, name, 1.0), self._wait)
+        return Pending(self._start(t, name, 1.0), self._wait)
 
     def close(self) -> None:
         pass
 
     def on_ready(self, fn: Callable[[], None] | None) -> None:
         """Never called: nothing is reduced before ``finish``."""
-
-
-class ScriptDDPReducer:
-    """The torch backend's reducer around the script's own ``DistributedDataParallel`` wrap (the low-level layer in
-    a DDP script, which keeps its wrap and its forward): DDP reduces in the last micro-batch's backward, its buckets
-    overlapping that backward, with its own average (the gradient / world, then a Sum: no comm hook is assumed);
-    the HeterogeneousOptimizer holds DDP's ``no_sync`` from ``begin`` until the last micro-batch, over the
-    script's forwards too (DDP decides in the forward whether the backward reduces). A rank without micro-batches
-    joins with one zero step through the wrapper. Extras (token weights, measurements) after the gradients."""
-
-    eager_extras = False
-    keeps_grads = False
-
-    def __init__(self, ddp: Any, start: StartSum, wait: WaitSum):
-        syncs = getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", False))
-        if syncs and any(True for _ in ddp.module.buffers()):
-            flag = "forward_sync_buffers" if hasattr(ddp, "forward_sync_buffers") else "broadcast_buffers"
-            raise ConfigError(f"the DistributedDataParallel model syncs its buffers in every forward ({flag}=True) "
-                              "while ranks run different numbers of micro-batches: wrap it with "
-                              f"DistributedDataParallel(model, {flag}=False)")
-        if getattr(ddp, "static_graph", False):
-            raise ConfigError("the DistributedDataParallel model was built with static_graph=True, which cannot run "
-                              "no_sync (all but the last micro-batch run in it): wrap it without static_graph")
-        self.ddp = ddp
-        self.module: torch.nn.Module | None = ddp
-        self.inner = ddp.module
-        self._params = [p for p in self.inner.parameters() if p.requires_grad]
-        self._start, self._wait = start, wait
-        self._n_local = 0
-        self._synced_forwards = 0
-        self._hook = ddp.register_forward_pre_hook(self._count)
-
-    def _count(self, module: torch.nn.Module, args: Any) -> None:
-        if torch.is_grad_enabled() and self.ddp.require_backward_grad_sync:
-            self._synced_forwards += 1
-
-    def begin(self, n_local: int) -> None:
-        self._n_local, self._synced_forwards = int(n_local), 0
-
-    def no_sync(self) -> contextlib.AbstractContextManager[None]:
-        return self.ddp.no_sync()
-
-    def zero_step(self) -> None:
-        """One synced backward of zero gradients through the wrapper, the script's module swapped for one call
-        for a stand-in whose output is ``0 x sum(parameters)`` (no data, no BatchNorm statistics touched)."""
-        ddp_zero_step(self.ddp, self.inner, self._params)
-
-    def finish(self) -> None:
-        if self._n_local > 0 and self._synced_forwards == 0:
-            raise ConfigError("the last micro-batch's forward did not run through the DistributedDataParallel "
-                              "wrapper, so DDP reduced nothing: call the wrapper (ddp(x)), not ddp.module(x)")
-
-    def sum_async(self, t: torch.Tensor, name: str) -> PendingSum:
-        return _Pending(self._start(t, name, 1.0), self._wait)
-
-    def close(self) -> None:
-        self._hook.remove()
-
-    def on_ready(self, fn: Callable[[], None] | None) -> None:
-        """Never called (the Trainer wraps the model itself)."""
-
-
-def ddp_zero_step(ddp: torch.nn.Module, inner: torch.nn.Module, params: Sequence[torch.Tensor]) -> None:
-    """One synced backward of zero gradients through ``ddp`` (a DistributedDataParallel around ``inner``): its
-    module is, for this one call, a stand-in whose output is ``0 x sum(parameters)`` (no data, no BatchNorm
-    statistics touched). Shared by both DDP reducers (this module's and runtime/comm/torch_backend.py's)."""
-    mods = ddp._modules
-    mods["module"] = _ZeroSum(params)
-    try:
-        out = ddp()
-    finally:
-        mods["module"] = inner
-    out.backward()
-
-
-class _ZeroSum(torch.nn.Module):
-    """A zero step's stand-in module: ``0 x sum(parameters)``, every gradient exactly zero."""
-
-    def __init__(self, params: Sequence[torch.Tensor]):
-        super().__init__()
-        self._ps = list(params)
-
-    def forward(self) -> torch.Tensor:
-        return torch.stack([p.sum().to(torch.float32) * 0.0 for p in self._ps]).sum()
 
 
 def check_model(model: torch.nn.Module) -> None:

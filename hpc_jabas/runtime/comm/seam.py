@@ -7,8 +7,10 @@ Two backends give the same functions with the same meaning (docs/backends.md):
 * ``"torch"`` (runtime/comm/torch_backend.py): ``torch.distributed``, Gloo on CPU and NCCL on CUDA, with its own
   rendezvous under mpirun, srun or torchrun; the gradients reduced by torch's DistributedDataParallel.
 
-The gradients go through a :class:`~hpc_jabas.runtime.comm.reducer.GradReducer` (:func:`make_reducer`), the typed
-seam both backends implement; every other collective is a function here.
+The seam holds one :class:`~hpc_jabas.runtime.comm.backend.Backend` (``TorchBackend`` or ``HorovodBackend``, the
+protocol mypy checks both against) and forwards each function here to the method of that name. The gradients go
+through a :class:`~hpc_jabas.runtime.comm.reducer.GradReducer` (:func:`make_reducer`); every other collective is a
+function here.
 
 The backend is chosen once per process, before the first collective: :func:`use` (the Trainer calls it with the
 config's ``backend`` key; ``hpc_jabas.runtime.job.launch`` with the job's) or the ``HPC_JABAS_BACKEND`` environment
@@ -23,20 +25,23 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 from typing import Any
+
+import torch
 
 from hpc_jabas import settings
 from hpc_jabas.core.config.defaults import BACKENDS
-from hpc_jabas.errors import ConfigError
+from hpc_jabas.errors import ConfigError, JabasError
 from hpc_jabas.runtime.comm import launchers
-from hpc_jabas.runtime.comm.reducer import GradReducer, ScriptDDPReducer
+from hpc_jabas.runtime.comm.backend import Backend, Params
+from hpc_jabas.runtime.comm.ddp import ScriptDDPReducer
+from hpc_jabas.runtime.comm.reducer import GradReducer
 
 #: the environment variable that picks the backend when no config key does (the config key wins)
 ENV = settings.BACKEND
 
 _requested: str | None = None        # what use() asked for ("auto" resolved on first need)
-_impl: ModuleType | None = None      # the backend module in use
+_impl: Backend | None = None         # the backend in use
 
 
 def check_backend(name: str) -> str:
@@ -84,47 +89,57 @@ def use(name: str | None) -> str:
     if name == "auto":                              # the config's auto defers to the environment's choice
         name = settings.backend() or "auto"
     if _impl is not None and _impl.is_initialized():
-        if name != "auto" and _impl.NAME != name:
-            raise ConfigError(f"backend={name!r} asked for, but this process already runs the {_impl.NAME} "
+        if name != "auto" and _impl.name != name:
+            raise ConfigError(f"backend={name!r} asked for, but this process already runs the {_impl.name} "
                               "backend; one process runs one backend (comm.shutdown() first)")
         return name
-    if _impl is not None and name != "auto" and _impl.NAME != name:
+    if _impl is not None and name != "auto" and _impl.name != name:
         _set(None)
     _requested = name
     return name
 
 
-def _set(mod: ModuleType | None) -> None:
+def _set(b: Backend | None) -> None:
     global _impl
-    _impl = mod
+    _impl = b
 
 
-def impl() -> ModuleType:
-    """The backend module (imported on first need; a Horovod that does not import is one line naming torch)."""
+def _new(name: str) -> Backend:
+    """A fresh backend of that name (its module imported on first need; a Horovod that does not import is one
+    line naming torch)."""
+    if name == "horovod":
+        try:
+            from hpc_jabas.runtime.comm.horovod_backend import HorovodBackend
+        except Exception as e:               # not installed, or a build missing a symbol of its library
+            raise ConfigError(f"backend='horovod' but horovod.torch does not import here ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''}); use backend='torch' (--backend "
+                              "torch), or install Horovod built against this torch") from None
+        return HorovodBackend()
+    from hpc_jabas.runtime.comm.torch_backend import TorchBackend
+    return TorchBackend()
+
+
+def impl() -> Backend:
+    """The backend of this process (made on first need, of the backend :func:`use` or the environment picks)."""
     if _impl is None:
-        name = resolve(_requested or settings.backend() or "auto")
-        if name == "horovod":
-            try:
-                from hpc_jabas.runtime.comm import horovod_backend as comm_horovod
-            except Exception as e:               # not installed, or a build missing a symbol of its library
-                raise ConfigError(f"backend='horovod' but horovod.torch does not import here ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}); use backend='torch' (--backend "
-                                  "torch), or install Horovod built against this torch") from None
-            _set(comm_horovod)
-        else:
-            from hpc_jabas.runtime.comm import torch_backend as comm_torch
-            _set(comm_torch)
+        _set(_new(resolve(_requested or settings.backend() or "auto")))
     assert _impl is not None
     return _impl
 
 
 def backend() -> str:
     """The name of the backend in use (resolving "auto")."""
-    return str(impl().NAME)
+    return impl().name
 
 
 def is_initialized() -> bool:
-    return _impl is not None and bool(_impl.is_initialized())
+    return _impl is not None and _impl.is_initialized()
+
+
+def peer_lost(exc: BaseException) -> JabasError | None:
+    """The one-line error a failed collective stands for when another rank is gone (the torch backend names it;
+    runtime/comm/exits.py asks); None for anything else, or when no backend runs."""
+    return _impl.peer_lost(exc) if _impl is not None else None
 
 
 # ---- the functions every backend gives --------------------------------------------------------------------
@@ -168,24 +183,24 @@ def shutdown() -> None:
 
 
 def rank() -> int:
-    return int(impl().rank())
+    return impl().rank()
 
 
 def size() -> int:
     """The world size (ValueError when the backend is not initialised: one process, e.g. the profiler)."""
-    return int(impl().size())
+    return impl().size()
 
 
 def local_rank() -> int:
-    return int(impl().local_rank())
+    return impl().local_rank()
 
 
-def device():
+def device() -> torch.device:
     """One CUDA device per local rank when CUDA is present, else the CPU."""
     return impl().device()
 
 
-def weighted_mean(t, weight: float, total: float, name: str | None = None):
+def weighted_mean(t: torch.Tensor, weight: float, total: float, name: str | None = None) -> torch.Tensor:
     """sum_i weight_i * t_i / total over ranks; ``total`` must be equal on every rank."""
     return impl().weighted_mean(t, weight, total, name=name)
 
@@ -197,28 +212,33 @@ def make_reducer(named_parameters: Sequence[tuple[str, Any]], model: Any = None,
     script's own DDP wrap when ``model`` is one (``ScriptDDPReducer``), or without a model one fused allreduce of
     every gradient."""
     # the seam's own sum functions, looked up at each call (a test may wrap comm.synchronize)
+    def start(t: torch.Tensor, name: str, post: float) -> Any:
+        return allreduce_sum_async_(t, name, post)
+
+    def wait(h: Any) -> torch.Tensor:
+        return synchronize(h)
+
     from torch.nn.parallel import DistributedDataParallel
     if isinstance(model, DistributedDataParallel) and backend() == "torch":     # the script's own wrap
-        return ScriptDDPReducer(model, lambda t, name, post: allreduce_sum_async_(t, name, post),
-                                lambda h: synchronize(h))
-    return impl().make_reducer(list(named_parameters), lambda t, name, post: allreduce_sum_async_(t, name, post),
-                               lambda h: synchronize(h), model=model, overlap=overlap, bucket_cap_mb=bucket_cap_mb,
+        return ScriptDDPReducer(model, start, wait)
+    return impl().make_reducer(list(named_parameters), start, wait, model=model, overlap=overlap,
+                               bucket_cap_mb=bucket_cap_mb,
                                **ddp_options)      # DDP's find_unused_parameters (torch; passed only when set)
 
 
-def allreduce_sum_async_(t, name: str, postscale: float = 1.0):
+def allreduce_sum_async_(t: torch.Tensor, name: str, postscale: float = 1.0) -> Any:
     """In-place asynchronous sum with one postscale factor shared by all ranks; returns a handle for
     :func:`synchronize`. Every rank starts the same names in the same order (Horovod matches them by name,
     torch.distributed by the order of the calls)."""
     return impl().allreduce_sum_async_(t, name=name, postscale=postscale)
 
 
-def synchronize(handle):
+def synchronize(handle: Any) -> torch.Tensor:
     """Wait for an asynchronous collective; returns its tensor."""
     return impl().synchronize(handle)
 
 
-def allreduce_sum(t, name: str | None = None):
+def allreduce_sum(t: torch.Tensor, name: str | None = None) -> torch.Tensor:
     return impl().allreduce_sum(t, name=name)
 
 
@@ -226,29 +246,29 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
     return impl().broadcast_object(obj, root_rank=root_rank, name=name)
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list:
-    return list(impl().allgather_object(obj, name=name))
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    return impl().allgather_object(obj, name=name)
 
 
-def allgather_tensor(t, name: str):
+def allgather_tensor(t: torch.Tensor, name: str) -> torch.Tensor:
     """Every rank's ``t`` concatenated along dim 0, in rank order (first dims may differ)."""
     return impl().allgather_tensor(t, name=name)
 
 
-def broadcast_parameters(params, root_rank: int = 0) -> None:
+def broadcast_parameters(params: Params, root_rank: int = 0) -> None:
     impl().broadcast_parameters(params, root_rank=root_rank)
 
 
-def distributed_optimizer(optimizer, named_parameters, **kw):
+def distributed_optimizer(optimizer: torch.optim.Optimizer, named_parameters: Any, **kw: Any) -> Any:
     """The backend's own equal-split wrapper (Horovod's DistributedOptimizer; used by the baselines in bench/)."""
     return impl().distributed_optimizer(optimizer, named_parameters, **kw)
 
 
-def build_info() -> dict:
+def build_info() -> dict[str, Any]:
     """What the backend's build supports (Horovod: `horovodrun --check-build`'s facts)."""
-    return dict(impl().build_info())
+    return impl().build_info()
 
 
 def controller() -> str:
     """How this world's ranks found each other (Horovod: 'mpi' or 'gloo'; torch: the launcher)."""
-    return str(impl().controller())
+    return impl().controller()
