@@ -22,8 +22,12 @@ PY = sys.executable
 WORKERS = ROOT / "tests" / "workers"
 
 
-def mpi_env():
+def mpi_env(backend: str | None = None):
+    """The ranks' environment; ``backend`` ("torch" or "horovod") pins HPC_JABAS_BACKEND, None leaves "auto"
+    (Horovod where it is built)."""
     env = dict(os.environ)
+    if backend is not None:
+        env["HPC_JABAS_BACKEND"] = backend
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1",
                OMPI_MCA_mpi_yield_when_idle="1")
@@ -64,14 +68,14 @@ class _Warm:
 class RankPool(_Warm):
     """``np_`` mpirun ranks that run worker scripts on request (tests/workers/pool_worker.py)."""
 
-    def __init__(self, np_: int):
+    def __init__(self, np_: int, backend: str | None = None):
         self.np = np_
-        self.dir = Path(tempfile.mkdtemp(prefix=f"hj-pool{np_}-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=f"hj-pool{np_}{backend or ''}-"))
         self.k = 0
         self.log = open(self.dir / "mpirun.log", "w")
         cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np_), PY,
                str(WORKERS / "pool_worker.py"), str(self.dir), str(os.getpid())]
-        self.proc = subprocess.Popen(cmd, env=mpi_env(), stdout=self.log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, env=mpi_env(backend), stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=str(ROOT), start_new_session=True)
 
     def run(self, script: str, spec_path: Path, log_dir: Path, timeout: float) -> None:
@@ -104,13 +108,13 @@ class RankPool(_Warm):
                              f"(done: {sorted(done)}):\n{logs}\n--- mpirun\n{mp}")
 
 
-_POOLS: dict[int, RankPool] = {}
+_POOLS: dict[tuple[int, str | None], RankPool] = {}
 
 
-def _pool(np_: int) -> RankPool:
-    p = _POOLS.get(np_)
+def _pool(np_: int, backend: str | None = None) -> RankPool:
+    p = _POOLS.get((np_, backend))
     if p is None or not p.alive():
-        p = _POOLS[np_] = RankPool(np_)
+        p = _POOLS[np_, backend] = RankPool(np_, backend)
     return p
 
 
@@ -187,8 +191,9 @@ def run_ranks_cases(worker: str, specs: list[dict], np_: int = 3, timeout: int =
 
 
 def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", timeout: int = 300,
-              _out_dir: str | None = None) -> list[dict]:
-    """Start `np_` ranks of tests/workers/<worker> with spec (JSON); return each rank's JSON result."""
+              _out_dir: str | None = None, backend: str | None = None) -> list[dict]:
+    """Start `np_` ranks of tests/workers/<worker> with spec (JSON); return each rank's JSON result. ``backend``:
+    see :func:`mpi_env` (a pool of its own per backend)."""
     with tempfile.TemporaryDirectory() as td:
         if _out_dir is not None:
             td = _out_dir
@@ -199,7 +204,7 @@ def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", t
         if launcher == "mpirun" and worker in POOL_WORKERS and os.environ.get("HPC_JABAS_TEST_POOL", "1") != "0":
             logs = Path(td) / "logs"
             logs.mkdir(exist_ok=True)
-            _pool(np_).run(script, sp, logs, timeout)
+            _pool(np_, backend).run(script, sp, logs, timeout)
             return [] if _out_dir is not None else _results(td, np_, "\n".join(
                 f"--- rank {r}\n{(logs / f'rank{r}.log').read_text()[-3000:]}" for r in range(np_)
                 if (logs / f"rank{r}.log").exists()))
@@ -210,7 +215,7 @@ def run_ranks(worker: str, spec: dict, np_: int = 3, launcher: str = "mpirun", t
             cmd = [hvdrun, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", PY, script, str(sp)]
         else:
             raise ValueError(launcher)
-        p = subprocess.run(cmd, env=mpi_env(), capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+        p = subprocess.run(cmd, env=mpi_env(backend), capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
         if p.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-4000:]}\n{p.stderr[-6000:]}")
         if _out_dir is not None:             # run_ranks_cases reads the cases' results

@@ -39,8 +39,10 @@ def reference(history):
 
 
 @pytest.mark.mpi
-def test_batchnorm_pinned_b_equivalence_and_buffer_averaging(tmp_path):
-    res = run_ranks("model_bn.py", dict(SPEC, run_dir=str(tmp_path / "run")), np_=3)
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_batchnorm_pinned_b_equivalence_and_buffer_averaging(tmp_path, backend):
+    res = run_ranks("model_bn.py", dict(SPEC, run_dir=str(tmp_path / "run")), np_=3, backend=backend)
+    assert [r["backend"] for r in res] == [backend] * 3
     hist = res[0]["history"]
     plans = [Plan.parse(h["plan"]) for h in hist]
     assert all(p.bs == (4, 4, 4) for p in plans) and plans[0].B == 24 and plans[-1].B == 36   # b pinned, B moved

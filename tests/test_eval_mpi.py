@@ -22,8 +22,10 @@ def test_shards_cover_once_and_plateau_value():
 
 
 @pytest.mark.mpi
-def test_distributed_eval_equals_one_process_and_plateau_follows_rank0():
-    res = run_ranks("model_eval.py", SPEC, np_=3)
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_distributed_eval_equals_one_process_and_plateau_follows_rank0(backend):
+    res = run_ranks("model_eval.py", SPEC, np_=3, backend=backend)
+    assert [r["backend"] for r in res] == [backend] * 3
     X, y = make_data(SPEC["n_val"], seed=5).tensors
     model = make_model()
     # the lr each epoch's evaluation saw, replayed with torch's own ReduceLROnPlateau on rank 0's scores

@@ -1,4 +1,4 @@
-"""The HeterogeneousOptimizer on 3 Horovod ranks (tests/workers/optim_worker.py, one mpirun) against
+"""The HeterogeneousOptimizer on 3 ranks of each backend (tests/workers/optim_worker.py, one mpirun each) against
 one-process references: measurement statistics (plain and token-weighted, mixed micro-batch sizes)
 equal a float64 computation, a measurement iteration allocates at most 2x the parameter bytes
 extra, clipping (Horovod's recipe and the config key) allreduces once, fp16 skip decisions agree
@@ -99,11 +99,14 @@ def rel_err(got, want):
     return float((got - want).abs().max() / (want.abs().max() + 1e-12))
 
 
-@pytest.fixture(scope="module")
-def runs():
+@pytest.fixture(scope="module", params=["horovod", "torch"])
+def runs(request):
+    """One launch per backend: every test of the module runs on both (the wrapper's reduction is the backend's)."""
     clip, _, _ = clip_reference()
     spec = {"clip": clip, "tokens": TOKENS, "bf16": BF16}
-    return run_ranks("optim_worker.py", spec, np_=3, timeout=300)
+    res = run_ranks("optim_worker.py", spec, np_=3, timeout=300, backend=request.param)
+    assert [r["backend"] for r in res] == [request.param] * 3
+    return res
 
 
 @pytest.mark.mpi

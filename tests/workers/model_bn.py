@@ -11,6 +11,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.runtime.batchnorm import running_buffers  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.controller import ScriptedController  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
@@ -44,4 +45,5 @@ if __name__ == "__main__":
     out = {"rank": tr.rank, "before": before, "after": after, "samples_local": tr.samples_local,
            "params": {k: v.tolist() for k, v in model.named_parameters()}, "history": list(tr.history),
            "checkpoint": path}
+    out["backend"] = comm.backend()          # the backend this run really took
     (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reference import make_data, make_model  # noqa: E402
 
 from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.evaluate import DistributedEval  # noqa: E402
 from hpc_jabas.runtime.trainer import Trainer  # noqa: E402
 
@@ -37,4 +38,5 @@ def eval_fn(m):
 tr = Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, scheduler=sched, eval_fn=eval_fn)
 tr.fit(resume=False)
 out = {"rank": tr.rank, "seen": seen, "lr": opt.param_groups[0]["lr"]}
+out["backend"] = comm.backend()          # the backend this run really took
 (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))

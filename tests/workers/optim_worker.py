@@ -238,4 +238,5 @@ def bf16_forward(m, batch):
 trainer_run("bf16", make_model(dtype=torch.float32), make_data(spec["bf16"]["n"], dtype=torch.float32), bf16_forward,
             spec["bf16"])
 out["bf16"]["logit_dtypes"] = sorted(logit_dtypes)
+out["backend"] = comm.backend()          # the backend this run really took
 (Path(spec["out_dir"]) / f"rank{rank}.json").write_text(json.dumps(out))
