@@ -3,8 +3,9 @@
     .venv/bin/python scripts/gen_config_table.py            # rewrite docs/config.md
     .venv/bin/python scripts/gen_config_table.py --check    # exit 1 if docs/config.md's table is stale
 
-The table sits between the two markers below; everything outside them is left as it is. The rows come
-from ``hpc_jabas.core.config.sections.config_reference()`` (one per key: section, key, type, default, meaning).
+The table sits between the two markers below; everything outside them is left as it is. The rows come from the
+keys' one definition (``hpc_jabas.core.config.sections.all_fields()``: JobConfig's fields, each with its section as
+metadata, then AutoscaleConfig's): one per key, with its section, key, type, default and meaning.
 """
 from __future__ import annotations
 
@@ -15,11 +16,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hpc_jabas.core.config.sections import config_reference  # noqa: E402
+from hpc_jabas.core.config.schema import default_text, type_name  # noqa: E402
+from hpc_jabas.core.config.sections import all_fields  # noqa: E402
 from hpc_jabas.errors import ConfigError  # noqa: E402
 
 README_START = "<!-- config-reference:start (generated: scripts/gen_config_table.py) -->"
 README_END = "<!-- config-reference:end -->"
+
+
+def config_reference() -> str:
+    """Markdown table of every key: section, key, type, default, help (docs/config.md's table)."""
+    rows = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
+    for s, f, tp in all_fields():
+        m = f.metadata
+        kind = type_name(tp) if not m["choices"] else " / ".join(f"`{c}`" for c in m["choices"])
+        shown = m["shown"] if f.default is None else None
+        default = shown or f"`{default_text(f)}`"
+        rows.append(f"| `[{s}]` | `{f.name}` | {kind.replace('|', '&#124;')} | {default} | "
+                    f"{m['help'].replace('|', '&#124;')} |")
+    return "\n".join(rows) + "\n"
 
 
 def replace_reference(text: str) -> str:

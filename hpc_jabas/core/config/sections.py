@@ -3,13 +3,13 @@ and/or flags; validated.
 
 Every job key is declared once, as a field of :class:`JobConfig`, with its type, default, help text, constraints
 and its section (``[train]``, ``[planning]``, ...) as field metadata (core/config/schema.py ``key``, here through
-one ``_SECTION(...)`` helper per section). From those fields come the validation (:func:`check_fields`), the
-command-line flags (core/config/cliargs.py ``add_arguments``: ``--KEY`` per job key in a group per section,
-``--autoscale-KEY`` per auto-scaling key), the section views (``cfg.train.batch`` is ``cfg.batch``:
-schema's ``SectionView``) and the configuration reference in docs/config.md (:func:`config_reference`, written by
-scripts/gen_config_table.py). A value is normalised when it is assigned (a policy alias becomes its canonical
-name); :meth:`JobConfig.validate` only checks. Unknown keys and impossible values raise ConfigError with one line
-naming the key, the value and what is valid (docs/invariants.md, invariant 11).
+one helper per section: ``_train(...)``, ``_adaptive(...)``). From those fields come the validation
+(:func:`check_fields`), the command-line flags (core/config/cliargs.py ``add_arguments``: ``--KEY`` per job key
+in a group per section, ``--autoscale-KEY`` per auto-scaling key), the section views (``cfg.train.batch`` is
+``cfg.batch``: schema's ``SectionView``) and the configuration reference in docs/config.md
+(scripts/gen_config_table.py, from :func:`all_fields`). A value is normalised when it is assigned (a policy alias
+becomes its canonical name); :meth:`JobConfig.validate` only checks. Unknown keys and impossible values raise
+ConfigError with one line naming the key, the value and what is valid (docs/invariants.md, invariant 11).
 The choices and default values come from :mod:`hpc_jabas.core.config.defaults`, so this module imports no
 implementation module.
 
@@ -67,13 +67,11 @@ from hpc_jabas.core.config.schema import (
     Section,
     SectionOf,
     check_fields,
-    default_text,
     field_types,
     in_section,
     key,
     key_fields,
     reject_unknown,
-    type_name,
 )
 from hpc_jabas.core.config.slowdown import Slowdown
 from hpc_jabas.errors import ConfigError
@@ -562,7 +560,7 @@ def _not_a_table(section: str, v: Any) -> str:
             f"give {first} = ... before any header), not a value of type {type(v).__name__}")
 
 
-# ---- flags and the reference, generated from the fields ----------------------------------------
+# ---- every key, for the flags (cliargs.py) and the reference (scripts/gen_config_table.py) ---------
 
 def all_fields() -> list[tuple[str, dataclasses.Field[Any], Any]]:
     """(section, field, type) of every key: the job keys in their sections' order, then autoscale's."""
@@ -570,15 +568,3 @@ def all_fields() -> list[tuple[str, dataclasses.Field[Any], Any]]:
     return ([(SECTION_OF[f.name], f, job[f.name]) for f in key_fields(JobConfig)]
             + [("autoscale", f, auto[f.name]) for f in key_fields(AutoscaleConfig)])
 
-
-def config_reference() -> str:
-    """Markdown table of every key: section, key, type, default, help (docs/config.md's table)."""
-    rows = ["| section | key | type | default | meaning |", "|---|---|---|---|---|"]
-    for s, f, tp in all_fields():
-        m = f.metadata
-        kind = type_name(tp) if not m["choices"] else " / ".join(f"`{c}`" for c in m["choices"])
-        shown = m["shown"] if f.default is None else None
-        default = shown or f"`{default_text(f)}`"
-        rows.append(f"| `[{s}]` | `{f.name}` | {kind.replace('|', '&#124;')} | {default} | "
-                    f"{m['help'].replace('|', '&#124;')} |")
-    return "\n".join(rows) + "\n"
