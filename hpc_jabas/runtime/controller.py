@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_jabas.core.adaptive.decision import Decision
 from hpc_jabas.core.adaptive.guard import DivergenceGuard, guard_window
+from hpc_jabas.core.adaptive.headroom import HeadroomCap
 from hpc_jabas.core.adaptive.policies import NOISE, SIMILARITY, Observation, Policy, PolicyState, policy_for_job
+from hpc_jabas.core.adaptive.policies.base import BatchDecision
 from hpc_jabas.core.adaptive.policy import DEFAULT_P, decision_period, make_lr_rule, make_wd_rule
+from hpc_jabas.core.adaptive.progress import ProgressBudget, progress_efficiency
 from hpc_jabas.core.adaptive.scaling import AdaScaleRule
+from hpc_jabas.core.adaptive.seesaw import SeesawFloor, floor_batch
 from hpc_jabas.core.adaptive.stats import NoiseScale, noise_scale_terms
 from hpc_jabas.core.autoscale.overheads import measures
 from hpc_jabas.core.balancing import RankPredictors, Rebalancer
@@ -26,6 +30,7 @@ from hpc_jabas.core.planning import Plan, Planner, snap_nearest
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime.comm import seam as comm
+from hpc_jabas.runtime.headroom_probe import OnlineProbe
 from hpc_jabas.runtime.hooks import Controller, TrainerView
 from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.runtime.telemetry import HostTelemetry
@@ -198,6 +203,16 @@ class AdaptiveController(BaseController):
         # the whole batch's loss of each, what metrics.jsonl records as ``loss``
         self.guard = DivergenceGuard(cfg.guard_sigma, cfg.guard_rise) if cfg.guard and self.moves else None
         self._losses: list[tuple[int, float, float, bool]] = []     # (it, samples, loss sum, step skipped)
+        # the curvature headroom probed at decision rounds (runtime/headroom_probe.py; headroom_probe = 0: never), the
+        # cap it sets (Seesaw's floor reads it), Seesaw's late-phase floor (core/adaptive/seesaw.py; built at attach)
+        self.probe = OnlineProbe(cfg.headroom_probe, cfg.headroom_every, cfg.seed) \
+            if cfg.headroom_probe and self.moves else None
+        self._probe_now = False
+        self.hcap = HeadroomCap(cfg.headroom_c)
+        self.seesaw: SeesawFloor | None = None
+        # goal = "final": the epoch budget in statistical progress (core/adaptive/progress.py), every rank's ledger
+        # the same (each iteration's samples x the E the last decision's record carries); built at attach
+        self.budget: ProgressBudget | None = None
 
     def attach(self, trainer: TrainerView) -> None:
         super().attach(trainer)
@@ -224,6 +239,19 @@ class AdaptiveController(BaseController):
             self.space = self.planner.batch_space(cfg.B_min, cfg.B_max)
         if self.guard is not None:
             self.guard.configure(guard_window(self.p), cfg.guard_cooldown * self.p)
+        opt = trainer.opt.optimizer
+        if self.probe is not None:
+            self.probe.attach(trainer, trainer.sampler.num_samples, cfg.micro_batch or max(trainer.plan.bs), opt)
+        if cfg.seesaw and self.moves and self.seesaw is None:
+            import torch
+            adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
+            self.seesaw = SeesawFloor(cfg.batch_ref or cfg.batch, adam)
+        if cfg.goal == "final" and self.moves and not getattr(trainer, "runs_progress_budget", False):
+            raise ConfigError("goal='final' is not run by this Trainer yet: it ends after its epochs of samples "
+                              "(the controller's progress ledger and the simulator's stop = 'progress' price it; "
+                              "docs/adaptive.md, 'The goal'); use goal='time'")
+        if cfg.goal == "final" and self.moves and self.budget is None and cfg.epochs:
+            self.budget = ProgressBudget(float(cfg.epochs) * trainer.sampler.num_samples)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
@@ -275,7 +303,10 @@ class AdaptiveController(BaseController):
             wset[i] = g["weight_decay"]
 
     def progress(self, trainer: TrainerView) -> float | None:
-        """The fraction of the configured run done, in samples (what the ramp policy reads)."""
+        """The fraction of the configured run done (what the ramp policy reads): in samples, or with goal = "final"
+        in statistical progress."""
+        if self.budget is not None:
+            return self.budget.fraction
         sampler, epochs = trainer.sampler, self.cfg.epochs
         n = sampler.num_samples
         if not epochs or not n:
@@ -356,9 +387,15 @@ class AdaptiveController(BaseController):
                 if not skipped:                  # an fp16 step the scaler skipped (inf/nan) trained nothing
                     self.guard.observe(it, s / n if n > 0 else float("nan"))
 
+    def finished(self) -> bool:
+        """goal = "final": the progress budget is made (every rank alike); False with goal = "time"."""
+        return self.budget is not None and self.budget.finished()
+
     def after_step(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
         if self.balance:
             self._window.append(rec)
+        if self.budget is not None:
+            self.budget.add(rec.samples)
         if self.guard is not None:
             self._losses.append((int(rec.it), float(rec.samples), float(rec.loss_sum), bool(rec.skipped)))
         done = trainer.iteration
@@ -372,6 +409,7 @@ class AdaptiveController(BaseController):
             return None
         bal = self.balance and done % self.cfg.p_balance == 0
         pol = self._policy_round(done)
+        self._probe_now = pol and self.probe is not None and self.probe.due(done, self.p)   # every rank alike
         meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
         if pol and self.guard is not None:
             self._gather_losses(trainer)
@@ -458,10 +496,18 @@ class AdaptiveController(BaseController):
         if g2 is not None:
             self._since = 0
             self._fed += 1
+        hd = self.probe.measure(trainer, trainer.opt.optimizer, rec.B, trainer.iteration, rec.lr_scale * (
+            rec.lr_warmup or 1.0)) if self._probe_now and self.probe is not None else None
+        if hd is not None:
+            self.hcap.observe(hd["h"], hd["B"])
         bd = self.policy.decide(PolicyState(B=B_now, iteration=trainer.iteration, similarity=sim,
                                             b_noise=bnoise, g2=g2, s=s_tr, progress=self.progress(trainer),
-                                            samples=since),
+                                            samples=since, headroom=hd["h"] if hd else None,
+                                            headroom_B=hd["B"] if hd else None),
                                 self.space)
+        floor = self._seesaw(trainer, bd.B)
+        if floor is not None:
+            bd = BatchDecision(floor[0], "set", float(floor[0]), floor[0] != B_now, f"{bd.reason}; {floor[2]}")
         if bd.B == B_now and self.factors is None:
             plan = plan_now
         else:
@@ -474,7 +520,7 @@ class AdaptiveController(BaseController):
             own = self.policy.noise_estimate()
             est = own if own is not None else self.noise
             self.lr_rule.observe(est.G2, est.S)
-        lr = self.lr_rule.lr_scale(plan.B)
+        lr = self.lr_rule.lr_scale(plan.B) if floor is None else floor[1]
         # G2/S_trace: the controller's smoothed terms; g2/s: this decision's fresh estimates as the policy got
         # them (None: none), which a simulation replays ([gradstats] curve = "trace", core/sim/simconfig.py)
         stats = {"similarity": sim, "b_noise": bnoise, "G2": self.noise.G2, "S_trace": self.noise.S,
@@ -484,11 +530,36 @@ class AdaptiveController(BaseController):
         stats.update(self.policy.decision_stats(B_now, fresh=g2 is not None, between=self.measure_every is not None))
         if NOISE in self.policy.reads and self.measure_every is not None:
             stats.update(measurements=self._fed)   # the fresh measurements fed so far, decisions' included
+        if self.probe is not None and self.probe.last is not None:
+            stats.update(headroom=self.probe.record(), headroom_fresh=hd is not None)   # the h in force, and when
+        if self.seesaw is not None:
+            stats.update(seesaw={"alpha": self.seesaw.alpha, "floor": floor[0] if floor else None})
+        if self.budget is not None:       # E of the decided B on the estimate now: what every rank's ledger counts
+            own = self.policy.noise_estimate()
+            est = own if own is not None else self.noise
+            stats.update(progress_E=progress_efficiency(est.G2, est.S, plan.B, self.cfg.batch),
+                         progress=self.budget.fraction)
         self.last_stats = stats
         return Decision(announce_at(trainer), plan.B, plan, float(lr), reason=f"{self.policy.name}: {bd.reason}",
                         stats=stats)
 
+    def _seesaw(self, trainer: TrainerView, B: int) -> tuple[int, float, str] | None:
+        """Rank 0, Seesaw on: (B, lr scale, why) where the schedule's cut lifts the decided ``B`` (None: it does
+        not bind); the floor capped by the measured headroom (core/adaptive/seesaw.py)."""
+        if self.seesaw is None or self.space is None:
+            return None
+        alpha = self.seesaw.observe(float(trainer.opt.optimizer.param_groups[0]["lr"]))
+        lim = self.hcap.limit(B)
+        nb = floor_batch(self.space, B, self.seesaw.floor(B_max=self.space.B_max), lim)
+        if nb is None:
+            return None
+        why = f"seesaw: the schedule's lr at {alpha:.3g} of its peak: B >= {self.seesaw.B_ref / alpha:.4g}" + (
+            f", capped at c x h x B_h = {lim:.4g}" if lim is not None and nb < self.seesaw.B_ref / alpha else "")
+        return nb, self.seesaw.lr_scale(nb), f"{why} -> B={nb}"
+
     def on_decision(self, trainer: TrainerView, d: Decision) -> None:
+        if self.budget is not None:
+            self.budget.set_efficiency(d.stats.get("progress_E"))
         super().on_decision(trainer, d)
         if d.B != (self.trajectory[-1][1] if self.trajectory else None):
             self.trajectory.append((d.at_iteration, d.B))
@@ -504,7 +575,10 @@ class AdaptiveController(BaseController):
                 "predictors": self.predictors.state_dict() if self.predictors is not None else None,
                 "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None,
                 "guard": self.guard.state_dict() if self.guard is not None else None,
-                "guard_pending": [list(r) for r in self._losses] if self._one_rank() else None}
+                "guard_pending": [list(r) for r in self._losses] if self._one_rank() else None,
+                **({} if self.probe is None else {"probe": self.probe.state_dict(), "hcap": self.hcap.state_dict()}),
+                **({} if self.seesaw is None else {"seesaw": self.seesaw.state_dict()}),
+                **({} if self.budget is None else {"budget": self.budget.state_dict()})}
 
     def _one_rank(self) -> bool:
         """One rank: its pending losses are the whole batch's, so a checkpoint can hold them (with more ranks each
@@ -523,6 +597,13 @@ class AdaptiveController(BaseController):
             pend = d.get("guard_pending")
             self._losses = [(int(r[0]), float(r[1]), float(r[2]), bool(r[3])) for r in pend] \
                 if pend is not None and self._one_rank() else []
+        if self.probe is not None and d.get("probe"):
+            self.probe.load_state_dict(d["probe"])
+            self.hcap.load_state_dict(d["hcap"])
+        if self.seesaw is not None and d.get("seesaw"):
+            self.seesaw.load_state_dict(d["seesaw"])
+        if self.budget is not None and d.get("budget"):
+            self.budget.load_state_dict(d["budget"])
         wd = d.get("wd") or [None, None]
         self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
         if self.balance and d.get("predictors") and self.predictors is not None and self.rebalancer is not None \

@@ -17,6 +17,11 @@ this module defines its own version of any of them. The time line (docs/simulato
 - a measurement iteration (one per period for the similarity and goodput policies) takes
   ``[model] measure_factor`` times a normal one, and every epoch end adds ``[model] epoch_end_s`` (both
   measured on a run of the job; defaults 1 and 0: not priced);
+- with ``[policy] headroom_probe`` = n > 0, every ``headroom_every``-th decision round (the first included) adds
+  the curvature-headroom probe (runtime/headroom_probe.py): one forward and two backwards on n samples on one rank,
+  priced ``PROBE_PASSES`` = 2 training micro-steps per micro-batch of the job's b (``micro_batch``, else 32) on the
+  mix's slowest GPU type (``probe_seconds``), the other ranks waiting; the simulated policies get no h (the
+  simulator has no curvature), so the probe is a cost here, not a signal;
 - ``stop = "progress"``: the run ends once the statistical progress of ``epochs`` epochs at B0 is made
   (each sample counts E(B) = (B_noise + B0) / (B_noise + B), core/adaptive/stats.py), possibly mid-epoch;
   ``"samples"``: after exactly ``epochs`` epochs;
@@ -158,6 +163,24 @@ class _Run:
     reference: bool = False           # under auto-scaling: reference iterations when measure_every = 1 (overheads)
     since: int = 0                    # samples trained since the last fresh measurement
     early: int | None = None          # with measure_every: the early first decision (the controller's)
+    probe_next: int = 0               # headroom_probe: the first decision round at or after this iteration probes
+
+
+#: the headroom probe's cost in training micro-steps (forward + backward) per micro-batch of its probe batch: one
+#: forward and backward with the graph kept, then the Hessian-vector product's second backward
+PROBE_PASSES = 2.0
+#: the probe's micro-batch when the job pins none
+PROBE_MICRO_BATCH = 32
+
+
+def probe_seconds(t_micro: Callable[[str, int], float], types: Sequence[str], n: int, b: int | None) -> float:
+    """One headroom probe of ``n`` samples in micro-batches of ``b`` (None: PROBE_MICRO_BATCH) on the slowest of
+    ``types``: PROBE_PASSES x (full micro-batches + the partial last one), each at ``t_micro(type, size)``."""
+    if n <= 0:
+        return 0.0
+    bb = max(1, min(int(b or PROBE_MICRO_BATCH), n))
+    full, last = divmod(int(n), bb)
+    return PROBE_PASSES * max(full * t_micro(g, bb) + (t_micro(g, last) if last else 0.0) for g in types)
 
 
 def measurements(done: int, end: int, p: int, k: int | None, reference: bool = False) -> int:
@@ -381,6 +404,12 @@ class Simulation:
                     g2_, s_ = self._draw_between(r.B, min(r.done_eff / r.target, 1.0), r.rng)
                     if r.policy.observe(g2_, s_, r.since):
                         r.since = 0
+            if decides and job.policy.headroom_probe > 0 and r.it >= r.probe_next:
+                # the curvature-headroom probe at this decision round (the controller's OnlineProbe.due)
+                r.probe_next = r.it + job.policy.headroom_every * p
+                types = sorted({self.types[part] for part, k in r.mix.items() if k > 0})
+                ep_t += probe_seconds(lambda g, b: self.model.t_micro(g, b), types, job.policy.headroom_probe,
+                                      job.micro_batch)
             if decides:
                 self._since, self._fresh = r.since or None, False
                 nb = self._decide(r.policy, r.B, r.it, min(r.done_eff / r.target, 1.0), r.space, r.rng, r.res,

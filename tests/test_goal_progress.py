@@ -1,0 +1,81 @@
+"""The epoch budget in statistical progress (``goal = "final"``, core/adaptive/progress.py) against an independent
+computation, and the headroom probe's price in the simulator (core/sim/simulate.py) against its closed form."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hpc_jabas.core.adaptive.progress import ProgressBudget, progress_efficiency, progress_gain
+from hpc_jabas.core.adaptive.stats import statistical_efficiency
+from hpc_jabas.core.sim import simulate
+from hpc_jabas.core.sim.simconfig import cluster_from_dict, job_from_dict
+
+
+@settings(max_examples=300, deadline=None)
+@given(G2=st.floats(1e-6, 1e3), S=st.floats(0.0, 1e6), B=st.integers(1, 8192), B0=st.integers(1, 1024))
+def test_progress_gain_is_pollux_r_and_its_efficiency_is_pollux_E(G2, S, B, B0):
+    s = B / B0
+    # independently: E|g_B0|^2 / E|g_B|^2 with E|g_n|^2 = G2 + tr(Sigma) / n (McCandlish et al.; AdaScale's r)
+    r = (G2 + S / B0) / (G2 + S / B)
+    assert progress_gain(G2, S, B, B0) == pytest.approx(r, rel=1e-9)
+    assert progress_gain(G2, S, B, B0) == pytest.approx((S / B0 + G2) / (S / B0 / s + G2), rel=1e-9)
+    # one sample at B counts E = r / s samples at B0: Pollux's E(B) with B_noise = tr(Sigma) / |G|^2
+    assert progress_efficiency(G2, S, B, B0) == pytest.approx(statistical_efficiency(B, S / G2, B0), rel=1e-9)
+    assert 0.0 < progress_efficiency(G2, S, B, B0) <= 1.0 + 1e-12 or B < B0
+
+
+@pytest.mark.parametrize("G2,S", [(None, None), (0.0, 5.0), (-1.0, 5.0), (float("nan"), 1.0)])
+def test_without_a_resolved_estimate_a_sample_counts_as_one(G2, S):
+    assert progress_gain(G2, S, 256, 32) == 8.0
+    assert progress_efficiency(G2, S, 256, 32) == 1.0
+
+
+def test_the_budget_counts_samples_times_E_and_finishes_past_the_samples_a_time_goal_stops_at():
+    N, epochs, B0 = 1000, 2, 32
+    bud = ProgressBudget(epochs * N)
+    G2, S = 0.5, 64.0                              # B_noise = 128
+    samples, B = 0, 32
+    while not bud.finished():
+        B = 32 if samples < 600 else 256
+        bud.set_efficiency(progress_efficiency(G2, S, B, B0))
+        bud.add(B)
+        samples += B
+    # written out: 600 samples at E(32) = 1 (19 iterations of 32 = 608), the rest at E(256) = 160 / 384
+    e256 = (128 + 32) / (128 + 256)
+    first = 19 * 32
+    need = math.ceil((epochs * N - first) / (256 * e256))
+    assert samples == first + need * 256
+    assert samples > epochs * N                    # "final" trains more samples than "time" would
+    assert bud.fraction >= 1.0 and bud.done == pytest.approx(first + need * 256 * e256)
+    st_ = bud.state_dict()
+    again = ProgressBudget(epochs * N)
+    again.load_state_dict(st_)
+    assert again.state_dict() == st_
+
+
+def _sim(probe, every=2, p=10):
+    cl = cluster_from_dict({"name": "t", "restart_s": 30.0, "queue": {"seed": 0, "period_s": 600.0},
+                            "partition": [{"name": "v100", "gpu": "v100", "nodes": 1, "gpus_per_node": 2},
+                                          {"name": "p100", "gpu": "p100", "nodes": 1, "gpus_per_node": 2}]})
+    jb = job_from_dict({"samples": 6_000, "epochs": 2, "batch": 128, "batch_min": 64, "batch_max": 1024,
+                        "micro_batch": 16, "p": p, "stop": "samples", "seed": 0,
+                        "gradstats": {"curve": "mccandlish", "b_start": 128, "b_end": 2048, "tau": 0.3},
+                        "policy": {"headroom_probe": probe, "headroom_every": every}})
+    sim = simulate.Simulation(cl, jb)
+    return sim, sim.run("simigrad")
+
+
+def test_the_simulator_prices_each_probe_and_decides_as_without():
+    sim0, r0 = _sim(0)
+    sim1, r1 = _sim(200, every=2, p=10)
+    assert r1.trajectory == r0.trajectory                  # a price, not a signal: the same decisions
+    # the probe's closed form: 2 passes x (12 micro-batches of 16 + one of 8) on the slower of v100 and p100
+    one = max(2.0 * (12 * sim1.model.t_micro(g, 16) + sim1.model.t_micro(g, 8)) for g in ("v100", "p100"))
+    assert simulate.probe_seconds(lambda g, b: sim1.model.t_micro(g, b), ["p100", "v100"], 200, 16) == \
+        pytest.approx(one, rel=1e-12)
+    rounds = r0.totals["iterations"] // 10                  # simigrad decides at every 10th iteration
+    probes = (rounds - 1) // 2 + 1                          # the first round, then every 2nd
+    assert r1.totals["time_s"] - r0.totals["time_s"] == pytest.approx(probes * one, rel=1e-6, abs=1e-6)
