@@ -51,9 +51,26 @@ def test_the_budget_counts_samples_times_E_and_finishes_past_the_samples_a_time_
     assert samples > epochs * N                    # "final" trains more samples than "time" would
     assert bud.fraction >= 1.0 and bud.done == pytest.approx(first + need * 256 * e256)
     st_ = bud.state_dict()
-    again = ProgressBudget(epochs * N)
+    again = ProgressBudget(epochs * N, N)
     again.load_state_dict(st_)
     assert again.state_dict() == st_
+
+
+def test_epochs_of_progress_are_counted_once_each_and_survive_a_checkpoint():
+    bud = ProgressBudget(3 * 100.0, 100.0)
+    seen = []
+    for E in (1.0, 0.5, 0.5, 0.25, 0.25, 0.25, 0.25):
+        bud.set_efficiency(E)
+        bud.add(64)                                # progress 64, 96, 128, 144, 160, 176, 192
+        seen.append(bud.epochs_due())
+    assert seen == [0, 0, 1, 0, 0, 0, 0] and bud.stepped == 1
+    again = ProgressBudget(300.0, 100.0)
+    again.load_state_dict(bud.state_dict())
+    again.set_efficiency(1.0)
+    again.add(8)                                   # 200: the second epoch of progress, counted once
+    assert again.epochs_due() == 1 and again.epochs_due() == 0 and not again.finished()
+    again.add(100)
+    assert again.epochs_due() == 1 and again.finished()
 
 
 def _sim(probe, every=2, p=10):

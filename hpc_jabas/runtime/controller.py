@@ -251,7 +251,7 @@ class AdaptiveController(BaseController):
                               "(the controller's progress ledger and the simulator's stop = 'progress' price it; "
                               "docs/adaptive.md, 'The goal'); use goal='time'")
         if cfg.goal == "final" and self.moves and self.budget is None and cfg.epochs:
-            self.budget = ProgressBudget(float(cfg.epochs) * trainer.sampler.num_samples)
+            self.budget = ProgressBudget(float(cfg.epochs) * trainer.sampler.num_samples, trainer.sampler.num_samples)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
@@ -390,6 +390,15 @@ class AdaptiveController(BaseController):
     def finished(self) -> bool:
         """goal = "final": the progress budget is made (every rank alike); False with goal = "time"."""
         return self.budget is not None and self.budget.finished()
+
+    def runs_on(self) -> bool:
+        """goal = "final": the run goes on (past its epochs of samples) until the progress budget is made."""
+        return self.budget is not None and not self.budget.finished()
+
+    def epochs_due(self) -> int | None:
+        """goal = "final": the epochs of progress completed since the last call, a per-epoch scheduler's steps (the
+        Trainer then steps it here, not at the data's epoch ends); None with goal = "time"."""
+        return None if self.budget is None else self.budget.epochs_due()
 
     def after_step(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
         if self.balance:

@@ -38,15 +38,18 @@ def progress_efficiency(G2: float | None, S: float | None, B: float, B0: float) 
 
 class ProgressBudget:
     """The run's progress in samples at B0 against its budget (``epochs`` x the data's samples): each iteration's
-    samples x the efficiency E in force (``efficiency``, set from each decision's record, the same on every rank)."""
+    samples x the efficiency E in force (``efficiency``, set from each decision's record, the same on every rank).
+    ``epoch``: the data's samples, an epoch of progress (``epochs_due``: a per-epoch scheduler's steps)."""
 
-    def __init__(self, budget: float) -> None:
+    def __init__(self, budget: float, epoch: float | None = None) -> None:
         if not budget > 0:
             raise ValueError(f"progress budget {budget}: must be > 0 samples")
         self.budget = float(budget)
+        self.epoch = float(epoch) if epoch else self.budget
         self.done = 0.0
         self.samples = 0
         self.efficiency = 1.0
+        self.stepped = 0                          # epochs of progress a scheduler was stepped for
 
     def add(self, samples: float) -> None:
         self.done += float(samples) * self.efficiency
@@ -63,9 +66,17 @@ class ProgressBudget:
     def finished(self) -> bool:
         return self.done >= self.budget * (1.0 - 1e-12)
 
+    def epochs_due(self) -> int:
+        """The epochs of progress completed since the last call (each one a per-epoch scheduler's step)."""
+        k = int(math.floor(self.done / self.epoch * (1.0 + 1e-12))) - self.stepped
+        self.stepped += max(0, k)
+        return max(0, k)
+
     def state_dict(self) -> dict[str, Any]:
-        return {"budget": self.budget, "done": self.done, "samples": self.samples, "efficiency": self.efficiency}
+        return {"budget": self.budget, "done": self.done, "samples": self.samples, "efficiency": self.efficiency,
+                "stepped": self.stepped}
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         self.done, self.samples = float(st.get("done", 0.0)), int(st.get("samples", 0))
         self.efficiency = float(st.get("efficiency", 1.0))
+        self.stepped = int(st.get("stepped", 0))
