@@ -46,7 +46,9 @@ def test_keep_prunes_old(tmp_path):
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == [ckpt.name_for(0, 4), ckpt.name_for(0, 5)]
 
 
-RESUMES = [(3, "b=4 n=1,3,4"), (2, "b=4 n=3,5")]
+#: (ranks, plan, backend of the resumed run): the run stops on the default backend (Horovod where built); the
+#: third case resumes it on torch.distributed (a checkpoint does not depend on the backend that wrote it)
+RESUMES = [(3, "b=4 n=1,3,4", None), (2, "b=4 n=3,5", None), (3, "b=4 n=2,2,4", "torch")]
 
 
 def _base(run_dir) -> dict:
@@ -62,16 +64,17 @@ def stopped(tmp_path_factory) -> list[tuple[dict, list[dict]]]:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("k", range(len(RESUMES)), ids=[f"{n}-{p}" for n, p in RESUMES])
+@pytest.mark.parametrize("k", range(len(RESUMES)), ids=[f"{n}-{p}-{b or 'auto'}" for n, p, b in RESUMES])
 def test_resume_is_exact(stopped, k):
     """Stop mid-epoch at iteration 11, resume (same or other rank count, same B) to 20:
     parameters equal those of the uninterrupted single-process run."""
-    resume_np, resume_plan = RESUMES[k]
+    resume_np, resume_plan, backend = RESUMES[k]
     base, first = stopped[k]
     assert all(r["iterations"] == 11 for r in first)
     assert first[0]["sampler"]["cursor"] == 3 * 32 and first[0]["sampler"]["epoch"] == 1
-    second = run_ranks("train_worker.py", dict(base, plan=resume_plan, resume=True), np_=resume_np)
+    second = run_ranks("train_worker.py", dict(base, plan=resume_plan, resume=True), np_=resume_np, backend=backend)
     ref = reference_run(base)
     for r in second:
         assert r["resumed_from"] and r["iterations"] == 20
+        assert backend is None or r["backend"] == backend
         assert_params_close(r["params"], ref)

@@ -191,11 +191,13 @@ def _metrics(run_dir):
     return [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_rank0_policy_failures_are_contained_and_all_ranks_agree(tmp_path):
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_rank0_policy_failures_are_contained_and_all_ranks_agree(tmp_path, backend):
     run_dir = tmp_path / "run"
     fail_at = {"10": "raise", "20": "bad_plan"}
     res = run_ranks("protocol_worker.py", {"mode": "decide", "run_dir": str(run_dir), "steps": 30, "n": 512,
-                                           "fail_at": fail_at, "config": ADAPTIVE}, np_=3)
+                                           "fail_at": fail_at, "config": ADAPTIVE}, np_=3, backend=backend)
+    assert [r["backend"] for r in res] == [backend] * 3
     # training went on to the end, on every rank
     assert [r["iterations"] for r in res] == [30, 30, 30]
     assert [r["contained_errors"] for r in res] == [2, 2, 2]

@@ -20,6 +20,7 @@ from hpc_jabas.core.adaptive.decision import Decision  # noqa: E402
 from hpc_jabas.core.config.jobspec import JobSpec  # noqa: E402
 from hpc_jabas.core.config.sections import JobConfig  # noqa: E402
 from hpc_jabas.core.planning import Plan  # noqa: E402
+from hpc_jabas.runtime.comm import seam as comm  # noqa: E402
 from hpc_jabas.runtime.controller import AdaptiveController  # noqa: E402
 from hpc_jabas.runtime.hooks import Callback  # noqa: E402
 from hpc_jabas.runtime.job.lifecycle import EpochEndAutoscaler  # noqa: E402
@@ -134,4 +135,5 @@ else:
     out["final"] = {"epoch": tr2.sampler.epoch, "iterations": tr2.iteration,
                     "contained_errors": tr2.decisions.contained_errors,
                     "moved_to": tr2.moved_to.to_dict() if tr2.moved_to else None}
+out["backend"] = comm.backend()
 (Path(spec["out_dir"]) / f"rank{tr.rank}.json").write_text(json.dumps(out))
