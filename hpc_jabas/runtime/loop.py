@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from torch.utils.data import TensorDataset, default_collate
 
 from hpc_jabas.core.adaptive.stats import NoiseScale
-from hpc_jabas.core.planning import Plan, proportional_plan
-from hpc_jabas.core.planning.sampler import HeterogeneousSampler
+from hpc_jabas.core.planning import Plan, half_split, proportional_plan
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler, IterationBatch, split_single_micro
 from hpc_jabas.errors import CheckpointError, ConfigError, JabasError
 from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
@@ -52,6 +53,19 @@ def init(backend: str | None = None) -> Process:
         raise ConfigError(f"hpc_jabas.init(backend={backend!r}) but this process already runs the "
                                f"{comm.backend()} backend (the script's own initialisation); one process runs one")
     return Process(comm.rank(), comm.size(), comm.local_rank(), comm.device(), comm.backend())
+
+
+def select_backend(backend: str | None) -> str:
+    """Pick this process's backend ("horovod", "torch", "auto"; None: the environment's, else "auto") before it
+    starts, no collective; returns the name picked ("auto" until :func:`init` resolves it, the Trainer's
+    constructor). ConfigError when another backend already runs here."""
+    comm.use(backend)
+    return comm.backend()
+
+
+def from_rank0(obj: Any, name: str) -> Any:
+    """Collective: rank 0's ``obj`` (any picklable value) on every rank; ``name`` tells this collective apart."""
+    return comm.broadcast_object(obj if comm.rank() == 0 else None, name=name)
 
 
 class Jabas:
@@ -101,6 +115,7 @@ class Jabas:
         self._sampler: HeterogeneousSampler | None = None
         self._opt: HeterogeneousOptimizer | None = None
         self._model: torch.nn.Module | None = None
+        self._data: Any = None
         if isinstance(measure_every, bool) or not isinstance(measure_every, int) or measure_every < 0:
             raise ConfigError(f"measure_every={measure_every!r} must be an integer >= 0 (0: never)")
         self.measure_every = measure_every
@@ -108,10 +123,37 @@ class Jabas:
         self.noise = NoiseScale()
         self.stats: Any = None                  # the last measurement's GradStats (runtime/gradstats.py)
 
+    @classmethod
+    def over(cls, optimizer: HeterogeneousOptimizer, sampler: HeterogeneousSampler, plan: Plan, *, rank: int,
+             world: int, model: torch.nn.Module | None = None, data: Any = None) -> Jabas:
+        """A Jabas over parts the caller built and a backend it started: a HeterogeneousOptimizer (its reducer
+        made, e.g. by its ``wrap``), the sampler (its position is the caller's to save) and the plan in force, on
+        rank ``rank`` of ``world``. ``Trainer.fit()`` runs every iteration so: :meth:`draw`, :meth:`begin`,
+        :meth:`backward` per micro-batch (in ``micro()`` and ``autocast()``), the optimizer's ``step``."""
+        j = cls.__new__(cls)
+        j.process, j.rank, j.world = None, int(rank), int(world)           # type: ignore[assignment]
+        j.micro_batch, j.speeds, j.seed, j.tail = 1, (1.0,) * j.world, sampler.seed, sampler.tail
+        j.plan, j._pending, j.checkpoint, j.iteration = j._check_plan(plan), None, None, 0
+        j._sampler, j._opt, j._model, j._data = sampler, optimizer, model, data
+        j.measure_every, j.adapt, j.noise, j.stats = 0, None, NoiseScale(), None
+        return j
+
     @property
     def B(self) -> int:
         """The global batch of the plan in force."""
         return self.plan.B
+
+    @property
+    def optimizer(self) -> HeterogeneousOptimizer:
+        """The HeterogeneousOptimizer this Jabas steps (``setup``'s, or the one given to :meth:`over`)."""
+        return self._need()
+
+    @property
+    def sampler(self) -> HeterogeneousSampler:
+        """The sampler of the iterations (its ``epoch``, ``epoch_done``, ``new_epoch``, ``state_dict``)."""
+        self._need()
+        assert self._sampler is not None
+        return self._sampler
 
     def _plan_for(self, B: int | None) -> Plan:
         return proportional_plan(_positive(B, "batch"), self.micro_batch, self.speeds)
@@ -165,11 +207,57 @@ class Jabas:
             comm.broadcast_parameters(model.state_dict(), root_rank=0)
         self._opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), model=net if net is not model else None)
         self._sampler = HeterogeneousSampler(len(data), seed=self.seed, tail=self.tail)
-        return net, self._opt, _Loader(self, data)
+        self._data = data
+        return net, self._opt, _Loader(self)
 
-    def backward(self, loss: torch.Tensor, count: int) -> None:
-        """One micro-batch's mean loss, weighted by its ``count`` samples (the optimizer's ``backward``)."""
-        self._need().backward(loss, count)
+    def draw(self, plan: Plan | None = None) -> IterationBatch:
+        """The next iteration's samples, in the sampler's seeded order, split by ``plan`` (default: the plan in
+        force, a pending :meth:`set_batch` taking effect first: at an iteration boundary); ``plan`` becomes the
+        plan in force. On the epoch's last iteration the split shrinks to the samples left (``tail``)."""
+        if plan is None:
+            if self._pending is not None:
+                self.plan, self._pending = self._pending, None
+        else:
+            self.plan = plan
+        assert self._sampler is not None
+        return self._sampler.next(self.plan)
+
+    def begin(self, batch: IterationBatch, measure: bool = False, similarity: bool = True, defer: bool = False,
+              min_split: int = 1) -> Step:
+        """Begin the iteration ``batch`` (:meth:`draw`'s) on this rank: its micro-batches announced to the optimizer
+        (``HeterogeneousOptimizer.begin``); returns its :class:`Step`. ``measure``: the iteration measures the
+        gradient statistics (the noise scale; ``similarity``: and the two halves' similarity, by the plan's
+        ``half_split``; ``defer``: read later, ``optimizer.read_held()``); a plan of one micro-batch in all runs
+        it as two halves of at least ``min_split`` samples each (``split_single_micro``), else measures nothing."""
+        opt = self._opt if self._opt is not None else self._need()
+        mine = batch.micro[self.rank]
+        total = batch.total
+        halves: Sequence[int] | None = None
+        first = 0
+        if measure:
+            halves = half_split(batch.plan)[self.rank]
+            if len(halves) == len(mine):
+                mine, halves = split_single_micro(batch.micro, self.rank, mine, halves, min_split)
+            else:                   # an epoch tail that took one sample more: the global micro-batch index's parity
+                halves, first = None, sum(len(m) for m in batch.micro[:self.rank])
+        opt.begin(len(mine), total, measure=measure, halves=halves, defer=defer, similarity=similarity,
+                  first_global_microbatch=first)
+        self.iteration += 1
+        return Step(batch, mine, self._data, total)
+
+    def backward(self, loss: torch.Tensor, count: int, weight: torch.Tensor | float | None = None) -> None:
+        """One micro-batch's mean loss, weighted by its ``count`` samples, or by ``weight`` units (e.g. tokens,
+        ``loss`` their mean): the optimizer's ``backward``."""
+        (self._opt if self._opt is not None else self._need()).backward(loss, count, weight=weight)
+
+    def micro(self) -> Any:
+        """The context of the next micro-batch's forward and backward (the optimizer's ``micro``: no gradient
+        sync but on the iteration's last micro-batch, where the optimizer's reducer was made by ``wrap``)."""
+        return self._need().micro()
+
+    def autocast(self) -> Any:
+        """The forward's context: ``torch.autocast`` under the optimizer's amp (bf16, fp16), else nothing."""
+        return self._need().autocast()
 
     def _need(self) -> HeterogeneousOptimizer:
         if self._opt is None:
@@ -256,8 +344,8 @@ class Jabas:
 class _Loader:
     """Iterations until the epoch's samples are used: each a :class:`Step` (its optimizer ``begin`` done)."""
 
-    def __init__(self, jabas: Jabas, data: Any):
-        self._j, self._data = jabas, data
+    def __init__(self, jabas: Jabas):
+        self._j = jabas
 
     def __len__(self) -> int:
         j = self._j
@@ -276,26 +364,31 @@ class _Loader:
                 j.plan, j._pending = j._pending, None
             if j._sampler.epoch_done(j.plan.B):
                 return
-            ib = j._sampler.next(j.plan)
-            mine = ib.micro[j.rank]
-            measuring = j._measure_now() and sum(len(m) for m in ib.micro) >= 2
-            if measuring:
-                first = sum(len(m) for m in ib.micro[:j.rank])        # noise only: the halves are not read
-                opt.begin(len(mine), ib.total, measure=True, first_global_microbatch=first, similarity=False)
-            else:
-                opt.begin(len(mine), ib.total)
-            j.iteration += 1
-            yield Step(ib, mine, self._data)
+            ib = j.draw()
+            measuring = j.measure_every > 0 and j._measure_now() and sum(len(m) for m in ib.micro) >= 2
+            yield j.begin(ib, measure=measuring, similarity=False)    # noise only: the halves are not read
 
 
 class Step:
     """One iteration: iterating it yields this rank's micro-batches. ``samples``: the iteration's B (all ranks);
     ``indices``: the dataset indices of all ranks, in order; ``plan``: the split used."""
 
-    def __init__(self, ib: Any, mine: Sequence[Any], data: Any):
-        self.samples, self.plan, self._mine, self._data = int(ib.total), ib.plan, mine, data
+    def __init__(self, ib: IterationBatch, mine: Sequence[Any], data: Any, samples: int | None = None):
+        self.samples, self.plan, self._mine, self._data = int(ib.total if samples is None else samples), ib.plan, \
+            mine, data
         self._ib = ib
         self._indices: list[int] | None = None
+
+    @property
+    def batch(self) -> IterationBatch:
+        """The iteration drawn (``epoch``, ``plan``, ``micro``: every rank's micro-batches' indices)."""
+        return self._ib
+
+    @property
+    def local(self) -> Sequence[Any]:
+        """This rank's micro-batches as dataset indices, in order (a measuring iteration's split included): what a
+        loop that fetches its own batches (a DataLoader's, ``Trainer.fit()``'s) iterates instead of the step."""
+        return self._mine
 
     @property
     def indices(self) -> list[int]:
@@ -314,7 +407,6 @@ class Step:
 
 def _fetch(data: Any, idx: Any) -> Any:
     """The samples ``idx`` of ``data``, collated (a TensorDataset: its tensors indexed at once)."""
-    from torch.utils.data import TensorDataset, default_collate
     if isinstance(data, TensorDataset):
         t = torch.as_tensor(idx)
         return tuple(x[t] for x in data.tensors)

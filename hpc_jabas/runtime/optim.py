@@ -79,10 +79,10 @@ from torch.utils.hooks import RemovableHandle
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.amp import Amp
 from hpc_jabas.runtime.comm import seam as comm
-from hpc_jabas.runtime.comm.reducer import GradReducer
+from hpc_jabas.runtime.comm.reducer import GradReducer, check_model
 from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, scalar, stat_dtype
 
-__all__ = ["GradStats", "HeterogeneousOptimizer"]
+__all__ = ["GradStats", "HeterogeneousOptimizer", "check_model"]
 
 PreStepHook = Callable[["HeterogeneousOptimizer"], None]
 
@@ -103,6 +103,7 @@ class HeterogeneousOptimizer:
         self._model = model
         self._begun: bool | None = None            # None: never begun; True: inside an iteration; False: stepped
         self._hold = contextlib.ExitStack()        # a DDP wrap's no_sync, held across the script's forwards
+        self._holding = False
         self.clip_grad_norm = clip_grad_norm
         self.overlap = overlap
         self.device = self.named[0][1].device if self.named else torch.device("cpu")
@@ -112,6 +113,7 @@ class HeterogeneousOptimizer:
         self._done_local = 0
         self._total = 1
         self._world = 1
+        self._world_known = False                  # the backend's size, read once its reducer exists
         self._c: torch.Tensor | float = 1.0        # the backward's normaliser (module docstring)
         self._w_prev: torch.Tensor | None = None   # the previous iteration's global weight
         self._measure = False
@@ -169,6 +171,35 @@ class HeterogeneousOptimizer:
         if self.reducer is not None and self.reducer is not reducer:
             self.reducer.close()
         self.reducer = reducer
+        self._world_known = False
+
+    def wrap(self, model: torch.nn.Module, bucket_cap_mb: float | None = None,
+             find_unused_parameters: bool = False) -> torch.nn.Module:
+        """The backend's reducer of these gradients made around ``model`` (the backend started); returns what the
+        forward runs through: on torch a DistributedDataParallel wrapper of ``model`` (its ``.module``) whose
+        micro-batches but the last run in ``micro()``, on Horovod ``model`` itself with the per-parameter hooks.
+        ``bucket_cap_mb`` and ``find_unused_parameters``: DDP's knobs. What ``Trainer.setup`` does."""
+        knobs = {"find_unused_parameters": True} if find_unused_parameters else {}
+        self.use_reducer(comm.make_reducer(self.named, model=model, overlap=self.overlap, bucket_cap_mb=bucket_cap_mb,
+                                           **knobs))
+        assert self.reducer is not None
+        return self.reducer.module if self.reducer.module is not None else model
+
+    def broadcast_state(self, model: torch.nn.Module) -> None:
+        """Collective: rank 0's parameters and buffers of ``model`` to every rank, and a loaded optimizer state (a
+        fresh one is identical everywhere and is not sent: Horovod's broadcast_optimizer_state would initialise an
+        empty state with a zero-gradient step, which shifts Adam's step count)."""
+        comm.broadcast_parameters(model.state_dict(), root_rank=0)
+        has_state = comm.broadcast_object(bool(self.optimizer.state_dict()["state"]), name="hj.optflag")
+        if has_state:
+            sd = comm.broadcast_object(self.optimizer.state_dict() if comm.rank() == 0 else None, name="hj.opt")
+            self.optimizer.load_state_dict(sd)
+
+    def on_ready(self, fn: Callable[[], None] | None) -> None:
+        """``fn()`` runs when this rank's last gradient of an iteration is ready, before a reduction that blocks the
+        last backward (DDP's) waits for the other ranks: where a clock of this rank's compute stops. None: off."""
+        if self.reducer is not None:
+            self.reducer.on_ready(fn)
 
     def _new_reducer(self) -> GradReducer | None:
         """The backend's reducer (None: no backend runs here); on torch, around the script's DDP wrap if any."""
@@ -238,11 +269,13 @@ class HeterogeneousOptimizer:
         this iteration's ``synchronize``: its scalars' reduction stays in flight and :meth:`read_held` reads it later
         (``last_stats`` None until then; not with fp16, whose skipped steps discard statistics).
         ``b`` is accepted for compatibility and unused (the statistics use the true sample counts)."""
-        _check_counts(n_local, total_samples)
+        if not (type(n_local) is int and type(total_samples) is int and n_local >= 0 and total_samples >= 1):
+            _check_counts(n_local, total_samples)
         if self._begun and 0 < self._done_local and not self._synced:
             raise ConfigError(f"begin() again before step(): the {self._done_local} backward() call(s) of this "
                               "iteration were never stepped; call step() once per begin()")
-        self._hold.close()
+        if self._holding:
+            self._release()
         if self.reducer is None:
             self.reducer = self._new_reducer()      # the script's own hvd.init() / init_process_group adopted
         if self._meas is not None:
@@ -252,10 +285,12 @@ class HeterogeneousOptimizer:
         self.zero_grad(set_to_none=self.reducer is None or not self.reducer.keeps_grads)
         self._n_local, self._done_local = int(n_local), 0
         self._total = int(total_samples)
-        try:
-            self._world = comm.size()
-        except ValueError:                  # Horovod not initialised: one process (the profiler)
-            self._world = 1
+        if not self._world_known:           # once per reducer: no backend call per iteration
+            try:
+                self._world = comm.size()
+                self._world_known = self.reducer is not None
+            except ValueError:              # Horovod not initialised: one process (the profiler)
+                self._world = 1
         self._c = self._total / self._world if self._w_prev is None else self._w_prev / self._world
         self._measure = bool(measure)
         self._defer = bool(defer) and not similarity
@@ -267,6 +302,7 @@ class HeterogeneousOptimizer:
             self.reducer.begin(self._n_local)
             if self.reducer.module is not None and self._model is not None and self._n_local > 1:
                 self._hold.enter_context(self.reducer.no_sync())    # the script's DDP: its forwards too
+                self._holding = True
         self._begun = True
         self._joined = False
         self._synced = False
@@ -306,13 +342,21 @@ class HeterogeneousOptimizer:
             mult = count / self._c if isinstance(self._c, float) else (count / self._c).to(loss.dtype)
         if self._meas is not None:
             self._meas.start_micro(self._done_local)
-        with self.micro():                       # all but the last micro-batch: the reducer does not sync
-            self.amp.scale(loss * mult).backward()
+        scaled = loss * mult if self.amp.scaler is None else self.amp.scale(loss * mult)
+        if self.reducer is None or self._done_local >= self._n_local - 1:
+            scaled.backward()                    # the last micro-batch: the reducer syncs
+        else:
+            with self.reducer.no_sync():         # all but the last micro-batch: the reducer does not sync
+                scaled.backward()
         if self._meas is not None:
             self._meas.end_micro(count, w)    # |g_in|^2 / w: x c^2 / scale^2 in synchronize
         self._done_local += 1
-        if self._done_local == self._n_local - 1:
-            self._hold.close()                   # the last micro-batch's forward runs synced (DDP's wrap)
+        if self._holding and self._done_local == self._n_local - 1:
+            self._release()                      # the last micro-batch's forward runs synced (DDP's wrap)
+
+    def _release(self) -> None:
+        self._holding = False
+        self._hold.close()
 
     def _check_backward(self) -> None:
         if self._begun is False:
@@ -376,21 +420,24 @@ class HeterogeneousOptimizer:
                               "hvd.init() or torch.distributed.init_process_group()) before the first begin()")
         if self._held is not None:            # not read since: read before another measurement reuses its names
             self._held_read = self.read_held()
-        self._join()
-        if self._eager():                     # Horovod: the extra sums start beside the gradients' (named)
+        if self._done_local == 0 and not self._joined:
+            self._join()
+        # W: plain losses, once agreed (the first iteration's weight_total), reduce no weight
+        if self.reducer.eager_extras:         # Horovod: the extra sums start beside the gradients' (named)
             if self._meas is not None:
                 self._meas.launch()
-            W = self.weight_total()
+            W = None if self._mode == "plain" else self.weight_total()
             self.reducer.finish()
         else:                                 # torch.distributed: after the gradients, in one order on every rank
             self.reducer.finish()
             if self._meas is not None:
                 self._meas.launch()
-            W = self.weight_total()
-        grads = [p.grad for _, p in self.named if p.grad is not None]
+            W = None if self._mode == "plain" else self.weight_total()
+        grads = [p.grad for _, p in self.named if p.grad is not None] if W is not None or self._meas is not None \
+            else []
         if W is not None:
             mul_(grads, self._c * self._world / W)         # sum w g / (c world), x c world / W: the token mean
-        self._found_inf = self.amp.unscale_and_check()
+        self._found_inf = None if self.amp.scaler is None else self.amp.unscale_and_check()
         self._synced = True
         if self._meas is not None:
             inv = self.amp.inv_scale()
@@ -437,7 +484,7 @@ class HeterogeneousOptimizer:
         else:
             self.synchronize()
         self._begun = False
-        if self.found_inf():
+        if self._found_inf is not None and self.found_inf():
             self.last_step_skipped = True
             self.last_stats = None                        # statistics of a skipped step are discarded
             self.amp.update()
@@ -447,10 +494,15 @@ class HeterogeneousOptimizer:
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_([p for _, p in self.named if p.grad is not None], self.clip_grad_norm,
                                            foreach=True)
+        if lr_scale == 1.0:
+            try:
+                return self.optimizer.step(closure) if closure else self.optimizer.step()
+            finally:
+                if self.amp.scaler is not None:
+                    self.amp.update()
         saved = [g["lr"] for g in self.optimizer.param_groups]
-        if lr_scale != 1.0:
-            for g in self.optimizer.param_groups:
-                g["lr"] = g["lr"] * lr_scale
+        for g in self.optimizer.param_groups:
+            g["lr"] = g["lr"] * lr_scale
         try:
             return self.optimizer.step(closure) if closure else self.optimizer.step()
         finally:
@@ -459,7 +511,7 @@ class HeterogeneousOptimizer:
             self.amp.update()
 
     def remove_hooks(self) -> None:
-        self._hold.close()
+        self._release()
         if self.reducer is not None:
             self.reducer.close()
         if self._meas is not None:

@@ -231,3 +231,14 @@ def default_callbacks(trainer: TrainerView) -> list[Callback]:
         return []
     epochs = int(trainer.cfg.epochs)
     return [ProgressBar(epochs), ProgressFile(trainer.run_dir, epochs)]
+
+
+def announce_start(trainer: Any) -> None:
+    """Rank 0, when fit() trains: where every rank runs (the job's log) and metrics.jsonl's start record."""
+    log = get_logger("hpc_jabas.runtime.trainer")          # the trainer's lines, as before
+    wi = trainer.world_info
+    for r in range(trainer.world):
+        log.info("%s", wi.describe(r))
+    trainer.metrics.write({"type": "start", "world": trainer.world, "gpu_types": trainer.gpu_types, "B": trainer.B,
+                           "plan": str(trainer.plan), "config": trainer.cfg.to_dict(), "it": trainer.iteration,
+                           "gpu_source": wi.source, "ranks": wi.ranks(), "batch_range": trainer.batch_range})

@@ -195,6 +195,17 @@ class Checkpointer:
         self.saved_at: float | None = None      # wall clock of the last save (every rank)
         self.resumed_from: str | None = None    # the checkpoint resume() loaded (every rank), None: none
 
+    @classmethod
+    def of(cls, tr: Any) -> Checkpointer:
+        """The Trainer's: its TrainState, model, torch optimizer, scheduler, controller, decision channel, epoch-end
+        hook and calibration, saved under its run directory's checkpoints/ as its configuration says."""
+        cfg = tr.cfg
+        return cls(tr.state, tr.model, tr.opt.optimizer, ckpt_dir=tr.ckpt_dir, rank=tr.rank, gpu_types=tr.gpu_types,
+                   replan=lambda B: tr.planner.plan(B, None), metrics=tr.metrics, enabled=cfg.checkpoint,
+                   keep=cfg.keep_checkpoints, scheduler=tr.scheduler, controller=tr.controller,
+                   decisions=tr.decisions, hook=tr.epoch_end_hook, calibration=tr.calib, config=cfg.to_dict(),
+                   flag_name=cfg.flag_name)
+
     @property
     def world(self) -> int:
         return len(self.gpu_types)

@@ -16,7 +16,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,21 +23,16 @@ import torch
 from hpc_jabas.core.adaptive.decision import Decision, MoveDecision
 from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.core.perf.perfmodel import PerfModel
-from hpc_jabas.core.planning import Plan, Planner, half_split
-from hpc_jabas.core.planning.planner import PlanSpec, make_planner
-from hpc_jabas.core.planning.sampler import HeterogeneousSampler, split_single_micro
+from hpc_jabas.core.planning import Plan, Planner
+from hpc_jabas.core.planning.sampler import HeterogeneousSampler
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime import data, evaluate
+from hpc_jabas.runtime import data, epoch_end, parts, step_end
 from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.calibrate import Calibrator
 from hpc_jabas.runtime.clock import IterationClock
-from hpc_jabas.runtime.comm import seam as comm
-from hpc_jabas.runtime.comm.reducer import check_model
 from hpc_jabas.runtime.comm.world import World
-from hpc_jabas.runtime.controller import AdaptiveController
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
-from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import (
     Callback,
     Controller,
@@ -47,16 +41,17 @@ from hpc_jabas.runtime.hooks import (
     SchedulerStep,
     with_defaults,
 )
-from hpc_jabas.runtime.metrics import IterationMetrics, MetricsWriter
-from hpc_jabas.runtime.optim import HeterogeneousOptimizer
-from hpc_jabas.runtime.persist.dirlock import DirLock, lock_on_rank0, rank_error
+from hpc_jabas.runtime.loop import Jabas, init, select_backend
+from hpc_jabas.runtime.metrics import IterationMetrics
+from hpc_jabas.runtime.optim import HeterogeneousOptimizer, check_model
 from hpc_jabas.runtime.persist.pending import PendingDecisions
 from hpc_jabas.runtime.persist.state import InState, initial_state
-from hpc_jabas.runtime.progress import default_callbacks, finished_already
+from hpc_jabas.runtime.progress import announce_start, default_callbacks, finished_already
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.record import StepRecord
 from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
+from hpc_jabas.runtime.rundir import RunDir
 from hpc_jabas.runtime.scriptcli import resolve_cli
 from hpc_jabas.runtime.step import micro_step_sums, read_sums, timed_micro_batches
 from hpc_jabas.runtime.trainer_args import RankTotals, check_parts
@@ -82,6 +77,8 @@ class Trainer:
     The constructor only composes the parts (docs/design.md, section 1); ``setup()`` runs the collectives,
     once, and the first ``fit`` calls it. The state in force (iteration, B, plan, lr scale, pending
     decisions, sampler) is ``state``, a TrainState (runtime/persist/state.py); ``checkpointer`` saves and resumes it.
+    Every iteration is the public layer's calls, as a script's own loop makes them (``jabas``, runtime/loop.py:
+    ``draw``, ``begin``, ``backward`` per micro-batch; the HeterogeneousOptimizer's ``step``).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dataset, loss_fn,
@@ -95,8 +92,7 @@ class Trainer:
         set_trust_group(cfg.trust_group)      # group-writable checkpoints only when asked (hpc_jabas/trust.py)
         check_parts(dataset, scheduler, scheduler_step, controller, epoch_end_hook, callbacks)
         check_model(model)                    # not already in a DistributedDataParallel (runtime/comm/reducer.py)
-        comm.use(cfg.backend)                 # horovod | torch | auto (comm/seam.py), before the first collective
-        cfg.check_backend_keys(comm.backend())   # "auto" resolved: a key the backend lacks is refused here
+        cfg.check_backend_keys(select_backend(cfg.backend))   # picked before any collective; a key it lacks: refused
         self.world_info = world if world is not None else World.detect(gpu_types or cfg.gpu_types, emulate=cfg.emulate)
         self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
         self._clock = IterationClock(self.device)   # an iteration's compute and end (runtime/clock.py)
@@ -113,23 +109,30 @@ class Trainer:
         self._open_run_dir()                       # run_dir, metrics.jsonl, the decision channel
         self._perf_model: PerfModel | None = None     # built on first use (perf_model())
         self.calib = Calibrator(self.cfg, self.gpu_types, self.rank, self.metrics)   # that model's calibration
-        self.emulator = self._emulator()
-        self.planner: Planner = self._planner(planner_fn)     # core/planning/planner.py
+        self.emulator = parts.emulator(self.cfg, self.gpu_types, self.rank)      # runtime/parts.py
+        self.planner: Planner = parts.planner(self.resolved, self.gpu_types, self.perf_model, planner_fn)
         sampler = HeterogeneousSampler(len(self.dataset), seed=cfg.seed, tail=cfg.tail)
         self.state = initial_state(self.cfg, self.planner, sampler, self.world, self.rank)   # plan, lr scale, ...
+        self.jabas = Jabas.over(self.opt, sampler, self.plan, rank=self.rank, world=self.world, model=self.model)
         self.controller: Controller | None = (with_defaults(controller) if controller is not None
-                                              else self._default_controller())
+                                              else parts.default_controller(self.cfg, self.planner))
         self.calib.attach(self.controller, self.planner.declared_factors, lambda: self.iteration)
         self.callbacks: list[Callback] = [*callbacks, *default_callbacks(self)]   # rank 0: tqdm bar, progress.json
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self._start_records()
-        self.checkpointer = self._checkpointer()
+        self.checkpointer = Checkpointer.of(self)      # saves and resumes the state (runtime/resume.py)
 
     def _resolve(self, cfg: JobConfig, model: torch.nn.Module, user_plans: bool) -> ResolvedConfig:
-        """The configuration every part reads, resolved once and frozen: the script's command line (batch_per_rank,
-        runtime/scriptcli.py), then what the job leaves to the model and the data (runtime/resolve.py)."""
+        """Resolved once and frozen: the script's command line (runtime/scriptcli.py), then resolve.py."""
         n = len(self.feed.dataset)
         return resolve_config(resolve_cli(cfg, self.world_info, n), model, n, self.rank, user_plans)
+
+    def _open_run_dir(self) -> None:
+        """The run directory (checked, metrics.jsonl's writer: runtime/rundir.py) and the decision channel."""
+        self.rundir = RunDir(self.cfg.run_dir, self.rank)
+        self.run_dir, self.ckpt_dir, self.metrics = self.rundir.path, self.rundir.ckpt_dir, self.rundir.metrics
+        self.iteration_metrics = IterationMetrics(self.rank, self.world, self.metrics)
+        self.decisions = DecisionChannel(self.rank, self.metrics)   # rank 0 decides, every rank applies
 
     @property
     def cfg(self) -> JobConfig:
@@ -141,27 +144,11 @@ class Trainer:
         """The range an adaptive policy without batch_min/batch_max was given (core/adaptive/policy.py), else None."""
         return self.resolved.batch_range
 
-    def _open_run_dir(self) -> None:
-        """The run directory (rank 0 checks it before the first write: ours, no planted link or file,
-        hpc_jabas/trust.py; its refusal is said on every rank by setup()'s first agreement), metrics.jsonl's
-        writer (rank 0) and the decision channel (rank 0 decides, every rank applies)."""
-        self.run_dir = Path(str(self.cfg.run_dir))
-        self.ckpt_dir = self.run_dir / "checkpoints"
-        self._run_dir_error: str | None = None
-        try:
-            if self.rank == 0:
-                from hpc_jabas.trust import check_run_dir
-                check_run_dir(self.run_dir)
-            self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl" if self.rank == 0 else None)
-        except ConfigError as e:
-            self.metrics, self._run_dir_error = MetricsWriter(None), str(e)
-        self._iter_metrics = IterationMetrics(self.rank, self.world, self.metrics)
-        self.decisions = DecisionChannel(self.rank, self.metrics)
-
     # ---- set-up helpers ----------------------------------------------------------------
     def _start_records(self) -> None:
         """What this job has done so far: nothing (a resume restores the TrainState, not these)."""
         self._set_up = False                            # setup() (collective) not run yet
+        self._net: torch.nn.Module = self.model         # what forward_fn runs through (setup(): DDP's wrap on torch)
         self.stop_requested = False                     # a programmatic stop: agreed at the next safe point
         self.stop_reason: dict | None = None            # set when fit() stopped at a safe point (signal, iteration)
         self.nonfinite_loss = False                     # this rank's last loss was not finite (agreed at safe points)
@@ -203,15 +190,6 @@ class Trainer:
         """This rank's compute seconds in this job (an emulated GPU's wait included)."""
         return self.totals.compute_s
 
-    def _default_controller(self) -> Controller | None:
-        """The adaptive controller when the config adapts B or balances; None otherwise."""
-        if self.cfg.policy == "fixed" and self.cfg.balance == "off":
-            return None
-        if not self.planner.spec.changes_B:
-            raise ConfigError(f"policy={self.cfg.policy!r} / balance={self.cfg.balance!r} re-plan, which a "
-                              "fixed plan cannot follow; use planner='optimal' or 'lbbsp'")
-        return AdaptiveController(self.cfg)
-
     def setup(self) -> None:
         """Collective, once (idempotent; the first ``fit``, ``maybe_resume``, ``save_checkpoint`` or
         ``train_step`` calls it): Horovod's rank and size checked against the world, the decision lead agreed
@@ -219,59 +197,31 @@ class Trainer:
         a user-loaded optimizer state sent to every rank."""
         if self._set_up:
             return
-        comm.init()
-        if (self.rank, self.world) != (comm.rank(), comm.size()):
+        proc = init(self.cfg.backend)                # the backend started (the script's own init adopted)
+        if (self.rank, self.world) != (proc.rank, proc.size):
             raise ConfigError(f"world= says rank {self.rank} of {self.world}; "
-                              f"the {comm.backend()} backend says rank {comm.rank()} of {comm.size()}")
-        self._agree_run_dir()                          # the first collective: rank 0's checks, said by every rank
+                              f"the {proc.backend} backend says rank {proc.rank} of {proc.size}")
+        self.rundir.agree()                            # the first collective: rank 0's checks, said by every rank
         self.decision_lead = data.agreed_lead(self.feed.lead)
         if self.controller is not None:
             self.controller.attach(self)
-        comm.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        # Horovod's broadcast_optimizer_state initialises an empty state with a zero-gradient
-        # step, which shifts Adam's step count; a fresh optimizer is identical everywhere, so
-        # only a non-empty state (a user-loaded one) is sent, as an object.
-        has_state = comm.broadcast_object(bool(self.opt.optimizer.state_dict()["state"]), name="hj.optflag")
-        if has_state:
-            sd = comm.broadcast_object(self.opt.optimizer.state_dict() if self.rank == 0 else None, name="hj.opt")
-            self.opt.optimizer.load_state_dict(sd)
-        # the gradients' reducer (runtime/comm/reducer.py): Horovod's hooks, or torch's DistributedDataParallel around
-        # the model (its forward then runs through the wrapper: forward_module); checkpoints keep self.model
-        knobs = {"find_unused_parameters": True} if self.cfg.find_unused_parameters else {}   # DDP's knob
-        self.opt.use_reducer(comm.make_reducer(self.opt.named, model=self.model, overlap=self.opt.overlap,
-                                               bucket_cap_mb=self.cfg.bucket_cap_mb, **knobs))
+        self.opt.broadcast_state(self.model)           # rank 0's parameters, a user-loaded optimizer state
+        # the gradients' reducer: Horovod's hooks, or torch's DistributedDataParallel around the model (its forward
+        # then runs through the wrapper: forward_module); checkpoints keep self.model
+        self._net = self.opt.wrap(self.model, self.cfg.bucket_cap_mb, self.cfg.find_unused_parameters)
         self._set_up = True
 
     @property
     def forward_module(self) -> torch.nn.Module:
         """What ``forward_fn`` is given: the torch backend's DistributedDataParallel wrapper of the model (its
         ``.module`` is the model), else the model itself."""
-        r = self.opt.reducer
-        return r.module if r is not None and r.module is not None else self.model
-
-    def _emulator(self) -> Emulator | None:
-        if not self.cfg.emulate:
-            return None
-        speed = self.cfg.speeds[self.rank] if self.cfg.speeds else None
-        sd = self.cfg.slowdown.get(self.rank)
-        slow = Slowdown.parse(sd) if isinstance(sd, str) else sd
-        return Emulator(self.gpu_types[self.rank], speed=speed, base_s=self.cfg.emulate_base_s,
-                        per_sample_s=self.cfg.emulate_per_sample_s, slowdown=slow, rank=self.rank)
+        return self._net
 
     def perf_model(self) -> PerfModel:
         """The job's perf model (built once; the planner, snapping and balancing share it)."""
         if self._perf_model is None:      # the calibrated view: corrected in place on calibration rounds
             self._perf_model = self.calib.model()
         return self._perf_model
-
-    def _planner(self, planner_fn: Callable | None) -> Planner:
-        """The job's planner (core/planning/planner.py ``make_planner``, from the config's PlanSpec): its
-        identical or per-rank b, declared speeds used; the user's ``planner_fn`` (one b on every rank assumed)
-        replaces its plans, the kind still gives the batch space."""
-        spec = PlanSpec.from_config(self.cfg)    # the resolved smallest b: batch-coupled layers' (runtime/resolve.py)
-        if planner_fn is not None:
-            return make_planner(spec, self.gpu_types, self.perf_model, plan_fn=planner_fn)
-        return make_planner(spec, self.gpu_types, self.perf_model, self.resolved.coupled)
 
     @property
     def planner_fn(self) -> Callable[[int, list[float] | None], Plan]:
@@ -354,27 +304,22 @@ class Trainer:
         measure = bool(self.controller is not None and self.controller.wants_stats(self.iteration))
         if self.sampler.epoch_done(self.plan.B):   # only when driven outside fit(): no epoch-end work
             self.sampler.new_epoch()
-        ib = self.sampler.next(self.plan)
+        ib = self.jabas.draw(self.plan)            # the public layer (runtime/loop.py), as a script's loop runs it
         self.feed.begin(self.iteration, ib)        # a DataLoader: positioned here, its batches checked
-        mine = ib.micro[self.rank]
-        if measure and ib.total != self.B:
-            measure = False  # no statistics on the shrunk epoch tail
-        halves = half_split(ib.plan)[self.rank] if measure else None
-        if measure:
-            mine, halves = split_single_micro(ib.micro, self.rank, mine, halves, self.resolved.min_split)
+        measure = measure and ib.total == self.B   # no statistics on the shrunk epoch tail
         ctl = self.controller
         # a noise-only measurement (the controller's measure_every) keeps no half-batch sum (runtime/gradstats.py);
         # goodput's measurements between decisions are read in the next iteration (no wait for their reduction)
         defer = measure and ctl is not None and bool(ctl.defers_stats(self.iteration))
-        self.opt.begin(len(mine), ib.total, measure=measure, halves=halves, defer=defer,
-                       similarity=not measure or ctl is None or bool(ctl.measures_similarity(self.iteration)))
+        step = self.jabas.begin(ib, measure=measure, defer=defer, min_split=self.resolved.min_split,
+                                similarity=not measure or ctl is None or bool(ctl.measures_similarity(self.iteration)))
+        mine = step.local
         if not self.model.training:                # put back after an eval (a walk of every module: not per step)
             self.model.train()
-        assert self.opt.reducer is not None
         sums, emu_wait = timed_micro_batches(      # each timed as compute, then an emulated GPU's wait (step.py)
-            mine, clock, self.opt.reducer, self.emulator, self.iteration,
-            lambda idx, acc: micro_step_sums(self.forward_module, self.forward_fn, self.opt, self.fetch(idx),
-                                             len(idx), self.device, acc))
+            mine, clock, self.opt, self.emulator, self.iteration,
+            lambda idx, acc: micro_step_sums(self._net, self.forward_fn, self.jabas, self.fetch(idx), len(idx),
+                                             self.device, acc))
         clock.compute_start()
         loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
         clock.compute_stop()
@@ -400,33 +345,14 @@ class Trainer:
             contained_errors=self.decisions.contained_errors)
         if defer:
             self._held_rec = rec                   # its stats come with read_held_stats
-        self.history.append({"it": self.iteration, "B": self.B, "plan": str(self.plan), "lr_scale": self.lr_scale})
-        self._iter_metrics.add(rec)
-        self.calib.observe(rec)
-        self.iteration += 1
-        if self.scheduler is not None and self.scheduler_step == "iteration":
-            for _ in range(self.state.scheduler_steps(self.resolved.scale_invariant)):   # AdaScale: lr_scale steps
-                self.scheduler.step()
-        if self.calib.is_round(self.iteration):
-            self.calib.sync()                       # collective: the decision sees the calibrated model
-        if self.controller is not None:
-            d = self.controller.after_step(self, rec)
-            if d is not None:
-                self.apply(d)
-        self.state.apply_due()                           # decisions announced earlier for this iteration
-        if self.epoch_end_hook is not None:
-            self.epoch_end_hook.on_step_end(self, rec)
-        for cb in self.callbacks:
-            cb.on_step_end(self, rec)
-        if len(self._iter_metrics) >= self.cfg.metrics_period and self.safe_points.agrees_at(self.iteration):
-            self.flush_metrics()                         # at the safe point's agreement boundaries (fewer collectives)
+        step_end.after_step(self, rec)        # the record to the parts, the boundary's decisions (step_end.py)
         return rec
 
     def flush_metrics(self) -> None:
         """Collective: every rank's pending iteration numbers to rank 0, which writes them (a deferred measurement
         read first: a checkpoint, which flushes, holds the policy with it)."""
         self.read_held_stats()
-        for rec in self._iter_metrics.flush():           # rank 0: the iterations' records, the global loss in each
+        for rec in self.iteration_metrics.flush():           # rank 0: the iterations' records, the global loss in each
             for cb in self.callbacks:
                 cb.on_metrics(self, rec)
 
@@ -444,14 +370,6 @@ class Trainer:
             self.controller.observe_held(self, rec)
 
     # ---- state, checkpoints, resume (the Checkpointer, runtime/resume.py) ---------------------
-    def _checkpointer(self) -> Checkpointer:
-        return Checkpointer(self.state, self.model, self.opt.optimizer, ckpt_dir=self.ckpt_dir, rank=self.rank,
-                            gpu_types=self.gpu_types, replan=lambda B: self.planner.plan(B, None),
-                            metrics=self.metrics, enabled=self.cfg.checkpoint, keep=self.cfg.keep_checkpoints,
-                            scheduler=self.scheduler, controller=self.controller, decisions=self.decisions,
-                            hook=self.epoch_end_hook, calibration=self.calib,
-                            config=self.cfg.to_dict(), flag_name=self.cfg.flag_name)
-
     def state_dict(self) -> dict:
         self.read_held_stats()                     # the policy with every measurement taken
         return self.checkpointer.state_dict()
@@ -468,22 +386,9 @@ class Trainer:
         self._periodic.mark(self.iteration)
         return path
 
-    def _agree_run_dir(self) -> None:
-        """Collective, before any other: what only rank 0 can check (the run directory can be written and no
-        other job holds it) is agreed by every rank; refused, every rank raises rank 0's line (quiet elsewhere)."""
-        err = self._run_dir_error
-        if self.rank == 0 and err is None:
-            try:
-                DirLock(self.run_dir, "run directory").acquire()
-            except ConfigError as e:
-                err = str(e)
-        err = comm.broadcast_object(err if self.rank == 0 else None, name="hj.run_dir")
-        if err:
-            raise rank_error(ConfigError, err, self.rank)
-
     def lock_run_dir(self, wait_s: float = 0.0) -> None:
         """Collective: rank 0 holds the run directory for the process's life; a second writer is refused."""
-        lock_on_rank0(self.run_dir, self.rank, "run directory", wait_s=wait_s)
+        self.rundir.lock(wait_s)
 
     def maybe_resume(self, epochs: int | None = None) -> bool:
         """Resume from the run_dir's latest checkpoint (True when one was loaded); one that already finished the
@@ -507,12 +412,7 @@ class Trainer:
         if resume:
             self.maybe_resume(epochs)
         if self.rank == 0 and self.sampler.epoch < epochs:      # (a finished run: its one line said, no more)
-            for r in range(self.world):                  # rank 0 says where every rank runs
-                log.info("%s", self.world_info.describe(r))
-            self.metrics.write({"type": "start", "world": self.world, "gpu_types": self.gpu_types, "B": self.B,
-                                "plan": str(self.plan), "config": self.cfg.to_dict(), "it": self.iteration,
-                                "gpu_source": self.world_info.source, "ranks": self.world_info.ranks(),
-                                "batch_range": self.batch_range})
+            announce_start(self)                        # where every rank runs; metrics.jsonl's start record
         t0, it0 = time.perf_counter(), self.iteration
         samples = 0
         first_step = True
@@ -544,50 +444,14 @@ class Trainer:
                 "iterations_here": self.iteration - it0, "samples_here": samples, "wall_s": wall,
                 "samples_per_s": samples / wall if wall > 0 else 0.0, "stopped": self.stop_reason}
 
-    def _checkpoints_epoch(self, epoch: int) -> bool:
-        """Whether the end of ``epoch`` (0-based) is checkpointed: every ``checkpoint_every_epochs``-th epoch, the
-        fit's last one, and every one when an epoch-end hook may move the job (it resumes from that checkpoint)."""
-        n = self.cfg.checkpoint_every_epochs
-        return n <= 1 or self.epoch_end_hook is not None or (epoch + 1) % n == 0 or epoch + 1 >= self._fit_epochs
-
     def _safe_point(self) -> bool:
         """Every rank, at an iteration boundary (runtime/safepoint.py): True when the job stops here."""
         self.stop_reason = sp.boundary(self, self._periodic)
         return self.stop_reason is not None
 
     def _end_epoch(self) -> bool:
-        """Returns True when the job should stop (moved to another allocation)."""
-        epoch = self.sampler.epoch
-        self.sampler.new_epoch()
-        self.checkpointer.average_buffers(self.samples_local)    # BatchNorm buffers: sample-weighted mean
-        ev = self.eval_fn(self.model) if self.eval_fn is not None else None
-        if evaluate.is_plateau(self.scheduler):     # ReduceLROnPlateau: rank 0's eval metric, every rank
-            evaluate.step_plateau(self.scheduler, ev, self.cfg.eval_metric, self.rank)
-        elif self.scheduler is not None and self.scheduler_step == "epoch":
-            self.scheduler.step()
-        if self.rank == 0:
-            self.metrics.write({"type": "epoch_end", "epoch": epoch, "it": self.iteration, "eval": ev, "B": self.B})
-            log.info("%s", evaluate.epoch_line(epoch, self.cfg.epochs, self.iteration, self.B, ev))   # the job's log
-        # the epoch's checkpoint first: nothing that can fail below (the hook's decide) can lose it
-        path = self.save_checkpoint() if self._checkpoints_epoch(epoch) else None
-        for cb in self.callbacks:
-            cb.on_epoch_end(self, epoch)
-        hook = self.epoch_end_hook
-        if hook is None:
-            return False
-
-        def decide() -> MoveDecision:
-            d = hook.decide(self, epoch)
-            self.checkpointer.save_hook_state(path)     # its state (forecast, ...) for the job resuming from `path`
-            return d
-        d = self.decisions.run("epoch_end.decide", self.iteration, decide, MoveDecision.from_dict,
-                               noop=lambda: MoveDecision.stay("contained error in the epoch-end decision"))
-        if d is None or not d.move:
-            return False
-        # act (submit the next job) only now that the checkpoint it resumes from is on disk
-        res = self.decisions.run("epoch_end.act", self.iteration, lambda: hook.act(self, d), MoveDecision.from_dict,
-                                 noop=lambda: MoveDecision.stay("contained error while acting on the move"))
-        if res is None or not res.move:
-            return False
-        self.moved_to = res
-        return True
+        """Every rank, at the sampler's epoch end (runtime/epoch_end.py): True when the job stops (moved)."""
+        moved = epoch_end.end_epoch(self, self._fit_epochs)
+        if moved is not None:
+            self.moved_to = moved
+        return moved is not None
