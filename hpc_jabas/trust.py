@@ -136,7 +136,13 @@ def check_file(path: str | os.PathLike, what: str = "file", group_ok: bool | Non
         st = os.stat(p)
     except OSError:
         return
-    bad = _problem(st, stat.S_ISDIR(st.st_mode), gok)
+    _refuse_untrusted(p, st, stat.S_ISDIR(st.st_mode), what, gok)
+
+
+def _refuse_untrusted(p: Path, st: os.stat_result, is_dir: bool, what: str, gok: bool) -> None:
+    """UntrustedFileError (one line) when the file whose status is ``st`` fails the owner and mode test, or its
+    directory or one above it does: the one test of :func:`check_file` and :func:`open_trusted`."""
+    bad = _problem(st, is_dir, gok)
     if bad is not None:
         raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it {bad[0]}; "
                                  f"{bad[1].format(f=shlex.quote(str(p)))}")
@@ -172,17 +178,7 @@ def open_trusted(path: str | os.PathLike, what: str = "file", group_ok: bool | N
         if not stat.S_ISREG(st.st_mode):
             raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it is not a regular file (mode "
                                      f"{stat.filemode(st.st_mode)}); remove it")
-        bad = _problem(st, False, gok)
-        if bad is not None:
-            raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: it {bad[0]}; "
-                                     f"{bad[1].format(f=shlex.quote(str(p)))}")
-        parent = p.absolute().parent
-        found = _check_dirs(parent, gok)
-        if found is not None:
-            q, dbad = found
-            where = "its directory" if q in (parent, parent.resolve()) else "the directory above it"
-            raise UntrustedFileError(f"refusing to read {what} {str(p)!r}: {where} {str(q)!r} "
-                                     f"{dbad[0]}; {dbad[1].format(f=shlex.quote(str(q)))}")
+        _refuse_untrusted(p, st, False, what, gok)
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
