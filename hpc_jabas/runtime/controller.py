@@ -247,9 +247,8 @@ class AdaptiveController(BaseController):
             adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
             self.seesaw = SeesawFloor(cfg.batch_ref or cfg.batch, adam)
         if cfg.goal == "final" and self.moves and not getattr(trainer, "runs_progress_budget", False):
-            raise ConfigError("goal='final' is not run by this Trainer yet: it ends after its epochs of samples "
-                              "(the controller's progress ledger and the simulator's stop = 'progress' price it; "
-                              "docs/adaptive.md, 'The goal'); use goal='time'")
+            raise ConfigError("goal='final' needs a trainer that runs to the progress budget (hpc_jabas.Trainer); "
+                              "this one ends after its epochs of samples: use goal='time'")
         if cfg.goal == "final" and self.moves and self.budget is None and cfg.epochs:
             self.budget = ProgressBudget(float(cfg.epochs) * trainer.sampler.num_samples, trainer.sampler.num_samples)
         if not self.trajectory:
@@ -620,6 +619,12 @@ class AdaptiveController(BaseController):
             self.predictors.load_state_dict(d["predictors"])
             self.rebalancer.load_state_dict(d["rebalancer"])
             self.factors = d.get("factors")
+
+
+def final_goal(ctl: Controller | None) -> AdaptiveController | None:
+    """The adaptive controller when its goal is "final" (the Trainer runs on to its progress budget and steps a
+    per-epoch scheduler at its epochs of progress: ``runs_on``, ``finished``, ``epochs_due``), else None."""
+    return ctl if isinstance(ctl, AdaptiveController) and ctl.budget is not None else None
 
 
 def window_times(window: list[StepRecord], t_micro: Callable[[str, int, float], float], gpu: str,

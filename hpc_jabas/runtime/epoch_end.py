@@ -9,6 +9,7 @@ from typing import Any
 from hpc_jabas.core.adaptive.decision import MoveDecision
 from hpc_jabas.log import get_logger
 from hpc_jabas.runtime import evaluate
+from hpc_jabas.runtime.controller import final_goal
 
 log = get_logger("hpc_jabas.runtime.trainer")
 
@@ -30,8 +31,8 @@ def end_epoch(tr: Any, fit_epochs: int) -> MoveDecision | None:
     ev = tr.eval_fn(tr.model) if tr.eval_fn is not None else None
     if evaluate.is_plateau(tr.scheduler):     # ReduceLROnPlateau: rank 0's eval metric, every rank
         evaluate.step_plateau(tr.scheduler, ev, tr.cfg.eval_metric, tr.rank)
-    elif tr.scheduler is not None and tr.scheduler_step == "epoch":
-        tr.scheduler.step()
+    elif tr.scheduler is not None and tr.scheduler_step == "epoch" and final_goal(tr.controller) is None:
+        tr.scheduler.step()                   # (goal = "final": at epochs of progress instead, step_end.py)
     if tr.rank == 0:
         tr.metrics.write({"type": "epoch_end", "epoch": epoch, "it": tr.iteration, "eval": ev, "B": tr.B})
         log.info("%s", evaluate.epoch_line(epoch, tr.cfg.epochs, tr.iteration, tr.B, ev))   # the job's log
