@@ -115,8 +115,9 @@ def test_one_rank_world_ddp_reducer_collectives_and_zero_step(tmp_path):
     assert r["params"] == 30 and r["stats"] == [False, True, False, True, True, True]
     assert r["collectives"][2:] == [1, 3, 3, 2] and max(r["collectives"]) <= 5, r["collectives"]
     assert r["max_diff"] < 1e-12          # three micro-batches of 3, 5 and 4 samples = one batch of 12 (float64)
-    # no micro-batch here: one synced zero step (one collective), the user's forward not run, zero gradients
-    assert r["zero"] == {"collectives": 1, "forwards": 0, "max_grad": 0.0}
+    # no micro-batch here: one synced zero step (one collective), the user's forward and hooks not run, zero
+    # gradients, and DDP's module the user's model again afterwards
+    assert r["zero"] == {"collectives": 1, "forwards": 0, "max_grad": 0.0, "module_back": True}
     assert r["bucket_bytes_cap"] == 512 * 1024      # the config's bucket_cap_mb = 0.5, through the Trainer
 
 

@@ -74,7 +74,8 @@ opt.begin(0, 12)
 read_sums(None, opt, 12)
 opt.synchronize()
 zero = {"collectives": seq() - s0, "forwards": len(forwards) - n_fw,
-        "max_grad": max(float(p.grad.abs().max()) for p in model.parameters())}
+        "max_grad": max(float(p.grad.abs().max()) for p in model.parameters()),
+        "module_back": ddp.module is model}
 out = {"controller": comm.controller(), "backend": comm.backend(), "size": comm.size(), "reducer": type(ddp).__name__,
        "params": len(list(model.parameters())), "collectives": counts, "stats": stats, "max_diff": diff,
        "bucket_views": views, "none_at_begin": stable, "zero": zero}
