@@ -30,17 +30,29 @@ PER_RANK = ("rank", "it", "compute_s", "real_compute_s", "emulation_wait_s", "wa
             "loss_sum", "slowdown")
 
 
+_PLAIN = (str, bool, int, type(None))
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` as strict JSON values: a NaN or an infinity becomes null (metrics.jsonl stays valid JSON, which
-    has neither), tuples become lists, anything else (a tensor, a numpy number) its float."""
+    has neither), tuples become lists, anything else (a tensor, a numpy number) its float. Plain values inside a
+    dict or a list are taken in place (no call per value: a record per iteration is written)."""
+    t = type(obj)
+    if t is float:
+        return obj if math.isfinite(obj) else None
+    if t in _PLAIN:
+        return obj
+    if isinstance(obj, dict):
+        return {(k if isinstance(k, (str, int, float, bool)) else str(k)):
+                (v if type(v) in _PLAIN else (v if math.isfinite(v) else None) if type(v) is float else json_safe(v))
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [v if type(v) in _PLAIN else (v if math.isfinite(v) else None) if type(v) is float else json_safe(v)
+                for v in obj]
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if obj is None or isinstance(obj, (str, bool, int)):
         return obj
-    if isinstance(obj, dict):
-        return {str(k) if not isinstance(k, (str, int, float, bool)) else k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
     try:
         return json_safe(float(obj))
     except (TypeError, ValueError):

@@ -32,6 +32,7 @@ from hpc_jabas.runtime import safepoint as sp
 from hpc_jabas.runtime.calibrate import Calibrator
 from hpc_jabas.runtime.clock import IterationClock
 from hpc_jabas.runtime.comm.world import World
+from hpc_jabas.runtime.controller import final_goal
 from hpc_jabas.runtime.data import tensor_fetch  # noqa: F401  (re-exported)
 from hpc_jabas.runtime.hooks import (
     Callback,
@@ -301,45 +302,46 @@ class Trainer:
         clock = self._clock                        # runtime/clock.py: CUDA events on a GPU, perf_counter on the CPU
         t_it = clock.begin()
         self.state.apply_due()
-        measure = bool(self.controller is not None and self.controller.wants_stats(self.iteration))
-        if self.sampler.epoch_done(self.plan.B):   # only when driven outside fit(): no epoch-end work
+        it, plan, rank, ctl = self.iteration, self.plan, self.rank, self.controller     # (read once: descriptors)
+        measure = bool(ctl is not None and ctl.wants_stats(it))
+        if self.sampler.epoch_done(plan.B):        # only when driven outside fit(): no epoch-end work
             self.sampler.new_epoch()
-        ib = self.jabas.draw(self.plan)            # the public layer (runtime/loop.py), as a script's loop runs it
-        self.feed.begin(self.iteration, ib)        # a DataLoader: positioned here, its batches checked
-        measure = measure and ib.total == self.B   # no statistics on the shrunk epoch tail
-        ctl = self.controller
+        ib = self.jabas.draw(plan)                 # the public layer (runtime/loop.py), as a script's loop runs it
+        self.feed.begin(it, ib)                    # a DataLoader: positioned here, its batches checked
+        total = ib.total
+        measure = measure and total == plan.B      # no statistics on the shrunk epoch tail
         # a noise-only measurement (the controller's measure_every) keeps no half-batch sum (runtime/gradstats.py);
         # goodput's measurements between decisions are read in the next iteration (no wait for their reduction)
-        defer = measure and ctl is not None and bool(ctl.defers_stats(self.iteration))
+        defer = measure and ctl is not None and bool(ctl.defers_stats(it))
         step = self.jabas.begin(ib, measure=measure, defer=defer, min_split=self.resolved.min_split,
-                                similarity=not measure or ctl is None or bool(ctl.measures_similarity(self.iteration)))
+                                similarity=not measure or ctl is None or bool(ctl.measures_similarity(it)))
         mine = step.local
         if not self.model.training:                # put back after an eval (a walk of every module: not per step)
             self.model.train()
+        net, fwd, fetch, dev, jabas = self._net, self.forward_fn, self.fetch, self.device, self.jabas
         sums, emu_wait = timed_micro_batches(      # each timed as compute, then an emulated GPU's wait (step.py)
-            mine, clock, self.opt, self.emulator, self.iteration,
-            lambda idx, acc: micro_step_sums(self._net, self.forward_fn, self.jabas, self.fetch(idx), len(idx),
-                                             self.device, acc))
+            mine, clock, self.opt, self.emulator, it,
+            lambda idx, acc: micro_step_sums(net, fwd, jabas, fetch(idx), len(idx), dev, acc))
         clock.compute_start()
-        loss_sum, loss_weight = read_sums(sums, self.opt, ib.total)       # the iteration's one read of the loss
+        loss_sum, loss_weight = read_sums(sums, self.opt, total)       # the iteration's one read of the loss
         clock.compute_stop()
         self.read_held_stats()                     # the previous iteration's deferred measurement, after that read
         t_sync = time.perf_counter()
-        self.totals.samples += sum(len(i) for i in mine)
-        warm = self.state.lr_factor()              # batch_start = "knee": the lr warm-up (1 past it)
-        self.opt.step(lr_scale=self.lr_scale * warm)
+        self.totals.samples += sum(map(len, mine))
+        warm, lr_scale = self.state.lr_factor(), self.lr_scale   # batch_start = "knee": the lr warm-up (1 past it)
+        self.opt.step(lr_scale=lr_scale * warm)
         # agreed at the safe point (runtime/safepoint.py); an fp16 step the scaler skipped is not an error
         self.nonfinite_loss = not math.isfinite(loss_sum) and not self.opt.last_step_skipped
         t_end = clock.end()                        # on a GPU: after the step's kernels, counted in this iteration
         compute = clock.compute_s()
         self.totals.compute_s += compute + emu_wait
         rec = StepRecord(
-            it=self.iteration, epoch=ib.epoch, rank=self.rank, B=self.B, samples=ib.total, plan=str(ib.plan),
-            b=ib.plan.bs[self.rank], x=ib.plan.xs[self.rank], n_local=len(mine), compute_s=compute + emu_wait,
+            it=it, epoch=ib.epoch, rank=rank, B=plan.B, samples=total, plan=str(ib.plan),
+            b=ib.plan.bs[rank], x=ib.plan.xs[rank], n_local=len(mine), compute_s=compute + emu_wait,
             real_compute_s=compute, emulation_wait_s=emu_wait, wait_s=t_end - t_sync, iter_s=t_end - t_it,
-            loss_sum=loss_sum, loss_weight=loss_weight, lr_scale=self.lr_scale, measure=measure,
+            loss_sum=loss_sum, loss_weight=loss_weight, lr_scale=lr_scale, measure=measure,
             skipped=self.opt.last_step_skipped,      # amp fp16 inf/nan: no step, no statistics
-            slowdown=self.emulator.factor(self.iteration) if self.emulator else 1.0,
+            slowdown=self.emulator.factor(it) if self.emulator else 1.0,
             lr_warmup=warm if warm != 1.0 else None,
             stats=self.opt.last_stats.to_dict() if measure and self.opt.last_stats is not None else None,
             contained_errors=self.decisions.contained_errors)
@@ -416,7 +418,8 @@ class Trainer:
         t0, it0 = time.perf_counter(), self.iteration
         samples = 0
         first_step = True
-        while self.sampler.epoch < epochs:
+        fin = final_goal(self.controller)                # goal = "final": on past the epochs to the progress budget
+        while self.sampler.epoch < epochs or (fin is not None and fin.runs_on()):
             if self.sampler.epoch_done(self.plan.B):
                 if self._end_epoch():
                     break
@@ -428,6 +431,8 @@ class Trainer:
                 first_step = False
                 for cb in self.callbacks:
                     cb.on_first_step(self)
+            if fin is not None and fin.finished():
+                break
             if max_iterations is not None and self.iteration >= max_iterations:
                 break
             if self._safe_point():
@@ -443,6 +448,9 @@ class Trainer:
         return {"iterations": self.iteration, "epoch": self.sampler.epoch, "samples": self.state.samples,
                 "iterations_here": self.iteration - it0, "samples_here": samples, "wall_s": wall,
                 "samples_per_s": samples / wall if wall > 0 else 0.0, "stopped": self.stop_reason}
+
+    #: goal = "final" runs here (``fit``; runtime/controller.py refuses it in a trainer without this)
+    runs_progress_budget = True
 
     def _safe_point(self) -> bool:
         """Every rank, at an iteration boundary (runtime/safepoint.py): True when the job stops here."""
