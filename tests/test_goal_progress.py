@@ -96,3 +96,50 @@ def test_the_simulator_prices_each_probe_and_decides_as_without():
     rounds = r0.totals["iterations"] // 10                  # simigrad decides at every 10th iteration
     probes = (rounds - 1) // 2 + 1                          # the first round, then every 2nd
     assert r1.totals["time_s"] - r0.totals["time_s"] == pytest.approx(probes * one, rel=1e-6, abs=1e-6)
+
+
+def _fit(tmp_path, goal):
+    import json
+
+    import torch
+
+    import hpc_jabas as hj
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(480, 8, generator=g)
+    y = ((x[:, 0] + x[:, 1]) > 0).long()
+    y = torch.where(torch.rand(480, generator=g) < 0.3, 1 - y, y)     # label noise: B_noise to measure
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    cfg = hj.JobConfig(gpu_types=["v100"], emulate=True, emulate_base_s=1e-4, emulate_per_sample_s=1e-5,
+                       policy="noise-scale", batch=16, batch_min=16, batch_max=256, micro_batch=8, p=4, epochs=3,
+                       goal=goal, run_dir=str(tmp_path / goal), checkpoint=False, metrics_period=1)
+    tr = hj.Trainer(model, opt, torch.utils.data.TensorDataset(x, y), torch.nn.CrossEntropyLoss(), config=cfg,
+                    scheduler=sched)
+    res = tr.fit()
+    recs = [json.loads(s) for s in (tmp_path / goal / "metrics.jsonl").read_text().splitlines()]
+    return tr, res, sched, recs
+
+
+def test_goal_final_trains_to_its_progress_budget_and_steps_the_schedule_at_epochs_of_progress(tmp_path):
+    N, epochs = 480, 3
+    tr_t, res_t, sched_t, _ = _fit(tmp_path, "time")
+    assert res_t["samples"] == epochs * N and sched_t.last_epoch == epochs
+    tr, res, sched, recs = _fit(tmp_path, "final")
+    its = sorted((r for r in recs if r["type"] == "iteration"), key=lambda r: r["it"])
+    ds = sorted((r for r in recs if r["type"] == "decision"), key=lambda r: r["at_iteration"])
+    assert any(d["B"] > 16 and d["stats"]["progress_E"] < 1 for d in ds)
+    # the ledger written out: iteration j counts its samples x the E of the last decision in force at j
+    done, E, k, ends = 0.0, 1.0, 0, []
+    for r in its:
+        while k < len(ds) and ds[k]["at_iteration"] <= r["it"]:
+            E = min(1.0, ds[k]["stats"]["progress_E"])
+            k += 1
+        done += r["samples"] * E
+        ends.append(done)
+    assert ends[-1] >= epochs * N * (1 - 1e-12) > ends[-2]           # ended at the first iteration past the budget
+    assert res["samples"] == sum(r["samples"] for r in its) > epochs * N   # more samples than "time" trains
+    assert tr.sampler.epoch >= epochs                                # past its epochs of data...
+    assert sched.last_epoch == epochs                                # ...the schedule stepped per epoch of progress
+    assert ds[-1]["stats"]["progress"] == pytest.approx(ends[ds[-1]["at_iteration"] - 1] / (epochs * N), rel=1e-9)

@@ -1,7 +1,8 @@
 """A user's script with the curvature-headroom probe on (``headroom_probe``): ``import hpc_jabas`` only, its own model,
 data and optimizer, the goodput policy on two emulated ranks. Spec: {"cases": [...], "out_dir"}; a case:
-{"run_dir", "epochs" (fit to this many), "resume", "seesaw", "backend", "optimizer" ("sgd" | "adam")}; rank r
-writes <out_dir>/case<k>-rank<r>.json (iterations, resumed_from, the final parameters)."""
+{"run_dir", "epochs" (fit to this many), "resume", "seesaw", "backend", "optimizer" ("sgd" | "adam"), "goal"};
+rank r writes <out_dir>/case<k>-rank<r>.json (iterations, samples, resumed_from, the scheduler's epochs, the final
+parameters)."""
 import json
 import sys
 from pathlib import Path
@@ -28,10 +29,11 @@ def run(spec: dict, k: int, out_dir: Path) -> None:
                               emulate_per_sample_s=1e-5, policy="noise-scale", batch=16, batch_min=8,
                               batch_max=256, micro_batch=8, p=4, headroom_probe=64, headroom_every=2,
                               seesaw=bool(spec.get("seesaw")), epochs=spec["epochs"], run_dir=spec["run_dir"],
-                              backend=spec.get("backend", "auto"), metrics_period=4)
+                              backend=spec.get("backend", "auto"), metrics_period=4, goal=spec.get("goal", "time"))
     tr = hpc_jabas.Trainer(model, opt, ds, nn.CrossEntropyLoss(), config=cfg, scheduler=sched)
-    tr.fit(epochs=spec["epochs"], resume=bool(spec.get("resume")))
-    out = {"iterations": tr.iteration, "resumed_from": tr.resumed_from,
+    res = tr.fit(epochs=spec["epochs"], resume=bool(spec.get("resume")))
+    out = {"iterations": tr.iteration, "resumed_from": tr.resumed_from, "samples": res["samples"],
+           "sched_epochs": sched.last_epoch,
            "params": {n: p.detach().tolist() for n, p in model.state_dict().items()}}
     (out_dir / f"case{k}-rank{tr.rank}.json").write_text(json.dumps(out))
 
