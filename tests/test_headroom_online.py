@@ -196,3 +196,14 @@ def test_seesaw_lr_at_the_full_floor_is_the_peaks_for_sgd_and_sqrt_alpha_for_ada
     assert fl.observe(0.1) == 1.0 and fl.floor() is None           # no cut yet: no floor
     fl.observe(0.2)                                                # a warm-up's rise is no cut
     assert fl.observe(0.2 * alpha) == pytest.approx(alpha) and fl.floor() == pytest.approx(B_ref / alpha)
+
+
+def test_an_optimizer_the_probe_cannot_read_is_one_line_before_any_step(tmp_path):
+    X, y = _isotropic()
+    model = torch.nn.Linear(D, 1, bias=False)
+    with pytest.raises(hj.ConfigError, match=r"^optimizer=RMSprop has no headroom probe; valid: SGD .*Adam, AdamW$"):
+        _fit(tmp_path, model, torch.optim.RMSprop(model.parameters(), lr=0.01), torch.utils.data.TensorDataset(X, y),
+             torch.nn.MSELoss(), policy="similarity", batch=16, batch_min=16, batch_max=64, epochs=1,
+             headroom_probe=32)
+    with pytest.raises(hj.ConfigError, match="goal='x' is unknown; valid: time, final"):
+        hj.JobConfig(goal="x").validate()
