@@ -8,6 +8,7 @@ low-level layer (``HeterogeneousOptimizer``) adopts that initialisation at its f
 """
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -401,15 +402,14 @@ class Step:
         return len(self._mine)
 
     def __iter__(self) -> Iterator[Any]:
-        for idx in self._mine:
-            yield _fetch(self._data, idx)
+        return map(functools.partial(_fetch, self._data), self._mine)     # (no generator frame per micro-batch)
 
 
 def _fetch(data: Any, idx: Any) -> Any:
     """The samples ``idx`` of ``data``, collated (a TensorDataset: its tensors indexed at once)."""
     if isinstance(data, TensorDataset):
         t = torch.as_tensor(idx)
-        return tuple(x[t] for x in data.tensors)
+        return tuple([x[t] for x in data.tensors])
     return default_collate([data[int(i)] for i in idx])
 
 

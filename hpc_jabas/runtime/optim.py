@@ -321,7 +321,8 @@ class HeterogeneousOptimizer:
     def backward(self, loss: torch.Tensor, count: int, weight: torch.Tensor | float | None = None) -> None:
         """Backward of one micro-batch's mean loss, weighted by its sample count, or by ``weight`` (e.g. its
         token count, ``loss`` being the mean over those tokens): accumulates weight x grad(loss)."""
-        self._check_backward()
+        if not self._begun or self._done_local >= self._n_local:
+            self._check_backward()            # (raises: a misuse)
         mode = "plain" if weight is None else "weighted"
         if self._local_mode not in (None, mode):
             raise ConfigError("forward_fn returned (loss, weight) for some micro-batches of an iteration and a "
