@@ -89,8 +89,9 @@ def test_the_simulator_prices_each_probe_and_decides_as_without():
     sim0, r0 = _sim(0)
     sim1, r1 = _sim(200, every=2, p=10)
     assert r1.trajectory == r0.trajectory                  # a price, not a signal: the same decisions
-    # the probe's closed form: 2 passes x (12 micro-batches of 16 + one of 8) on the slower of v100 and p100
-    one = max(2.0 * (12 * sim1.model.t_micro(g, 16) + sim1.model.t_micro(g, 8)) for g in ("v100", "p100"))
+    # the probe's closed form: 3 passes x (12 micro-batches of 16 + one of 8) on the slower of v100 and p100
+    assert simulate.PROBE_PASSES == 3.0
+    one = max(3.0 * (12 * sim1.model.t_micro(g, 16) + sim1.model.t_micro(g, 8)) for g in ("v100", "p100"))
     assert simulate.probe_seconds(lambda g, b: sim1.model.t_micro(g, b), ["p100", "v100"], 200, 16) == \
         pytest.approx(one, rel=1e-12)
     rounds = r0.totals["iterations"] // 10                  # simigrad decides at every 10th iteration

@@ -19,7 +19,7 @@ this module defines its own version of any of them. The time line (docs/simulato
   measured on a run of the job; defaults 1 and 0: not priced);
 - with ``[policy] headroom_probe`` = n > 0, every ``headroom_every``-th decision round (the first included) adds
   the curvature-headroom probe (runtime/headroom_probe.py): one forward and two backwards on n samples on one rank,
-  priced ``PROBE_PASSES`` = 2 training micro-steps per micro-batch of the job's b (``micro_batch``, else 32) on the
+  priced ``PROBE_PASSES`` = 3 training micro-steps per micro-batch of the job's b (``micro_batch``, else 32) on the
   mix's slowest GPU type (``probe_seconds``), the other ranks waiting; the simulated policies get no h (the
   simulator has no curvature), so the probe is a cost here, not a signal;
 - ``stop = "progress"``: the run ends once the statistical progress of ``epochs`` epochs at B0 is made
@@ -167,8 +167,10 @@ class _Run:
 
 
 #: the headroom probe's cost in training micro-steps (forward + backward) per micro-batch of its probe batch: one
-#: forward and backward with the graph kept, then the Hessian-vector product's second backward
-PROBE_PASSES = 2.0
+#: forward and backward with the graph kept, then the Hessian-vector product's second backward; measured 3.0-4.0x a
+#: forward + backward of the same samples (CPU, MLPs of 64 -> 512 -> 512 -> 10 at 1,024 samples and 64 -> 64 ->
+#: 64 -> 10 at 256; the smaller one Python-bound), not yet on a GPU
+PROBE_PASSES = 3.0
 #: the probe's micro-batch when the job pins none
 PROBE_MICRO_BATCH = 32
 
