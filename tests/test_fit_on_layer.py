@@ -154,6 +154,14 @@ def test_the_trainers_iteration_is_the_layers_calls():
     calls = [(n.lineno, ast.unparse(n.func)) for n in ast.walk(step) if isinstance(n, ast.Call)]
     order = [f for _, f in sorted(calls) if f in ("self.jabas.draw", "self.jabas.begin", "self.opt.step")]
     assert order == ["self.jabas.draw", "self.jabas.begin", "self.opt.step"]
-    assert "self.jabas" in ast.unparse(step).split("micro_step_sums(")[1].split(")")[0]   # backward: jabas.backward
+    local = {}                                   # a local name -> what train_step assigned it (tuples unpacked)
+    for n in ast.walk(step):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1:
+            t, v = n.targets[0], n.value
+            pairs = zip(t.elts, v.elts) if isinstance(t, ast.Tuple) and isinstance(v, ast.Tuple) else [(t, v)]
+            local.update({ast.unparse(a): ast.unparse(b) for a, b in pairs})
+    micro = next(n for n in ast.walk(step) if isinstance(n, ast.Call) and ast.unparse(n.func) == "micro_step_sums")
+    backward_by = ast.unparse(micro.args[2])     # micro_step_sums(model, forward_fn, opt, ...) calls opt.backward
+    assert local.get(backward_by, backward_by) == "self.jabas"
     n_class = cls.end_lineno - cls.lineno + 1
     assert n_class <= 400, n_class

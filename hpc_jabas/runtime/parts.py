@@ -1,18 +1,31 @@
-"""The Trainer's parts built from the resolved configuration (docs/design.md, section 1): the planner, the
-default controller, the emulated GPU of this rank. Pure composition: no collective runs here."""
+"""The Trainer's parts built from its configuration (docs/design.md, section 1): the configuration resolved, the
+planner, the default controller, the emulated GPU of this rank. Pure composition: no collective runs here."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
+
+import torch
 
 from hpc_jabas.core.config.sections import JobConfig
 from hpc_jabas.core.perf.perfmodel import PerfModel
 from hpc_jabas.core.planning import Planner
 from hpc_jabas.core.planning.planner import PlanSpec, make_planner
 from hpc_jabas.errors import ConfigError
+from hpc_jabas.runtime.comm.world import World
 from hpc_jabas.runtime.controller import AdaptiveController
 from hpc_jabas.runtime.emulate import Emulator, Slowdown
 from hpc_jabas.runtime.hooks import Controller
-from hpc_jabas.runtime.resolve import ResolvedConfig
+from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
+from hpc_jabas.runtime.scriptcli import resolve_cli
+
+
+def resolve(cfg: JobConfig, world: World, model: torch.nn.Module, feed: Any, planner_fn: Callable | None
+            ) -> ResolvedConfig:
+    """The configuration every part reads, resolved once and frozen: the script's command line (batch_per_rank,
+    runtime/scriptcli.py), then what the job leaves to the model and the data (runtime/resolve.py)."""
+    n = len(feed.dataset)
+    return resolve_config(resolve_cli(cfg, world, n), model, n, world.rank, planner_fn is not None)
 
 
 def planner(resolved: ResolvedConfig, gpu_types: list[str], perf_model: Callable[[], PerfModel],

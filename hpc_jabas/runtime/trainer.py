@@ -50,10 +50,8 @@ from hpc_jabas.runtime.persist.state import InState, initial_state
 from hpc_jabas.runtime.progress import announce_start, default_callbacks, finished_already
 from hpc_jabas.runtime.protocol import DecisionChannel
 from hpc_jabas.runtime.record import StepRecord
-from hpc_jabas.runtime.resolve import ResolvedConfig, resolve_config
 from hpc_jabas.runtime.resume import HOOK_STATE, Checkpointer  # noqa: F401  (HOOK_STATE re-exported)
 from hpc_jabas.runtime.rundir import RunDir
-from hpc_jabas.runtime.scriptcli import resolve_cli
 from hpc_jabas.runtime.step import micro_step_sums, read_sums, timed_micro_batches
 from hpc_jabas.runtime.trainer_args import RankTotals, check_parts
 from hpc_jabas.trust import set_trust_group
@@ -98,7 +96,7 @@ class Trainer:
         self.device = torch.device(self.world_info.device)       # rank, world, gpu_types: read from world_info
         self._clock = IterationClock(self.device)   # an iteration's compute and end (runtime/clock.py)
         self.feed = data.make_feed(dataset, self.rank, cfg.seed, cfg.tail)   # a Dataset or DataLoader: data.py
-        self.resolved = self._resolve(cfg, model, planner_fn is not None)    # the configuration every part reads
+        self.resolved = parts.resolve(cfg, self.world_info, model, self.feed, planner_fn)   # what every part reads
         self.model = model.to(self.device)
         self.loss_fn, self.scheduler, self.scheduler_step, self.eval_fn = loss_fn, scheduler, scheduler_step, eval_fn
         self.forward_fn = forward_fn or (lambda m, batch: loss_fn(m(batch[0]), batch[1]))
@@ -122,11 +120,6 @@ class Trainer:
         self.history: deque[dict] = deque(maxlen=history_len)   # (it, B, plan, lr_scale) per iteration, this rank
         self._start_records()
         self.checkpointer = Checkpointer.of(self)      # saves and resumes the state (runtime/resume.py)
-
-    def _resolve(self, cfg: JobConfig, model: torch.nn.Module, user_plans: bool) -> ResolvedConfig:
-        """Resolved once and frozen: the script's command line (runtime/scriptcli.py), then resolve.py."""
-        n = len(self.feed.dataset)
-        return resolve_config(resolve_cli(cfg, self.world_info, n), model, n, self.rank, user_plans)
 
     def _open_run_dir(self) -> None:
         """The run directory (checked, metrics.jsonl's writer: runtime/rundir.py) and the decision channel."""
