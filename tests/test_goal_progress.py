@@ -114,11 +114,11 @@ def _fit(tmp_path, goal):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     cfg = hj.JobConfig(gpu_types=["v100"], emulate=True, emulate_base_s=1e-4, emulate_per_sample_s=1e-5,
-                       policy="noise-scale", batch=16, batch_min=16, batch_max=256, micro_batch=8, p=4, epochs=3,
+                       policy="noise-scale", batch=16, batch_min=16, batch_max=256, micro_batch=8, p=4, epochs=5,
                        goal=goal, run_dir=str(tmp_path / goal), checkpoint=False, metrics_period=1)
     tr = hj.Trainer(model, opt, torch.utils.data.TensorDataset(x, y), torch.nn.CrossEntropyLoss(), config=cfg,
                     scheduler=sched)
-    res = tr.fit()
+    res = tr.fit(epochs=3)                      # fit's epochs, not the key's, are the budget
     recs = [json.loads(s) for s in (tmp_path / goal / "metrics.jsonl").read_text().splitlines()]
     return tr, res, sched, recs
 

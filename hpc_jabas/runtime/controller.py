@@ -249,8 +249,10 @@ class AdaptiveController(BaseController):
         if cfg.goal == "final" and self.moves and not getattr(trainer, "runs_progress_budget", False):
             raise ConfigError("goal='final' needs a trainer that runs to the progress budget (hpc_jabas.Trainer); "
                               "this one ends after its epochs of samples: use goal='time'")
-        if cfg.goal == "final" and self.moves and self.budget is None and cfg.epochs:
-            self.budget = ProgressBudget(float(cfg.epochs) * trainer.sampler.num_samples, trainer.sampler.num_samples)
+        if cfg.goal == "final" and self.moves and self.budget is None:
+            # the budget: the epochs fit() trains to (its argument, set before it attaches us; else the key)
+            epochs = int(getattr(trainer, "_fit_epochs", 0) or cfg.epochs)
+            self.budget = ProgressBudget(float(epochs) * trainer.sampler.num_samples, trainer.sampler.num_samples)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
