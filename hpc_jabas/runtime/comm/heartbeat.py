@@ -14,7 +14,7 @@ rank: the watcher says one line (naming it, and what happens next: runtime/comm/
 ``hung`` for the others and ends its process (exit code 3: not a bad input, so a Slurm chain resubmits it). The
 others end quietly a moment later. A store that does not answer within ``timeout_s`` when its host is one of the
 ranks (rank 0 under mpirun and srun, and on Horovod) names that rank the same way; when the store is gone (its
-host exited) the thread ends and the collective's own error says who is gone (comm_torch's ``peer_lost``).
+host exited) the thread ends and the collective's own error says who is gone (the torch backend's ``peer_lost``).
 
 The stopped rank never blames a live one: the thread notes when its own loop did not run for a long while (this
 process was itself stopped: the monotonic clock runs on while a process is stopped), and then gives the rank it

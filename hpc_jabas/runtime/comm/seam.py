@@ -76,7 +76,7 @@ def resolve(name: str) -> str:
         return name
     if launchers.Torchrun.detect(os.environ):   # torchrun started the ranks: Horovod cannot form a world there
         return "torch"
-    if _torch_group_exists():                   # the script made its process group: it is used (comm_torch)
+    if _torch_group_exists():                   # the script made its process group: the torch backend uses it
         return "torch"
     return "horovod" if horovod_importable()[0] else "torch"
 

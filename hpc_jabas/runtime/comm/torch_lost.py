@@ -1,6 +1,7 @@
 """A rank that is gone, on the torch backend: the one-line error a failed collective becomes, naming the lost rank
-(the lowest surviving rank says it; a rank that was stopped itself blames nobody). Split from comm_torch.py, which
-keeps a thin ``peer_lost`` over this module's with its own state (initialised or not, its store)."""
+(the lowest surviving rank says it; a rank that was stopped itself blames nobody). ``TorchBackend.peer_lost``
+(runtime/comm/torch_backend.py) calls this module's with its own state (initialised or not, its store); the seam's
+``peer_lost`` asks the backend in use, and runtime/comm/exits.py's hook asks the seam."""
 from __future__ import annotations
 
 import datetime
