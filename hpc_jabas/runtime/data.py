@@ -86,7 +86,7 @@ def tensor_fetch(dataset: Any) -> Callable[[IndexArray], Any]:
     if tensors is not None:
         def fetch_tensors(idx: IndexArray) -> Any:
             i = torch.as_tensor(idx, dtype=torch.long)
-            return tuple(t[i] for t in tensors)
+            return tuple([t[i] for t in tensors])
         return fetch_tensors
 
     def fetch(idx: IndexArray) -> Any:

@@ -254,11 +254,11 @@ class Jabas:
     def micro(self) -> Any:
         """The context of the next micro-batch's forward and backward (the optimizer's ``micro``: no gradient
         sync but on the iteration's last micro-batch, where the optimizer's reducer was made by ``wrap``)."""
-        return self._need().micro()
+        return (self._opt if self._opt is not None else self._need()).micro()
 
     def autocast(self) -> Any:
         """The forward's context: ``torch.autocast`` under the optimizer's amp (bf16, fp16), else nothing."""
-        return self._need().autocast()
+        return (self._opt if self._opt is not None else self._need()).autocast()
 
     def _need(self) -> HeterogeneousOptimizer:
         if self._opt is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import shutil
 from collections.abc import Callable
@@ -228,7 +229,7 @@ class IterationMetrics:
         for row in table.tolist():
             by_it.setdefault(int(row[col["it"]]), []).append(row)
         for r0 in recs:
-            rows_it = sorted(by_it.get(int(r0.it), []), key=lambda x: x[col["rank"]])
+            rows_it = sorted(by_it.get(int(r0.it), []), key=operator.itemgetter(col["rank"]))
             if [int(x[col["rank"]]) for x in rows_it] != list(range(self.world)):
                 raise RuntimeError(f"metrics of iteration {r0.it} came from ranks "
                                    f"{[int(x[col['rank']]) for x in rows_it]}, expected 0..{self.world - 1}")
@@ -238,15 +239,14 @@ class IterationMetrics:
 
     @staticmethod
     def _iteration_record(r0: StepRecord, rows: list[list[float]], col: dict[str, int]) -> dict[str, Any]:
-        def per_rank(k: str) -> list[float]:
-            return [x[col[k]] for x in rows]
-        iter_s = max(per_rank("iter_s"))
+        cols = list(zip(*rows))                # one column per PER_RANK key, one value per rank (in rank order)
+        iter_s = max(cols[col["iter_s"]])
         out = {"type": "iteration", "it": r0.it, "epoch": r0.epoch, "B": r0.B, "samples": r0.samples,
                "plan": r0.plan, "iter_s": iter_s,
                "samples_per_s": r0.samples / iter_s if iter_s > 0 else None, "lr_scale": r0.lr_scale,
-               "loss": sum(per_rank("loss_sum")) / r0.samples,
-               "compute_s": per_rank("compute_s"), "wait_s": per_rank("wait_s"),
-               "n_local": [int(v) for v in per_rank("n_local")], "slowdown": per_rank("slowdown"),
+               "loss": sum(cols[col["loss_sum"]]) / r0.samples,
+               "compute_s": list(cols[col["compute_s"]]), "wait_s": list(cols[col["wait_s"]]),
+               "n_local": [int(v) for v in cols[col["n_local"]]], "slowdown": list(cols[col["slowdown"]]),
                "contained_errors": int(r0.contained_errors), "measure": bool(r0.measure)}
         if r0.stats is not None:
             out["stats"] = r0.stats

@@ -85,6 +85,7 @@ from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, scalar, st
 __all__ = ["GradStats", "HeterogeneousOptimizer", "check_model"]
 
 PreStepHook = Callable[["HeterogeneousOptimizer"], None]
+_NO_CONTEXT = contextlib.nullcontext()           # reusable: the context of a micro-batch that needs none
 
 
 class HeterogeneousOptimizer:
@@ -227,7 +228,7 @@ class HeterogeneousOptimizer:
         """The context of the next micro-batch's forward and backward: the reducer's ``no_sync`` for all but this
         iteration's last micro-batch (runtime/step.py enters it around both)."""
         if self.reducer is None or self._done_local >= self._n_local - 1:
-            return contextlib.nullcontext()
+            return _NO_CONTEXT
         return self.reducer.no_sync()
 
     def _join(self) -> None:
@@ -256,7 +257,7 @@ class HeterogeneousOptimizer:
 
     def autocast(self):
         """The forward's context: ``torch.autocast`` for amp bf16/fp16, else nothing."""
-        return self.amp.autocast()
+        return self.amp.autocast() if self.amp.dtype is not None else _NO_CONTEXT
 
     # ---- iteration protocol ------------------------------------------------------------
     def begin(self, n_local: int, total_samples: int, measure: bool = False,

@@ -50,6 +50,9 @@ def to_device(batch: Any, device: torch.device | str, non_blocking: bool = True)
     """``batch`` with every tensor on ``device``; containers keep their type, other values stay."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
+    if type(batch) is tuple:                      # (x, y, ...): the common batch, in one comprehension
+        return tuple([x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor)
+                      else to_device(x, device, non_blocking) for x in batch])
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):           # namedtuple
         return type(batch)(*(to_device(x, device, non_blocking) for x in batch))
     if isinstance(batch, (tuple, list)):
