@@ -1,9 +1,11 @@
-"""The loop that ties the parts together on every Horovod rank.
+"""The loop that ties the parts together on every rank (Horovod or torch.distributed).
 
-Per iteration: the sampler hands this rank its n_i micro-batches of b samples; each runs
-forward/backward (weighted by its sample count) and, when emulating, waits for its GPU type's
-time; the HeterogeneousOptimizer's allreduce leaves the mean gradient of the B samples; the
-optimizer steps with the current lr scale. Every p iterations the controller (rank 0 decides,
+Per iteration, through the public keep-your-loop layer (runtime/loop.py, the calls a script's own loop makes):
+``Jabas.draw`` hands this rank its n_i micro-batches of b samples and ``Jabas.begin`` announces them to the
+HeterogeneousOptimizer; each runs forward/backward (``Jabas.backward``, weighted by its sample count) and, when
+emulating, waits for its GPU type's time; the optimizer's reduction leaves the mean gradient of the B samples; it
+steps with the current lr scale. What follows the step is step_end.py, an epoch's end epoch_end.py.
+Every p iterations the controller (rank 0 decides,
 every rank applies at the announced iteration) may change B and the plan; at every epoch end
 the full state is checkpointed first, then the epoch-end hook (auto-scaler) may end the job for a
 resubmission onto another mix. Every decision goes through one protocol (runtime/protocol.py):
