@@ -111,6 +111,36 @@ def test_a_measuring_fit_iteration_is_the_layers_begin_with_measure(tmp_path, mo
     assert _reference(net, start, X, y, [ib for _, _, ib in spy.calls["Jabas.draw"]], scales) <= 1e-12
 
 
+def test_a_script_drives_its_own_iterations_with_the_calls_fit_makes(tmp_path):
+    """The public calls fit() makes, in a script: ``Jabas.over`` a HeterogeneousOptimizer and a HeterogeneousSampler,
+    ``draw``, ``begin`` (every other iteration measuring), ``backward`` per micro-batch, the optimizer's ``step``:
+    the big-batch reference (1e-12), a measurement's statistics on the measuring iterations only."""
+    me = hpc_jabas.init("torch")
+    torch.manual_seed(0)
+    X = torch.randn(40, 5, dtype=torch.float64)
+    y = (X[:, 0] > 0).long()
+    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 2)).double()
+    start = [p.detach().clone() for p in net.parameters()]
+    opt = hpc_jabas.HeterogeneousOptimizer(torch.optim.SGD(net.parameters(), lr=0.2), net.named_parameters())
+    sampler = hpc_jabas.HeterogeneousSampler(len(X), seed=3)
+    jabas = hpc_jabas.Jabas.over(opt, sampler, hpc_jabas.Plan(4, (3,)), rank=me.rank, world=me.size,
+                                 data=torch.utils.data.TensorDataset(X, y))
+    draws, stats = [], []
+    while not sampler.epoch_done(jabas.B):
+        batch = jabas.draw()
+        step = jabas.begin(batch, measure=len(draws) % 2 == 0 and batch.total == jabas.B)
+        for xb, yb in step:
+            with jabas.micro(), jabas.autocast():
+                jabas.backward(nn.functional.cross_entropy(net(xb), yb), len(xb))
+        opt.step()
+        draws.append(batch)
+        stats.append(opt.last_stats)
+    assert [ib.total for ib in draws] == [12, 12, 12, 4]
+    assert [s is not None for s in stats] == [True, False, True, False]
+    assert all(s.M == 3 and s.S == 12 and s.similarity is not None for s in stats if s is not None)
+    assert _reference(net, start, X, y, draws, [1.0] * len(draws)) <= 1e-12
+
+
 def _imports(tree: ast.AST) -> set[str]:
     out = set()
     for node in ast.walk(tree):
