@@ -25,21 +25,20 @@ from hpc_jabas.core.adaptive.scaling import AdaScaleRule
 from hpc_jabas.core.adaptive.seesaw import SeesawFloor, floor_batch
 from hpc_jabas.core.adaptive.stats import NoiseScale, noise_scale_terms
 from hpc_jabas.core.autoscale.overheads import measures
-from hpc_jabas.core.balancing import RankPredictors, Rebalancer
 from hpc_jabas.core.planning import Plan, Planner, snap_nearest
 from hpc_jabas.errors import ConfigError
 from hpc_jabas.log import get_logger
-from hpc_jabas.runtime.comm import seam as comm
+from hpc_jabas.runtime.guard_round import GuardRound
 from hpc_jabas.runtime.headroom_probe import OnlineProbe
 from hpc_jabas.runtime.hooks import Controller, TrainerView
+from hpc_jabas.runtime.online_balance import OnlineBalance
 from hpc_jabas.runtime.record import StepRecord
-from hpc_jabas.runtime.telemetry import HostTelemetry
+from hpc_jabas.runtime.wd_scaling import WeightDecayScaling
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
-    from hpc_jabas.core.adaptive.guard import Revert
-    from hpc_jabas.core.balancing import RankPredictors, Rebalancer
+    from hpc_jabas.core.balancing import RankPredictors
     from hpc_jabas.core.config.sections import JobConfig
     from hpc_jabas.core.planning import BatchSpace
 
@@ -152,13 +151,9 @@ class AdaptiveController(BaseController):
     Decision (rank 0): noise-scale EMA update -> policy -> new B (clipped, snapped to a B the
     planner realises exactly) -> planner -> lr scale -> Decision(at_iteration = next iteration).
 
-    Balancing: every p_balance iterations each rank reports, in one small allgather_object, its
-    compute time per micro-batch over the window and its load signals (host CPU and memory
-    utilisation via psutil; GPU utilisation, SM clock and power via NVML when a GPU is used;
-    the injected emulated load when emulating). Rank 0 turns them into speed factors against the
-    perf model (expected / measured time per micro-batch), predicts the next window's factors
-    (last value: "reactive"; NARX-style RLS: "predictive"), and asks the Rebalancer (hysteresis,
-    oscillation damping) for a new plan at the same B, broadcast as a normal Decision.
+    Balancing (runtime/online_balance.py): every p_balance iterations the ranks' measured speeds against
+    the perf model give predicted speed factors, and a new plan at the same B when the Rebalancer asks for
+    one, broadcast as a normal Decision. The divergence guard's round: runtime/guard_round.py.
 
     Odd M on a measurement iteration: the even/odd halves then hold (M+1)/2 and (M-1)/2
     micro-batches; the cosine similarity is still computed between the two half means, with
@@ -177,9 +172,8 @@ class AdaptiveController(BaseController):
         self.moves = self.policy.adaptive and cfg.B_min < cfg.B_max
         self.lr_rule = make_lr_rule(cfg.lr_rule, B_ref=cfg.batch_ref or cfg.batch, policy=self.policy_name)
         self.wd_rule = make_wd_rule(cfg.wd_rule, B_ref=cfg.batch_ref or cfg.batch)
+        self.wd = WeightDecayScaling(self.wd_rule)       # runtime/wd_scaling.py: installed at attach
         self._wd_hook: RemovableHandle | None = None
-        self._wd_base: list[float] | None = None     # the optimizer's own weight decay per param group
-        self._wd_set: list[float] | None = None      # what the rule last set (a change elsewhere is a new base)
         self.noise = NoiseScale()
         # measure every measure_every iterations between decisions too (rank 0 feeds the policy): goodput the noise
         # scale only (no half-batch sum), each fresh (G2, S) into its estimate; similarity the cosine, averaged at
@@ -192,17 +186,11 @@ class AdaptiveController(BaseController):
         self.trajectory: list[tuple[int, int]] = []
         self.last_stats: dict[str, Any] = {}
         self.balance = cfg.balance != "off"
-        self.factors: list[float] | None = None
-        self.predictors: RankPredictors | None = None
-        self.rebalancer: Rebalancer | None = None
-        self._window: list[StepRecord] = []
-        self._telemetry: HostTelemetry | None = None
+        self.balancing = OnlineBalance(cfg) if self.balance else None     # runtime/online_balance.py
         self.planner: Planner | None = None       # the trainer's (attach)
-        # the divergence guard on moves up (core/adaptive/guard.py): every rank keeps its part of each iteration's loss
-        # (iteration, samples, loss sum) until the next decision round, where one small allreduce gives rank 0
-        # the whole batch's loss of each, what metrics.jsonl records as ``loss``
+        # the divergence guard on moves up (core/adaptive/guard.py) and its part of the rounds (runtime/guard_round.py)
         self.guard = DivergenceGuard(cfg.guard_sigma, cfg.guard_rise) if cfg.guard and self.moves else None
-        self._losses: list[tuple[int, float, float, bool]] = []     # (it, samples, loss sum, step skipped)
+        self.guarding = GuardRound(self.guard) if self.guard is not None else None
         # the curvature headroom probed at decision rounds (runtime/headroom_probe.py; headroom_probe = 0: never), the
         # cap it sets (Seesaw's floor reads it), Seesaw's late-phase floor (core/adaptive/seesaw.py; built at attach)
         self.probe = OnlineProbe(cfg.headroom_probe, cfg.headroom_every, cfg.seed) \
@@ -257,14 +245,8 @@ class AdaptiveController(BaseController):
             self.trajectory.append((trainer.iteration, trainer.B))
         if self.wd_rule.name != "none" and self._wd_hook is None and hasattr(trainer.opt, "add_pre_step_hook"):
             self._wd_hook = trainer.opt.add_pre_step_hook(self._apply_wd)
-        if self.balance:
-            self.model = trainer.perf_model()
-            if self.predictors is None or self.predictors.n_ranks != trainer.world:
-                self.predictors = RankPredictors(trainer.world, kind="narx" if cfg.balance == "predictive" else "last")
-                self.rebalancer = Rebalancer(threshold=cfg.balance_threshold)
-                self.factors = None
-            if self._telemetry is None:
-                self._telemetry = HostTelemetry()
+        if self.balancing is not None:
+            self.balancing.attach(trainer)
         # measure_every: the first decision comes once the warm-up's measurements are in (iteration (warmup + 1) k),
         # when that is before the first period's end; then every p iterations as without
         early = pol.first_round(self.measure_every)
@@ -272,6 +254,15 @@ class AdaptiveController(BaseController):
 
     def has_rounds(self) -> bool:
         return self.balance or self.policy.adaptive
+
+    @property
+    def factors(self) -> list[float] | None:
+        """The ranks' predicted speed factors the planner gets (None: balancing off, or none predicted yet)."""
+        return self.balancing.factors if self.balancing is not None else None
+
+    @property
+    def predictors(self) -> RankPredictors | None:
+        return self.balancing.predictors if self.balancing is not None else None
 
     def _policy_round(self, done: int) -> bool:
         """Whether the policy decides after ``done`` iterations: every p, and the early first round (measure_every)."""
@@ -288,20 +279,8 @@ class AdaptiveController(BaseController):
             get_logger(__name__).warning("batch space kept on the previous model: %s", e)
 
     def _apply_wd(self, opt: Any) -> None:
-        """Every step: each param group's weight decay = its own weight decay x the wd rule at the B in force."""
-        groups = opt.optimizer.param_groups
-        scale = self.wd_rule.lr_scale(self.trainer.B)
-        if self._wd_base is None or self._wd_set is None or len(self._wd_base) != len(groups):
-            self._wd_base = [float(g.get("weight_decay", 0.0)) for g in groups]
-            self._wd_set = list(self._wd_base)
-        base, wset = self._wd_base, self._wd_set
-        assert base is not None and wset is not None
-        for i, g in enumerate(groups):
-            cur = float(g.get("weight_decay", 0.0))
-            if cur != wset[i]:                      # set by the user (or a scheduler) since: the new base
-                base[i] = cur
-            g["weight_decay"] = base[i] * scale
-            wset[i] = g["weight_decay"]
+        """The optimizer's pre-step hook: the wd rule at the B in force (runtime/wd_scaling.py)."""
+        self.wd.apply(opt.optimizer.param_groups, self.trainer.B)
 
     def progress(self, trainer: TrainerView) -> float | None:
         """The fraction of the configured run done (what the ramp policy reads): in samples, or with goal = "final"
@@ -364,30 +343,6 @@ class AdaptiveController(BaseController):
     def is_round(self, done: int) -> bool:
         return self._policy_round(done) or (self.balance and done % self.cfg.p_balance == 0)
 
-    # ---- balancing measurements (every rank) -------------------------------------------------
-    def _measure(self, trainer: TrainerView) -> dict[str, Any]:
-        gpu = trainer.gpu_types[trainer.rank]
-        declared = trainer.planner.declared_factors     # factors are relative to the declared speed
-        sf = declared[trainer.rank] if declared else 1.0
-        meas, exp = window_times(self._window, self.model.t_micro, gpu, sf)
-        self._window = []
-        exo = self._telemetry.sample(trainer.device) if self._telemetry is not None else {}
-        return {"factor": (exp / meas) if meas > 0 and exp > 0 else None, "exo": exo}
-
-    def _gather_losses(self, trainer: TrainerView) -> None:
-        """Collective (every rank, on policy rounds): the whole batch's loss of every iteration since the last
-        round, as metrics.jsonl records it (the ranks' loss sums over the batch's samples), into the guard."""
-        import torch
-
-        rows, self._losses = self._losses, []
-        if not rows:
-            return
-        sums = comm.allreduce_sum(torch.tensor([r[2] for r in rows], dtype=torch.float64), name="hj.guard.loss")
-        if trainer.rank == 0 and self.guard is not None:
-            for (it, n, _, skipped), s in zip(rows, sums.tolist()):
-                if not skipped:                  # an fp16 step the scaler skipped (inf/nan) trained nothing
-                    self.guard.observe(it, s / n if n > 0 else float("nan"))
-
     def finished(self) -> bool:
         """goal = "final": the progress budget is made (every rank alike); False with goal = "time"."""
         return self.budget is not None and self.budget.finished()
@@ -402,12 +357,12 @@ class AdaptiveController(BaseController):
         return None if self.budget is None else self.budget.epochs_due()
 
     def after_step(self, trainer: TrainerView, rec: StepRecord) -> Decision | None:
-        if self.balance:
-            self._window.append(rec)
+        if self.balancing is not None:
+            self.balancing.record(rec)
         if self.budget is not None:
             self.budget.add(rec.samples)
-        if self.guard is not None:
-            self._losses.append((int(rec.it), float(rec.samples), float(rec.loss_sum), bool(rec.skipped)))
+        if self.guarding is not None:
+            self.guarding.record(rec)
         done = trainer.iteration
         if trainer.rank == 0:
             if NOISE in self.policy.reads:                           # the samples a fresh (G2, S) stands for
@@ -417,43 +372,23 @@ class AdaptiveController(BaseController):
                 self._observe_between(rec.stats)
         if not self.is_round(done):
             return None
-        bal = self.balance and done % self.cfg.p_balance == 0
+        bal = self.balancing is not None and self.balancing.due(done)
         pol = self._policy_round(done)
         self._probe_now = pol and self.probe is not None and self.probe.due(done, self.p)   # every rank alike
-        meas = comm.allgather_object(self._measure(trainer), name="hj.balance") if bal else None
-        if pol and self.guard is not None:
-            self._gather_losses(trainer)
+        meas = self.balancing.gather(trainer) if bal and self.balancing is not None else None
+        if pol and self.guarding is not None:
+            self.guarding.gather(trainer)
         return self.decision_round(trainer, lambda: self._decide_round(trainer, rec, pol, meas))
 
     def _decide_round(self, trainer: TrainerView, rec: StepRecord, pol: bool,
                       meas: list[dict[str, Any]] | None) -> Decision | None:
-        info = None
         if meas is not None:
-            assert self.predictors is not None and self.rebalancer is not None      # balance: made at attach
-            factors = [m["factor"] for m in meas]
-            self.predictors.update(factors, [m["exo"] for m in meas])
-            self.factors = self.predictors.predict(default=1.0)
+            assert self.balancing is not None
+            measured = self.balancing.update(meas)
             if not pol:
-                B_now, plan_now, lr_now = announced(trainer)
-                plan, info = self.rebalancer.propose(
-                    B_now, plan_now, self.factors,
-                    plan_fn=lambda B, f: trainer.planner.plan(B, list(f)),
-                    time_fn=lambda p, f: self.model.iteration_time(p, trainer.gpu_types, speed_factors=list(f)))
-                trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
-                                       "predicted": self.factors, "exo": [m["exo"] for m in meas],
-                                       "plan": str(plan or plan_now), "info": _jsonable(info),
-                                       **self.predictors.error_report()})
-                if plan is None:
-                    return None
-                return Decision(announce_at(trainer), plan.B, plan, lr_now,
-                                reason=f"rebalance ({self.cfg.balance}): {info.get('reason', '')}",
-                                stats={"factors": self.factors}, kind="rebalance")
+                return self.balancing.rebalance(trainer, meas, measured, announce_at(trainer), announced(trainer))
             d = self.decide(trainer, rec)
-            trainer.metrics.write({"type": "balance", "it": trainer.iteration, "measured": factors,
-                                   "predicted": self.factors, "exo": [m["exo"] for m in meas], "plan": str(d.plan),
-                                   "info": {"kept": d.plan == announced(trainer)[1],
-                                            "reason": "planned with the batch-size decision"},
-                                   **self.predictors.error_report()})
+            self.balancing.write_kept(trainer, meas, measured, d, d.plan == announced(trainer)[1])
             return d
         return self.decide(trainer, rec)
 
@@ -461,39 +396,16 @@ class AdaptiveController(BaseController):
         """Rank 0: the divergence guard's verdict on the last move up (a revert is the decision), else
         statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr -> the
         guard's consent (a move up during its cool-down, or before the last one is judged, keeps B)."""
-        g = self.guard
         d = self._decide_policy(trainer, rec)        # first: should it raise, the guard's state is left as it was
-        if g is None:
+        if self.guarding is None:
             return d
-        rv = g.check(trainer.iteration, d.at_iteration)
-        B_now, plan_now, lr_now = announced(trainer)
-        if rv is not None:
-            return self._revert(trainer, rv, d)
-        why = g.allow(trainer.iteration, B_now, lr_now, d.B, d.lr_scale)
-        if why is not None:
-            stats = {**d.stats, "guard_blocked": {"B": d.B, "lr_scale": d.lr_scale}}
-            d = Decision(d.at_iteration, B_now, plan_now, lr_now, reason=f"{d.reason}; {why}", stats=stats)
-        if g.last is not None:
-            d.stats["guard"] = g.last.to_dict()          # the verdict on the last move up: accepted
-        g.moved(d.at_iteration, B_now, lr_now, d.B, d.lr_scale)
-        return d
+        return self.guarding.consent(trainer, d, announced(trainer), self._revert_plan, get_logger(__name__))
 
-    def _revert(self, trainer: TrainerView, rv: Revert, d: Decision) -> Decision:
-        """The guard undid the last move up: back to its B and lr scale, said in one line and one record. The
-        policy has decided (its statistics taken, as without the guard), its wish is dropped."""
-        B = rv.B
-        if self.space is not None and not self.space.is_realisable(B):      # a resumed job on another mix
+    def _revert_plan(self, B: int) -> Plan:
+        """The plan of a B the guard reverts to (snapped into the space: a resumed job on another mix)."""
+        if self.space is not None and not self.space.is_realisable(B):
             B = snap_nearest(self.space, B)
-        plan = trainer.planner.plan(B, list(self.factors) if self.factors else None)
-        get_logger(__name__).warning("%s", rv.line(d.at_iteration))
-        rec = {"type": "guard", "it": trainer.iteration, "at_iteration": d.at_iteration, **rv.to_dict(),
-               "B": plan.B, "policy_wished": d.B}
-        trainer.metrics.write(rec)
-        stats = {**d.stats, "guard": rv.to_dict(), "B_before": announced(trainer)[0]}
-        return Decision(d.at_iteration, plan.B, plan, float(rv.lr_scale),
-                        reason=f"divergence guard: revert to B={plan.B} (the loss rose from {rv.band.pre_mean:.4g} "
-                               f"to {rv.band.post_mean:.4g} at B={rv.B_bad}); the policy wished B={d.B}",
-                        stats=stats)
+        return self.trainer.planner.plan(B, list(self.factors) if self.factors else None)
 
     def _decide_policy(self, trainer: TrainerView, rec: StepRecord) -> Decision:
         """Rank 0: statistics -> policy wish -> direction-preserving snap (core/planning/space.py) -> plan -> lr."""
@@ -578,14 +490,14 @@ class AdaptiveController(BaseController):
         return list(self.trajectory)
 
     def state_dict(self) -> dict[str, Any]:
+        bal = self.balancing.state_dict() if self.balancing is not None else dict.fromkeys(
+            ("factors", "predictors", "rebalancer"))
         return {"policy": self.policy.state_dict(), "lr_rule": self.lr_rule.state_dict(),
                 "noise": self.noise.state_dict(), "trajectory": list(self.trajectory),
-                "factors": self.factors, "wd": [self._wd_base, self._wd_set],
-                "measured": [self._since, self._fed],
-                "predictors": self.predictors.state_dict() if self.predictors is not None else None,
-                "rebalancer": self.rebalancer.state_dict() if self.rebalancer is not None else None,
-                "guard": self.guard.state_dict() if self.guard is not None else None,
-                "guard_pending": [list(r) for r in self._losses] if self._one_rank() else None,
+                "factors": bal["factors"], "wd": self.wd.state(),
+                "measured": [self._since, self._fed], "predictors": bal["predictors"], "rebalancer": bal["rebalancer"],
+                **(self.guarding.state_dict(self._one_rank()) if self.guarding is not None
+                   else {"guard": None, "guard_pending": None}),
                 **({} if self.probe is None else {"probe": self.probe.state_dict(), "hcap": self.hcap.state_dict()}),
                 **({} if self.seesaw is None else {"seesaw": self.seesaw.state_dict()}),
                 **({} if self.budget is None else {"budget": self.budget.state_dict()})}
@@ -602,11 +514,8 @@ class AdaptiveController(BaseController):
         self.noise.load_state_dict(d["noise"])
         self.trajectory = [tuple(x) for x in d["trajectory"]]
         self._since, self._fed = (int(x) for x in d.get("measured", (0, 0)))
-        if self.guard is not None and d.get("guard"):
-            self.guard.load_state_dict(d["guard"])
-            pend = d.get("guard_pending")
-            self._losses = [(int(r[0]), float(r[1]), float(r[2]), bool(r[3])) for r in pend] \
-                if pend is not None and self._one_rank() else []
+        if self.guarding is not None:
+            self.guarding.load_state_dict(d, self._one_rank())
         if self.probe is not None and d.get("probe"):
             self.probe.load_state_dict(d["probe"])
             self.hcap.load_state_dict(d["hcap"])
@@ -614,13 +523,9 @@ class AdaptiveController(BaseController):
             self.seesaw.load_state_dict(d["seesaw"])
         if self.budget is not None and d.get("budget"):
             self.budget.load_state_dict(d["budget"])
-        wd = d.get("wd") or [None, None]
-        self._wd_base, self._wd_set = wd[0], wd[1]   # the optimizer's state holds the scaled values
-        if self.balance and d.get("predictors") and self.predictors is not None and self.rebalancer is not None \
-                and d["predictors"].get("n_ranks") == self.predictors.n_ranks:
-            self.predictors.load_state_dict(d["predictors"])
-            self.rebalancer.load_state_dict(d["rebalancer"])
-            self.factors = d.get("factors")
+        self.wd.load(d.get("wd"))          # the optimizer's state holds the scaled values
+        if self.balancing is not None:
+            self.balancing.load_state_dict(d)
 
 
 def final_goal(ctl: Controller | None) -> AdaptiveController | None:
@@ -628,25 +533,3 @@ def final_goal(ctl: Controller | None) -> AdaptiveController | None:
     per-epoch scheduler at its epochs of progress: ``runs_on``, ``finished``, ``epochs_due``), else None."""
     return ctl if isinstance(ctl, AdaptiveController) and ctl.budget is not None else None
 
-
-def window_times(window: list[StepRecord], t_micro: Callable[[str, int, float], float], gpu: str,
-                 sf: float) -> tuple[float, float]:
-    """(measured, modelled) compute seconds of this rank's iterations in ``window`` (those it computed in):
-    ``t_micro(gpu, b, speed factor)`` per micro-batch, a per-rank plan's partial last one included; an
-    iteration the model cannot price counts as measured."""
-    meas = exp = 0.0
-    for r in window:
-        if r.n_local <= 0:
-            continue
-        meas += r.compute_s
-        try:
-            n, b = r.n_local, r.b
-            last = r.x - (n - 1) * b                               # a per-rank plan's partial micro-batch
-            exp += (n - 1) * t_micro(gpu, b, sf) + t_micro(gpu, last, sf)
-        except Exception:
-            exp += r.compute_s
-    return meas, exp
-
-
-def _jsonable(info: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v if isinstance(v, (int, float, str, bool, type(None))) else str(v)) for k, v in info.items()}
