@@ -393,7 +393,10 @@ class HeterogeneousOptimizer:
     def weight_total(self) -> torch.Tensor | None:
         """The global sum of the iteration's token weights (a device scalar; None for plain losses).
         Collective on the first iteration (the mode agreement): every rank calls it, or ``synchronize``."""
-        self._join()
+        if self._done_local == 0 and not self._joined:
+            self._join()
+        if self._mode == "plain":             # agreed at the first iteration: no weight to reduce, no call
+            return None
         if self._agree_mode() != "weighted":
             return None
         self._launch_weight()
