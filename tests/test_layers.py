@@ -34,7 +34,7 @@ PKG = Path(__file__).resolve().parents[1] / "hpc_jabas"
 FORBIDDEN_IN_CORE = {"torch", "horovod", "mpi4py", "submitit", "subprocess", "time", "datetime", "psutil",
                      "pynvml", "socket", "threading", "multiprocessing"}
 RANK = {"core": 0, "slurm": 1, "runtime": 2, "cli": 3}
-MAX_LINES = 700
+MAX_LINES = 600
 
 
 def _modules() -> dict[str, Path]:
