@@ -22,7 +22,8 @@ ALWAYS = ("README.md", "slurm/local/README.md", "examples/README.md", "docs/simu
 WHEN_PRESENT = ("docs/porting.md",)
 #: documents whose blocks another test runs, in the set-up they are written for (not in the README's shell)
 ELSEWHERE = {"docs/cluster.md": "tests/test_nonroot.py"}      # as a new user who is not root
-SHELL, PYTHON, DATA = ("bash", "sh", "shell"), ("python", "py"), ("toml", "text", "json", "console-output", "diff", "udiff")
+SHELL, PYTHON = ("bash", "sh", "shell"), ("python", "py")
+DATA = ("toml", "text", "json", "console-output", "diff", "udiff")
 SKIP = re.compile(r"^\s*<!--\s*readme-test:\s*skip\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)\s*$")
 
