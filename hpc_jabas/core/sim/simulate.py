@@ -8,7 +8,8 @@ end runs the forecaster (core/autoscale/forecast.py) and the auto-scaler's searc
 pricing with
 ``autoscale.epoch_time_fn`` and ``mixsearch.perf_bound``), and a move costs what it costs on the cluster:
 the restart time (at the new mix's rate) and the queue wait (unbilled). tests/test_simulate.py fails if
-this module defines its own version of any of them. The time line (docs/simulator.md):
+this module defines its own version of any of them. The time line (docs/simulator.md), priced here, with what
+measuring and probing add from core/sim/measuring.py:
 
 - an epoch is ``samples`` samples; iterations run in periods of ``p`` (the global iteration count, as
   the trainer's); each period's iterations take ``space.iter_time(B)`` each, the epoch's last one a full
@@ -25,18 +26,10 @@ this module defines its own version of any of them. The time line (docs/simulato
 - ``stop = "progress"``: the run ends once the statistical progress of ``epochs`` epochs at B0 is made
   (each sample counts E(B) = (B_noise + B0) / (B_noise + B), core/adaptive/stats.py), possibly mid-epoch;
   ``"samples"``: after exactly ``epochs`` epochs;
-- the first job waits in the queue for its mix; each move adds the new mix's wait, then ``restart_s``.
+- the first job waits in the queue for its mix; each move adds the new mix's wait, then ``restart_s``; the
+  epoch-end decision (forecast, search, its pricing reused) is core/sim/epoch_decision.py's.
 
-Strategies (``STRATEGIES``), compared on the same job, cluster and seed:
-static (fixed B, equal local batches: plain Horovod/DDP), lbbsp (fixed B split in proportion to the
-perf model's per-type speeds), simigrad (the similarity policy, equal split, static allocation), jabas
-(similarity policy, optimal planner, time-minimising auto-scaling that ignores the restart overhead and
-the queue, no margin, as JABAS's released code), hpcjabas-cost (goodput policy, cost objective),
-hpcjabas-budget (goodput, least time under a budget: default the SimiGrad row's cost), hpcjabas-queue
-(goodput, time objective with the expected queue wait priced and ``max_queue_wait_s``), ramp (the
-ramp policy on the static allocation, optimal planner); not in the default comparison: goodput (the
-goodput policy on the static allocation, optimal planner: what the trainer runs with auto-scaling off,
-for validating the simulator against a real run).
+Strategies (``STRATEGIES``, core/sim/strategies.py) are compared on the same job, cluster and seed.
 
 No clock here: ``clock`` (a function returning seconds, e.g. ``time.perf_counter``) may be passed in
 to time the epoch-end decisions (``decision_ms``).
@@ -59,48 +52,27 @@ from hpc_jabas.core.adaptive.policy import (
     make_policy,
 )
 from hpc_jabas.core.adaptive.stats import statistical_efficiency
-from hpc_jabas.core.autoscale import forecast, mixsearch
+from hpc_jabas.core.autoscale import forecast, mixsearch  # noqa: F401  (mixsearch: core/sim/epoch_decision.py's)
 from hpc_jabas.core.autoscale import scaler as autoscale
 from hpc_jabas.core.autoscale.mixbound import peak_rate
-from hpc_jabas.core.autoscale.overheads import REFERENCE_EVERY, Overheads, measures, measures_between, references
+from hpc_jabas.core.autoscale.overheads import Overheads, measures, measures_between
 from hpc_jabas.core.perf.perfmodel import AllreduceModel, PerfModel
 from hpc_jabas.core.planning import BatchSpace, PlanSpec, make_planner, snap_nearest
 from hpc_jabas.core.planning.grouptimes import group_space  # noqa: F401  (the optimal planner's pricing_space)
+from hpc_jabas.core.sim.epoch_decision import EpochEndDecision
+from hpc_jabas.core.sim.measuring import (  # noqa: F401  (PROBE_PASSES, measure_share: the time line's prices)
+    PROBE_PASSES,
+    measure_share,
+    measurements,
+    probe_seconds,
+    run_overheads,
+)
 from hpc_jabas.core.sim.simconfig import Cluster, Job
-from hpc_jabas.errors import ConfigError, InfeasibleError
+from hpc_jabas.core.sim.strategies import BASELINE, Strategy
+from hpc_jabas.core.sim.strategies import COMPARED as COMPARED  # re-exported: the CLI's and tests' names
+from hpc_jabas.core.sim.strategies import STRATEGIES as STRATEGIES
+from hpc_jabas.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class Strategy:
-    name: str
-    policy: str                  # fixed | similarity | noise-scale | ramp
-    planner: str                 # equal | lbbsp | optimal
-    objective: str | None        # None: the initial mix throughout
-    queue_aware: bool = False
-    overhead_aware: bool = True  # False: JABAS (restart overhead priced 0, no margin)
-    label: str = ""
-
-
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("static", "fixed", "equal", None, label="static, fixed B, equal local batches"),
-    Strategy("lbbsp", "fixed", "lbbsp", None, label="LB-BSP: fixed B, speed-proportional split"),
-    Strategy("simigrad", "similarity", "equal", None, label="SimiGrad on the static allocation"),
-    Strategy("jabas", "similarity", "optimal", "time", overhead_aware=False,
-             label="JABAS: adaptive B + time-minimising auto-scaling"),
-    Strategy("hpcjabas-cost", "noise-scale", "optimal", "cost", label="hpc-jabas: goodput + cost objective"),
-    Strategy("hpcjabas-budget", "noise-scale", "optimal", "time-under-budget",
-             label="hpc-jabas: least time under a budget"),
-    Strategy("hpcjabas-queue", "noise-scale", "optimal", "time", queue_aware=True,
-             label="hpc-jabas: queue-aware moves"),
-    Strategy("ramp", "ramp", "optimal", None, label="ramp: B x2 at 25/50/75% of the run"),
-    Strategy("goodput", "noise-scale", "optimal", None,
-             label="hpc-jabas: goodput on the static allocation (the trainer without auto-scaling)"),
-)}
-#: the strategies ``--compare`` runs by default (``goodput`` is for validating against a real run,
-#: bench/sim_validation.py)
-COMPARED = ("static", "lbbsp", "simigrad", "jabas", "hpcjabas-cost", "hpcjabas-budget", "hpcjabas-queue", "ramp")
-BASELINE = "simigrad"
-NODE_CACHES = 4                  # the search's node caches kept (one per recent forecast)
 MAX_EPOCH_FACTOR = 10            # stop = "progress": give up after this many times the configured epochs
 
 
@@ -166,46 +138,6 @@ class _Run:
     probe_next: int = 0               # headroom_probe: the first decision round at or after this iteration probes
 
 
-#: the headroom probe's cost in training micro-steps (forward + backward) per micro-batch of its probe batch: one
-#: forward and backward with the graph kept, then the Hessian-vector product's second backward; measured 3.0-4.0x a
-#: forward + backward of the same samples (CPU, MLPs of 64 -> 512 -> 512 -> 10 at 1,024 samples and 64 -> 64 ->
-#: 64 -> 10 at 256; the smaller one Python-bound), not yet on a GPU
-PROBE_PASSES = 3.0
-#: the probe's micro-batch when the job pins none
-PROBE_MICRO_BATCH = 32
-
-
-def probe_seconds(t_micro: Callable[[str, int], float], types: Sequence[str], n: int, b: int | None) -> float:
-    """One headroom probe of ``n`` samples in micro-batches of ``b`` (None: PROBE_MICRO_BATCH) on the slowest of
-    ``types``: PROBE_PASSES x (full micro-batches + the partial last one), each at ``t_micro(type, size)``."""
-    if n <= 0:
-        return 0.0
-    bb = max(1, min(int(b or PROBE_MICRO_BATCH), n))
-    full, last = divmod(int(n), bb)
-    return PROBE_PASSES * max(full * t_micro(g, bb) + (t_micro(g, last) if last else 0.0) for g in types)
-
-
-def measurements(done: int, end: int, p: int, k: int | None, reference: bool = False) -> int:
-    """The measuring iterations after ``done`` up to ``end`` (iterations counted from 1): every p-th (a decision's)
-    and every k-th (measure_every's; None: none), each counted once, less the reference iterations that the
-    trainer leaves unmeasured when ``reference`` (k = 1 or p = 1 under auto-scaling: core/autoscale/overheads.py)."""
-    n = end // p - done // p
-    if k is not None:
-        both = math.lcm(p, k)
-        n += (end // k - done // k) - (end // both - done // both)
-    return n - (references(done, end, p, k) if reference else 0)
-
-
-def measure_share(p: int, k: int | None, reference: bool = False) -> float:
-    """The share of iterations that measure (``measurements`` over a long run): 1/p + 1/k - 1/lcm(p, k), less
-    the reference iterations' share when ``reference``."""
-    share = (1.0 / p) if k is None else 1.0 / p + 1.0 / k - 1.0 / math.lcm(p, k)
-    if reference:                     # references() counts none unless k = 1 or p = 1
-        period = math.lcm(p, REFERENCE_EVERY)
-        share -= references(0, period, p, k) / period
-    return share
-
-
 class Simulation:
     """A job on a cluster; :meth:`run` plays one strategy, :meth:`compare` several."""
 
@@ -221,17 +153,13 @@ class Simulation:
             raise ConfigError(f"initial mix {mix!r} names unknown partitions or more GPUs than they have "
                               f"({', '.join(bad) or 'empty'}); partitions: {cluster.capacity}")
         self.mix0 = autoscale._norm_mix(mix)
-        self._spaces: dict[tuple[Any, ...], BatchSpace] = {}
-        # the epoch-end decisions' reuse (``cache``; the same decisions without, tests/test_simulate.py): each
-        # mix's batch space across decisions, and per exact pricing input (forecast, period, range) its bound
-        # and every mix's epoch time, across decisions and strategies; the search's expanded nodes (its
-        # node_cache); the forecaster reuses a fit of the
-        # same history. Every entry is a pure function of its key.
+        self._spaces: dict[tuple[Any, ...], BatchSpace] = {}      # each strategy's planner's space per mix
+        # the epoch-end decisions (core/sim/epoch_decision.py), their pricing reused across decisions and
+        # strategies with ``cache`` (the same decisions without, tests/test_simulate.py)
         self.cache = cache
-        self._price_spaces: dict[Any, Any] = {}
-        self._bounds: dict[tuple[Any, ...], mixsearch.Bound] = {}
-        self._epoch_times: dict[tuple[Any, ...], dict[tuple[tuple[str, int], ...], Any]] = {}
-        self._node_caches: dict[tuple[Any, ...], dict[Any, Any]] = {}     # the search's, per forecast (LRU)
+        self.epoch_end = EpochEndDecision(cluster, job, self.model, self.types, clock=clock, cache=cache)
+        ee = self.epoch_end              # its caches (the same objects), left empty by a run without ``cache``
+        self._price_spaces, self._bounds, self._epoch_times = ee.price_spaces, ee.bounds, ee.epoch_times
         self.auto = job.autoscale
         for t in set(self.types.values()):
             self.model.profile(t)                                  # every type has a profile (one line if not)
@@ -333,8 +261,9 @@ class Simulation:
         space = self.space(mix, st.planner, lo, hi)
         B = snap_nearest(space, Bf if st.policy == "fixed" else B0)
         wait0 = self.cluster.queue.wait(mix, 0.0)
+        ov = run_overheads(job, st.policy, st.objective is not None, p)
         r = _Run(st, Result(name), make_policy(st.policy, **kw), make_lr_rule("auto", B0, st.policy), rng, p, lo, hi,
-                 float(job.epochs * N), self.run_overheads(st, p), mix, space, B, t=wait0, qwait=wait0)
+                 float(job.epochs * N), ov, mix, space, B, t=wait0, qwait=wait0)
         r.measure_every = k = default_measure_every(st.policy, pol.measure_every, p) if lo < hi else None
         r.reference = st.objective is not None      # the trainer's auto-scaler prices measuring
         if st.policy == "noise-scale" and k is not None and (k * (r.policy.warmup + 1)) < p:
@@ -434,13 +363,13 @@ class Simulation:
         else:
             R = max(0.05, (r.target - r.done_eff) / (job.samples * statistical_efficiency(r.B, job.gradstats.at(u),
                                                                                           job.batch)))
-        choice, ms = self._epoch_end(r.st, r.mix, r.res.trajectory, r.it, R, r.t, overhead,
+        choice, ms = self.epoch_end.choice(r.st, r.mix, r.res.trajectory, r.it, R, r.t, overhead,
                                      None if budget_total is None else float(budget_total) - r.cost, r.last_stay)
         r.res.decisions.append({"epoch": epoch, "it": r.it, "move": choice.move,
                                 "mix": autoscale.mix_label(choice.mix), "reason": choice.reason, "decision_ms": ms,
                                 "remaining_epochs": round(R, 3)})
         if not choice.move:
-            r.last_stay = self._stay_key
+            r.last_stay = self.epoch_end.stay_key
             return
         r.last_stay = None
         new = dict(choice.mix)
@@ -512,96 +441,8 @@ class Simulation:
                     sim_ = msim
         return g2_, s_, sim_
 
-    def _epoch_end(self, st: Strategy, mix: Mix, traj: list[tuple[int, int]], it: int, R: float, t: float,
-                   overhead: autoscale.RestartOverhead, budget_left: float | None,
-                   last_stay: Any) -> tuple[autoscale.Choice, float | None]:
-        job, cl, a = self.job, self.cluster, self.auto
-        N, p = job.samples, decision_period(job.p, job.samples, job.batch)
-        lo, hi = job.batch_min, job.batch_max
-        t0 = self.clock() if self.clock else None
-        hist = traj[-a.forecast_history:]
-        fp = p if st.policy != "fixed" else max(1, math.ceil(N / traj[-1][1]))
-        fc = forecast.forecast_next_epoch(hist, lambda b: math.ceil(N / b), period_p=fp, B_min=lo, B_max=hi,
-                                          start_iter=it, reuse_fit=self.cache)
-        obj = st.objective or "time"
-        prior = overhead.seconds if st.overhead_aware else 0.0
-        self._stay_key = (autoscale.mix_key(mix), tuple(fc), prior)
-        if obj in ("time", "cost") and not st.queue_aware and last_stay == self._stay_key:
-            # the same forecast, mix and overhead as a decision that stayed: with fewer epochs left a move
-            # pays off less (the overhead is amortised over less), so the search would stay again
-            return (autoscale.Choice(dict(mix), "inputs unchanged since the last decision, which stayed", []),
-                    None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0))
-        ov = self.run_overheads(st, p) if st.overhead_aware else Overheads()
-        fn, bound, nodes = self._pricing(fc, fp, ov)
-        units: int | dict[str, int] = cl.units if a.unit == 0 else a.unit
-        wait_fn = (lambda m: cl.queue.expected(m, t)) if st.queue_aware else None
-        kw: dict[str, Any] = {}
-        if obj == "time-under-budget":
-            kw["budget"] = max(0.0, budget_left if budget_left is not None else math.inf)
-        caps: dict[str, Any] = {k: v for k, v in (("max_nodes", a.max_nodes), ("max_evals", a.max_evals))
-                                if v is not None}
-        caps["brute_max"] = a.brute_max     # 0: branch-and-bound even on small clusters (exact)
-        try:
-            ch = mixsearch.search(
-                mix, cl.capacity, self.types, fn, cl.rates, obj, prior, bound,
-                max_gpus=a.max_gpus if a.max_gpus is not None else sum(cl.capacity.values()), min_gpus=a.min_gpus,
-                max_partitions=a.max_partitions, unit=units, exact_upto=a.exact_upto,
-                margin=a.margin if st.overhead_aware else 0.0, remaining_epochs=R,
-                wait_fn=wait_fn, max_queue_wait_s=a.max_queue_wait_s if st.queue_aware else None,
-                node_cache=nodes, **caps, **kw)
-        except InfeasibleError as e:
-            ch = autoscale.Choice(dict(mix), f"skipped: {e}", [])
-        ms = None if t0 is None or self.clock is None else 1000.0 * (self.clock() - t0)
-        return ch, ms
-
-    _stay_key: Any = None
     _since: int | None = None         # _decide's inputs and output beside its arguments (see there)
     _fresh: bool = False
-
-    def run_overheads(self, st: Strategy, p: int) -> Overheads:
-        """What the job file says a run costs besides its iterations, as the trainer's meter would measure it:
-        a policy's measurement iterations (one per period p, and every measure_every between), and the epoch end."""
-        factor = self.job.model.measure_factor
-        measures = st.policy in ("similarity", "noise-scale") and factor > 1.0
-        k = default_measure_every(st.policy, self.job.policy.measure_every, p) \
-            if self.job.batch_min < self.job.batch_max else None
-        return Overheads(measure_share=measure_share(p, k, st.objective is not None) if measures else 0.0,
-                         measure_factor=factor if measures else 1.0, epoch_end_s=self.job.model.epoch_end_s)
-
-    def _pricing(self, fc: list[int], fp: int, ov: Overheads | None = None
-                 ) -> tuple[autoscale.EpochTimeFn, mixsearch.Bound, dict[Any, Any] | None]:
-        """The search's ``epoch_time_fn``, bound and node cache for a forecast and overheads; with ``cache``,
-        reused for the same inputs (the node caches of the NODE_CACHES most recent forecasts are kept)."""
-        N, lo, hi, mb = self.job.samples, self.job.batch_min, self.job.batch_max, self.job.micro_batch
-        ov = ov or Overheads()
-        fn = autoscale.epoch_time_fn(self.model, self.types, fc, fp, N, B_min=lo, B_max=hi,
-                                     spaces=self._price_spaces if self.cache else None, overheads=ov,
-                                     spec=PlanSpec("optimal", micro_batch=mb))
-        if not self.cache:
-            return fn, mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
-                                            micro_batch=mb), None
-        key = (tuple(fc), fp, ov)
-        nodes = self._node_caches.pop(key, {})
-        self._node_caches[key] = nodes                        # the most recent last
-        while len(self._node_caches) > NODE_CACHES:
-            self._node_caches.pop(next(iter(self._node_caches)))
-        if key not in self._bounds:
-            self._bounds[key] = mixsearch.perf_bound(self.model, self.types, N, hi, forecast=fc, period=fp, B_min=lo,
-                                                     micro_batch=mb)
-        memo = self._epoch_times.setdefault(key, {})
-
-        def memo_time(mix: Mix) -> float | None:
-            k = autoscale.mix_key(mix)
-            if k not in memo:
-                try:
-                    memo[k] = fn(mix)
-                except InfeasibleError as e:
-                    memo[k] = e
-            v = memo[k]
-            if isinstance(v, InfeasibleError):
-                raise v
-            return v  # type: ignore[no-any-return]
-        return memo_time, self._bounds[key], nodes
 
     # ---- several strategies ------------------------------------------------------------------------
     def compare(self, names: Sequence[str] | None = None) -> dict[str, Result]:
@@ -622,7 +463,6 @@ class Simulation:
         return {n: out[n] for n in names} | ({BASELINE: out[BASELINE]} if BASELINE in out else {})
 
 
-Mix = dict[str, int]
 COLUMNS = ("time_s", "cost", "gpu_hours", "restarts", "queue_wait_s")
 
 
