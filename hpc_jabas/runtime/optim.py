@@ -71,7 +71,6 @@ import gc
 import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -80,7 +79,8 @@ from hpc_jabas.errors import ConfigError
 from hpc_jabas.runtime.amp import Amp
 from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.comm.reducer import GradReducer, check_model
-from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, scalar, stat_dtype
+from hpc_jabas.runtime.gradstats import GradStats, Measurement, mul_, stat_dtype
+from hpc_jabas.runtime.token_weights import TokenWeights
 
 __all__ = ["GradStats", "HeterogeneousOptimizer", "check_model"]
 
@@ -116,7 +116,6 @@ class HeterogeneousOptimizer:
         self._world = 1
         self._world_known = False                  # the backend's size, read once its reducer exists
         self._c: torch.Tensor | float = 1.0        # the backward's normaliser (module docstring)
-        self._w_prev: torch.Tensor | None = None   # the previous iteration's global weight
         self._measure = False
         self._meas: Measurement | None = None
         self._first_global = 0
@@ -124,12 +123,7 @@ class HeterogeneousOptimizer:
         self._synced = False
         self._skip_sync = False
         self._pre_step_hooks: OrderedDict[int, PreStepHook] = OrderedDict()
-        self._mode: str | None = None              # "plain" | "weighted", agreed by every rank
-        self._local_mode: str | None = None        # this iteration's micro-batches' mode
-        self._w_local: torch.Tensor | None = None  # sum of this rank's weights (weighted mode)
-        self._w_handle: Any = None
-        self._w_total: torch.Tensor | None = None
-        self._w_done = False
+        self._tw = TokenWeights(self._sd, self.device)   # plain or token-weighted losses, and the weights' sum
         self._found_inf: torch.Tensor | None = None
         self._found_host: bool | None = None
         self.reducer: GradReducer | None = None    # the backend's (runtime/comm/reducer.py), made at the first begin()
@@ -292,7 +286,7 @@ class HeterogeneousOptimizer:
                 self._world_known = self.reducer is not None
             except ValueError:              # Horovod not initialised: one process (the profiler)
                 self._world = 1
-        self._c = self._total / self._world if self._w_prev is None else self._w_prev / self._world
+        self._c = self._total / self._world if self._tw.prev is None else self._tw.prev / self._world
         self._measure = bool(measure)
         self._defer = bool(defer) and not similarity
         self._first_global = int(first_global_microbatch)
@@ -307,8 +301,7 @@ class HeterogeneousOptimizer:
         self._begun = True
         self._joined = False
         self._synced = False
-        self._local_mode = None
-        self._w_local, self._w_handle, self._w_total, self._w_done = None, None, None, False
+        self._tw.reset()
         self._found_inf, self._found_host = None, None
         self.last_stats = None
         self.last_step_skipped = False
@@ -324,22 +317,12 @@ class HeterogeneousOptimizer:
         token count, ``loss`` being the mean over those tokens): accumulates weight x grad(loss)."""
         if not self._begun or self._done_local >= self._n_local:
             self._check_backward()            # (raises: a misuse)
-        mode = "plain" if weight is None else "weighted"
-        if self._local_mode not in (None, mode):
-            raise ConfigError("forward_fn returned (loss, weight) for some micro-batches of an iteration and a "
-                             "plain loss for others; return the same kind every time")
-        if self._mode not in (None, mode):
-            raise ConfigError(f"this job's losses are {self._mode} (agreed at its first iteration) but a micro-batch "
-                             f"gave a {mode} one; return the same kind every time")
-        self._local_mode = mode
-        last = self._done_local == self._n_local - 1
-        w: torch.Tensor | None = None
-        if weight is not None:
-            w = scalar(weight, self._sd, self.device)
-            self._w_local = w.clone() if self._w_local is None else self._w_local + w
+        w = self._tw.add(weight)
+        if w is not None:
             mult: torch.Tensor | float = (w / self._c).to(loss.dtype)
-            if last and self._mode == "weighted" and self._eager():
-                self._launch_weight()            # overlaps the last backward
+            if self._done_local == self._n_local - 1 and self._tw.mode == "weighted" and self._eager():
+                assert self.reducer is not None
+                self._tw.launch(self.reducer)    # overlaps the last backward
         else:
             mult = count / self._c if isinstance(self._c, float) else (count / self._c).to(loss.dtype)
         if self._meas is not None:
@@ -368,44 +351,18 @@ class HeterogeneousOptimizer:
             raise ConfigError(f"backward() called {self._done_local + 1} times after begin(n_local="
                               f"{self._n_local}, ...): call it once per local micro-batch, as begin() announced")
 
-    # ---- the token-weight reduction ------------------------------------------------------------
-    def _agree_mode(self) -> str:
-        """Every rank, the first iteration only: plain or weighted (a rank without micro-batches learns it)."""
-        if self._mode is None:
-            flags = torch.tensor([float(self._local_mode == "plain"), float(self._local_mode == "weighted")],
-                                 dtype=torch.float32, device=self.device)
-            n_plain, n_weighted = comm.allreduce_sum(flags, name="hj.lossmode").tolist()
-            if n_plain > 0 and n_weighted > 0:
-                raise ConfigError(f"forward_fn returned (loss, weight) on {int(n_weighted)} rank(s) and a plain loss "
-                                 f"on {int(n_plain)}; return the same kind on every rank")
-            self._mode = "weighted" if n_weighted > 0 else "plain"
-        if self._local_mode not in (None, self._mode):
-            raise ConfigError(f"this rank's losses are {self._local_mode}, the job's are {self._mode}")
-        return self._mode
-
-    def _launch_weight(self) -> None:
-        if self._w_handle is None:
-            w = self._w_local if self._w_local is not None else torch.zeros((), dtype=self._sd, device=self.device)
-            self._w_total = w.reshape(1).clone()
-            assert self.reducer is not None
-            self._w_handle = self.reducer.sum_async(self._w_total, "hj.w")
-
+    # ---- the token-weight reduction (runtime/token_weights.py) ---------------------------------------
     def weight_total(self) -> torch.Tensor | None:
         """The global sum of the iteration's token weights (a device scalar; None for plain losses).
         Collective on the first iteration (the mode agreement): every rank calls it, or ``synchronize``."""
         if self._done_local == 0 and not self._joined:
             self._join()
-        if self._mode == "plain":             # agreed at the first iteration: no weight to reduce, no call
+        if self._tw.mode == "plain":          # agreed at the first iteration: no weight to reduce, no call
             return None
-        if self._agree_mode() != "weighted":
+        if self._tw.agree() != "weighted":
             return None
-        self._launch_weight()
-        if not self._w_done:
-            self._w_handle.wait()
-            self._w_done = True
-        assert self._w_total is not None
-        self._w_prev = self._w_total.reshape(())
-        return self._w_prev
+        assert self.reducer is not None
+        return self._tw.wait(self.reducer)
 
     # ---- synchronize and step ------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -431,13 +388,13 @@ class HeterogeneousOptimizer:
         if self.reducer.eager_extras:         # Horovod: the extra sums start beside the gradients' (named)
             if self._meas is not None:
                 self._meas.launch()
-            W = None if self._mode == "plain" else self.weight_total()
+            W = None if self._tw.mode == "plain" else self.weight_total()
             self.reducer.finish()
         else:                                 # torch.distributed: after the gradients, in one order on every rank
             self.reducer.finish()
             if self._meas is not None:
                 self._meas.launch()
-            W = None if self._mode == "plain" else self.weight_total()
+            W = None if self._tw.mode == "plain" else self.weight_total()
         grads = [p.grad for _, p in self.named if p.grad is not None] if W is not None or self._meas is not None \
             else []
         if W is not None:
