@@ -532,4 +532,3 @@ def final_goal(ctl: Controller | None) -> AdaptiveController | None:
     """The adaptive controller when its goal is "final" (the Trainer runs on to its progress budget and steps a
     per-epoch scheduler at its epochs of progress: ``runs_on``, ``finished``, ``epochs_due``), else None."""
     return ctl if isinstance(ctl, AdaptiveController) and ctl.budget is not None else None
-
