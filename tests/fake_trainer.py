@@ -56,6 +56,8 @@ class FakeTrainer:
         self.resumed_from: str | None = None
         self.last_checkpoint_time: float | None = None
         self.moved_to: MoveDecision | None = None
+        self.fit_epochs = self.cfg.epochs
+        self.runs_progress_budget = False
         self.samples_local = 0
         self.compute_local_s = 0.0
         self._perf_model = perf_model

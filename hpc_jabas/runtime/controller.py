@@ -234,12 +234,12 @@ class AdaptiveController(BaseController):
             import torch
             adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
             self.seesaw = SeesawFloor(cfg.batch_ref or cfg.batch, adam)
-        if cfg.goal == "final" and self.moves and not getattr(trainer, "runs_progress_budget", False):
+        if cfg.goal == "final" and self.moves and not trainer.runs_progress_budget:
             raise ConfigError("goal='final' needs a trainer that runs to the progress budget (hpc_jabas.Trainer); "
                               "this one ends after its epochs of samples: use goal='time'")
         if cfg.goal == "final" and self.moves and self.budget is None:
             # the budget: the epochs fit() trains to (its argument, set before it attaches us; else the key)
-            epochs = int(getattr(trainer, "_fit_epochs", 0) or cfg.epochs)
+            epochs = int(trainer.fit_epochs or cfg.epochs)
             self.budget = ProgressBudget(float(epochs) * trainer.sampler.num_samples, trainer.sampler.num_samples)
         if not self.trajectory:
             self.trajectory.append((trainer.iteration, trainer.B))

@@ -92,6 +92,8 @@ class TrainerView(Protocol):
     metrics: MetricsWriter                       # metrics.jsonl writer (rank 0; a no-op elsewhere): .write(dict)
     run_dir: Path
     moved_to: MoveDecision | None
+    fit_epochs: int                              # the epochs fit() trains to (its argument, else the key)
+    runs_progress_budget: bool                   # True: fit() runs on to goal = "final"'s progress budget
 
     @property
     def resumed_from(self) -> str | None:        # the checkpointer's: where this job resumed from

@@ -153,7 +153,8 @@ class Trainer:
         self.safe_points = sp.SafePoints(interval_s=self.cfg.safe_point_s)   # the boundary agreement, overlapped
         self.totals = RankTotals()                     # this rank's samples and compute seconds in this job
         self.moved_to: MoveDecision | None = None        # set when the epoch-end hook moved the job
-        self._fit_epochs = self.cfg.epochs                # the epochs fit() trains to (its argument, else the key)
+        self.fit_epochs = self.cfg.epochs                # the epochs fit() trains to (its argument, else the key)
+        self.runs_progress_budget = True                 # goal = "final" runs here (fit(); the controller checks)
 
     @property
     def dataset(self) -> Any:
@@ -401,7 +402,7 @@ class Trainer:
 
     # ---- epochs ------------------------------------------------------------------------------
     def fit(self, epochs: int | None = None, max_iterations: int | None = None, resume: bool = True) -> dict:
-        epochs = self._fit_epochs = epochs or self.cfg.epochs
+        epochs = self.fit_epochs = epochs or self.cfg.epochs
         self.setup()
         self.lock_run_dir()
         installed_here = not sp.stop_signals().installed and sp.stop_signals().install()
@@ -444,9 +445,6 @@ class Trainer:
                 "iterations_here": self.iteration - it0, "samples_here": samples, "wall_s": wall,
                 "samples_per_s": samples / wall if wall > 0 else 0.0, "stopped": self.stop_reason}
 
-    #: goal = "final" runs here (``fit``; runtime/controller.py refuses it in a trainer without this)
-    runs_progress_budget = True
-
     def _safe_point(self) -> bool:
         """Every rank, at an iteration boundary (runtime/safepoint.py): True when the job stops here."""
         self.stop_reason = sp.boundary(self, self._periodic)
@@ -454,7 +452,7 @@ class Trainer:
 
     def _end_epoch(self) -> bool:
         """Every rank, at the sampler's epoch end (runtime/epoch_end.py): True when the job stops (moved)."""
-        moved = epoch_end.end_epoch(self, self._fit_epochs)
+        moved = epoch_end.end_epoch(self, self.fit_epochs)
         if moved is not None:
             self.moved_to = moved
         return moved is not None
