@@ -19,9 +19,9 @@ lint: setup
 	$(VENV)/bin/ruff check --cache-dir $(CACHE)/ruff hpc_jabas tests bench scripts examples
 	$(VENV)/bin/mypy --cache-dir $(CACHE)/mypy hpc_jabas
 
-# Two pytest-xdist workers: one runs every test on the local Slurm cluster (one xdist group, in order;
-# tests/conftest.py), the other the rest. --durations=15 prints the slowest 15 tests.
-# three workers on two cores: a third of the suite's time is spent waiting (Slurm, launchers, heartbeats), not computing
+# Three pytest-xdist workers on two cores: much of the suite's time is spent waiting (Slurm, launchers, heartbeats),
+# not computing. The Slurm tests share the cluster under a lock, the exclusive ones last (tests/conftest.py).
+# --durations=15 prints the slowest 15 tests.
 TEST_WORKERS ?= 3
 
 test: lint

@@ -11,6 +11,7 @@ cluster (the ``slurm_cluster`` fixture starts it; never skipped).
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -45,10 +46,23 @@ def test_a_few_as_real_subprocesses(slurm_cluster, slurm_tmp):
 
 
 def test_rows_that_need_no_slurm(tmp_path):
-    """The rows refused before anything asks Slurm, run without the cluster (the full table needs it)."""
+    """The rows refused before anything asks Slurm, run without the cluster (the full table needs it). In a
+    process of its own: the rows run in-process (the CLI's main, the example's run_main), and a test process that
+    earlier tests left with a backend running, or with a launcher's variables, is not where a user runs them (a
+    pytest-xdist worker died in this test twice in the full suite, never alone)."""
     picked = [c for c in CASES if c.id in NO_SLURM]
     assert len(picked) == len(NO_SLURM)
-    rows = run_table(tmp_path / "bad", picked)
+    code = ("import json, sys; from pathlib import Path; from support.bad_input import CASES, NO_SLURM, run_table; "
+            "rows = run_table(Path(sys.argv[1]), [c for c in CASES if c.id in NO_SLURM]); "
+            "Path(sys.argv[2]).write_text(json.dumps(rows))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_", "TORCHELASTIC",
+                                                                    "RANK", "WORLD_SIZE", "MASTER_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
+    out = tmp_path / "rows.json"
+    p = subprocess.run([PY, "-c", code, str(tmp_path / "bad"), str(out)], env=env, cwd=str(ROOT),
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and out.exists(), p.stdout[-2000:] + p.stderr[-4000:]
+    rows = json.loads(out.read_text())
     bad = [f"{r['id']}: {r['why']}: {r['stderr']}" for r in rows if not r["ok"]]
     assert not bad, "\n".join(bad)
 

@@ -58,7 +58,8 @@ def _fit(tmp_path, **kw):
     class Keep(hpc_jabas.Callback):
         def on_step_end(self, trainer, rec):
             recs.append(rec)
-    cfg = hpc_jabas.JobConfig(run_dir=str(tmp_path), checkpoint=False, backend="torch", **kw)
+    # backend auto: whichever backend this (test) process already runs, one rank either way
+    cfg = hpc_jabas.JobConfig(run_dir=str(tmp_path), checkpoint=False, backend="auto", **kw)
     tr = hpc_jabas.Trainer(net, torch.optim.SGD(net.parameters(), lr=0.2), torch.utils.data.TensorDataset(X, y),
                            nn.CrossEntropyLoss(), config=cfg, callbacks=[Keep()])
     out = tr.fit()
@@ -115,7 +116,7 @@ def test_a_script_drives_its_own_iterations_with_the_calls_fit_makes(tmp_path):
     """The public calls fit() makes, in a script: ``Jabas.over`` a HeterogeneousOptimizer and a HeterogeneousSampler,
     ``draw``, ``begin`` (every other iteration measuring), ``backward`` per micro-batch, the optimizer's ``step``:
     the big-batch reference (1e-12), a measurement's statistics on the measuring iterations only."""
-    me = hpc_jabas.init("torch")
+    me = hpc_jabas.init()                 # auto: the backend this (test) process already runs, if any
     torch.manual_seed(0)
     X = torch.randn(40, 5, dtype=torch.float64)
     y = (X[:, 0] > 0).long()

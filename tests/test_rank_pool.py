@@ -16,10 +16,10 @@ SPEC = {"optimizer": "momentum", "lr": 0.05, "plan": "b=4 n=2,1", "steps": 5, "n
 @pytest.mark.mpi
 def test_a_pool_run_equals_a_fresh_launch_and_a_failure_is_reported(tmp_path, monkeypatch):
     pooled = run_ranks("train_worker.py", dict(SPEC, stop_at=5, run_dir=str(tmp_path / "a")), np_=2)
-    pool = _POOLS[2]
+    pool = _POOLS[2, None]
     # the same run directory again, resumed, from the same pool: the first script's lock was dropped
     again = run_ranks("train_worker.py", dict(SPEC, steps=7, resume=True, run_dir=str(tmp_path / "a")), np_=2)
-    assert again[0]["resumed_from"] and again[0]["iterations"] == 7 and _POOLS[2] is pool
+    assert again[0]["resumed_from"] and again[0]["iterations"] == 7 and _POOLS[2, None] is pool
     monkeypatch.setenv("HPC_JABAS_TEST_POOL", "0")
     fresh = run_ranks("train_worker.py", dict(SPEC, stop_at=5, run_dir=str(tmp_path / "b")), np_=2)
     for p, f in zip(pooled, fresh):
@@ -31,7 +31,7 @@ def test_a_pool_run_equals_a_fresh_launch_and_a_failure_is_reported(tmp_path, mo
         run_ranks("train_worker.py", dict(SPEC, optimizer="nope", run_dir=str(tmp_path / "c")), np_=2, timeout=60)
     assert not pool.alive()                      # a failed script closes its pool; the next one starts anew
     ok = run_ranks("train_worker.py", dict(SPEC, steps=2, run_dir=str(tmp_path / "d")), np_=2)
-    assert [r["iterations"] for r in ok] == [2, 2] and _POOLS[2] is not pool
+    assert [r["iterations"] for r in ok] == [2, 2] and _POOLS[2, None] is not pool
 
 
 SCRIPT = """import os, signal, sys

@@ -94,7 +94,7 @@ def test_submit_dry_run_and_the_launcher_use_the_same_check():
     """Both go through Task.from_parts (no second copy of the checks in cli/submit.py)."""
     src = (ROOT / "hpc_jabas" / "cli" / "submit.py").read_text()
     assert "Task.from_parts(" in src and "_check_parts" not in src
-    assert "Task.from_parts(" in (ROOT / "hpc_jabas" / "runtime" / "launch.py").read_text()
+    assert "Task.from_parts(" in (ROOT / "hpc_jabas" / "runtime" / "job" / "launch.py").read_text()
 
 
 TASK_WITH_HOOKS = '''

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import hpc_jabas
 from hpc_jabas.core.config import validate as V
 from hpc_jabas.errors import ConfigError
 
@@ -112,7 +113,7 @@ def test_no_private_text_to_int_parser(rel):
     """No ``int(...)`` under a ``try`` that catches ValueError, and no ``str.isdigit()`` test: a text becomes an
     integer through core/config/validate.py only."""
     import ast
-    tree = ast.parse((Path(V.__file__).parent.parent / rel).read_text())
+    tree = ast.parse((Path(hpc_jabas.__file__).parent / rel).read_text())
     found = []
     for n in ast.walk(tree):
         if isinstance(n, ast.Try) and any(h.type is not None and "ValueError" in ast.unparse(h.type)
