@@ -9,6 +9,25 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from slurm_env import cluster_lock, slurm_cluster, slurm_tmp  # noqa: E402,F401  (fixtures shared by the Slurm tests)
 
+# The test process itself is never ended by code under test: an ``os._exit`` called in this process (not in a
+# child it forked: DataLoader workers, the fork server's scripts) raises instead, with its traceback. A
+# pytest-xdist worker that hpc-jabas code ended this way died silently ("node down: Not properly terminated"),
+# and the session then waited for it for ever; seen three times in the full suite, never in a file alone. From a
+# background thread the error ends that thread and pytest reports it as an unhandled thread exception.
+_TEST_PID, _real_exit = os.getpid(), os._exit
+
+
+def _exit_in_the_test_process(code: int) -> None:
+    if os.getpid() != _TEST_PID:
+        _real_exit(code)
+    import traceback
+    stack = "".join(traceback.format_stack(limit=12))
+    sys.stderr.write(f"os._exit({code}) called in the test process:\n{stack}")
+    raise SystemError(f"os._exit({code}) called in the test process (tests/conftest.py):\n{stack}")
+
+
+os._exit = _exit_in_the_test_process
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "mpi: starts several Horovod ranks (mpirun or horovodrun --gloo)")
