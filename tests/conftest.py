@@ -9,11 +9,12 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 from slurm_env import cluster_lock, slurm_cluster, slurm_tmp  # noqa: E402,F401  (fixtures shared by the Slurm tests)
 
-# The test process itself is never ended by code under test: an ``os._exit`` called in this process (not in a
-# child it forked: DataLoader workers, the fork server's scripts) raises instead, with its traceback. A
-# pytest-xdist worker that hpc-jabas code ended this way died silently ("node down: Not properly terminated"),
-# and the session then waited for it for ever; seen three times in the full suite, never in a file alone. From a
-# background thread the error ends that thread and pytest reports it as an unhandled thread exception.
+# The test process itself is never ended by Python code under test: an ``os._exit`` called in this process (not
+# in a child it forked: DataLoader workers, the fork server's scripts) raises instead, with its traceback (from a
+# background thread, pytest reports it as an unhandled thread exception). A pytest-xdist worker that dies is
+# "node down: Not properly terminated" with no trace, and the session then waits for it for ever. (The one such
+# death found so far was not this: a test shut Horovod down in the test process, which finalised MPI, and the next
+# in-process Horovod exited in MPI_Init; tests/test_backend_protocol.py no longer does.)
 _TEST_PID, _real_exit = os.getpid(), os._exit
 
 
