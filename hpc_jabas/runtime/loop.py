@@ -24,6 +24,7 @@ from hpc_jabas.core.planning import Plan, half_split, proportional_plan
 from hpc_jabas.core.planning.sampler import HeterogeneousSampler, IterationBatch, split_single_micro
 from hpc_jabas.errors import CheckpointError, ConfigError, JabasError
 from hpc_jabas.runtime.comm import seam as comm
+from hpc_jabas.runtime.loop_policy import LoopPolicy
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.trust import check_write_dir, open_trusted, write_atomic_nofollow
 
@@ -94,12 +95,24 @@ class Jabas:
     nothing) into :attr:`b_noise`, the gradient noise scale (McCandlish et al. 2018; an EMA of its terms, the same
     value on every rank); with ``adapt=(B_min, B_max)`` B then follows it, rounded to a multiple of ``micro_batch``
     and clipped, from the iteration after each measurement (the script's lr is left as it is: scale it by
-    ``jabas.B`` if the optimizer wants that)."""
+    ``jabas.B`` if the optimizer wants that).
+
+    ``policy=`` runs fit()'s batch-size policies instead (runtime/loop_policy.py): "fixed", "similarity",
+    "noise-scale", "ramp" or a registered one, with fit()'s keys ``p``, ``batch_min``/``batch_max`` (multiples of
+    ``micro_batch``; unset: fit()'s range), ``lr_rule`` ("auto", "sqrt", "linear", "none", "adascale"),
+    ``batch_ref``, ``epochs`` (ramp: the run its fractions are of), ``measure_every`` (0: the policy's default) and
+    the policy's own keys (``gamma``, ``alpha``, ``ramp_at``, ``ramp_factor``, ``kappa``, ...). Every p iterations
+    rank 0's policy decides from the measured statistics and broadcasts (B, lr scale); from the next iteration
+    on every rank runs that B, and ``optimizer.step()`` multiplies every param group's lr by the scale for the
+    step (as fit() does: the script's scheduler keeps its lr). :attr:`lr_scale`, :attr:`trajectory`."""
 
     def __init__(self, batch: int | None = None, micro_batch: int = 1, speeds: Sequence[float] | None = None,
                  plan: Plan | None = None, seed: int = 0, tail: str = "shrink",
                  checkpoint: str | os.PathLike[str] | None = None, backend: str | None = None,
-                 measure_every: int = 0, adapt: tuple[int, int] | None = None):
+                 measure_every: int = 0, adapt: tuple[int, int] | None = None, policy: str | None = None,
+                 p: int | None = None, batch_min: int | None = None, batch_max: int | None = None,
+                 lr_rule: str = "auto", batch_ref: int | None = None, epochs: int | None = None,
+                 **policy_keys: Any):
         self.process = init(backend)
         self.rank, self.world = self.process.rank, self.process.size
         self.micro_batch = _positive(micro_batch, "micro_batch")
@@ -123,6 +136,24 @@ class Jabas:
         self.adapt = _check_adapt(adapt, self.micro_batch, measure_every)
         self.noise = NoiseScale()
         self.stats: Any = None                  # the last measurement's GradStats (runtime/gradstats.py)
+        self._due: tuple[bool, int] | None = None    # the last iteration's after-step work: (it measured, its B)
+        self._pending_lr: float | None = None
+        self.adaptive: LoopPolicy | None = None
+        if policy is None and (policy_keys or p is not None or batch_min is not None or batch_max is not None):
+            bad = sorted(policy_keys) or [k for k, v in (("p", p), ("batch_min", batch_min),
+                                                        ("batch_max", batch_max)) if v is not None]
+            raise ConfigError(f"Jabas keyword(s) {', '.join(bad)} need policy= (fixed, similarity, noise-scale, "
+                              "ramp or a registered one)")
+        if policy is not None:
+            if adapt is not None:
+                raise ConfigError(f"adapt={adapt!r} and policy={policy!r}: give one (adapt=(lo, hi) is the loop's "
+                                  "own rule; policy= runs fit()'s)")
+            if str(policy).strip().lower() == "ramp" and epochs is None:
+                raise ConfigError("policy='ramp' needs epochs= (the run whose fractions ramp_at are)")
+            self.adaptive = LoopPolicy(policy, batch=self.plan.B, micro_batch=self.micro_batch, speeds=self.speeds,
+                                       p=p, batch_min=batch_min, batch_max=batch_max, lr_rule=lr_rule,
+                                       batch_ref=batch_ref, epochs=epochs, measure_every=measure_every or None,
+                                       options=policy_keys)
 
     @classmethod
     def over(cls, optimizer: HeterogeneousOptimizer, sampler: HeterogeneousSampler, plan: Plan, *, rank: int,
@@ -137,6 +168,7 @@ class Jabas:
         j.plan, j._pending, j.checkpoint, j.iteration = j._check_plan(plan), None, None, 0
         j._sampler, j._opt, j._model, j._data = sampler, optimizer, model, data
         j.measure_every, j.adapt, j.noise, j.stats = 0, None, NoiseScale(), None
+        j._due, j._pending_lr, j.adaptive = None, None, None
         return j
 
     @property
@@ -169,9 +201,49 @@ class Jabas:
         """The gradient noise scale measured so far (None before a measurement; inf: no signal yet)."""
         return self.noise.b_noise
 
-    def _measured(self, opt: HeterogeneousOptimizer) -> None:
+    @property
+    def lr_scale(self) -> float:
+        """The lr scale in force: what ``optimizer.step()`` multiplies the lr by (1 without a policy)."""
+        return self.adaptive.lr_scale if self.adaptive is not None else 1.0
+
+    @property
+    def trajectory(self) -> list[tuple[int, int]]:
+        """With a policy: (iteration, B) at the start and at every change of B, the iteration the decision
+        was made after (it runs from the next one)."""
+        return list(self.adaptive.trajectory) if self.adaptive is not None else []
+
+    def _after_step(self) -> None:
+        """The last iteration's work after its step (once; the loader's next iteration, or :meth:`save`): its
+        measurement, and with a policy its decision round (collective on rounds)."""
+        due, self._due = self._due, None
+        if due is None:
+            return
+        measured, samples = due
+        opt = self._need()
+        st = opt.last_stats if measured else None
+        if st is not None:
+            self._measured(st)
+        if self.adaptive is not None:
+            assert self._sampler is not None
+            ep = self.adaptive.cfg.epochs
+            n = self._sampler.num_samples
+            progress = (self._sampler.epoch + self._sampler.cursor / n) / ep if ep and n else None
+            st = st if st is not None and st.M >= 2 and st.b < st.S else None
+            d = self.adaptive.after_step(self.iteration, samples, st, (self._pending or self.plan).B, progress)
+            if d is not None:
+                if d[0] != (self._pending or self.plan).B:
+                    self.set_batch(d[0])
+                self._pending_lr = d[1]
+
+    def _apply_pending(self) -> None:
+        """A decision takes effect at an iteration boundary: the plan, and the lr scale the optimizer steps with."""
+        if self._pending is not None:
+            self.plan, self._pending = self._pending, None
+        if self._pending_lr is not None and self._opt is not None:
+            self._opt.lr_scale, self._pending_lr = self._pending_lr, None
+
+    def _measured(self, st: Any) -> None:
         """After a measuring iteration's step: the noise scale, and with ``adapt`` the next B."""
-        st = opt.last_stats
         if st is None or st.M < 2 or st.b >= st.S:
             return
         self.stats = st
@@ -209,6 +281,8 @@ class Jabas:
         self._opt = HeterogeneousOptimizer(optimizer, model.named_parameters(), model=net if net is not model else None)
         self._sampler = HeterogeneousSampler(len(data), seed=self.seed, tail=self.tail)
         self._data = data
+        if self.adaptive is not None:
+            self.adaptive.start(len(data), self.plan.B, self.iteration)
         return net, self._opt, _Loader(self)
 
     def draw(self, plan: Plan | None = None) -> IterationBatch:
@@ -216,8 +290,7 @@ class Jabas:
         force, a pending :meth:`set_batch` taking effect first: at an iteration boundary); ``plan`` becomes the
         plan in force. On the epoch's last iteration the split shrinks to the samples left (``tail``)."""
         if plan is None:
-            if self._pending is not None:
-                self.plan, self._pending = self._pending, None
+            self._apply_pending()
         else:
             self.plan = plan
         assert self._sampler is not None
@@ -278,8 +351,8 @@ class Jabas:
             self.load(self.checkpoint)
         while self._sampler.epoch < n:
             yield self._sampler.epoch
-            if self._pending is not None:
-                self.plan, self._pending = self._pending, None
+            self._after_step()
+            self._apply_pending()
             if self._sampler.epoch_done(self.plan.B):
                 self._sampler.new_epoch()
             if self.checkpoint is not None:
@@ -290,7 +363,10 @@ class Jabas:
         assert self._sampler is not None and self._model is not None
         plans = [[list(p.bs), list(p.n), list(p.xs)] if p is not None else None for p in (self.plan, self._pending)]
         return {"model": self._model.state_dict(), "optimizer": opt.state_dict(), "sampler": self._sampler.state_dict(),
-                "plan": plans[0], "pending": plans[1], "iteration": self.iteration, "noise": self.noise.state_dict()}
+                "plan": plans[0], "pending": plans[1], "iteration": self.iteration, "noise": self.noise.state_dict(),
+                "adaptive": None if self.adaptive is None else {**self.adaptive.state_dict(),
+                                                                "pending_lr": self._pending_lr,
+                                                                "opt_lr_scale": opt.lr_scale}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         opt = self._need()
@@ -302,6 +378,16 @@ class Jabas:
         self._pending = self._check_plan(Plan(*d["pending"])) if d["pending"] is not None else None
         self.iteration = int(d["iteration"])
         self.noise.load_state_dict(d["noise"])
+        a = d.get("adaptive")
+        if (a is None) != (self.adaptive is None):
+            raise CheckpointError("this checkpoint was saved " + ("with" if a is not None else "without") +
+                                  " a policy and this Jabas runs " + ("none" if a is not None else "one") +
+                                  "; resume with the policy keys it was saved with")
+        if a is not None and self.adaptive is not None:
+            self.adaptive.load_state_dict(a)
+            self._pending_lr = None if a["pending_lr"] is None else float(a["pending_lr"])
+            opt.lr_scale = float(a["opt_lr_scale"])
+        self._due = None
 
     def save(self, path: str | os.PathLike[str] | None = None) -> Path:
         """The state at this iteration boundary (model, optimizer, sampler, plan, iteration), written by rank 0
@@ -311,6 +397,7 @@ class Jabas:
         p = Path(path) if path is not None else self.checkpoint
         if p is None:
             raise ConfigError("Jabas.save() needs a path (or Jabas(checkpoint=...))")
+        self._after_step()                    # collective: the last iteration's decision round, before its state
         sd = self.state_dict()
         err: JabasError | None = None
         if self.rank == 0:
@@ -355,19 +442,24 @@ class _Loader:
 
     def __iter__(self) -> Iterator[Step]:
         j = self._j
-        opt = j._need()
+        j._need()
         assert j._sampler is not None
-        measuring = False
         while True:
-            if measuring:                              # the previous iteration measured (its step is done)
-                j._measured(opt)
-            if j._pending is not None:                 # a decision takes effect at an iteration boundary
-                j.plan, j._pending = j._pending, None
+            j._after_step()                            # the previous iteration's (its step is done)
+            j._apply_pending()                         # a decision takes effect at an iteration boundary
             if j._sampler.epoch_done(j.plan.B):
                 return
             ib = j.draw()
-            measuring = j.measure_every > 0 and j._measure_now() and sum(len(m) for m in ib.micro) >= 2
-            yield j.begin(ib, measure=measuring, similarity=False)    # noise only: the halves are not read
+            a, many = j.adaptive, sum(len(m) for m in ib.micro) >= 2
+            if a is not None:
+                # the policy's schedule (fit()'s); a policy that reads nothing: measure_every's noise scale
+                measuring = many and (a.measures(j.iteration + 1) if a.policy.reads else j._measure_now())
+                sim = measuring and a.similarity(j.iteration + 1)
+            else:
+                measuring, sim = many and j.measure_every > 0 and j._measure_now(), False
+            step = j.begin(ib, measure=measuring, similarity=sim)     # noise only unless the policy reads the cosine
+            j._due = (measuring, ib.total)
+            yield step
 
 
 class Step:

@@ -435,10 +435,16 @@ class HeterogeneousOptimizer:
             self._found_host = bool(self._found_inf is not None and self._found_inf.item() > 0)
         return self._found_host
 
-    def step(self, lr_scale: float = 1.0, closure=None):
+    #: the lr scale a ``step()`` without one applies (a Jabas policy's lr rule sets it at iteration boundaries)
+    lr_scale: float = 1.0
+
+    def step(self, lr_scale: float | None = None, closure=None):
         """Synchronize (unless inside ``skip_synchronize()``), run the pre-step hooks and the configured
-        clipping, then step with every group's lr multiplied by lr_scale for this step only (the user's
-        scheduler keeps owning the base lr). With amp fp16 an inf/nan iteration skips the step (every rank)."""
+        clipping, then step with every group's lr multiplied by lr_scale (None: the attribute ``lr_scale``) for
+        this step only (the user's scheduler keeps owning the base lr). With amp fp16 an inf/nan iteration skips
+        the step (every rank)."""
+        if lr_scale is None:
+            lr_scale = self.lr_scale
         if self._skip_sync:
             if not self._synced:
                 raise ConfigError("step() inside skip_synchronize() before synchronize(): the gradients are not "
