@@ -84,27 +84,37 @@ class Launcher:
         return f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size})"
 
 
-class Torchrun(Launcher):
+class _Numbered(Launcher):
+    """A launcher that numbers its processes in three variables: the rank, the local rank (0 when unset) and
+    the world size, named by the subclass."""
+
+    RANK: ClassVar[str]
+    LOCAL_RANK: ClassVar[str]
+    SIZE: ClassVar[str]
+
+    @property
+    def rank(self) -> int:
+        return _int(self.env, self.RANK)
+
+    @property
+    def local_rank(self) -> int:
+        return _int(self.env, self.LOCAL_RANK, 0)
+
+    @property
+    def world_size(self) -> int:
+        return _int(self.env, self.SIZE)
+
+
+class Torchrun(_Numbered):
     """torchrun (torch.distributed.run) or any launcher that sets torch's env:// variables."""
 
     name = "torchrun"
+    RANK, LOCAL_RANK, SIZE = "RANK", "LOCAL_RANK", "WORLD_SIZE"
     _ENV_INIT = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in cls._ENV_INIT)
-
-    @property
-    def rank(self) -> int:
-        return _int(self.env, "RANK")
-
-    @property
-    def local_rank(self) -> int:
-        return _int(self.env, "LOCAL_RANK", 0)
-
-    @property
-    def world_size(self) -> int:
-        return _int(self.env, "WORLD_SIZE")
 
     @property
     def master_addr(self) -> str | None:
@@ -141,49 +151,27 @@ class Torchrun(Launcher):
         return _int(self.env, "TORCHELASTIC_RESTART_COUNT", 0)
 
 
-class OpenMPI(Launcher):
+class OpenMPI(_Numbered):
     """Open MPI's mpirun (or mpiexec, prterun): rank 0's address is agreed over MPI, not in the environment."""
 
     name = "mpirun"
+    RANK, LOCAL_RANK, SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         return "OMPI_COMM_WORLD_RANK" in env
 
-    @property
-    def rank(self) -> int:
-        return _int(self.env, "OMPI_COMM_WORLD_RANK")
 
-    @property
-    def local_rank(self) -> int:
-        return _int(self.env, "OMPI_COMM_WORLD_LOCAL_RANK", 0)
-
-    @property
-    def world_size(self) -> int:
-        return _int(self.env, "OMPI_COMM_WORLD_SIZE")
-
-
-class Horovodrun(Launcher):
+class Horovodrun(_Numbered):
     """horovodrun --gloo (Horovod's own launcher without MPI). Its rendezvous is an HTTP server of Horovod's
     (HOROVOD_GLOO_RENDEZVOUS_ADDR), not rank 0: ``master_addr``/``master_port`` are None."""
 
     name = "horovodrun"
+    RANK, LOCAL_RANK, SIZE = "HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_SIZE"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         return "HOROVOD_RANK" in env and env.get("HOROVOD_SIZE", "1").strip() not in ("", "1")
-
-    @property
-    def rank(self) -> int:
-        return _int(self.env, "HOROVOD_RANK")
-
-    @property
-    def local_rank(self) -> int:
-        return _int(self.env, "HOROVOD_LOCAL_RANK", 0)
-
-    @property
-    def world_size(self) -> int:
-        return _int(self.env, "HOROVOD_SIZE")
 
 
 class Srun(Launcher):
@@ -239,26 +227,15 @@ class Srun(Launcher):
         return SRUN_PORT_BASE + (job * 31 + step) % SRUN_PORT_SPAN
 
 
-class MpichPmi(Launcher):
+class MpichPmi(_Numbered):
     """MPICH's or Intel MPI's mpiexec (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID): rank 0's address over MPI."""
 
     name = "mpirun"
+    RANK, LOCAL_RANK, SIZE = "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE"
 
     @classmethod
     def detect(cls, env: Mapping[str, str]) -> bool:
         return "PMI_RANK" in env and "PMI_SIZE" in env
-
-    @property
-    def rank(self) -> int:
-        return _int(self.env, "PMI_RANK")
-
-    @property
-    def local_rank(self) -> int:
-        return _int(self.env, "MPI_LOCALRANKID", 0)
-
-    @property
-    def world_size(self) -> int:
-        return _int(self.env, "PMI_SIZE")
 
 
 class Single(Launcher):
