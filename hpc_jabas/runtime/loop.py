@@ -23,6 +23,7 @@ from hpc_jabas.core.adaptive.stats import NoiseScale
 from hpc_jabas.core.planning import Plan, half_split, proportional_plan
 from hpc_jabas.core.planning.sampler import HeterogeneousSampler, IterationBatch, split_single_micro
 from hpc_jabas.errors import CheckpointError, ConfigError, JabasError
+from hpc_jabas.runtime.batchnorm import batch_coupled_layers
 from hpc_jabas.runtime.comm import seam as comm
 from hpc_jabas.runtime.loop_policy import LoopPolicy
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
@@ -138,6 +139,7 @@ class Jabas:
         self.stats: Any = None                  # the last measurement's GradStats (runtime/gradstats.py)
         self._due: tuple[bool, int] | None = None    # the last iteration's after-step work: (it measured, its B)
         self._pending_lr: float | None = None
+        self._min_split = 1
         self.adaptive: LoopPolicy | None = None
         if policy is None and (policy_keys or p is not None or batch_min is not None or batch_max is not None):
             bad = sorted(policy_keys) or [k for k, v in (("p", p), ("batch_min", batch_min),
@@ -168,7 +170,7 @@ class Jabas:
         j.plan, j._pending, j.checkpoint, j.iteration = j._check_plan(plan), None, None, 0
         j._sampler, j._opt, j._model, j._data = sampler, optimizer, model, data
         j.measure_every, j.adapt, j.noise, j.stats = 0, None, NoiseScale(), None
-        j._due, j._pending_lr, j.adaptive = None, None, None
+        j._due, j._pending_lr, j.adaptive, j._min_split = None, None, None, 1
         return j
 
     @property
@@ -283,6 +285,9 @@ class Jabas:
         self._data = data
         if self.adaptive is not None:
             self.adaptive.start(len(data), self.plan.B, self.iteration)
+            # a measuring iteration of one micro-batch in all runs it as two halves (fit()'s min_split): not with
+            # batch-coupled layers (BatchNorm would see half micro-batches)
+            self._min_split = self.micro_batch if batch_coupled_layers(model) else 1
         return net, self._opt, _Loader(self)
 
     def draw(self, plan: Plan | None = None) -> IterationBatch:
@@ -453,11 +458,12 @@ class _Loader:
             a, many = j.adaptive, sum(len(m) for m in ib.micro) >= 2
             if a is not None:
                 # the policy's schedule (fit()'s); a policy that reads nothing: measure_every's noise scale
-                measuring = many and (a.measures(j.iteration + 1) if a.policy.reads else j._measure_now())
+                measuring = a.measures(j.iteration + 1) if a.policy.reads else many and j._measure_now()
                 sim = measuring and a.similarity(j.iteration + 1)
+                step = j.begin(ib, measure=measuring, similarity=sim, min_split=j._min_split)
             else:
-                measuring, sim = many and j.measure_every > 0 and j._measure_now(), False
-            step = j.begin(ib, measure=measuring, similarity=sim)     # noise only unless the policy reads the cosine
+                measuring = many and j.measure_every > 0 and j._measure_now()
+                step = j.begin(ib, measure=measuring, similarity=False)   # noise only: the halves are not read
             j._due = (measuring, ib.total)
             yield step
 

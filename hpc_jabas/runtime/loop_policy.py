@@ -86,12 +86,14 @@ class LoopPolicy:
         self.planner: Planner | None = None
 
     def _config(self, hi: int) -> JobConfig:
+        """The job's keys; an unset range as fit()'s (``default_batch_range``): from one micro-batch up to ``hi``."""
         return JobConfig(batch=self.batch, micro_batch=self.b, planner="lbbsp", speeds=list(self.speeds),
-                         identical_micro_batch="true", **{**self.keys, "batch_max": self.keys["batch_max"] or hi})
+                         identical_micro_batch="true", **{**self.keys, "batch_max": self.keys["batch_max"] or hi,
+                                                          "batch_min": self.keys["batch_min"] or self.b})
 
     def start(self, num_samples: int, B_now: int, iteration: int) -> None:
         """The dataset's length is known: the decision period, the range (unset: fit()'s, ``default_batch_range``,
-        its top a multiple of micro_batch), the policy, the lr rule, the batch space."""
+        one epoch rounded down to whole micro-batches), the policy, the lr rule, the batch space."""
         if self.keys["batch_max"] is None:
             hi = max(self.batch, self.b * (num_samples // self.b))
             self.cfg = self._config(hi)
