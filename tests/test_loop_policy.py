@@ -5,7 +5,7 @@ the backend from ``hpc_jabas.init()``): on one rank, its B trajectory and the lr
 are checked against an independent replay (ramp: the schedule's closed form; noise-scale: the core policy fed the
 worker's measured statistics in fit()'s order, and the lr rule's formula); on two ranks under mpirun, on both
 backends, every rank runs the same B trajectory and a save after iteration 5 resumed in fresh objects ends with
-bit-identical parameters. Bad input is one line.
+bit-identical parameters (noise-scale on both, similarity on torch: the suite's time). Bad input is one line.
 """
 import json
 import math
@@ -101,9 +101,15 @@ def test_noise_scale_decides_as_the_core_policy_replayed_on_the_measured_statist
     assert d["resumed"]["params_hex"] == run["params_hex"]
 
 
-@pytest.mark.parametrize("backend", ["torch", "horovod"])
-def test_two_ranks_run_one_trajectory_and_resume_bit_identical(tmp_path, backend):
-    d = run_user(tmp_path, "noise-scale", 2, backend)["noise-scale"]
+@pytest.mark.parametrize("backend,policies", [("torch", "noise-scale,similarity"), ("horovod", "noise-scale")])
+def test_two_ranks_run_one_trajectory_and_resume_bit_identical(tmp_path, backend, policies):
+    runs = run_user(tmp_path, policies, 2, backend)
+    for d in runs.values():
+        check_two_ranks(d, backend)
+
+
+def check_two_ranks(d: list[dict], backend: str) -> None:
+    """Both ranks ran rank 0's decisions, and the run cut after iteration 5 and resumed ends where the whole did."""
     for r in d:
         assert r["whole"]["backend"] == backend
         assert r["whole"]["trajectory"] == d[0]["whole"]["trajectory"] == r["resumed"]["trajectory"]
