@@ -25,7 +25,7 @@ from hpc_jabas.core.planning.sampler import HeterogeneousSampler, IterationBatch
 from hpc_jabas.errors import CheckpointError, ConfigError, JabasError
 from hpc_jabas.runtime.batchnorm import batch_coupled_layers
 from hpc_jabas.runtime.comm import seam as comm
-from hpc_jabas.runtime.loop_policy import LoopPolicy
+from hpc_jabas.runtime.loop_policy import LoopPolicy, option_keys
 from hpc_jabas.runtime.optim import HeterogeneousOptimizer
 from hpc_jabas.trust import check_write_dir, open_trusted, write_atomic_nofollow
 
@@ -141,6 +141,10 @@ class Jabas:
         self._pending_lr: float | None = None
         self._min_split = 1
         self.adaptive: LoopPolicy | None = None
+        unknown = sorted(set(policy_keys) - set(option_keys()))
+        if unknown:
+            raise ConfigError(f"unknown Jabas keyword(s) {', '.join(unknown)}; a policy's keys: "
+                              f"{', '.join(option_keys())}")
         if policy is None and (policy_keys or p is not None or batch_min is not None or batch_max is not None):
             bad = sorted(policy_keys) or [k for k, v in (("p", p), ("batch_min", batch_min),
                                                         ("batch_max", batch_max)) if v is not None]
