@@ -21,14 +21,17 @@ PY = sys.executable
 SIZES = [12, 12, 12, 18, 7, 18, 18, 12, 13]     # B 12; 18 from iteration 4; 12 (n = 0, 2, 1) from 8; tails 7, 13
 
 
-def reference(order: list[list[int]]) -> torch.Tensor:
-    """One process, each iteration's whole batch: plain SGD with momentum on the mean loss (same seeds)."""
+def reference(order: list[list[int]], lrs: list[float] | None = None) -> torch.Tensor:
+    """One process, each iteration's whole batch: plain SGD with momentum on the mean loss (same seeds); ``lrs``:
+    the lr of each step (default 0.1)."""
     torch.manual_seed(0)
     X, Y = torch.randn(61, 5, dtype=torch.float64), torch.randn(61, 1, dtype=torch.float64)
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1)).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for idx in order:
+    for k, idx in enumerate(order):
+        if lrs is not None:
+            opt.param_groups[0]["lr"] = lrs[k]
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(X[idx]), Y[idx]).backward()
         opt.step()
@@ -77,6 +80,21 @@ def check_user_run(d: dict, backend: str) -> None:
     want = reference(ad["order"])
     got = torch.tensor(ad["params"], dtype=torch.float64)
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-12
+    # fit()'s goodput policy in the loop: B moves, the lr follows the linear rule (0.1 x B / 12, the lr set for
+    # B = 12) at every step, each step is the exact big-batch step at that lr, and a save after iteration 4
+    # resumed in a fresh Jabas ends where the uninterrupted run did, on the same B schedule
+    po = d["policy"]
+    straight, cut, resumed = po["straight"], po["cut"], po["resumed"]
+    assert len(set(straight["B"])) > 1, straight["B"]
+    assert all(0 < len(o) <= b for o, b in zip(straight["order"], straight["B"]))      # B, or an epoch's tail
+    assert all(math.isclose(lr, 0.1 * b / 12, rel_tol=1e-12) for lr, b in zip(straight["lr"], straight["B"])), \
+        (straight["lr"], straight["B"])
+    want = reference(straight["order"], straight["lr"])
+    got = torch.tensor(straight["params"], dtype=torch.float64)
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-12
+    assert cut["B"] + resumed["B"] == straight["B"] and cut["order"] + resumed["order"] == straight["order"]
+    end = torch.tensor(resumed["params"], dtype=torch.float64)
+    assert float((end - got).abs().max() / got.abs().max()) <= 1e-12
 
 
 @pytest.mark.parametrize("script,launch", [
