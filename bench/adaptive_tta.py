@@ -228,7 +228,12 @@ VARIANTS: dict[str, dict] = {"noise-scale+adascale": {"lr_rule": "adascale"},
                              "noise-scale+knee-kappa4": {"batch_start": "knee", "kappa": 4.0},
                              # the noise scale as measured, not priced ahead along its trend (the default
                              # before; docs/formulas.md, section 3)
-                             "noise-scale+measured": {"noise_trend": False}}
+                             "noise-scale+measured": {"noise_trend": False},
+                             # issue 56's mechanisms, judged by the fair protocol: the curvature headroom measured
+                             # online on a 1,024-sample probe batch, B priced by E_lin and capped at c x h; and
+                             # the epoch budget counted in statistical progress (goal = "final")
+                             "noise-scale+headroom": {"headroom_probe": 1024, "efficiency": "linear"},
+                             "noise-scale+final": {"goal": "final"}}
 
 
 def variant_key(kind: str) -> str:
@@ -948,7 +953,7 @@ def fair_main(names: list[str], n_seeds: int, rank: int, rng: np.random.Generato
 
     from bench.common import tta_fair
     sel, fresh = list(range(n_seeds)), list(range(n_seeds, 2 * n_seeds))
-    pols = ["noise-scale"] if quick else ["noise-scale", "similarity", "ramp"]
+    pols = ["noise-scale", "noise-scale+headroom", "noise-scale+final", *(() if quick else ("similarity", "ramp"))]
     sections: dict[str, dict] = {}
     for label, task, regime, lrs in fair_sections(names, quick):
         if len(lrs) > 1:

@@ -16,6 +16,7 @@ Time to a target: interpolated between the two evaluations (every quarter epoch,
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -148,7 +149,7 @@ def last_line(sections: dict[str, dict], policies: Sequence[str], n_seeds: int, 
     fields = []
     for i, p in enumerate(policies):
         h = headline(sections, p, rng)
-        pre = "" if i == 0 else {"noise-scale": "goodput"}.get(p, p) + "_"
+        pre = "" if i == 0 else re.sub(r"\W", "_", p.replace("noise-scale", "goodput")) + "_"  # +variant: _variant
         fields.append(" ".join(f"{pre}{k}={h[k]:.0f}" if k == "misses" else f"{pre}{k}={h[k]:.3f}" for k in
                                ("regret_geomean", "regret_worst", "misses", "profile_110", "profile_125",
                                 "one_run_vs_grid", "acc_gap_worst_pts", "regret_geomean_lo", "regret_geomean_hi",
