@@ -232,7 +232,7 @@ VARIANTS: dict[str, dict] = {"noise-scale+adascale": {"lr_rule": "adascale"},
                              # issue 56's mechanisms, judged by the fair protocol: the curvature headroom measured
                              # online on a 1,024-sample probe batch, B priced by E_lin and capped at c x h; and
                              # the epoch budget counted in statistical progress (goal = "final")
-                             "noise-scale+headroom": {"headroom_probe": 1024, "efficiency": "linear"},
+                             "noise-scale+headroom": {"headroom_probe": 1024, "headroom_every": 1, "efficiency": "linear"},
                              "noise-scale+final": {"goal": "final"}}
 
 
