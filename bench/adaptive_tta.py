@@ -229,10 +229,11 @@ VARIANTS: dict[str, dict] = {"noise-scale+adascale": {"lr_rule": "adascale"},
                              # the noise scale as measured, not priced ahead along its trend (the default
                              # before; docs/formulas.md, section 3)
                              "noise-scale+measured": {"noise_trend": False},
-                             # issue 56's mechanisms, judged by the fair protocol: the curvature headroom measured
+                             # two mechanisms judged by the fair protocol: the curvature headroom measured
                              # online on a 1,024-sample probe batch, B priced by E_lin and capped at c x h; and
                              # the epoch budget counted in statistical progress (goal = "final")
-                             "noise-scale+headroom": {"headroom_probe": 1024, "headroom_every": 1, "efficiency": "linear"},
+                             "noise-scale+headroom": {"headroom_probe": 1024, "headroom_every": 1,
+                                                      "efficiency": "linear"},
                              "noise-scale+final": {"goal": "final"}}
 
 
