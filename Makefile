@@ -19,8 +19,9 @@ lint: setup
 	$(VENV)/bin/ruff check --cache-dir $(CACHE)/ruff hpc_jabas tests bench scripts examples
 	$(VENV)/bin/mypy --cache-dir $(CACHE)/mypy hpc_jabas
 
-# Three pytest-xdist workers on two cores: the fastest measured (19:51 against 23:10 with two and 22:21 with four;
-# the suite is CPU-bound, docs/toolchain.md). The Slurm tests share the cluster under a lock (tests/conftest.py).
+# Three pytest-xdist workers on two cores (19:51 and 24:10 with three, 23:10 with two, 22:21 with four: within
+# the spread; the suite is CPU-bound, docs/toolchain.md). The Slurm tests share the cluster under a lock
+# (tests/conftest.py).
 # --durations=15 prints the slowest 15 tests.
 TEST_WORKERS ?= 3
 
