@@ -43,6 +43,15 @@ class Pairs(torch.utils.data.Dataset):
         return X[i], Y[i]
 
 
+def train_step(jabas, model, optimizer, step, order: list, bs: list) -> None:
+    """One iteration as the user writes it, its global sample order and B recorded."""
+    order.append(step.indices)
+    bs.append(jabas.B)
+    for x, y in step:
+        jabas.backward(torch.nn.functional.mse_loss(model(x), y), len(x))
+    optimizer.step()
+
+
 def run(resume: Path | None, adaptive: bool = False) -> dict:
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 1)).double()
@@ -53,11 +62,7 @@ def run(resume: Path | None, adaptive: bool = False) -> dict:
     order, bs, noise = [], [], []
     for _ in jabas.epochs(2):
         for step in loader:
-            order.append(step.indices)
-            bs.append(jabas.B)
-            for x, y in step:
-                jabas.backward(torch.nn.functional.mse_loss(model(x), y), len(x))
-            optimizer.step()
+            train_step(jabas, model, optimizer, step, order, bs)
             noise.append(jabas.b_noise)
             if adaptive:
                 continue
@@ -86,11 +91,7 @@ def policy_run(stop_after: int | None, resume: Path | None) -> dict:
     order, bs = [], []
     for _ in jabas.epochs(2):
         for step in loader:
-            order.append(step.indices)
-            bs.append(jabas.B)
-            for x, y in step:
-                jabas.backward(torch.nn.functional.mse_loss(model(x), y), len(x))
-            optimizer.step()
+            train_step(jabas, model, optimizer, step, order, bs)
             if jabas.iteration == stop_after:
                 jabas.save(out / "policy-mid.pt")
                 break
