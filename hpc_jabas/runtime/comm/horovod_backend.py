@@ -12,11 +12,13 @@ then one ``op=Sum`` allreduce runs with a postscale factor that is the same on e
 from __future__ import annotations
 
 import datetime
+import io
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cloudpickle
 import horovod
 import horovod.torch as hvd
 import torch
@@ -48,6 +50,17 @@ def build_info() -> dict[str, Any]:
         "nccl_built": bool(hvd.nccl_built()),
         "cuda_built": bool(hvd.cuda_built()),
     }
+
+
+def _dumps(obj: Any) -> bytes:
+    b = io.BytesIO()
+    cloudpickle.dump(obj, b)
+    return b.getvalue()
+
+
+def _loads(data: bytes) -> Any:
+    """An object a rank of this job sent (Horovod's own object collectives unpickle the same way)."""
+    return cloudpickle.loads(data)
 
 
 class HorovodBackend:
@@ -160,21 +173,44 @@ class HorovodBackend:
         return self.synchronize(hvd.allreduce_async(t, op=hvd.Sum, name=name))
 
     # ---- objects and parameters ---------------------------------------------------------------------------
+    # Horovod's blocking object and parameter collectives wait in its own spinning loop, so a rank that waits for
+    # rank 0 (writing a checkpoint, evaluating, starting later) burned a core: each is built here from Horovod's
+    # asynchronous ops and waited for by :meth:`synchronize`. Names, order and payloads are Horovod's own.
     def broadcast_object(self, obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
         # Horovod names an unnamed broadcast after the object's type, so the root's dict and the
         # others' None would never match (a hang): always give every rank the same name.
-        return hvd.broadcast_object(obj, root_rank=root_rank, name=name or "hj.broadcast_object")
+        name = name or "hj.broadcast_object"
+        root = hvd.rank() == root_rank
+        data = _dumps(obj) if root else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        self.synchronize(hvd.broadcast_async_(size, root_rank, name=f"{name}.sz"))
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if root else torch.empty(int(size[0]),
+                                                                                            dtype=torch.uint8)
+        self.synchronize(hvd.broadcast_async_(buf, root_rank, name=f"{name}.t"))
+        return obj if root else _loads(buf.numpy().tobytes())
 
     def allgather_object(self, obj: Any, name: str | None = None) -> list[Any]:
-        return list(hvd.allgather_object(obj, name=name or "hj.allgather_object"))
+        name = name or "hj.allgather_object"
+        data = _dumps(obj)
+        sizes = self.allgather_tensor(torch.tensor([len(data)], dtype=torch.int64), name=f"{name}.sz").tolist()
+        got = self.allgather_tensor(torch.frombuffer(bytearray(data), dtype=torch.uint8), name=f"{name}.t")
+        out, at = [], 0
+        for n in sizes:
+            out.append(_loads(got[at:at + n].numpy().tobytes()))
+            at += n
+        return out
 
     def allgather_tensor(self, t: torch.Tensor, name: str) -> torch.Tensor:
         """Every rank's ``t`` concatenated along dim 0, in rank order (first dims may differ)."""
-        out: torch.Tensor = hvd.allgather(t, name=name)
-        return out
+        return self.synchronize(hvd.allgather_async(t, name=name))
 
     def broadcast_parameters(self, params: Params, root_rank: int = 0) -> None:
-        hvd.broadcast_parameters(params, root_rank=root_rank)
+        """Horovod's ``broadcast_parameters`` (a state dict or (name, tensor) pairs, in place), waited for here."""
+        items = sorted(params.items()) if isinstance(params, Mapping) else [
+            p if isinstance(p, tuple) else (None, p) for p in params]
+        handles = [hvd.broadcast_async_(p, root_rank, name=name) for name, p in items]
+        for h in handles:
+            self.synchronize(h)
 
     # ---- the gradients ------------------------------------------------------------------------------------
     def make_reducer(self, named_parameters: Sequence[tuple[str, torch.Tensor]], start: StartSum, wait: WaitSum,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,15 @@ def mpi_world(size: int) -> Any:
     return w if w.Get_size() == size else None
 
 
+def polite_barrier(mpi: Any) -> None:
+    """Every rank of ``mpi`` here, waited for with sleeps: an MPI rank blocked in a collective spins a core (a
+    rank that starts first would burn it while the others still import torch)."""
+    req = mpi.Ibarrier()
+    t0 = time.perf_counter()
+    while not req.Test():
+        time.sleep(min(1e-3, max(5e-5, (time.perf_counter() - t0) / 10)))
+
+
 def store_for(ln: Launch) -> Any:
     """The TCPStore every rank meets at (rank 0 hosts it)."""
     timeout = datetime.timedelta(seconds=settings.torch_timeout_s())
@@ -131,6 +141,7 @@ def store_for(ln: Launch) -> Any:
     if mpi is not None:
         if ln.rank == 0:
             store = dist.TCPStore("0.0.0.0", 0, ln.size, True, timeout=timeout, wait_for_workers=False)
+            polite_barrier(mpi)
             mpi.bcast((addresses(), int(store.port)), root=0)
             reached = [a for a in mpi.gather(None, root=0) if a is not None]
             # Gloo advertises the address this rank's host name resolves to, which may be a loopback: name the
@@ -138,6 +149,7 @@ def store_for(ln: Launch) -> Any:
             remote = next((a for a in reached if not a.startswith("127.")), None)
             _gloo_interface(remote, own=True)
             return store
+        polite_barrier(mpi)
         addrs, port = mpi.bcast(None, root=0)
         addr = reachable(addrs, port)
         mpi.gather(addr, root=0)
