@@ -52,16 +52,15 @@ class Task:
         if isinstance(parts, Task):
             return parts.validate(name)
         keys = cls.fields()
+        must = (f"it must return a hpc_jabas.Task (or a dict with {', '.join(keys[:4])}; optional: "
+                f"{', '.join(keys[4:])})")
         if not isinstance(parts, dict):
-            raise ConfigError(f"task {name!r} returned {type(parts).__name__}; it must return a hpc_jabas.Task "
-                              f"(or a dict with {', '.join(keys[:4])}; optional: {', '.join(keys[4:])})")
+            raise ConfigError(f"task {name!r} returned {type(parts).__name__}; {must}")
         missing = [k for k in REQUIRED if k not in parts]
         if "loss_fn" not in parts and parts.get("forward_fn") is None:
             missing.append("loss_fn")
         if missing:
-            raise ConfigError(f"task {name!r} returned a dict without {', '.join(missing)}; it must return a "
-                              f"hpc_jabas.Task (or a dict with {', '.join(keys[:4])}; optional: "
-                              f"{', '.join(keys[4:])})")
+            raise ConfigError(f"task {name!r} returned a dict without {', '.join(missing)}; {must}")
         unknown = [k for k in parts if k not in keys]
         if unknown:
             raise ConfigError(f"task {name!r} returned a dict with unknown key {unknown[0]!r} "
