@@ -9,6 +9,7 @@ Protocol (files in the server directory): request ``req<k>.json`` {"script", "ar
 {"returncode"} (negative: the signal that ended it, as subprocess reports it). A file ``stop`` or the death of
 the test process ends the server.
 """
+import gc
 import os
 import runpy
 import sys
@@ -24,6 +25,10 @@ from warm import answer, next_request  # noqa: E402
 import hpc_jabas.runtime.trainer  # noqa: E402,F401  (the start-up every script would otherwise pay)
 
 torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)    # imports torch._dynamo once, here
+# what the imports made, out of the collector's sight: a child's collections walk only its own objects (and do
+# not touch, and so copy, the pages it shares with this process)
+gc.collect()
+gc.freeze()
 server, owner = Path(sys.argv[1]), int(sys.argv[2])
 
 
