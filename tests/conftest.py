@@ -54,7 +54,8 @@ def pytest_collection_finish(session):
 # torch._dynamo, horovod.torch and hpc_jabas: 2.9 CPU-s at 700, 2.4 at 7,000, the same peak memory). A .pth
 # line in the environment's site-packages reaches every process that runs this interpreter: mpirun's and
 # torchrun's ranks, the Slurm jobs', the CLIs and the README's, whatever environment their launch builds.
-# Nothing a test asserts depends on when a collection runs. The controller writes it and removes it at the end.
+# A test that measures memory collects first (tests/workers/optim_worker.py). The controller writes the file and
+# removes it at the end.
 _GC_PTH = Path(sysconfig.get_paths()["purelib"]) / "hpc_jabas_test_gc.pth"
 
 
