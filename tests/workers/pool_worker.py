@@ -68,5 +68,8 @@ while True:
         # Horovod stopped between scripts: an idle Horovod's background thread polls MPI (about half a core
         # per rank here), and the next script's comm.init() starts it afresh, as in a new process
         comm.shutdown()
+        # what the script left in reference cycles (its module's functions and globals hold each other, and so its
+        # model and buffers), freed now, as the end of its process would free it
+        gc.collect()
     answer(pool, f"done{k}-{rank}.json", {"ok": ok, "error": error})
     k += 1
