@@ -40,3 +40,6 @@ def test_object_collectives_round_trip(launched):
     for r in res:
         assert r["broadcast"] == {"from": 0, "payload": [1, 2, {"x": "y"}]}
         assert r["gathered"] == [{"rank": k, "sq": k * k} for k in range(3)]
+        assert r["uneven"] == [0, 500, 1000]                         # every rank's own length, in rank order
+        assert r["rows"] == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
+        assert r["params"] == [1.0]                                  # rank 0's parameters on every rank
