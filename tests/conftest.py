@@ -34,10 +34,9 @@ os._exit = _exit_in_the_test_process
 
 
 # The test process's cyclic garbage collector: after collection the process holds every test module and torch
-# (several hundred thousand objects), and each full collection walked them all: a third of a test process's CPU
-# went to the collector (perf over the whole suite: 16% of the machine's samples in gc_collect_main and its visits,
-# most of them in pytest's processes). Off while the test modules import; collected once and frozen after
-# collection, it walks only what the tests make.
+# (several hundred thousand objects), and each full collection walked them all: a third of a small session's own
+# CPU went to the collector. Off while the test modules import; collected once and frozen after collection, it
+# walks only what the tests make.
 gc.disable()
 
 
@@ -61,7 +60,10 @@ _GC_PTH = Path(sysconfig.get_paths()["purelib"]) / "hpc_jabas_test_gc.pth"
 
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):            # the xdist controller, or a run without xdist
-        _GC_PTH.write_text("import gc; gc.set_threshold(7000, 10, 10)\n")
+        # never through a link someone put in its place
+        fd = os.open(_GC_PTH, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write("import gc; gc.set_threshold(7000, 10, 10)\n")
     config.addinivalue_line("markers", "mpi: starts several Horovod ranks (mpirun or horovodrun --gloo)")
     config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (started by the fixture)")
     config.addinivalue_line("markers", "slurm_exclusive: changes what other Slurm tests see (drains, fills or "

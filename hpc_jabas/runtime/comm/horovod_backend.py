@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import io
 import os
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from hpc_jabas import settings
 from hpc_jabas.log import get_logger, set_rank
 from hpc_jabas.runtime.comm.backend import Backend, Params
 from hpc_jabas.runtime.comm.reducer import GradReducer, HookReducer, StartSum, WaitSum
+from hpc_jabas.runtime.comm.rendezvous import poll_until
 
 log = get_logger(__name__)
 
@@ -157,10 +157,7 @@ class HorovodBackend:
         with the wait, each at most a tenth of the time waited so far and at most WAIT_POLL_MAX_S: a wait of w
         seconds ends at most max(w/10, 50 us) (and 1 ms) after the collective completed. Then Horovod's own
         synchronize returns at once with the result (or raises Horovod's error)."""
-        if not hvd.poll(handle):
-            t0 = time.perf_counter()
-            while not hvd.poll(handle):
-                time.sleep(min(WAIT_POLL_MAX_S, max(5e-5, (time.perf_counter() - t0) / 10)))
+        poll_until(lambda: bool(hvd.poll(handle)), WAIT_POLL_MAX_S)
         out: torch.Tensor = hvd.synchronize(handle)
         return out
 
